@@ -1,0 +1,3 @@
+from grpolab.cli import main
+
+main()

@@ -1,0 +1,48 @@
+"""Per-rollout advantages from group rewards: the baselines of the GRPO family.
+
+Every estimator maps rewards ``[B, G]`` (B prompts, G rollouts each) to one
+scalar per rollout, shape ``[B, G]``. The same scalar multiplies every token of
+the rollout in the loss: uniform token credit (paper 000, Thm 3.1).
+"""
+
+from __future__ import annotations
+
+import torch
+
+ESTIMATORS = ("vanilla", "grpo", "grpo_std", "rloo", "oracle")
+STD_EPS = 1e-4  # added to the group std before dividing (paper 004, Sec. 3.5)
+
+
+def compute_advantages(rewards: torch.Tensor, estimator: str, values: torch.Tensor | None = None) -> torch.Tensor:
+    """Advantages ``[B, G]`` for rewards ``[B, G]``.
+
+    - ``vanilla``:  A = r (REINFORCE, no baseline).
+    - ``grpo``:     A = r - mean_j r_j (paper 000, Eq. 14-15). Sums to 0 in each group.
+    - ``grpo_std``: A = (r - mean) / (std + 1e-4), std the *population* std
+      sqrt(mean((r - mean)^2)) (paper 004, Sec. 3.5). A group whose rewards are
+      all equal has r - mean = 0 exactly, so A = 0, never NaN.
+    - ``rloo``:     A_i = r_i - mean_{j != i} r_j (paper 003, Eq. 4)
+      = G/(G-1) * (r_i - mean), which is how it is computed.
+    - ``oracle``:   A = r - v(prompt), ``values`` ``[B]`` the true values (paper 003, Table 1).
+    """
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [B, G], got shape {tuple(rewards.shape)}")
+    rewards = rewards.float()
+    G = rewards.shape[1]
+    if estimator == "vanilla":
+        return rewards.clone()
+    if estimator == "oracle":
+        if values is None or values.shape != rewards.shape[:1]:
+            raise ValueError(f"oracle needs values of shape [B]={tuple(rewards.shape[:1])}, got {values if values is None else tuple(values.shape)}")
+        return rewards - values.float()[:, None]
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; choose from {ESTIMATORS}")
+    if G < 2:
+        raise ValueError(f"estimator {estimator!r} needs a group of at least 2 rollouts, got G={G}")
+    centred = rewards - rewards.mean(dim=1, keepdim=True)  # [B, G]
+    if estimator == "grpo":
+        return centred
+    if estimator == "rloo":
+        return centred * (G / (G - 1))
+    std = centred.pow(2).mean(dim=1, keepdim=True).sqrt()  # [B, 1] population std
+    return centred / (std + STD_EPS)

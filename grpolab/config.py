@@ -1,0 +1,185 @@
+"""``grpolab train``'s configuration: one typed dataclass, every field documented.
+
+The CLI exposes every field as ``--field-name``; a TOML file (``--config``)
+gives defaults that the command line overrides. :meth:`TrainConfig.validate`
+refuses an inconsistent config at start with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from grpolab.advantages import ESTIMATORS
+from grpolab.data.arithmetic import CATEGORIES
+from grpolab.loss import AGGREGATIONS, KL_ESTIMATORS
+
+GROUP_BASELINES = ("grpo", "grpo_std", "rloo")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the field."""
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """GRPO training of a causal LM on verifiable rewards."""
+
+    # --- run ---
+    out: str = "runs/train"
+    """Run directory: config.json, metrics.jsonl, samples.jsonl, checkpoints/, plot.png."""
+    resume: bool = False
+    """Continue from the last complete checkpoint in --out."""
+    seed: int = 0
+    """Drives weight init, question draws and every rollout's random stream."""
+    steps: int = 300
+    """GRPO steps (each: sample, score, mu updates)."""
+    threads: int = 1
+    """Torch intra-op threads; 0 = torch's default. One is fastest for the built-in model on a shared CPU."""
+
+    # --- policy and task ---
+    model: str = "builtin"
+    """'builtin' (the shipped SFT warm start of the tiny Llama) or a local Hugging Face model directory."""
+    task: Literal["arith"] = "arith"
+    """Task: 'arith' is the built-in synthetic arithmetic (paper 003, Sec. 5.1)."""
+    data: str = ""
+    """Optional GSM8K-style JSONL file of training records; empty = generate arithmetic questions."""
+    eval_data: str = ""
+    """Optional GSM8K-style JSONL file of held-out records; empty = the built-in test set."""
+    max_operand: int = 99
+    """Arithmetic: largest operand (two digits by default)."""
+    mul_max: int = 9
+    """Arithmetic: largest multiplier and divisor."""
+    categories: tuple[str, ...] = CATEGORIES
+    """Arithmetic: question categories sampled uniformly."""
+
+    # --- rollouts ---
+    prompts_per_step: int = 16
+    """B: prompts per step."""
+    group_size: int = 8
+    """G: rollouts sampled per prompt."""
+    temperature: float = 1.0
+    """Sampling temperature (the loss's log-probs use the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    max_new_tokens: int = 48
+    """Longest completion."""
+
+    # --- reward ---
+    format_weight: float = 0.1
+    """lambda in r = accuracy + lambda * format (paper 004, Sec. 3.4)."""
+    reward_fn: str = ""
+    """Optional 'module:function' replacing the accuracy reward; called as fn(completions, records) -> list[float]."""
+
+    # --- objective ---
+    estimator: Literal["vanilla", "grpo", "grpo_std", "rloo", "oracle"] = "grpo_std"
+    """Advantage estimator (grpolab.advantages). 'oracle' is for probes only, not training."""
+    aggregation: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = "seq-mean-token-mean"
+    """How per-token terms combine (grpolab.loss.aggregate); the last is Dr. GRPO."""
+    clip_low: float = 0.2
+    """Ratio clip below: 1 - clip_low."""
+    clip_high: float = 0.2
+    """Ratio clip above: 1 + clip_high."""
+    beta: float = 0.0
+    """KL coefficient to the reference (the starting weights). Paper 004 reports 0.04; 0 skips the reference."""
+    kl: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator (paper 003, App. A)."""
+    mu: int = 1
+    """Updates per batch; for mu > 1 the sampling-time log-probs give the importance ratio."""
+    micro_batch: int = 0
+    """Rollouts per forward/backward; 0 = the whole batch. Must divide B*G."""
+
+    # --- optimiser ---
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm; 0 disables."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Schedule after warm-up."""
+    warmup_steps: int = 10
+    """Linear warm-up, in optimizer steps."""
+
+    # --- evaluation, logging, checkpoints ---
+    eval_every: int = 50
+    """Evaluate on held-out questions every N steps (and at steps 0 and last); 0 = only at the ends."""
+    eval_questions: int = 500
+    """Held-out questions per evaluation."""
+    eval_samples: int = 4
+    """k: samples per question at temperature 1 for eval/accuracy_sampled."""
+    save_every: int = 100
+    """Checkpoint every N steps; the last step is always saved."""
+    keep_checkpoints: int = 0
+    """Keep only the newest N checkpoints; 0 keeps all."""
+    log_samples: int = 4
+    """Prompts (with their completions) written to samples.jsonl at each evaluation."""
+    tensorboard: bool = False
+    """Also log to TensorBoard (needs the tensorboard package)."""
+    wandb: bool = False
+    """Also log to Weights & Biases, offline (needs the wandb package)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    @property
+    def rollouts_per_step(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+    def validate(self) -> None:
+        def bad(field: str, msg: str) -> ConfigError:
+            return ConfigError(f"--{field.replace('_', '-')}: {msg}")
+
+        for f in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "mu", "eval_questions"):
+            if getattr(self, f) < 1:
+                raise bad(f, f"must be >= 1, got {getattr(self, f)}")
+        for f in ("eval_every", "save_every", "micro_batch", "eval_samples", "warmup_steps", "threads", "keep_checkpoints", "log_samples"):
+            if getattr(self, f) < 0:
+                raise bad(f, f"must be >= 0, got {getattr(self, f)}")
+        if self.estimator not in ESTIMATORS:
+            raise bad("estimator", f"unknown estimator {self.estimator!r}; choose from {ESTIMATORS}")
+        if self.estimator == "oracle":
+            raise bad("estimator", "'oracle' needs the true value of each prompt, which training does not have; it is for the probes")
+        if self.estimator in GROUP_BASELINES and self.group_size < 2:
+            raise bad("group_size", f"estimator {self.estimator!r} uses a group baseline and needs G >= 2, got {self.group_size}")
+        if self.aggregation not in AGGREGATIONS:
+            raise bad("aggregation", f"unknown aggregation {self.aggregation!r}; choose from {AGGREGATIONS}")
+        if self.kl not in KL_ESTIMATORS:
+            raise bad("kl", f"unknown KL estimator {self.kl!r}; choose from {KL_ESTIMATORS}")
+        if self.micro_batch and self.rollouts_per_step % self.micro_batch:
+            raise bad("micro_batch", f"prompts_per_step * group_size = {self.rollouts_per_step} must be divisible by micro_batch = {self.micro_batch}")
+        if self.temperature < 0:
+            raise bad("temperature", f"must be >= 0, got {self.temperature}")
+        if self.temperature == 0 and self.group_size > 1:
+            raise bad("temperature", "0 (greedy) makes every rollout of a group identical; use > 0")
+        if not 0 < self.top_p <= 1:
+            raise bad("top_p", f"must be in (0, 1], got {self.top_p}")
+        if not self.lr > 0:
+            raise bad("lr", f"must be > 0, got {self.lr}")
+        if self.beta < 0:
+            raise bad("beta", f"must be >= 0, got {self.beta}")
+        if not 0 <= self.clip_low < 1 or self.clip_high < 0:
+            raise bad("clip_low", f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
+        unknown = set(self.categories) - set(CATEGORIES)
+        if unknown or not self.categories:
+            raise bad("categories", f"must be a non-empty subset of {CATEGORIES}, got {self.categories}")
+        if self.max_operand < 10 or not 2 <= self.mul_max <= self.max_operand:
+            raise bad("max_operand", f"need max_operand >= 10 and 2 <= mul_max <= max_operand, got {self.max_operand}, {self.mul_max}")
+
+
+def load_toml(path: str | Path, cls=TrainConfig):
+    """A config from a TOML file whose keys are field names (``group_size = 8``)."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: no such file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--config {path}: invalid TOML ({e})") from None
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(f"--config {path}: unknown field(s) {unknown}")
+    raw = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+    return dataclasses.replace(cls(), **raw)

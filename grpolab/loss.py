@@ -1,0 +1,127 @@
+"""The clipped GRPO policy loss with an optional KL penalty to a reference policy.
+
+Per token (paper 004, Sec. 3.3; paper 003, App. A)::
+
+    ratio = exp(logp - old_logp)
+    term  = -min(ratio * A, clamp(ratio, 1 - clip_low, 1 + clip_high) * A) + beta * KL
+
+and one named aggregation turns the masked ``[N, T]`` terms into a scalar.
+Normalisers can be given for the whole batch so that a batch split into
+micro-batches, each loss backpropagated, gives the gradient of the whole batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's k1/k2/k3)."""
+    log_ratio = ref_logp - logp  # log pi_ref/pi
+    if kind == "k1":
+        return -log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio.pow(2)
+    if kind == "k3":  # unbiased and >= 0 (paper 003, App. A, Eq. 13)
+        return torch.exp(log_ratio) - log_ratio - 1.0
+    raise ValueError(f"unknown KL estimator {kind!r}; choose from {KL_ESTIMATORS}")
+
+
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    *,
+    max_len: int | None = None,
+    num_seqs: int | None = None,
+    num_tokens: float | None = None,
+) -> torch.Tensor:
+    """Reduce masked per-token ``values`` ``[N, T]`` to a scalar.
+
+    - ``seq-mean-token-mean``: (1/num_seqs) sum_i (sum_t m_it v_it / sum_t m_it)
+      (GRPO's length normalisation, paper 004 Sec. 3.3);
+    - ``token-mean``: sum_it m_it v_it / num_tokens;
+    - ``seq-mean-token-sum-norm``: sum_it m_it v_it / (num_seqs * max_len) (Dr. GRPO).
+
+    ``num_seqs`` and ``num_tokens`` default to this batch's; pass the whole
+    batch's when ``values`` is one micro-batch of it. A rollout with no tokens
+    contributes 0.
+    """
+    mask = mask.to(values.dtype)
+    n = values.shape[0] if num_seqs is None else num_seqs
+    masked = values * mask  # [N, T]
+    if mode == "seq-mean-token-mean":
+        per_seq = masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # [N]
+        return per_seq.sum() / n
+    if mode == "token-mean":
+        denom = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=values.dtype)
+        return masked.sum() / denom.clamp(min=1.0)
+    if mode == "seq-mean-token-sum-norm":
+        T = values.shape[1] if max_len is None else max_len
+        return masked.sum() / (n * T)
+    raise ValueError(f"unknown aggregation {mode!r}; choose from {AGGREGATIONS}")
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    ref_logp: torch.Tensor | None = None,
+    beta: float = 0.0,
+    kl: str = "k3",
+    aggregation: str = "seq-mean-token-mean",
+    max_len: int | None = None,
+    num_seqs: int | None = None,
+    num_tokens: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GRPO loss.
+
+    Args:
+        logp, old_logp, ref_logp, mask: ``[N, T]`` completion-token log-probs
+            under the current, sampling-time and reference policies; ``mask`` 1 on
+            real completion tokens.
+        advantages: ``[N]`` (one per rollout, broadcast over tokens) or ``[N, T]``.
+        num_seqs, num_tokens: whole-batch normalisers when this is a micro-batch.
+
+    Returns:
+        ``(loss, stats)``; ``stats`` has ``policy`` (the clipped surrogate part),
+        ``kl`` (mean per-token KL), ``clip_frac`` (share of tokens where the
+        clipped branch was taken) and ``ratio_mean``. All stats are token means
+        over unmasked tokens of this batch, detached.
+    """
+    if logp.shape != old_logp.shape or logp.shape != mask.shape:
+        raise ValueError(f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask {tuple(mask.shape)} must match")
+    if advantages.dim() == 1:
+        advantages = advantages[:, None]  # [N, 1]: the same credit for every token (paper 000, Thm 3.1)
+    advantages = advantages.to(logp.dtype)
+    ratio = torch.exp(logp - old_logp)  # [N, T]
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    surrogate = torch.minimum(unclipped, clipped)  # [N, T]
+    per_token = -surrogate
+    kl_tok = None
+    if beta != 0.0:
+        if ref_logp is None:
+            raise ValueError("beta > 0 needs ref_logp")
+        kl_tok = kl_penalty(logp, ref_logp, kl)
+        per_token = per_token + beta * kl_tok
+    norms = dict(max_len=max_len, num_seqs=num_seqs, num_tokens=num_tokens)
+    loss = aggregate(per_token, mask, aggregation, **norms)
+
+    with torch.no_grad():
+        m = mask.to(logp.dtype)
+        n_tok = m.sum().clamp(min=1.0)
+        stats = {
+            "policy": aggregate(-surrogate, mask, aggregation, **norms),
+            "kl": ((kl_tok if kl_tok is not None else torch.zeros_like(logp)) * m).sum() / n_tok,
+            "clip_frac": ((clipped < unclipped).to(logp.dtype) * m).sum() / n_tok,
+            "ratio_mean": (ratio * m).sum() / n_tok,
+        }
+    return loss, stats

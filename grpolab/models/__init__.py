@@ -1,0 +1,1 @@
+"""Policies: the built-in tiny Llama and loading of models from disk."""

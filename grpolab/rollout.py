@@ -1,0 +1,144 @@
+"""Rollouts: sample completions from the policy, and score them token by token.
+
+Sampling is a hand-written loop over the model's KV cache rather than
+``model.generate`` for two reasons no library option covers: (1) each rollout
+draws its randomness from its own counter-based stream, keyed by
+``(seed, step, prompt, rollout)``, so a rollout does not depend on which batch
+or process produced it (resume and multi-process runs reproduce it exactly);
+(2) rows that have emitted EOS are dropped from the batch and the cache, so
+finished sequences cost nothing.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+
+class Batch(NamedTuple):
+    """Prompts and completions of N rollouts, as token ids."""
+
+    prompt_ids: torch.Tensor  # [N, P] left-padded
+    prompt_mask: torch.Tensor  # [N, P] 1 on real prompt tokens
+    completion_ids: torch.Tensor  # [N, T] right-padded after EOS
+    completion_mask: torch.Tensor  # [N, T] 1 on generated tokens, EOS included
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, P]`` ids and mask with every sequence pushed to the right edge."""
+    P = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), P), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), P), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, P - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, P - len(s) :] = 1
+    return ids, mask
+
+
+def rollout_uniforms(keys: list[tuple[int, ...]], length: int) -> torch.Tensor:
+    """``[N, length]`` uniforms in [0, 1), row n a pure function of ``keys[n]``."""
+    rows = [np.random.default_rng(list(k)).random(length) for k in keys]
+    return torch.from_numpy(np.stack(rows)).float()
+
+
+def _pick(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Inverse-CDF sampling: the token where the (top-p) CDF first exceeds ``u``.
+
+    logits ``[n, V]``, u ``[n]`` -> ``[n]``. Temperature 0 is greedy.
+    """
+    if temperature == 0.0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)  # [n, V]
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        keep = (sorted_p.cumsum(-1) - sorted_p) < top_p  # smallest prefix with mass >= top_p
+        cdf = (sorted_p * keep).cumsum(-1)
+        j = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=probs.shape[-1] - 1)
+        return order.gather(1, j).squeeze(1)
+    cdf = probs.cumsum(-1)
+    j = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=probs.shape[-1] - 1)
+    return j.squeeze(1)
+
+
+@torch.inference_mode()
+def sample(
+    model,
+    prompts: list[list[int]],
+    keys: list[tuple[int, ...]],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    eos_id: int,
+    pad_id: int,
+) -> Batch:
+    """Sample one completion per prompt (repeat a prompt G times for a group).
+
+    ``keys[n]`` seeds rollout n's random stream. Completions stop at EOS (kept,
+    and masked in) or after ``max_new_tokens``.
+    """
+    N = len(prompts)
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id)  # [N, P]
+    u = rollout_uniforms(keys, max_new_tokens)  # [N, T]
+    out_ids = torch.full((N, max_new_tokens), pad_id, dtype=torch.long)
+    lengths = torch.full((N,), max_new_tokens, dtype=torch.long)
+
+    # Position ids count real tokens only, so left padding does not shift them.
+    position = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [N, P]
+    cache = DynamicCache()
+    out = model(
+        input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position,
+        past_key_values=cache, use_cache=True, logits_to_keep=1,
+    )
+    logits = out.logits[:, -1]  # [n, V]
+    attn = prompt_mask
+    next_pos = position[:, -1] + 1  # [n]
+    active = torch.arange(N)  # rows still generating
+    for t in range(max_new_tokens):
+        tok = _pick(logits, u[active, t], temperature, top_p)  # [n]
+        out_ids[active, t] = tok
+        done = tok == eos_id
+        lengths[active[done]] = t + 1
+        if t == max_new_tokens - 1:
+            break
+        if done.any():
+            keep = (~done).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            active, tok, attn, next_pos = active[keep], tok[keep], attn[keep], next_pos[keep]
+            cache.batch_select_indices(keep)
+        attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)  # [n, P + t + 1]
+        out = model(
+            input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
+            past_key_values=cache, use_cache=True,
+        )
+        logits = out.logits[:, -1]
+        next_pos = next_pos + 1
+
+    T = int(lengths.max())
+    completion_mask = (torch.arange(T)[None, :] < lengths[:, None]).long()  # [N, T]
+    completion_ids = out_ids[:, :T].masked_fill(completion_mask == 0, pad_id)
+    return Batch(prompt_ids, prompt_mask, completion_ids, completion_mask)
+
+
+def completion_logprobs(model, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+    """``[N, T]`` log pi(o_t | q, o_<t) of each completion token (0 where masked).
+
+    The LM head runs at completion positions only (``logits_to_keep``): the
+    prompt's logits are never formed.
+    """
+    ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # [N, P + T]
+    attn = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
+    position = (attn.cumsum(-1) - 1).clamp(min=0)
+    T = batch.completion_ids.shape[1]
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=position, logits_to_keep=T + 1).logits
+    logits = logits[:, :-1].float()  # [N, T, V]: position P-1+t predicts completion token t
+    if temperature != 1.0:
+        logits = logits / temperature
+    target = batch.completion_ids.unsqueeze(-1)  # [N, T, 1]
+    logp = logits.gather(-1, target).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [N, T]
+    return logp * batch.completion_mask

@@ -1,0 +1,299 @@
+"""The GRPO loop: sample -> score -> advantages -> loss -> update, one step at a time.
+
+The math lives in ``advantages``, ``loss`` and ``rewards``; this file only
+calls it in order and keeps the books (metrics, checkpoints, evaluation).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from transformers import get_scheduler
+
+from grpolab import checkpoint
+from grpolab.advantages import compute_advantages
+from grpolab.config import ConfigError, TrainConfig
+from grpolab.data.arithmetic import ArithmeticSpec, TrainSampler, test_set
+from grpolab.data.jsonl import ListSampler, load_gsm8k_jsonl
+from grpolab.evaluate import evaluate
+from grpolab.loss import policy_loss
+from grpolab.policy import Policy, load_policy
+from grpolab.progress import progress_bar
+from grpolab.rewards import default_reward_fns, load_reward_fn, score
+from grpolab.rollout import Batch, completion_logprobs, sample
+from grpolab.runlog import RunLogger, truncate_jsonl
+from grpolab.utils import git_revision, seed_everything, set_threads
+
+ROLLOUT_STREAM = 1  # random-stream id of training rollouts
+
+
+def select(batch: Batch, idx: torch.Tensor) -> Batch:
+    """Rows ``idx`` of a batch, with all-padding columns trimmed (left of prompts, right of completions)."""
+    pm, cm = batch.prompt_mask[idx], batch.completion_mask[idx]
+    first = int((pm.sum(0) > 0).nonzero().min()) if pm.any() else pm.shape[1]
+    last = int((cm.sum(0) > 0).nonzero().max()) + 1 if cm.any() else 1
+    return Batch(batch.prompt_ids[idx, first:], pm[:, first:], batch.completion_ids[idx, :last], cm[:, :last])
+
+
+@dataclasses.dataclass
+class StepOutput:
+    metrics: dict
+    samples: list[dict]
+
+
+class GRPOTrainer:
+    """Owns the policy, reference, optimizer and data of one run."""
+
+    def __init__(self, cfg: TrainConfig, log=print):
+        cfg.validate()
+        self.cfg = cfg
+        self.log = log
+        set_threads(cfg.threads)
+        seed_everything(cfg.seed)
+        self.policy: Policy = load_policy(cfg.model)
+        self.policy.model.train()
+        # The reference is the starting policy, frozen (only needed when the KL term is on).
+        self.ref_model = None
+        if cfg.beta > 0:
+            self.ref_model = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
+        params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        total_updates = cfg.steps * cfg.mu
+        self.scheduler = get_scheduler(
+            {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[cfg.lr_schedule],
+            self.optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=total_updates,
+        )
+        accuracy_fn = load_reward_fn(cfg.reward_fn) if cfg.reward_fn else None
+        self.reward_fns = default_reward_fns(cfg.format_weight, **({"accuracy_fn": accuracy_fn} if accuracy_fn else {}))
+        self.held_out, self.sampler = self._data()
+
+    def _data(self):
+        cfg = self.cfg
+        spec = ArithmeticSpec(cfg.max_operand, cfg.mul_max, tuple(cfg.categories))
+        held_out = load_gsm8k_jsonl(cfg.eval_data)[: cfg.eval_questions] if cfg.eval_data else test_set(cfg.eval_questions, spec)
+        if cfg.data:
+            train_records = load_gsm8k_jsonl(cfg.data)
+            test_q = {r["question"] for r in held_out}
+            leaked = sum(r["question"] in test_q for r in train_records)
+            if leaked:
+                self.log(f"warning: {leaked} training record(s) in {cfg.data} repeat held-out questions; they are dropped")
+                train_records = [r for r in train_records if r["question"] not in test_q]
+            return held_out, ListSampler(train_records, cfg.seed)
+        # Exclude the full 500-question test set even when evaluating on fewer of them.
+        exclude = {r["question"] for r in test_set(max(500, cfg.eval_questions), spec)}
+        return held_out, TrainSampler(cfg.seed, spec, exclude=exclude)
+
+    # ------------------------------------------------------------------ one step
+    def step(self, step: int) -> StepOutput:
+        cfg, policy = self.cfg, self.policy
+        B, G = cfg.prompts_per_step, cfg.group_size
+        N = B * G
+        t_step = time.perf_counter()
+
+        # 1. rollouts: G completions for each of B prompts, no gradient
+        records = self.sampler.draw(step, B)
+        prompts = [policy.prompt_ids(r) for r in records for _ in range(G)]
+        keys = [(ROLLOUT_STREAM, cfg.seed, step, b, g) for b in range(B) for g in range(G)]
+        policy.model.eval()
+        batch = sample(
+            policy.model, prompts, keys, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+            top_p=cfg.top_p, eos_id=policy.eos_id, pad_id=policy.pad_id,
+        )
+        policy.model.train()
+        t_gen = time.perf_counter()
+
+        # 2. rewards
+        texts = policy.decode(batch.completion_ids, batch.completion_mask)
+        rep_records = [r for r in records for _ in range(G)]
+        scores = score(texts, rep_records, self.reward_fns)
+        rewards = scores.total.view(B, G)  # [B, G]
+        t_score = time.perf_counter()
+
+        # 3. advantages: one scalar per rollout (paper 000, Thm 3.1)
+        adv = compute_advantages(rewards, cfg.estimator).reshape(N)  # [N]
+
+        # 4. loss and update
+        update = self._update(batch, adv)
+        t_end = time.perf_counter()
+
+        lengths = batch.completion_mask.sum(1).float()  # [N]
+        group_std = rewards.std(dim=1, unbiased=False)  # [B]
+        metrics = {
+            "reward/mean": rewards.mean().item(),
+            "reward/std": rewards.std(unbiased=False).item(),
+            "reward/group_std_mean": group_std.mean().item(),
+            "reward/frac_zero_std": (group_std == 0).float().mean().item(),
+            "reward/accuracy": scores.components["accuracy"].mean().item(),
+            "reward/format": scores.components["format"].mean().item(),
+            "reward/errors": scores.errors,
+            **update,
+            "completion/len_mean": lengths.mean().item(),
+            "completion/len_max": lengths.max().item(),
+            "completion/truncated_frac": (batch.completion_ids[:, -1] != policy.eos_id).logical_and(lengths == cfg.max_new_tokens).float().mean().item(),
+            "time/generate_s": t_gen - t_step,
+            "time/score_s": t_score - t_gen,
+            "time/update_s": t_end - t_score,
+            "time/step_s": t_end - t_step,
+        }
+        samples = [
+            {"question": rep_records[i]["question"], "completion": texts[i], "reward": scores.total[i].item()}
+            for i in range(0, min(N, cfg.log_samples * G), G)
+        ]
+        return StepOutput(metrics, samples)
+
+    def _update(self, batch: Batch, adv: torch.Tensor) -> dict:
+        cfg, model = self.cfg, self.policy.model
+        N = adv.shape[0]
+        mask = batch.completion_mask
+        num_tokens = mask.sum().item()
+        mb = cfg.micro_batch or N
+        # With no KL term, a rollout whose advantage is exactly 0 contributes exactly 0
+        # to the loss and its gradient (every term is ratio * 0), so it is not run at all.
+        # Normalisers stay those of the whole batch, so the gradient is unchanged.
+        rows = torch.arange(N) if cfg.beta > 0 else (adv != 0).nonzero().squeeze(1)
+        chunks = [rows[i : i + mb] for i in range(0, rows.numel(), mb)]
+
+        old_logp, ref_logp = {}, {}
+        with torch.no_grad():
+            for c_i, idx in enumerate(chunks):
+                sub = select(batch, idx)
+                if cfg.mu > 1:  # sampling-time log-probs for the importance ratio (paper 003, App. A (ii))
+                    old_logp[c_i] = completion_logprobs(model, sub, cfg.temperature)
+                if self.ref_model is not None:
+                    ref_logp[c_i] = completion_logprobs(self.ref_model, sub, cfg.temperature)
+
+        sums = {"loss": 0.0, "policy": 0.0, "kl_tok": 0.0, "clip_tok": 0.0, "ratio_tok": 0.0}
+        grad_norm, skipped = 0.0, 0
+        active_tokens = max(1.0, float(mask[rows].sum())) if rows.numel() else 1.0
+        for _ in range(cfg.mu):
+            self.optimizer.zero_grad(set_to_none=True)
+            finite = True
+            for c_i, idx in enumerate(chunks):
+                sub = select(batch, idx)
+                logp = completion_logprobs(model, sub, cfg.temperature)  # [n, T]
+                loss, st = policy_loss(
+                    logp, old_logp.get(c_i, logp.detach()), adv[idx], sub.completion_mask,
+                    clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref_logp.get(c_i), beta=cfg.beta,
+                    kl=cfg.kl, aggregation=cfg.aggregation, max_len=cfg.max_new_tokens,
+                    num_seqs=N, num_tokens=num_tokens,
+                )
+                if not torch.isfinite(loss):
+                    finite = False
+                    break
+                loss.backward()
+                n_tok = float(sub.completion_mask.sum())
+                sums["loss"] += loss.item() / cfg.mu
+                sums["policy"] += st["policy"].item() / cfg.mu
+                sums["kl_tok"] += st["kl"].item() * n_tok / cfg.mu
+                sums["clip_tok"] += st["clip_frac"].item() * n_tok / cfg.mu
+                sums["ratio_tok"] += st["ratio_mean"].item() * n_tok / cfg.mu
+            params = [p for p in model.parameters() if p.requires_grad]
+            if finite:
+                norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+                finite = bool(torch.isfinite(norm))
+                grad_norm += float(norm) / cfg.mu
+            if finite:
+                self.optimizer.step()
+            else:  # a non-finite loss or gradient: skip this update, count it, keep the weights
+                skipped += 1
+                self.optimizer.zero_grad(set_to_none=True)
+            self.scheduler.step()
+        return {
+            "loss/total": sums["loss"],
+            "loss/policy": sums["policy"],
+            "loss/kl": sums["kl_tok"] / active_tokens if self.ref_model is not None else None,
+            "loss/clip_frac": sums["clip_tok"] / active_tokens,
+            "loss/ratio_mean": sums["ratio_tok"] / active_tokens if rows.numel() else 1.0,
+            "loss/active_frac": rows.numel() / N,
+            "loss/skipped_updates": skipped,
+            "grad/norm": grad_norm,
+            "charts/lr": self.scheduler.get_last_lr()[0],
+        }
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, step: int) -> tuple[dict, list[dict]]:
+        t0 = time.perf_counter()
+        metrics, examples = evaluate(
+            self.policy, self.held_out, samples=self.cfg.eval_samples, temperature=1.0,
+            max_new_tokens=self.cfg.max_new_tokens, seed=self.cfg.seed,
+        )
+        metrics["time/eval_s"] = time.perf_counter() - t0
+        return metrics, examples[: self.cfg.log_samples]
+
+
+def _prepare_run_dir(cfg: TrainConfig) -> tuple[Path, int, Path | None]:
+    """Create or reopen the run directory. Returns (dir, first step to run, checkpoint to load)."""
+    out = Path(cfg.out)
+    if cfg.resume:
+        ckpts = checkpoint.checkpoint_dirs(out)
+        if not ckpts:
+            raise ConfigError(f"--resume: no complete checkpoint in {out / 'checkpoints'}")
+        saved = json.loads((out / "config.json").read_text())
+        for key in ("seed", "prompts_per_step", "group_size", "estimator", "aggregation", "model"):
+            if saved.get(key) != getattr(cfg, key):
+                raise ConfigError(f"--resume: --{key.replace('_', '-')} is {getattr(cfg, key)!r} but the run was started with {saved.get(key)!r}")
+        step, path = ckpts[-1]
+        return out, step, path
+    if (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size > 0:
+        raise ConfigError(f"--out {out}: already holds a run; pass --resume to continue it or choose another directory")
+    out.mkdir(parents=True, exist_ok=True)
+    return out, 0, None
+
+
+def train(cfg: TrainConfig, log=print) -> Path:
+    """Run GRPO as configured; returns the run directory."""
+    cfg.validate()
+    out, start, ckpt = _prepare_run_dir(cfg)
+    if ckpt is not None:
+        cfg = dataclasses.replace(cfg, model=str(ckpt))  # weights from the checkpoint
+    trainer = GRPOTrainer(cfg, log=log)
+    config_dict = {**dataclasses.asdict(cfg), "model": json.loads((out / "config.json").read_text())["model"] if ckpt else cfg.model}
+    if ckpt is not None:
+        trainer.ref_model = None if cfg.beta == 0 else _reference_for_resume(out, trainer)
+        state = checkpoint.load_training_state(ckpt, trainer.optimizer, trainer.scheduler)
+        start = state["step"]
+        truncate_jsonl(out / "metrics.jsonl", start)
+        truncate_jsonl(out / "samples.jsonl", start)
+        log(f"resuming {out} from step {start}")
+    else:
+        (out / "config.json").write_text(json.dumps({**config_dict, "code_version": git_revision()}, indent=2))
+
+    logger = RunLogger(out, config=config_dict, tensorboard=cfg.tensorboard, wandb=cfg.wandb, warn=log)
+    try:
+        if start == 0:
+            metrics, examples = trainer.evaluate(0)
+            logger.log(0, metrics)
+            logger.log_samples(0, [{"kind": "eval", **e} for e in examples])
+        with progress_bar("grpo", cfg.steps, enabled=cfg.progress, start=start) as bar:
+            for step in range(start + 1, cfg.steps + 1):
+                out_step = trainer.step(step)
+                metrics = out_step.metrics
+                last = step == cfg.steps
+                if (cfg.eval_every and step % cfg.eval_every == 0) or last:
+                    ev, examples = trainer.evaluate(step)
+                    metrics.update(ev)
+                    logger.log_samples(step, [{"kind": "train", **s} for s in out_step.samples])
+                    logger.log_samples(step, [{"kind": "eval", **e} for e in examples])
+                logger.log(step, metrics)
+                if (cfg.save_every and step % cfg.save_every == 0) or last:
+                    checkpoint.save(out, step, trainer.policy.model, trainer.policy.tokenizer, trainer.optimizer,
+                                    trainer.scheduler, {"seed": cfg.seed}, keep=cfg.keep_checkpoints)
+                status = f"reward {metrics['reward/mean']:.3f} acc {metrics['reward/accuracy']:.3f}"
+                if "eval/accuracy_sampled" in metrics:
+                    status += f" | eval greedy {metrics['eval/accuracy_greedy']:.3f} sampled {metrics['eval/accuracy_sampled']:.3f}"
+                bar.update(step, status)
+    finally:
+        logger.close()
+    return out
+
+
+def _reference_for_resume(out: Path, trainer: GRPOTrainer):
+    """On resume the reference is the run's *starting* model, not the checkpoint."""
+    start_model = json.loads((out / "config.json").read_text())["model"]
+    return copy.deepcopy(load_policy(start_model).model).eval().requires_grad_(False)
