@@ -1,0 +1,142 @@
+"""Tests of grpolab.config (validation, TOML) and the CLI's argument handling."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+
+from grpolab.cli import _parse
+from grpolab.config import ConfigError, TrainConfig, load_toml
+
+
+def test_default_config_is_valid():
+    TrainConfig().validate()
+
+
+@pytest.mark.parametrize(
+    "changes, flag",
+    [
+        (dict(group_size=1, estimator="grpo"), "--group-size"),
+        (dict(group_size=1, estimator="rloo"), "--group-size"),
+        (dict(group_size=1), "--group-size"),  # default estimator grpo_std is a group baseline too
+        (dict(prompts_per_step=4, group_size=6, micro_batch=5), "--micro-batch"),  # 24 % 5 != 0
+        (dict(estimator="ppo"), "--estimator"),
+        (dict(estimator="oracle"), "--estimator"),
+        (dict(temperature=0.0), "--temperature"),
+        (dict(temperature=-1.0), "--temperature"),
+        (dict(top_p=0.0), "--top-p"),
+        (dict(top_p=1.5), "--top-p"),
+        (dict(lr=0.0), "--lr"),
+        (dict(steps=0), "--steps"),
+        (dict(mu=0), "--mu"),
+        (dict(beta=-0.1), "--beta"),
+        (dict(aggregation="sum"), "--aggregation"),
+        (dict(kl="k9"), "--kl"),
+        (dict(categories=("pow",)), "--categories"),
+        (dict(micro_batch=-1), "--micro-batch"),
+    ],
+)
+def test_invalid_config_names_the_field(changes, flag):
+    cfg = dataclasses.replace(TrainConfig(), **changes)
+    with pytest.raises(ConfigError) as info:
+        cfg.validate()
+    assert str(info.value).startswith(flag), str(info.value)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(group_size=1, estimator="vanilla"),  # no group baseline: one rollout per prompt is fine
+        dict(group_size=1, estimator="vanilla", temperature=0.0),  # greedy is fine without a group
+        dict(prompts_per_step=4, group_size=6, micro_batch=8),  # 24 % 8 == 0
+        dict(top_p=1.0, micro_batch=0),
+    ],
+)
+def test_valid_edge_configs(changes):
+    dataclasses.replace(TrainConfig(), **changes).validate()
+
+
+def test_micro_batch_message_gives_the_numbers():
+    cfg = TrainConfig(prompts_per_step=4, group_size=6, micro_batch=5)
+    with pytest.raises(ConfigError, match="24.*5"):
+        cfg.validate()
+
+
+# ---------------------------------------------------------------- TOML
+
+
+def test_load_toml_reads_fields(tmp_path):
+    path = tmp_path / "cfg.toml"
+    path.write_text('group_size = 4\nestimator = "rloo"\nlr = 3e-5\ncategories = ["mul", "div"]\nprogress = false\n')
+    cfg = load_toml(path)
+    assert isinstance(cfg, TrainConfig)
+    assert (cfg.group_size, cfg.estimator, cfg.lr, cfg.progress) == (4, "rloo", 3e-5, False)
+    assert cfg.categories == ("mul", "div")  # TOML arrays become the field's tuple
+    assert cfg.prompts_per_step == TrainConfig().prompts_per_step  # others keep their defaults
+    cfg.validate()
+
+
+def test_load_toml_rejects_unknown_keys(tmp_path):
+    path = tmp_path / "cfg.toml"
+    path.write_text("group_size = 4\ngroup_sise = 8\n")
+    with pytest.raises(ConfigError, match="group_sise"):
+        load_toml(path)
+
+
+def test_load_toml_missing_and_invalid_files(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_toml(tmp_path / "absent.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("group_size = = 4\n")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_toml(bad)
+
+
+# ---------------------------------------------------------------- CLI parsing
+
+
+def test_parse_flags():
+    cfg = _parse(TrainConfig, ["--group-size", "4", "--prompts-per-step", "2", "--estimator", "rloo", "--no-progress"], "prog", "desc")
+    assert (cfg.group_size, cfg.prompts_per_step, cfg.estimator, cfg.progress) == (4, 2, "rloo", False)
+
+
+def test_parse_config_file_then_flags_override(tmp_path):
+    path = tmp_path / "cfg.toml"
+    path.write_text('group_size = 4\nbeta = 0.04\nlr = 3e-5\nestimator = "grpo"\n')
+    cfg = _parse(TrainConfig, ["--config", str(path), "--lr", "0.001", "--mu", "2"], "prog", "desc")
+    assert cfg.group_size == 4 and cfg.beta == 0.04 and cfg.estimator == "grpo"  # from the file
+    assert cfg.lr == 0.001  # the flag wins over the file
+    assert cfg.mu == 2  # a flag the file does not set
+    assert cfg.steps == TrainConfig().steps  # neither: the default
+    cfg2 = _parse(TrainConfig, [f"--config={path}", "--group-size", "6"], "prog", "desc")
+    assert cfg2.group_size == 6 and cfg2.lr == 3e-5
+
+
+def _run_cli(args, cwd, timeout=120):
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "grpolab", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+
+
+def test_cli_train_help_lists_the_main_flags(tmp_path):
+    res = _run_cli(["train", "--help"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    for flag in ("--group-size", "--prompts-per-step", "--estimator", "--beta", "--mu", "--lr", "--config"):
+        assert flag in res.stdout, flag
+
+
+def test_cli_rejects_an_invalid_config_naming_the_flag(tmp_path):
+    out = tmp_path / "X"
+    res = _run_cli(["train", "--group-size", "1", "--out", str(out)], tmp_path)
+    assert res.returncode != 0
+    assert "--group-size" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr  # a clear message, not a crash
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_cli_unknown_command_exits_2(tmp_path):
+    res = _run_cli(["trian"], tmp_path)
+    assert res.returncode == 2 and "unknown command" in res.stderr

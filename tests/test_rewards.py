@@ -1,0 +1,185 @@
+"""Unit tests of grpolab.rewards: answer extraction, accuracy and format rewards, failure handling."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grpolab.rewards import (
+    accuracy_reward,
+    default_reward_fns,
+    extract_final_number,
+    format_reward,
+    load_reward_fn,
+    numbers_equal,
+    score,
+)
+
+# ---------------------------------------------------------------- extract_final_number
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("12+7=19\n19-3=16\n#### 16", "16"),  # number after ####
+        ("#### 16\nand then 99", "16"),  # after the *last* ####, not the last number
+        ("#### 3\nretry\n#### 42", "42"),  # the last ####
+        ("first 3, then 5, finally 11", "11"),  # no ####: the last number
+        ("the total is 1,234 apples", "1234"),  # thousands commas removed
+        ("#### 1,200", "1200"),
+        ("so the answer is 16.", "16"),  # a trailing period is not a decimal point
+        ("#### 16.", "16"),
+        ("#### 2.5", "2.5"),
+        ("the result is -7", "-7"),  # a leading minus is a sign
+        ("#### -7", "-7"),
+        ("12-5", "5"),  # '-' right after a digit is an operator
+        ("(3+4)-2", "2"),  # and after ')'
+        ("no digits here", None),
+        ("", None),
+        ("#### none", None),
+    ],
+)
+def test_extract_final_number(text, expected):
+    assert extract_final_number(text) == expected
+
+
+# ---------------------------------------------------------------- numbers_equal
+
+
+@pytest.mark.parametrize(
+    "a, b, equal",
+    [
+        ("16", "16.0", True),
+        ("16", "16", True),
+        ("-7", "-7.00", True),
+        ("0.5", ".5", True),
+        ("16", "17", False),
+        ("1234", "1,234", False),  # callers strip commas first (extract_final_number does)
+        (None, "16", False),
+        ("16", None, False),
+    ],
+)
+def test_numbers_equal(a, b, equal):
+    assert numbers_equal(a, b) is equal
+
+
+# ---------------------------------------------------------------- accuracy and format
+
+
+def test_accuracy_reward():
+    records = [{"ground_truth": "16"}, {"ground_truth": "16"}, {"ground_truth": "1200"}, {"ground_truth": "-7"}, {"ground_truth": 5}]
+    completions = ["#### 16.0", "#### 17", "total 1,200", "12-19=-7\n#### -7", "nothing"]
+    assert accuracy_reward(completions, records) == [1.0, 0.0, 1.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "completion, ok",
+    [
+        ("#### 16", True),
+        ("#### 16\n", True),
+        ("12+4=16\n#### 16", True),
+        ("12+4=16\n#### -16\n\n", True),
+        ("#### 1,200", True),
+        ("answer 16", False),
+        ("#### 16 then more text", False),
+        ("#### abc", False),
+        ("#### 16\nmore text", False),
+        ("", False),
+    ],
+)
+def test_format_reward(completion, ok):
+    assert format_reward([completion], [{}]) == [float(ok)]
+
+
+# ---------------------------------------------------------------- score
+
+
+def test_score_is_accuracy_plus_tenth_of_format():
+    records = [{"ground_truth": "16"}] * 4
+    completions = ["#### 16", "#### 15", "the answer is 16", "no idea"]
+    # accuracy [1, 0, 1, 0], format [1, 1, 0, 0] -> total [1.1, 0.1, 1.0, 0.0]
+    s = score(completions, records, default_reward_fns(0.1))
+    torch.testing.assert_close(s.components["accuracy"], torch.tensor([1.0, 0.0, 1.0, 0.0]))
+    torch.testing.assert_close(s.components["format"], torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    torch.testing.assert_close(s.total, torch.tensor([1.1, 0.1, 1.0, 0.0]))
+    assert s.errors == 0
+
+
+def test_score_weights_components():
+    fns = [("a", lambda c, r: [1.0, 2.0], 0.5), ("b", lambda c, r: [10.0, 20.0], -2.0)]
+    s = score(["x", "y"], [{}, {}], fns)
+    # 0.5 * [1, 2] - 2 * [10, 20] = [-19.5, -39]
+    torch.testing.assert_close(s.total, torch.tensor([-19.5, -39.0]))
+
+
+def test_a_reward_fn_raising_for_one_completion_costs_only_that_rollout():
+    def picky(completions, records):
+        if "boom" in completions:
+            raise RuntimeError("cannot parse")
+        return [1.0 for _ in completions]
+
+    comps = ["#### 1", "boom", "#### 3"]
+    s = score(comps, [{}, {}, {}], [("picky", picky, 1.0)])
+    assert s.total.tolist() == [1.0, 0.0, 1.0]
+    assert s.errors == 1
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_values_are_counted_and_replaced_by_zero(bad):
+    s = score(["a", "b", "c"], [{}, {}, {}], [("f", lambda c, r: [0.5, bad, 0.25], 1.0)])
+    assert s.total.tolist() == [0.5, 0.0, 0.25]
+    assert s.components["f"].tolist() == [0.5, 0.0, 0.25]
+    assert s.errors == 1
+    assert torch.isfinite(s.total).all()
+
+
+def test_wrong_number_of_values_falls_back_to_per_item_calls():
+    calls = []
+
+    def first_only(completions, records):  # returns one value whatever it is given
+        calls.append(len(completions))
+        return [float(len(completions[0]))]
+
+    s = score(["a", "bb", "ccc"], [{}, {}, {}], [("f", first_only, 1.0)])
+    assert s.total.tolist() == [1.0, 2.0, 3.0]
+    assert s.errors == 0
+    assert calls == [3, 1, 1, 1]
+
+
+def test_errors_are_counted_per_function_and_rollout():
+    def always(c, r):
+        raise ValueError("down")
+
+    s = score(["#### 1", "x"], [{"ground_truth": "1"}] * 2, [("bad", always, 1.0), ("format", format_reward, 0.1)])
+    assert s.errors == 2  # both rollouts failed the first function
+    torch.testing.assert_close(s.total, torch.tensor([0.1, 0.0]))
+
+
+# ---------------------------------------------------------------- load_reward_fn
+
+
+def test_load_reward_fn_imports_module_function():
+    assert load_reward_fn("grpolab.rewards:accuracy_reward") is accuracy_reward
+    fn = load_reward_fn("reward_fixtures:always_raises")  # tests/ is on sys.path (conftest.py)
+    with pytest.raises(RuntimeError):
+        fn(["x"], [{}])
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("grpolab.rewards", "module:function"),
+        (":accuracy_reward", "module:function"),
+        ("grpolab.rewards:", "module:function"),
+        ("no_such_module_xyz:fn", "cannot load"),
+        ("grpolab.rewards:no_such_fn", "cannot load"),
+        ("grpolab.rewards:math", "not callable"),
+    ],
+)
+def test_load_reward_fn_errors_clearly(spec, message):
+    with pytest.raises(ValueError, match=message) as info:
+        load_reward_fn(spec)
+    if message != "module:function":
+        assert repr(spec) in str(info.value)
