@@ -39,7 +39,12 @@ def compute_advantages(rewards: torch.Tensor, estimator: str, values: torch.Tens
         raise ValueError(f"unknown estimator {estimator!r}; choose from {ESTIMATORS}")
     if G < 2:
         raise ValueError(f"estimator {estimator!r} needs a group of at least 2 rollouts, got G={G}")
-    centred = rewards - rewards.mean(dim=1, keepdim=True)  # [B, G]
+    # Centre on the first reward before averaging: the result is the same number,
+    # but a group whose rewards are all equal gives exactly 0 (r - mean(r) in float32
+    # can be 1 ulp off, e.g. eight rewards of 0.1), and an exactly-0 advantage means
+    # exactly no gradient from that group.
+    shifted = rewards - rewards[:, :1]  # [B, G]
+    centred = shifted - shifted.mean(dim=1, keepdim=True)  # [B, G]
     if estimator == "grpo":
         return centred
     if estimator == "rloo":

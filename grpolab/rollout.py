@@ -40,9 +40,13 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 
 
 def rollout_uniforms(keys: list[tuple[int, ...]], length: int) -> torch.Tensor:
-    """``[N, length]`` uniforms in [0, 1), row n a pure function of ``keys[n]``."""
+    """``[N, length]`` float64 uniforms in [0, 1), row n a pure function of ``keys[n]``.
+
+    Kept in float64: cast to float32, a draw within 2^-25 of 1 would round to 1.0
+    and select past the end of the CDF.
+    """
     rows = [np.random.default_rng(list(k)).random(length) for k in keys]
-    return torch.from_numpy(np.stack(rows)).float()
+    return torch.from_numpy(np.stack(rows))
 
 
 def _pick(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -52,7 +56,8 @@ def _pick(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: floa
     """
     if temperature == 0.0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)  # [n, V]
+    # float64 CDF: with u < 1 the selected token always has probability > 0
+    probs = torch.softmax(logits.double() / temperature, dim=-1)  # [n, V]
     if top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)
         keep = (sorted_p.cumsum(-1) - sorted_p) < top_p  # smallest prefix with mass >= top_p
@@ -64,7 +69,7 @@ def _pick(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: floa
     return j.squeeze(1)
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def sample(
     model,
     prompts: list[list[int]],

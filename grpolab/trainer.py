@@ -20,7 +20,7 @@ from grpolab import checkpoint
 from grpolab.advantages import compute_advantages
 from grpolab.config import ConfigError, TrainConfig
 from grpolab.data.arithmetic import ArithmeticSpec, TrainSampler, test_set
-from grpolab.data.jsonl import ListSampler, load_gsm8k_jsonl
+from grpolab.data.jsonl import DataError, ListSampler, load_gsm8k_jsonl
 from grpolab.evaluate import evaluate
 from grpolab.loss import policy_loss
 from grpolab.policy import Policy, load_policy
@@ -84,6 +84,8 @@ class GRPOTrainer:
             if leaked:
                 self.log(f"warning: {leaked} training record(s) in {cfg.data} repeat held-out questions; they are dropped")
                 train_records = [r for r in train_records if r["question"] not in test_q]
+            if not train_records:
+                raise DataError(f"--data {cfg.data}: every record is also in --eval-data {cfg.eval_data}; nothing left to train on")
             return held_out, ListSampler(train_records, cfg.seed)
         # Exclude the full 500-question test set even when evaluating on fewer of them.
         exclude = {r["question"] for r in test_set(max(500, cfg.eval_questions), spec)}

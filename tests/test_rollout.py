@@ -167,7 +167,7 @@ def test_completion_logprobs_equal_naive_per_sequence_computation(eos_model, cha
 def test_rollout_uniforms_are_keyed_per_row():
     a = rollout_uniforms([(1, 2), (3, 4)], 10)
     b = rollout_uniforms([(3, 4)], 10)
-    assert a.shape == (2, 10) and a.dtype == torch.float32
+    assert a.shape == (2, 10) and a.dtype == torch.float64  # float64: see rollout_uniforms
     torch.testing.assert_close(a[1], b[0], rtol=0, atol=0)
     assert not torch.equal(a[0], a[1])
     assert ((a >= 0) & (a < 1)).all()
