@@ -1,0 +1,199 @@
+"""Smoke tier for the gradient-spectrum probe: ``run_rank`` / ``grpolab rank`` over the shipped
+built-in model and over a short run's checkpoints, and the trainer's per-step probe metrics.
+
+Every check here is on the tiny model with a few prompts; the numerics of Psi and of the
+spectrum are tested exactly in test_probes_gram.py and test_probes_spectrum.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from grpolab.config import TrainConfig
+from grpolab.probes.rank import RankConfig, run_rank, table1
+from grpolab.runlog import read_metrics
+from grpolab.trainer import train
+
+PNG = b"\x89PNG\r\n\x1a\n"
+PLOTS = ("rank_effective.png", "rank_top1.png", "rank_reward_std.png")
+SUMMARY = ("num_rank", "effective_rank", "top1_fraction")
+
+
+def _quiet(*args, **kwargs):
+    pass
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rank_run") / "run"
+    train(TrainConfig(out=str(out), steps=2, save_every=1, prompts_per_step=2, group_size=4, eval_questions=8,
+                      eval_samples=1, progress=False), log=_quiet)
+    return out
+
+
+@pytest.fixture(scope="module")
+def builtin_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rank_builtin")
+    report = run_rank(RankConfig(checkpoint="builtin", group_sizes=(2, 4), prompts=3, verify=True, progress=False,
+                                 out=str(out)), log=_quiet)
+    return out, report
+
+
+@pytest.fixture(scope="module")
+def run_report(run_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rank_of_run")
+    report = run_rank(RankConfig(checkpoint=str(run_dir), group_sizes=(2, 4), prompts=3, verify=True, progress=False,
+                                 out=str(out)), log=_quiet)
+    return out, report
+
+
+def _check_result(res: dict):
+    R = res["R"]
+    assert res["max_possible_rank"] == R
+    assert res["prompts"] == 3
+    assert 0.0 <= res["frac_zero_var"] <= 1.0
+    assert res["reward_std_mean"] >= 0.0
+    for key in SUMMARY:
+        assert set(res[key]) == {"mean", "std", "min", "max"}
+    if res["frac_zero_var"] == 1.0:  # no prompt with reward variance: nothing to summarise
+        assert all(res[k]["mean"] is None for k in SUMMARY)
+    else:
+        assert res["reward_std_mean"] > 0
+        for key in SUMMARY:
+            s = res[key]
+            assert all(math.isfinite(s[f]) for f in ("mean", "std", "min", "max")), (key, s)
+            assert s["min"] <= s["mean"] <= s["max"] and s["std"] >= 0
+        nr, er, tf = res["num_rank"], res["effective_rank"], res["top1_fraction"]
+        assert nr["min"] >= 1 and float(nr["min"]).is_integer() and float(nr["max"]).is_integer()
+        assert 1.0 - 1e-9 <= er["min"] and er["mean"] <= nr["max"] <= R  # 1 <= eff. rank <= num. rank <= R
+        assert 1.0 / R - 1e-9 <= tf["min"] and tf["max"] <= 1.0 + 1e-9  # top-1 share between 1/R and 1
+    assert res["gram_max_rel_err"] <= 1e-4
+    assert res["gram_time_ratio"] > 0 and res["reference_time_ratio"] > 0
+
+
+def _check_outputs(out, report):
+    saved = json.loads((out / "rank.json").read_text())
+    assert saved["results"] == json.loads(json.dumps(report["results"]))
+    assert saved["config"]["group_sizes"] == [2, 4] and saved["config"]["verify"] is True
+    for name in PLOTS:
+        assert (out / name).read_bytes()[:8] == PNG, name
+
+
+def test_rank_on_builtin_model(builtin_report):
+    out, report = builtin_report
+    results = report["results"]
+    assert [(r["step"], r["R"]) for r in results] == [(0, 2), (0, 4)]
+    assert all(r["checkpoint"] == "builtin" for r in results)
+    for res in results:
+        _check_result(res)
+    # the warm start solves some probe questions and not others: some groups carry signal
+    assert any(r["frac_zero_var"] < 1 for r in results)
+    _check_outputs(out, report)
+
+
+def test_rank_over_a_run_directory(run_dir, run_report):
+    out, report = run_report
+    results = report["results"]
+    # one result per (checkpoint, R), the starting model as step 0
+    assert [(r["step"], r["R"]) for r in results] == [(s, R) for s in (0, 1, 2) for R in (2, 4)]
+    assert {r["checkpoint"] for r in results if r["step"] == 0} == {"builtin"}
+    assert {r["checkpoint"] for r in results if r["step"] == 2} == {str(run_dir / "checkpoints" / "step_2")}
+    for res in results:
+        _check_result(res)
+    _check_outputs(out, report)
+
+
+def test_table1_has_a_line_per_group_size(run_report):
+    _, report = run_report
+    lines = table1(report["results"]).splitlines()
+    assert len(lines) == 1 + 2
+    assert "max rank" in lines[0] and "eff. rank" in lines[0]
+    for line, R in zip(lines[1:], (2, 4)):
+        fields = line.split()
+        assert fields[0] == str(R) and fields[1] == str(R)  # R, then its largest possible rank
+        rs = [r for r in report["results"] if r["R"] == R and r["effective_rank"]["mean"] is not None]
+        if rs:  # the mean over steps of the per-step mean effective rank
+            mean = sum(r["effective_rank"]["mean"] for r in rs) / len(rs)
+            assert float(fields[2]) == pytest.approx(mean, abs=0.006)
+
+
+def test_table1_without_any_signal():
+    empty = {"mean": None, "std": None, "min": None, "max": None}
+    results = [{"R": 8, "step": 0, "effective_rank": empty, "top1_fraction": empty, "num_rank": empty}]
+    lines = table1(results).splitlines()
+    assert len(lines) == 2 and lines[1].split()[:2] == ["8", "8"] and "no prompt with reward variance" in lines[1]
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def test_cli_rank_smoke(tmp_path):
+    out = tmp_path / "rank"
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "COLUMNS": "200"}
+    res = subprocess.run([sys.executable, "-m", "grpolab", "rank", "--checkpoint", "builtin", "--group-sizes", "2",
+                          "--prompts", "2", "--out", str(out), "--verify", "--no-progress"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "gram_max_rel_err" in res.stdout
+    report = json.loads((out / "rank.json").read_text())
+    assert [(r["step"], r["R"]) for r in report["results"]] == [(0, 2)]
+    assert report["results"][0]["gram_max_rel_err"] <= 1e-4
+    for name in PLOTS:
+        assert (out / name).is_file()
+
+
+# ---------------------------------------------------------------- trainer probe
+
+
+@pytest.fixture(scope="module")
+def probed_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("probe") / "run"
+    train(TrainConfig(out=str(out), steps=2, prompts_per_step=2, group_size=4, eval_questions=8, eval_samples=1,
+                      progress=False, probe_every=1, probe_groups=2), log=_quiet)
+    rows = {r["step"]: r for r in read_metrics(out / "metrics.jsonl")}
+    assert sorted(rows) == [0, 1, 2]
+    return rows
+
+
+def test_trainer_logs_spectrum_probe(probed_run):
+    G = 4
+    for step in (1, 2):
+        row = probed_run[step]
+        live_groups = round(2 * (1 - row["reward/frac_zero_std"]))  # groups with reward variance
+        assert row["probe/groups_measured"] == min(2, live_groups)
+        for key in ("probe/eff_rank", "probe/top1_frac", "probe/num_rank"):
+            assert key in row
+            if live_groups == 0:
+                assert row[key] is None, (step, key)
+            else:
+                assert isinstance(row[key], (int, float)) and math.isfinite(row[key]), (step, key, row[key])
+        if live_groups:
+            assert 1.0 - 1e-9 <= row["probe/eff_rank"] <= row["probe/num_rank"] <= G
+            assert 1 / G - 1e-9 <= row["probe/top1_frac"] <= 1 + 1e-9
+    assert any(probed_run[s]["probe/groups_measured"] > 0 for s in (1, 2))
+
+
+def test_trainer_logs_advantage_stats_every_step(probed_run):
+    for step in (1, 2):
+        row = probed_run[step]
+        assert abs(row["probe/adv_max_abs_group_sum"]) < 1e-5
+        assert math.isfinite(row["probe/adv_var_emp"]) and row["probe/adv_var_emp"] >= 0
+        # the same fraction counted two ways (group size 4: no float32 std residue)
+        assert row["probe/adv_frac_zero_var"] == pytest.approx(row["reward/frac_zero_std"])
+        # with each group's sample variance as sigma^2 the pooled identity is exact (advantage_stats' note)
+        assert row["probe/adv_var_emp"] == pytest.approx(row["probe/adv_var_theory"], rel=1e-5, abs=1e-9)
+        assert row["probe/adv_cov_emp"] == pytest.approx(-row["probe/adv_var_emp"] / 3, rel=1e-5, abs=1e-9)
+
+
+def test_trainer_advantage_stats_without_spectrum_probe(tmp_path):
+    out = train(TrainConfig(out=str(tmp_path / "run"), steps=1, prompts_per_step=2, group_size=4, eval_questions=8,
+                            eval_samples=0, progress=False), log=_quiet)  # probe_every = 0 (the default)
+    row = {r["step"]: r for r in read_metrics(out / "metrics.jsonl")}[1]
+    assert abs(row["probe/adv_max_abs_group_sum"]) < 1e-5 and "probe/adv_var_emp" in row
+    assert "probe/eff_rank" not in row and "probe/groups_measured" not in row
