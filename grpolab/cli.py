@@ -7,6 +7,7 @@ defaults that flags override. Run ``grpolab COMMAND --help`` for the fields.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 # Before torch is imported: OpenMP workers that spin while idle make every step
@@ -22,6 +23,8 @@ commands:
   train   GRPO training of a policy on verifiable rewards (every option: grpolab train --help)
   sft     supervised warm start of the built-in tiny Llama on worked solutions
   plot    redraw a run directory's plot.png from its metrics.jsonl
+  rank    spectrum of the per-rollout gradient matrix (effective rank, top-1 fraction) over checkpoints
+  theory  Monte Carlo checks of paper 000's closed forms: `theory hoeffding`, `theory advantages`
 
 Run `grpolab COMMAND --help` for a command's options.
 """
@@ -43,12 +46,24 @@ def _split_config_flag(args: list[str]) -> tuple[str | None, list[str]]:
     return path, rest
 
 
+_NUMBER_LIST = re.compile(r"^-?[0-9.eE+-]+(,-?[0-9.eE+-]+)+$")
+
+
+def _split_number_lists(args: list[str]) -> list[str]:
+    """Accept ``--group-sizes 2,4,8`` as well as tyro's ``--group-sizes 2 4 8``."""
+    out: list[str] = []
+    for a in args:
+        out.extend(a.split(",") if _NUMBER_LIST.match(a) else [a])
+    return out
+
+
 def _parse(cls, args: list[str], prog: str, description: str):
     import tyro
 
     from grpolab.config import load_toml
 
     path, rest = _split_config_flag(args)
+    rest = _split_number_lists(rest)
     default = load_toml(path, cls) if path else cls()
     return tyro.cli(cls, default=default, args=rest, prog=prog, description=description + "\n\n--config FILE.toml sets defaults (keys are field names); flags override them.")
 
@@ -88,7 +103,53 @@ def cmd_plot(args: list[str]) -> None:
     print(plot_run(args[0]))
 
 
-COMMANDS = {"train": cmd_train, "sft": cmd_sft, "demo": cmd_demo, "plot": cmd_plot}
+def cmd_rank(args: list[str]) -> None:
+    from grpolab.probes.rank import RankConfig, run_rank, table1
+
+    cfg = _parse(RankConfig, args, "grpolab rank", "Effective rank and top-1 energy of GRPO's per-rollout gradient matrix (paper 000, Sec. 7).")
+    report = run_rank(cfg)
+    print(table1(report["results"]))
+    if cfg.verify:
+        for r in report["results"]:
+            print(f"step {r['step']} R={r['R']}: gram_max_rel_err {r['gram_max_rel_err']:.2e}, "
+                  f"gram_time_ratio {r['gram_time_ratio']:.2f}, reference_time_ratio {r['reference_time_ratio']:.2f}")
+    print(f"wrote {cfg.out}/rank.json and plots")
+
+
+def cmd_theory(args: list[str]) -> None:
+    import json
+
+    from grpolab.probes.theory import AdvantagesConfig, HoeffdingConfig, advantages_check, hoeffding_rows
+
+    usage = "usage: grpolab theory {hoeffding,advantages} [--help] [options]"
+    if not args or args[0] not in ("hoeffding", "advantages"):
+        print(usage)
+        raise SystemExit(0 if args and args[0] in ("-h", "--help") else 2)
+    if args[0] == "hoeffding":
+        cfg = _parse(HoeffdingConfig, args[1:], "grpolab theory hoeffding", "Paper 000 App. A.2: the Hoeffding bound on the group-mean baseline's error, next to Monte Carlo.")
+        rows = hoeffding_rows(cfg)
+        if cfg.json:
+            print(json.dumps(rows, indent=2))
+            return
+        print(f"P(|v_R - v| > eps) for R Bernoulli({cfg.p}) rewards: Hoeffding bound 2 exp(-2 R eps^2) / Monte Carlo ({cfg.trials} groups) / exact")
+        print(f"{'R':>3} " + " ".join(f"{'eps=' + str(e):>26}" for e in cfg.eps))
+        for R in cfg.group_sizes:
+            cells = [r for r in rows if r["R"] == R]
+            print(f"{R:>3} " + " ".join(f"{c['bound']:>7.2f}{' (vacuous)' if c['bound'] >= 1 else '':<10} {c['mc']:.3f} {c['exact']:.3f}" for c in cells))
+        return
+    cfg = _parse(AdvantagesConfig, args[1:], "grpolab theory advantages", "Paper 000 Thm 4.1: zero-sum advantage statistics for Bernoulli(p) rewards, Monte Carlo vs theory.")
+    res = advantages_check(cfg)
+    if cfg.json:
+        print(json.dumps(res, indent=2))
+        return
+    print(f"R={cfg.R}, p={cfg.p}, eps={cfg.eps}, {cfg.trials} groups")
+    print(f"  Var(A_i):          empirical {res['var_emp']:.5f}   theory (R-1)/R sigma^2 = {res['var_theory']:.5f}")
+    print(f"  Cov(A_i, A_j):     empirical {res['cov_emp']:.5f}   theory -sigma^2/R      = {res['cov_theory']:.5f}")
+    print(f"  P(|A_i| > eps):    empirical {res['eff_frac_emp']:.5f}   Chebyshev bound (Eq. 20) = {res['eff_bound']:.5f}")
+    print(f"  max |sum_i A_i|:   {res['max_abs_group_sum']:.2e}")
+
+
+COMMANDS = {"train": cmd_train, "sft": cmd_sft, "demo": cmd_demo, "plot": cmd_plot, "rank": cmd_rank, "theory": cmd_theory}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -100,8 +161,12 @@ def main(argv: list[str] | None = None) -> None:
     if cmd not in COMMANDS:
         print(f"error: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
         raise SystemExit(2)
+    from transformers.utils import logging as hf_logging
+
     from grpolab.config import ConfigError
     from grpolab.data.jsonl import DataError
+
+    hf_logging.disable_progress_bar()  # our own bars say what is happening; HF's per-load bars are noise
 
     try:
         COMMANDS[cmd](rest)

@@ -24,6 +24,9 @@ from grpolab.data.jsonl import DataError, ListSampler, load_gsm8k_jsonl
 from grpolab.evaluate import evaluate
 from grpolab.loss import policy_loss
 from grpolab.policy import Policy, load_policy
+from grpolab.probes.advantage_stats import advantage_stats
+from grpolab.probes.gram import score_gram, token_weights
+from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
 from grpolab.progress import progress_bar
 from grpolab.rewards import default_reward_fns, load_reward_fn, score
 from grpolab.rollout import Batch, completion_logprobs, sample
@@ -120,6 +123,8 @@ class GRPOTrainer:
         # 3. advantages: one scalar per rollout (paper 000, Thm 3.1)
         adv = compute_advantages(rewards, cfg.estimator).reshape(N)  # [N]
 
+        probe = self._probe(step, rewards, adv.view(B, G), batch)  # on the policy that sampled
+
         # 4. loss and update
         update = self._update(batch, adv)
         t_end = time.perf_counter()
@@ -135,9 +140,10 @@ class GRPOTrainer:
             "reward/format": scores.components["format"].mean().item(),
             "reward/errors": scores.errors,
             **update,
+            **probe,
             "completion/len_mean": lengths.mean().item(),
             "completion/len_max": lengths.max().item(),
-            "completion/truncated_frac": (batch.completion_ids[:, -1] != policy.eos_id).logical_and(lengths == cfg.max_new_tokens).float().mean().item(),
+            "completion/truncated_frac": (~(batch.completion_ids == policy.eos_id).any(dim=1)).float().mean().item(),  # no EOS within max_new_tokens
             "time/generate_s": t_gen - t_step,
             "time/score_s": t_score - t_gen,
             "time/update_s": t_end - t_score,
@@ -148,6 +154,27 @@ class GRPOTrainer:
             for i in range(0, min(N, cfg.log_samples * G), G)
         ]
         return StepOutput(metrics, samples)
+
+    def _probe(self, step: int, rewards: torch.Tensor, adv: torch.Tensor, batch: Batch) -> dict:
+        """Advantage statistics every step; the gradient spectrum every ``probe_every`` steps."""
+        cfg = self.cfg
+        out = {}
+        if cfg.group_size >= 2:
+            stats = advantage_stats(rewards, eps=cfg.probe_eps)
+            out = {f"probe/adv_{k}": v for k, v in stats.items()}
+        if cfg.probe_every and step % cfg.probe_every == 0:
+            G = cfg.group_size
+            live = [b for b in range(rewards.shape[0]) if adv[b].any()][: cfg.probe_groups]
+            metrics = []
+            for b in live:
+                sub = select(batch, torch.arange(b * G, (b + 1) * G))
+                psi = score_gram(self.policy.model, sub, token_weights(sub.completion_mask, cfg.aggregation, cfg.max_new_tokens),
+                                 temperature=cfg.temperature)
+                metrics.append(spectrum_metrics(singular_values_from_gram(psi, adv[b])))
+            for key, name in (("effective_rank", "eff_rank"), ("top1_fraction", "top1_frac"), ("num_rank", "num_rank")):
+                out[f"probe/{name}"] = sum(m[key] for m in metrics) / len(metrics) if metrics else None
+            out["probe/groups_measured"] = len(metrics)
+        return out
 
     def _update(self, batch: Batch, adv: torch.Tensor) -> dict:
         cfg, model = self.cfg, self.policy.model

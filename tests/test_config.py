@@ -104,6 +104,17 @@ def test_parse_flags():
     assert (cfg.group_size, cfg.prompts_per_step, cfg.estimator, cfg.progress) == (4, 2, "rloo", False)
 
 
+def test_parse_accepts_comma_separated_number_lists():
+    from grpolab.probes.rank import RankConfig
+    from grpolab.probes.theory import HoeffdingConfig
+
+    assert _parse(RankConfig, ["--group-sizes", "2,4,8"], "prog", "desc").group_sizes == (2, 4, 8)
+    assert _parse(RankConfig, ["--group-sizes", "2", "16"], "prog", "desc").group_sizes == (2, 16)
+    assert _parse(HoeffdingConfig, ["--eps", "0.3,0.1"], "prog", "desc").eps == (0.3, 0.1)
+    # a value that is not a number list is left alone
+    assert _parse(TrainConfig, ["--out", "runs/a,b"], "prog", "desc").out == "runs/a,b"
+
+
 def test_parse_config_file_then_flags_override(tmp_path):
     path = tmp_path / "cfg.toml"
     path.write_text('group_size = 4\nbeta = 0.04\nlr = 3e-5\nestimator = "grpo"\n')

@@ -1,0 +1,303 @@
+"""The Gram matrix of per-rollout score vectors, Psi_ij = <psi_i, psi_j>, without R gradients.
+
+psi_i = grad_theta sum_t w_it log pi(o_it | ...) is rollout i's score vector, with the
+loss's per-token weights w (e.g. 1/|o_i| for GRPO's length normalisation). Every
+estimator of the GRPO family is a weighted sum of the psi_i, so Psi serves both the
+spectrum probe (K = diag(A) Psi diag(A)) and the estimator-MSE probe.
+
+How it is computed (``score_gram``): one forward and one backward pass over the R
+rollouts. Rows of a batch never interact, so the gradient reaching any activation of
+row i comes from rollout i's loss alone. Forward hooks keep each layer's input a_i,
+tensor hooks receive its output gradient b_i as the backward pass reaches it, and the
+layer's R x R contribution is added and the activations freed:
+
+- ``nn.Linear`` W (q x p), per-rollout gradient B_i^T A_i (A_i: T x p, B_i: T x q):
+  either the 'ghost' form <grad_i, grad_j> = sum_{t,s} (a_it . a_js)(b_it . b_js)
+  (Goodfellow 2015; Li et al. 2021), cost (R T)^2 (p + q), or the per-rollout q x p
+  gradients contracted directly, cost R T p q + R^2 p q; ghost when R T (p + q) < p q.
+  A bias adds sum_t b_it.
+- ``nn.Embedding`` E (V x d): per-rollout gradient rows scatter-added from b_it at the
+  token ids x_it.
+- Norm gains (RMSNorm, LayerNorm): per-rollout gradient sum_t b_it * xhat_it with xhat
+  the normalised input, recomputed from the saved input.
+- A parameter used by two modules (tied input/output embeddings): its per-rollout
+  gradient is the sum of both uses, so both contributions are materialised, summed,
+  and only then contracted (the cross terms are included).
+
+Parameters are frozen during the pass, so no ``.grad`` is accumulated; the backward
+pass targets the embedding output. Contributions are accumulated in float64 from
+float32 products, whatever the model's dtype: off-diagonal entries are far smaller
+than diagonal ones.
+
+``score_gram_reference`` is the plain path: R backward passes, the gradients stacked,
+Psi = G G^T. The tests and ``rank --verify`` compare the two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Callable
+
+import torch
+from torch import nn
+
+from grpolab.rollout import Batch, completion_logprobs
+
+
+def token_weights(mask: torch.Tensor, aggregation: str = "seq-mean-token-mean", max_len: int | None = None) -> torch.Tensor:
+    """Per-token weights ``[R, T]`` that make psi_i the score of rollout i as the loss weighs it.
+
+    ``seq-mean-token-mean``: 1/|o_i| (GRPO); ``token-mean`` and ``sum``: 1 (the plain
+    trajectory score sum_t grad log pi, paper 000 Eq. 17); ``seq-mean-token-sum-norm``:
+    1/max_len (Dr. GRPO). A constant factor common to all rollouts scales Psi and not
+    the spectrum's shape.
+    """
+    m = mask.double()
+    if aggregation == "seq-mean-token-mean":
+        return m / m.sum(dim=1, keepdim=True).clamp(min=1.0)
+    if aggregation in ("token-mean", "sum"):
+        return m
+    if aggregation == "seq-mean-token-sum-norm":
+        return m / float(max_len or mask.shape[1])
+    raise ValueError(f"unknown aggregation {aggregation!r}")
+
+
+def _weighted_score_sum(model, batch: Batch, weights: torch.Tensor, temperature: float) -> torch.Tensor:
+    logp = completion_logprobs(model, batch, temperature)  # [R, T]
+    return (logp * weights.to(logp.dtype)).sum()
+
+
+def _select_params(model: nn.Module, include: str | None) -> dict[int, str]:
+    """id(param) -> name of the trainable parameters whose name matches ``include`` (a regex)."""
+    pat = re.compile(include) if include else None
+    chosen = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad and (pat is None or pat.search(name)):
+            chosen.setdefault(id(p), name)
+    if not chosen:
+        raise ValueError(f"no trainable parameter matches {include!r}")
+    return chosen
+
+
+def _rms_hat(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _is_rmsnorm(module: nn.Module) -> bool:
+    return "rmsnorm" in type(module).__name__.lower() and isinstance(getattr(module, "weight", None), nn.Parameter)
+
+
+def _count_sketch(g: torch.Tensor, name: str, k: int, seed: int) -> torch.Tensor:
+    """Project per-rollout gradients ``[R, n]`` to ``[R, k]`` with a CountSketch: coordinate j
+    goes to bucket h(j) with sign s(j), both drawn from a generator keyed by the parameter
+    name, so every call (and every rollout) uses the same projection. E<Sa, Sb> = <a, b>;
+    the entry's standard deviation is at most sqrt(2/k) ||a|| ||b||. Costs O(R n), unlike a
+    dense Gaussian projection's O(n k)."""
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + sum(ord(c) * 31**i for i, c in enumerate(name))) % 2**63)
+    n = g.shape[1]
+    bucket = torch.randint(0, k, (n,), generator=gen)
+    sign = torch.randint(0, 2, (n,), generator=gen).float() * 2 - 1
+    out = torch.zeros(g.shape[0], k, dtype=torch.float32)
+    out.index_add_(1, bucket, g * sign)
+    return out
+
+
+class _GramAccumulator:
+    """Adds each layer's R x R contribution as its output gradient arrives (or, with a
+    sketch, each layer's sketched per-rollout gradient)."""
+
+    def __init__(self, R: int, chosen: dict[int, str], uses: dict[int, int], sketch_dim: int = 0, sketch_seed: int = 0):
+        self.psi = torch.zeros(R, R, dtype=torch.float64)
+        self.chosen = chosen
+        self.uses = uses  # id(param) -> number of modules using it
+        self.pending: dict[int, list[torch.Tensor]] = {}  # shared params: per-rollout grads to sum
+        self.covered: set[int] = set()
+        self.sketch_dim, self.sketch_seed = sketch_dim, sketch_seed
+        self.sketch = torch.zeros(R, sketch_dim, dtype=torch.float32) if sketch_dim else None
+
+    def result(self) -> torch.Tensor:
+        if self.sketch is not None:
+            s = self.sketch.double()
+            return s @ s.T
+        return self.psi
+
+    def add_per_rollout(self, param: nn.Parameter, grads: torch.Tensor) -> None:
+        """grads ``[R, ...]``: per-rollout gradients of ``param``."""
+        pid = id(param)
+        self.covered.add(pid)
+        g = grads.reshape(grads.shape[0], -1).float()
+        if self.uses[pid] > 1:
+            self.pending.setdefault(pid, []).append(g)
+            if len(self.pending[pid]) == self.uses[pid]:
+                g = torch.stack(self.pending.pop(pid)).sum(0)
+            else:
+                return
+        if self.sketch is not None:
+            self.sketch += _count_sketch(g, self.chosen[pid], self.sketch_dim, self.sketch_seed)
+        else:
+            self.psi += (g @ g.T).double()
+
+    def add_gram(self, param: nn.Parameter, gram: torch.Tensor) -> None:
+        self.covered.add(id(param))
+        self.psi += gram.double()
+
+
+@contextlib.contextmanager
+def _frozen(model: nn.Module):
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, f in flags:
+            p.requires_grad_(f)
+
+
+def _per_rollout_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum ``[R, ..., d]`` over every axis but the first and last -> ``[R, d]``.
+
+    A norm gain or a bias sees every position of its input: tokens, and for
+    per-head norms (Qwen3's q_norm/k_norm, input ``[R, L, heads, head_dim]``) heads too.
+    """
+    return t.reshape(t.shape[0], -1, t.shape[-1]).sum(dim=1)
+
+
+def _linear_contribution(acc: _GramAccumulator, module: nn.Linear, a: torch.Tensor, b: torch.Tensor) -> None:
+    R = a.shape[0]
+    # [R, L, p], [R, L, q]; any extra middle axes are folded into L
+    a = a.float().reshape(R, -1, a.shape[-1])
+    b = b.float().reshape(R, -1, b.shape[-1])
+    W = module.weight
+    if id(W) in acc.chosen:
+        q, p = W.shape
+        L = a.shape[1]
+        if acc.sketch is None and acc.uses[id(W)] == 1 and R * L * (p + q) < p * q:
+            # ghost form: (A A^T) * (B B^T) summed over token pairs, never forming q x p
+            af, bf = a.reshape(R * L, p), b.reshape(R * L, q)
+            prod = (af @ af.T) * (bf @ bf.T)  # [RL, RL]
+            acc.add_gram(W, prod.view(R, L, R, L).sum(dim=(1, 3)))
+        else:
+            acc.add_per_rollout(W, torch.einsum("rlq,rlp->rqp", b, a))  # [R, q, p]
+    if module.bias is not None and id(module.bias) in acc.chosen:
+        acc.add_per_rollout(module.bias, b.sum(dim=1))  # [R, q]
+
+
+def score_gram(
+    model: nn.Module,
+    batch: Batch,
+    weights: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    include: str | None = None,
+    sketch_dim: int = 0,
+    sketch_seed: int = 0,
+) -> torch.Tensor:
+    """Psi ``[R, R]`` (float64) for the R rollouts of ``batch`` with per-token ``weights`` ``[R, T]``.
+
+    ``include``: a regex on parameter names restricting psi to those parameters
+    (e.g. ``"lora_"`` or ``"layers\\.0\\."``); default all trainable parameters.
+    ``sketch_dim``: if > 0, an unbiased CountSketch estimate of Psi from k-dimensional
+    projections of the per-rollout gradients (the fallback for models where the exact
+    path is too slow; every layer is then materialised per rollout and projected).
+    """
+    chosen = _select_params(model, include)
+    R = batch.completion_ids.shape[0]
+    modules = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding)) or _is_rmsnorm(m) or isinstance(m, nn.LayerNorm)]
+    uses: dict[int, int] = {}
+    for m in modules:
+        for p in (getattr(m, "weight", None), getattr(m, "bias", None)):
+            if isinstance(p, nn.Parameter) and id(p) in chosen:
+                uses[id(p)] = uses.get(id(p), 0) + 1
+    acc = _GramAccumulator(R, chosen, uses, sketch_dim, sketch_seed)
+    handles = []
+    targets: list[torch.Tensor] = []
+
+    def hook_for(module: nn.Module) -> Callable:
+        def forward_hook(mod, inputs, output):
+            x = inputs[0]
+            if isinstance(mod, nn.Embedding):
+                # The backward pass ends here: the output becomes a leaf whose gradient is b.
+                leaf = output.detach().requires_grad_(True)
+                ids = x
+
+                def emb_grad(b):
+                    if id(mod.weight) in chosen:
+                        b = b.float()
+                        if mod.padding_idx is not None:  # nn.Embedding gives its padding row no gradient
+                            b = b.masked_fill((ids == mod.padding_idx)[..., None], 0.0)
+                        g = torch.zeros(R, *mod.weight.shape, dtype=torch.float32)  # [R, V, d]
+                        g.index_put_((torch.arange(R)[:, None].expand_as(ids), ids), b, accumulate=True)
+                        acc.add_per_rollout(mod.weight, g)
+
+                leaf.register_hook(emb_grad)
+                targets.append(leaf)
+                return leaf
+            saved = x.detach()
+
+            def grad_hook(b):
+                if isinstance(mod, nn.Linear):
+                    _linear_contribution(acc, mod, saved, b)
+                elif isinstance(mod, nn.LayerNorm):
+                    xhat = nn.functional.layer_norm(saved.float(), mod.normalized_shape, eps=mod.eps)
+                    if mod.weight is not None and id(mod.weight) in chosen:
+                        acc.add_per_rollout(mod.weight, _per_rollout_sum(b.float() * xhat))
+                    if mod.bias is not None and id(mod.bias) in chosen:
+                        acc.add_per_rollout(mod.bias, _per_rollout_sum(b.float()))
+                elif id(mod.weight) in chosen:  # RMSNorm: y = weight * xhat
+                    acc.add_per_rollout(mod.weight, _per_rollout_sum(b.float() * _rms_hat(mod, saved)))
+
+            if output.requires_grad:
+                output.register_hook(grad_hook)
+            return None
+
+        return forward_hook
+
+    for m in modules:
+        handles.append(m.register_forward_hook(hook_for(m)))
+    try:
+        with _frozen(model):
+            loss = _weighted_score_sum(model, batch, weights, temperature)
+            if not targets:
+                raise RuntimeError("score_gram needs a model whose inputs pass through an nn.Embedding")
+            torch.autograd.grad(loss, targets)
+    finally:
+        for h in handles:
+            h.remove()
+    missing = [name for pid, name in chosen.items() if pid not in acc.covered]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f", ... ({len(missing)} in all)" if len(missing) > 5 else "")
+        raise NotImplementedError(
+            f"score_gram has no per-rollout rule for {len(missing)} parameter(s): {shown}; "
+            "use score_gram_reference or restrict with include="
+        )
+    if acc.pending:
+        raise RuntimeError("a shared parameter received fewer contributions than it has uses")
+    return acc.result()
+
+
+def score_gram_reference(
+    model: nn.Module, batch: Batch, weights: torch.Tensor, *, temperature: float = 1.0, include: str | None = None
+) -> torch.Tensor:
+    """Psi ``[R, R]`` the plain way: one backward pass per rollout, gradients stacked."""
+    chosen = _select_params(model, include)
+    params = [p for p in model.parameters() if id(p) in chosen]
+    rows = []
+    R = batch.completion_ids.shape[0]
+    for i in range(R):
+        sub = Batch(*(t[i : i + 1] for t in batch))
+        grads = torch.autograd.grad(_weighted_score_sum(model, sub, weights[i : i + 1], temperature), params, allow_unused=True)
+        rows.append(torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).double() for g, p in zip(grads, params)]))
+    G = torch.stack(rows)  # [R, D]
+    return G @ G.T
+
+
+def gram_relative_error(psi: torch.Tensor, ref: torch.Tensor) -> float:
+    """max_ij |Psi_ij - Ref_ij| / sqrt(Ref_ii Ref_jj): each entry's error on the scale of
+    the two score norms (a cosine-scale error), so small off-diagonal entries count fully."""
+    d = ref.diagonal().clamp(min=0).sqrt()
+    scale = (d[:, None] * d[None, :]).clamp(min=torch.finfo(torch.float64).tiny)
+    return float(((psi - ref).abs() / scale).max())

@@ -1,0 +1,194 @@
+"""``grpolab rank``: the spectrum of GRPO's per-rollout gradient matrix over a run's checkpoints.
+
+For each checkpoint and group size R, each probe prompt gets R rollouts; their
+advantages A and score Gram matrix Psi give K = diag(A) Psi diag(A), whose
+eigenvalues are the squared singular values of G (rows A_i psi_i, paper 000 Sec. 7).
+
+Largest possible rank: G = diag(A) Psi_rows has rank at most the number of
+rollouts with a non-zero advantage, <= R (and <= D). Paper 000's Table 1 gives
+R - 1, but the zero-sum constraint sum_i A_i = 0 removes no row: for R = 2,
+A = (a, -a) and the rows a psi_1 and -a psi_2 are independent whenever psi_1 and
+psi_2 are. (R - 1 is the rank bound of the *centred* scores psi_i - mean psi,
+not of G.) The effective rank can never exceed the numerical rank, so the
+paper's "effective rank ~2 for R = 2 with max rank 1" cannot both hold; we
+report what the matrix measured allows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from grpolab.advantages import compute_advantages
+from grpolab.checkpoint import checkpoint_dirs
+from grpolab.data.arithmetic import probe_set
+from grpolab.policy import Policy, load_policy
+from grpolab.probes.gram import gram_relative_error, score_gram, score_gram_reference, token_weights
+from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
+from grpolab.progress import progress_bar
+from grpolab.rewards import default_reward_fns, score
+from grpolab.rollout import Batch, completion_logprobs, sample
+from grpolab.utils import set_threads
+
+PROBE_STREAM = 4  # random-stream id of probe rollouts
+
+
+@dataclasses.dataclass
+class RankConfig:
+    """Spectrum of the per-rollout gradient matrix (effective rank, top-1 fraction) over checkpoints."""
+
+    checkpoint: str = "builtin"
+    """A run directory (every checkpoint in it, plus its starting model as step 0), or one model ('builtin' or a directory)."""
+    out: str = "runs/rank"
+    """Output directory: rank.json and PNG plots."""
+    group_sizes: tuple[int, ...] = (2, 4, 8)
+    """Group sizes R to measure."""
+    prompts: int = 32
+    """Probe prompts per checkpoint (from the paper's fixed 500-question set)."""
+    estimator: str = "grpo"
+    """Advantage estimator for A (paper 000 analyses the group mean, 'grpo')."""
+    aggregation: str = "seq-mean-token-mean"
+    """Per-token weights of psi, as in the loss (1/|o_i| for GRPO)."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    max_new_tokens: int = 48
+    """Longest completion."""
+    format_weight: float = 0.1
+    """lambda in the reward r = accuracy + lambda * format."""
+    include: str = ""
+    """Regex restricting psi to matching parameter names (e.g. 'layers\\.0\\.'); empty = all."""
+    sketch_dim: int = 0
+    """If > 0, estimate Psi from a k-dimensional CountSketch of the per-rollout gradients instead of
+    exactly (for models where the exact path is too slow). Its error: measured against the exact
+    reference with --verify (gram_max_rel_err), otherwise about sqrt(2/k) per entry on the cosine scale."""
+    verify: bool = False
+    """Also run the R-backward reference path: gram_max_rel_err and time ratios."""
+    seed: int = 0
+    """Seed of the probe rollouts."""
+    threads: int = 1
+    """Torch intra-op threads."""
+    progress: bool = True
+    """Show a progress bar."""
+
+
+def _checkpoints(spec: str) -> list[tuple[int, str]]:
+    path = Path(spec)
+    if (path / "metrics.jsonl").is_file() or (path / "checkpoints").is_dir():
+        found = [(step, str(d)) for step, d in checkpoint_dirs(path)]
+        cfg_path = path / "config.json"
+        if cfg_path.is_file():
+            found.insert(0, (0, json.loads(cfg_path.read_text())["model"]))
+        if not found:
+            raise FileNotFoundError(f"--checkpoint {spec}: a run directory with no checkpoints")
+        return found
+    return [(0, spec)]
+
+
+def _rollouts(policy: Policy, record: dict, R: int, key: tuple, cfg: RankConfig) -> tuple[Batch, torch.Tensor]:
+    batch = sample(policy.model, [policy.prompt_ids(record)] * R, [(*key, i) for i in range(R)],
+                   max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0,
+                   eos_id=policy.eos_id, pad_id=policy.pad_id)
+    texts = policy.decode(batch.completion_ids, batch.completion_mask)
+    rewards = score(texts, [record] * R, default_reward_fns(cfg.format_weight)).total  # [R]
+    return batch, rewards
+
+
+def _plain_forward_backward_s(model, batch: Batch, weights: torch.Tensor, temperature: float) -> float:
+    model.zero_grad(set_to_none=True)
+    t0 = time.perf_counter()
+    (completion_logprobs(model, batch, temperature) * weights.float()).sum().backward()
+    elapsed = time.perf_counter() - t0
+    model.zero_grad(set_to_none=True)
+    return elapsed
+
+
+def measure_prompt(policy: Policy, record: dict, R: int, key: tuple, cfg: RankConfig) -> dict:
+    """Spectrum metrics of one prompt's R rollouts (and, with verify, the reference check)."""
+    batch, rewards = _rollouts(policy, record, R, key, cfg)
+    adv = compute_advantages(rewards[None, :], cfg.estimator)[0]  # [R]
+    row = {"reward_std": float(rewards.std(unbiased=False)), "zero_var": bool((rewards == rewards[0]).all())}
+    if not adv.any() and not cfg.verify:
+        row.update(spectrum_metrics(torch.zeros(R)))
+        return row
+    weights = token_weights(batch.completion_mask, cfg.aggregation, cfg.max_new_tokens)
+    t0 = time.perf_counter()
+    psi = score_gram(policy.model, batch, weights, temperature=cfg.temperature, include=cfg.include or None,
+                     sketch_dim=cfg.sketch_dim, sketch_seed=cfg.seed)
+    t_gram = time.perf_counter() - t0
+    row.update(spectrum_metrics(singular_values_from_gram(psi, adv)))
+    if cfg.verify:
+        t0 = time.perf_counter()
+        ref = score_gram_reference(policy.model, batch, weights, temperature=cfg.temperature, include=cfg.include or None)
+        t_ref = time.perf_counter() - t0
+        t_plain = _plain_forward_backward_s(policy.model, batch, weights, cfg.temperature)
+        row.update(gram_rel_err=gram_relative_error(psi, ref), t_gram=t_gram, t_ref=t_ref, t_plain=t_plain)
+    return row
+
+
+def _summary(rows: list[dict], key: str) -> dict[str, float]:
+    vals = [r[key] for r in rows]
+    if not vals:
+        return {"mean": None, "std": None, "min": None, "max": None}
+    return {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals), "min": min(vals), "max": max(vals)}
+
+
+def run_rank(cfg: RankConfig, log=print) -> dict:
+    set_threads(cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    records = probe_set(500)[: cfg.prompts]
+    ckpts = _checkpoints(cfg.checkpoint)
+    results = []
+    total = len(ckpts) * len(cfg.group_sizes) * len(records)
+    with progress_bar("rank", total, enabled=cfg.progress) as bar:
+        done = 0
+        for step, path in ckpts:
+            policy = load_policy(path)
+            policy.model.eval()  # no dropout in the probe; gradients still flow
+            for R in cfg.group_sizes:
+                rows = []
+                for k, rec in enumerate(records):
+                    rows.append(measure_prompt(policy, rec, R, (PROBE_STREAM, cfg.seed, step, k), cfg))
+                    done += 1
+                    bar.update(done, f"step {step} R={R}")
+                live = [r for r in rows if not r["zero_var"]]
+                res = {
+                    "step": step, "checkpoint": path, "R": R, "prompts": len(rows),
+                    "max_possible_rank": R,
+                    **({"sketch_dim": cfg.sketch_dim, "sketch_expected_err": (2 / cfg.sketch_dim) ** 0.5} if cfg.sketch_dim else {}),
+                    "frac_zero_var": sum(r["zero_var"] for r in rows) / len(rows),
+                    "reward_std_mean": statistics.fmean(r["reward_std"] for r in rows),
+                    **{k: _summary(live, k) for k in ("num_rank", "effective_rank", "top1_fraction")},
+                }
+                if cfg.verify:
+                    res["gram_max_rel_err"] = max(r["gram_rel_err"] for r in rows)
+                    t_plain = sum(r["t_plain"] for r in rows)
+                    res["gram_time_ratio"] = sum(r["t_gram"] for r in rows) / t_plain
+                    res["reference_time_ratio"] = sum(r["t_ref"] for r in rows) / t_plain
+                results.append(res)
+    report = {"config": dataclasses.asdict(cfg), "results": results}
+    (out / "rank.json").write_text(json.dumps(report, indent=2))
+    from grpolab.probes.plots import plot_rank
+
+    plot_rank(results, out)
+    return report
+
+
+def table1(results: list[dict]) -> str:
+    """Paper 000's Table 1 shape: R, largest possible rank, effective rank, top-1 fraction (ranges over steps)."""
+    lines = [f"{'R':>3} {'max rank':>9} {'eff. rank (mean, range over steps)':>36} {'top-1 frac (mean, range)':>28}"]
+    for R in sorted({r["R"] for r in results}):
+        rs = [r for r in results if r["R"] == R and r["effective_rank"]["mean"] is not None]
+        if not rs:
+            lines.append(f"{R:>3} {R:>9} {'(no prompt with reward variance)':>36}")
+            continue
+        er = [r["effective_rank"]["mean"] for r in rs]
+        tf = [r["top1_fraction"]["mean"] for r in rs]
+        lines.append(f"{R:>3} {R:>9} {statistics.fmean(er):>14.2f} [{min(er):.2f}, {max(er):.2f}]{'':>10}"
+                     f"{statistics.fmean(tf):>10.2f} [{min(tf):.2f}, {max(tf):.2f}]")
+    return "\n".join(lines)
