@@ -1,0 +1,27 @@
+# Two entry points: `make demo` (the main job) and `make test` (the whole suite).
+# Both create .venv in the repo root on first use and install everything there.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# torch is installed first and pinned: on this project's CPU machines 2.13.0 is the
+# CPU build on local disk; an unpinned torch would pull a multi-GB CUDA build.
+TORCH  ?= torch==2.13.0
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $@
+
+.PHONY: install demo test bench
+install: $(BIN)/.installed
+
+demo: $(BIN)/.installed
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/grpolab demo
+
+test: $(BIN)/.installed
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q
+
+bench: $(BIN)/.installed
+	$(BIN)/python benchmarks/step_time.py

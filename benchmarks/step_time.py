@@ -1,0 +1,77 @@
+"""Where a GRPO step's time goes, for the demo configuration.
+
+Runs the trainer for a few steps and prints the median time per step of
+generation, scoring and the update, and the update's time divided by one plain
+forward+backward pass over the same rollouts (the floor for mu = 1: the update
+can skip zero-advantage rollouts, so it can come in under 1.0).
+
+    python benchmarks/step_time.py [--steps 20] [--warmup 3] [--threads 1] [--key value ...]
+
+Extra ``--key value`` pairs override TrainConfig fields (e.g. --group-size 16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+from grpolab.cli import _parse  # noqa: E402
+from grpolab.config import TrainConfig  # noqa: E402
+from grpolab.rollout import completion_logprobs, sample  # noqa: E402
+from grpolab.trainer import ROLLOUT_STREAM, GRPOTrainer  # noqa: E402
+
+
+def plain_forward_backward(trainer: GRPOTrainer, step: int) -> float:
+    """Seconds for one forward+backward over the step's rollouts: masked token-mean of log-probs."""
+    cfg, policy = trainer.cfg, trainer.policy
+    records = trainer.sampler.draw(step, cfg.prompts_per_step)
+    prompts = [policy.prompt_ids(r) for r in records for _ in range(cfg.group_size)]
+    keys = [(ROLLOUT_STREAM, cfg.seed, step, b, g) for b in range(cfg.prompts_per_step) for g in range(cfg.group_size)]
+    batch = sample(policy.model, prompts, keys, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                   top_p=cfg.top_p, eos_id=policy.eos_id, pad_id=policy.pad_id)
+    policy.model.zero_grad(set_to_none=True)
+    t0 = time.perf_counter()
+    logp = completion_logprobs(policy.model, batch, cfg.temperature)  # [N, T]
+    (logp.sum() / batch.completion_mask.sum()).backward()
+    elapsed = time.perf_counter() - t0
+    policy.model.zero_grad(set_to_none=True)
+    return elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=20, help="measured steps")
+    ap.add_argument("--warmup", type=int, default=3, help="unmeasured steps first")
+    args, rest = ap.parse_known_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = _parse(TrainConfig, ["--out", tmp, "--no-progress", *rest], "step_time", "")
+        trainer = GRPOTrainer(cfg)
+        rows, floors = [], []
+        for step in range(1, args.warmup + args.steps + 1):
+            m = trainer.step(step).metrics
+            if step > args.warmup:
+                rows.append(m)
+                floors.append(plain_forward_backward(trainer, step))
+    med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731
+    floor = statistics.median(floors)
+    print(f"config: B={cfg.prompts_per_step} G={cfg.group_size} max_new_tokens={cfg.max_new_tokens} mu={cfg.mu} "
+          f"threads={torch.get_num_threads()} model={cfg.model}; median over {args.steps} steps after {args.warmup} warm-up")
+    print(f"  generate   {med('time/generate_s'):.3f} s")
+    print(f"  score      {med('time/score_s'):.3f} s")
+    print(f"  update     {med('time/update_s'):.3f} s   (active rollouts: {statistics.median(r['loss/active_frac'] for r in rows):.2f} of the batch)")
+    print(f"  step       {med('time/step_s'):.3f} s")
+    print(f"  plain forward+backward over the same rollouts: {floor:.3f} s")
+    print(f"  update / plain forward+backward = {med('time/update_s') / floor:.2f}")
+    ratios = [r["time/update_s"] / f for r, f in zip(rows, floors)]
+    print(f"  (per-step ratio, median: {statistics.median(ratios):.2f}; min {min(ratios):.2f}, max {max(ratios):.2f})")
+
+
+if __name__ == "__main__":
+    main()
