@@ -163,6 +163,7 @@ class GRPOTrainer:
             stats = advantage_stats(rewards, eps=cfg.probe_eps)
             out = {f"probe/adv_{k}": v for k, v in stats.items()}
         if cfg.probe_every and step % cfg.probe_every == 0:
+            t0 = time.perf_counter()
             G = cfg.group_size
             live = [b for b in range(rewards.shape[0]) if adv[b].any()][: cfg.probe_groups]
             metrics = []
@@ -174,6 +175,7 @@ class GRPOTrainer:
             for key, name in (("effective_rank", "eff_rank"), ("top1_fraction", "top1_frac"), ("num_rank", "num_rank")):
                 out[f"probe/{name}"] = sum(m[key] for m in metrics) / len(metrics) if metrics else None
             out["probe/groups_measured"] = len(metrics)
+            out["time/probe_s"] = time.perf_counter() - t0
         return out
 
     def _update(self, batch: Batch, adv: torch.Tensor) -> dict:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from grpolab.config import TrainConfig
 from grpolab.probes.rank import RankConfig, run_rank, table1
@@ -22,7 +23,7 @@ from grpolab.trainer import train
 
 PNG = b"\x89PNG\r\n\x1a\n"
 PLOTS = ("rank_effective.png", "rank_top1.png", "rank_reward_std.png")
-SUMMARY = ("num_rank", "effective_rank", "top1_fraction")
+SUMMARY = ("num_rank", "effective_rank", "top1_fraction", "distinct_active")
 
 
 def _quiet(*args, **kwargs):
@@ -74,6 +75,8 @@ def _check_result(res: dict):
         assert 1.0 - 1e-9 <= er["min"] and er["mean"] <= nr["max"] <= R  # 1 <= eff. rank <= num. rank <= R
         assert 1.0 / R - 1e-9 <= tf["min"] and tf["max"] <= 1.0 + 1e-9  # top-1 share between 1/R and 1
     assert res["gram_max_rel_err"] <= 1e-4
+    if res["frac_zero_var"] < 1.0:  # the numerical rank never exceeds the distinct active completions
+        assert res["num_rank"]["max"] <= res["distinct_active"]["max"] <= R
     assert res["gram_time_ratio"] > 0 and res["reference_time_ratio"] > 0
 
 
@@ -121,6 +124,20 @@ def test_table1_has_a_line_per_group_size(run_report):
         if rs:  # the mean over steps of the per-step mean effective rank
             mean = sum(r["effective_rank"]["mean"] for r in rs) / len(rs)
             assert float(fields[2]) == pytest.approx(mean, abs=0.006)
+
+
+def test_distinct_active_rollouts_counts_different_completions_with_nonzero_advantage():
+    from grpolab.probes.rank import distinct_active_rollouts
+    from grpolab.rollout import Batch
+
+    ids = torch.tensor([[5, 6, 2, 0], [5, 6, 2, 0], [5, 7, 2, 0], [5, 6, 6, 2], [9, 2, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
+    # padding differs only outside the mask for rows 0 and 1: they are the same completion
+    ids[1, 3] = 4
+    b = Batch(torch.zeros(5, 1, dtype=torch.long), torch.ones(5, 1), ids, mask)
+    assert distinct_active_rollouts(b, torch.tensor([0.5, 0.5, -0.2, 0.1, -0.9])) == 4
+    assert distinct_active_rollouts(b, torch.tensor([0.5, 0.5, 0.0, 0.0, -1.0])) == 2  # zero advantage: no row
+    assert distinct_active_rollouts(b, torch.zeros(5)) == 0
 
 
 def test_table1_without_any_signal():

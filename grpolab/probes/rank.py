@@ -111,7 +111,8 @@ def measure_prompt(policy: Policy, record: dict, R: int, key: tuple, cfg: RankCo
     """Spectrum metrics of one prompt's R rollouts (and, with verify, the reference check)."""
     batch, rewards = _rollouts(policy, record, R, key, cfg)
     adv = compute_advantages(rewards[None, :], cfg.estimator)[0]  # [R]
-    row = {"reward_std": float(rewards.std(unbiased=False)), "zero_var": bool((rewards == rewards[0]).all())}
+    row = {"reward_std": float(rewards.std(unbiased=False)), "zero_var": bool((rewards == rewards[0]).all()),
+           "distinct_active": distinct_active_rollouts(batch, adv)}
     if not adv.any() and not cfg.verify:
         row.update(spectrum_metrics(torch.zeros(R)))
         return row
@@ -128,6 +129,16 @@ def measure_prompt(policy: Policy, record: dict, R: int, key: tuple, cfg: RankCo
         t_plain = _plain_forward_backward_s(policy.model, batch, weights, cfg.temperature)
         row.update(gram_rel_err=gram_relative_error(psi, ref), t_gram=t_gram, t_ref=t_ref, t_plain=t_plain)
     return row
+
+
+def distinct_active_rollouts(batch: Batch, adv: torch.Tensor) -> int:
+    """How many different completions have a nonzero advantage: the rank G can reach for this prompt.
+
+    Rows A_i psi_i of equal completions are parallel and rows with A_i = 0 vanish, so
+    rank(G) <= this count (<= R); a sharpening policy repeats itself and the bound falls.
+    """
+    seqs = {tuple(ids[m].tolist()) for ids, m, a in zip(batch.completion_ids, batch.completion_mask.bool(), adv) if a != 0}
+    return len(seqs)
 
 
 def _summary(rows: list[dict], key: str) -> dict[str, float]:
@@ -163,7 +174,7 @@ def run_rank(cfg: RankConfig, log=print) -> dict:
                     **({"sketch_dim": cfg.sketch_dim, "sketch_expected_err": (2 / cfg.sketch_dim) ** 0.5} if cfg.sketch_dim else {}),
                     "frac_zero_var": sum(r["zero_var"] for r in rows) / len(rows),
                     "reward_std_mean": statistics.fmean(r["reward_std"] for r in rows),
-                    **{k: _summary(live, k) for k in ("num_rank", "effective_rank", "top1_fraction")},
+                    **{k: _summary(live, k) for k in ("num_rank", "effective_rank", "top1_fraction", "distinct_active")},
                 }
                 if cfg.verify:
                     res["gram_max_rel_err"] = max(r["gram_rel_err"] for r in rows)
@@ -180,8 +191,13 @@ def run_rank(cfg: RankConfig, log=print) -> dict:
 
 
 def table1(results: list[dict]) -> str:
-    """Paper 000's Table 1 shape: R, largest possible rank, effective rank, top-1 fraction (ranges over steps)."""
-    lines = [f"{'R':>3} {'max rank':>9} {'eff. rank (mean, range over steps)':>36} {'top-1 frac (mean, range)':>28}"]
+    """Paper 000's Table 1 shape: R, largest possible rank, effective rank, top-1 fraction (ranges over steps).
+
+    Two more columns say what bounds the rank in practice: the numerical rank and the number
+    of distinct completions with a nonzero advantage (means over prompts and steps).
+    """
+    lines = [f"{'R':>3} {'max rank':>9} {'eff. rank (mean, range over steps)':>36} {'top-1 frac (mean, range)':>28}"
+             f" {'num. rank':>10} {'distinct':>9}"]
     for R in sorted({r["R"] for r in results}):
         rs = [r for r in results if r["R"] == R and r["effective_rank"]["mean"] is not None]
         if not rs:
@@ -189,6 +205,9 @@ def table1(results: list[dict]) -> str:
             continue
         er = [r["effective_rank"]["mean"] for r in rs]
         tf = [r["top1_fraction"]["mean"] for r in rs]
+        nr = statistics.fmean(r["num_rank"]["mean"] for r in rs)
+        dist = [r["distinct_active"]["mean"] for r in rs if r.get("distinct_active", {}).get("mean") is not None]
+        dist_s = f"{statistics.fmean(dist):>9.2f}" if dist else f"{'-':>9}"
         lines.append(f"{R:>3} {R:>9} {statistics.fmean(er):>14.2f} [{min(er):.2f}, {max(er):.2f}]{'':>10}"
-                     f"{statistics.fmean(tf):>10.2f} [{min(tf):.2f}, {max(tf):.2f}]")
+                     f"{statistics.fmean(tf):>10.2f} [{min(tf):.2f}, {max(tf):.2f}]{'':>6}{nr:>10.2f} {dist_s}")
     return "\n".join(lines)
