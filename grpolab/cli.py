@@ -119,7 +119,14 @@ def cmd_rank(args: list[str]) -> None:
 def cmd_theory(args: list[str]) -> None:
     import json
 
-    from grpolab.probes.theory import AdvantagesConfig, HoeffdingConfig, advantages_check, hoeffding_rows
+    from grpolab.probes.theory import (
+        AdvantagesConfig,
+        HoeffdingConfig,
+        advantages_check,
+        format_advantages,
+        format_hoeffding,
+        hoeffding_rows,
+    )
 
     usage = "usage: grpolab theory {hoeffding,advantages} [--help] [options]"
     if not args or args[0] not in ("hoeffding", "advantages"):
@@ -128,25 +135,11 @@ def cmd_theory(args: list[str]) -> None:
     if args[0] == "hoeffding":
         cfg = _parse(HoeffdingConfig, args[1:], "grpolab theory hoeffding", "Paper 000 App. A.2: the Hoeffding bound on the group-mean baseline's error, next to Monte Carlo.")
         rows = hoeffding_rows(cfg)
-        if cfg.json:
-            print(json.dumps(rows, indent=2))
-            return
-        print(f"P(|v_R - v| > eps) for R Bernoulli({cfg.p}) rewards: Hoeffding bound 2 exp(-2 R eps^2) / Monte Carlo ({cfg.trials} groups) / exact")
-        print(f"{'R':>3} " + " ".join(f"{'eps=' + str(e):>26}" for e in cfg.eps))
-        for R in cfg.group_sizes:
-            cells = [r for r in rows if r["R"] == R]
-            print(f"{R:>3} " + " ".join(f"{c['bound']:>7.2f}{' (vacuous)' if c['bound'] >= 1 else '':<10} {c['mc']:.3f} {c['exact']:.3f}" for c in cells))
+        print(json.dumps(rows, indent=2) if cfg.json else format_hoeffding(rows, cfg))
         return
     cfg = _parse(AdvantagesConfig, args[1:], "grpolab theory advantages", "Paper 000 Thm 4.1: zero-sum advantage statistics for Bernoulli(p) rewards, Monte Carlo vs theory.")
     res = advantages_check(cfg)
-    if cfg.json:
-        print(json.dumps(res, indent=2))
-        return
-    print(f"R={cfg.R}, p={cfg.p}, eps={cfg.eps}, {cfg.trials} groups")
-    print(f"  Var(A_i):          empirical {res['var_emp']:.5f}   theory (R-1)/R sigma^2 = {res['var_theory']:.5f}")
-    print(f"  Cov(A_i, A_j):     empirical {res['cov_emp']:.5f}   theory -sigma^2/R      = {res['cov_theory']:.5f}")
-    print(f"  P(|A_i| > eps):    empirical {res['eff_frac_emp']:.5f}   Chebyshev bound (Eq. 20) = {res['eff_bound']:.5f}")
-    print(f"  max |sum_i A_i|:   {res['max_abs_group_sum']:.2e}")
+    print(json.dumps(res, indent=2) if cfg.json else format_advantages(res, cfg))
 
 
 COMMANDS = {"train": cmd_train, "sft": cmd_sft, "demo": cmd_demo, "plot": cmd_plot, "rank": cmd_rank, "theory": cmd_theory}

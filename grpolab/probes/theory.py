@@ -83,3 +83,24 @@ def advantages_check(cfg: AdvantagesConfig) -> dict:
     stats = advantage_stats(rewards, eps=cfg.eps, sigma2=cfg.p * (1 - cfg.p))
     keys = ("var_emp", "var_theory", "cov_emp", "cov_theory", "eff_frac_emp", "eff_bound", "max_abs_group_sum")
     return {k: stats[k] for k in keys}
+
+
+def format_hoeffding(rows: list[dict], cfg: HoeffdingConfig) -> str:
+    """The App. A.2 table: per R and eps, the bound (marked vacuous when >= 1), Monte Carlo and exact."""
+    lines = [f"P(|v_R - v| > eps) for R Bernoulli({cfg.p}) rewards: Hoeffding bound 2 exp(-2 R eps^2) / Monte Carlo ({cfg.trials} groups) / exact",
+             f"{'R':>3} " + " ".join(f"{'eps=' + str(e):>26}" for e in cfg.eps)]
+    for R in cfg.group_sizes:
+        cells = [r for r in rows if r["R"] == R]
+        lines.append(f"{R:>3} " + " ".join(f"{c['bound']:>7.2f}{' (vacuous)' if c['bound'] >= 1 else '':<10} {c['mc']:.3f} {c['exact']:.3f}" for c in cells))
+    return "\n".join(lines)
+
+
+def format_advantages(res: dict, cfg: AdvantagesConfig) -> str:
+    """Thm 4.1 and Eq. 20, empirical next to theory."""
+    return "\n".join([
+        f"R={cfg.R}, p={cfg.p}, eps={cfg.eps}, {cfg.trials} groups",
+        f"  Var(A_i):          empirical {res['var_emp']:.5f}   theory (R-1)/R sigma^2 = {res['var_theory']:.5f}",
+        f"  Cov(A_i, A_j):     empirical {res['cov_emp']:.5f}   theory -sigma^2/R      = {res['cov_theory']:.5f}",
+        f"  P(|A_i| > eps):    empirical {res['eff_frac_emp']:.5f}   Chebyshev bound (Eq. 20) = {res['eff_bound']:.5f}",
+        f"  max |sum_i A_i|:   {res['max_abs_group_sum']:.2e}",
+    ])
