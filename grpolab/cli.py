@@ -25,6 +25,9 @@ commands:
   plot    redraw a run directory's plot.png from its metrics.jsonl
   rank    spectrum of the per-rollout gradient matrix (effective rank, top-1 fraction) over checkpoints
   theory  Monte Carlo checks of paper 000's closed forms: `theory hoeffding`, `theory advantages`
+  mse     MSE of the vanilla/grpo/rloo/oracle gradient estimators against G (paper 003), or the exact bandit check
+  groupsize  the three MSE constants and the best group size under a fixed budget B*G (paper 003, Thm 7)
+  sweep   budget-fixed GRPO runs over group sizes and seeds: accuracy per G (paper 003, Table 2 / Figure 5)
 
 Run `grpolab COMMAND --help` for a command's options.
 """
@@ -57,13 +60,37 @@ def _split_number_lists(args: list[str]) -> list[str]:
     return out
 
 
+def _merge_repeated(args: list[str], cls) -> list[str]:
+    """``--policy a --policy b`` -> ``--policy a b`` for tuple-valued fields (tyro takes one occurrence)."""
+    import dataclasses
+
+    flags = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(cls) if isinstance(f.default, tuple)}
+    values: dict[str, list[str]] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in flags:
+            j = i + 1
+            while j < len(args) and not args[j].startswith("--"):
+                j += 1
+            values.setdefault(a, []).extend(args[i + 1 : j])
+            i = j
+        else:
+            rest.append(a)
+            i += 1
+    for flag, vals in values.items():
+        rest += [flag, *vals]
+    return rest
+
+
 def _parse(cls, args: list[str], prog: str, description: str):
     import tyro
 
     from grpolab.config import load_toml
 
     path, rest = _split_config_flag(args)
-    rest = _split_number_lists(rest)
+    rest = _merge_repeated(_split_number_lists(rest), cls)
     default = load_toml(path, cls) if path else cls()
     return tyro.cli(cls, default=default, args=rest, prog=prog, description=description + "\n\n--config FILE.toml sets defaults (keys are field names); flags override them.")
 
@@ -116,6 +143,39 @@ def cmd_rank(args: list[str]) -> None:
     print(f"wrote {cfg.out}/rank.json and plots")
 
 
+def cmd_mse(args: list[str]) -> None:
+    from grpolab.probes.mse_cmd import MseConfig, format_bandit, format_mse, run_bandit, run_mse
+
+    cfg = _parse(MseConfig, args, "grpolab mse", MseConfig.__doc__.strip().split("\n\n")[0])
+    cfg.validate()
+    if cfg.env == "bandit":
+        print(format_bandit(run_bandit(cfg)))
+        if cfg.json:
+            print(f"wrote {cfg.json}")
+        return
+    report = run_mse(cfg)
+    print(format_mse(report))
+    print(f"wrote {cfg.out}/mse.json and mse.png")
+
+
+def cmd_groupsize(args: list[str]) -> None:
+    from grpolab.probes.mse_cmd import GroupsizeConfig, format_groupsize, run_groupsize
+
+    cfg = _parse(GroupsizeConfig, args, "grpolab groupsize", GroupsizeConfig.__doc__.strip().split("\n\n")[0])
+    cfg.validate()
+    print(format_groupsize(run_groupsize(cfg)))
+    print(f"wrote {cfg.out}/groupsize.json and groupsize.png")
+
+
+def cmd_sweep(args: list[str]) -> None:
+    from grpolab.sweep import SweepConfig, format_sweep, run_sweep
+
+    cfg = _parse(SweepConfig, args, "grpolab sweep", SweepConfig.__doc__.strip().split("\n\n")[0])
+    cfg.validate()
+    print(format_sweep(run_sweep(cfg)))
+    print(f"wrote {cfg.out}/sweep.json and sweep.png")
+
+
 def cmd_theory(args: list[str]) -> None:
     import json
 
@@ -142,7 +202,8 @@ def cmd_theory(args: list[str]) -> None:
     print(json.dumps(res, indent=2) if cfg.json else format_advantages(res, cfg))
 
 
-COMMANDS = {"train": cmd_train, "sft": cmd_sft, "demo": cmd_demo, "plot": cmd_plot, "rank": cmd_rank, "theory": cmd_theory}
+COMMANDS = {"train": cmd_train, "sft": cmd_sft, "demo": cmd_demo, "plot": cmd_plot, "rank": cmd_rank, "theory": cmd_theory,
+            "mse": cmd_mse, "groupsize": cmd_groupsize, "sweep": cmd_sweep}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -63,3 +63,29 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, title: str = ""
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def plot_sweep(report: dict, path: str | Path) -> Path:
+    """Final held-out accuracy against G at a fixed budget, mean and 95% CI over seeds (paper 003, Figure 5)."""
+    table = report["table"]
+    G = [t["G"] for t in table]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, colour in (("sampled", "tab:purple"), ("greedy", "tab:red")):
+        mean = [t[key] for t in table]
+        err = [[m - t[f"{key}_ci"][0] for m, t in zip(mean, table)], [t[f"{key}_ci"][1] - m for m, t in zip(mean, table)]]
+        ax.errorbar(G, mean, yerr=err, marker="o", capsize=3, color=colour, label=f"eval/accuracy_{key}")
+        ax.axhline(report["before"][key], color=colour, ls=":", lw=1)
+    if report.get("predicted_g_star", float("inf")) != float("inf"):
+        ax.axvline(report["predicted_g_star"], color="k", ls="--", label=f"predicted G* = {report['predicted_g_star']:.1f}")
+    cfg = report["config"]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(G, [str(g) for g in G])
+    ax.set_xlabel(f"group size G (B = {cfg['budget']} / G)")
+    ax.set_ylabel("held-out accuracy after GRPO")
+    ax.set_title(f"{cfg['steps']} steps, {cfg['seeds']} seeds, mean and 95% CI (dotted: before)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

@@ -115,6 +115,15 @@ def test_parse_accepts_comma_separated_number_lists():
     assert _parse(TrainConfig, ["--out", "runs/a,b"], "prog", "desc").out == "runs/a,b"
 
 
+def test_parse_merges_a_repeated_list_flag():
+    from grpolab.probes.mse_cmd import MseConfig
+
+    cfg = _parse(MseConfig, ["--policy", "a", "--group-sizes", "2,4", "--policy", "b", "c", "--pool", "5"], "prog", "desc")
+    assert cfg.policy == ("a", "b", "c") and cfg.group_sizes == (2, 4) and cfg.pool == 5
+    cfg = _parse(MseConfig, ["--logits", "0", "-0.5"], "prog", "desc")  # a negative value is a value, not a flag
+    assert cfg.logits == (0.0, -0.5)
+
+
 def test_parse_config_file_then_flags_override(tmp_path):
     path = tmp_path / "cfg.toml"
     path.write_text('group_size = 4\nbeta = 0.04\nlr = 3e-5\nestimator = "grpo"\n')

@@ -46,3 +46,53 @@ def plot_rank(results: list[dict], out_dir: str | Path) -> list[Path]:
     plt.close(fig)
     paths.append(out_dir / "rank_reward_std.png")
     return paths
+
+
+ESTIMATOR_COLOURS = {"vanilla": "tab:blue", "grpo": "tab:orange", "rloo": "tab:red", "oracle": "tab:green"}
+
+
+def plot_mse(report: dict, path: str | Path) -> Path:
+    """MSE against G, one panel per policy, one line per estimator with its 95% band (paper 003, Figure 4)."""
+    entries = report["policies"]
+    fig, axes = plt.subplots(1, len(entries), figsize=(4.6 * len(entries), 4), squeeze=False, sharey=True)
+    for ax, entry in zip(axes[0], entries):
+        for est, colour in ESTIMATOR_COLOURS.items():
+            rs = sorted((r for r in entry["results"] if r["estimator"] == est), key=lambda r: r["G"])
+            if not rs:
+                continue
+            G = [r["G"] for r in rs]
+            ax.plot(G, [r["mse"] for r in rs], marker="o", color=colour, label=est)
+            ax.fill_between(G, [max(r["ci_low"], 1e-30) for r in rs], [r["ci_high"] for r in rs], color=colour, alpha=0.15)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("group size G")
+        ax.set_title(f"{Path(entry['policy']).name or entry['policy']}\nmean reward {entry['reward_mean']:.2f}", fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].set_ylabel("MSE of the gradient estimate (per prompt)")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_groupsize(report: dict, path: str | Path) -> Path:
+    """Predicted rloo MSE against G at the fixed budget, with the bootstrap band and G*."""
+    curve = report["curve"]
+    G = [c["G"] for c in curve]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(G, [c["mse"] for c in curve], marker="o", label="predicted MSE")
+    ax.fill_between(G, [c["ci"][0] for c in curve], [min(c["ci"][1], 1e30) for c in curve], alpha=0.2, label="95% bootstrap band")
+    g_star = report["g_star"]
+    if g_star != float("inf"):
+        ax.axvline(g_star, color="k", ls="--", label=f"G* = {g_star:.1f}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(f"group size G (B = {report['config']['budget']} / G prompts)")
+    ax.set_ylabel("predicted MSE (rloo, minibatch)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,73 @@
+"""A pool of rollouts from a policy, reduced to what the MSE and group-size probes need.
+
+For each of M prompts: N rollouts, their rewards, the N x N Gram matrix of their score
+vectors (one forward + one backward, :func:`grpolab.probes.gram.score_gram`), and one
+D-dimensional leave-one-out gradient estimate mu_hat(x) whose cross inner products
+<mu_hat(x), mu_hat(x')> (x != x') estimate ||grad J||^2 without bias. Only the M x M
+matrix of those products is kept; the vectors are held long enough to form it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from grpolab.policy import Policy
+from grpolab.probes.gram import _select_params, score_gram
+from grpolab.probes.mse import prompt_moments, rloo_weights
+from grpolab.progress import progress_bar
+from grpolab.rewards import default_reward_fns, score
+from grpolab.rollout import Batch, completion_logprobs, sample
+
+POOL_STREAM = 5  # random-stream id of pool rollouts (the rank probe uses 4)
+
+
+def sample_rollouts(policy: Policy, record: dict, n: int, key: tuple, *, max_new_tokens: int, temperature: float,
+                    format_weight: float) -> tuple[Batch, torch.Tensor]:
+    """n rollouts of one prompt and their rewards ``[n]``; rollout i draws from stream (*key, i)."""
+    batch = sample(policy.model, [policy.prompt_ids(record)] * n, [(*key, i) for i in range(n)],
+                   max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0,
+                   eos_id=policy.eos_id, pad_id=policy.pad_id)
+    texts = policy.decode(batch.completion_ids, batch.completion_mask)
+    return batch, score(texts, [record] * n, default_reward_fns(format_weight)).total
+
+
+@dataclasses.dataclass
+class Pool:
+    moments: list[dict[str, float]]  # per prompt: A2, O2, H2, mu2 (grpolab.probes.mse)
+    cross: torch.Tensor  # [M, M] <mu_hat(x), mu_hat(x')>
+    reward_mean: list[float]  # per prompt
+    reward_std: list[float]
+
+
+def collect_pool(policy: Policy, records: list[dict], n: int, *, seed: int = 0, max_new_tokens: int = 48,
+                 temperature: float = 1.0, format_weight: float = 0.1, include: str | None = None,
+                 progress: bool = True, label: str = "pool") -> Pool:
+    """Sample n rollouts for each record and reduce them (module docstring)."""
+    if n < 3:
+        raise ValueError(f"--pool must be >= 3 rollouts per prompt, got {n}")
+    model = policy.model
+    model.eval()
+    params = [p for p in model.parameters() if id(p) in _select_params(model, include)]
+    moments, vectors, means, stds = [], [], [], []
+    with progress_bar(label, len(records), enabled=progress) as bar:
+        for k, rec in enumerate(records):
+            batch, rewards = sample_rollouts(policy, rec, n, (POOL_STREAM, seed, k), max_new_tokens=max_new_tokens,
+                                             temperature=temperature, format_weight=format_weight)
+            # The plain score sum_t grad log pi (weight 1 per token): E[psi] = 0, so mu = E[r psi] is the
+            # true gradient. A length-normalised psi would not be a score and would not average to 0.
+            weights = batch.completion_mask.double()  # [n, T]
+            psi = score_gram(model, batch, weights, temperature=temperature, include=include)  # [n, n]
+            moments.append(prompt_moments(psi, rewards))
+            a = rloo_weights(rewards)  # [n]
+            logp = completion_logprobs(model, batch, temperature)  # [n, T]
+            obj = (logp * (weights * a[:, None]).to(logp.dtype)).sum()
+            grads = torch.autograd.grad(obj, params, allow_unused=True)
+            vectors.append(torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
+                                      for g, p in zip(grads, params)]))  # [D]
+            means.append(float(rewards.mean()))
+            stds.append(float(rewards.std(unbiased=False)))
+            bar.update(k + 1, f"mean reward {sum(means) / len(means):.2f}")
+    V = torch.stack(vectors).double()  # [M, D]
+    return Pool(moments, V @ V.T, means, stds)

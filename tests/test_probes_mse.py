@@ -1,0 +1,298 @@
+"""Estimator MSE in Gram space (paper 003): exact bandit answers, unbiased pooled moments, group size, CLI."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from grpolab.probes.mse import (
+    ESTIMATORS,
+    bandit_estimates,
+    bandit_moments,
+    bandit_pool_gram,
+    bandit_true_gradient,
+    derived_constants,
+    groupsize_constants,
+    mse_from_moments,
+    optimal_group_size,
+    predicted_mse,
+    prompt_moments,
+    rloo_weights,
+)
+from grpolab.probes.mse_cmd import MseConfig, run_bandit
+
+P = torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64)
+THETA = torch.tensor([0.0, 0.5, -0.5], dtype=torch.float64)
+
+
+def _enumerated_mse(p, theta, estimator, G):
+    """E||g - grad J||^2 by summing over every sequence of G (arm, reward) outcomes."""
+    pi = torch.softmax(theta, 0)
+    J = float((pi * p).sum())
+    grad = bandit_true_gradient(p, theta)
+    outcomes = [(a, r) for a in range(len(p)) for r in (0, 1)]
+    seqs = list(itertools.product(outcomes, repeat=G))
+    arms = torch.tensor([[a for a, _ in s] for s in seqs])  # [S, G]
+    rewards = torch.tensor([[float(r) for _, r in s] for s in seqs], dtype=torch.float64)
+    prob = (pi[arms] * torch.where(rewards > 0, p[arms], 1 - p[arms])).prod(dim=1)  # [S]
+    err = ((bandit_estimates(arms, rewards, pi, J, estimator) - grad) ** 2).sum(dim=1)
+    assert float(prob.sum()) == pytest.approx(1.0, abs=1e-12)
+    return float((prob * err).sum())
+
+
+# ---------------------------------------------------------------- the closed forms are exact
+
+
+@pytest.mark.parametrize("p,theta", [(P, THETA), (torch.tensor([0.9, 0.1, 0.4, 0.6], dtype=torch.float64),
+                                                  torch.tensor([1.0, -1.0, 0.2, 0.0], dtype=torch.float64))])
+@pytest.mark.parametrize("G", [2, 3])
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_closed_form_mse_equals_enumeration(p, theta, G, estimator):
+    exact = mse_from_moments(bandit_moments(p, theta), estimator, G)
+    assert exact == pytest.approx(_enumerated_mse(p, theta, estimator, G), rel=1e-10, abs=1e-14)
+
+
+def test_bandit_acceptance_exact_inside_monte_carlo_ci():
+    # The issue's acceptance: every estimator and G in {2, 4, 8, 16}, 20,000 trials, seed 0.
+    records = run_bandit(MseConfig(env="bandit", arm_probs=(0.2, 0.5, 0.8), logits=(0.0, 0.5, -0.5),
+                                   group_sizes=(2, 4, 8, 16), trials=20_000, seed=0))
+    assert len(records) == 16
+    outside = [r for r in records if not r["ci_low"] <= r["mse_exact"] <= r["ci_high"]]
+    assert not outside, outside
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_bandit_monte_carlo_agrees_within_4_standard_errors(seed):
+    records = run_bandit(MseConfig(env="bandit", arm_probs=(0.7, 0.3), logits=(0.3, -0.2), group_sizes=(2, 5, 12),
+                                   trials=20_000, seed=seed))
+    for r in records:
+        se = (r["ci_high"] - r["ci_low"]) / (2 * 1.96)
+        assert abs(r["mse_mc"] - r["mse_exact"]) < 4 * se, r
+
+
+def test_a_wrong_formula_would_fail_the_monte_carlo_check():
+    # Dropping the residual term of rloo (treating it as the oracle) is far outside the CI at G = 2.
+    records = run_bandit(MseConfig(env="bandit", group_sizes=(2,), trials=20_000, seed=0))
+    rloo = next(r for r in records if r["estimator"] == "rloo")
+    oracle_formula = mse_from_moments(bandit_moments(P, THETA), "oracle", 2)
+    assert not rloo["ci_low"] <= oracle_formula <= rloo["ci_high"]
+
+
+def test_oracle_property_and_grpo_shrinkage():
+    m = bandit_moments(P, THETA)
+    gaps = [mse_from_moments(m, "rloo", G) / mse_from_moments(m, "oracle", G) - 1 for G in (2, 4, 8, 16, 64, 256)]
+    assert all(a > b > 0 for a, b in zip(gaps, gaps[1:]))  # rloo's excess over the oracle shrinks with G
+    assert gaps[-1] < 0.01
+    for G in (2, 4, 8):
+        c = (G - 1) / G
+        assert mse_from_moments(m, "grpo", G) == pytest.approx(c * c * mse_from_moments(m, "rloo", G) + (1 - c) ** 2 * m["mu2"])
+        assert mse_from_moments(m, "vanilla", G) == pytest.approx((m["A2"] - m["mu2"]) / G)
+
+
+@pytest.mark.parametrize("estimator,G", [("rloo", 1), ("grpo", 1), ("oracle", 0), ("nope", 4)])
+def test_mse_from_moments_rejects_bad_arguments(estimator, G):
+    with pytest.raises(ValueError):
+        mse_from_moments(bandit_moments(P, THETA), estimator, G)
+
+
+# ---------------------------------------------------------------- pooled moments are unbiased
+
+
+def test_pool_moments_are_unbiased_on_the_bandit():
+    pi = torch.softmax(THETA, 0)
+    exact = bandit_moments(P, THETA)
+    gen = torch.Generator().manual_seed(7)
+    samples = {k: [] for k in exact}
+    for _ in range(4000):
+        arms = torch.multinomial(pi, 5, replacement=True, generator=gen)  # N = 5: small pools, where bias would show
+        rewards = torch.bernoulli(P[arms], generator=gen)
+        for k, v in prompt_moments(bandit_pool_gram(arms, pi), rewards).items():
+            samples[k].append(v)
+    for k, vals in samples.items():
+        v = torch.tensor(vals)
+        se = float(v.std()) / math.sqrt(len(vals))
+        assert abs(float(v.mean()) - exact[k]) < 4 * se, (k, float(v.mean()), exact[k], se)
+
+
+def test_pool_gram_matches_explicit_scores():
+    pi = torch.softmax(THETA, 0)
+    arms = torch.tensor([0, 2, 2, 1, 0])
+    psi = torch.nn.functional.one_hot(arms, 3).double() - pi
+    assert torch.allclose(bandit_pool_gram(arms, pi), psi @ psi.T)
+
+
+def test_prompt_moments_needs_three_rollouts():
+    with pytest.raises(ValueError, match="N >= 3"):
+        prompt_moments(torch.eye(2), torch.tensor([0.0, 1.0]))
+
+
+def test_rloo_weights_give_the_leave_one_out_estimate():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0])
+    a = rloo_weights(r)
+    expected = torch.tensor([(r[i] - (r.sum() - r[i]) / 4) / 5 for i in range(5)], dtype=torch.float64)
+    assert torch.allclose(a, expected)
+    assert float(a.sum()) == pytest.approx(0.0, abs=1e-12)
+
+
+# ---------------------------------------------------------------- group size under a budget
+
+
+def _prompt_population(n, gen):
+    """Contextual bandit: one shared softmax policy, per-prompt arm probabilities around P."""
+    return P + (torch.rand(n, 3, generator=gen, dtype=torch.float64) - 0.5) * 0.3
+
+
+def test_groupsize_constants_and_prediction_match_a_minibatch_simulation():
+    gen = torch.Generator().manual_seed(11)
+    pi = torch.softmax(THETA, 0)
+    # exact per-prompt quantities over a large sample of the prompt distribution
+    big = _prompt_population(20_000, gen)
+    mus = torch.stack([bandit_true_gradient(p, THETA) for p in big])  # [n, K]
+    grad = mus.mean(0)
+    exact = [derived_constants(bandit_moments(p, THETA)) for p in big[:4000]]
+    true_c = {"sigma_prompt": float(((mus - grad) ** 2).sum(1).mean()),
+              "sigma_oracle": sum(c["sigma_oracle"] for c in exact) / len(exact),
+              "tau2": sum(c["tau2"] for c in exact) / len(exact)}
+
+    # (1) the pooled estimates of the three constants, from M prompts x N rollouts, repeated:
+    # sigma_P^2 is small next to the per-rollout noise, so one pool pins it down only loosely;
+    # the mean over repeats must sit on the truth (unbiasedness), within 4 standard errors.
+    M, N, reps = 200, 6, 30
+    runs = []
+    for _ in range(reps):
+        moments, vecs = [], []
+        for p in _prompt_population(M, gen):
+            arms = torch.multinomial(pi, N, replacement=True, generator=gen)
+            rewards = torch.bernoulli(p[arms], generator=gen)
+            moments.append(prompt_moments(bandit_pool_gram(arms, pi), rewards))
+            psi = torch.nn.functional.one_hot(arms, 3).double() - pi
+            vecs.append(rloo_weights(rewards) @ psi)
+        V = torch.stack(vecs)
+        runs.append(groupsize_constants(moments, V @ V.T))
+    truth = {**true_c, "grad_norm_sq": float(grad @ grad)}
+    for k, want in truth.items():
+        v = torch.tensor([r[k] for r in runs])
+        se = float(v.std()) / math.sqrt(reps)
+        assert abs(float(v.mean()) - want) < 4 * se + 2e-3 * abs(want), (k, float(v.mean()), want, se)
+
+    # (2) Prop. 3 with the exact constants against a direct simulation of the minibatch rloo estimator
+    budget, trials = 16, 6000
+    for G in (2, 4, 8):
+        B = budget // G
+        p = _prompt_population(trials * B, gen).view(trials, B, 3)
+        arms = torch.multinomial(pi.expand(trials * B, -1), G, replacement=True, generator=gen).view(trials, B, G)
+        rewards = torch.bernoulli(torch.gather(p, 2, arms), generator=gen)
+        J = float((pi * p.mean((0, 1))).sum())  # unused by rloo
+        g = bandit_estimates(arms.view(-1, G), rewards.view(-1, G), pi, J, "rloo").view(trials, B, 3).mean(1)
+        err = ((g - grad) ** 2).sum(1)
+        se = float(err.std()) / math.sqrt(trials)
+        assert abs(float(err.mean()) - predicted_mse(true_c, G, budget)) < 4 * se + 1e-4, G
+
+
+def test_optimal_group_size_is_the_argmin_and_budget_free():
+    c = {"sigma_prompt": 0.02, "sigma_oracle": 1.0, "tau2": 0.9}
+    g_star = optimal_group_size(c)
+    assert g_star == pytest.approx(1 + math.sqrt(2 * 0.9 / 0.02))
+    for budget in (64, 256, 4096):
+        grid = [2 + i * 0.01 for i in range(5000)]
+        best = min(grid, key=lambda G: predicted_mse(c, G, budget))
+        assert best == pytest.approx(g_star, abs=0.02)
+    assert optimal_group_size({**c, "sigma_prompt": 0.0}) == math.inf
+    with pytest.raises(ValueError):
+        predicted_mse(c, 1, 64)
+
+
+# ---------------------------------------------------------------- the LM pool
+
+
+def test_lm_pool_cross_diagonal_is_the_quadratic_form(tiny_model, char_tokenizer):
+    from grpolab.data.arithmetic import probe_set
+    from grpolab.policy import Policy
+    from grpolab.probes.gram import score_gram
+    from grpolab.probes.pool import POOL_STREAM, collect_pool, sample_rollouts
+
+    policy = Policy(tiny_model, char_tokenizer, "tiny")
+    records = probe_set(500)[:3]
+    pool = collect_pool(policy, records, 5, seed=3, max_new_tokens=8, progress=False)
+    assert len(pool.moments) == 3 and pool.cross.shape == (3, 3)
+    assert torch.allclose(pool.cross, pool.cross.T)
+    # the explicit vector mu_hat(x) and the Gram quadratic form a^T Psi a agree
+    for k, rec in enumerate(records):
+        batch, rewards = sample_rollouts(policy, rec, 5, (POOL_STREAM, 3, k), max_new_tokens=8, temperature=1.0, format_weight=0.1)
+        psi = score_gram(tiny_model, batch, batch.completion_mask.double())
+        a = rloo_weights(rewards)
+        assert float(pool.cross[k, k]) == pytest.approx(float(a @ psi @ a), rel=1e-4, abs=1e-9)
+        assert pool.moments[k] == pytest.approx(prompt_moments(psi, rewards), rel=1e-4, abs=1e-9)
+    assert all(p.grad is None for p in tiny_model.parameters())
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def _run_cli(args, cwd, timeout=300):
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "grpolab", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+
+
+def test_cli_mse_bandit_writes_the_records(tmp_path):
+    res = _run_cli(["mse", "--env", "bandit", "--arm-probs", "0.2,0.5,0.8", "--logits", "0,0.5,-0.5",
+                    "--group-sizes", "2,4", "--trials", "2000", "--seed", "0", "--json", "b.json"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    records = json.loads((tmp_path / "b.json").read_text())
+    assert {(r["estimator"], r["G"]) for r in records} == {(e, G) for e in ESTIMATORS for G in (2, 4)}
+    assert all(set(r) == {"estimator", "G", "mse_mc", "ci_low", "ci_high", "mse_exact"} for r in records)
+    assert "rloo" in res.stdout and "inside" in res.stdout
+
+
+@pytest.mark.parametrize("args,flag", [(["--env", "bandit", "--arm-probs", "0.2,0.5", "--logits", "0,0,0"], "--arm-probs"),
+                                       (["--pool", "2"], "--pool"), (["--env", "nope"], "--env")])
+def test_cli_mse_bad_config_is_a_one_line_error(tmp_path, args, flag):
+    res = _run_cli(["mse", *args], tmp_path)
+    assert res.returncode == 2 and flag in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_cli_mse_and_groupsize_on_the_builtin_policy(tmp_path):
+    res = _run_cli(["mse", "--policy", "builtin", "--prompts", "3", "--pool", "4", "--group-sizes", "2,8",
+                    "--max-new-tokens", "24", "--out", "m", "--no-progress"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    report = json.loads((tmp_path / "m" / "mse.json").read_text())
+    (entry,) = report["policies"]
+    assert {(r["estimator"], r["G"]) for r in entry["results"]} == {(e, G) for e in ESTIMATORS for G in (2, 8)}
+    for r in entry["results"]:
+        assert math.isfinite(r["mse"]) and r["ci_low"] <= r["mse"] <= r["ci_high"]
+    assert (tmp_path / "m" / "mse.png").stat().st_size > 10_000
+
+    res = _run_cli(["groupsize", "--policy", "builtin", "--prompts", "4", "--pool", "4", "--budget", "16",
+                    "--bootstrap", "50", "--max-new-tokens", "24", "--out", "g", "--no-progress"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    gs = json.loads((tmp_path / "g" / "groupsize.json").read_text())
+    assert [c["G"] for c in gs["curve"]] == [2, 4, 8, 16]
+    assert set(gs["constants"]) == {"sigma_prompt", "sigma_oracle", "tau2", "grad_norm_sq"}
+    assert "G*" in res.stdout and (tmp_path / "g" / "groupsize.png").is_file()
+
+
+def test_sweep_validates_and_runs_end_to_end(tmp_path):
+    from grpolab.config import ConfigError
+    from grpolab.sweep import SweepConfig, mean_ci_t, run_sweep
+
+    with pytest.raises(ConfigError, match="divide"):
+        SweepConfig(budget=64, group_sizes=(3,)).validate()
+    m, lo, hi = mean_ci_t([0.2, 0.4, 0.3])
+    assert m == pytest.approx(0.3) and hi - m == pytest.approx(4.303 * 0.1 / math.sqrt(3))
+
+    cfg = SweepConfig(budget=4, group_sizes=(2, 4), seeds=1, steps=1, jobs=1, eval_questions=8, predict=False,
+                      out=str(tmp_path / "sw"), progress=False)
+    report = run_sweep(cfg, log=lambda *a: None)
+    assert [(t["G"], t["B"]) for t in report["table"]] == [(2, 2), (4, 1)]
+    assert {(r["G"], r["seed"]) for r in report["runs"]} == {(2, 0), (4, 0)}
+    assert (tmp_path / "sw" / "sweep.png").is_file()
+    # a finished sweep is not run again
+    again = run_sweep(cfg, log=lambda *a: None)
+    assert again["runs"] == report["runs"] and again["wall_s"] < 1.0
