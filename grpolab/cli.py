@@ -27,6 +27,7 @@ commands:
   theory  Monte Carlo checks of paper 000's closed forms: `theory hoeffding`, `theory advantages`
   mse     MSE of the vanilla/grpo/rloo/oracle gradient estimators against G (paper 003), or the exact bandit check
   groupsize  the three MSE constants and the best group size under a fixed budget B*G (paper 003, Thm 7)
+  multiturn  per-stage bias of GRPO's advantage in multi-turn tasks (chain: exact; arith: a dialogue on the policy)
   sweep   budget-fixed GRPO runs over group sizes and seeds: accuracy per G (paper 003, Table 2 / Figure 5)
 
 Run `grpolab COMMAND --help` for a command's options.
@@ -176,6 +177,15 @@ def cmd_sweep(args: list[str]) -> None:
     print(f"wrote {cfg.out}/sweep.json and sweep.png")
 
 
+def cmd_multiturn(args: list[str]) -> None:
+    from grpolab.multiturn.measure import MultiturnConfig, format_multiturn, run_multiturn
+
+    cfg = _parse(MultiturnConfig, args, "grpolab multiturn", MultiturnConfig.__doc__.strip())
+    cfg.validate()
+    print(format_multiturn(run_multiturn(cfg)))
+    print(f"wrote {cfg.out}/multiturn.json and multiturn.png" + (f" and {cfg.json}" if cfg.json else ""))
+
+
 def cmd_theory(args: list[str]) -> None:
     import json
 
@@ -203,7 +213,7 @@ def cmd_theory(args: list[str]) -> None:
 
 
 COMMANDS = {"train": cmd_train, "sft": cmd_sft, "demo": cmd_demo, "plot": cmd_plot, "rank": cmd_rank, "theory": cmd_theory,
-            "mse": cmd_mse, "groupsize": cmd_groupsize, "sweep": cmd_sweep}
+            "mse": cmd_mse, "groupsize": cmd_groupsize, "sweep": cmd_sweep, "multiturn": cmd_multiturn}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -42,8 +42,17 @@ class TrainConfig:
     # --- policy and task ---
     model: str = "builtin"
     """'builtin' (the shipped SFT warm start of the tiny Llama) or a local Hugging Face model directory."""
-    task: Literal["arith"] = "arith"
-    """Task: 'arith' is the built-in synthetic arithmetic (paper 003, Sec. 5.1)."""
+    task: Literal["arith", "arith-multiturn"] = "arith"
+    """'arith' (the built-in single-turn arithmetic, paper 003 Sec. 5.1) or 'arith-multiturn' (H-turn dialogues with per-turn rewards, paper 000 Sec. 6)."""
+    advantage: Literal["grpo", "rtg-group", "rtg-mc"] = "grpo"
+    """arith-multiturn: 'grpo' (total return - group mean, Eq. 22), 'rtg-group' (reward-to-go - group mean)
+    or 'rtg-mc' (reward-to-go - a Monte Carlo value of the turn's state from --branches continuations)."""
+    stages: int = 3
+    """arith-multiturn: turns per dialogue."""
+    branches: int = 4
+    """arith-multiturn, rtg-mc: continuations branched from each visited state to estimate its value."""
+    dialogue_context: Literal["question", "dialogue"] = "question"
+    """arith-multiturn: what the policy sees at a turn, 'question' or the whole 'dialogue'."""
     data: str = ""
     """Optional GSM8K-style JSONL file of training records; empty = generate arithmetic questions."""
     eval_data: str = ""
@@ -146,6 +155,19 @@ class TrainConfig:
         for f in ("probe_every", "probe_groups", "eval_every", "save_every", "micro_batch", "eval_samples", "warmup_steps", "threads", "keep_checkpoints", "log_samples"):
             if getattr(self, f) < 0:
                 raise bad(f, f"must be >= 0, got {getattr(self, f)}")
+        if self.task not in ("arith", "arith-multiturn"):
+            raise bad("task", f"must be 'arith' or 'arith-multiturn', got {self.task!r}")
+        if self.advantage not in ("grpo", "rtg-group", "rtg-mc"):
+            raise bad("advantage", f"must be grpo, rtg-group or rtg-mc, got {self.advantage!r}")
+        if self.task == "arith-multiturn":
+            if self.stages < 1:
+                raise bad("stages", f"must be >= 1, got {self.stages}")
+            if self.advantage == "rtg-mc" and self.branches < 1:
+                raise bad("branches", f"rtg-mc needs >= 1 branch, got {self.branches}")
+            if self.dialogue_context not in ("question", "dialogue"):
+                raise bad("dialogue_context", f"must be 'question' or 'dialogue', got {self.dialogue_context!r}")
+            if self.data or self.mu > 1 or self.beta > 0:
+                raise bad("task", "arith-multiturn supports the built-in dialogues with mu = 1 and beta = 0 only")
         if self.estimator not in ESTIMATORS:
             raise bad("estimator", f"unknown estimator {self.estimator!r}; choose from {ESTIMATORS}")
         if self.estimator == "oracle":

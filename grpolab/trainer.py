@@ -283,7 +283,12 @@ def train(cfg: TrainConfig, log=print) -> Path:
     out, start, ckpt = _prepare_run_dir(cfg)
     if ckpt is not None:
         cfg = dataclasses.replace(cfg, model=str(ckpt))  # weights from the checkpoint
-    trainer = GRPOTrainer(cfg, log=log)
+    if cfg.task == "arith-multiturn":
+        from grpolab.multiturn.trainer import MultiTurnTrainer
+
+        trainer = MultiTurnTrainer(cfg, log=log)
+    else:
+        trainer = GRPOTrainer(cfg, log=log)
     config_dict = {**dataclasses.asdict(cfg), "model": json.loads((out / "config.json").read_text())["model"] if ckpt else cfg.model}
     if ckpt is not None:
         trainer.ref_model = None if cfg.beta == 0 else _reference_for_resume(out, trainer)

@@ -96,3 +96,27 @@ def plot_groupsize(report: dict, path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
+
+
+def plot_multiturn(rows: list[dict], path: str | Path, title: str = "") -> Path:
+    """Bias RMS over histories against stage, one line per estimator (with the exact values when known)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    colours = {"grpo": "tab:orange", "rtg-group": "tab:blue", "rtg-mc": "tab:green"}
+    for est, colour in colours.items():
+        rs = sorted((r for r in rows if r["estimator"] == est), key=lambda r: r["stage"])
+        h = [r["stage"] for r in rs]
+        rms = [r["bias_rms"] for r in rs]
+        err = [[m - r["ci_low"] for m, r in zip(rms, rs)], [r["ci_high"] - m for m, r in zip(rms, rs)]]
+        ax.errorbar(h, rms, yerr=err, marker="o", capsize=3, color=colour, label=f"{est} (Monte Carlo, 95% CI)")
+        if rs and "bias_rms_exact" in rs[0]:
+            ax.plot(h, [r["bias_rms_exact"] for r in rs], ls="--", color=colour, alpha=0.7, label=f"{est} (exact)")
+    ax.set_xlabel("stage h")
+    ax.set_ylabel("RMS over histories of E[A_hat - A | history]")
+    ax.set_xticks(sorted({r["stage"] for r in rows}))
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,113 @@
+"""GRPO on the multi-turn arithmetic dialogue, with a choice of per-stage advantage.
+
+One step: B dialogues, G trajectories each, H turns played turn by turn. Each turn of each
+trajectory is one *turn-row* of the update batch: the prompt the policy saw and the answer
+it sampled (EOS included), with that stage's advantage on every token of the answer. This
+is the dialogue's [N, T] token-level advantage laid out by turn: the tokens between turns
+are the environment's (the next question), not the policy's, and a turn's EOS is an action
+whose log-prob belongs to that turn's own context, so each turn is scored where it was sampled.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+
+import torch
+
+from grpolab.multiturn.dialogue import (
+    EVAL_DIALOGUE_SEED,
+    DialogueSpec,
+    branch_values,
+    make_dialogues,
+    play,
+    rows_batch,
+    stage_advantages,
+)
+from grpolab.trainer import GRPOTrainer, StepOutput
+
+ROLLOUT_STREAM = 8
+EVAL_STREAM = 9
+N_EVAL_DIALOGUES = 100
+
+
+class MultiTurnTrainer(GRPOTrainer):
+    def _data(self):
+        cfg = self.cfg
+        # Dialogue operands stay at most 50 (the single-turn default of 99 makes later turns' numbers
+        # too large for the built-in model); a smaller --max-operand makes them smaller still.
+        self.spec = DialogueSpec(cfg.stages, max_operand=min(cfg.max_operand, 50), context=cfg.dialogue_context)
+        return make_dialogues(min(cfg.eval_questions, N_EVAL_DIALOGUES), EVAL_DIALOGUE_SEED, self.spec), None
+
+    def _train_dialogues(self, step: int, n: int) -> list[dict]:
+        seed = zlib.crc32(f"dialogues/{self.cfg.seed}/{step}".encode())  # keyed by (seed, step): resumable
+        held = {str(d["steps"]) for d in self.held_out}
+        return [d for d in make_dialogues(n * 2, seed, self.spec) if str(d["steps"]) not in held][:n]
+
+    def step(self, step: int) -> StepOutput:
+        cfg, policy = self.cfg, self.policy
+        B, G, H = cfg.prompts_per_step, cfg.group_size, cfg.stages
+        kw = {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature}
+        t0 = time.perf_counter()
+        dialogues = self._train_dialogues(step, B)
+        rep = [d for d in dialogues for _ in range(G)]
+        policy.model.eval()
+        with torch.no_grad():
+            turns = play(policy, rep, [None] * (B * G), 0, [(ROLLOUT_STREAM, cfg.seed, step, n) for n in range(B * G)],
+                         self.spec, **kw)
+            rewards = turns.rewards.view(B, G, H)
+            v_mc = None
+            if cfg.advantage == "rtg-mc":
+                total = rewards.sum(2)  # [B, G]
+                v_mc = torch.zeros(B, G, H, dtype=torch.float64)
+                v_mc[:, :, 0] = (total.sum(1, keepdim=True) - total) / max(G - 1, 1)  # s_1: the rest of the group
+                for h in range(1, H):
+                    v, _ = branch_values(policy, rep, turns.answers[h - 1], h, cfg.branches, (cfg.seed, step, h), self.spec, **kw)
+                    v_mc[:, :, h] = v.view(B, G)
+        policy.model.train()
+        t_gen = time.perf_counter()
+        adv = stage_advantages(rewards, cfg.advantage, v_mc)  # [B, G, H]
+        batch = rows_batch(turns.batches, policy.pad_id)  # turn-major rows: [H * B * G]
+        adv_rows = adv.permute(2, 0, 1).reshape(-1).float()
+        update = self._update(batch, adv_rows)
+        t_end = time.perf_counter()
+        total = rewards.sum(2)
+        metrics = {
+            "reward/mean": float(total.mean()),
+            "reward/std": float(total.std(unbiased=False)),
+            "reward/frac_zero_std": float((total.std(dim=1, unbiased=False) == 0).double().mean()),
+            "reward/accuracy": float(rewards.mean()),
+            **{f"reward/stage{h + 1}": float(rewards[:, :, h].mean()) for h in range(H)},
+            **update,
+            "completion/len_mean": float(batch.completion_mask.sum(1).float().mean()),
+            "time/generate_s": t_gen - t0,
+            "time/update_s": t_end - t_gen,
+            "time/step_s": t_end - t0,
+        }
+        samples = [{"question": " | ".join(turns.questions[h][i] for h in range(H)),
+                    "answers": [turns.answers[h][i] for h in range(H)], "rewards": rewards.view(-1, H)[i].tolist()}
+                   for i in range(0, min(B * G, cfg.log_samples * G), G)]
+        return StepOutput(metrics, samples)
+
+    def evaluate(self, step: int) -> tuple[dict, list[dict]]:
+        """Per-stage accuracy on the held-out dialogues, greedy and sampled (one sample each)."""
+        t0 = time.perf_counter()
+        policy, cfg = self.policy, self.cfg
+        was_training = policy.model.training
+        policy.model.eval()
+        D, H = len(self.held_out), cfg.stages
+        metrics = {}
+        with torch.no_grad():
+            for name, temp in (("greedy", 0.0), ("sampled", 1.0)):
+                t = play(policy, self.held_out, [None] * D, 0, [(EVAL_STREAM, cfg.seed, i) for i in range(D)], self.spec,
+                         max_new_tokens=cfg.max_new_tokens, temperature=temp)
+                acc = t.rewards.mean(0)  # [H]
+                metrics[f"eval/accuracy_{name}"] = float(acc.mean())
+                for h in range(H):
+                    metrics[f"eval/stage{h + 1}_{name}"] = float(acc[h])
+                if name == "greedy":
+                    examples = [{"questions": [t.questions[h][i] for h in range(H)], "answers": [t.answers[h][i] for h in range(H)],
+                                 "truths": self.held_out[i]["truths"]} for i in range(min(D, cfg.log_samples))]
+        policy.model.train(was_training)
+        metrics["time/eval_s"] = time.perf_counter() - t0
+        return metrics, examples
