@@ -123,12 +123,22 @@ def cmd_demo(args: list[str]) -> None:
 
 
 def cmd_plot(args: list[str]) -> None:
-    from grpolab.plotting import plot_run
+    import argparse
 
-    if len(args) != 1 or args[0].startswith("-"):
-        print("usage: grpolab plot RUN_DIR\n\nRedraw RUN_DIR/plot.png from RUN_DIR/metrics.jsonl.")
-        raise SystemExit(0 if args and args[0] in ("-h", "--help") else 2)
-    print(plot_run(args[0]))
+    from grpolab.plotting import plot_compare, plot_run
+
+    parser = argparse.ArgumentParser(
+        prog="grpolab plot", description="Redraw RUN_DIR/plot.png from RUN_DIR/metrics.jsonl; with --compare, draw "
+        "the given metrics of several runs in one figure (runs named NAME-seedN are averaged per NAME).")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    parser.add_argument("--compare", metavar="OUT.png", help="write a comparison figure of all RUN_DIRs here")
+    parser.add_argument("--keys", default="eval/accuracy_sampled,eval/accuracy_greedy", help="comma-separated metric keys for --compare")
+    ns = parser.parse_args(args)
+    if ns.compare:
+        print(plot_compare(ns.run_dirs, ns.keys.split(","), ns.compare))
+        return
+    for d in ns.run_dirs:
+        print(plot_run(d))
 
 
 def cmd_rank(args: list[str]) -> None:

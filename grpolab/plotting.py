@@ -89,3 +89,32 @@ def plot_sweep(report: dict, path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
+
+
+def plot_compare(run_dirs: list[str | Path], keys: list[str], out: str | Path) -> Path:
+    """One panel per metric key, one line per run label (directory name without ``-seedN``),
+    the mean over that label's seeds with their range shaded."""
+    import re
+
+    groups: dict[str, list[list[dict]]] = {}
+    for d in run_dirs:
+        label = re.sub(r"-seed\d+$", "", Path(d).name)
+        groups.setdefault(label, []).append(read_metrics(Path(d) / "metrics.jsonl"))
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.8), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for label, runs in groups.items():
+            series = [dict(zip(*_series(rows, key))) for rows in runs]
+            steps = sorted(set.intersection(*(set(s) for s in series)))
+            if not steps:
+                continue
+            vals = [[s[t] for s in series] for t in steps]
+            ax.plot(steps, [sum(v) / len(v) for v in vals], marker="o", ms=3, label=f"{label} ({len(runs)} seeds)")
+            ax.fill_between(steps, [min(v) for v in vals], [max(v) for v in vals], alpha=0.15)
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)
