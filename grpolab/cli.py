@@ -28,6 +28,7 @@ commands:
   mse     MSE of the vanilla/grpo/rloo/oracle gradient estimators against G (paper 003), or the exact bandit check
   groupsize  the three MSE constants and the best group size under a fixed budget B*G (paper 003, Thm 7)
   multiturn  per-stage bias of GRPO's advantage in multi-turn tasks (chain: exact; arith: a dialogue on the policy)
+  merge   fold a LoRA checkpoint's adapter into its base model and save a plain model directory
   sweep   budget-fixed GRPO runs over group sizes and seeds: accuracy per G (paper 003, Table 2 / Figure 5)
 
 Run `grpolab COMMAND --help` for a command's options.
@@ -196,6 +197,38 @@ def cmd_multiturn(args: list[str]) -> None:
     print(f"wrote {cfg.out}/multiturn.json and multiturn.png" + (f" and {cfg.json}" if cfg.json else ""))
 
 
+def cmd_merge(args: list[str]) -> None:
+    import argparse
+    import json
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog="grpolab merge", description="Merge a LoRA checkpoint's adapter into its "
+                                     "base model (the run's --model) and write a plain Hugging Face model directory.")
+    parser.add_argument("--checkpoint", required=True, help="a checkpoint directory of a --lora-rank run (runs/X/checkpoints/step_N)")
+    parser.add_argument("--out", required=True, help="directory for the merged model")
+    parser.add_argument("--model", default="", help="base model spec; default: the run's config.json")
+    parser.add_argument("--gguf-file", default="", help="GGUF file of the base, when --model is a directory")
+    ns = parser.parse_args(args)
+    from grpolab.models.lora import is_adapter_dir, load_lora
+    from grpolab.policy import load_policy
+
+    ckpt = Path(ns.checkpoint)
+    if not is_adapter_dir(ckpt):
+        raise FileNotFoundError(f"--checkpoint {ckpt}: no adapter_config.json (not a LoRA checkpoint)")
+    base, gguf = ns.model, ns.gguf_file
+    if not base:
+        run_cfg = ckpt.parent.parent / "config.json"
+        if not run_cfg.is_file():
+            raise FileNotFoundError(f"--checkpoint {ckpt}: no run config.json two levels up; pass --model")
+        saved = json.loads(run_cfg.read_text())
+        base, gguf = saved["model"], saved.get("gguf_file", "")
+    policy = load_policy(base, gguf_file=gguf)
+    merged = load_lora(policy.model, ckpt, trainable=False).merge_and_unload()
+    merged.save_pretrained(ns.out, safe_serialization=True)
+    policy.tokenizer.save_pretrained(ns.out)
+    print(f"merged {ckpt} into {base}: {ns.out}")
+
+
 def cmd_theory(args: list[str]) -> None:
     import json
 
@@ -223,7 +256,7 @@ def cmd_theory(args: list[str]) -> None:
 
 
 COMMANDS = {"train": cmd_train, "sft": cmd_sft, "demo": cmd_demo, "plot": cmd_plot, "rank": cmd_rank, "theory": cmd_theory,
-            "mse": cmd_mse, "groupsize": cmd_groupsize, "sweep": cmd_sweep, "multiturn": cmd_multiturn}
+            "mse": cmd_mse, "groupsize": cmd_groupsize, "sweep": cmd_sweep, "multiturn": cmd_multiturn, "merge": cmd_merge}
 
 
 def main(argv: list[str] | None = None) -> None:

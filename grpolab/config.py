@@ -42,6 +42,20 @@ class TrainConfig:
     # --- policy and task ---
     model: str = "builtin"
     """'builtin' (the shipped SFT warm start of the tiny Llama) or a local Hugging Face model directory."""
+    gguf_file: str = ""
+    """A GGUF file inside the --model directory (or give --model PATH.gguf, or --model smollm2-135m-instruct)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Weights' dtype: auto = float32 on a CPU, bfloat16 on a GPU."""
+    chat: Literal["auto", "on", "off"] = "auto"
+    """Prompt through the tokenizer's chat template (a system instruction on the answer format, the
+    question as the user turn): auto = when the model has a template (instruct models), never for builtin."""
+    few_shot: int = 0
+    """Solved examples from the training split put before each question."""
+    lora_rank: int = 0
+    """If > 0, train LoRA adapters of this rank (peft) on all linear layers instead of the full model;
+    the KL reference is the same model with the adapter disabled; checkpoints hold the adapter."""
+    lora_alpha: float = 0.0
+    """LoRA scaling alpha; 0 = 2 x rank."""
     task: Literal["arith", "arith-multiturn"] = "arith"
     """'arith' (the built-in single-turn arithmetic, paper 003 Sec. 5.1) or 'arith-multiturn' (H-turn dialogues with per-turn rewards, paper 000 Sec. 6)."""
     advantage: Literal["grpo", "rtg-group", "rtg-mc"] = "grpo"
@@ -53,6 +67,9 @@ class TrainConfig:
     """arith-multiturn, rtg-mc: continuations branched from each visited state to estimate its value."""
     dialogue_context: Literal["question", "dialogue"] = "question"
     """arith-multiturn: what the policy sees at a turn, 'question' or the whole 'dialogue'."""
+    format: Literal["gsm8k", "math"] = "gsm8k"
+    """Format of --data/--eval-data: gsm8k ({question, answer ending '#### n'}) or math ({problem, solution
+    with \\boxed{...}}, answers compared with math-verify)."""
     data: str = ""
     """Optional GSM8K-style JSONL file of training records; empty = generate arithmetic questions."""
     eval_data: str = ""
@@ -155,6 +172,11 @@ class TrainConfig:
         for f in ("probe_every", "probe_groups", "eval_every", "save_every", "micro_batch", "eval_samples", "warmup_steps", "threads", "keep_checkpoints", "log_samples"):
             if getattr(self, f) < 0:
                 raise bad(f, f"must be >= 0, got {getattr(self, f)}")
+        for f in ("few_shot", "lora_rank"):
+            if getattr(self, f) < 0:
+                raise bad(f, f"must be >= 0, got {getattr(self, f)}")
+        if self.format == "math" and not (self.data and self.eval_data):
+            raise bad("format", "math needs --data and --eval-data MATH-format JSONL files (the built-in task is numeric)")
         if self.task not in ("arith", "arith-multiturn"):
             raise bad("task", f"must be 'arith' or 'arith-multiturn', got {self.task!r}")
         if self.advantage not in ("grpo", "rtg-group", "rtg-mc"):

@@ -10,6 +10,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 BUILTIN = "builtin"
+SYSTEM_PROMPT = (
+    "Solve the arithmetic problem. Work step by step, one short line per step, "
+    "and end with a final line of the form '#### <answer>'."
+)
+MATH_SYSTEM_PROMPT = "Solve the problem step by step and put the final answer in \\boxed{}."
 ASSET_DIR = Path(__file__).parent / "assets" / "arith-sft"  # shipped warm start (see its README)
 
 
@@ -19,6 +24,12 @@ class Policy:
     tokenizer: object
     source: str
     """Where the weights came from (a path)."""
+    chat: bool = False
+    """Prompt through the tokenizer's chat template (instruct models) instead of plain text."""
+    system: str = SYSTEM_PROMPT
+    """The system instruction of chat prompts: how to format the final answer."""
+    few_shot: list[dict] = dataclasses.field(default_factory=list)
+    """Solved examples (question, answer) put before the question."""
 
     @property
     def eos_id(self) -> int:
@@ -29,9 +40,21 @@ class Policy:
         pad = self.tokenizer.pad_token_id
         return self.eos_id if pad is None else pad
 
+    def chat_messages(self, record: dict) -> list[dict]:
+        """System instruction, few-shot turns, then the question as the user turn."""
+        msgs = [{"role": "system", "content": self.system}]
+        for ex in self.few_shot:
+            msgs += [{"role": "user", "content": ex["question"]}, {"role": "assistant", "content": ex["answer"]}]
+        return msgs + [{"role": "user", "content": record["question"]}]
+
     def prompt_ids(self, record: dict) -> list[int]:
-        """The question as a plain prompt: BOS, question, newline."""
-        ids = self.tokenizer(record["question"] + "\n", add_special_tokens=False)["input_ids"]
+        """Chat models: the chat template with the generation prompt. Others: BOS, the few-shot
+        examples (question, newline, answer, blank line), the question, newline."""
+        if self.chat:
+            ids = self.tokenizer.apply_chat_template(self.chat_messages(record), add_generation_prompt=True, tokenize=True)
+            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        shots = "".join(f"{ex['question']}\n{ex['answer']}\n\n" for ex in self.few_shot)
+        ids = self.tokenizer(shots + record["question"] + "\n", add_special_tokens=False)["input_ids"]
         bos = self.tokenizer.bos_token_id
         return ([bos] if bos is not None else []) + ids
 
@@ -62,12 +85,39 @@ def resolve_model_path(spec: str) -> Path:
         return ASSET_DIR
     path = Path(spec).expanduser()
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"--model {spec!r}: not a model directory (no config.json); use 'builtin' or a local Hugging Face model directory")
+        raise FileNotFoundError(f"--model {spec!r}: not a model directory (no config.json); use 'builtin', "
+                                "'smollm2-135m-instruct', a local Hugging Face model directory or a .gguf file")
     return path
 
 
-def load_policy(spec: str, dtype: torch.dtype = torch.float32) -> Policy:
-    path = resolve_model_path(spec)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    return Policy(model=model, tokenizer=tokenizer, source=str(path))
+def default_dtype() -> torch.dtype:
+    """fp32 on a CPU (bf16 matmuls are slow there and fp16 overflows), bf16 on a GPU."""
+    return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+
+
+def load_policy(spec: str, dtype: torch.dtype | None = None, *, gguf_file: str = "", chat: str = "auto",
+                few_shot: list[dict] | None = None) -> Policy:
+    """Model and tokenizer from ``spec`` (see :mod:`grpolab.models.loading`).
+
+    ``chat``: ``"auto"`` uses the chat template when the tokenizer has one (instruct models)
+    and the model is not the built-in one; ``"on"``/``"off"`` force it.
+    """
+    from grpolab.models.loading import load_gguf, resolve_gguf
+
+    dtype = dtype or default_dtype()
+    gguf = None if spec == BUILTIN else resolve_gguf(spec, gguf_file)
+    if gguf is not None:
+        model, tokenizer = load_gguf(*gguf, dtype=dtype)
+        source = str(gguf[0] / gguf[1])
+    else:
+        path = resolve_model_path(spec)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        source = str(path)
+    if chat not in ("auto", "on", "off"):
+        raise ValueError(f"--chat must be auto, on or off, got {chat!r}")
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if chat == "on" and not has_template:
+        raise ValueError(f"--chat on: the tokenizer of {source} has no chat template")
+    use_chat = has_template and (chat == "on" or (chat == "auto" and spec != BUILTIN))
+    return Policy(model=model, tokenizer=tokenizer, source=source, chat=use_chat, few_shot=list(few_shot or []))

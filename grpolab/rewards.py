@@ -50,13 +50,25 @@ def numbers_equal(a: str | None, b: str | None) -> bool:
 
 
 def accuracy_reward(completions: list[str], records: list[dict]) -> list[float]:
-    """1 if the extracted answer equals ``record["ground_truth"]``, else 0."""
-    return [float(numbers_equal(extract_final_number(c), str(r["ground_truth"]))) for c, r in zip(completions, records)]
+    """1 if the extracted answer equals ``record["ground_truth"]``, else 0.
+
+    MATH-format records (``record["format"] == "math"``) are compared with math-verify.
+    """
+    out = []
+    for c, r in zip(completions, records):
+        if r.get("format") == "math":
+            from grpolab.data.math_format import math_equal
+
+            out.append(float(math_equal(c, str(r["ground_truth"]))))
+        else:
+            out.append(float(numbers_equal(extract_final_number(c), str(r["ground_truth"]))))
+    return out
 
 
 def format_reward(completions: list[str], records: list[dict]) -> list[float]:
-    """1 if the completion ends with a well-formed ``#### <number>`` line, else 0."""
-    return [float(bool(_FORMAT.search(c))) for c in completions]
+    """1 if the completion ends with a well-formed ``#### <number>`` line (MATH records: holds a ``\\boxed{}``), else 0."""
+    return [float("\\boxed{" in c) if r.get("format") == "math" else float(bool(_FORMAT.search(c)))
+            for c, r in zip(completions, records)]
 
 
 def load_reward_fn(path: str) -> RewardFn:

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+import torch.utils.checkpoint
 from transformers import DynamicCache
 
 
@@ -130,20 +131,47 @@ def sample(
     return Batch(prompt_ids, prompt_mask, completion_ids, completion_mask)
 
 
-def completion_logprobs(model, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+LOGITS_BUDGET = 2**25  # floats of [N, T, V] logits held at once before the LM head is chunked (128 MB fp32)
+
+
+def completion_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_rows: int | None = None) -> torch.Tensor:
     """``[N, T]`` log pi(o_t | q, o_<t) of each completion token (0 where masked).
 
-    The LM head runs at completion positions only (``logits_to_keep``): the
-    prompt's logits are never formed.
+    The LM head runs at completion positions only: the prompt's logits are never formed.
+    With a large vocabulary (SmolLM2: 49,152) the ``[N, T, V]`` logits would dominate memory,
+    so above ``LOGITS_BUDGET`` floats the head runs over ``chunk_rows`` rollouts at a time
+    under activation checkpointing: each chunk's logits exist only while that chunk's
+    log-probs are computed, forward and again in backward. ``chunk_rows=0`` never chunks
+    (the score Gram matrix's hooks need the head to run once per forward).
     """
     ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # [N, P + T]
     attn = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
     position = (attn.cumsum(-1) - 1).clamp(min=0)
-    T = batch.completion_ids.shape[1]
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=position, logits_to_keep=T + 1).logits
-    logits = logits[:, :-1].float()  # [N, T, V]: position P-1+t predicts completion token t
+    N, T = batch.completion_ids.shape
+    head = model.get_output_embeddings()
+    V = head.weight.shape[0]
+    if chunk_rows is None:
+        chunk_rows = 0 if N * (T + 1) * V <= LOGITS_BUDGET else max(1, LOGITS_BUDGET // ((T + 1) * V))
+    target = batch.completion_ids  # [N, T]
+    if not chunk_rows or chunk_rows >= N:
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=position, logits_to_keep=T + 1).logits
+        return _token_logprobs(logits[:, :-1], target, temperature) * batch.completion_mask
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=position).last_hidden_state
+    hidden = hidden[:, -(T + 1) : -1]  # [N, T, d]: position P-1+t predicts completion token t
+
+    def chunk_logp(h: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        return _token_logprobs(head(h), tgt, temperature)
+
+    parts = [
+        torch.utils.checkpoint.checkpoint(chunk_logp, hidden[i : i + chunk_rows], target[i : i + chunk_rows], use_reentrant=False)
+        for i in range(0, N, chunk_rows)
+    ]
+    return torch.cat(parts) * batch.completion_mask
+
+
+def _token_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / temperature) at ``target``: ``[n, T, V]``, ``[n, T]`` -> ``[n, T]`` (fp32)."""
+    logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
-    target = batch.completion_ids.unsqueeze(-1)  # [N, T, 1]
-    logp = logits.gather(-1, target).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [N, T]
-    return logp * batch.completion_mask
+    return logits.gather(-1, target.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)

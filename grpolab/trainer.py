@@ -21,9 +21,10 @@ from grpolab.advantages import compute_advantages
 from grpolab.config import ConfigError, TrainConfig
 from grpolab.data.arithmetic import ArithmeticSpec, TrainSampler, test_set
 from grpolab.data.jsonl import DataError, ListSampler, load_gsm8k_jsonl
+from grpolab.data.math_format import load_math_jsonl
 from grpolab.evaluate import evaluate
 from grpolab.loss import policy_loss
-from grpolab.policy import Policy, load_policy
+from grpolab.policy import MATH_SYSTEM_PROMPT, Policy, load_policy
 from grpolab.probes.advantage_stats import advantage_stats
 from grpolab.probes.gram import score_gram, token_weights
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
@@ -53,17 +54,28 @@ class StepOutput:
 class GRPOTrainer:
     """Owns the policy, reference, optimizer and data of one run."""
 
-    def __init__(self, cfg: TrainConfig, log=print):
+    def __init__(self, cfg: TrainConfig, log=print, adapter_from: str | Path | None = None):
         cfg.validate()
         self.cfg = cfg
         self.log = log
         set_threads(cfg.threads)
         seed_everything(cfg.seed)
-        self.policy: Policy = load_policy(cfg.model)
+        dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype]
+        self.policy: Policy = load_policy(cfg.model, dtype, gguf_file=cfg.gguf_file, chat=cfg.chat)
+        if cfg.format == "math":
+            self.policy.system = MATH_SYSTEM_PROMPT
+        if cfg.lora_rank:
+            from grpolab.models.lora import add_lora, load_lora
+
+            base = self.policy.model
+            self.policy.model = (load_lora(base, adapter_from) if adapter_from
+                                 else add_lora(base, cfg.lora_rank, cfg.lora_alpha or 2.0 * cfg.lora_rank))
         self.policy.model.train()
-        # The reference is the starting policy, frozen (only needed when the KL term is on).
+        # The reference is the starting policy, frozen (only needed when the KL term is on). With LoRA it
+        # is the same model with the adapter disabled: no second copy in memory.
         self.ref_model = None
-        if cfg.beta > 0:
+        self.ref_is_base = cfg.beta > 0 and cfg.lora_rank > 0
+        if cfg.beta > 0 and not cfg.lora_rank:
             self.ref_model = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -75,13 +87,16 @@ class GRPOTrainer:
         accuracy_fn = load_reward_fn(cfg.reward_fn) if cfg.reward_fn else None
         self.reward_fns = default_reward_fns(cfg.format_weight, **({"accuracy_fn": accuracy_fn} if accuracy_fn else {}))
         self.held_out, self.sampler = self._data()
+        if cfg.few_shot and self.sampler is not None:  # solved examples from the training split
+            self.policy.few_shot = [{"question": r["question"], "answer": r["answer"]} for r in self.sampler.draw(-1, cfg.few_shot)]
 
     def _data(self):
         cfg = self.cfg
         spec = ArithmeticSpec(cfg.max_operand, cfg.mul_max, tuple(cfg.categories))
-        held_out = load_gsm8k_jsonl(cfg.eval_data)[: cfg.eval_questions] if cfg.eval_data else test_set(cfg.eval_questions, spec)
+        load = load_math_jsonl if cfg.format == "math" else load_gsm8k_jsonl
+        held_out = load(cfg.eval_data)[: cfg.eval_questions] if cfg.eval_data else test_set(cfg.eval_questions, spec)
         if cfg.data:
-            train_records = load_gsm8k_jsonl(cfg.data)
+            train_records = load(cfg.data)
             test_q = {r["question"] for r in held_out}
             leaked = sum(r["question"] in test_q for r in train_records)
             if leaked:
@@ -198,6 +213,9 @@ class GRPOTrainer:
                     old_logp[c_i] = completion_logprobs(model, sub, cfg.temperature)
                 if self.ref_model is not None:
                     ref_logp[c_i] = completion_logprobs(self.ref_model, sub, cfg.temperature)
+                elif self.ref_is_base:
+                    with model.disable_adapter():
+                        ref_logp[c_i] = completion_logprobs(model, sub, cfg.temperature)
 
         sums = {"loss": 0.0, "policy": 0.0, "kl_tok": 0.0, "clip_tok": 0.0, "ratio_tok": 0.0}
         grad_norm, skipped = 0.0, 0
@@ -238,7 +256,7 @@ class GRPOTrainer:
         return {
             "loss/total": sums["loss"],
             "loss/policy": sums["policy"],
-            "loss/kl": sums["kl_tok"] / active_tokens if self.ref_model is not None else None,
+            "loss/kl": sums["kl_tok"] / active_tokens if (self.ref_model is not None or self.ref_is_base) else None,
             "loss/clip_frac": sums["clip_tok"] / active_tokens,
             "loss/ratio_mean": sums["ratio_tok"] / active_tokens if rows.numel() else 1.0,
             "loss/active_frac": rows.numel() / N,
@@ -281,17 +299,20 @@ def train(cfg: TrainConfig, log=print) -> Path:
     """Run GRPO as configured; returns the run directory."""
     cfg.validate()
     out, start, ckpt = _prepare_run_dir(cfg)
-    if ckpt is not None:
-        cfg = dataclasses.replace(cfg, model=str(ckpt))  # weights from the checkpoint
+    adapter_from = None
+    if ckpt is not None and cfg.lora_rank:
+        adapter_from = ckpt  # the base as configured, the adapter from the checkpoint
+    elif ckpt is not None:
+        cfg = dataclasses.replace(cfg, model=str(ckpt), gguf_file="")  # weights from the checkpoint
     if cfg.task == "arith-multiturn":
         from grpolab.multiturn.trainer import MultiTurnTrainer
 
         trainer = MultiTurnTrainer(cfg, log=log)
     else:
-        trainer = GRPOTrainer(cfg, log=log)
+        trainer = GRPOTrainer(cfg, log=log, adapter_from=adapter_from)
     config_dict = {**dataclasses.asdict(cfg), "model": json.loads((out / "config.json").read_text())["model"] if ckpt else cfg.model}
     if ckpt is not None:
-        trainer.ref_model = None if cfg.beta == 0 else _reference_for_resume(out, trainer)
+        trainer.ref_model = None if (cfg.beta == 0 or cfg.lora_rank) else _reference_for_resume(out, trainer)
         state = checkpoint.load_training_state(ckpt, trainer.optimizer, trainer.scheduler)
         start = state["step"]
         truncate_jsonl(out / "metrics.jsonl", start)
@@ -331,5 +352,6 @@ def train(cfg: TrainConfig, log=print) -> Path:
 
 def _reference_for_resume(out: Path, trainer: GRPOTrainer):
     """On resume the reference is the run's *starting* model, not the checkpoint."""
-    start_model = json.loads((out / "config.json").read_text())["model"]
-    return copy.deepcopy(load_policy(start_model).model).eval().requires_grad_(False)
+    saved = json.loads((out / "config.json").read_text())
+    start = load_policy(saved["model"], gguf_file=saved.get("gguf_file", ""))
+    return start.model.eval().requires_grad_(False)

@@ -20,11 +20,12 @@ class DataError(ValueError):
     """A data file that cannot be read as records; the message names the file and line."""
 
 
-def load_gsm8k_jsonl(path: str | Path) -> list[dict]:
+def iter_json_objects(path: str | Path):
+    """``(where, obj)`` for each non-blank line of a JSONL file, ``where`` = ``"file:line"``;
+    a line that is not a JSON object is a DataError naming the file and line."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    records = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
@@ -36,22 +37,28 @@ def load_gsm8k_jsonl(path: str | Path) -> list[dict]:
                 raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(obj, dict):
                 raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-            for key in ("question", "answer"):
-                if not isinstance(obj.get(key), str):
-                    raise DataError(f"{where}: field {key!r} missing or not a string")
-            if "####" not in obj["answer"]:
-                raise DataError(f"{where}: answer does not end with '#### <number>'")
-            truth = extract_final_number(obj["answer"].rsplit("####", 1)[1])
-            if truth is None:
-                raise DataError(f"{where}: no number after '####' in the answer")
-            records.append(
-                {
-                    "question": obj["question"],
-                    "answer": obj["answer"],
-                    "ground_truth": truth,
-                    "category": str(obj.get("category", "jsonl")),
-                }
-            )
+            yield where, obj
+
+
+def load_gsm8k_jsonl(path: str | Path) -> list[dict]:
+    records = []
+    for where, obj in iter_json_objects(path):
+        for key in ("question", "answer"):
+            if not isinstance(obj.get(key), str):
+                raise DataError(f"{where}: field {key!r} missing or not a string")
+        if "####" not in obj["answer"]:
+            raise DataError(f"{where}: answer does not end with '#### <number>'")
+        truth = extract_final_number(obj["answer"].rsplit("####", 1)[1])
+        if truth is None:
+            raise DataError(f"{where}: no number after '####' in the answer")
+        records.append(
+            {
+                "question": obj["question"],
+                "answer": obj["answer"],
+                "ground_truth": truth,
+                "category": str(obj.get("category", "jsonl")),
+            }
+        )
     if not records:
         raise DataError(f"{path}: no records")
     return records

@@ -1,0 +1,154 @@
+"""Step time of grpolab against TRL's GRPOTrainer on the same model, prompts and settings.
+
+    pip install -e ".[bench]"      # trl, an optional extra: never a runtime dependency
+    python benchmarks/vs_trl.py --model smollm2-135m-instruct [--prompts 4 --group-size 8 --max-new-tokens 32 --steps 6 --threads 2]
+
+Each configuration runs in its own process (so none inherits another's allocator or
+threads): TRL with its default GRPOConfig (gradient checkpointing on), TRL with gradient
+checkpointing off, and grpolab. All use the same built-in arithmetic prompts, G, B, maximum
+completion length, mu = 1, beta = 0, temperature 1, top-p 1, fp32 on the CPU, one process.
+Prints the median step time of each over the steps after the warm-up, and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def parity_reward(completions: list[str], records: list[dict]) -> list[float]:
+    """--reward parity: 1 if the completion has an odd number of characters. Meaningless, but about half of
+    every group scores 1, so every rollout has a nonzero advantage and every update is dense."""
+    return [float(len(c) % 2) for c in completions]
+
+
+def _prompts(n: int) -> list[dict]:
+    from grpolab.data.arithmetic import TrainSampler
+
+    return TrainSampler(0).draw(0, n)
+
+
+def run_trl(args, checkpointing: bool) -> list[float]:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpolab.policy import load_policy
+    from grpolab.rewards import accuracy_reward, format_reward
+
+    policy = load_policy(args.model)
+    records = _prompts(args.prompts * (args.steps + args.warmup))
+    if policy.chat:
+        rows = [{"prompt": policy.chat_messages(r), "ground_truth": r["ground_truth"]} for r in records]
+    else:
+        rows = [{"prompt": r["question"] + "\n", "ground_truth": r["ground_truth"]} for r in records]
+    dataset = Dataset.from_list(rows)
+
+    def reward(completions, ground_truth, **_):
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+        recs = [{"ground_truth": g} for g in ground_truth]
+        if args.reward == "parity":
+            return parity_reward(texts, recs)
+        return [a + 0.1 * f for a, f in zip(accuracy_reward(texts, recs), format_reward(texts, recs))]
+
+    times: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            times.append(time.perf_counter() - self.t0)
+
+    cfg = GRPOConfig(
+        output_dir="/tmp/grpolab-trl-bench", per_device_train_batch_size=args.prompts * args.group_size,
+        num_generations=args.group_size, max_completion_length=args.max_new_tokens, max_steps=args.steps + args.warmup,
+        num_iterations=1, beta=0.0, temperature=1.0, top_p=1.0, use_cpu=True, bf16=False,
+        gradient_checkpointing=checkpointing, save_strategy="no", report_to="none", logging_steps=1000,
+        learning_rate=5e-5, disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(model=policy.model, reward_funcs=reward, args=cfg, train_dataset=dataset,
+                          processing_class=policy.tokenizer, callbacks=[Timer()])
+    torch.manual_seed(0)
+    trainer.train()
+    return times
+
+
+def run_grpolab(args) -> list[float]:
+    import dataclasses
+
+    from grpolab.config import TrainConfig
+    from grpolab.trainer import GRPOTrainer
+
+    cfg = TrainConfig(model=args.model, prompts_per_step=args.prompts, group_size=args.group_size,
+                      max_new_tokens=args.max_new_tokens, mu=1, beta=0.0, temperature=1.0, top_p=1.0,
+                      threads=args.threads, steps=args.steps + args.warmup, out="/tmp/grpolab-bench-run", progress=False,
+                      **({"reward_fn": "vs_trl:parity_reward", "format_weight": 0.0} if args.reward == "parity" else {}))
+    trainer = GRPOTrainer(dataclasses.replace(cfg), log=lambda *a: None)
+    times = []
+    for step in range(1, args.steps + args.warmup + 1):
+        t0 = time.perf_counter()
+        m = trainer.step(step).metrics
+        times.append(time.perf_counter() - t0)
+        print(f"STEP {step} {times[-1]:.2f} s: generate {m['time/generate_s']:.2f} s, update {m['time/update_s']:.2f} s, "
+              f"rollouts with nonzero advantage {m['loss/active_frac']:.2f}", flush=True)
+    return times
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--steps", type=int, default=5, help="measured steps")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--reward", choices=["task", "parity"], default="task",
+                   help="task: accuracy + 0.1 format on the arithmetic questions; parity: a dense reward so every "
+                        "rollout has a nonzero advantage (no update can be skipped)")
+    p.add_argument("--only", choices=["trl-default", "trl-no-ckpt", "grpolab"], help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.only:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        if args.only == "grpolab":
+            times = run_grpolab(args)
+        else:
+            times = run_trl(args, checkpointing=args.only == "trl-default")
+        import resource
+
+        print("TIMES " + json.dumps(times))
+        print("PEAK_MB " + str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))  # Linux: KiB
+        return
+    medians = {}
+    for name in ("trl-default", "trl-no-ckpt", "grpolab"):
+        cmd = [sys.executable, __file__, "--only", name] + sys.argv[1:]
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TQDM_DISABLE": "1"}
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        line = next((ln for ln in res.stdout.splitlines() if ln.startswith("TIMES ")), None)
+        if res.returncode != 0 or line is None:
+            sys.exit(f"{name} failed:\n{res.stderr[-3000:]}")
+        times = json.loads(line[6:])[args.warmup:]
+        medians[name] = statistics.median(times)
+        peak = next((float(ln[8:]) for ln in res.stdout.splitlines() if ln.startswith("PEAK_MB ")), float("nan"))
+        print(f"{name:<12} median step {medians[name]:6.2f} s over {len(times)} steps  ({', '.join(f'{t:.1f}' for t in times)}); "
+              f"peak memory {peak:.0f} MB", flush=True)
+        for ln in res.stdout.splitlines():
+            if ln.startswith("STEP "):
+                print("    " + ln, flush=True)
+    print(f"config: {args.model}, {args.prompts} prompts x {args.group_size} completions, max {args.max_new_tokens} new tokens, "
+          f"mu=1, beta=0, {args.threads} threads, reward {args.reward}")
+    print(f"TRL default / grpolab       = {medians['trl-default'] / medians['grpolab']:.2f}x  (target >= 1.5)")
+    print(f"TRL no checkpointing / grpolab = {medians['trl-no-ckpt'] / medians['grpolab']:.2f}x  (target >= 1.2)")
+
+
+if __name__ == "__main__":
+    main()

