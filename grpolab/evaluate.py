@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import torch
-
 from grpolab.policy import Policy
 from grpolab.rewards import accuracy_reward
 from grpolab.rollout import sample

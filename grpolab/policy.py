@@ -114,10 +114,12 @@ def load_policy(spec: str, dtype: torch.dtype | None = None, *, gguf_file: str =
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         source = str(path)
+    from grpolab.config import ConfigError
+
     if chat not in ("auto", "on", "off"):
-        raise ValueError(f"--chat must be auto, on or off, got {chat!r}")
+        raise ConfigError(f"--chat must be auto, on or off, got {chat!r}")
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if chat == "on" and not has_template:
-        raise ValueError(f"--chat on: the tokenizer of {source} has no chat template")
+        raise ConfigError(f"--chat on: the tokenizer of {source} has no chat template")
     use_chat = has_template and (chat == "on" or (chat == "auto" and spec != BUILTIN))
     return Policy(model=model, tokenizer=tokenizer, source=source, chat=use_chat, few_shot=list(few_shot or []))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -226,3 +225,10 @@ def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):
                                  out=str(tmp_path / "rank"), progress=False, threads=2))
     (res,) = report["results"]
     assert res["gram_max_rel_err"] <= 1e-4
+
+
+def test_cli_chat_on_without_a_template_is_a_one_line_error(tmp_path):
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    res = subprocess.run([sys.executable, "-m", "grpolab", "train", "--chat", "on", "--steps", "1", "--out", "r"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert res.returncode == 2 and "--chat on" in res.stderr and "Traceback" not in res.stderr, res.stderr
