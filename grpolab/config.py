@@ -45,7 +45,7 @@ class TrainConfig:
     gguf_file: str = ""
     """A GGUF file inside the --model directory (or give --model PATH.gguf, or --model smollm2-135m-instruct)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Weights' dtype: auto = float32 on a CPU, bfloat16 on a GPU."""
+    """Weights' dtype: auto = float32 (grpolab runs on the CPU; GPU placement is not implemented yet)."""
     chat: Literal["auto", "on", "off"] = "auto"
     """Prompt through the tokenizer's chat template (a system instruction on the answer format, the
     question as the user turn): auto = when the model has a template (instruct models), never for builtin."""

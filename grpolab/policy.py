@@ -91,8 +91,9 @@ def resolve_model_path(spec: str) -> Path:
 
 
 def default_dtype() -> torch.dtype:
-    """fp32 on a CPU (bf16 matmuls are slow there and fp16 overflows), bf16 on a GPU."""
-    return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    """fp32: grpolab runs on the CPU (bf16 matmuls are slow there, fp16 overflows). GPU placement is not
+    implemented yet (there is no GPU on the machines this was built on), so there is no bf16-on-GPU default."""
+    return torch.float32
 
 
 def load_policy(spec: str, dtype: torch.dtype | None = None, *, gguf_file: str = "", chat: str = "auto",
