@@ -307,7 +307,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
     if cfg.task == "arith-multiturn":
         from grpolab.multiturn.trainer import MultiTurnTrainer
 
-        trainer = MultiTurnTrainer(cfg, log=log)
+        trainer = MultiTurnTrainer(cfg, log=log, adapter_from=adapter_from)
     else:
         trainer = GRPOTrainer(cfg, log=log, adapter_from=adapter_from)
     config_dict = {**dataclasses.asdict(cfg), "model": json.loads((out / "config.json").read_text())["model"] if ckpt else cfg.model}

@@ -214,3 +214,24 @@ def test_multiturn_config_is_validated():
         TrainConfig(task="arith-multiturn", advantage="nope").validate()
     with pytest.raises(ConfigError, match="--task"):
         TrainConfig(task="arith-multiturn", beta=0.1).validate()
+
+
+def test_multiturn_lora_resume_continues_the_adapter(tmp_path):
+    import shutil
+
+    from grpolab.config import TrainConfig
+    from grpolab.runlog import read_metrics
+    from grpolab.trainer import train
+
+    def cfg(out, **kw):
+        return TrainConfig(task="arith-multiturn", advantage="rtg-group", stages=2, steps=2, prompts_per_step=4,
+                           group_size=8, max_new_tokens=24, eval_every=0, eval_questions=4, lr=1e-2, warmup_steps=0,
+                           lora_rank=2, save_every=1, out=str(out), progress=False, **kw)
+
+    full = train(cfg(tmp_path / "full"), log=lambda *a: None)
+    assert read_metrics(full / "metrics.jsonl")[1]["loss/active_frac"] > 0  # step 1 moved the adapter
+    shutil.copytree(full, tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step_2")
+    train(cfg(tmp_path / "resumed", resume=True), log=lambda *a: None)
+    strip = lambda r: {k: v for k, v in r.items() if not k.startswith("time/")}  # noqa: E731
+    assert [strip(r) for r in read_metrics(full / "metrics.jsonl")] == [strip(r) for r in read_metrics(tmp_path / "resumed" / "metrics.jsonl")]
