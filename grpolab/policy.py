@@ -52,7 +52,7 @@ class Policy:
         examples (question, newline, answer, blank line), the question, newline."""
         if self.chat:
             ids = self.tokenizer.apply_chat_template(self.chat_messages(record), add_generation_prompt=True, tokenize=True)
-            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding in some versions
         shots = "".join(f"{ex['question']}\n{ex['answer']}\n\n" for ex in self.few_shot)
         ids = self.tokenizer(shots + record["question"] + "\n", add_special_tokens=False)["input_ids"]
         bos = self.tokenizer.bos_token_id

@@ -38,3 +38,11 @@ def git_revision() -> str | None:
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def percentile_interval(values, level: float = 0.95) -> tuple[float, float]:
+    """The central ``level`` interval of bootstrap replicates: the sorted values at
+    ``(1 - level) / 2`` and ``(1 + level) / 2`` of the way through (lower index)."""
+    v = sorted(values)
+    n = len(v) - 1
+    return v[int((1 - level) / 2 * n)], v[int((1 + level) / 2 * n)]

@@ -28,6 +28,8 @@ import math
 
 import torch
 
+from grpolab.utils import percentile_interval
+
 ESTIMATORS = ("grpo", "rtg-group", "rtg-mc")
 
 
@@ -159,9 +161,8 @@ def monte_carlo_bias(chain: Chain, R: int, groups: int = 50_000, *, branches: in
             boots = [_class_rms(t, groups) for t in wsum]
             leak, mis = _parts(chain, v, h, k, s_h, est)
             mean_e = float(e.mean())
-            rms_boot = sorted(b[1] for b in boots)
-            rows.append({"stage": h, "estimator": est, "bias_mean": mean_e, "bias_rms": stats[1],
-                         "ci_low": rms_boot[int(0.025 * (boot - 1))], "ci_high": rms_boot[int(0.975 * (boot - 1))],
+            ci_low, ci_high = percentile_interval(b[1] for b in boots)
+            rows.append({"stage": h, "estimator": est, "bias_mean": mean_e, "bias_rms": stats[1], "ci_low": ci_low, "ci_high": ci_high,
                          "leakage_rms": leak, "mismatch_rms": mis})
     return rows
 

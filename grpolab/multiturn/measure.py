@@ -12,7 +12,7 @@ import torch
 from grpolab.config import ConfigError
 from grpolab.multiturn.chain import ESTIMATORS, Chain, exact_bias, monte_carlo_bias
 from grpolab.multiturn.dialogue import DIALOGUE_STREAM, DialogueSpec, branch_values, make_dialogues, play
-from grpolab.utils import set_threads
+from grpolab.utils import percentile_interval, set_threads
 
 MEASURE_DIALOGUE_SEED = 20_240_004  # dialogues of the bias measurement (not the held-out ones)
 
@@ -88,21 +88,22 @@ def run_chain(cfg: MultiturnConfig) -> list[dict]:
     return rows
 
 
-def _rms_stats(b: torch.Tensor, noise: torch.Tensor, cluster: torch.Tensor, boot: int, gen: torch.Generator) -> tuple[float, float, float]:
-    """Noise-corrected RMS of per-history bias estimates ``b`` (noise variances ``noise``), and a
-    95% bootstrap interval resampling clusters (dialogues)."""
-    def stat(w: torch.Tensor) -> float:
-        tot = float(w.sum())
-        return math.sqrt(max(float((w * (b * b - noise)).sum()) / tot, 0.0))
+def _corrected_rms(b: torch.Tensor, noise: torch.Tensor, w: torch.Tensor | None = None) -> float:
+    """RMS of per-history bias estimates ``b`` with their noise variances ``noise`` taken out of the squares
+    (``w``: weights of the histories, e.g. bootstrap counts)."""
+    w = torch.ones_like(b) if w is None else w
+    return math.sqrt(max(float((w * (b * b - noise)).sum()) / float(w.sum()), 0.0))
 
+
+def _rms_stats(b: torch.Tensor, noise: torch.Tensor, cluster: torch.Tensor, boot: int, gen: torch.Generator) -> tuple[float, float, float]:
+    """``_corrected_rms`` and its 95% bootstrap interval, resampling clusters (dialogues)."""
     ids = torch.unique(cluster)
     onehot = (cluster[None, :] == ids[:, None]).double()  # [C, n]
     vals = []
     for _ in range(boot):
         counts = torch.bincount(torch.randint(0, len(ids), (len(ids),), generator=gen), minlength=len(ids)).double()
-        vals.append(stat(counts @ onehot))
-    vals.sort()
-    return stat(torch.ones_like(b)), vals[int(0.025 * (boot - 1))], vals[int(0.975 * (boot - 1))]
+        vals.append(_corrected_rms(b, noise, counts @ onehot))
+    return (_corrected_rms(b, noise), *percentile_interval(vals))
 
 
 def run_arith(cfg: MultiturnConfig, log=print) -> list[dict]:
@@ -153,10 +154,9 @@ def run_arith(cfg: MultiturnConfig, log=print) -> list[dict]:
             leak, m, noise = parts[est]
             b = leak + m
             rms, lo, hi = _rms_stats(b, noise, cluster, cfg.bootstrap, gen)
-            mis_rms, _, _ = _rms_stats(m, noise, cluster, 1, gen)
             rows.append({"stage": h + 1, "estimator": est, "bias_mean": float(b.mean()), "bias_rms": rms,
                          "ci_low": lo, "ci_high": hi, "leakage_rms": math.sqrt(float((leak * leak).mean())),
-                         "mismatch_rms": mis_rms, "accuracy": float(r[:, h].mean())})
+                         "mismatch_rms": _corrected_rms(m, noise), "accuracy": float(r[:, h].mean())})
     return rows
 
 

@@ -24,7 +24,7 @@ from grpolab.probes.mse import (
     predicted_mse,
 )
 from grpolab.probes.pool import collect_pool
-from grpolab.utils import set_threads
+from grpolab.utils import percentile_interval, set_threads
 
 
 @dataclasses.dataclass
@@ -210,7 +210,7 @@ def _interval(values: list[float]) -> list[float]:
     if len(finite) < len(values) * 0.975:  # more than the upper tail is infinite
         lo = finite[int(0.025 * len(values))] if finite else math.inf
         return [lo, math.inf]
-    return [finite[int(0.025 * (len(finite) - 1))], finite[int(0.975 * (len(finite) - 1))]]
+    return list(percentile_interval(finite))
 
 
 def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:

@@ -29,10 +29,10 @@ from grpolab.checkpoint import checkpoint_dirs
 from grpolab.data.arithmetic import probe_set
 from grpolab.policy import Policy, load_policy
 from grpolab.probes.gram import gram_relative_error, score_gram, score_gram_reference, token_weights
+from grpolab.probes.pool import sample_rollouts
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
 from grpolab.progress import progress_bar
-from grpolab.rewards import default_reward_fns, score
-from grpolab.rollout import Batch, completion_logprobs, sample
+from grpolab.rollout import Batch, completion_logprobs
 from grpolab.utils import set_threads
 
 PROBE_STREAM = 4  # random-stream id of probe rollouts
@@ -89,15 +89,6 @@ def _checkpoints(spec: str) -> list[tuple[int, str]]:
     return [(0, spec)]
 
 
-def _rollouts(policy: Policy, record: dict, R: int, key: tuple, cfg: RankConfig) -> tuple[Batch, torch.Tensor]:
-    batch = sample(policy.model, [policy.prompt_ids(record)] * R, [(*key, i) for i in range(R)],
-                   max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0,
-                   eos_id=policy.eos_id, pad_id=policy.pad_id)
-    texts = policy.decode(batch.completion_ids, batch.completion_mask)
-    rewards = score(texts, [record] * R, default_reward_fns(cfg.format_weight)).total  # [R]
-    return batch, rewards
-
-
 def _plain_forward_backward_s(model, batch: Batch, weights: torch.Tensor, temperature: float) -> float:
     model.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
@@ -109,7 +100,8 @@ def _plain_forward_backward_s(model, batch: Batch, weights: torch.Tensor, temper
 
 def measure_prompt(policy: Policy, record: dict, R: int, key: tuple, cfg: RankConfig) -> dict:
     """Spectrum metrics of one prompt's R rollouts (and, with verify, the reference check)."""
-    batch, rewards = _rollouts(policy, record, R, key, cfg)
+    batch, rewards = sample_rollouts(policy, record, R, key, max_new_tokens=cfg.max_new_tokens,
+                                     temperature=cfg.temperature, format_weight=cfg.format_weight)
     adv = compute_advantages(rewards[None, :], cfg.estimator)[0]  # [R]
     row = {"reward_std": float(rewards.std(unbiased=False)), "zero_var": bool((rewards == rewards[0]).all()),
            "distinct_active": distinct_active_rollouts(batch, adv)}
