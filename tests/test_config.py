@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 
 import pytest
 
 from grpolab.cli import _parse
 from grpolab.config import ConfigError, TrainConfig, load_toml
+from cli_helpers import run_cli as _run_cli
 
 
 def test_default_config_is_valid():
@@ -136,9 +134,6 @@ def test_parse_config_file_then_flags_override(tmp_path):
     assert cfg2.group_size == 6 and cfg2.lr == 3e-5
 
 
-def _run_cli(args, cwd, timeout=120):
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "grpolab", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
 def test_cli_train_help_lists_the_main_flags(tmp_path):

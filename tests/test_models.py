@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +10,7 @@ import torch
 
 from grpolab.policy import Policy, load_policy
 from grpolab.rollout import completion_logprobs, sample
+from cli_helpers import run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SIMPLE_TEMPLATE = (
@@ -228,7 +226,5 @@ def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):
 
 
 def test_cli_chat_on_without_a_template_is_a_one_line_error(tmp_path):
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    res = subprocess.run([sys.executable, "-m", "grpolab", "train", "--chat", "on", "--steps", "1", "--out", "r"],
-                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    res = run_cli(["train", "--chat", "on", "--steps", "1", "--out", "r"], tmp_path)
     assert res.returncode == 2 and "--chat on" in res.stderr and "Traceback" not in res.stderr, res.stderr

@@ -5,9 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -15,6 +12,11 @@ import torch
 from grpolab.multiturn.chain import ESTIMATORS, Chain, conditional_bias, exact_bias, monte_carlo_bias
 from grpolab.multiturn.dialogue import DialogueSpec, make_dialogues, question, rows_batch, stage_advantages
 from grpolab.rollout import Batch
+from cli_helpers import run_cli
+
+
+def _run_cli(args, cwd, timeout=300):  # these CLI runs train or sample: allow longer
+    return run_cli(args, cwd, timeout)
 
 
 def _trajectories(chain: Chain):
@@ -149,9 +151,6 @@ def test_rows_batch_keeps_each_turn_as_sampled():
 # ---------------------------------------------------------------- commands and training
 
 
-def _run_cli(args, cwd, timeout=300):
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "grpolab", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
 def test_cli_multiturn_chain_writes_records(tmp_path):

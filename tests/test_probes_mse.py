@@ -5,9 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -27,9 +24,14 @@ from grpolab.probes.mse import (
     rloo_weights,
 )
 from grpolab.probes.mse_cmd import MseConfig, run_bandit
+from cli_helpers import run_cli
 
 P = torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64)
 THETA = torch.tensor([0.0, 0.5, -0.5], dtype=torch.float64)
+
+
+def _run_cli(args, cwd, timeout=300):  # these CLI runs train or sample: allow longer
+    return run_cli(args, cwd, timeout)
 
 
 def _enumerated_mse(p, theta, estimator, G):
@@ -236,9 +238,6 @@ def test_lm_pool_cross_diagonal_is_the_quadratic_form(tiny_model, char_tokenizer
 # ---------------------------------------------------------------- CLI
 
 
-def _run_cli(args, cwd, timeout=300):
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "grpolab", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
 def test_cli_mse_bandit_writes_the_records(tmp_path):

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from fractions import Fraction
 
 import pytest
 
 from grpolab.probes.theory import AdvantagesConfig, HoeffdingConfig, advantages_check, hoeffding_rows
+from cli_helpers import run_cli as _run_cli
 
 GRID = [(R, eps) for R in (2, 4, 8, 16) for eps in (0.3, 0.2, 0.1)]  # App. A.2's table
 
@@ -128,10 +126,6 @@ def test_advantages_check_rejects_bad_config(cfg):
 # ---------------------------------------------------------------- CLI smoke
 
 
-def _run_cli(args, cwd, timeout=120):
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "grpolab", *args], capture_output=True, text=True, cwd=cwd, env=env,
-                          timeout=timeout)
 
 
 def test_cli_theory_hoeffding_json(tmp_path):

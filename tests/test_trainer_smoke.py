@@ -9,9 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +20,7 @@ from grpolab.config import ConfigError, TrainConfig
 from grpolab.policy import ASSET_DIR
 from grpolab.runlog import read_metrics
 from grpolab.trainer import train
+from cli_helpers import run_cli
 
 STEP_KEYS = {
     "step", "reward/mean", "reward/std", "reward/frac_zero_std", "reward/accuracy", "reward/format",
@@ -35,6 +33,10 @@ SMALL = dict(
     model="builtin", prompts_per_step=4, group_size=4, eval_questions=16, eval_samples=2,
     max_new_tokens=48, progress=False, threads=1,
 )
+
+
+def _run_cli(args, cwd, timeout=300):  # these CLI runs train or sample: allow longer
+    return run_cli(args, cwd, timeout)
 
 
 def _cfg(out: Path, **over) -> TrainConfig:
@@ -314,9 +316,6 @@ def test_a_constant_reward_gives_no_update(tmp_path):
 # ---------------------------------------------------------------- CLI
 
 
-def _run_cli(args, cwd, timeout=300):
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "grpolab", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
 def test_cli_train_end_to_end(tmp_path):
