@@ -36,7 +36,10 @@ def checkpoint_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def save(run_dir: str | Path, step: int, model, tokenizer, optimizer, scheduler, state: dict, keep: int = 0) -> Path:
+def save(run_dir: str | Path, step: int, model, tokenizer, optimizer, scheduler, state: dict, keep: int = 0, *,
+         model_state: dict | None = None, optimizer_state: dict | None = None) -> Path:
+    """Write ``checkpoints/step_{step}`` atomically. ``model_state``/``optimizer_state`` replace the
+    model's and optimizer's own state dicts (FSDP: the whole tensors gathered from the shards)."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp_step_*"):  # left by a run killed mid-save
@@ -44,9 +47,9 @@ def save(run_dir: str | Path, step: int, model, tokenizer, optimizer, scheduler,
     final = root / f"step_{step}"
     tmp = root / f".tmp_step_{step}"
     tmp.mkdir()
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": model_state} if model_state is not None else {}))
     tokenizer.save_pretrained(tmp)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(
         {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
@@ -65,9 +68,29 @@ def save(run_dir: str | Path, step: int, model, tokenizer, optimizer, scheduler,
     return final
 
 
-def load_training_state(ckpt: Path, optimizer, scheduler) -> dict:
-    """Restore optimizer, scheduler and RNG state; returns the trainer state (``step`` ...)."""
-    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
+def _is_sharded(model) -> bool:
+    return model is not None and any(hasattr(p, "full_tensor") for p in model.parameters())  # DTensors: FSDP2
+
+
+def load_training_state(ckpt: Path, optimizer, scheduler, model=None) -> dict:
+    """Restore optimizer, scheduler and RNG state; returns the trainer state (``step`` ...).
+
+    ``optimizer.pt`` holds whole tensors, keyed by parameter position (written by one process or
+    DDP) or by parameter name (gathered from FSDP shards). Either loads into a plain, DDP or FSDP
+    optimizer (``model``: the optimizer's model, needed when names are involved), on any process count.
+    """
+    saved = torch.load(ckpt / "optimizer.pt", weights_only=False)
+    by_name = any(isinstance(p, str) for g in saved.get("param_groups", []) for p in g["params"])
+    if by_name or _is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        if not by_name:  # positions -> names: the optimizer holds the trainable parameters in model order
+            names = [n for n, p in model.named_parameters() if p.requires_grad]
+            saved = {"state": {names[i]: v for i, v in saved["state"].items()},
+                     "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]]}
+        set_optimizer_state_dict(model, optimizer, saved, options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(saved)
     scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=False))
     rng = torch.load(ckpt / "rng.pt", weights_only=False)
     random.setstate(rng["python"])

@@ -102,9 +102,40 @@ def cmd_train(args: list[str]) -> None:
     from grpolab.plotting import plot_run
     from grpolab.trainer import train
 
-    cfg = _parse(TrainConfig, args, "grpolab train", "GRPO training of a causal LM on verifiable rewards.")
-    out = train(cfg)
-    print(f"run written to {out} (plot: {plot_run(out)})")
+    cfg = _parse(TrainConfig, args, "grpolab train", "GRPO training of a causal LM on verifiable rewards.\n\n"
+                 "On several processes: --nproc P (this machine), or launch it yourself with "
+                 "`torchrun --nproc-per-node P [--nnodes ...] -m grpolab train ...`.")
+    if cfg.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        _relaunch_under_torchrun(cfg.nproc, ["train", *_drop_flag(args, "--nproc")])
+    from grpolab import distributed
+
+    try:
+        out = train(cfg)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"run written to {out} (plot: {plot_run(out)})")
+    finally:
+        distributed.shutdown()
+
+
+def _drop_flag(args: list[str], flag: str) -> list[str]:
+    """args without ``FLAG VALUE`` / ``FLAG=VALUE`` (torchrun's parser would take ``--nproc`` for its own option)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == flag:
+            skip = True
+        elif not a.startswith(flag + "="):
+            out.append(a)
+    return out
+
+
+def _relaunch_under_torchrun(nproc: int, argv: list[str]) -> None:
+    """Replace this process by ``torchrun --standalone --nproc-per-node P -m grpolab ARGV`` (one node,
+    a free rendezvous port). Each child sees WORLD_SIZE and runs its share instead of relaunching."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "grpolab", *argv]
+    print("launching: " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
+    os.execv(sys.executable, cmd)
 
 
 def cmd_sft(args: list[str]) -> None:

@@ -38,6 +38,12 @@ class TrainConfig:
     """GRPO steps (each: sample, score, mu updates)."""
     threads: int = 1
     """Torch intra-op threads; 0 = torch's default. One is fastest for the built-in model on a shared CPU."""
+    nproc: int = 1
+    """Processes on this machine: > 1 relaunches this command under torchrun (data-parallel, one node).
+    Ignored inside a torchrun launch, which sets the number itself. --prompts-per-step must divide by it."""
+    fsdp: bool = False
+    """Under torchrun: shard parameters, gradients and optimizer state over the processes (FSDP2,
+    fully_shard) instead of replicating the model (DDP). Same results; for models that do not fit one device."""
 
     # --- policy and task ---
     model: str = "builtin"
@@ -151,6 +157,8 @@ class TrainConfig:
     """Keep only the newest N checkpoints; 0 keeps all."""
     log_samples: int = 4
     """Prompts (with their completions) written to samples.jsonl at each evaluation."""
+    log_rollouts: bool = False
+    """Write every rollout of every step (prompt index, question, completion, reward, advantage) to rollouts.jsonl."""
     tensorboard: bool = False
     """Also log to TensorBoard (needs the tensorboard package)."""
     wandb: bool = False
@@ -219,6 +227,27 @@ class TrainConfig:
             raise bad("categories", f"must be a non-empty subset of {CATEGORIES}, got {self.categories}")
         if self.max_operand < 10 or not 2 <= self.mul_max <= self.max_operand:
             raise bad("max_operand", f"need max_operand >= 10 and 2 <= mul_max <= max_operand, got {self.max_operand}, {self.mul_max}")
+
+
+    def validate_world(self, world_size: int) -> None:
+        """What a run on ``world_size`` processes needs on top of :meth:`validate`."""
+        def bad(field: str, msg: str) -> ConfigError:
+            return ConfigError(f"--{field.replace('_', '-')}: {msg}")
+
+        if self.nproc < 1:
+            raise bad("nproc", f"must be >= 1, got {self.nproc}")
+        if world_size == 1:
+            return
+        if self.prompts_per_step % world_size:
+            raise bad("prompts_per_step", f"{self.prompts_per_step} prompts cannot be split over {world_size} processes "
+                      "(each takes whole groups): use a multiple of the process count")
+        if self.task != "arith":
+            raise bad("task", f"{self.task!r} runs on one process only; the multi-process trainer is the single-turn one")
+        if self.fsdp and self.lora_rank:
+            raise bad("fsdp", "LoRA adapters are small enough to replicate: drop --fsdp (DDP) for --lora-rank runs")
+        if self.fsdp and self.probe_every:
+            raise bad("fsdp", "the in-training spectrum probe needs whole parameters; use --probe-every 0 with --fsdp "
+                      "(grpolab rank measures saved checkpoints on any number of processes)")
 
 
 def load_toml(path: str | Path, cls=TrainConfig):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from grpolab.distributed import SINGLE, World, gather_concat
 from grpolab.policy import Policy
 from grpolab.rewards import accuracy_reward
 from grpolab.rollout import sample
@@ -38,6 +39,7 @@ def evaluate(
     max_new_tokens: int = 48,
     seed: int = 0,
     batch_size: int = 256,
+    world: World = SINGLE,
 ) -> tuple[dict[str, float], list[dict]]:
     """Accuracy on ``records``.
 
@@ -45,19 +47,23 @@ def evaluate(
     ``eval/accuracy_sampled`` (mean over ``samples`` draws per question at
     ``temperature``) and per-category greedy accuracy; ``examples`` holds each
     question with its greedy completion. Sampling keys depend on ``seed`` and
-    the question index only, so the same policy always gets the same score.
+    the question index only, so the same policy always gets the same score, on one process or
+    split over ``world`` (each rank answers a block of the questions; every rank gets the totals).
     """
     was_training = policy.model.training
     policy.model.eval()
-    greedy_keys = [(EVAL_STREAM, seed, i) for i in range(len(records))]
-    greedy = _generate(policy, records, greedy_keys, 0.0, max_new_tokens, batch_size)
-    greedy_ok = accuracy_reward(greedy, records)
+    mine = world.split(len(records))
+    own = [records[i] for i in mine]
+    greedy_keys = [(EVAL_STREAM, seed, i) for i in mine]
+    greedy = _generate(policy, own, greedy_keys, 0.0, max_new_tokens, batch_size) if own else []
+    greedy, greedy_ok = gather_concat(greedy, world), gather_concat(accuracy_reward(greedy, own), world)
     metrics: dict[str, float] = {"eval/accuracy_greedy": sum(greedy_ok) / len(records)}
     if samples > 0:
-        rep = [r for r in records for _ in range(samples)]
-        keys = [(EVAL_STREAM, seed, i, j) for i in range(len(records)) for j in range(samples)]
-        sampled = _generate(policy, rep, keys, temperature, max_new_tokens, batch_size)
-        metrics["eval/accuracy_sampled"] = sum(accuracy_reward(sampled, rep)) / len(rep)
+        rep = [r for r in own for _ in range(samples)]
+        keys = [(EVAL_STREAM, seed, i, j) for i in mine for j in range(samples)]
+        sampled = _generate(policy, rep, keys, temperature, max_new_tokens, batch_size) if rep else []
+        sampled_ok = gather_concat(accuracy_reward(sampled, rep), world)
+        metrics["eval/accuracy_sampled"] = sum(sampled_ok) / (len(records) * samples)
     by_cat: dict[str, list[float]] = defaultdict(list)
     for rec, ok in zip(records, greedy_ok):
         by_cat[rec.get("category", "all")].append(ok)

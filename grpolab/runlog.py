@@ -1,5 +1,5 @@
 """The run directory's logs: ``metrics.jsonl`` (one object per step), ``samples.jsonl``,
-and optional TensorBoard / Weights & Biases sinks."""
+``rollouts.jsonl`` (with --log-rollouts) and optional TensorBoard / Weights & Biases sinks."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ class RunLogger:
         self.run_dir = Path(run_dir)
         self._metrics = open(self.run_dir / "metrics.jsonl", "a")
         self._samples = open(self.run_dir / "samples.jsonl", "a")
+        self._rollouts = None  # opened on first use
         self._tb = self._wandb = None
         if tensorboard:
             try:
@@ -60,9 +61,18 @@ class RunLogger:
             self._samples.write(json.dumps({"step": step, **s}) + "\n")
         self._samples.flush()
 
+    def log_rollouts(self, step: int, rollouts: list[dict]) -> None:
+        if self._rollouts is None:
+            self._rollouts = open(self.run_dir / "rollouts.jsonl", "a")
+        for r in rollouts:
+            self._rollouts.write(json.dumps({"step": step, **r}) + "\n")
+        self._rollouts.flush()
+
     def close(self) -> None:
         self._metrics.close()
         self._samples.close()
+        if self._rollouts is not None:
+            self._rollouts.close()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:

@@ -2,6 +2,14 @@
 
 The math lives in ``advantages``, ``loss`` and ``rewards``; this file only
 calls it in order and keeps the books (metrics, checkpoints, evaluation).
+
+On P processes (torchrun) each rank takes a contiguous block of B/P of the step's
+prompts with all their rollouts (a group never spans ranks, so its baseline needs no
+communication); rollout (b, g) draws from the stream keyed by the *global* prompt index b,
+so the rollouts do not depend on P. Losses use the whole step's normalisers and gradients
+are summed over ranks (grpolab.parallel), so the update is the single-process update.
+Metrics are computed from the gathered per-rollout values, identically on every rank;
+rank 0 alone writes them.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ import copy
 import dataclasses
 import json
 import math
+import statistics
 import time
 from pathlib import Path
 
@@ -17,20 +26,23 @@ import torch
 from transformers import get_scheduler
 
 from grpolab import checkpoint
+from grpolab import distributed as dist_
 from grpolab.advantages import compute_advantages
 from grpolab.config import ConfigError, TrainConfig
 from grpolab.data.arithmetic import ArithmeticSpec, TrainSampler, test_set
 from grpolab.data.jsonl import DataError, ListSampler, load_gsm8k_jsonl
 from grpolab.data.math_format import load_math_jsonl
+from grpolab.distributed import SINGLE, World
 from grpolab.evaluate import evaluate
 from grpolab.loss import policy_loss
+from grpolab.parallel import TrainModule
 from grpolab.policy import MATH_SYSTEM_PROMPT, Policy, load_policy
 from grpolab.probes.advantage_stats import advantage_stats
 from grpolab.probes.gram import score_gram, token_weights
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
 from grpolab.progress import progress_bar
 from grpolab.rewards import default_reward_fns, load_reward_fn, score
-from grpolab.rollout import Batch, completion_logprobs, sample
+from grpolab.rollout import Batch, sample
 from grpolab.runlog import RunLogger, truncate_jsonl
 from grpolab.utils import git_revision, seed_everything, set_threads
 
@@ -49,15 +61,21 @@ def select(batch: Batch, idx: torch.Tensor) -> Batch:
 class StepOutput:
     metrics: dict
     samples: list[dict]
+    rollouts: list[dict] | None = None
+    """Every rollout of the step, in (prompt, rollout) order, with --log-rollouts."""
 
 
 class GRPOTrainer:
     """Owns the policy, reference, optimizer and data of one run."""
 
-    def __init__(self, cfg: TrainConfig, log=print, adapter_from: str | Path | None = None):
+    def __init__(self, cfg: TrainConfig, log=print, adapter_from: str | Path | None = None, world: World = SINGLE,
+                 reference: torch.nn.Module | None = None):
+        """``reference``: the KL reference when it is not the starting weights (a resumed run's start)."""
         cfg.validate()
+        cfg.validate_world(world.size)
         self.cfg = cfg
         self.log = log
+        self.world = world
         set_threads(cfg.threads)
         seed_everything(cfg.seed)
         dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype]
@@ -73,10 +91,13 @@ class GRPOTrainer:
         self.policy.model.train()
         # The reference is the starting policy, frozen (only needed when the KL term is on). With LoRA it
         # is the same model with the adapter disabled: no second copy in memory.
-        self.ref_model = None
+        self.ref = None
         self.ref_is_base = cfg.beta > 0 and cfg.lora_rank > 0
         if cfg.beta > 0 and not cfg.lora_rank:
-            self.ref_model = copy.deepcopy(self.policy.model).eval().requires_grad_(False)
+            ref_model = reference if reference is not None else copy.deepcopy(self.policy.model)
+            self.ref = TrainModule(ref_model.eval().requires_grad_(False), cfg.temperature, world, fsdp=cfg.fsdp)
+        # Before the optimizer: under FSDP the parameters it holds are the shards.
+        self.train_module = TrainModule(self.policy.model, cfg.temperature, world, fsdp=cfg.fsdp)
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         total_updates = cfg.steps * cfg.mu
@@ -114,17 +135,19 @@ class GRPOTrainer:
         cfg, policy = self.cfg, self.policy
         B, G = cfg.prompts_per_step, cfg.group_size
         N = B * G
+        mine = self.world.split(B)  # this rank's prompts (all of them on one process)
         t_step = time.perf_counter()
 
-        # 1. rollouts: G completions for each of B prompts, no gradient
-        records = self.sampler.draw(step, B)
+        # 1. rollouts: G completions for each of this rank's prompts, no gradient
+        records = [self.sampler.draw(step, B)[b] for b in mine]
         prompts = [policy.prompt_ids(r) for r in records for _ in range(G)]
-        keys = [(ROLLOUT_STREAM, cfg.seed, step, b, g) for b in range(B) for g in range(G)]
+        keys = [(ROLLOUT_STREAM, cfg.seed, step, b, g) for b in mine for g in range(G)]  # global b: P-independent
         policy.model.eval()
-        batch = sample(
-            policy.model, prompts, keys, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-            top_p=cfg.top_p, eos_id=policy.eos_id, pad_id=policy.pad_id,
-        )
+        with self.train_module.full_weights():
+            batch = sample(
+                policy.model, prompts, keys, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                top_p=cfg.top_p, eos_id=policy.eos_id, pad_id=policy.pad_id,
+            )
         policy.model.train()
         t_gen = time.perf_counter()
 
@@ -132,46 +155,64 @@ class GRPOTrainer:
         texts = policy.decode(batch.completion_ids, batch.completion_mask)
         rep_records = [r for r in records for _ in range(G)]
         scores = score(texts, rep_records, self.reward_fns)
-        rewards = scores.total.view(B, G)  # [B, G]
         t_score = time.perf_counter()
 
-        # 3. advantages: one scalar per rollout (paper 000, Thm 3.1)
-        adv = compute_advantages(rewards, cfg.estimator).reshape(N)  # [N]
+        # 3. advantages: one scalar per rollout (paper 000, Thm 3.1); groups are whole on this rank
+        adv = compute_advantages(scores.total.view(len(mine), G), cfg.estimator).reshape(-1)  # [N / P]
 
-        probe = self._probe(step, rewards, adv.view(B, G), batch)  # on the policy that sampled
+        # The whole step's per-rollout values, in global order, on every rank (for metrics and probes).
+        local = {
+            "reward": scores.total.tolist(), "accuracy": scores.components["accuracy"].tolist(),
+            "format": scores.components["format"].tolist(), "errors": scores.errors,
+            "length": batch.completion_mask.sum(1).tolist(),
+            "truncated": (~(batch.completion_ids == policy.eos_id).any(dim=1)).tolist(),  # no EOS within max_new_tokens
+            "samples": [{"question": rep_records[i]["question"], "completion": texts[i], "reward": scores.total[i].item()}
+                        for i in range(0, len(texts), G) if mine[i // G] < cfg.log_samples],
+            "rollouts": [{"prompt": mine[i // G], "rollout": i % G, "question": rep_records[i]["question"],
+                          "completion": texts[i], "tokens": int(batch.completion_mask[i].sum()),
+                          "reward": scores.total[i].item(), "advantage": adv[i].item()}
+                         for i in range(len(texts))] if cfg.log_rollouts else [],
+        }
+        parts = dist_.gather(local, self.world)
+        whole = {k: [x for p in parts for x in p[k]] for k in local if k != "errors"}
+        rewards = torch.tensor(whole["reward"]).view(B, G)  # [B, G]
+
+        probe = self._probe(step, rewards, adv.view(len(mine), G), batch)  # on the policy that sampled
 
         # 4. loss and update
         update = self._update(batch, adv)
         t_end = time.perf_counter()
 
-        lengths = batch.completion_mask.sum(1).float()  # [N]
+        lengths = torch.tensor(whole["length"], dtype=torch.float)  # [N]
         group_std = rewards.std(dim=1, unbiased=False)  # [B]
         metrics = {
             "reward/mean": rewards.mean().item(),
             "reward/std": rewards.std(unbiased=False).item(),
             "reward/group_std_mean": group_std.mean().item(),
             "reward/frac_zero_std": (group_std == 0).float().mean().item(),
-            "reward/accuracy": scores.components["accuracy"].mean().item(),
-            "reward/format": scores.components["format"].mean().item(),
-            "reward/errors": scores.errors,
+            "reward/accuracy": statistics.fmean(whole["accuracy"]),
+            "reward/format": statistics.fmean(whole["format"]),
+            "reward/errors": sum(p["errors"] for p in parts),
             **update,
             **probe,
             "completion/len_mean": lengths.mean().item(),
             "completion/len_max": lengths.max().item(),
-            "completion/truncated_frac": (~(batch.completion_ids == policy.eos_id).any(dim=1)).float().mean().item(),  # no EOS within max_new_tokens
+            "completion/truncated_frac": statistics.fmean(map(float, whole["truncated"])),
             "time/generate_s": t_gen - t_step,
             "time/score_s": t_score - t_gen,
             "time/update_s": t_end - t_score,
             "time/step_s": t_end - t_step,
         }
-        samples = [
-            {"question": rep_records[i]["question"], "completion": texts[i], "reward": scores.total[i].item()}
-            for i in range(0, min(N, cfg.log_samples * G), G)
-        ]
-        return StepOutput(metrics, samples)
+        assert len(lengths) == N
+        return StepOutput(metrics, whole["samples"], whole["rollouts"] if cfg.log_rollouts else None)
 
     def _probe(self, step: int, rewards: torch.Tensor, adv: torch.Tensor, batch: Batch) -> dict:
-        """Advantage statistics every step; the gradient spectrum every ``probe_every`` steps."""
+        """Advantage statistics every step; the gradient spectrum every ``probe_every`` steps.
+
+        rewards ``[B, G]``: the whole step's; adv ``[B / P, G]`` and batch: this rank's groups. The
+        spectrum is measured on the first ``probe_groups`` groups with reward variance of the whole
+        step, each by the rank that holds it.
+        """
         cfg = self.cfg
         out = {}
         if cfg.group_size >= 2:
@@ -180,13 +221,17 @@ class GRPOTrainer:
         if cfg.probe_every and step % cfg.probe_every == 0:
             t0 = time.perf_counter()
             G = cfg.group_size
-            live = [b for b in range(rewards.shape[0]) if adv[b].any()][: cfg.probe_groups]
+            mine = self.world.split(rewards.shape[0])
+            adv_all = compute_advantages(rewards, cfg.estimator)  # [B, G]: equal to each rank's own groups' adv
+            live = [b for b in range(rewards.shape[0]) if adv_all[b].any()][: cfg.probe_groups]
             metrics = []
-            for b in live:
-                sub = select(batch, torch.arange(b * G, (b + 1) * G))
+            for b in (b for b in live if b in mine):
+                i = b - mine.start  # local group index
+                sub = select(batch, torch.arange(i * G, (i + 1) * G))
                 psi = score_gram(self.policy.model, sub, token_weights(sub.completion_mask, cfg.aggregation, cfg.max_new_tokens),
                                  temperature=cfg.temperature)
-                metrics.append(spectrum_metrics(singular_values_from_gram(psi, adv[b])))
+                metrics.append(spectrum_metrics(singular_values_from_gram(psi, adv[i])))
+            metrics = dist_.gather_concat(metrics, self.world)
             for key, name in (("effective_rank", "eff_rank"), ("top1_fraction", "top1_frac"), ("num_rank", "num_rank")):
                 out[f"probe/{name}"] = sum(m[key] for m in metrics) / len(metrics) if metrics else None
             out["probe/groups_measured"] = len(metrics)
@@ -194,72 +239,91 @@ class GRPOTrainer:
         return out
 
     def _update(self, batch: Batch, adv: torch.Tensor) -> dict:
-        cfg, model = self.cfg, self.policy.model
-        N = adv.shape[0]
+        """mu optimizer steps on this rank's rollouts; with P ranks, the sum of their gradients.
+
+        batch, adv ``[n]``: this rank's n = N / P rollouts. Normalisers are the whole step's
+        (N rollouts, its token count), so each rank's loss is its share of the single-process loss.
+        """
+        cfg, world, train = self.cfg, self.world, self.train_module
+        model = self.policy.model
         mask = batch.completion_mask
-        num_tokens = mask.sum().item()
+        N = cfg.rollouts_per_step
+        num_tokens = dist_.all_sum([float(mask.sum())], world)[0]
         mb = cfg.micro_batch or N
         # With no KL term, a rollout whose advantage is exactly 0 contributes exactly 0
         # to the loss and its gradient (every term is ratio * 0), so it is not run at all.
         # Normalisers stay those of the whole batch, so the gradient is unchanged.
-        rows = torch.arange(N) if cfg.beta > 0 else (adv != 0).nonzero().squeeze(1)
+        rows = torch.arange(adv.shape[0]) if cfg.beta > 0 else (adv != 0).nonzero().squeeze(1)
         chunks = [rows[i : i + mb] for i in range(0, rows.numel(), mb)]
+        # Every rank runs the same number of forward/backward passes (DDP and FSDP pair up their
+        # collectives pass by pass): a rank with fewer active rollouts pads with passes over one
+        # row whose loss is multiplied by 0, so they add exactly nothing to the gradient.
+        real = len(chunks)
+        chunks += [torch.zeros(1, dtype=torch.long)] * (dist_.all_max(real, world) - real)
 
         old_logp, ref_logp = {}, {}
         with torch.no_grad():
             for c_i, idx in enumerate(chunks):
                 sub = select(batch, idx)
                 if cfg.mu > 1:  # sampling-time log-probs for the importance ratio (paper 003, App. A (ii))
-                    old_logp[c_i] = completion_logprobs(model, sub, cfg.temperature)
-                if self.ref_model is not None:
-                    ref_logp[c_i] = completion_logprobs(self.ref_model, sub, cfg.temperature)
+                    old_logp[c_i] = train.logprobs(sub)
+                if self.ref is not None:
+                    ref_logp[c_i] = self.ref.logprobs(sub)
                 elif self.ref_is_base:
                     with model.disable_adapter():
-                        ref_logp[c_i] = completion_logprobs(model, sub, cfg.temperature)
+                        ref_logp[c_i] = train.logprobs(sub)
 
         sums = {"loss": 0.0, "policy": 0.0, "kl_tok": 0.0, "clip_tok": 0.0, "ratio_tok": 0.0}
         grad_norm, skipped = 0.0, 0
-        active_tokens = max(1.0, float(mask[rows].sum())) if rows.numel() else 1.0
+        params = [p for p in model.parameters() if p.requires_grad]
         for _ in range(cfg.mu):
             self.optimizer.zero_grad(set_to_none=True)
             finite = True
             for c_i, idx in enumerate(chunks):
                 sub = select(batch, idx)
-                logp = completion_logprobs(model, sub, cfg.temperature)  # [n, T]
-                loss, st = policy_loss(
-                    logp, old_logp.get(c_i, logp.detach()), adv[idx], sub.completion_mask,
-                    clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref_logp.get(c_i), beta=cfg.beta,
-                    kl=cfg.kl, aggregation=cfg.aggregation, max_len=cfg.max_new_tokens,
-                    num_seqs=N, num_tokens=num_tokens,
-                )
-                if not torch.isfinite(loss):
-                    finite = False
-                    break
-                loss.backward()
+                with train.sync(c_i == len(chunks) - 1):  # reduce over ranks once, after the last pass
+                    logp = train.logprobs(sub)  # [n, T]
+                    loss, st = policy_loss(
+                        logp, old_logp.get(c_i, logp.detach()), adv[idx], sub.completion_mask,
+                        clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref_logp.get(c_i), beta=cfg.beta,
+                        kl=cfg.kl, aggregation=cfg.aggregation, max_len=cfg.max_new_tokens,
+                        num_seqs=N, num_tokens=num_tokens,
+                    )
+                    if c_i >= real:  # padding pass
+                        loss = loss * 0.0
+                    # A non-finite loss still runs backward: the ranks stay in step, and the update is skipped below.
+                    finite = finite and bool(torch.isfinite(loss))
+                    (loss * train.loss_scale).backward()
+                if c_i >= real:
+                    continue
                 n_tok = float(sub.completion_mask.sum())
                 sums["loss"] += loss.item() / cfg.mu
                 sums["policy"] += st["policy"].item() / cfg.mu
                 sums["kl_tok"] += st["kl"].item() * n_tok / cfg.mu
                 sums["clip_tok"] += st["clip_frac"].item() * n_tok / cfg.mu
                 sums["ratio_tok"] += st["ratio_mean"].item() * n_tok / cfg.mu
-            params = [p for p in model.parameters() if p.requires_grad]
+            norm = train.clip_grad_norm(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+            # The gradient (and so its norm) is the same on every rank after the reduction; the loss flags are not.
+            finite = dist_.all_true(finite and math.isfinite(norm), world)
             if finite:
-                norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
-                finite = bool(torch.isfinite(norm))
-                grad_norm += float(norm) / cfg.mu
-            if finite:
+                grad_norm += norm / cfg.mu
                 self.optimizer.step()
             else:  # a non-finite loss or gradient: skip this update, count it, keep the weights
                 skipped += 1
                 self.optimizer.zero_grad(set_to_none=True)
             self.scheduler.step()
+        # Whole-step sums: this rank's part plus the others'.
+        keys = list(sums)
+        totals = dict(zip(keys + ["active", "active_tok"],
+                          dist_.all_sum([sums[k] for k in keys] + [rows.numel(), float(mask[rows].sum())], world)))
+        active_tokens = max(1.0, totals["active_tok"])
         return {
-            "loss/total": sums["loss"],
-            "loss/policy": sums["policy"],
-            "loss/kl": sums["kl_tok"] / active_tokens if (self.ref_model is not None or self.ref_is_base) else None,
-            "loss/clip_frac": sums["clip_tok"] / active_tokens,
-            "loss/ratio_mean": sums["ratio_tok"] / active_tokens if rows.numel() else 1.0,
-            "loss/active_frac": rows.numel() / N,
+            "loss/total": totals["loss"],
+            "loss/policy": totals["policy"],
+            "loss/kl": totals["kl_tok"] / active_tokens if (self.ref is not None or self.ref_is_base) else None,
+            "loss/clip_frac": totals["clip_tok"] / active_tokens,
+            "loss/ratio_mean": totals["ratio_tok"] / active_tokens if totals["active"] else 1.0,
+            "loss/active_frac": totals["active"] / N,
             "loss/skipped_updates": skipped,
             "grad/norm": grad_norm,
             "charts/lr": self.scheduler.get_last_lr()[0],
@@ -268,16 +332,36 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, step: int) -> tuple[dict, list[dict]]:
         t0 = time.perf_counter()
-        metrics, examples = evaluate(
-            self.policy, self.held_out, samples=self.cfg.eval_samples, temperature=1.0,
-            max_new_tokens=self.cfg.max_new_tokens, seed=self.cfg.seed,
-        )
+        with self.train_module.full_weights():
+            metrics, examples = evaluate(
+                self.policy, self.held_out, samples=self.cfg.eval_samples, temperature=1.0,
+                max_new_tokens=self.cfg.max_new_tokens, seed=self.cfg.seed, world=self.world,
+            )
         metrics["time/eval_s"] = time.perf_counter() - t0
         return metrics, examples[: self.cfg.log_samples]
 
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, out: Path, step: int) -> None:
+        """Rank 0 writes ``checkpoints/step_N``; under FSDP every rank first sends it its shards.
+
+        A checkpoint holds whole tensors whatever the process count, so any number of
+        processes (or one) can resume it.
+        """
+        model_state = optim_state = None
+        if self.train_module.fsdp:
+            model_state, optim_state = self.train_module.full_state(self.optimizer)
+        if self.world.is_main:
+            checkpoint.save(out, step, self.policy.model, self.policy.tokenizer, self.optimizer, self.scheduler,
+                            {"seed": self.cfg.seed, "world_size": self.world.size}, keep=self.cfg.keep_checkpoints,
+                            model_state=model_state, optimizer_state=optim_state)
+        dist_.barrier(self.world)  # nobody runs ahead of (or resumes from) a checkpoint still being written
+
 
 def _prepare_run_dir(cfg: TrainConfig) -> tuple[Path, int, Path | None]:
-    """Create or reopen the run directory. Returns (dir, first step to run, checkpoint to load)."""
+    """Check (and for a new run, create) the run directory. Returns (dir, first step to run, checkpoint to load).
+
+    Only reads and ``mkdir``: every rank runs it before rank 0 writes anything.
+    """
     out = Path(cfg.out)
     if cfg.resume:
         ckpts = checkpoint.checkpoint_dirs(out)
@@ -296,38 +380,52 @@ def _prepare_run_dir(cfg: TrainConfig) -> tuple[Path, int, Path | None]:
 
 
 def train(cfg: TrainConfig, log=print) -> Path:
-    """Run GRPO as configured; returns the run directory."""
+    """Run GRPO as configured; returns the run directory.
+
+    Under torchrun (``WORLD_SIZE`` > 1) this process joins the group and trains its share;
+    rank 0 alone logs, writes metrics, samples and checkpoints.
+    """
     cfg.validate()
+    world = dist_.init()
+    cfg.validate_world(world.size)
+    if not world.is_main:
+        log = _quiet
     out, start, ckpt = _prepare_run_dir(cfg)
+    dist_.barrier(world)  # every rank has checked the directory before rank 0 writes to it
     adapter_from = None
     if ckpt is not None and cfg.lora_rank:
         adapter_from = ckpt  # the base as configured, the adapter from the checkpoint
     elif ckpt is not None:
         cfg = dataclasses.replace(cfg, model=str(ckpt), gguf_file="")  # weights from the checkpoint
+    # On resume the KL reference is the run's *starting* model, not the checkpoint.
+    reference = _reference_for_resume(out) if ckpt is not None and cfg.beta > 0 and not cfg.lora_rank else None
     if cfg.task == "arith-multiturn":
         from grpolab.multiturn.trainer import MultiTurnTrainer
 
         trainer = MultiTurnTrainer(cfg, log=log, adapter_from=adapter_from)
     else:
-        trainer = GRPOTrainer(cfg, log=log, adapter_from=adapter_from)
-    config_dict = {**dataclasses.asdict(cfg), "model": json.loads((out / "config.json").read_text())["model"] if ckpt else cfg.model}
+        trainer = GRPOTrainer(cfg, log=log, adapter_from=adapter_from, world=world, reference=reference)
+    config_dict = {**dataclasses.asdict(cfg), "model": json.loads((out / "config.json").read_text())["model"] if ckpt else cfg.model,
+                   "world_size": world.size}
     if ckpt is not None:
-        trainer.ref_model = None if (cfg.beta == 0 or cfg.lora_rank) else _reference_for_resume(out, trainer)
-        state = checkpoint.load_training_state(ckpt, trainer.optimizer, trainer.scheduler)
+        state = checkpoint.load_training_state(ckpt, trainer.optimizer, trainer.scheduler, model=trainer.policy.model)
         start = state["step"]
-        truncate_jsonl(out / "metrics.jsonl", start)
-        truncate_jsonl(out / "samples.jsonl", start)
-        log(f"resuming {out} from step {start}")
-    else:
+        if world.is_main:
+            truncate_jsonl(out / "metrics.jsonl", start)
+            truncate_jsonl(out / "samples.jsonl", start)
+            truncate_jsonl(out / "rollouts.jsonl", start)
+        log(f"resuming {out} from step {start}" + (f" on {world.size} processes" if world.distributed else ""))
+    elif world.is_main:
         (out / "config.json").write_text(json.dumps({**config_dict, "code_version": git_revision()}, indent=2))
 
-    logger = RunLogger(out, config=config_dict, tensorboard=cfg.tensorboard, wandb=cfg.wandb, warn=log)
+    logger = RunLogger(out, config=config_dict, tensorboard=cfg.tensorboard, wandb=cfg.wandb, warn=log) if world.is_main else None
     try:
         if start == 0:
             metrics, examples = trainer.evaluate(0)
-            logger.log(0, metrics)
-            logger.log_samples(0, [{"kind": "eval", **e} for e in examples])
-        with progress_bar("grpo", cfg.steps, enabled=cfg.progress, start=start) as bar:
+            if logger:
+                logger.log(0, metrics)
+                logger.log_samples(0, [{"kind": "eval", **e} for e in examples])
+        with progress_bar("grpo", cfg.steps, enabled=cfg.progress and world.is_main, start=start) as bar:
             for step in range(start + 1, cfg.steps + 1):
                 out_step = trainer.step(step)
                 metrics = out_step.metrics
@@ -335,23 +433,31 @@ def train(cfg: TrainConfig, log=print) -> Path:
                 if (cfg.eval_every and step % cfg.eval_every == 0) or last:
                     ev, examples = trainer.evaluate(step)
                     metrics.update(ev)
-                    logger.log_samples(step, [{"kind": "train", **s} for s in out_step.samples])
-                    logger.log_samples(step, [{"kind": "eval", **e} for e in examples])
-                logger.log(step, metrics)
+                    if logger:
+                        logger.log_samples(step, [{"kind": "train", **s} for s in out_step.samples])
+                        logger.log_samples(step, [{"kind": "eval", **e} for e in examples])
+                if logger:
+                    logger.log(step, metrics)
+                    if out_step.rollouts is not None:
+                        logger.log_rollouts(step, out_step.rollouts)
                 if (cfg.save_every and step % cfg.save_every == 0) or last:
-                    checkpoint.save(out, step, trainer.policy.model, trainer.policy.tokenizer, trainer.optimizer,
-                                    trainer.scheduler, {"seed": cfg.seed}, keep=cfg.keep_checkpoints)
+                    trainer.save(out, step)
                 status = f"reward {metrics['reward/mean']:.3f} acc {metrics['reward/accuracy']:.3f}"
                 if "eval/accuracy_sampled" in metrics:
                     status += f" | eval greedy {metrics['eval/accuracy_greedy']:.3f} sampled {metrics['eval/accuracy_sampled']:.3f}"
                 bar.update(step, status)
     finally:
-        logger.close()
+        if logger:
+            logger.close()
     return out
 
 
-def _reference_for_resume(out: Path, trainer: GRPOTrainer):
-    """On resume the reference is the run's *starting* model, not the checkpoint."""
+def _quiet(*args, **kwargs) -> None:
+    """The log of ranks other than 0."""
+
+
+def _reference_for_resume(out: Path) -> torch.nn.Module:
+    """The run's starting model (from its config.json), frozen."""
     saved = json.loads((out / "config.json").read_text())
     start = load_policy(saved["model"], gguf_file=saved.get("gguf_file", ""))
     return start.model.eval().requires_grad_(False)

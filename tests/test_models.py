@@ -122,7 +122,7 @@ def test_lora_trains_only_the_adapter_and_reference_is_the_base(tmp_path):
     assert trainable and all("lora_" in n for n in trainable)
     frozen_before = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
     lora_before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    assert trainer.ref_model is None and trainer.ref_is_base  # no second copy
+    assert trainer.ref is None and trainer.ref_is_base  # no second copy
     m1 = trainer.step(1).metrics
     m2 = trainer.step(2).metrics
     assert math.isfinite(m2["loss/kl"]) and m1["loss/kl"] == pytest.approx(0.0, abs=1e-6)  # step 1: policy == base

@@ -79,8 +79,9 @@ def test_run_dir_holds_the_whole_config(base_run):
     cfg, out = base_run
     saved = json.loads((out / "config.json").read_text())
     expected = json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples -> lists, as JSON has them
-    assert {k: v for k, v in saved.items() if k != "code_version"} == expected
+    assert {k: v for k, v in saved.items() if k not in ("code_version", "world_size")} == expected
     assert "code_version" in saved
+    assert saved["world_size"] == 1  # processes the run was started on
 
 
 def test_metrics_have_one_row_per_step_and_the_documented_keys(base_run):

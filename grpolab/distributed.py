@@ -1,0 +1,131 @@
+"""Many processes through torch.distributed: who this process is, its share of the work, reductions.
+
+grpolab has no communication layer of its own. ``torchrun`` starts the processes and sets
+``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``; :func:`init` joins the process group;
+gradients are reduced by ``DistributedDataParallel`` (or FSDP2's ``fully_shard``) and the few
+things the drivers exchange (rewards, metric sums, probe results) go through
+``all_reduce`` / ``all_gather_object``. Without torchrun every call here is a no-op on one
+process, so the single-process code path is the same code.
+
+Backend: collectives dispatch on the tensor's device, ``gloo`` for CPU tensors and ``nccl``
+for CUDA tensors when the build has both (``"cpu:gloo,cuda:nccl"``); on a CPU-only build,
+``gloo``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+
+@dataclasses.dataclass(frozen=True)
+class World:
+    """This process's place among ``size`` processes (``size == 1``: no torch.distributed)."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone writes metrics, samples and checkpoints."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    def split(self, n: int) -> range:
+        """This rank's contiguous block of ``range(n)``; the first ``n % size`` ranks get one more.
+
+        Blocks in rank order concatenate to ``range(n)``, so gathered per-rank lists
+        concatenate back into the single-process order.
+        """
+        base, extra = divmod(n, self.size)
+        start = self.rank * base + min(self.rank, extra)
+        return range(start, start + base + (self.rank < extra))
+
+
+SINGLE = World()
+
+
+def backend(cuda_available: bool | None = None) -> str:
+    """The process-group backend: gloo for CPU tensors, plus nccl for CUDA tensors when there is a GPU."""
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available() and dist.is_nccl_available()
+    return "cpu:gloo,cuda:nccl" if cuda_available else "gloo"
+
+
+def init(timeout_s: float = 1800.0) -> World:
+    """Join the process group torchrun describes in the environment; a single process without it."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size <= 1:
+        return SINGLE
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend(), timeout=datetime.timedelta(seconds=timeout_s))
+    return World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def gather(obj, world: World) -> list:
+    """``[obj of rank 0, obj of rank 1, ...]`` on every rank (any picklable object)."""
+    if not world.distributed:
+        return [obj]
+    out = [None] * world.size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def gather_concat(items: list, world: World) -> list:
+    """Each rank's list, concatenated in rank order (with :meth:`World.split`: the single-process order)."""
+    return [x for part in gather(items, world) for x in part]
+
+
+def all_sum(values: list[float], world: World) -> list[float]:
+    """Element-wise sum over ranks of a list of floats (float64)."""
+    if not world.distributed:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def all_max(value: int, world: World) -> int:
+    if not world.distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def all_true(flag: bool, world: World) -> bool:
+    """True only if ``flag`` holds on every rank."""
+    if not world.distributed:
+        return flag
+    t = torch.tensor([int(flag)], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+def barrier(world: World) -> None:
+    if world.distributed:
+        dist.barrier()
+
+
+@contextlib.contextmanager
+def main_first(world: World):
+    """Run the body on rank 0, then on the others (e.g. rank 0 creates a directory they read)."""
+    if not world.is_main:
+        barrier(world)
+    yield
+    if world.is_main:
+        barrier(world)

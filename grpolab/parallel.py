@@ -1,0 +1,146 @@
+"""How the update's forward and backward passes run: on one process, data-parallel (DDP), or sharded (FSDP2).
+
+The module that DDP or ``fully_shard`` wraps is :class:`LogProbs`, the training forward
+itself (completion log-probs of a batch), not the Hugging Face model: every
+gradient-carrying forward must pass through the wrapper's hooks, and the chunked LM-head
+path of :func:`grpolab.rollout.completion_logprobs` calls the decoder and the head
+separately, which a wrapper around the model's ``forward`` would not see.
+
+Gradients: DDP and FSDP2 both *average* over ranks. Each rank's loss is its share of the
+global loss (global normalisers), so the driver scales it by the number of ranks
+(:attr:`TrainModule.loss_scale`) to make the average the global sum.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from grpolab.distributed import SINGLE, World
+from grpolab.rollout import Batch, completion_logprobs
+
+
+class LogProbs(nn.Module):
+    """``[N, T]`` log-probs of a batch's completion tokens under ``model``, as a module."""
+
+    def __init__(self, model: nn.Module, temperature: float = 1.0):
+        super().__init__()
+        self.model = model
+        self.temperature = temperature
+
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+        return completion_logprobs(self.model, Batch(prompt_ids, prompt_mask, completion_ids, completion_mask), self.temperature)
+
+
+def _layer_modules(model: nn.Module) -> list[nn.Module]:
+    """The blocks FSDP shards one by one: the classes a Hugging Face model lists in ``_no_split_modules``
+    (its decoder layers); none for other models (then the whole model is one shard group)."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def shard(module: LogProbs) -> LogProbs:
+    """FSDP2: shard each decoder layer, then the rest (embeddings, final norm, head) as the root group."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in _layer_modules(module.model):
+        fully_shard(layer)
+    fully_shard(module)
+    return module
+
+
+class TrainModule:
+    """The policy as the update sees it: log-probs, gradient synchronisation, full weights for sampling.
+
+    ``world.size == 1``: the plain model. Otherwise DDP over the replicated model, or with
+    ``fsdp`` FSDP2 over a sharded one (parameters, gradients and optimizer state split over ranks).
+    """
+
+    def __init__(self, model: nn.Module, temperature: float, world: World = SINGLE, fsdp: bool = False):
+        self.world, self.fsdp = world, fsdp and world.distributed
+        self.module = LogProbs(model, temperature)
+        self.wrapped: nn.Module = self.module
+        if self.fsdp:
+            self.wrapped = shard(self.module)
+            # FSDP2 sets up its state on the root's first forward. Sampling calls the inner model
+            # directly, so do that first forward here (every rank: it is a collective), or a layer
+            # would take itself for the root.
+            one = torch.ones(1, 1, dtype=torch.long)
+            with torch.no_grad():
+                self.wrapped(one, one, one, one)
+            # The root stays gathered after a forward (FSDP expects the backward next): reshard it, so
+            # that the parameters an optimizer is built from now are the shards, not the gathered copies.
+            for m in self._fsdp_groups():
+                m.reshard()
+        elif world.distributed:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            # CPU tensors: no device_ids. Buffers (rotary tables) are equal on every rank: not re-broadcast each forward.
+            self.wrapped = DDP(self.module, broadcast_buffers=False)
+
+    @property
+    def loss_scale(self) -> float:
+        """Multiply each rank's loss by this before backward: DDP/FSDP average, the loss is a sum over ranks."""
+        return float(self.world.size)
+
+    def logprobs(self, batch: Batch) -> torch.Tensor:
+        """``[n, T]`` completion log-probs, through the DDP/FSDP wrapper when there is one."""
+        return self.wrapped(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+
+    @contextlib.contextmanager
+    def sync(self, enabled: bool):
+        """Backward passes inside reduce gradients over ranks only if ``enabled`` (the last micro-batch)."""
+        if self.fsdp:
+            self.wrapped.set_requires_gradient_sync(enabled)
+            try:
+                yield
+            finally:
+                self.wrapped.set_requires_gradient_sync(True)
+        elif self.world.distributed and not enabled:
+            with self.wrapped.no_sync():
+                yield
+        else:
+            yield
+
+    @contextlib.contextmanager
+    def full_weights(self):
+        """Inside: every parameter whole on every rank, so each rank may run any number of forwards
+        (sampling stops when a rank's own rollouts finish). Only FSDP does anything here: all-gather
+        every shard group once, keep it gathered through the forwards, reshard at the end."""
+        if not self.fsdp:
+            yield
+            return
+        groups = self._fsdp_groups()
+        for m in groups:
+            m.unshard()
+            m.set_reshard_after_forward(False, recurse=False)
+        try:
+            yield
+        finally:
+            for m in groups:
+                m.reshard()
+                m.set_reshard_after_forward(True, recurse=False)
+
+    def _fsdp_groups(self) -> list[nn.Module]:
+        from torch.distributed.fsdp import FSDPModule
+
+        return [m for m in self.wrapped.modules() if isinstance(m, FSDPModule)]
+
+    def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
+        """Global gradient norm (all ranks' shards under FSDP), after clipping to ``max_norm``."""
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
+            norm = norm.full_tensor()
+        return float(norm)
+
+    def full_state(self, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+        """Whole model and optimizer state dicts, gathered from every rank's shards onto rank 0's CPU
+        (a collective: every rank calls it; the others get empty dicts). Optimizer state is keyed by
+        parameter name, the form :func:`grpolab.checkpoint.load_training_state` reads on any process count."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model = self.module.model
+        return get_model_state_dict(model, options=opts), get_optimizer_state_dict(model, optimizer, options=opts)
