@@ -74,7 +74,7 @@ class TrainModule:
             # that the parameters an optimizer is built from now are the shards, not the gathered copies.
             for m in self._fsdp_groups():
                 m.reshard()
-        elif world.distributed:
+        elif world.distributed and any(p.requires_grad for p in model.parameters()):  # a frozen reference needs no DDP
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             # CPU tensors: no device_ids. Buffers (rotary tables) are equal on every rank: not re-broadcast each forward.
