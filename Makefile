@@ -29,4 +29,5 @@ test: $(BIN)/.installed
 bench: $(BIN)/.installed
 	$(BIN)/pip install --quiet -e ".[bench]"
 	$(BIN)/python benchmarks/step_time.py
+	$(BIN)/python benchmarks/dp_step_time.py --fsdp
 	$(BIN)/python benchmarks/vs_trl.py
