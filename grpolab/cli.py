@@ -6,6 +6,7 @@ defaults that flags override. Run ``grpolab COMMAND --help`` for the fields.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -105,14 +106,23 @@ def cmd_train(args: list[str]) -> None:
     cfg = _parse(TrainConfig, args, "grpolab train", "GRPO training of a causal LM on verifiable rewards.\n\n"
                  "On several processes: --nproc P (this machine), or launch it yourself with "
                  "`torchrun --nproc-per-node P [--nnodes ...] -m grpolab train ...`.")
+    with _processes(cfg, ["train", *args]) as main_rank:
+        out = train(cfg)
+        if main_rank:
+            print(f"run written to {out} (plot: {plot_run(out)})")
+
+
+@contextlib.contextmanager
+def _processes(cfg, argv: list[str]):
+    """``--nproc P`` > 1 outside torchrun: relaunch ``grpolab ARGV`` under torchrun (this process is
+    replaced). Inside: yields whether this process is rank 0 (the one that prints), and leaves the
+    process group at the end."""
     if cfg.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        _relaunch_under_torchrun(cfg.nproc, ["train", *_drop_flag(args, "--nproc")])
+        _relaunch_under_torchrun(cfg.nproc, _drop_flag(argv, "--nproc"))
     from grpolab import distributed
 
     try:
-        out = train(cfg)
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"run written to {out} (plot: {plot_run(out)})")
+        yield int(os.environ.get("RANK", "0")) == 0
     finally:
         distributed.shutdown()
 
@@ -177,7 +187,10 @@ def cmd_rank(args: list[str]) -> None:
     from grpolab.probes.rank import RankConfig, run_rank, table1
 
     cfg = _parse(RankConfig, args, "grpolab rank", "Effective rank and top-1 energy of GRPO's per-rollout gradient matrix (paper 000, Sec. 7).")
-    report = run_rank(cfg)
+    with _processes(cfg, ["rank", *args]) as main_rank:
+        report = run_rank(cfg)
+    if not main_rank:
+        return
     print(table1(report["results"]))
     if cfg.verify:
         for r in report["results"]:
@@ -196,7 +209,10 @@ def cmd_mse(args: list[str]) -> None:
         if cfg.json:
             print(f"wrote {cfg.json}")
         return
-    report = run_mse(cfg)
+    with _processes(cfg, ["mse", *args]) as main_rank:
+        report = run_mse(cfg)
+    if not main_rank:
+        return
     print(format_mse(report))
     print(f"wrote {cfg.out}/mse.json and mse.png")
 
@@ -206,8 +222,11 @@ def cmd_groupsize(args: list[str]) -> None:
 
     cfg = _parse(GroupsizeConfig, args, "grpolab groupsize", GroupsizeConfig.__doc__.strip().split("\n\n")[0])
     cfg.validate()
-    print(format_groupsize(run_groupsize(cfg)))
-    print(f"wrote {cfg.out}/groupsize.json and groupsize.png")
+    with _processes(cfg, ["groupsize", *args]) as main_rank:
+        report = run_groupsize(cfg)
+    if main_rank:
+        print(format_groupsize(report))
+        print(f"wrote {cfg.out}/groupsize.json and groupsize.png")
 
 
 def cmd_sweep(args: list[str]) -> None:

@@ -129,3 +129,20 @@ def main_first(world: World):
     yield
     if world.is_main:
         barrier(world)
+
+
+def gram(local: torch.Tensor, world: World) -> torch.Tensor:
+    """``V V^T`` ``[M, M]`` of the row blocks ``local`` ``[m_rank, D]`` that the ranks hold, in rank order.
+
+    Each rank's block is broadcast in turn and every rank forms its rows of the product, which
+    are then gathered: a rank holds its own block and one other at a time, never all of V.
+    """
+    if not world.distributed:
+        return local @ local.T
+    sizes = gather(local.shape[0], world)
+    row = []  # [m_rank, m_s] blocks of this rank's rows
+    for src, m in enumerate(sizes):
+        buf = local.contiguous() if src == world.rank else local.new_empty((m, local.shape[1]))
+        dist.broadcast(buf, src=src)
+        row.append(local @ buf.T)
+    return torch.cat(gather(torch.cat(row, dim=1), world), dim=0)  # [M, M]

@@ -165,3 +165,41 @@ def test_a_run_resumes_on_another_process_count(runs):
     resumed = _train(tmp, "resumed", 3, resume=True)
     assert _rollouts(resumed) == _rollouts(r["p1"])
     _assert_same_params(r["p1"], resumed)
+
+
+# ---------------------------------------------------------------- probes at scale
+
+PROBES = {  # 5 prompts: an uneven split (3 + 2) over two processes
+    "rank": ["rank", "--checkpoint", "builtin", "--group-sizes", "2,4", "--prompts", "5", "--no-progress"],
+    "mse": ["mse", "--prompts", "5", "--pool", "4", "--group-sizes", "2,4", "--no-progress"],
+    "groupsize": ["groupsize", "--prompts", "5", "--pool", "4", "--bootstrap", "200", "--no-progress"],
+}
+
+
+def _max_rel_diff(a, b, path="") -> float:
+    """Largest relative difference between two JSON reports' numbers (timings and the config skipped)."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        return max([_max_rel_diff(a[k], b[k], f"{path}/{k}") for k in a
+                    if k != "config" and not k.startswith("t_") and "time" not in k] + [0.0])
+    if isinstance(a, list):
+        assert len(a) == len(b), path
+        return max([_max_rel_diff(x, y, path) for x, y in zip(a, b)] + [0.0])
+    if isinstance(a, float) and a != b:
+        return abs(a - b) / max(abs(a), 1e-300)
+    assert a == b, (path, a, b)
+    return 0.0
+
+
+@pytest.mark.parametrize("probe", sorted(PROBES))
+def test_probes_on_two_processes_equal_one(probe, tmp_path):
+    reports = []
+    for nproc in (1, 2):
+        out = tmp_path / f"p{nproc}"
+        res = run_cli([*PROBES[probe], "--out", str(out), "--nproc", str(nproc)], cwd=tmp_path, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        reports.append(json.loads((out / f"{probe}.json").read_text()))
+    # Same rollouts, same per-prompt Gram matrices; only the M x M product's summation order may differ.
+    assert _max_rel_diff(*reports) <= 1e-9
+    if probe == "rank":
+        assert all(r["prompts"] == 5 for r in reports[1]["results"])

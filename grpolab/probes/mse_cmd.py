@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from grpolab import distributed
 from grpolab.config import ConfigError
 from grpolab.data.arithmetic import probe_set
 from grpolab.policy import load_policy
@@ -69,6 +70,9 @@ class MseConfig:
     """Seed of the rollouts / Monte Carlo draws."""
     threads: int = 1
     """Torch intra-op threads."""
+    nproc: int = 1
+    """Processes on this machine: > 1 relaunches under torchrun, each rank measuring a block of the prompts
+    (results equal to one process's). Ignored inside a torchrun launch."""
     progress: bool = True
     """Show a progress bar."""
 
@@ -121,6 +125,7 @@ def format_bandit(records: list[dict]) -> str:
 def run_mse(cfg: MseConfig, log=print) -> dict:
     """The Figure 4 analogue over the given policies; writes mse.json and mse.png."""
     set_threads(cfg.threads)
+    world = distributed.init()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     records = probe_set(500)[: cfg.prompts]
@@ -129,7 +134,7 @@ def run_mse(cfg: MseConfig, log=print) -> dict:
         policy = load_policy(spec)
         pool = collect_pool(policy, records, cfg.pool, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens,
                             temperature=cfg.temperature, format_weight=cfg.format_weight,
-                            include=cfg.include or None, progress=cfg.progress, label=f"pool {spec}")
+                            include=cfg.include or None, progress=cfg.progress, label=f"pool {spec}", world=world)
         entry = {
             "policy": spec,
             "reward_mean": statistics.fmean(pool.reward_mean),
@@ -137,11 +142,13 @@ def run_mse(cfg: MseConfig, log=print) -> dict:
             "results": mse_table(pool.moments, list(cfg.group_sizes)),
         }
         report["policies"].append(entry)
-        log(f"{spec}: mean reward {entry['reward_mean']:.3f}")
-    (out / "mse.json").write_text(json.dumps(report, indent=2))
-    from grpolab.probes.plots import plot_mse
+        if world.is_main:
+            log(f"{spec}: mean reward {entry['reward_mean']:.3f}")
+    if world.is_main:  # every rank holds the same report; one writes it
+        (out / "mse.json").write_text(json.dumps(report, indent=2))
+        from grpolab.probes.plots import plot_mse
 
-    plot_mse(report, out / "mse.png")
+        plot_mse(report, out / "mse.png")
     return report
 
 
@@ -193,6 +200,9 @@ class GroupsizeConfig:
     """Seed."""
     threads: int = 1
     """Torch intra-op threads."""
+    nproc: int = 1
+    """Processes on this machine: > 1 relaunches under torchrun, each rank measuring a block of the prompts
+    (results equal to one process's). Ignored inside a torchrun launch."""
     progress: bool = True
     """Show a progress bar."""
 
@@ -215,12 +225,13 @@ def _interval(values: list[float]) -> list[float]:
 
 def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:
     set_threads(cfg.threads)
+    world = distributed.init()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     policy = load_policy(cfg.policy)
     pool = collect_pool(policy, probe_set(500)[: cfg.prompts], cfg.pool, seed=cfg.seed,
                         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                        format_weight=cfg.format_weight, include=cfg.include or None, progress=cfg.progress)
+                        format_weight=cfg.format_weight, include=cfg.include or None, progress=cfg.progress, world=world)
     consts = groupsize_constants(pool.moments, pool.cross)
     gen = torch.Generator().manual_seed(cfg.seed)
     M = len(pool.moments)
@@ -247,10 +258,11 @@ def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:
         "best_divisor_g": best["G"],
         "curve": curve,
     }
-    (out / "groupsize.json").write_text(json.dumps(report, indent=2))
-    from grpolab.probes.plots import plot_groupsize
+    if world.is_main:  # the bootstrap is seeded: every rank computed the same report
+        (out / "groupsize.json").write_text(json.dumps(report, indent=2))
+        from grpolab.probes.plots import plot_groupsize
 
-    plot_groupsize(report, out / "groupsize.png")
+        plot_groupsize(report, out / "groupsize.png")
     return report
 
 

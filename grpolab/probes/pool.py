@@ -5,6 +5,11 @@ vectors (one forward + one backward, :func:`grpolab.probes.gram.score_gram`), an
 D-dimensional leave-one-out gradient estimate mu_hat(x) whose cross inner products
 <mu_hat(x), mu_hat(x')> (x != x') estimate ||grad J||^2 without bias. Only the M x M
 matrix of those products is kept; the vectors are held long enough to form it.
+
+On P processes each rank takes a block of the prompts (prompt k's rollouts draw from the
+stream keyed by its global index k, so they do not depend on P) and the per-prompt results
+and the M x M products are gathered (grpolab.distributed.gram): every rank ends with the
+single-process pool.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import dataclasses
 
 import torch
 
+from grpolab import distributed
+from grpolab.distributed import SINGLE, World
 from grpolab.policy import Policy
 from grpolab.probes.gram import _select_params, score_gram
 from grpolab.probes.mse import prompt_moments, rloo_weights
@@ -43,16 +50,19 @@ class Pool:
 
 def collect_pool(policy: Policy, records: list[dict], n: int, *, seed: int = 0, max_new_tokens: int = 48,
                  temperature: float = 1.0, format_weight: float = 0.1, include: str | None = None,
-                 progress: bool = True, label: str = "pool") -> Pool:
-    """Sample n rollouts for each record and reduce them (module docstring)."""
+                 progress: bool = True, label: str = "pool", world: World = SINGLE) -> Pool:
+    """Sample n rollouts for each record and reduce them (module docstring); over ``world``, each
+    rank takes its block of the records and all get the whole pool."""
     if n < 3:
         raise ValueError(f"--pool must be >= 3 rollouts per prompt, got {n}")
     model = policy.model
     model.eval()
     params = [p for p in model.parameters() if id(p) in _select_params(model, include)]
     moments, vectors, means, stds = [], [], [], []
-    with progress_bar(label, len(records), enabled=progress) as bar:
-        for k, rec in enumerate(records):
+    mine = world.split(len(records))
+    with progress_bar(label, len(mine), enabled=progress and world.is_main) as bar:
+        for k in mine:  # global prompt index: the random stream does not depend on the process count
+            rec = records[k]
             batch, rewards = sample_rollouts(policy, rec, n, (POOL_STREAM, seed, k), max_new_tokens=max_new_tokens,
                                              temperature=temperature, format_weight=format_weight)
             # The plain score sum_t grad log pi (weight 1 per token): E[psi] = 0, so mu = E[r psi] is the
@@ -68,6 +78,8 @@ def collect_pool(policy: Policy, records: list[dict], n: int, *, seed: int = 0, 
                                       for g, p in zip(grads, params)]))  # [D]
             means.append(float(rewards.mean()))
             stds.append(float(rewards.std(unbiased=False)))
-            bar.update(k + 1, f"mean reward {sum(means) / len(means):.2f}")
-    V = torch.stack(vectors).double()  # [M, D]
-    return Pool(moments, V @ V.T, means, stds)
+            bar.update(len(means), f"mean reward {sum(means) / len(means):.2f}")
+    D = sum(p.numel() for p in params)
+    V = torch.stack(vectors).double() if vectors else torch.zeros(0, D, dtype=torch.float64)  # [M / P, D]
+    cat = lambda xs: distributed.gather_concat(xs, world)  # noqa: E731
+    return Pool(cat(moments), distributed.gram(V, world), cat(means), cat(stds))

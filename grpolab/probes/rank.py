@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from grpolab import distributed
 from grpolab.advantages import compute_advantages
 from grpolab.checkpoint import checkpoint_dirs
 from grpolab.data.arithmetic import probe_set
@@ -72,6 +73,9 @@ class RankConfig:
     """Seed of the probe rollouts."""
     threads: int = 1
     """Torch intra-op threads."""
+    nproc: int = 1
+    """Processes on this machine: > 1 relaunches under torchrun, each rank measuring a block of the prompts
+    (results equal to one process's). Ignored inside a torchrun launch."""
     progress: bool = True
     """Show a progress bar."""
 
@@ -142,23 +146,26 @@ def _summary(rows: list[dict], key: str) -> dict[str, float]:
 
 def run_rank(cfg: RankConfig, log=print) -> dict:
     set_threads(cfg.threads)
+    world = distributed.init()  # on P processes, each rank measures a block of the prompts
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     records = probe_set(500)[: cfg.prompts]
+    mine = world.split(len(records))
     ckpts = _checkpoints(cfg.checkpoint)
     results = []
-    total = len(ckpts) * len(cfg.group_sizes) * len(records)
-    with progress_bar("rank", total, enabled=cfg.progress) as bar:
+    total = len(ckpts) * len(cfg.group_sizes) * len(mine)
+    with progress_bar("rank", total, enabled=cfg.progress and world.is_main) as bar:
         done = 0
         for step, path in ckpts:
             policy = load_policy(path)
             policy.model.eval()  # no dropout in the probe; gradients still flow
             for R in cfg.group_sizes:
                 rows = []
-                for k, rec in enumerate(records):
-                    rows.append(measure_prompt(policy, rec, R, (PROBE_STREAM, cfg.seed, step, k), cfg))
+                for k in mine:  # global prompt index k keys the rollouts: P-independent
+                    rows.append(measure_prompt(policy, records[k], R, (PROBE_STREAM, cfg.seed, step, k), cfg))
                     done += 1
                     bar.update(done, f"step {step} R={R}")
+                rows = distributed.gather_concat(rows, world)  # every prompt's row, in prompt order
                 live = [r for r in rows if not r["zero_var"]]
                 res = {
                     "step": step, "checkpoint": path, "R": R, "prompts": len(rows),
@@ -175,10 +182,11 @@ def run_rank(cfg: RankConfig, log=print) -> dict:
                     res["reference_time_ratio"] = sum(r["t_ref"] for r in rows) / t_plain
                 results.append(res)
     report = {"config": dataclasses.asdict(cfg), "results": results}
-    (out / "rank.json").write_text(json.dumps(report, indent=2))
-    from grpolab.probes.plots import plot_rank
+    if world.is_main:
+        (out / "rank.json").write_text(json.dumps(report, indent=2))
+        from grpolab.probes.plots import plot_rank
 
-    plot_rank(results, out)
+        plot_rank(results, out)
     return report
 
 
