@@ -143,4 +143,14 @@ class TrainModule:
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         model = self.module.model
-        return get_model_state_dict(model, options=opts), get_optimizer_state_dict(model, optimizer, options=opts)
+        state = get_model_state_dict(model, options=opts)
+        # A tied parameter (input embedding = LM head) comes back under each of its names; keep the
+        # first, as save_pretrained does for an unsharded model, so both checkpoints look alike.
+        seen, aliases = set(), []
+        for name, p in model.named_parameters(remove_duplicate=False):
+            if id(p) in seen:
+                aliases.append(name)
+            seen.add(id(p))
+        for name in aliases:
+            state.pop(name, None)
+        return state, get_optimizer_state_dict(model, optimizer, options=opts)
