@@ -10,6 +10,10 @@ run stopped on one process count resumed on another.
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -166,6 +170,30 @@ def test_a_run_resumes_on_another_process_count(runs):
     resumed = _train(tmp, "resumed", 3, resume=True)
     assert _rollouts(resumed) == _rollouts(r["p1"])
     _assert_same_params(r["p1"], resumed)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_by_rendezvous_match_one_process(runs):
+    """The README's several-node command, as two 'nodes' on this machine: one torchrun each, one
+    process each, meeting at a c10d rendezvous on the loopback address."""
+    tmp, r = runs
+    out = tmp / "nodes"
+    port = _free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "grpolab-test",
+           "-m", "grpolab", "train", "--out", str(out), "--steps", "3", *BASE]
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    nodes = [subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [n.communicate(timeout=300) for n in nodes]
+    assert all(n.returncode == 0 for n in nodes), [err[-2000:] for _, err in results]
+    assert json.loads((out / "config.json").read_text())["world_size"] == 2
+    assert _rollouts(out) == _rollouts(r["p1"])
+    _assert_same_params(r["p1"], out)
 
 
 # ---------------------------------------------------------------- probes at scale
