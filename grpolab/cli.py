@@ -106,6 +106,9 @@ def cmd_train(args: list[str]) -> None:
     cfg = _parse(TrainConfig, args, "grpolab train", "GRPO training of a causal LM on verifiable rewards.\n\n"
                  "On several processes: --nproc P (this machine), or launch it yourself with "
                  "`torchrun --nproc-per-node P [--nnodes ...] -m grpolab train ...`.")
+    if cfg.nproc > 1 and "WORLD_SIZE" not in os.environ:  # refuse a bad config once, before starting P processes
+        cfg.validate()
+        cfg.validate_world(cfg.nproc)
     with _processes(cfg, ["train", *args]) as main_rank:
         out = train(cfg)
         if main_rank:

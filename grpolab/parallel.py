@@ -77,8 +77,8 @@ class TrainModule:
         elif world.distributed and any(p.requires_grad for p in model.parameters()):  # a frozen reference needs no DDP
             from torch.nn.parallel import DistributedDataParallel as DDP
 
-            # CPU tensors: no device_ids. Buffers (rotary tables) are equal on every rank: not re-broadcast each forward.
-            self.wrapped = DDP(self.module, broadcast_buffers=False)
+            # CPU tensors: no device_ids. Buffers (rotary tables) are equal on every rank: not re-synced each forward.
+            self.wrapped = DDP(self.module, forward_sync_buffers=False)
 
     @property
     def loss_scale(self) -> float:

@@ -72,6 +72,13 @@ def test_invalid_multi_process_configs_name_the_field(over, world, msg):
         cfg.validate_world(world)
 
 
+def test_nproc_with_an_indivisible_batch_is_refused_before_launching(tmp_path):
+    res = run_cli(["train", "--out", str(tmp_path / "x"), "--nproc", "2", "--prompts-per-step", "5"], cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1].startswith("error: --prompts-per-step: 5 prompts cannot be split over 2")
+    assert "launching" not in res.stderr
+
+
 def test_a_valid_config_passes_on_any_divisor_world():
     TrainConfig(prompts_per_step=4).validate_world(4)
     TrainConfig(prompts_per_step=4, fsdp=True).validate_world(2)
@@ -120,9 +127,10 @@ def _assert_same_metrics(a: Path, b: Path) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dist")
+    probe = ["--probe-every", "1", "--probe-groups", "3"]  # the spectrum probe's groups can sit on either rank
     return tmp, {
-        "p1": _train(tmp, "p1", 3),
-        "p2": _train(tmp, "p2", 3, "--nproc", "2"),
+        "p1": _train(tmp, "p1", 3, *probe),
+        "p2": _train(tmp, "p2", 3, *probe, "--nproc", "2"),
     }
 
 
@@ -142,6 +150,8 @@ def test_two_processes_reach_the_same_parameters(runs):
 def test_two_processes_log_the_same_metrics_once(runs):
     _, r = runs
     _assert_same_metrics(r["p1"], r["p2"])
+    probed = [row for row in read_metrics(r["p2"] / "metrics.jsonl")[1:] if row["probe/groups_measured"]]
+    assert probed and all(row["probe/eff_rank"] > 0 for row in probed)
     saved = json.loads((r["p2"] / "config.json").read_text())
     assert saved["world_size"] == 2
 
