@@ -73,15 +73,17 @@ def format_reward(completions: list[str], records: list[dict]) -> list[float]:
 
 def load_reward_fn(path: str) -> RewardFn:
     """Import ``"package.module:function"``; a clear error when it is not there."""
+    from grpolab.config import ConfigError  # a ValueError: the CLI prints it as one line, not a traceback
+
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"reward function must be given as 'module:function', got {path!r}")
+        raise ConfigError(f"--reward-fn: must be given as 'module:function', got {path!r}")
     try:
         fn = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot load reward function {path!r}: {e}") from None
+        raise ConfigError(f"--reward-fn: cannot load {path!r}: {e}") from None
     if not callable(fn):
-        raise ValueError(f"reward function {path!r} is not callable")
+        raise ConfigError(f"--reward-fn: {path!r} is not callable")
     return fn
 
 

@@ -12,3 +12,12 @@ def always_raises(completions, records):
 def constant_tenth(completions, records):
     """The same reward, 0.1, for every completion: no rollout is better than another."""
     return [0.1 for _ in completions]
+
+
+def overflow_when_correct_muldiv(completions, records):
+    """3e38 for a correct answer to a multiplication or division question, else 0: finite rewards
+    whose per-token loss terms overflow float32 when summed over a completion, so the loss is
+    non-finite on a rank that holds such a rollout and finite on one that does not."""
+    from grpolab.rewards import accuracy_reward
+
+    return [3e38 * ok * any(op in r["question"] for op in "*/") for ok, r in zip(accuracy_reward(completions, records), records)]

@@ -182,6 +182,28 @@ def test_a_run_resumes_on_another_process_count(runs):
     _assert_same_params(r["p1"], resumed)
 
 
+def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(runs, monkeypatch):
+    """A rank with a non-finite loss still runs its backward (no rank is left waiting in the
+    gradient reduction), and the update is skipped, and counted, everywhere: as on one process."""
+    tmp, _ = runs
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the subprocesses import reward_fixtures
+    bad = ["--reward-fn", "reward_fixtures:overflow_when_correct_muldiv", "--estimator", "vanilla", "--format-weight", "0"]
+    one = _train(tmp, "nan1", 2, *bad)
+    two = _train(tmp, "nan2", 2, *bad, "--nproc", "2")
+    assert _rollouts(one) == _rollouts(two)
+    skipped = [[r["loss/skipped_updates"] for r in read_metrics(run / "metrics.jsonl")[1:]] for run in (one, two)]
+    assert skipped[0] == skipped[1] and sum(skipped[0]) >= 1, skipped
+    # In a skipped step the overflow sat on one rank only: the other's loss was finite.
+    overflowed = [{r["prompt"] // 2 for r in _rollouts(two) if r["step"] == step and r["reward"] > 1e30} for step in (1, 2)]
+    assert any(len(ranks) == 1 for ranks, n in zip(overflowed, skipped[1]) if n), overflowed
+    start = load_file(str(ASSET_DIR / "model.safetensors"))
+    p1, p2 = _params(one, 2), _params(two, 2)
+    for k in start:
+        assert float((p1[k] - p2[k]).norm() / p1[k].norm()) <= REL_TOL, k
+        if all(skipped[0]):
+            assert torch.equal(p1[k], start[k]), f"{k}: a skipped update changed the weights"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
