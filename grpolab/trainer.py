@@ -134,12 +134,12 @@ class GRPOTrainer:
     def step(self, step: int) -> StepOutput:
         cfg, policy = self.cfg, self.policy
         B, G = cfg.prompts_per_step, cfg.group_size
-        N = B * G
         mine = self.world.split(B)  # this rank's prompts (all of them on one process)
         t_step = time.perf_counter()
 
         # 1. rollouts: G completions for each of this rank's prompts, no gradient
-        records = [self.sampler.draw(step, B)[b] for b in mine]
+        drawn = self.sampler.draw(step, B)  # the step's B prompts, the same on every rank
+        records = [drawn[b] for b in mine]
         prompts = [policy.prompt_ids(r) for r in records for _ in range(G)]
         keys = [(ROLLOUT_STREAM, cfg.seed, step, b, g) for b in mine for g in range(G)]  # global b: P-independent
         policy.model.eval()
@@ -203,7 +203,6 @@ class GRPOTrainer:
             "time/update_s": t_end - t_score,
             "time/step_s": t_end - t_step,
         }
-        assert len(lengths) == N
         return StepOutput(metrics, whole["samples"], whole["rollouts"] if cfg.log_rollouts else None)
 
     def _probe(self, step: int, rewards: torch.Tensor, adv: torch.Tensor, batch: Batch) -> dict:
