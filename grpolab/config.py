@@ -40,10 +40,11 @@ class TrainConfig:
     """Torch intra-op threads; 0 = torch's default. One is fastest for the built-in model on a shared CPU."""
     nproc: int = 1
     """Processes on this machine: > 1 relaunches this command under torchrun (data-parallel, one node).
-    Ignored inside a torchrun launch, which sets the number itself. --prompts-per-step must divide by it."""
+    Ignored inside a torchrun launch, which sets the number itself. --prompts-per-step must be a multiple of it."""
     fsdp: bool = False
     """Under torchrun: shard parameters, gradients and optimizer state over the processes (FSDP2,
-    fully_shard) instead of replicating the model (DDP). Same results; for models that do not fit one device."""
+    fully_shard) instead of replicating the model (DDP). Same results; for models whose training state does not fit
+    one device (generation still gathers the whole model on each process)."""
 
     # --- policy and task ---
     model: str = "builtin"

@@ -42,12 +42,20 @@ def _layer_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def shard(module: LogProbs) -> LogProbs:
-    """FSDP2: shard each decoder layer, then the rest (embeddings, final norm, head) as the root group."""
+    """FSDP2: shard each decoder layer, then the rest (embeddings, final norm, head) as the root group.
+
+    The device mesh is built on the parameters' device type: left to itself, ``fully_shard``
+    would take the machine's accelerator even for a model on the CPU. So FSDP's collectives go
+    where the tensors are: gloo for CPU tensors, nccl for CUDA ones (grpolab.distributed.backend).
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    mesh = init_device_mesh(next(module.parameters()).device.type, (dist.get_world_size(),))
     for layer in _layer_modules(module.model):
-        fully_shard(layer)
-    fully_shard(module)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(module, mesh=mesh)
     return module
 
 
