@@ -240,14 +240,15 @@ class GRPOTrainer:
     def _update(self, batch: Batch, adv: torch.Tensor) -> dict:
         """mu optimizer steps on this rank's rollouts; with P ranks, the sum of their gradients.
 
-        batch, adv ``[n]``: this rank's n = N / P rollouts. Normalisers are the whole step's
-        (N rollouts, its token count), so each rank's loss is its share of the single-process loss.
+        batch, adv ``[n]``: this rank's n rows (rollouts; turns for the multi-turn trainer).
+        Normalisers are the whole step's (N rows over all ranks, their token count), so each rank's
+        loss is its share of the single-process loss.
         """
         cfg, world, train = self.cfg, self.world, self.train_module
         model = self.policy.model
         mask = batch.completion_mask
-        N = cfg.rollouts_per_step
-        num_tokens = dist_.all_sum([float(mask.sum())], world)[0]
+        N, num_tokens = dist_.all_sum([float(adv.shape[0]), float(mask.sum())], world)
+        N = int(N)
         mb = cfg.micro_batch or N
         # With no KL term, a rollout whose advantage is exactly 0 contributes exactly 0
         # to the loss and its gradient (every term is ratio * 0), so it is not run at all.

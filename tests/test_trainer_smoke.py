@@ -359,3 +359,22 @@ def test_sft_smoke(tmp_path):
     assert model.config.hidden_size == 32
     rows = [json.loads(line) for line in (out / "sft_metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 3 and math.isfinite(rows[-1]["loss/sft"])
+
+
+def test_update_normalises_by_the_rows_it_is_given(tmp_path):
+    """The multi-turn trainer hands the update H * B * G turn rows, not B * G rollouts: the
+    loss's normaliser is the number of rows given (summed over ranks), whatever the config's B * G."""
+    from grpolab.loss import policy_loss
+    from grpolab.rollout import completion_logprobs, sample
+    from grpolab.trainer import GRPOTrainer
+
+    trainer = GRPOTrainer(_cfg(tmp_path / "u", steps=1, warmup_steps=0), log=_quiet)
+    cfg, policy = trainer.cfg, trainer.policy
+    prompts = [policy.prompt_ids(r) for r in trainer.sampler.draw(1, 3) for _ in range(4)]  # 12 rows; B * G = 16
+    batch = sample(policy.model, prompts, [(7, i) for i in range(12)], max_new_tokens=cfg.max_new_tokens,
+                   temperature=1.0, top_p=1.0, eos_id=policy.eos_id, pad_id=policy.pad_id)
+    adv = torch.linspace(-1.0, 1.0, 12)
+    with torch.no_grad():
+        logp = completion_logprobs(policy.model, batch)
+    expected, _ = policy_loss(logp, logp, adv, batch.completion_mask, aggregation=cfg.aggregation, max_len=cfg.max_new_tokens)
+    assert trainer._update(batch, adv)["loss/total"] == pytest.approx(expected.item(), rel=1e-5)
