@@ -242,8 +242,6 @@ class TrainConfig:
         if self.prompts_per_step % world_size:
             raise bad("prompts_per_step", f"{self.prompts_per_step} prompts cannot be split over {world_size} processes "
                       "(each takes whole groups): use a multiple of the process count")
-        if self.task != "arith":
-            raise bad("task", f"{self.task!r} runs on one process only; the multi-process trainer is the single-turn one")
         if self.fsdp and self.lora_rank:
             raise bad("fsdp", "LoRA adapters are small enough to replicate: drop --fsdp (DDP) for --lora-rank runs")
         if self.fsdp and self.probe_every:

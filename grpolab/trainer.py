@@ -402,7 +402,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
     if cfg.task == "arith-multiturn":
         from grpolab.multiturn.trainer import MultiTurnTrainer
 
-        trainer = MultiTurnTrainer(cfg, log=log, adapter_from=adapter_from)
+        trainer = MultiTurnTrainer(cfg, log=log, adapter_from=adapter_from, world=world)
     else:
         trainer = GRPOTrainer(cfg, log=log, adapter_from=adapter_from, world=world, reference=reference)
     config_dict = {**dataclasses.asdict(cfg), "model": json.loads((out / "config.json").read_text())["model"] if ckpt else cfg.model,

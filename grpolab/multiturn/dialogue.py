@@ -114,13 +114,17 @@ def play(policy: Policy, dialogues: list[dict], prev: list[str | None], h0: int,
 
 
 def branch_values(policy: Policy, dialogues: list[dict], prev: list[str | None], h: int, branches: int, key: tuple,
-                  spec: DialogueSpec, *, max_new_tokens: int, temperature: float, chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+                  spec: DialogueSpec, *, max_new_tokens: int, temperature: float, chunk: int = 512,
+                  first_index: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Monte Carlo value of each state (dialogue, turn h, previous answer): mean and variance of the
-    reward-to-go over ``branches`` fresh continuations. Returns ``[M]`` means and ``[M]`` variances of the mean."""
+    reward-to-go over ``branches`` fresh continuations. Returns ``[M]`` means and ``[M]`` variances of the mean.
+
+    State m's branches draw from streams keyed by its index ``first_index + m`` in the whole batch
+    (a rank holding states from ``first_index`` on draws what one process would)."""
     M = len(dialogues)
     rep_d = [d for d in dialogues for _ in range(branches)]
     rep_p = [p for p in prev for _ in range(branches)]
-    keys = [(BRANCH_STREAM, *key, m, b) for m in range(M) for b in range(branches)]
+    keys = [(BRANCH_STREAM, *key, first_index + m, b) for m in range(M) for b in range(branches)]
     rtg = []
     for i in range(0, len(rep_d), chunk):  # bounded batches: branching multiplies the rows
         t = play(policy, rep_d[i : i + chunk], rep_p[i : i + chunk], h, keys[i : i + chunk], spec,

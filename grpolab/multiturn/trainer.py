@@ -6,6 +6,10 @@ it sampled (EOS included), with that stage's advantage on every token of the ans
 is the dialogue's [N, T] token-level advantage laid out by turn: the tokens between turns
 are the environment's (the next question), not the policy's, and a turn's EOS is an action
 whose log-prob belongs to that turn's own context, so each turn is scored where it was sampled.
+
+On P processes each rank plays a block of B/P dialogues with all their trajectories (the group
+baselines stay on the rank), every random stream keyed by the trajectory's global index, and
+the rewards are gathered for the metrics, as in the single-turn trainer.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import zlib
 
 import torch
 
+from grpolab import distributed as dist_
 from grpolab.multiturn.dialogue import (
     EVAL_DIALOGUE_SEED,
     DialogueSpec,
@@ -47,30 +52,40 @@ class MultiTurnTrainer(GRPOTrainer):
     def step(self, step: int) -> StepOutput:
         cfg, policy = self.cfg, self.policy
         B, G, H = cfg.prompts_per_step, cfg.group_size, cfg.stages
+        mine = self.world.split(B)  # this rank's dialogues
+        b0, Bl = mine.start, len(mine)
         kw = {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature}
         t0 = time.perf_counter()
-        dialogues = self._train_dialogues(step, B)
+        dialogues = self._train_dialogues(step, B)[b0 : b0 + Bl]
         rep = [d for d in dialogues for _ in range(G)]
         policy.model.eval()
-        with torch.no_grad():
-            turns = play(policy, rep, [None] * (B * G), 0, [(ROLLOUT_STREAM, cfg.seed, step, n) for n in range(B * G)],
-                         self.spec, **kw)
-            rewards = turns.rewards.view(B, G, H)
+        with torch.no_grad(), self.train_module.full_weights():
+            keys = [(ROLLOUT_STREAM, cfg.seed, step, n) for n in range(b0 * G, (b0 + Bl) * G)]  # global trajectory index
+            turns = play(policy, rep, [None] * (Bl * G), 0, keys, self.spec, **kw)
+            rewards = turns.rewards.view(Bl, G, H)
             v_mc = None
             if cfg.advantage == "rtg-mc":
-                total = rewards.sum(2)  # [B, G]
-                v_mc = torch.zeros(B, G, H, dtype=torch.float64)
+                total = rewards.sum(2)  # [Bl, G]
+                v_mc = torch.zeros(Bl, G, H, dtype=torch.float64)
                 v_mc[:, :, 0] = (total.sum(1, keepdim=True) - total) / max(G - 1, 1)  # s_1: the rest of the group
                 for h in range(1, H):
-                    v, _ = branch_values(policy, rep, turns.answers[h - 1], h, cfg.branches, (cfg.seed, step, h), self.spec, **kw)
-                    v_mc[:, :, h] = v.view(B, G)
+                    v, _ = branch_values(policy, rep, turns.answers[h - 1], h, cfg.branches, (cfg.seed, step, h), self.spec,
+                                         first_index=b0 * G, **kw)
+                    v_mc[:, :, h] = v.view(Bl, G)
         policy.model.train()
         t_gen = time.perf_counter()
-        adv = stage_advantages(rewards, cfg.advantage, v_mc)  # [B, G, H]
-        batch = rows_batch(turns.batches, policy.pad_id)  # turn-major rows: [H * B * G]
+        adv = stage_advantages(rewards, cfg.advantage, v_mc)  # [Bl, G, H]
+        batch = rows_batch(turns.batches, policy.pad_id)  # turn-major rows: [H * Bl * G]
         adv_rows = adv.permute(2, 0, 1).reshape(-1).float()
         update = self._update(batch, adv_rows)
         t_end = time.perf_counter()
+        samples = [{"question": " | ".join(turns.questions[h][i] for h in range(H)),
+                    "answers": [turns.answers[h][i] for h in range(H)], "rewards": rewards.view(-1, H)[i].tolist()}
+                   for i in range(0, Bl * G, G) if mine[i // G] < cfg.log_samples]
+        local = {"rewards": rewards, "lengths": batch.completion_mask.sum(1).float(), "samples": samples}
+        parts = dist_.gather(local, self.world)
+        rewards = torch.cat([p["rewards"] for p in parts])  # [B, G, H]
+        lengths = torch.cat([p["lengths"] for p in parts])  # [H * B * G]
         total = rewards.sum(2)
         metrics = {
             "reward/mean": float(total.mean()),
@@ -79,15 +94,12 @@ class MultiTurnTrainer(GRPOTrainer):
             "reward/accuracy": float(rewards.mean()),
             **{f"reward/stage{h + 1}": float(rewards[:, :, h].mean()) for h in range(H)},
             **update,
-            "completion/len_mean": float(batch.completion_mask.sum(1).float().mean()),
+            "completion/len_mean": float(lengths.mean()),
             "time/generate_s": t_gen - t0,
             "time/update_s": t_end - t_gen,
             "time/step_s": t_end - t0,
         }
-        samples = [{"question": " | ".join(turns.questions[h][i] for h in range(H)),
-                    "answers": [turns.answers[h][i] for h in range(H)], "rewards": rewards.view(-1, H)[i].tolist()}
-                   for i in range(0, min(B * G, cfg.log_samples * G), G)]
-        return StepOutput(metrics, samples)
+        return StepOutput(metrics, [s for p in parts for s in p["samples"]])
 
     def evaluate(self, step: int) -> tuple[dict, list[dict]]:
         """Per-stage accuracy on the held-out dialogues, greedy and sampled (one sample each)."""
@@ -96,18 +108,23 @@ class MultiTurnTrainer(GRPOTrainer):
         was_training = policy.model.training
         policy.model.eval()
         D, H = len(self.held_out), cfg.stages
+        mine = self.world.split(D)  # each rank plays a block of the held-out dialogues
+        own = self.held_out[mine.start : mine.stop]
         metrics = {}
-        with torch.no_grad():
+        with torch.no_grad(), self.train_module.full_weights():
             for name, temp in (("greedy", 0.0), ("sampled", 1.0)):
-                t = play(policy, self.held_out, [None] * D, 0, [(EVAL_STREAM, cfg.seed, i) for i in range(D)], self.spec,
+                t = play(policy, own, [None] * len(own), 0, [(EVAL_STREAM, cfg.seed, i) for i in mine], self.spec,
                          max_new_tokens=cfg.max_new_tokens, temperature=temp)
-                acc = t.rewards.mean(0)  # [H]
+                local = {"rewards": t.rewards, "examples": [
+                    {"questions": [t.questions[h][j] for h in range(H)], "answers": [t.answers[h][j] for h in range(H)],
+                     "truths": own[j]["truths"]} for j, i in enumerate(mine) if i < cfg.log_samples]}
+                parts = dist_.gather(local, self.world)
+                acc = torch.cat([p["rewards"] for p in parts]).mean(0)  # [H] over all D dialogues
                 metrics[f"eval/accuracy_{name}"] = float(acc.mean())
                 for h in range(H):
                     metrics[f"eval/stage{h + 1}_{name}"] = float(acc[h])
                 if name == "greedy":
-                    examples = [{"questions": [t.questions[h][i] for h in range(H)], "answers": [t.answers[h][i] for h in range(H)],
-                                 "truths": self.held_out[i]["truths"]} for i in range(min(D, cfg.log_samples))]
+                    examples = [e for p in parts for e in p["examples"]]
         policy.model.train(was_training)
         metrics["time/eval_s"] = time.perf_counter() - t0
         return metrics, examples
