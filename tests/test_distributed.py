@@ -165,6 +165,18 @@ def test_kl_importance_ratio_and_micro_batches_match_on_two_processes(runs):
     assert all(r["loss/kl"] is not None for r in read_metrics(two / "metrics.jsonl")[1:])
 
 
+def test_lora_adapters_train_the_same_on_two_processes(runs):
+    """peft adapters under DDP, with the KL reference the same model with the adapter disabled."""
+    tmp, _ = runs
+    lora = ["--lora-rank", "4", "--beta", "0.04", "--lr", "1e-3"]
+    one, two = _train(tmp, "lora1", 3, *lora), _train(tmp, "lora2", 3, *lora, "--nproc", "2")
+    assert _rollouts(one) == _rollouts(two)
+    a, b = (load_file(str(r / "checkpoints" / "step_3" / "adapter_model.safetensors")) for r in (one, two))
+    assert a.keys() == b.keys() and len(a) > 0
+    for k in a:
+        assert float((a[k] - b[k]).norm() / a[k].norm()) <= REL_TOL, k
+
+
 def test_fsdp_matches_one_process(runs):
     tmp, r = runs
     fsdp = _train(tmp, "fsdp", 3, "--nproc", "2", "--fsdp")
