@@ -14,7 +14,6 @@ for CUDA tensors when the build has both (``"cpu:gloo,cuda:nccl"``); on a CPU-on
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import os
@@ -119,16 +118,6 @@ def all_true(flag: bool, world: World) -> bool:
 def barrier(world: World) -> None:
     if world.distributed:
         dist.barrier()
-
-
-@contextlib.contextmanager
-def main_first(world: World):
-    """Run the body on rank 0, then on the others (e.g. rank 0 creates a directory they read)."""
-    if not world.is_main:
-        barrier(world)
-    yield
-    if world.is_main:
-        barrier(world)
 
 
 def gram(local: torch.Tensor, world: World) -> torch.Tensor:

@@ -55,13 +55,13 @@ def evaluate(
     mine = world.split(len(records))
     own = [records[i] for i in mine]
     greedy_keys = [(EVAL_STREAM, seed, i) for i in mine]
-    greedy = _generate(policy, own, greedy_keys, 0.0, max_new_tokens, batch_size) if own else []
+    greedy = _generate(policy, own, greedy_keys, 0.0, max_new_tokens, batch_size)
     greedy, greedy_ok = gather_concat(greedy, world), gather_concat(accuracy_reward(greedy, own), world)
     metrics: dict[str, float] = {"eval/accuracy_greedy": sum(greedy_ok) / len(records)}
     if samples > 0:
         rep = [r for r in own for _ in range(samples)]
         keys = [(EVAL_STREAM, seed, i, j) for i in mine for j in range(samples)]
-        sampled = _generate(policy, rep, keys, temperature, max_new_tokens, batch_size) if rep else []
+        sampled = _generate(policy, rep, keys, temperature, max_new_tokens, batch_size)
         sampled_ok = gather_concat(accuracy_reward(sampled, rep), world)
         metrics["eval/accuracy_sampled"] = sum(sampled_ok) / (len(records) * samples)
     by_cat: dict[str, list[float]] = defaultdict(list)
