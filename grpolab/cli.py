@@ -106,7 +106,7 @@ def cmd_train(args: list[str]) -> None:
     cfg = _parse(TrainConfig, args, "grpolab train", "GRPO training of a causal LM on verifiable rewards.\n\n"
                  "On several processes: --nproc P (this machine), or launch it yourself with "
                  "`torchrun --nproc-per-node P [--nnodes ...] -m grpolab train ...`.")
-    if cfg.nproc > 1 and "WORLD_SIZE" not in os.environ:  # refuse a bad config once, before starting P processes
+    if _relaunches(cfg):  # refuse a bad config once, before starting P processes
         cfg.validate()
         cfg.validate_world(cfg.nproc)
     with _processes(cfg, ["train", *args]) as main_rank:
@@ -115,12 +115,17 @@ def cmd_train(args: list[str]) -> None:
             print(f"run written to {out} (plot: {plot_run(out)})")
 
 
+def _relaunches(cfg) -> bool:
+    """--nproc > 1 outside a torchrun launch: this command will start P processes."""
+    return cfg.nproc > 1 and "WORLD_SIZE" not in os.environ
+
+
 @contextlib.contextmanager
 def _processes(cfg, argv: list[str]):
     """``--nproc P`` > 1 outside torchrun: relaunch ``grpolab ARGV`` under torchrun (this process is
     replaced). Inside: yields whether this process is rank 0 (the one that prints), and leaves the
     process group at the end."""
-    if cfg.nproc > 1 and "WORLD_SIZE" not in os.environ:
+    if _relaunches(cfg):
         _relaunch_under_torchrun(cfg.nproc, _drop_flag(argv, "--nproc"))
     from grpolab import distributed
 

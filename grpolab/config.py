@@ -23,6 +23,10 @@ class ConfigError(ValueError):
     """An invalid configuration; the message names the field."""
 
 
+def _bad(field: str, msg: str) -> ConfigError:
+    return ConfigError(f"--{field.replace('_', '-')}: {msg}")
+
+
 @dataclasses.dataclass
 class TrainConfig:
     """GRPO training of a causal LM on verifiable rewards."""
@@ -172,9 +176,7 @@ class TrainConfig:
         return self.prompts_per_step * self.group_size
 
     def validate(self) -> None:
-        def bad(field: str, msg: str) -> ConfigError:
-            return ConfigError(f"--{field.replace('_', '-')}: {msg}")
-
+        bad = _bad
         for f in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "mu", "eval_questions"):
             if getattr(self, f) < 1:
                 raise bad(f, f"must be >= 1, got {getattr(self, f)}")
@@ -229,12 +231,9 @@ class TrainConfig:
         if self.max_operand < 10 or not 2 <= self.mul_max <= self.max_operand:
             raise bad("max_operand", f"need max_operand >= 10 and 2 <= mul_max <= max_operand, got {self.max_operand}, {self.mul_max}")
 
-
     def validate_world(self, world_size: int) -> None:
         """What a run on ``world_size`` processes needs on top of :meth:`validate`."""
-        def bad(field: str, msg: str) -> ConfigError:
-            return ConfigError(f"--{field.replace('_', '-')}: {msg}")
-
+        bad = _bad
         if self.nproc < 1:
             raise bad("nproc", f"must be >= 1, got {self.nproc}")
         if world_size == 1:

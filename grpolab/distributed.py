@@ -98,21 +98,21 @@ def all_sum(values: list[float], world: World) -> list[float]:
     return t.tolist()
 
 
-def all_max(value: int, world: World) -> int:
+def _reduce_int(value: int, op, world: World) -> int:
     if not world.distributed:
         return value
     t = torch.tensor([value], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=op)
     return int(t.item())
+
+
+def all_max(value: int, world: World) -> int:
+    return _reduce_int(value, dist.ReduceOp.MAX, world)
 
 
 def all_true(flag: bool, world: World) -> bool:
     """True only if ``flag`` holds on every rank."""
-    if not world.distributed:
-        return flag
-    t = torch.tensor([int(flag)], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
+    return bool(_reduce_int(int(flag), dist.ReduceOp.MIN, world))
 
 
 def barrier(world: World) -> None:
