@@ -6,8 +6,12 @@ forward+backward pass over the same rollouts (the floor for mu = 1: the update
 can skip zero-advantage rollouts, so it can come in under 1.0).
 
     python benchmarks/step_time.py [--steps 20] [--warmup 3] [--threads 1] [--key value ...]
+    python benchmarks/step_time.py --shared-prefix-ab [--key value ...]
 
 Extra ``--key value`` pairs override TrainConfig fields (e.g. --group-size 16).
+``--shared-prefix-ab`` runs two trainers in this process, ``--shared-prefix on`` and ``off``,
+one step of each in turn (same seed: the same rollouts, so the same update work), and prints
+both update times and their ratio.
 """
 
 from __future__ import annotations
@@ -49,7 +53,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20, help="measured steps")
     ap.add_argument("--warmup", type=int, default=3, help="unmeasured steps first")
+    ap.add_argument("--shared-prefix-ab", action="store_true", help="update time with --shared-prefix on vs off, in turn")
     args, rest = ap.parse_known_args()
+    if args.shared_prefix_ab:
+        return shared_prefix_ab(args, rest)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = _parse(TrainConfig, ["--out", tmp, "--no-progress", *rest], "step_time", "")
         trainer = GRPOTrainer(cfg)
@@ -74,6 +81,31 @@ def main() -> None:
     import resource
 
     print(f"  peak memory (max RSS of this process): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+
+
+def shared_prefix_ab(args, rest: list[str]) -> None:
+    times = {"on": [], "off": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        trainers = {mode: GRPOTrainer(_parse(TrainConfig, ["--out", f"{tmp}/{mode}", "--no-progress", *rest,
+                                                           "--shared-prefix", mode], "step_time", ""))
+                    for mode in times}
+        for step in range(1, args.warmup + args.steps + 1):
+            rewards = {}
+            for mode, trainer in trainers.items():
+                m = trainer.step(step).metrics
+                rewards[mode] = m["reward/mean"]
+                if step > args.warmup:
+                    times[mode].append(m["time/update_s"])
+            assert rewards["on"] == rewards["off"], "the two trainers drew different rollouts"
+    cfg = trainers["on"].cfg
+    on, off = statistics.median(times["on"]), statistics.median(times["off"])
+    print(f"config: B={cfg.prompts_per_step} G={cfg.group_size} max_new_tokens={cfg.max_new_tokens} mu={cfg.mu} "
+          f"beta={cfg.beta} few_shot={cfg.few_shot} threads={torch.get_num_threads()} model={cfg.model}; "
+          f"median over {args.steps} steps after {args.warmup} warm-up, the two trainers in turn")
+    print(f"  update, --shared-prefix off: {off:.3f} s")
+    print(f"  update, --shared-prefix on:  {on:.3f} s")
+    print(f"  off / on = {off / on:.2f}x  (per-step ratio, median: "
+          f"{statistics.median(a / b for a, b in zip(times['off'], times['on'])):.2f}x)")
 
 
 if __name__ == "__main__":

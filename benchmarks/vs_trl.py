@@ -1,13 +1,18 @@
 """Step time of grpolab against TRL's GRPOTrainer on the same model, prompts and settings.
 
     pip install -e ".[bench]"      # trl, an optional extra: never a runtime dependency
-    python benchmarks/vs_trl.py --model smollm2-135m-instruct [--prompts 4 --group-size 8 --max-new-tokens 32 --steps 6 --threads 2]
+    python benchmarks/vs_trl.py --model smollm2-135m-instruct [--prompts 4 --group-size 8 --max-new-tokens 32 --steps 5
+                                [--few-shot K] [--reward task|parity] --threads 2]
 
 Each configuration runs in its own process (so none inherits another's allocator or
 threads): TRL with its default GRPOConfig (gradient checkpointing on), TRL with gradient
-checkpointing off, and grpolab. All use the same built-in arithmetic prompts, G, B, maximum
-completion length, mu = 1, beta = 0, temperature 1, top-p 1, fp32 on the CPU, one process.
-Prints the median step time of each over the steps after the warm-up, and the ratios.
+checkpointing off, grpolab (its defaults: shared prompt prefix on, no activation
+checkpointing) and grpolab with --gradient-checkpointing. All use the same built-in
+arithmetic prompts (with K solved examples before each question for --few-shot K), G, B,
+maximum completion length, mu = 1, beta = 0, temperature 1, top-p 1, fp32 on the CPU, one
+process. Prints the median step time of each over the steps after the warm-up, its peak
+memory (max RSS of the process), the ratios, and, in grpolab's process, the sampling
+throughput of grpolab's sampler next to ``model.generate`` on the same batch.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ import statistics
 import subprocess
 import sys
 import time
+
+
+CONFIGS = ("trl-default", "trl-no-ckpt", "grpolab", "grpolab-ckpt")
 
 
 def parity_reward(completions: list[str], records: list[dict]) -> list[float]:
@@ -33,6 +41,15 @@ def _prompts(n: int) -> list[dict]:
     return TrainSampler(0).draw(0, n)
 
 
+def _few_shot(k: int) -> list[dict]:
+    """The K solved examples grpolab's trainer puts before each question (seed 0, default task)."""
+    from grpolab.data.arithmetic import ArithmeticSpec, TrainSampler, test_set
+
+    spec = ArithmeticSpec()
+    exclude = {r["question"] for r in test_set(500, spec)}
+    return [{"question": r["question"], "answer": r["answer"]} for r in TrainSampler(0, spec, exclude=exclude).draw(-1, k)]
+
+
 def run_trl(args, checkpointing: bool) -> list[float]:
     import torch
     from datasets import Dataset
@@ -42,12 +59,13 @@ def run_trl(args, checkpointing: bool) -> list[float]:
     from grpolab.policy import load_policy
     from grpolab.rewards import accuracy_reward, format_reward
 
-    policy = load_policy(args.model)
+    policy = load_policy(args.model, few_shot=_few_shot(args.few_shot))
     records = _prompts(args.prompts * (args.steps + args.warmup))
     if policy.chat:
         rows = [{"prompt": policy.chat_messages(r), "ground_truth": r["ground_truth"]} for r in records]
     else:
-        rows = [{"prompt": r["question"] + "\n", "ground_truth": r["ground_truth"]} for r in records]
+        shots = "".join(f"{ex['question']}\n{ex['answer']}\n\n" for ex in policy.few_shot)
+        rows = [{"prompt": shots + r["question"] + "\n", "ground_truth": r["ground_truth"]} for r in records]
     dataset = Dataset.from_list(rows)
 
     def reward(completions, ground_truth, **_):
@@ -80,17 +98,16 @@ def run_trl(args, checkpointing: bool) -> list[float]:
     return times
 
 
-def run_grpolab(args) -> list[float]:
-    import dataclasses
-
+def run_grpolab(args, checkpointing: bool) -> list[float]:
     from grpolab.config import TrainConfig
     from grpolab.trainer import GRPOTrainer
 
     cfg = TrainConfig(model=args.model, prompts_per_step=args.prompts, group_size=args.group_size,
-                      max_new_tokens=args.max_new_tokens, mu=1, beta=0.0, temperature=1.0, top_p=1.0,
+                      max_new_tokens=args.max_new_tokens, mu=1, beta=0.0, temperature=1.0, top_p=1.0, few_shot=args.few_shot,
                       threads=args.threads, steps=args.steps + args.warmup, out="/tmp/grpolab-bench-run", progress=False,
+                      gradient_checkpointing=checkpointing, device="cpu",
                       **({"reward_fn": "vs_trl:parity_reward", "format_weight": 0.0} if args.reward == "parity" else {}))
-    trainer = GRPOTrainer(dataclasses.replace(cfg), log=lambda *a: None)
+    trainer = GRPOTrainer(cfg, log=print)
     times = []
     for step in range(1, args.steps + args.warmup + 1):
         t0 = time.perf_counter()
@@ -98,7 +115,43 @@ def run_grpolab(args) -> list[float]:
         times.append(time.perf_counter() - t0)
         print(f"STEP {step} {times[-1]:.2f} s: generate {m['time/generate_s']:.2f} s, update {m['time/update_s']:.2f} s, "
               f"rollouts with nonzero advantage {m['loss/active_frac']:.2f}", flush=True)
+    if not checkpointing:
+        sampling_throughput(trainer, step + 1)
     return times
+
+
+def sampling_throughput(trainer, step: int) -> None:
+    """New tokens per second of grpolab's sampler and of ``model.generate`` on the same B x G prompts (both sample
+    at temperature 1 with the KV cache, up to the same length; generate's rows run until the longest ends)."""
+    import torch
+
+    from grpolab.rollout import left_pad, sample
+    from grpolab.trainer import ROLLOUT_STREAM
+
+    cfg, policy = trainer.cfg, trainer.policy
+    prompts = [policy.prompt_ids(r) for r in trainer.sampler.draw(step, cfg.prompts_per_step) for _ in range(cfg.group_size)]
+    keys = [(ROLLOUT_STREAM, cfg.seed, step, i) for i in range(len(prompts))]
+    policy.model.eval()
+    rates = {}
+    for name in ("grpolab", "generate", "grpolab", "generate"):  # twice each, the second counts (warm caches)
+        t0 = time.perf_counter()
+        if name == "grpolab":
+            new = int(sample(policy.model, prompts, keys, max_new_tokens=cfg.max_new_tokens, temperature=1.0, top_p=1.0,
+                             eos_id=policy.eos_id, pad_id=policy.pad_id).completion_mask.sum())
+        else:
+            ids, mask = left_pad(prompts, policy.pad_id)
+            with torch.no_grad():
+                out = policy.model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0,
+                                            top_k=0, max_new_tokens=cfg.max_new_tokens, pad_token_id=policy.pad_id,
+                                            eos_token_id=policy.eos_id)
+            gen = out[:, ids.shape[1]:]  # [N, T]
+            ended = (gen == policy.eos_id).int().cumsum(1)
+            new = int(((ended == 0) | ((ended == 1) & (gen == policy.eos_id))).sum())  # tokens up to and with EOS
+        rates[name] = (new, time.perf_counter() - t0)
+    prompt_tokens = sum(map(len, prompts))
+    for name, (new, sec) in rates.items():
+        print(f"SAMPLING {name} {new / sec:.1f} new tokens/s ({new} new tokens in {sec:.2f} s; {len(prompts)} rows, "
+              f"{prompt_tokens} prompt tokens)", flush=True)
 
 
 def main() -> None:
@@ -113,14 +166,15 @@ def main() -> None:
     p.add_argument("--reward", choices=["task", "parity"], default="task",
                    help="task: accuracy + 0.1 format on the arithmetic questions; parity: a dense reward so every "
                         "rollout has a nonzero advantage (no update can be skipped)")
-    p.add_argument("--only", choices=["trl-default", "trl-no-ckpt", "grpolab"], help=argparse.SUPPRESS)
+    p.add_argument("--few-shot", type=int, default=0, help="K solved examples before each question (the same in both)")
+    p.add_argument("--only", choices=CONFIGS, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.only:
         import torch
 
         torch.set_num_threads(args.threads)
-        if args.only == "grpolab":
-            times = run_grpolab(args)
+        if args.only.startswith("grpolab"):
+            times = run_grpolab(args, checkpointing=args.only == "grpolab-ckpt")
         else:
             times = run_trl(args, checkpointing=args.only == "trl-default")
         import resource
@@ -128,8 +182,8 @@ def main() -> None:
         print("TIMES " + json.dumps(times))
         print("PEAK_MB " + str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))  # Linux: KiB
         return
-    medians = {}
-    for name in ("trl-default", "trl-no-ckpt", "grpolab"):
+    medians, peaks = {}, {}
+    for name in CONFIGS:
         cmd = [sys.executable, __file__, "--only", name] + sys.argv[1:]
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TQDM_DISABLE": "1"}
         res = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -138,16 +192,18 @@ def main() -> None:
             sys.exit(f"{name} failed:\n{res.stderr[-3000:]}")
         times = json.loads(line[6:])[args.warmup:]
         medians[name] = statistics.median(times)
-        peak = next((float(ln[8:]) for ln in res.stdout.splitlines() if ln.startswith("PEAK_MB ")), float("nan"))
-        print(f"{name:<12} median step {medians[name]:6.2f} s over {len(times)} steps  ({', '.join(f'{t:.1f}' for t in times)}); "
-              f"peak memory {peak:.0f} MB", flush=True)
+        peaks[name] = next((float(ln[8:]) for ln in res.stdout.splitlines() if ln.startswith("PEAK_MB ")), float("nan"))
+        print(f"{name:<13} median step {medians[name]:6.2f} s over {len(times)} steps  ({', '.join(f'{t:.1f}' for t in times)}); "
+              f"peak memory {peaks[name]:.0f} MB", flush=True)
         for ln in res.stdout.splitlines():
-            if ln.startswith("STEP "):
+            if ln.startswith(("STEP ", "SAMPLING ", "notice")):
                 print("    " + ln, flush=True)
     print(f"config: {args.model}, {args.prompts} prompts x {args.group_size} completions, max {args.max_new_tokens} new tokens, "
-          f"mu=1, beta=0, {args.threads} threads, reward {args.reward}")
-    print(f"TRL default / grpolab       = {medians['trl-default'] / medians['grpolab']:.2f}x  (target >= 1.5)")
-    print(f"TRL no checkpointing / grpolab = {medians['trl-no-ckpt'] / medians['grpolab']:.2f}x  (target >= 1.2)")
+          f"few-shot {args.few_shot}, mu=1, beta=0, {args.threads} threads, reward {args.reward}")
+    for ours in ("grpolab", "grpolab-ckpt"):
+        print(f"{ours}: TRL default / {ours} = {medians['trl-default'] / medians[ours]:.2f}x, "
+              f"TRL no checkpointing / {ours} = {medians['trl-no-ckpt'] / medians[ours]:.2f}x; "
+              f"peak memory {peaks[ours] / peaks['trl-default']:.2f} of TRL default's")
 
 
 if __name__ == "__main__":

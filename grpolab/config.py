@@ -55,8 +55,12 @@ class TrainConfig:
     """'builtin' (the shipped SFT warm start of the tiny Llama) or a local Hugging Face model directory."""
     gguf_file: str = ""
     """A GGUF file inside the --model directory (or give --model PATH.gguf, or --model smollm2-135m-instruct)."""
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Weights' dtype: auto = float32 (grpolab runs on the CPU; GPU placement is not implemented yet)."""
+    device: str = "auto"
+    """Where the model runs: auto (CUDA when torch sees a GPU, else the CPU), cpu, cuda or cuda:N. Under torchrun
+    on CUDA each process takes cuda:LOCAL_RANK."""
+    dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
+    """Weights' dtype: auto = bfloat16 on a CUDA device that supports it, float32 otherwise (on the CPU bf16 is slow).
+    float64 is for exactness checks (two code paths that should agree do, to rounding of 1e-16), not for training."""
     chat: Literal["auto", "on", "off"] = "auto"
     """Prompt through the tokenizer's chat template (a system instruction on the answer format, the
     question as the user turn): auto = when the model has a template (instruct models), never for builtin."""
@@ -127,6 +131,13 @@ class TrainConfig:
     """Updates per batch; for mu > 1 the sampling-time log-probs give the importance ratio."""
     micro_batch: int = 0
     """Rollouts per forward/backward; 0 = the whole batch. Must divide B*G."""
+    shared_prefix: Literal["on", "off"] = "on"
+    """on: in the update (and the KL reference's forward), each group's prompt is encoded once and its G completions
+    attend to that one copy; same log-probs and gradients as off, which encodes the prompt once per rollout. A model
+    that cannot take a precomputed cache falls back to off with a one-line notice."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of keeping them (transformers' activation
+    checkpointing): less memory, about one more forward of time."""
 
     # --- optimiser ---
     lr: float = 5e-5
@@ -213,6 +224,14 @@ class TrainConfig:
             raise bad("kl", f"unknown KL estimator {self.kl!r}; choose from {KL_ESTIMATORS}")
         if self.micro_batch and self.rollouts_per_step % self.micro_batch:
             raise bad("micro_batch", f"prompts_per_step * group_size = {self.rollouts_per_step} must be divisible by micro_batch = {self.micro_batch}")
+        if self.shared_prefix not in ("on", "off"):
+            raise bad("shared_prefix", f"must be 'on' or 'off', got {self.shared_prefix!r}")
+        from grpolab.devices import DeviceError, resolve_device
+
+        try:
+            resolve_device(self.device)  # malformed, or a GPU this machine does not have
+        except DeviceError as e:
+            raise bad("device", str(e)) from None
         if self.temperature < 0:
             raise bad("temperature", f"must be >= 0, got {self.temperature}")
         if self.temperature == 0 and self.group_size > 1:

@@ -60,14 +60,25 @@ def backend(cuda_available: bool | None = None) -> str:
     return "cpu:gloo,cuda:nccl" if cuda_available else "gloo"
 
 
-def init(timeout_s: float = 1800.0) -> World:
-    """Join the process group torchrun describes in the environment; a single process without it."""
+def init(device: str = "auto", timeout_s: float = 1800.0) -> World:
+    """Join the process group torchrun describes in the environment; a single process without it.
+
+    ``device`` (the ``--device`` flag): when it resolves to CUDA, this process takes ``cuda:LOCAL_RANK``
+    (``cuda:N`` as given) as its current device before the group forms, so NCCL and the object
+    collectives use this process's own GPU.
+    """
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size <= 1:
         return SINGLE
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    from grpolab.devices import resolve_device
+
+    dev = resolve_device(device, local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
     if not dist.is_initialized():
         dist.init_process_group(backend=backend(), timeout=datetime.timedelta(seconds=timeout_s))
-    return World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    return World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=local_rank)
 
 
 def shutdown() -> None:

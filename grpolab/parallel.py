@@ -19,19 +19,25 @@ import torch
 from torch import nn
 
 from grpolab.distributed import SINGLE, World
+from grpolab.prefix import check as check_shared_prefix
 from grpolab.rollout import Batch, completion_logprobs
 
 
 class LogProbs(nn.Module):
-    """``[N, T]`` log-probs of a batch's completion tokens under ``model``, as a module."""
+    """``[N, T]`` log-probs of a batch's completion tokens under ``model``, as a module.
 
-    def __init__(self, model: nn.Module, temperature: float = 1.0):
+    ``shared_prefix``: rows with the same prompt share one prompt pass (grpolab.prefix).
+    """
+
+    def __init__(self, model: nn.Module, temperature: float = 1.0, shared_prefix: bool = False):
         super().__init__()
         self.model = model
         self.temperature = temperature
+        self.shared_prefix = shared_prefix
 
     def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
-        return completion_logprobs(self.model, Batch(prompt_ids, prompt_mask, completion_ids, completion_mask), self.temperature)
+        batch = Batch(prompt_ids, prompt_mask, completion_ids, completion_mask)
+        return completion_logprobs(self.model, batch, self.temperature, shared_prefix=self.shared_prefix)
 
 
 def _layer_modules(model: nn.Module) -> list[nn.Module]:
@@ -66,16 +72,26 @@ class TrainModule:
     ``fsdp`` FSDP2 over a sharded one (parameters, gradients and optimizer state split over ranks).
     """
 
-    def __init__(self, model: nn.Module, temperature: float, world: World = SINGLE, fsdp: bool = False):
+    def __init__(self, model: nn.Module, temperature: float, world: World = SINGLE, fsdp: bool = False,
+                 shared_prefix: bool = False, log=print):
+        """``shared_prefix``: encode each group's prompt once in the update, if the model can (checked here on a tiny
+        batch against the plain path, on the whole model before any wrapper; if not, ``log`` says why, one line)."""
         self.world, self.fsdp = world, fsdp and world.distributed
-        self.module = LogProbs(model, temperature)
+        if shared_prefix:
+            reason = check_shared_prefix(model, lambda m, b, on: completion_logprobs(m, Batch(*b), temperature, shared_prefix=on))
+            if reason:
+                log(f"notice: --shared-prefix: {type(model).__name__} cannot take a shared prompt cache ({reason}); "
+                    "each rollout's prompt is encoded in the update (as with --shared-prefix off)")
+                shared_prefix = False
+        self.module = LogProbs(model, temperature, shared_prefix)
         self.wrapped: nn.Module = self.module
+        device = next(model.parameters()).device
         if self.fsdp:
             self.wrapped = shard(self.module)
             # FSDP2 sets up its state on the root's first forward. Sampling calls the inner model
             # directly, so do that first forward here (every rank: it is a collective), or a layer
             # would take itself for the root.
-            one = torch.ones(1, 1, dtype=torch.long)
+            one = torch.ones(1, 1, dtype=torch.long, device=device)
             with torch.no_grad():
                 self.wrapped(one, one, one, one)
             # The root stays gathered after a forward (FSDP expects the backward next): reshard it, so
@@ -85,8 +101,14 @@ class TrainModule:
         elif world.distributed and any(p.requires_grad for p in model.parameters()):  # a frozen reference needs no DDP
             from torch.nn.parallel import DistributedDataParallel as DDP
 
-            # CPU tensors: no device_ids. Buffers (rotary tables) are equal on every rank: not re-synced each forward.
-            self.wrapped = DDP(self.module, forward_sync_buffers=False)
+            # CPU: no device_ids; CUDA: this process's GPU. Buffers (rotary tables) are equal on every rank: not re-synced.
+            ids = [device.index] if device.type == "cuda" else None
+            self.wrapped = DDP(self.module, device_ids=ids, forward_sync_buffers=False)
+
+    @property
+    def shared_prefix(self) -> bool:
+        """Whether the update encodes each group's prompt once (False after a fallback)."""
+        return self.module.shared_prefix
 
     @property
     def loss_scale(self) -> float:

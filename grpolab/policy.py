@@ -58,12 +58,43 @@ class Policy:
         bos = self.tokenizer.bos_token_id
         return ([bos] if bos is not None else []) + ids
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     def decode(self, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
         """Completion texts ``[N]`` from ids ``[N, T]``, special tokens removed."""
         return [
             self.tokenizer.decode(row[m.bool()].tolist(), skip_special_tokens=True)
             for row, m in zip(ids, mask)
         ]
+
+
+def _own_memory(model: torch.nn.Module) -> torch.nn.Module:
+    """Give every parameter and buffer freshly allocated (64-byte aligned) storage of its own.
+
+    safetensors can leave a loaded tensor as a view of the file at an 8-byte offset. CPU kernels may
+    round differently for unaligned data, so the same weights loaded from a file and copied in memory
+    (a resumed run's KL reference, the uninterrupted run's copy of the policy) would give log-probs
+    that differ in the last bits. On a GPU, moving the model there already copied it.
+    """
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.device.type == "cpu" and t.data_ptr() % 64:
+            t.data = t.data.clone()
+    return model
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """transformers' activation checkpointing of every decoder layer (non-reentrant), under its new name where the
+    installed version has it. The shared-prefix update keeps its cache under it (grpolab.prefix)."""
+    from grpolab.prefix import keep_cache_under_checkpointing
+
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    keep_cache_under_checkpointing(model)
 
 
 def cache_dir() -> Path:
@@ -90,22 +121,19 @@ def resolve_model_path(spec: str) -> Path:
     return path
 
 
-def default_dtype() -> torch.dtype:
-    """fp32: grpolab runs on the CPU (bf16 matmuls are slow there, fp16 overflows). GPU placement is not
-    implemented yet (there is no GPU on the machines this was built on), so there is no bf16-on-GPU default."""
-    return torch.float32
-
-
 def load_policy(spec: str, dtype: torch.dtype | None = None, *, gguf_file: str = "", chat: str = "auto",
-                few_shot: list[dict] | None = None) -> Policy:
-    """Model and tokenizer from ``spec`` (see :mod:`grpolab.models.loading`).
+                few_shot: list[dict] | None = None, device: torch.device | str = "cpu") -> Policy:
+    """Model and tokenizer from ``spec`` (see :mod:`grpolab.models.loading`), the model on ``device``.
 
+    ``dtype`` None: :func:`grpolab.devices.default_dtype` of the device (bf16 on a capable GPU, else fp32).
     ``chat``: ``"auto"`` uses the chat template when the tokenizer has one (instruct models)
     and the model is not the built-in one; ``"on"``/``"off"`` force it.
     """
+    from grpolab.devices import default_dtype
     from grpolab.models.loading import load_gguf, resolve_gguf
 
-    dtype = dtype or default_dtype()
+    device = torch.device(device)
+    dtype = dtype or default_dtype(device)
     gguf = None if spec == BUILTIN else resolve_gguf(spec, gguf_file)
     if gguf is not None:
         model, tokenizer = load_gguf(*gguf, dtype=dtype)
@@ -115,6 +143,7 @@ def load_policy(spec: str, dtype: torch.dtype | None = None, *, gguf_file: str =
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         source = str(path)
+    model = _own_memory(model.to(device))
     from grpolab.config import ConfigError
 
     if chat not in ("auto", "on", "off"):

@@ -18,6 +18,8 @@ import torch
 import torch.utils.checkpoint
 from transformers import DynamicCache
 
+from grpolab.prefix import distinct_prompts, shared_prefix_hidden
+
 
 class Batch(NamedTuple):
     """Prompts and completions of N rollouts, as token ids."""
@@ -85,25 +87,30 @@ def sample(
     """Sample one completion per prompt (repeat a prompt G times for a group).
 
     ``keys[n]`` seeds rollout n's random stream. Completions stop at EOS (kept,
-    and masked in) or after ``max_new_tokens``.
+    and masked in) or after ``max_new_tokens``. Each distinct prompt is prefilled
+    once and its cache copied to its rows: the same tokens as a prefill per row.
     """
     N = len(prompts)
-    prompt_ids, prompt_mask = left_pad(prompts, pad_id)  # [N, P]
-    u = rollout_uniforms(keys, max_new_tokens)  # [N, T]
-    out_ids = torch.full((N, max_new_tokens), pad_id, dtype=torch.long)
-    lengths = torch.full((N,), max_new_tokens, dtype=torch.long)
+    device = next(model.parameters()).device
+    prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))  # [N, P]
+    u = rollout_uniforms(keys, max_new_tokens).to(device)  # [N, T]
+    out_ids = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    lengths = torch.full((N,), max_new_tokens, dtype=torch.long, device=device)
 
     # Position ids count real tokens only, so left padding does not shift them.
     position = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [N, P]
+    # Prefill each distinct prompt once (a group's G rows share theirs), then copy its cache to its rows.
+    first, inverse = distinct_prompts(prompt_ids, prompt_mask)  # [U], [N]
     cache = DynamicCache()
     out = model(
-        input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position,
+        input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=position[first],
         past_key_values=cache, use_cache=True, logits_to_keep=1,
     )
-    logits = out.logits[:, -1]  # [n, V]
+    cache.batch_select_indices(inverse)  # [U, ...] -> [N, ...]
+    logits = out.logits[:, -1][inverse]  # [n, V]
     attn = prompt_mask
     next_pos = position[:, -1] + 1  # [n]
-    active = torch.arange(N)  # rows still generating
+    active = torch.arange(N, device=device)  # rows still generating
     for t in range(max_new_tokens):
         tok = _pick(logits, u[active, t], temperature, top_p)  # [n]
         out_ids[active, t] = tok
@@ -126,7 +133,7 @@ def sample(
         next_pos = next_pos + 1
 
     T = int(lengths.max())
-    completion_mask = (torch.arange(T)[None, :] < lengths[:, None]).long()  # [N, T]
+    completion_mask = (torch.arange(T, device=device)[None, :] < lengths[:, None]).long()  # [N, T]
     completion_ids = out_ids[:, :T].masked_fill(completion_mask == 0, pad_id)
     return Batch(prompt_ids, prompt_mask, completion_ids, completion_mask)
 
@@ -134,7 +141,8 @@ def sample(
 LOGITS_BUDGET = 2**25  # floats of [N, T, V] logits held at once before the LM head is chunked (128 MB fp32)
 
 
-def completion_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_rows: int | None = None) -> torch.Tensor:
+def completion_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_rows: int | None = None,
+                        shared_prefix: bool = False) -> torch.Tensor:
     """``[N, T]`` log pi(o_t | q, o_<t) of each completion token (0 where masked).
 
     The LM head runs at completion positions only: the prompt's logits are never formed.
@@ -143,21 +151,40 @@ def completion_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_row
     under activation checkpointing: each chunk's logits exist only while that chunk's
     log-probs are computed, forward and again in backward. ``chunk_rows=0`` never chunks
     (the score Gram matrix's hooks need the head to run once per forward).
+
+    ``shared_prefix``: rows with the same prompt (a group) share one prompt pass
+    (:mod:`grpolab.prefix`): same log-probs and gradients, the prompt's cost paid once.
     """
-    ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # [N, P + T]
-    attn = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
-    position = (attn.cumsum(-1) - 1).clamp(min=0)
     N, T = batch.completion_ids.shape
     head = model.get_output_embeddings()
     V = head.weight.shape[0]
     if chunk_rows is None:
         chunk_rows = 0 if N * (T + 1) * V <= LOGITS_BUDGET else max(1, LOGITS_BUDGET // ((T + 1) * V))
     target = batch.completion_ids  # [N, T]
+    if shared_prefix:
+        first_logits, hidden = shared_prefix_hidden(model, *batch)  # [N, V], [N, T - 1, d] or None
+        first = _token_logprobs(first_logits[:, None], target[:, :1], temperature)  # [N, 1]
+        if hidden is None:
+            return first * batch.completion_mask
+        rest = _head_logprobs(head, hidden, target[:, 1:], temperature, chunk_rows)  # [N, T - 1]
+        return torch.cat([first, rest], dim=1) * batch.completion_mask
+    ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # [N, P + T]
+    attn = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
+    position = (attn.cumsum(-1) - 1).clamp(min=0)
     if not chunk_rows or chunk_rows >= N:
         logits = model(input_ids=ids, attention_mask=attn, position_ids=position, logits_to_keep=T + 1).logits
         return _token_logprobs(logits[:, :-1], target, temperature) * batch.completion_mask
     hidden = model.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=position).last_hidden_state
     hidden = hidden[:, -(T + 1) : -1]  # [N, T, d]: position P-1+t predicts completion token t
+    return _head_logprobs(head, hidden, target, temperature, chunk_rows) * batch.completion_mask
+
+
+def _head_logprobs(head, hidden: torch.Tensor, target: torch.Tensor, temperature: float, chunk_rows: int) -> torch.Tensor:
+    """``[N, T]`` log-probs of ``target`` from hidden states ``[N, T, d]``, the head over ``chunk_rows`` rows at a time
+    under activation checkpointing (all at once when ``chunk_rows`` is 0 or covers the batch)."""
+    N = hidden.shape[0]
+    if not chunk_rows or chunk_rows >= N:
+        return _token_logprobs(head(hidden), target, temperature)
 
     def chunk_logp(h: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         return _token_logprobs(head(h), tgt, temperature)
@@ -166,12 +193,13 @@ def completion_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_row
         torch.utils.checkpoint.checkpoint(chunk_logp, hidden[i : i + chunk_rows], target[i : i + chunk_rows], use_reentrant=False)
         for i in range(0, N, chunk_rows)
     ]
-    return torch.cat(parts) * batch.completion_mask
+    return torch.cat(parts)
 
 
 def _token_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log softmax(logits / temperature) at ``target``: ``[n, T, V]``, ``[n, T]`` -> ``[n, T]`` (fp32)."""
-    logits = logits.float()
+    """log softmax(logits / temperature) at ``target``: ``[n, T, V]``, ``[n, T]`` -> ``[n, T]`` (fp32, or fp64 for fp64 logits)."""
+    if logits.dtype != torch.float64:
+        logits = logits.float()  # bf16 logits: the softmax in fp32
     if temperature != 1.0:
         logits = logits / temperature
     return logits.gather(-1, target.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)

@@ -29,6 +29,7 @@ from grpolab import checkpoint
 from grpolab import distributed as dist_
 from grpolab.advantages import compute_advantages
 from grpolab.config import ConfigError, TrainConfig
+from grpolab.devices import resolve_device
 from grpolab.data.arithmetic import ArithmeticSpec, TrainSampler, test_set
 from grpolab.data.jsonl import DataError, ListSampler, load_gsm8k_jsonl
 from grpolab.data.math_format import load_math_jsonl
@@ -36,7 +37,7 @@ from grpolab.distributed import SINGLE, World
 from grpolab.evaluate import evaluate
 from grpolab.loss import policy_loss
 from grpolab.parallel import TrainModule
-from grpolab.policy import MATH_SYSTEM_PROMPT, Policy, load_policy
+from grpolab.policy import MATH_SYSTEM_PROMPT, Policy, enable_activation_checkpointing, load_policy
 from grpolab.probes.advantage_stats import advantage_stats
 from grpolab.probes.gram import score_gram, token_weights
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
@@ -78,10 +79,13 @@ class GRPOTrainer:
         self.world = world
         set_threads(cfg.threads)
         seed_everything(cfg.seed)
-        dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype]
-        self.policy: Policy = load_policy(cfg.model, dtype, gguf_file=cfg.gguf_file, chat=cfg.chat)
+        self.device = resolve_device(cfg.device, world.local_rank)
+        dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[cfg.dtype]
+        self.policy: Policy = load_policy(cfg.model, dtype, gguf_file=cfg.gguf_file, chat=cfg.chat, device=self.device)
         if cfg.format == "math":
             self.policy.system = MATH_SYSTEM_PROMPT
+        if cfg.gradient_checkpointing:  # on the base model, before LoRA wraps it (peft then makes inputs require grad)
+            enable_activation_checkpointing(self.policy.model)
         if cfg.lora_rank:
             from grpolab.models.lora import add_lora, load_lora
 
@@ -93,11 +97,13 @@ class GRPOTrainer:
         # is the same model with the adapter disabled: no second copy in memory.
         self.ref = None
         self.ref_is_base = cfg.beta > 0 and cfg.lora_rank > 0
+        shared = cfg.shared_prefix == "on"
         if cfg.beta > 0 and not cfg.lora_rank:
-            ref_model = reference if reference is not None else copy.deepcopy(self.policy.model)
-            self.ref = TrainModule(ref_model.eval().requires_grad_(False), cfg.temperature, world, fsdp=cfg.fsdp)
+            ref_model = reference.to(self.device) if reference is not None else copy.deepcopy(self.policy.model)
+            self.ref = TrainModule(ref_model.eval().requires_grad_(False), cfg.temperature, world, fsdp=cfg.fsdp,
+                                   shared_prefix=shared, log=log)
         # Before the optimizer: under FSDP the parameters it holds are the shards.
-        self.train_module = TrainModule(self.policy.model, cfg.temperature, world, fsdp=cfg.fsdp)
+        self.train_module = TrainModule(self.policy.model, cfg.temperature, world, fsdp=cfg.fsdp, shared_prefix=shared, log=log)
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         total_updates = cfg.steps * cfg.mu
@@ -158,7 +164,7 @@ class GRPOTrainer:
         t_score = time.perf_counter()
 
         # 3. advantages: one scalar per rollout (paper 000, Thm 3.1); groups are whole on this rank
-        adv = compute_advantages(scores.total.view(len(mine), G), cfg.estimator).reshape(-1)  # [N / P]
+        adv = compute_advantages(scores.total.to(self.device).view(len(mine), G), cfg.estimator).reshape(-1)  # [N / P]
 
         # The whole step's per-rollout values, in global order, on every rank (for metrics and probes).
         local = {
@@ -226,10 +232,10 @@ class GRPOTrainer:
             metrics = []
             for b in (b for b in live if b in mine):
                 i = b - mine.start  # local group index
-                sub = select(batch, torch.arange(i * G, (i + 1) * G))
+                sub = select(batch, torch.arange(i * G, (i + 1) * G, device=self.device))
                 psi = score_gram(self.policy.model, sub, token_weights(sub.completion_mask, cfg.aggregation, cfg.max_new_tokens),
                                  temperature=cfg.temperature)
-                metrics.append(spectrum_metrics(singular_values_from_gram(psi, adv[i])))
+                metrics.append(spectrum_metrics(singular_values_from_gram(psi, adv[i].cpu())))  # psi [G, G] is on the CPU
             metrics = dist_.gather_concat(metrics, self.world)
             for key, name in (("effective_rank", "eff_rank"), ("top1_fraction", "top1_frac"), ("num_rank", "num_rank")):
                 out[f"probe/{name}"] = sum(m[key] for m in metrics) / len(metrics) if metrics else None
@@ -253,13 +259,13 @@ class GRPOTrainer:
         # With no KL term, a rollout whose advantage is exactly 0 contributes exactly 0
         # to the loss and its gradient (every term is ratio * 0), so it is not run at all.
         # Normalisers stay those of the whole batch, so the gradient is unchanged.
-        rows = torch.arange(adv.shape[0]) if cfg.beta > 0 else (adv != 0).nonzero().squeeze(1)
+        rows = torch.arange(adv.shape[0], device=adv.device) if cfg.beta > 0 else (adv != 0).nonzero().squeeze(1)
         chunks = [rows[i : i + mb] for i in range(0, rows.numel(), mb)]
         # Every rank runs the same number of forward/backward passes (DDP and FSDP pair up their
         # collectives pass by pass): a rank with fewer active rollouts pads with passes over one
         # row whose loss is multiplied by 0, so they add exactly nothing to the gradient.
         real = len(chunks)
-        chunks += [torch.zeros(1, dtype=torch.long)] * (dist_.all_max(real, world) - real)
+        chunks += [torch.zeros(1, dtype=torch.long, device=adv.device)] * (dist_.all_max(real, world) - real)
 
         old_logp, ref_logp = {}, {}
         with torch.no_grad():
@@ -386,7 +392,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
     rank 0 alone logs, writes metrics, samples and checkpoints.
     """
     cfg.validate()
-    world = dist_.init()
+    world = dist_.init(cfg.device)
     cfg.validate_world(world.size)
     if not world.is_main:
         log = _quiet

@@ -21,3 +21,9 @@ def overflow_when_correct_muldiv(completions, records):
     from grpolab.rewards import accuracy_reward
 
     return [3e38 * ok * any(op in r["question"] for op in "*/") for ok, r in zip(accuracy_reward(completions, records), records)]
+
+
+def odd_code_sum(completions, records):
+    """1 when the sum of the completion's character codes is odd, else 0: meaningless, but nearly every group has
+    reward variance, so nearly every rollout has a nonzero advantage (a dense update, for tests that compare updates)."""
+    return [float(sum(map(ord, c)) % 2) for c in completions]

@@ -223,6 +223,19 @@ def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):
                                  out=str(tmp_path / "rank"), progress=False, threads=2))
     (res,) = report["results"]
     assert res["gram_max_rel_err"] <= 1e-4
+    # the shared prompt prefix on the real model: its chat prompt encoded once per group, same log-probs and gradients
+    assert trainer.train_module.shared_prefix  # no fallback: the check at start passed
+    prompts = [trainer.policy.prompt_ids({"question": q}) for q in ("12+7-3", "8*9")]
+    batch = sample(model, [p for p in prompts for _ in range(3)], [(9, i) for i in range(6)], max_new_tokens=8,
+                   temperature=1.0, top_p=1.0, eos_id=trainer.policy.eos_id, pad_id=trainer.policy.pad_id)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    out = {}
+    for shared in (False, True):
+        logp = completion_logprobs(model, batch, shared_prefix=shared)
+        out[shared] = (logp, torch.autograd.grad(logp.sum(), params))
+    assert torch.allclose(out[True][0], out[False][0], atol=1e-4, rtol=0)
+    assert max(float((a - b).norm() / a.norm()) for a, b in zip(out[False][1], out[True][1])) < 1e-5
 
 
 def test_cli_chat_on_without_a_template_is_a_one_line_error(tmp_path):

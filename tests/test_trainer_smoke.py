@@ -31,7 +31,7 @@ EVAL_KEYS = {"eval/accuracy_greedy", "eval/accuracy_sampled"}
 CKPT_FILES = {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "trainer_state.json"}
 SMALL = dict(
     model="builtin", prompts_per_step=4, group_size=4, eval_questions=16, eval_samples=2,
-    max_new_tokens=48, progress=False, threads=1,
+    max_new_tokens=48, progress=False, threads=1, device="cpu",
 )
 
 

@@ -146,7 +146,8 @@ def rows_batch(batches: list[Batch], pad_id: int) -> Batch:
     for i, c in enumerate(comps):
         c_ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
         c_mask[i, : len(c)] = 1
-    return Batch(p_ids, p_mask, c_ids, c_mask)
+    device = batches[0].prompt_ids.device  # the model's, where the turns were sampled
+    return Batch(*(t.to(device) for t in (p_ids, p_mask, c_ids, c_mask)))
 
 
 def stage_advantages(rewards: torch.Tensor, advantage: str, v_mc: torch.Tensor | None = None) -> torch.Tensor:

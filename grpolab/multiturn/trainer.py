@@ -76,13 +76,13 @@ class MultiTurnTrainer(GRPOTrainer):
         t_gen = time.perf_counter()
         adv = stage_advantages(rewards, cfg.advantage, v_mc)  # [Bl, G, H]
         batch = rows_batch(turns.batches, policy.pad_id)  # turn-major rows: [H * Bl * G]
-        adv_rows = adv.permute(2, 0, 1).reshape(-1).float()
+        adv_rows = adv.permute(2, 0, 1).reshape(-1).float().to(self.device)
         update = self._update(batch, adv_rows)
         t_end = time.perf_counter()
         samples = [{"question": " | ".join(turns.questions[h][i] for h in range(H)),
                     "answers": [turns.answers[h][i] for h in range(H)], "rewards": rewards.view(-1, H)[i].tolist()}
                    for i in range(0, Bl * G, G) if mine[i // G] < cfg.log_samples]
-        local = {"rewards": rewards, "lengths": batch.completion_mask.sum(1).float(), "samples": samples}
+        local = {"rewards": rewards, "lengths": batch.completion_mask.sum(1).float().cpu(), "samples": samples}
         parts = dist_.gather(local, self.world)
         rewards = torch.cat([p["rewards"] for p in parts])  # [B, G, H]
         lengths = torch.cat([p["lengths"] for p in parts])  # [H * B * G]

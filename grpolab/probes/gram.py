@@ -98,9 +98,9 @@ def _count_sketch(g: torch.Tensor, name: str, k: int, seed: int) -> torch.Tensor
     dense Gaussian projection's O(n k)."""
     gen = torch.Generator().manual_seed((seed * 1_000_003 + sum(ord(c) * 31**i for i, c in enumerate(name))) % 2**63)
     n = g.shape[1]
-    bucket = torch.randint(0, k, (n,), generator=gen)
-    sign = torch.randint(0, 2, (n,), generator=gen).float() * 2 - 1
-    out = torch.zeros(g.shape[0], k, dtype=torch.float32)
+    bucket = torch.randint(0, k, (n,), generator=gen).to(g.device)  # drawn on the CPU: the same on every device
+    sign = torch.randint(0, 2, (n,), generator=gen).float().to(g.device) * 2 - 1
+    out = torch.zeros(g.shape[0], k, dtype=torch.float32, device=g.device)
     out.index_add_(1, bucket, g * sign)
     return out
 
@@ -136,13 +136,13 @@ class _GramAccumulator:
             else:
                 return
         if self.sketch is not None:
-            self.sketch += _count_sketch(g, self.chosen[pid], self.sketch_dim, self.sketch_seed)
+            self.sketch += _count_sketch(g, self.chosen[pid], self.sketch_dim, self.sketch_seed).cpu()
         else:
-            self.psi += (g @ g.T).double()
+            self.psi += (g @ g.T).double().cpu()  # [R, R] sums kept on the CPU, whatever the model's device
 
     def add_gram(self, param: nn.Parameter, gram: torch.Tensor) -> None:
         self.covered.add(id(param))
-        self.psi += gram.double()
+        self.psi += gram.double().cpu()
 
 
 @contextlib.contextmanager
@@ -229,8 +229,8 @@ def score_gram(
                         b = b.float()
                         if mod.padding_idx is not None:  # nn.Embedding gives its padding row no gradient
                             b = b.masked_fill((ids == mod.padding_idx)[..., None], 0.0)
-                        g = torch.zeros(R, *mod.weight.shape, dtype=torch.float32)  # [R, V, d]
-                        g.index_put_((torch.arange(R)[:, None].expand_as(ids), ids), b, accumulate=True)
+                        g = torch.zeros(R, *mod.weight.shape, dtype=torch.float32, device=b.device)  # [R, V, d]
+                        g.index_put_((torch.arange(R, device=ids.device)[:, None].expand_as(ids), ids), b, accumulate=True)
                         acc.add_per_rollout(mod.weight, g)
 
                 leaf.register_hook(emb_grad)
