@@ -47,7 +47,7 @@ def _few_shot(k: int) -> list[dict]:
 
     spec = ArithmeticSpec()
     exclude = {r["question"] for r in test_set(500, spec)}
-    return [{"question": r["question"], "answer": r["answer"]} for r in TrainSampler(0, spec, exclude=exclude).draw(-1, k)]
+    return [{"question": r["question"], "answer": r["answer"]} for r in TrainSampler(0, spec, exclude=exclude).few_shot(k)]
 
 
 def run_trl(args, checkpointing: bool) -> list[float]:

@@ -115,7 +115,7 @@ class GRPOTrainer:
         self.reward_fns = default_reward_fns(cfg.format_weight, **({"accuracy_fn": accuracy_fn} if accuracy_fn else {}))
         self.held_out, self.sampler = self._data()
         if cfg.few_shot and self.sampler is not None:  # solved examples from the training split
-            self.policy.few_shot = [{"question": r["question"], "answer": r["answer"]} for r in self.sampler.draw(-1, cfg.few_shot)]
+            self.policy.few_shot = [{"question": r["question"], "answer": r["answer"]} for r in self.sampler.few_shot(cfg.few_shot)]
 
     def _data(self):
         cfg = self.cfg

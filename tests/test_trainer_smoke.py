@@ -378,3 +378,16 @@ def test_update_normalises_by_the_rows_it_is_given(tmp_path):
         logp = completion_logprobs(policy.model, batch)
     expected, _ = policy_loss(logp, logp, adv, batch.completion_mask, aggregation=cfg.aggregation, max_len=cfg.max_new_tokens)
     assert trainer._update(batch, adv)["loss/total"] == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_few_shot_prompts_on_the_built_in_task(tmp_path):
+    from grpolab.trainer import GRPOTrainer
+
+    trainer = GRPOTrainer(_cfg(tmp_path / "fs", steps=1, few_shot=2), log=_quiet)
+    shots = trainer.policy.few_shot
+    assert len(shots) == 2 and all(s["answer"].rstrip().split("\n")[-1].startswith("####") for s in shots)
+    test_q = {r["question"] for r in trainer.held_out}
+    assert not test_q & {s["question"] for s in shots}  # examples come from the training split
+    prompt = trainer.policy.tokenizer.decode(trainer.policy.prompt_ids({"question": "1+2"}), skip_special_tokens=True)
+    assert prompt.startswith(shots[0]["question"] + "\n") and prompt.endswith("1+2\n")
+    assert math.isfinite(trainer.step(1).metrics["loss/total"])

@@ -37,6 +37,7 @@ CATEGORIES = ("add_sub_2", "add_sub_3", "mul", "div", "paren")
 TEST_SEED = 20_240_001  # fixed forever: changing it changes every reported accuracy
 PROBE_SEED = 20_240_002  # the paper's 500-question set (Sec. 5.1)
 TRAIN_STREAM = 1  # stream id mixed into training seeds, distinct from the fixed sets
+FEW_SHOT_STREAM = 4  # the solved examples put before each question (--few-shot)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,11 +158,15 @@ class TrainSampler:
         self.spec = spec
         self.exclude = set(exclude)
 
-    def draw(self, step: int, n: int) -> list[dict]:
-        rng = np.random.default_rng([TRAIN_STREAM, self.seed, step])
+    def draw(self, step: int, n: int, stream: int = TRAIN_STREAM) -> list[dict]:
+        rng = np.random.default_rng([stream, self.seed, step])
         out = []
         while len(out) < n:
             rec = make_question(rng, self.spec)
             if rec["question"] not in self.exclude:  # never train on a test question
                 out.append(rec)
         return out
+
+    def few_shot(self, n: int) -> list[dict]:
+        """``n`` solved training questions for --few-shot, from their own stream (the same for every step)."""
+        return self.draw(0, n, stream=FEW_SHOT_STREAM)

@@ -71,6 +71,10 @@ class ListSampler:
         self.records = records
         self.seed = seed
 
-    def draw(self, step: int, n: int) -> list[dict]:
-        rng = np.random.default_rng([2, self.seed, step])
+    def draw(self, step: int, n: int, stream: int = 2) -> list[dict]:
+        rng = np.random.default_rng([stream, self.seed, step])
         return [self.records[i] for i in rng.integers(len(self.records), size=n)]
+
+    def few_shot(self, n: int) -> list[dict]:
+        """``n`` solved records for --few-shot, from their own stream (the same for every step)."""
+        return self.draw(0, n, stream=4)
