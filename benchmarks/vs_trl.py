@@ -167,6 +167,7 @@ def main() -> None:
                    help="task: accuracy + 0.1 format on the arithmetic questions; parity: a dense reward so every "
                         "rollout has a nonzero advantage (no update can be skipped)")
     p.add_argument("--few-shot", type=int, default=0, help="K solved examples before each question (the same in both)")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"which of {', '.join(CONFIGS)} to run (comma-separated)")
     p.add_argument("--only", choices=CONFIGS, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.only:
@@ -183,7 +184,8 @@ def main() -> None:
         print("PEAK_MB " + str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))  # Linux: KiB
         return
     medians, peaks = {}, {}
-    for name in CONFIGS:
+    configs = [c for c in CONFIGS if c in args.configs.split(",")]
+    for name in configs:
         cmd = [sys.executable, __file__, "--only", name] + sys.argv[1:]
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TQDM_DISABLE": "1"}
         res = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -200,7 +202,7 @@ def main() -> None:
                 print("    " + ln, flush=True)
     print(f"config: {args.model}, {args.prompts} prompts x {args.group_size} completions, max {args.max_new_tokens} new tokens, "
           f"few-shot {args.few_shot}, mu=1, beta=0, {args.threads} threads, reward {args.reward}")
-    for ours in ("grpolab", "grpolab-ckpt"):
+    for ours in (c for c in ("grpolab", "grpolab-ckpt") if c in medians and "trl-default" in medians and "trl-no-ckpt" in medians):
         print(f"{ours}: TRL default / {ours} = {medians['trl-default'] / medians[ours]:.2f}x, "
               f"TRL no checkpointing / {ours} = {medians['trl-no-ckpt'] / medians[ours]:.2f}x; "
               f"peak memory {peaks[ours] / peaks['trl-default']:.2f} of TRL default's")

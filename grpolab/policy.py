@@ -58,10 +58,6 @@ class Policy:
         bos = self.tokenizer.bos_token_id
         return ([bos] if bos is not None else []) + ids
 
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
     def decode(self, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
         """Completion texts ``[N]`` from ids ``[N, T]``, special tokens removed."""
         return [
