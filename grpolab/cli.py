@@ -22,6 +22,7 @@ GRPO training and gradient diagnostics for causal language models.
 commands:
   demo    SFT warm start (shipped or cached) + GRPO on the built-in arithmetic task, with a plot
   train   GRPO training of a policy on verifiable rewards (every option: grpolab train --help)
+  eval    held-out greedy and sampled accuracy of a model or a run's checkpoint, per category, with 95% intervals
   sft     supervised warm start of the built-in tiny Llama on worked solutions
   plot    redraw a run directory's plot.png from its metrics.jsonl
   rank    spectrum of the per-rollout gradient matrix (effective rank, top-1 fraction) over checkpoints
@@ -154,6 +155,16 @@ def _relaunch_under_torchrun(nproc: int, argv: list[str]) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "grpolab", *argv]
     print("launching: " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
     os.execv(sys.executable, cmd)
+
+
+def cmd_eval(args: list[str]) -> None:
+    from grpolab.eval_cmd import EvalConfig, format_eval, run_eval
+
+    cfg = _parse(EvalConfig, args, "grpolab eval", EvalConfig.__doc__.strip())
+    report = run_eval(cfg)
+    print(format_eval(report, cfg.show))
+    if cfg.json:
+        print(f"wrote {cfg.json}")
 
 
 def cmd_sft(args: list[str]) -> None:
@@ -313,7 +324,7 @@ def cmd_theory(args: list[str]) -> None:
     print(json.dumps(res, indent=2) if cfg.json else format_advantages(res, cfg))
 
 
-COMMANDS = {"train": cmd_train, "sft": cmd_sft, "demo": cmd_demo, "plot": cmd_plot, "rank": cmd_rank, "theory": cmd_theory,
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "sft": cmd_sft, "demo": cmd_demo, "plot": cmd_plot, "rank": cmd_rank, "theory": cmd_theory,
             "mse": cmd_mse, "groupsize": cmd_groupsize, "sweep": cmd_sweep, "multiturn": cmd_multiturn, "merge": cmd_merge}
 
 

@@ -27,6 +27,16 @@ def _bad(field: str, msg: str) -> ConfigError:
     return ConfigError(f"--{field.replace('_', '-')}: {msg}")
 
 
+# Fields whose default depends on the model. The built-in 0.5 M-parameter model takes a step of 16 x 8 rollouts
+# in about a second and 2500 evaluation completions in seconds; a 135 M model on a 2-core CPU needs about a
+# minute per 32 rollouts (sampling plus update) and about a minute per 100 evaluation completions, so a
+# brought model gets a smaller step and a smaller evaluation (docs/real-model.md measures each).
+MODEL_DEFAULTS = {
+    "builtin": {"prompts_per_step": 16, "eval_questions": 500, "eval_samples": 4},
+    "other": {"prompts_per_step": 4, "eval_questions": 50, "eval_samples": 2},
+}
+
+
 @dataclasses.dataclass
 class TrainConfig:
     """GRPO training of a causal LM on verifiable rewards."""
@@ -97,8 +107,8 @@ class TrainConfig:
     """Arithmetic: question categories sampled uniformly."""
 
     # --- rollouts ---
-    prompts_per_step: int = 16
-    """B: prompts per step."""
+    prompts_per_step: int | None = None
+    """B: prompts per step. Default: 16 for builtin, 4 for other models (see MODEL_DEFAULTS)."""
     group_size: int = 8
     """G: rollouts sampled per prompt."""
     temperature: float = 1.0
@@ -163,10 +173,10 @@ class TrainConfig:
     # --- evaluation, logging, checkpoints ---
     eval_every: int = 50
     """Evaluate on held-out questions every N steps (and at steps 0 and last); 0 = only at the ends."""
-    eval_questions: int = 500
-    """Held-out questions per evaluation."""
-    eval_samples: int = 4
-    """k: samples per question at temperature 1 for eval/accuracy_sampled."""
+    eval_questions: int | None = None
+    """Held-out questions per evaluation. Default: 500 for builtin, 50 for other models (see MODEL_DEFAULTS)."""
+    eval_samples: int | None = None
+    """k: samples per question at temperature 1 for eval/accuracy_sampled. Default: 4 for builtin, 2 for other models."""
     save_every: int = 100
     """Checkpoint every N steps; the last step is always saved."""
     keep_checkpoints: int = 0
@@ -186,7 +196,14 @@ class TrainConfig:
     def rollouts_per_step(self) -> int:
         return self.prompts_per_step * self.group_size
 
+    def resolved(self) -> "TrainConfig":
+        """This config with every unset (None) field given its default for ``--model`` (MODEL_DEFAULTS)."""
+        defaults = MODEL_DEFAULTS["builtin" if self.model == "builtin" else "other"]
+        return dataclasses.replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
+
     def validate(self) -> None:
+        if any(getattr(self, k) is None for k in MODEL_DEFAULTS["builtin"]):
+            return self.resolved().validate()
         bad = _bad
         for f in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "mu", "eval_questions"):
             if getattr(self, f) < 1:
@@ -252,6 +269,8 @@ class TrainConfig:
 
     def validate_world(self, world_size: int) -> None:
         """What a run on ``world_size`` processes needs on top of :meth:`validate`."""
+        if self.prompts_per_step is None:
+            return self.resolved().validate_world(world_size)
         bad = _bad
         if self.nproc < 1:
             raise bad("nproc", f"must be >= 1, got {self.nproc}")

@@ -1,18 +1,25 @@
-"""Held-out accuracy: greedy, and sampled at a temperature over k samples per question."""
+"""Held-out accuracy: greedy, and sampled at a temperature over k samples per question.
+
+Each accuracy comes with a 95% interval (:mod:`grpolab.stats`): Wilson's for greedy (one
+Bernoulli trial per question), a clustered one for sampled (the question is the unit, its k
+samples are not independent draws from the task). Per-category accuracies get the same.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Callable
 
 from grpolab.distributed import SINGLE, World, gather_concat
 from grpolab.policy import Policy
 from grpolab.rewards import accuracy_reward
 from grpolab.rollout import sample
+from grpolab.stats import clustered_accuracy_interval, wilson_interval
 
 EVAL_STREAM = 3  # random-stream id for evaluation samples, distinct from training
 
 
-def _generate(policy: Policy, records: list[dict], keys, temperature, max_new_tokens, batch_size) -> list[str]:
+def _generate(policy: Policy, records: list[dict], keys, temperature, max_new_tokens, batch_size, tick) -> list[str]:
     texts: list[str] = []
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
@@ -27,7 +34,40 @@ def _generate(policy: Policy, records: list[dict], keys, temperature, max_new_to
             pad_id=policy.pad_id,
         )
         texts += policy.decode(batch.completion_ids, batch.completion_mask)
+        tick(len(chunk))
     return texts
+
+
+def accuracy_summary(greedy_ok: list[float], sampled_ok: list[list[float]] | None,
+                     categories: list[str]) -> dict[str, float]:
+    """Accuracies with 95% intervals, overall and per category.
+
+    ``greedy_ok[i]`` is 1 if question i's greedy answer is right; ``sampled_ok[i]`` holds its k
+    sampled outcomes (None: no sampled evaluation). Keys: ``eval/accuracy_greedy`` (+ ``_lo``,
+    ``_hi``), ``eval/accuracy_sampled`` (+ ``_lo``, ``_hi``), ``eval/greedy_<cat>`` (+ bounds) and
+    ``eval/sampled_<cat>`` (+ bounds).
+    """
+    out: dict[str, float] = {}
+
+    def add(greedy_key: str, sampled_key: str, idx: list[int]) -> None:
+        g = [greedy_ok[i] for i in idx]
+        out[greedy_key] = sum(g) / len(g)
+        out[greedy_key + "_lo"], out[greedy_key + "_hi"] = wilson_interval(sum(g), len(g))
+        if sampled_ok is not None:
+            per_q = [sum(sampled_ok[i]) / len(sampled_ok[i]) for i in idx]
+            out[sampled_key] = sum(per_q) / len(per_q)
+            if len(per_q) > 1:
+                out[sampled_key + "_lo"], out[sampled_key + "_hi"] = clustered_accuracy_interval(per_q)
+            else:  # one question: its k samples are the only trials there are
+                out[sampled_key + "_lo"], out[sampled_key + "_hi"] = wilson_interval(sum(sampled_ok[idx[0]]), len(sampled_ok[idx[0]]))
+
+    add("eval/accuracy_greedy", "eval/accuracy_sampled", list(range(len(greedy_ok))))
+    by_cat: dict[str, list[int]] = defaultdict(list)
+    for i, cat in enumerate(categories):
+        by_cat[cat].append(i)
+    for cat, idx in sorted(by_cat.items()):
+        add(f"eval/greedy_{cat}", f"eval/sampled_{cat}", idx)
+    return out
 
 
 def evaluate(
@@ -40,38 +80,56 @@ def evaluate(
     seed: int = 0,
     batch_size: int = 256,
     world: World = SINGLE,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[str, float], list[dict]]:
     """Accuracy on ``records``.
 
-    Returns ``(metrics, examples)``: ``eval/accuracy_greedy``,
-    ``eval/accuracy_sampled`` (mean over ``samples`` draws per question at
-    ``temperature``) and per-category greedy accuracy; ``examples`` holds each
-    question with its greedy completion. Sampling keys depend on ``seed`` and
-    the question index only, so the same policy always gets the same score, on one process or
-    split over ``world`` (each rank answers a block of the questions; every rank gets the totals).
+    Returns ``(metrics, examples)``: the keys of :func:`accuracy_summary` (greedy, and sampled
+    over ``samples`` draws per question at ``temperature``); ``examples`` holds each question
+    with its greedy completion and its fraction of correct samples. Sampling keys depend on
+    ``seed`` and the question index only, so the same policy always gets the same score, on one
+    process or split over ``world`` (each rank answers a block of the questions; every rank gets
+    the totals). ``progress(done, total)`` is called after each generated batch with this
+    process's count of completions.
     """
     was_training = policy.model.training
     policy.model.eval()
     mine = world.split(len(records))
     own = [records[i] for i in mine]
+    total, done = len(own) * (1 + max(samples, 0)), 0
+
+    def tick(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(done, total)
+
     greedy_keys = [(EVAL_STREAM, seed, i) for i in mine]
-    greedy = _generate(policy, own, greedy_keys, 0.0, max_new_tokens, batch_size)
+    greedy = _generate(policy, own, greedy_keys, 0.0, max_new_tokens, batch_size, tick)
     greedy, greedy_ok = gather_concat(greedy, world), gather_concat(accuracy_reward(greedy, own), world)
-    metrics: dict[str, float] = {"eval/accuracy_greedy": sum(greedy_ok) / len(records)}
+    sampled_ok = None
     if samples > 0:
         rep = [r for r in own for _ in range(samples)]
         keys = [(EVAL_STREAM, seed, i, j) for i in mine for j in range(samples)]
-        sampled = _generate(policy, rep, keys, temperature, max_new_tokens, batch_size)
-        sampled_ok = gather_concat(accuracy_reward(sampled, rep), world)
-        metrics["eval/accuracy_sampled"] = sum(sampled_ok) / (len(records) * samples)
-    by_cat: dict[str, list[float]] = defaultdict(list)
-    for rec, ok in zip(records, greedy_ok):
-        by_cat[rec.get("category", "all")].append(ok)
-    for cat, oks in sorted(by_cat.items()):
-        metrics[f"eval/greedy_{cat}"] = sum(oks) / len(oks)
+        sampled = _generate(policy, rep, keys, temperature, max_new_tokens, batch_size, tick)
+        flat = gather_concat(accuracy_reward(sampled, rep), world)  # question-major: block of `samples` per question
+        sampled_ok = [flat[i * samples : (i + 1) * samples] for i in range(len(records))]
+    metrics = accuracy_summary(greedy_ok, sampled_ok, [r.get("category", "all") for r in records])
     examples = [
-        {"question": r["question"], "ground_truth": r["ground_truth"], "completion": c, "correct": bool(ok)}
-        for r, c, ok in zip(records, greedy, greedy_ok)
+        {"question": r["question"], "ground_truth": r["ground_truth"], "completion": c, "correct": bool(ok),
+         **({"sampled_correct": sum(s) / samples} if sampled_ok is not None else {})}
+        for r, c, ok, s in zip(records, greedy, greedy_ok, sampled_ok or [None] * len(records))
     ]
     policy.model.train(was_training)
     return metrics, examples
+
+
+def format_accuracy(metrics: dict[str, float], prefix: str = "eval/accuracy_") -> str:
+    """``greedy 0.120 [0.056, 0.240]  sampled 0.100 [0.051, 0.149]`` from :func:`accuracy_summary`'s keys."""
+    parts = []
+    for kind in ("greedy", "sampled"):
+        key = prefix + kind
+        if key in metrics:
+            lo, hi = metrics.get(key + "_lo", float("nan")), metrics.get(key + "_hi", float("nan"))
+            parts.append(f"{kind} {metrics[key]:.3f} [{lo:.3f}, {hi:.3f}]")
+    return "  ".join(parts)

@@ -30,11 +30,9 @@ from grpolab import distributed as dist_
 from grpolab.advantages import compute_advantages
 from grpolab.config import ConfigError, TrainConfig
 from grpolab.devices import resolve_device
-from grpolab.data.arithmetic import ArithmeticSpec, TrainSampler, test_set
-from grpolab.data.jsonl import DataError, ListSampler, load_gsm8k_jsonl
-from grpolab.data.math_format import load_math_jsonl
+from grpolab.data.task import few_shot_examples, task_data
 from grpolab.distributed import SINGLE, World
-from grpolab.evaluate import evaluate
+from grpolab.evaluate import evaluate, format_accuracy
 from grpolab.loss import policy_loss
 from grpolab.parallel import TrainModule
 from grpolab.policy import MATH_SYSTEM_PROMPT, Policy, enable_activation_checkpointing, load_policy
@@ -72,6 +70,7 @@ class GRPOTrainer:
     def __init__(self, cfg: TrainConfig, log=print, adapter_from: str | Path | None = None, world: World = SINGLE,
                  reference: torch.nn.Module | None = None):
         """``reference``: the KL reference when it is not the starting weights (a resumed run's start)."""
+        cfg = cfg.resolved()
         cfg.validate()
         cfg.validate_world(world.size)
         self.cfg = cfg
@@ -81,7 +80,13 @@ class GRPOTrainer:
         seed_everything(cfg.seed)
         self.device = resolve_device(cfg.device, world.local_rank)
         dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[cfg.dtype]
+        t0 = time.perf_counter()
+        log(f"loading {cfg.model}{' (' + cfg.gguf_file + ')' if cfg.gguf_file else ''} ...")
         self.policy: Policy = load_policy(cfg.model, dtype, gguf_file=cfg.gguf_file, chat=cfg.chat, device=self.device)
+        n_params = sum(p.numel() for p in self.policy.model.parameters())
+        log(f"loaded {self.policy.source}: {n_params / 1e6:.1f} M parameters, {next(self.policy.model.parameters()).dtype}"
+            f" on {self.device}, in {time.perf_counter() - t0:.0f} s")
+        self.status = lambda text: None  # train() points this at the progress bar
         if cfg.format == "math":
             self.policy.system = MATH_SYSTEM_PROMPT
         if cfg.gradient_checkpointing:  # on the base model, before LoRA wraps it (peft then makes inputs require grad)
@@ -115,26 +120,10 @@ class GRPOTrainer:
         self.reward_fns = default_reward_fns(cfg.format_weight, **({"accuracy_fn": accuracy_fn} if accuracy_fn else {}))
         self.held_out, self.sampler = self._data()
         if cfg.few_shot and self.sampler is not None:  # solved examples from the training split
-            self.policy.few_shot = [{"question": r["question"], "answer": r["answer"]} for r in self.sampler.few_shot(cfg.few_shot)]
+            self.policy.few_shot = few_shot_examples(self.sampler, cfg.few_shot)
 
     def _data(self):
-        cfg = self.cfg
-        spec = ArithmeticSpec(cfg.max_operand, cfg.mul_max, tuple(cfg.categories))
-        load = load_math_jsonl if cfg.format == "math" else load_gsm8k_jsonl
-        held_out = load(cfg.eval_data)[: cfg.eval_questions] if cfg.eval_data else test_set(cfg.eval_questions, spec)
-        if cfg.data:
-            train_records = load(cfg.data)
-            test_q = {r["question"] for r in held_out}
-            leaked = sum(r["question"] in test_q for r in train_records)
-            if leaked:
-                self.log(f"warning: {leaked} training record(s) in {cfg.data} repeat held-out questions; they are dropped")
-                train_records = [r for r in train_records if r["question"] not in test_q]
-            if not train_records:
-                raise DataError(f"--data {cfg.data}: every record is also in --eval-data {cfg.eval_data}; nothing left to train on")
-            return held_out, ListSampler(train_records, cfg.seed)
-        # Exclude the full 500-question test set even when evaluating on fewer of them.
-        exclude = {r["question"] for r in test_set(max(500, cfg.eval_questions), spec)}
-        return held_out, TrainSampler(cfg.seed, spec, exclude=exclude)
+        return task_data(self.cfg, self.log)
 
     # ------------------------------------------------------------------ one step
     def step(self, step: int) -> StepOutput:
@@ -148,6 +137,7 @@ class GRPOTrainer:
         records = [drawn[b] for b in mine]
         prompts = [policy.prompt_ids(r) for r in records for _ in range(G)]
         keys = [(ROLLOUT_STREAM, cfg.seed, step, b, g) for b in mine for g in range(G)]  # global b: P-independent
+        self.status(f"step {step}: sampling {B * G} rollouts")
         policy.model.eval()
         with self.train_module.full_weights():
             batch = sample(
@@ -186,6 +176,7 @@ class GRPOTrainer:
         probe = self._probe(step, rewards, adv.view(len(mine), G), batch)  # on the policy that sampled
 
         # 4. loss and update
+        self.status(f"step {step}: update ({cfg.mu} x {len(mine) * G} rollouts)")
         update = self._update(batch, adv)
         t_end = time.perf_counter()
 
@@ -338,12 +329,16 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, step: int) -> tuple[dict, list[dict]]:
         t0 = time.perf_counter()
+        cfg = self.cfg
         with self.train_module.full_weights():
             metrics, examples = evaluate(
-                self.policy, self.held_out, samples=self.cfg.eval_samples, temperature=1.0,
-                max_new_tokens=self.cfg.max_new_tokens, seed=self.cfg.seed, world=self.world,
+                self.policy, self.held_out, samples=cfg.eval_samples, temperature=1.0,
+                max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, world=self.world,
+                progress=lambda done, total: self.status(f"eval at step {step}: {done}/{total} completions"),
             )
         metrics["time/eval_s"] = time.perf_counter() - t0
+        self.log(f"eval at step {step}: {format_accuracy(metrics)}  ({len(self.held_out)} questions, "
+                 f"{cfg.eval_samples} samples each, {metrics['time/eval_s']:.0f} s)")
         return metrics, examples[: self.cfg.log_samples]
 
     # ------------------------------------------------------------------ checkpoints
@@ -391,6 +386,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
     Under torchrun (``WORLD_SIZE`` > 1) this process joins the group and trains its share;
     rank 0 alone logs, writes metrics, samples and checkpoints.
     """
+    cfg = cfg.resolved()  # model-dependent defaults filled in (and recorded in config.json)
     cfg.validate()
     world = dist_.init(cfg.device)
     cfg.validate_world(world.size)
@@ -426,12 +422,14 @@ def train(cfg: TrainConfig, log=print) -> Path:
 
     logger = RunLogger(out, config=config_dict, tensorboard=cfg.tensorboard, wandb=cfg.wandb, warn=log) if world.is_main else None
     try:
-        if start == 0:
-            metrics, examples = trainer.evaluate(0)
-            if logger:
-                logger.log(0, metrics)
-                logger.log_samples(0, [{"kind": "eval", **e} for e in examples])
         with progress_bar("grpo", cfg.steps, enabled=cfg.progress and world.is_main, start=start) as bar:
+            trainer.status = lambda text: bar.update(trainer_step[0], text)
+            trainer_step = [start]
+            if start == 0:
+                metrics, examples = trainer.evaluate(0)
+                if logger:
+                    logger.log(0, metrics)
+                    logger.log_samples(0, [{"kind": "eval", **e} for e in examples])
             for step in range(start + 1, cfg.steps + 1):
                 out_step = trainer.step(step)
                 metrics = out_step.metrics
@@ -451,6 +449,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
                 status = f"reward {metrics['reward/mean']:.3f} acc {metrics['reward/accuracy']:.3f}"
                 if "eval/accuracy_sampled" in metrics:
                     status += f" | eval greedy {metrics['eval/accuracy_greedy']:.3f} sampled {metrics['eval/accuracy_sampled']:.3f}"
+                trainer_step[0] = step
                 bar.update(step, status)
     finally:
         if logger:

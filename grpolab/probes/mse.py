@@ -74,8 +74,9 @@ import math
 
 import torch
 
+from grpolab.stats import mean_ci  # noqa: F401  (re-exported: the probes summarise per-prompt values with it)
+
 ESTIMATORS = ("vanilla", "grpo", "rloo", "oracle")
-Z95 = 1.959963984540054
 
 
 # ---------------------------------------------------------------- moments -> MSE
@@ -144,16 +145,6 @@ def rloo_weights(rewards: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- summaries over prompts
-
-
-def mean_ci(values: list[float] | torch.Tensor) -> tuple[float, float, float]:
-    """Mean and normal 95% interval of the mean."""
-    v = torch.as_tensor(values, dtype=torch.float64)
-    mean = float(v.mean())
-    if v.numel() < 2:
-        return mean, float("nan"), float("nan")
-    half = Z95 * float(v.std(unbiased=True)) / math.sqrt(v.numel())
-    return mean, mean - half, mean + half
 
 
 def mse_table(moments: list[dict[str, float]], group_sizes: list[int], estimators=ESTIMATORS) -> list[dict]:

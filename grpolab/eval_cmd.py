@@ -1,0 +1,201 @@
+"""``grpolab eval``: held-out accuracy of a model, overall and per category, with 95% intervals.
+
+The model is any ``--model`` training takes (``builtin``, ``smollm2-135m-instruct``, a Hugging Face
+directory, a ``.gguf`` file) or a run: a run directory (its newest checkpoint, or ``--step N``;
+``--step 0`` is the model it started from) or one of its ``checkpoints/step_N`` directories (LoRA
+checkpoints are put on the run's base model). A run's task settings (operand ranges,
+categories, few-shot examples, chat template, data files, completion length) are the defaults,
+so ``grpolab eval --model RUN`` asks the questions the run's own evaluation asked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Literal
+
+from grpolab.config import ConfigError, TrainConfig
+
+# The task settings a run's config.json supplies unless a flag overrides them.
+TASK_FIELDS = ("gguf_file", "chat", "few_shot", "format", "eval_data", "data", "max_operand", "mul_max", "categories",
+               "max_new_tokens", "seed")
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    """Held-out greedy and sampled accuracy of a model or a run's checkpoint, per category, with 95% intervals."""
+
+    model: str = "builtin"
+    """'builtin', 'smollm2-135m-instruct', a Hugging Face model directory, a .gguf file, a run directory
+    (its newest checkpoint) or a run's checkpoints/step_N directory."""
+    step: int | None = None
+    """With a run directory: the checkpoint of this step (0 = the model the run started from)."""
+    questions: int | None = None
+    """Held-out questions (the first N of the fixed test set). Default: 500 for builtin, 200 for other models."""
+    samples: int = 4
+    """k: samples per question at --temperature for the sampled accuracy; 0 = greedy only."""
+    temperature: float = 1.0
+    """Sampling temperature of the sampled accuracy."""
+    json: str = ""
+    """Also write the results (every accuracy with its interval, and each question's outcome) to this file."""
+    show: int = 3
+    """Questions (with the greedy completion) to print."""
+    batch_size: int = 64
+    """Completions generated at once."""
+    # --- the task; unset = the run's setting (for a run) or training's default ---
+    gguf_file: str | None = None
+    """A GGUF file inside the --model directory."""
+    chat: Literal["auto", "on", "off"] | None = None
+    """Prompt through the chat template: auto = when the model has one (not builtin)."""
+    few_shot: int | None = None
+    """Solved examples before each question (from the training split, as in training)."""
+    format: Literal["gsm8k", "math"] | None = None
+    """Format of --eval-data: gsm8k or math."""
+    eval_data: str | None = None
+    """A JSONL file of held-out records instead of the built-in test set."""
+    data: str | None = None
+    """The training JSONL file (the few-shot examples come from it)."""
+    max_operand: int | None = None
+    """Arithmetic: largest operand (default 99)."""
+    mul_max: int | None = None
+    """Arithmetic: largest multiplier and divisor (default 9)."""
+    categories: tuple[str, ...] | None = None
+    """Arithmetic: question categories (default all five)."""
+    max_new_tokens: int | None = None
+    """Longest completion (default 48)."""
+    seed: int | None = None
+    """Seed of the sampled completions and of the few-shot draw (a run: its seed)."""
+    # --- machine ---
+    device: str = "auto"
+    """auto, cpu, cuda or cuda:N."""
+    dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
+    """Weights' dtype (auto: bf16 on a capable GPU, else fp32)."""
+    threads: int = 0
+    """Torch intra-op threads; 0 = torch's default."""
+    progress: bool = True
+    """Show progress."""
+
+
+def resolve_target(model: str, step: int | None) -> tuple[str, str | None, dict]:
+    """``(weights, adapter_dir, run_config)`` for ``--model`` (and ``--step``).
+
+    ``weights`` is a spec :func:`grpolab.policy.load_policy` takes; ``adapter_dir`` a LoRA
+    checkpoint to put on it (or None); ``run_config`` the run's config.json ({} for a plain model).
+    """
+    from grpolab.checkpoint import checkpoint_dirs
+    from grpolab.models.lora import is_adapter_dir
+
+    path = Path(model)
+    if (path / "config.json").is_file() and (path / "checkpoints").is_dir():  # a run directory
+        run_cfg = json.loads((path / "config.json").read_text())
+        if step == 0:
+            return run_cfg["model"], None, run_cfg
+        ckpts = dict(checkpoint_dirs(path))
+        if not ckpts:
+            raise FileNotFoundError(f"--model {model}: a run directory with no complete checkpoint")
+        if step is None:
+            step = max(ckpts)
+        if step not in ckpts:
+            raise FileNotFoundError(f"--step {step}: {model} has checkpoints of steps {sorted(ckpts)} (and 0, its start)")
+        path = ckpts[step]
+    elif step is not None:
+        raise ConfigError(f"--step: only with a run directory as --model, got {model!r}")
+    if path.parent.name == "checkpoints" and (path.parent.parent / "config.json").is_file():  # a run's checkpoint
+        run_cfg = json.loads((path.parent.parent / "config.json").read_text())
+        if is_adapter_dir(path):
+            return run_cfg["model"], str(path), run_cfg
+        return str(path), None, run_cfg
+    return model, None, {}
+
+
+def task_config(cfg: EvalConfig, weights: str, run_cfg: dict) -> TrainConfig:
+    """The training config whose task (and held-out set) this evaluation uses."""
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    base = {k: (tuple(v) if isinstance(v, list) else v) for k, v in run_cfg.items() if k in TASK_FIELDS and k in known}
+    given = {k: getattr(cfg, k) for k in TASK_FIELDS if getattr(cfg, k) is not None}
+    questions = cfg.questions or (500 if weights == "builtin" else 200)
+    tcfg = dataclasses.replace(TrainConfig(), model=weights, **{**base, **given}, eval_questions=questions,
+                               device=cfg.device, dtype=cfg.dtype)
+    if run_cfg and "gguf_file" not in given and weights != run_cfg.get("model"):
+        tcfg = dataclasses.replace(tcfg, gguf_file="")  # a checkpoint directory holds plain safetensors
+    return tcfg.resolved()
+
+
+def run_eval(cfg: EvalConfig, log=print) -> dict:
+    """Evaluate; returns the report (also written to ``cfg.json`` when set)."""
+    import torch
+
+    from grpolab.data.task import few_shot_examples, task_data
+    from grpolab.devices import resolve_device
+    from grpolab.evaluate import evaluate
+    from grpolab.policy import MATH_SYSTEM_PROMPT, load_policy
+    from grpolab.progress import progress_bar
+    from grpolab.utils import set_threads
+
+    if cfg.samples < 0 or cfg.show < 0 or cfg.batch_size < 1 or (cfg.questions is not None and cfg.questions < 1):
+        raise ConfigError("--questions and --batch-size must be >= 1, --samples and --show >= 0")
+    if cfg.temperature <= 0 and cfg.samples:
+        raise ConfigError(f"--temperature must be > 0 for sampled accuracy (or --samples 0), got {cfg.temperature}")
+    set_threads(cfg.threads)
+    weights, adapter, run_cfg = resolve_target(cfg.model, cfg.step)
+    tcfg = task_config(cfg, weights, run_cfg)
+    tcfg.validate()
+    held_out, sampler = task_data(tcfg, log)
+    device = resolve_device(cfg.device)
+    dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[cfg.dtype]
+    t0 = time.perf_counter()
+    log(f"loading {weights}" + (f" with the adapter of {adapter}" if adapter else "") + " ...")
+    policy = load_policy(weights, dtype, gguf_file=tcfg.gguf_file, chat=tcfg.chat, device=device)
+    if adapter:
+        from grpolab.models.lora import load_lora
+
+        policy.model = load_lora(policy.model, adapter, trainable=False)
+    if tcfg.format == "math":
+        policy.system = MATH_SYSTEM_PROMPT
+    if sampler is not None:
+        policy.few_shot = few_shot_examples(sampler, tcfg.few_shot)
+    log(f"loaded in {time.perf_counter() - t0:.0f} s; evaluating {len(held_out)} questions x (1 greedy + {cfg.samples} "
+        f"sampled at T={cfg.temperature:g}) = {len(held_out) * (1 + cfg.samples)} completions of up to {tcfg.max_new_tokens} tokens")
+    t0 = time.perf_counter()
+    total = len(held_out) * (1 + cfg.samples)
+    with torch.no_grad(), progress_bar("eval", total, enabled=cfg.progress, every=max(total // 10, 1)) as bar:
+        metrics, examples = evaluate(policy, held_out, samples=cfg.samples, temperature=cfg.temperature,
+                                     max_new_tokens=tcfg.max_new_tokens, seed=tcfg.seed, batch_size=cfg.batch_size,
+                                     progress=lambda done, _: bar.update(done))
+    seconds = time.perf_counter() - t0
+    cats = sorted({r.get("category", "all") for r in held_out})
+    report = {
+        "model": cfg.model, "weights": weights, "adapter": adapter, "step": cfg.step, "questions": len(held_out),
+        "samples": cfg.samples, "temperature": cfg.temperature, "eval_seconds": seconds,
+        "task": {k: getattr(tcfg, k) for k in TASK_FIELDS if k != "gguf_file"} | {"chat": policy.chat},
+        "categories": {c: sum(r.get("category", "all") == c for r in held_out) for c in cats},
+        "metrics": metrics, "examples": examples,
+    }
+    if cfg.json:
+        Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.json).write_text(json.dumps(report, indent=2))
+    return report
+
+
+def format_eval(report: dict, show: int = 3) -> str:
+    """The accuracy table (overall and per category, with intervals) and a few greedy completions."""
+    m = report["metrics"]
+    sampled = report["samples"] > 0
+
+    def cell(key: str) -> str:
+        return f"{m[key]:.3f} [{m[key + '_lo']:.3f}, {m[key + '_hi']:.3f}]" if key + "_lo" in m else f"{m[key]:.3f}"
+
+    head = f"{'':<12} {'questions':>9}  {'greedy [95% CI]':<22}" + ("  sampled [95% CI]" if sampled else "")
+    lines = [f"{report['model']}" + (f" (step {report['step']})" if report["step"] is not None else "")
+             + f": {report['questions']} questions" + (f", {report['samples']} samples each at T={report['temperature']:g}" if sampled else "")
+             + f", {report['eval_seconds']:.0f} s", head]
+    rows = [("all", "eval/accuracy_greedy", "eval/accuracy_sampled", report["questions"])]
+    rows += [(c, f"eval/greedy_{c}", f"eval/sampled_{c}", n) for c, n in report["categories"].items()] if len(report["categories"]) > 1 else []
+    for name, g, s, n in rows:
+        lines.append(f"{name:<12} {n:>9}  {cell(g):<22}" + (f"  {cell(s)}" if sampled else ""))
+    for ex in report["examples"][:show]:
+        mark = "right" if ex["correct"] else "wrong"
+        lines.append(f"  {ex['question']!r} -> {ex['completion'][:120]!r} ({mark}; truth {ex['ground_truth']})")
+    return "\n".join(lines)

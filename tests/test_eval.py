@@ -1,0 +1,109 @@
+"""``grpolab eval`` and the accuracy intervals: the CLI on the built-in model (fast tier).
+
+The intervals are checked against independent computations (the Wilson bound as the root of
+its defining equation; the clustered interval with numpy), and ``grpolab eval`` on a run must
+reproduce the run's own evaluation at its start and at its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from grpolab.evaluate import accuracy_summary
+from grpolab.runlog import read_metrics
+from grpolab.stats import Z95, clustered_accuracy_interval, wilson_interval
+from cli_helpers import run_cli
+
+
+def _wilson_by_bisection(k: int, n: int) -> tuple[float, float]:
+    """The p with |k/n - p| = z sqrt(p (1 - p) / n), found by bisection on each side of k/n."""
+    phat = k / n
+
+    def f(p):
+        return (phat - p) ** 2 - Z95 ** 2 * p * (1 - p) / n
+
+    def root(a, b):  # f changes sign on [a, b]
+        for _ in range(200):
+            m = (a + b) / 2
+            a, b = (m, b) if (f(a) > 0) == (f(m) > 0) else (a, m)
+        return (a + b) / 2
+
+    lo = 0.0 if k == 0 else root(0.0, phat)
+    hi = 1.0 if k == n else root(phat, 1.0)
+    return lo, hi
+
+
+@pytest.mark.parametrize("k,n", [(0, 20), (1, 20), (7, 20), (20, 20), (46, 100), (3, 500)])
+def test_wilson_matches_its_defining_equation(k, n):
+    lo, hi = wilson_interval(k, n)
+    want = _wilson_by_bisection(k, n)
+    assert lo == pytest.approx(want[0], abs=1e-9) and hi == pytest.approx(want[1], abs=1e-9)
+    assert lo <= k / n <= hi
+
+
+def test_wilson_covers_at_about_95_percent():
+    rng = np.random.default_rng(0)
+    p, n, trials = 0.3, 50, 4000
+    ks = rng.binomial(n, p, size=trials)
+    cover = np.mean([lo <= p <= hi for lo, hi in (wilson_interval(int(k), n) for k in ks)])
+    assert 0.93 <= cover <= 0.97, cover  # a Wald interval or a wrong z would miss this band
+
+
+def test_clustered_interval_is_normal_over_questions():
+    per_q = [0.0, 0.25, 0.5, 1.0, 0.75, 0.0, 0.25, 0.25]
+    lo, hi = clustered_accuracy_interval(per_q)
+    m, se = np.mean(per_q), np.std(per_q, ddof=1) / math.sqrt(len(per_q))
+    assert (lo, hi) == pytest.approx((m - Z95 * se, m + Z95 * se))
+    assert clustered_accuracy_interval([0.0, 0.0, 0.0]) == (0.0, 0.0)
+
+
+def test_accuracy_summary_per_category():
+    greedy = [1.0, 0.0, 1.0, 1.0]
+    sampled = [[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 1.0]]
+    m = accuracy_summary(greedy, sampled, ["a", "b", "a", "b"])
+    assert m["eval/accuracy_greedy"] == 0.75 and m["eval/accuracy_sampled"] == 0.5
+    assert m["eval/greedy_a"] == 1.0 and m["eval/greedy_b"] == 0.5
+    assert m["eval/sampled_a"] == 0.75 and m["eval/sampled_b"] == 0.25
+    assert (m["eval/greedy_b_lo"], m["eval/greedy_b_hi"]) == pytest.approx(wilson_interval(1, 2))
+    assert (m["eval/sampled_a_lo"], m["eval/sampled_a_hi"]) == pytest.approx(clustered_accuracy_interval([0.5, 1.0]))
+
+
+def test_eval_cli_on_builtin(tmp_path):
+    res = run_cli(["eval", "--questions", "30", "--samples", "2", "--json", str(tmp_path / "e.json"), "--threads", "1"], tmp_path, 300)
+    assert res.returncode == 0, res.stderr
+    report = json.loads((tmp_path / "e.json").read_text())
+    m = report["metrics"]
+    assert report["questions"] == 30 and sum(report["categories"].values()) == 30
+    for cat in ("add_sub_2", "add_sub_3", "mul", "div", "paren"):
+        assert f"eval/greedy_{cat}" in m and f"eval/sampled_{cat}_hi" in m
+        assert cat in res.stdout
+    assert m["eval/accuracy_greedy_lo"] <= m["eval/accuracy_greedy"] <= m["eval/accuracy_greedy_hi"]
+    # the built-in warm start solves about half of the test set greedily (0.54 on 500 questions)
+    assert 0.25 <= m["eval/accuracy_greedy"] <= 0.85
+    assert len(report["examples"]) == 30 and "sampled_correct" in report["examples"][0]
+
+
+def test_eval_reproduces_a_runs_own_evaluation(tmp_path):
+    run = tmp_path / "run"
+    res = run_cli(["train", "--out", str(run), "--steps", "2", "--prompts-per-step", "4", "--group-size", "4",
+                   "--eval-questions", "12", "--eval-samples", "2", "--lr", "1e-3", "--warmup-steps", "0",
+                   "--max-operand", "50", "--categories", "add_sub_2", "mul", "--few-shot", "1", "--no-progress",
+                   "--threads", "1", "--seed", "3"], tmp_path, 300)
+    assert res.returncode == 0, res.stderr
+    logged = {r["step"]: r for r in read_metrics(run / "metrics.jsonl") if "eval/accuracy_greedy" in r}
+    for step in (0, 2):
+        out = tmp_path / f"e{step}.json"
+        res = run_cli(["eval", "--model", str(run), "--step", str(step), "--questions", "12", "--samples", "2",
+                       "--json", str(out), "--threads", "1", "--no-progress"], tmp_path, 300)
+        assert res.returncode == 0, res.stderr
+        report = json.loads(out.read_text())
+        assert report["task"]["max_operand"] == 50 and report["task"]["few_shot"] == 1  # the run's task
+        for key in ("eval/accuracy_greedy", "eval/accuracy_sampled", "eval/greedy_mul"):
+            assert report["metrics"][key] == pytest.approx(logged[step][key]), (step, key)
+    # the newest checkpoint is the default; a step that was not saved is refused in one line
+    res = run_cli(["eval", "--model", str(run), "--step", "1", "--questions", "4", "--no-progress"], tmp_path, 120)
+    assert res.returncode == 2 and "checkpoints of steps [2]" in res.stderr and "Traceback" not in res.stderr
