@@ -14,13 +14,17 @@ import sys
 # Before torch is imported: OpenMP workers that spin while idle make every step
 # several times slower when another process shares the 2 cores.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# transformers' GGUF loader draws its own tqdm bar per tensor, which HF's logging switch does not reach and
+# which floods a log file; grpolab says what it loads itself.
+os.environ.setdefault("TQDM_DISABLE", "1")
 
 USAGE = """usage: grpolab COMMAND [--help] [options]
 
 GRPO training and gradient diagnostics for causal language models.
 
 commands:
-  demo    SFT warm start (shipped or cached) + GRPO on the built-in arithmetic task, with a plot
+  demo    GRPO on the built-in task from the shipped warm start, or a preset real-model run (--model smollm2-135m-instruct):
+          before/after accuracy with intervals, samples and a plot
   train   GRPO training of a policy on verifiable rewards (every option: grpolab train --help)
   eval    held-out greedy and sampled accuracy of a model or a run's checkpoint, per category, with 95% intervals
   sft     supervised warm start of the built-in tiny Llama on worked solutions
@@ -179,7 +183,8 @@ def cmd_sft(args: list[str]) -> None:
 def cmd_demo(args: list[str]) -> None:
     from grpolab.demo import DemoConfig, run_demo
 
-    cfg = _parse(DemoConfig, args, "grpolab demo", "The main job: warm start + GRPO on the built-in task, before/after accuracy and a plot.")
+    cfg = _parse(DemoConfig, args, "grpolab demo", "The main job: GRPO from the built-in warm start, or on a real instruct model with a preset task "
+                 "(--model smollm2-135m-instruct); held-out accuracy before/after with 95% intervals, samples and a plot.")
     run_demo(cfg)
 
 

@@ -32,8 +32,8 @@ def _bad(field: str, msg: str) -> ConfigError:
 # minute per 32 rollouts (sampling plus update) and about a minute per 100 evaluation completions, so a
 # brought model gets a smaller step and a smaller evaluation (docs/real-model.md measures each).
 MODEL_DEFAULTS = {
-    "builtin": {"prompts_per_step": 16, "eval_questions": 500, "eval_samples": 4},
-    "other": {"prompts_per_step": 4, "eval_questions": 50, "eval_samples": 2},
+    "builtin": {"prompts_per_step": 16, "eval_questions": 500, "eval_samples": 4, "format_weight": 0.1, "threads": 1},
+    "other": {"prompts_per_step": 4, "eval_questions": 50, "eval_samples": 2, "format_weight": 0.0, "threads": 0},
 }
 
 
@@ -50,8 +50,9 @@ class TrainConfig:
     """Drives weight init, question draws and every rollout's random stream."""
     steps: int = 500
     """GRPO steps (each: sample, score, mu updates)."""
-    threads: int = 1
-    """Torch intra-op threads; 0 = torch's default. One is fastest for the built-in model on a shared CPU."""
+    threads: int | None = None
+    """Torch intra-op threads; 0 = torch's default (every core). Default: 1 for builtin (fastest for the 0.5 M model on
+    a shared CPU), 0 for other models."""
     nproc: int = 1
     """Processes on this machine: > 1 relaunches this command under torchrun (data-parallel, one node).
     Ignored inside a torchrun launch, which sets the number itself. --prompts-per-step must be a multiple of it."""
@@ -74,6 +75,9 @@ class TrainConfig:
     chat: Literal["auto", "on", "off"] = "auto"
     """Prompt through the tokenizer's chat template (a system instruction on the answer format, the
     question as the user turn): auto = when the model has a template (instruct models), never for builtin."""
+    system_prompt: str = ""
+    """The system instruction of chat prompts; empty = the default for --format (arithmetic/GSM8K: work step by
+    step and end with '#### <answer>'; MATH: put the answer in \\boxed{})."""
     few_shot: int = 0
     """Solved examples from the training split put before each question."""
     lora_rank: int = 0
@@ -119,8 +123,10 @@ class TrainConfig:
     """Longest completion."""
 
     # --- reward ---
-    format_weight: float = 0.1
-    """lambda in r = accuracy + lambda * format (paper 004, Sec. 3.4)."""
+    format_weight: float | None = None
+    """lambda in r = accuracy + lambda * format (paper 004, Sec. 3.4). Default: 0.1 for builtin (its warm start writes
+    the '#### n' line), 0 for other models: their accuracy is read from the last number when there is no '####' line,
+    and a bonus a weak model can earn without solving anything is what GRPO learns first (docs/real-model.md)."""
     reward_fn: str = ""
     """Optional 'module:function' replacing the accuracy reward; called as fn(completions, records) -> list[float]."""
 
@@ -176,7 +182,7 @@ class TrainConfig:
     eval_questions: int | None = None
     """Held-out questions per evaluation. Default: 500 for builtin, 50 for other models (see MODEL_DEFAULTS)."""
     eval_samples: int | None = None
-    """k: samples per question at temperature 1 for eval/accuracy_sampled. Default: 4 for builtin, 2 for other models."""
+    """k: samples per question at --temperature (the pass rate the groups see) for eval/accuracy_sampled. Default: 4 for builtin, 2 for other models."""
     save_every: int = 100
     """Checkpoint every N steps; the last step is always saved."""
     keep_checkpoints: int = 0

@@ -16,11 +16,12 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from grpolab.config import ConfigError, TrainConfig
+from grpolab.config import ConfigError
+from grpolab.runs import load_task_policy, resolve_target, task_config
 
-# The task settings a run's config.json supplies unless a flag overrides them.
-TASK_FIELDS = ("gguf_file", "chat", "few_shot", "format", "eval_data", "data", "max_operand", "mul_max", "categories",
-               "max_new_tokens", "seed")
+# The task settings a flag may override (the run's config.json supplies the rest, see grpolab.runs).
+EVAL_TASK_FLAGS = ("gguf_file", "chat", "system_prompt", "few_shot", "format", "eval_data", "data", "max_operand", "mul_max",
+                   "categories", "max_new_tokens", "temperature", "seed")
 
 
 @dataclasses.dataclass
@@ -36,8 +37,8 @@ class EvalConfig:
     """Held-out questions (the first N of the fixed test set). Default: 500 for builtin, 200 for other models."""
     samples: int = 4
     """k: samples per question at --temperature for the sampled accuracy; 0 = greedy only."""
-    temperature: float = 1.0
-    """Sampling temperature of the sampled accuracy."""
+    temperature: float | None = None
+    """Sampling temperature of the sampled accuracy (default: a run's --temperature, else 1)."""
     json: str = ""
     """Also write the results (every accuracy with its interval, and each question's outcome) to this file."""
     show: int = 3
@@ -49,6 +50,8 @@ class EvalConfig:
     """A GGUF file inside the --model directory."""
     chat: Literal["auto", "on", "off"] | None = None
     """Prompt through the chat template: auto = when the model has one (not builtin)."""
+    system_prompt: str | None = None
+    """The system instruction of chat prompts (empty: the default for --format)."""
     few_shot: int | None = None
     """Solved examples before each question (from the training split, as in training)."""
     format: Literal["gsm8k", "math"] | None = None
@@ -78,98 +81,45 @@ class EvalConfig:
     """Show progress."""
 
 
-def resolve_target(model: str, step: int | None) -> tuple[str, str | None, dict]:
-    """``(weights, adapter_dir, run_config)`` for ``--model`` (and ``--step``).
-
-    ``weights`` is a spec :func:`grpolab.policy.load_policy` takes; ``adapter_dir`` a LoRA
-    checkpoint to put on it (or None); ``run_config`` the run's config.json ({} for a plain model).
-    """
-    from grpolab.checkpoint import checkpoint_dirs
-    from grpolab.models.lora import is_adapter_dir
-
-    path = Path(model)
-    if (path / "config.json").is_file() and (path / "checkpoints").is_dir():  # a run directory
-        run_cfg = json.loads((path / "config.json").read_text())
-        if step == 0:
-            return run_cfg["model"], None, run_cfg
-        ckpts = dict(checkpoint_dirs(path))
-        if not ckpts:
-            raise FileNotFoundError(f"--model {model}: a run directory with no complete checkpoint")
-        if step is None:
-            step = max(ckpts)
-        if step not in ckpts:
-            raise FileNotFoundError(f"--step {step}: {model} has checkpoints of steps {sorted(ckpts)} (and 0, its start)")
-        path = ckpts[step]
-    elif step is not None:
-        raise ConfigError(f"--step: only with a run directory as --model, got {model!r}")
-    if path.parent.name == "checkpoints" and (path.parent.parent / "config.json").is_file():  # a run's checkpoint
-        run_cfg = json.loads((path.parent.parent / "config.json").read_text())
-        if is_adapter_dir(path):
-            return run_cfg["model"], str(path), run_cfg
-        return str(path), None, run_cfg
-    return model, None, {}
-
-
-def task_config(cfg: EvalConfig, weights: str, run_cfg: dict) -> TrainConfig:
-    """The training config whose task (and held-out set) this evaluation uses."""
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    base = {k: (tuple(v) if isinstance(v, list) else v) for k, v in run_cfg.items() if k in TASK_FIELDS and k in known}
-    given = {k: getattr(cfg, k) for k in TASK_FIELDS if getattr(cfg, k) is not None}
-    questions = cfg.questions or (500 if weights == "builtin" else 200)
-    tcfg = dataclasses.replace(TrainConfig(), model=weights, **{**base, **given}, eval_questions=questions,
-                               device=cfg.device, dtype=cfg.dtype)
-    if run_cfg and "gguf_file" not in given and weights != run_cfg.get("model"):
-        tcfg = dataclasses.replace(tcfg, gguf_file="")  # a checkpoint directory holds plain safetensors
-    return tcfg.resolved()
-
-
 def run_eval(cfg: EvalConfig, log=print) -> dict:
     """Evaluate; returns the report (also written to ``cfg.json`` when set)."""
     import torch
 
-    from grpolab.data.task import few_shot_examples, task_data
+    from grpolab.data.task import task_data
     from grpolab.devices import resolve_device
     from grpolab.evaluate import evaluate
-    from grpolab.policy import MATH_SYSTEM_PROMPT, load_policy
     from grpolab.progress import progress_bar
     from grpolab.utils import set_threads
 
     if cfg.samples < 0 or cfg.show < 0 or cfg.batch_size < 1 or (cfg.questions is not None and cfg.questions < 1):
         raise ConfigError("--questions and --batch-size must be >= 1, --samples and --show >= 0")
-    if cfg.temperature <= 0 and cfg.samples:
-        raise ConfigError(f"--temperature must be > 0 for sampled accuracy (or --samples 0), got {cfg.temperature}")
+    if cfg.temperature is not None and cfg.temperature <= 0:
+        raise ConfigError(f"--temperature must be > 0 (greedy accuracy is always reported), got {cfg.temperature}")
     set_threads(cfg.threads)
-    weights, adapter, run_cfg = resolve_target(cfg.model, cfg.step)
-    tcfg = task_config(cfg, weights, run_cfg)
+    target = resolve_target(cfg.model, cfg.step)
+    questions = cfg.questions or (500 if target.weights == "builtin" else 200)
+    tcfg = task_config(target, **{k: getattr(cfg, k) for k in EVAL_TASK_FLAGS}, eval_questions=questions,
+                       device=cfg.device, dtype=cfg.dtype)
     tcfg.validate()
     held_out, sampler = task_data(tcfg, log)
-    device = resolve_device(cfg.device)
     dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[cfg.dtype]
     t0 = time.perf_counter()
-    log(f"loading {weights}" + (f" with the adapter of {adapter}" if adapter else "") + " ...")
-    policy = load_policy(weights, dtype, gguf_file=tcfg.gguf_file, chat=tcfg.chat, device=device)
-    if adapter:
-        from grpolab.models.lora import load_lora
-
-        policy.model = load_lora(policy.model, adapter, trainable=False)
-    if tcfg.format == "math":
-        policy.system = MATH_SYSTEM_PROMPT
-    if sampler is not None:
-        policy.few_shot = few_shot_examples(sampler, tcfg.few_shot)
+    log(f"loading {target.weights}" + (f" with the adapter of {target.adapter}" if target.adapter else "") + " ...")
+    policy = load_task_policy(target, tcfg, device=resolve_device(cfg.device), dtype=dtype, sampler=sampler)
     log(f"loaded in {time.perf_counter() - t0:.0f} s; evaluating {len(held_out)} questions x (1 greedy + {cfg.samples} "
-        f"sampled at T={cfg.temperature:g}) = {len(held_out) * (1 + cfg.samples)} completions of up to {tcfg.max_new_tokens} tokens")
+        f"sampled at T={tcfg.temperature:g}) = {len(held_out) * (1 + cfg.samples)} completions of up to {tcfg.max_new_tokens} tokens")
     t0 = time.perf_counter()
     total = len(held_out) * (1 + cfg.samples)
     with torch.no_grad(), progress_bar("eval", total, enabled=cfg.progress, every=max(total // 10, 1)) as bar:
-        metrics, examples = evaluate(policy, held_out, samples=cfg.samples, temperature=cfg.temperature,
+        metrics, examples = evaluate(policy, held_out, samples=cfg.samples, temperature=tcfg.temperature,
                                      max_new_tokens=tcfg.max_new_tokens, seed=tcfg.seed, batch_size=cfg.batch_size,
                                      progress=lambda done, _: bar.update(done))
     seconds = time.perf_counter() - t0
     cats = sorted({r.get("category", "all") for r in held_out})
     report = {
-        "model": cfg.model, "weights": weights, "adapter": adapter, "step": cfg.step, "questions": len(held_out),
-        "samples": cfg.samples, "temperature": cfg.temperature, "eval_seconds": seconds,
-        "task": {k: getattr(tcfg, k) for k in TASK_FIELDS if k != "gguf_file"} | {"chat": policy.chat},
+        "model": cfg.model, "weights": target.weights, "adapter": target.adapter, "step": cfg.step, "questions": len(held_out),
+        "samples": cfg.samples, "temperature": tcfg.temperature, "eval_seconds": seconds,
+        "task": {k: getattr(tcfg, k) for k in EVAL_TASK_FLAGS if k != "gguf_file"} | {"chat": policy.chat},
         "categories": {c: sum(r.get("category", "all") == c for r in held_out) for c in cats},
         "metrics": metrics, "examples": examples,
     }

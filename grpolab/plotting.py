@@ -45,7 +45,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, title: str = ""
     for key, color in (("eval/accuracy_greedy", "tab:red"), ("eval/accuracy_sampled", "tab:purple")):
         x, y = _series(rows, key)
         axes[1].plot(x, y, "o-", color=color, label=key)
-    axes[1].set_title("held-out accuracy")
+        band = [(r["step"], r[key + "_lo"], r[key + "_hi"]) for r in rows if key + "_lo" in r]
+        if band:  # 95% intervals (runs logged before intervals existed have none)
+            axes[1].fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band], color=color, alpha=0.15)
+    axes[1].set_title("held-out accuracy (95% intervals)")
 
     x, y = _series(rows, "reward/frac_zero_std")
     axes[2].plot(x, y, color="tab:gray", alpha=0.3, lw=0.8)

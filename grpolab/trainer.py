@@ -89,6 +89,8 @@ class GRPOTrainer:
         self.status = lambda text: None  # train() points this at the progress bar
         if cfg.format == "math":
             self.policy.system = MATH_SYSTEM_PROMPT
+        if cfg.system_prompt:
+            self.policy.system = cfg.system_prompt
         if cfg.gradient_checkpointing:  # on the base model, before LoRA wraps it (peft then makes inputs require grad)
             enable_activation_checkpointing(self.policy.model)
         if cfg.lora_rank:
@@ -332,7 +334,7 @@ class GRPOTrainer:
         cfg = self.cfg
         with self.train_module.full_weights():
             metrics, examples = evaluate(
-                self.policy, self.held_out, samples=cfg.eval_samples, temperature=1.0,
+                self.policy, self.held_out, samples=cfg.eval_samples, temperature=cfg.temperature,
                 max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, world=self.world,
                 progress=lambda done, total: self.status(f"eval at step {step}: {done}/{total} completions"),
             )

@@ -12,7 +12,7 @@ import pytest
 
 from grpolab.data import ArithmeticSpec, DataError, ListSampler, TrainSampler, load_gsm8k_jsonl, make_question
 from grpolab.data.arithmetic import test_set as held_out_set  # renamed: pytest would collect 'test_set'
-from grpolab.data.arithmetic import CATEGORIES, probe_set
+from grpolab.data.arithmetic import CATEGORIES, held_out_size, probe_set, question_space
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LINE = re.compile(r"^(-?\d+)([+\-*/])(-?\d+)=(-?\d+)$")  # one worked step: x op y=z
@@ -202,3 +202,22 @@ def test_missing_and_empty_files(tmp_path):
     empty = _write(tmp_path, [""], name="empty.jsonl")
     with pytest.raises(DataError, match="empty.jsonl"):
         load_gsm8k_jsonl(empty)
+
+
+@pytest.mark.parametrize("spec", [ArithmeticSpec(12, 4, ("mul", "div")), ArithmeticSpec(10, 3, ("add_sub_2",)),
+                                  ArithmeticSpec(10, 5, ("paren", "mul"))])
+def test_question_space_counts_what_the_generator_can_draw(spec):
+    rng = np.random.default_rng(0)
+    seen = {make_question(rng, spec)["question"] for _ in range(150_000)}
+    assert len(seen) == question_space(spec)
+
+
+def test_small_task_holds_out_half_and_trains_on_the_rest():
+    spec = ArithmeticSpec(20, 5, ("mul",))  # 19 * 4 = 76 questions
+    assert held_out_size(spec, 30) == 38
+    with pytest.raises(ValueError, match="76 distinct questions: at most 38"):
+        held_out_size(spec, 50)
+    assert held_out_size(ArithmeticSpec(), 200) == 500  # the built-in task: the fixed 500
+    test_q = {r["question"] for r in held_out_set(38, spec)}
+    train_q = {r["question"] for r in TrainSampler(0, spec, exclude=test_q).draw(1, 400)}
+    assert not train_q & test_q and len(train_q | test_q) == 76

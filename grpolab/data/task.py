@@ -6,7 +6,7 @@ questions (and puts the very few-shot examples before them) that the run's own e
 
 from __future__ import annotations
 
-from grpolab.data.arithmetic import ArithmeticSpec, TrainSampler, test_set
+from grpolab.data.arithmetic import ArithmeticSpec, TrainSampler, held_out_size, test_set
 from grpolab.data.jsonl import DataError, ListSampler, load_gsm8k_jsonl
 from grpolab.data.math_format import load_math_jsonl
 
@@ -19,6 +19,11 @@ def task_data(cfg, log=print):
     """
     spec = ArithmeticSpec(cfg.max_operand, cfg.mul_max, tuple(cfg.categories))
     load = load_math_jsonl if cfg.format == "math" else load_gsm8k_jsonl
+    if not cfg.eval_data:
+        try:
+            held = held_out_size(spec, cfg.eval_questions)
+        except ValueError as e:
+            raise DataError(f"--eval-questions: {e}") from None
     held_out = load(cfg.eval_data)[: cfg.eval_questions] if cfg.eval_data else test_set(cfg.eval_questions, spec)
     if cfg.data:
         train_records = load(cfg.data)
@@ -30,8 +35,8 @@ def task_data(cfg, log=print):
         if not train_records:
             raise DataError(f"--data {cfg.data}: every record is also in --eval-data {cfg.eval_data}; nothing left to train on")
         return held_out, ListSampler(train_records, cfg.seed)
-    # Exclude the full 500-question test set even when evaluating on fewer of them.
-    exclude = {r["question"] for r in test_set(max(500, cfg.eval_questions), spec)}
+    # Exclude the full 500-question test set (half of a small task) even when evaluating on fewer of them.
+    exclude = {r["question"] for r in test_set(held, spec)}
     return held_out, TrainSampler(cfg.seed, spec, exclude=exclude)
 
 

@@ -12,8 +12,7 @@ import torch
 
 from grpolab import distributed
 from grpolab.config import ConfigError
-from grpolab.data.arithmetic import probe_set
-from grpolab.policy import load_policy
+from grpolab.runs import load_task_policy, probe_task, resolve_target
 from grpolab.probes.mse import (
     ESTIMATORS,
     bandit_moments,
@@ -39,7 +38,8 @@ class MseConfig:
     """
 
     policy: tuple[str, ...] = ("builtin",)
-    """Policies to measure: 'builtin', a model directory, or a run's checkpoint directory. Repeat the flag for several."""
+    """Policies to measure: 'builtin', smollm2-135m-instruct, a model directory, a run directory (its newest checkpoint)
+    or a run's checkpoint directory. Repeat the flag for several; all answer the questions of the first one's task."""
     env: str = "lm"
     """'lm' (a policy on the built-in task) or 'bandit' (the exact check)."""
     group_sizes: tuple[int, ...] = (2, 4, 8, 16, 32)
@@ -50,12 +50,12 @@ class MseConfig:
     """Rollouts per prompt in the pool (>= 3); more gives tighter intervals, not different answers."""
     out: str = "runs/mse"
     """Output directory (mse.json, mse.png)."""
-    max_new_tokens: int = 48
-    """Longest completion."""
-    temperature: float = 1.0
-    """Sampling temperature."""
-    format_weight: float = 0.1
-    """lambda in r = accuracy + lambda * format."""
+    max_new_tokens: int | None = None
+    """Longest completion (default: the run's, else 48)."""
+    temperature: float | None = None
+    """Sampling temperature (default: the run's, else 1)."""
+    format_weight: float | None = None
+    """lambda in r = accuracy + lambda * format (default: the run's, else training's default for the model)."""
     include: str = ""
     """Regex restricting psi to matching parameter names; empty = all."""
     arm_probs: tuple[float, ...] = (0.2, 0.5, 0.8)
@@ -128,10 +128,14 @@ def run_mse(cfg: MseConfig, log=print) -> dict:
     world = distributed.init()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    records = probe_set(500)[: cfg.prompts]
+    # Every policy answers the same questions: those of the first one's task (its run's, or the built-in task).
+    targets = [resolve_target(spec) for spec in cfg.policy]
+    tcfg, records, sampler = probe_task(targets[0], cfg.prompts, max_new_tokens=cfg.max_new_tokens,
+                                        temperature=cfg.temperature, format_weight=cfg.format_weight)
+    cfg = dataclasses.replace(cfg, max_new_tokens=tcfg.max_new_tokens, temperature=tcfg.temperature, format_weight=tcfg.format_weight)
     report = {"config": dataclasses.asdict(cfg), "policies": []}
-    for spec in cfg.policy:
-        policy = load_policy(spec)
+    for spec, target in zip(cfg.policy, targets):
+        policy = load_task_policy(target, tcfg, sampler=sampler)
         pool = collect_pool(policy, records, cfg.pool, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens,
                             temperature=cfg.temperature, format_weight=cfg.format_weight,
                             include=cfg.include or None, progress=cfg.progress, label=f"pool {spec}", world=world)
@@ -177,7 +181,8 @@ class GroupsizeConfig:
     """
 
     policy: str = "builtin"
-    """The policy: 'builtin', a model directory or a checkpoint directory."""
+    """The policy: 'builtin', smollm2-135m-instruct, a model directory, a run directory (its newest checkpoint) or
+    a run's checkpoint directory (measured on its run's task)."""
     budget: int = 64
     """Rollouts per step, B * G."""
     prompts: int = 32
@@ -188,12 +193,12 @@ class GroupsizeConfig:
     """Output directory (groupsize.json, groupsize.png)."""
     bootstrap: int = 1000
     """Bootstrap resamples of the prompts for the intervals."""
-    max_new_tokens: int = 48
-    """Longest completion."""
-    temperature: float = 1.0
-    """Sampling temperature."""
-    format_weight: float = 0.1
-    """lambda in r = accuracy + lambda * format."""
+    max_new_tokens: int | None = None
+    """Longest completion (default: the run's, else 48)."""
+    temperature: float | None = None
+    """Sampling temperature (default: the run's, else 1)."""
+    format_weight: float | None = None
+    """lambda in r = accuracy + lambda * format (default: the run's, else training's default for the model)."""
     include: str = ""
     """Regex restricting psi to matching parameter names; empty = all."""
     seed: int = 0
@@ -228,8 +233,12 @@ def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:
     world = distributed.init()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    policy = load_policy(cfg.policy)
-    pool = collect_pool(policy, probe_set(500)[: cfg.prompts], cfg.pool, seed=cfg.seed,
+    target = resolve_target(cfg.policy)
+    tcfg, records, sampler = probe_task(target, cfg.prompts, max_new_tokens=cfg.max_new_tokens,
+                                        temperature=cfg.temperature, format_weight=cfg.format_weight)
+    cfg = dataclasses.replace(cfg, max_new_tokens=tcfg.max_new_tokens, temperature=tcfg.temperature, format_weight=tcfg.format_weight)
+    policy = load_task_policy(target, tcfg, sampler=sampler)
+    pool = collect_pool(policy, records, cfg.pool, seed=cfg.seed,
                         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                         format_weight=cfg.format_weight, include=cfg.include or None, progress=cfg.progress, world=world)
     consts = groupsize_constants(pool.moments, pool.cross)

@@ -26,9 +26,8 @@ import torch
 
 from grpolab import distributed
 from grpolab.advantages import compute_advantages
-from grpolab.checkpoint import checkpoint_dirs
-from grpolab.data.arithmetic import probe_set
-from grpolab.policy import Policy, load_policy
+from grpolab.policy import Policy
+from grpolab.runs import load_task_policy, probe_task, run_targets
 from grpolab.probes.gram import gram_relative_error, score_gram, score_gram_reference, token_weights
 from grpolab.probes.pool import sample_rollouts
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
@@ -44,23 +43,24 @@ class RankConfig:
     """Spectrum of the per-rollout gradient matrix (effective rank, top-1 fraction) over checkpoints."""
 
     checkpoint: str = "builtin"
-    """A run directory (every checkpoint in it, plus its starting model as step 0), or one model ('builtin' or a directory)."""
+    """A run directory (every checkpoint in it, plus its starting model as step 0), or one model ('builtin',
+    smollm2-135m-instruct, a directory, a checkpoint). A run's task and prompt format are used."""
     out: str = "runs/rank"
     """Output directory: rank.json and PNG plots."""
     group_sizes: tuple[int, ...] = (2, 4, 8)
     """Group sizes R to measure."""
     prompts: int = 32
-    """Probe prompts per checkpoint (from the paper's fixed 500-question set)."""
+    """Probe prompts per checkpoint (the first of the task's fixed 500-question probe set)."""
     estimator: str = "grpo"
     """Advantage estimator for A (paper 000 analyses the group mean, 'grpo')."""
     aggregation: str = "seq-mean-token-mean"
     """Per-token weights of psi, as in the loss (1/|o_i| for GRPO)."""
-    temperature: float = 1.0
-    """Sampling temperature."""
-    max_new_tokens: int = 48
-    """Longest completion."""
-    format_weight: float = 0.1
-    """lambda in the reward r = accuracy + lambda * format."""
+    temperature: float | None = None
+    """Sampling temperature (default: the run's --temperature, else 1)."""
+    max_new_tokens: int | None = None
+    """Longest completion (default: the run's, else 48)."""
+    format_weight: float | None = None
+    """lambda in the reward r = accuracy + lambda * format (default: the run's, else training's default for the model)."""
     include: str = ""
     """Regex restricting psi to matching parameter names (e.g. 'layers\\.0\\.'); empty = all."""
     sketch_dim: int = 0
@@ -78,19 +78,6 @@ class RankConfig:
     (results equal to one process's). Ignored inside a torchrun launch."""
     progress: bool = True
     """Show a progress bar."""
-
-
-def _checkpoints(spec: str) -> list[tuple[int, str]]:
-    path = Path(spec)
-    if (path / "metrics.jsonl").is_file() or (path / "checkpoints").is_dir():
-        found = [(step, str(d)) for step, d in checkpoint_dirs(path)]
-        cfg_path = path / "config.json"
-        if cfg_path.is_file():
-            found.insert(0, (0, json.loads(cfg_path.read_text())["model"]))
-        if not found:
-            raise FileNotFoundError(f"--checkpoint {spec}: a run directory with no checkpoints")
-        return found
-    return [(0, spec)]
 
 
 def _plain_forward_backward_s(model, batch: Batch, weights: torch.Tensor, temperature: float) -> float:
@@ -149,15 +136,18 @@ def run_rank(cfg: RankConfig, log=print) -> dict:
     world = distributed.init()  # on P processes, each rank measures a block of the prompts
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    records = probe_set(500)[: cfg.prompts]
+    ckpts = run_targets(cfg.checkpoint)
+    tcfg, records, sampler = probe_task(ckpts[0][1], cfg.prompts, max_new_tokens=cfg.max_new_tokens,
+                                        temperature=cfg.temperature, format_weight=cfg.format_weight)
+    cfg = dataclasses.replace(cfg, max_new_tokens=tcfg.max_new_tokens, temperature=tcfg.temperature, format_weight=tcfg.format_weight)
     mine = world.split(len(records))
-    ckpts = _checkpoints(cfg.checkpoint)
     results = []
     total = len(ckpts) * len(cfg.group_sizes) * len(mine)
     with progress_bar("rank", total, enabled=cfg.progress and world.is_main) as bar:
         done = 0
-        for step, path in ckpts:
-            policy = load_policy(path)
+        for step, target in ckpts:
+            path = target.adapter or target.weights
+            policy = load_task_policy(target, tcfg, sampler=sampler)
             policy.model.eval()  # no dropout in the probe; gradients still flow
             for R in cfg.group_sizes:
                 rows = []

@@ -1,0 +1,124 @@
+"""What a run directory says about the task, for the commands that read a run afterwards.
+
+``grpolab eval`` and the probes (``rank``, ``mse``, ``groupsize``) take a model *or* a run (its
+directory, or one of its ``checkpoints/step_N``). Given a run they ask the questions, in the
+prompt format (chat template, system prompt, few-shot examples), that the run trained on: a
+probe of a model trained on one task but measured on another would measure the wrong gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from grpolab.config import ConfigError, TrainConfig
+
+# The settings of a run that define its task and prompts (and the reward its gradient used).
+TASK_FIELDS = ("gguf_file", "chat", "system_prompt", "few_shot", "format", "eval_data", "data", "max_operand", "mul_max",
+               "categories", "max_new_tokens", "temperature", "format_weight", "seed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    weights: str
+    """A spec :func:`grpolab.policy.load_policy` takes (builtin, a directory, a GGUF file, smollm2-135m-instruct)."""
+    adapter: str | None = None
+    """A LoRA checkpoint to put on ``weights``."""
+    run_config: dict = dataclasses.field(default_factory=dict)
+    """The run's config.json ({} for a plain model)."""
+
+
+def _is_run_dir(path: Path) -> bool:
+    return (path / "config.json").is_file() and ((path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file())
+
+
+def _checkpoint_target(path: Path, run_cfg: dict) -> Target:
+    from grpolab.models.lora import is_adapter_dir
+
+    if is_adapter_dir(path):  # a LoRA run's checkpoint holds the adapter only
+        return Target(run_cfg["model"], str(path), run_cfg)
+    return Target(str(path), None, run_cfg)
+
+
+def run_targets(spec: str) -> list[tuple[int, Target]]:
+    """A run directory: its starting model (step 0) and every complete checkpoint, oldest first.
+    Anything else: one target at step 0."""
+    from grpolab.checkpoint import checkpoint_dirs
+
+    path = Path(spec)
+    if not _is_run_dir(path):
+        return [(0, resolve_target(spec))]
+    run_cfg = json.loads((path / "config.json").read_text())
+    return [(0, Target(run_cfg["model"], None, run_cfg))] + [(s, _checkpoint_target(d, run_cfg)) for s, d in checkpoint_dirs(path)]
+
+
+def resolve_target(spec: str, step: int | None = None) -> Target:
+    """The model ``spec`` names: a run directory (its newest checkpoint, or ``step``; 0 = its start),
+    a run's ``checkpoints/step_N``, or a plain model spec."""
+    path = Path(spec)
+    if _is_run_dir(path):
+        targets = dict(run_targets(spec))
+        if step is None:
+            step = max(targets)
+            if step == 0:
+                raise FileNotFoundError(f"--model {spec}: a run directory with no complete checkpoint (--step 0 is its start)")
+        if step not in targets:
+            raise FileNotFoundError(f"--step {step}: {spec} has checkpoints of steps {sorted(targets)[1:]} (and 0, its start)")
+        return targets[step]
+    if step is not None:
+        raise ConfigError(f"--step: only with a run directory as --model, got {spec!r}")
+    if path.parent.name == "checkpoints" and (path.parent.parent / "config.json").is_file():
+        return _checkpoint_target(path, json.loads((path.parent.parent / "config.json").read_text()))
+    return Target(spec)
+
+
+def task_config(target: Target, **given) -> TrainConfig:
+    """A training config for ``target``'s task: the run's settings, then ``given`` (flags a user set),
+    then the defaults for the model. Resolved (model-dependent defaults filled in)."""
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    base = {k: (tuple(v) if isinstance(v, list) else v) for k, v in target.run_config.items() if k in TASK_FIELDS and k in known}
+    cfg = dataclasses.replace(TrainConfig(), model=target.weights, **{**base, **{k: v for k, v in given.items() if v is not None}})
+    if target.run_config and "gguf_file" not in given and target.weights != target.run_config.get("model"):
+        cfg = dataclasses.replace(cfg, gguf_file="")  # a checkpoint directory holds plain safetensors
+    return cfg.resolved()
+
+
+def load_task_policy(target: Target, cfg: TrainConfig, *, device="cpu", dtype=None, sampler=None):
+    """The policy of ``target`` with ``cfg``'s prompt format (chat, system prompt, few-shot examples from
+    ``sampler``, the training split, as in training)."""
+    from grpolab.data.task import few_shot_examples
+    from grpolab.policy import MATH_SYSTEM_PROMPT, load_policy
+
+    policy = load_policy(target.weights, dtype, gguf_file=cfg.gguf_file, chat=cfg.chat, device=device)
+    if target.adapter:
+        from grpolab.models.lora import load_lora
+
+        policy.model = load_lora(policy.model, target.adapter, trainable=False)
+    if cfg.format == "math":
+        policy.system = MATH_SYSTEM_PROMPT
+    if cfg.system_prompt:
+        policy.system = cfg.system_prompt
+    if sampler is not None:
+        policy.few_shot = few_shot_examples(sampler, cfg.few_shot)
+    return policy
+
+
+def probe_records(cfg: TrainConfig, n: int) -> list[dict]:
+    """The first ``n`` questions of the fixed probe set of ``cfg``'s arithmetic task (paper 003 Sec. 5.1's 500)."""
+    from grpolab.data.arithmetic import ArithmeticSpec, probe_set
+
+    if cfg.data or cfg.eval_data:
+        raise ConfigError("the probes measure the built-in arithmetic task; this run trained on JSONL data")
+    return probe_set(n, ArithmeticSpec(cfg.max_operand, cfg.mul_max, tuple(cfg.categories)))
+
+
+def probe_task(target: Target, prompts: int, **given):
+    """``(cfg, records, sampler)`` for a probe of ``target``: its run's task (or the built-in one),
+    with ``given`` (the probe's own flags that were set) on top; ``records`` the first ``prompts``
+    probe questions of that task."""
+    from grpolab.data.task import task_data
+
+    cfg = task_config(target, **given)
+    _, sampler = task_data(cfg, log=lambda *a, **k: None)
+    return cfg, probe_records(cfg, prompts), sampler
