@@ -109,7 +109,7 @@ def _examples(out: Path, step: int, n: int) -> list[dict]:
 
 
 def run_demo(cfg: DemoConfig) -> dict:
-    console = Console()
+    console = Console(soft_wrap=True)  # long lines (paths) stay whole in a log file
     model = warm_start(cfg.retrain_sft, console) if cfg.model == BUILTIN else cfg.model
     train_cfg = demo_train_config(cfg, model)
     out = train(train_cfg, log=console.print)

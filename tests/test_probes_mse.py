@@ -235,6 +235,28 @@ def test_lm_pool_cross_diagonal_is_the_quadratic_form(tiny_model, char_tokenizer
     assert all(p.grad is None for p in tiny_model.parameters())
 
 
+def test_lm_pool_sketched_cross_products_are_close_to_exact():
+    from grpolab.data.arithmetic import probe_set
+    from grpolab.policy import load_policy
+    from grpolab.probes.pool import collect_pool
+
+    policy = load_policy("builtin")  # the warm start: rewards with variance, so nonzero leave-one-out vectors
+    records = probe_set(500)[:4]
+    kw = dict(seed=1, max_new_tokens=48, progress=False)
+    exact = collect_pool(policy, records, 6, **kw, sketch_dim=0)
+    assert (exact.cross.diagonal() > 0).sum() >= 2
+    k = 2**14
+    sketched = collect_pool(policy, records, 6, **kw, sketch_dim=k)
+    assert sketched.moments == exact.moments  # per-prompt moments never use the sketch
+    norms = exact.cross.diagonal().clamp_min(0).sqrt()
+    bound = 4 * math.sqrt(2 / k) * torch.outer(norms, norms)  # 4 standard deviations of a CountSketch entry
+    err = (sketched.cross - exact.cross).abs()
+    assert (err <= bound + 1e-12).all(), (err / bound).max()
+    assert err.max() > 0  # it did sketch
+    other = collect_pool(policy, records, 6, **kw, sketch_dim=8)
+    assert not torch.allclose(other.cross, exact.cross, rtol=1e-3)  # a tiny sketch is visibly noisy: the test can fail
+
+
 # ---------------------------------------------------------------- CLI
 
 

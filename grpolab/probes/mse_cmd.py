@@ -58,6 +58,9 @@ class MseConfig:
     """lambda in r = accuracy + lambda * format (default: the run's, else training's default for the model)."""
     include: str = ""
     """Regex restricting psi to matching parameter names; empty = all."""
+    sketch_dim: int | None = None
+    """Cross-prompt gradient products from a k-dimensional CountSketch (unbiased): None = only when the M gradient
+    vectors would exceed 1 GB (a real model), 0 = always exact, k > 0 = always sketched."""
     arm_probs: tuple[float, ...] = (0.2, 0.5, 0.8)
     """Bandit: success probability of each arm."""
     logits: tuple[float, ...] = (0.0, 0.5, -0.5)
@@ -138,7 +141,8 @@ def run_mse(cfg: MseConfig, log=print) -> dict:
         policy = load_task_policy(target, tcfg, sampler=sampler)
         pool = collect_pool(policy, records, cfg.pool, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens,
                             temperature=cfg.temperature, format_weight=cfg.format_weight,
-                            include=cfg.include or None, progress=cfg.progress, label=f"pool {spec}", world=world)
+                            include=cfg.include or None, progress=cfg.progress, label=f"pool {spec}", world=world,
+                            sketch_dim=cfg.sketch_dim, log=log)
         entry = {
             "policy": spec,
             "reward_mean": statistics.fmean(pool.reward_mean),
@@ -201,6 +205,9 @@ class GroupsizeConfig:
     """lambda in r = accuracy + lambda * format (default: the run's, else training's default for the model)."""
     include: str = ""
     """Regex restricting psi to matching parameter names; empty = all."""
+    sketch_dim: int | None = None
+    """Cross-prompt gradient products from a k-dimensional CountSketch (unbiased): None = only when the M gradient
+    vectors would exceed 1 GB (a real model), 0 = always exact, k > 0 = always sketched."""
     seed: int = 0
     """Seed."""
     threads: int = 1
@@ -240,7 +247,8 @@ def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:
     policy = load_task_policy(target, tcfg, sampler=sampler)
     pool = collect_pool(policy, records, cfg.pool, seed=cfg.seed,
                         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                        format_weight=cfg.format_weight, include=cfg.include or None, progress=cfg.progress, world=world)
+                        format_weight=cfg.format_weight, include=cfg.include or None, progress=cfg.progress, world=world,
+                        sketch_dim=cfg.sketch_dim, log=log)
     consts = groupsize_constants(pool.moments, pool.cross)
     gen = torch.Generator().manual_seed(cfg.seed)
     M = len(pool.moments)

@@ -21,13 +21,15 @@ import torch
 from grpolab import distributed
 from grpolab.distributed import SINGLE, World
 from grpolab.policy import Policy
-from grpolab.probes.gram import _select_params, score_gram
+from grpolab.probes.gram import _count_sketch, _select_params, score_gram
 from grpolab.probes.mse import prompt_moments, rloo_weights
 from grpolab.progress import progress_bar
 from grpolab.rewards import default_reward_fns, score
 from grpolab.rollout import Batch, completion_logprobs, sample
 
 POOL_STREAM = 5  # random-stream id of pool rollouts (the rank probe uses 4)
+EXACT_POOL_FLOATS = 2**28  # 1 GB of float32 leave-one-out vectors; beyond it they are sketched
+SKETCH_DIM = 2**22
 
 
 def sample_rollouts(policy: Policy, record: dict, n: int, key: tuple, *, max_new_tokens: int, temperature: float,
@@ -50,14 +52,29 @@ class Pool:
 
 def collect_pool(policy: Policy, records: list[dict], n: int, *, seed: int = 0, max_new_tokens: int = 48,
                  temperature: float = 1.0, format_weight: float = 0.1, include: str | None = None,
-                 progress: bool = True, label: str = "pool", world: World = SINGLE) -> Pool:
+                 progress: bool = True, label: str = "pool", world: World = SINGLE, sketch_dim: int | None = None,
+                 log=print) -> Pool:
     """Sample n rollouts for each record and reduce them (module docstring); over ``world``, each
-    rank takes its block of the records and all get the whole pool."""
+    rank takes its block of the records and all get the whole pool.
+
+    ``sketch_dim``: 0 keeps the M leave-one-out vectors whole (exact cross products); k > 0 keeps a
+    k-dimensional CountSketch of each (unbiased cross products, entry error at most
+    sqrt(2/k) ||a|| ||b||); None = exact when the M vectors fit in EXACT_POOL_FLOATS floats, else
+    SKETCH_DIM (a real model's M x D floats would not fit in memory: 32 x 135 M x 4 bytes = 17 GB).
+    The per-prompt Gram matrices (and so every per-prompt moment) are always exact.
+    """
     if n < 3:
         raise ValueError(f"--pool must be >= 3 rollouts per prompt, got {n}")
     model = policy.model
     model.eval()
-    params = [p for p in model.parameters() if id(p) in _select_params(model, include)]
+    chosen = _select_params(model, include)
+    params = [p for p in model.parameters() if id(p) in chosen]
+    D = sum(p.numel() for p in params)
+    if sketch_dim is None:
+        sketch_dim = 0 if len(records) * D <= EXACT_POOL_FLOATS else SKETCH_DIM
+        if sketch_dim and world.is_main:
+            log(f"pool: {len(records)} gradients of {D / 1e6:.0f} M parameters would take {len(records) * D * 4 / 2**30:.1f} GB; "
+                f"their cross products come from a {sketch_dim}-dimensional CountSketch (unbiased)")
     moments, vectors, means, stds = [], [], [], []
     mine = world.split(len(records))
     with progress_bar(label, len(mine), enabled=progress and world.is_main) as bar:
@@ -74,12 +91,17 @@ def collect_pool(policy: Policy, records: list[dict], n: int, *, seed: int = 0, 
             logp = completion_logprobs(model, batch, temperature)  # [n, T]
             obj = (logp * (weights * a[:, None]).to(logp.dtype)).sum()
             grads = torch.autograd.grad(obj, params, allow_unused=True)
-            vectors.append(torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
-                                      for g, p in zip(grads, params)]))  # [D]
+            if sketch_dim:  # each parameter's block hashed with its own (name-keyed) buckets and signs
+                vectors.append(sum(_count_sketch((g if g is not None else torch.zeros_like(p)).reshape(1, -1).float(),
+                                                 chosen[id(p)], sketch_dim, seed)[0] for g, p in zip(grads, params)))  # [k]
+            else:
+                vectors.append(torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
+                                          for g, p in zip(grads, params)]))  # [D]
+            del grads
             means.append(float(rewards.mean()))
             stds.append(float(rewards.std(unbiased=False)))
             bar.update(len(means), f"mean reward {sum(means) / len(means):.2f}")
-    D = sum(p.numel() for p in params)
-    V = torch.stack(vectors).double() if vectors else torch.zeros(0, D, dtype=torch.float64)  # [M / P, D]
+    width = sketch_dim or D
+    V = torch.stack(vectors).double() if vectors else torch.zeros(0, width, dtype=torch.float64)  # [M / P, D or k]
     cat = lambda xs: distributed.gather_concat(xs, world)  # noqa: E731
     return Pool(cat(moments), distributed.gram(V, world), cat(means), cat(stds))
