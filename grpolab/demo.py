@@ -39,8 +39,8 @@ from grpolab.trainer import train
 REAL_MODEL_PRESET = dict(
     categories=("mul",), max_operand=51, mul_max=9, system_prompt="Compute the result. Reply with the number only.",
     temperature=0.4, max_new_tokens=24, format_weight=0.0,
-    prompts_per_step=8, group_size=8, lr=2e-5, warmup_steps=2, beta=0.0, mu=1,
-    steps=40, eval_every=20, eval_questions=200, eval_samples=4, save_every=20, log_samples=8, threads=0,
+    prompts_per_step=8, group_size=8, lr=5e-6, warmup_steps=2, beta=0.0, mu=1,
+    steps=80, eval_every=40, eval_questions=200, eval_samples=4, save_every=40, log_samples=8, threads=0,
 )
 # LoRA trains far fewer parameters: a larger step size (the usual 10x).
 LORA_PRESET = dict(lr=2e-4)

@@ -155,3 +155,20 @@ def test_cli_rejects_an_invalid_config_naming_the_flag(tmp_path):
 def test_cli_unknown_command_exits_2(tmp_path):
     res = _run_cli(["trian"], tmp_path)
     assert res.returncode == 2 and "unknown command" in res.stderr
+
+
+def test_model_dependent_defaults_and_explicit_values_win():
+    from grpolab.config import MODEL_DEFAULTS
+
+    builtin = TrainConfig().resolved()
+    real = TrainConfig(model="smollm2-135m-instruct").resolved()
+    for key in MODEL_DEFAULTS["builtin"]:
+        assert getattr(builtin, key) == MODEL_DEFAULTS["builtin"][key]
+        assert getattr(real, key) == MODEL_DEFAULTS["other"][key]
+    assert (builtin.prompts_per_step, real.prompts_per_step) == (16, 4)
+    mine = TrainConfig(model="smollm2-135m-instruct", prompts_per_step=12, format_weight=0.05).resolved()
+    assert (mine.prompts_per_step, mine.format_weight, mine.eval_questions) == (12, 0.05, 50)
+    assert mine.resolved() == mine  # idempotent
+    TrainConfig(model="smollm2-135m-instruct").validate()  # validates the resolved values
+    with pytest.raises(ConfigError, match="--prompts-per-step"):
+        TrainConfig(prompts_per_step=0).validate()

@@ -78,8 +78,9 @@ def base_run(tmp_path_factory):
 def test_run_dir_holds_the_whole_config(base_run):
     cfg, out = base_run
     saved = json.loads((out / "config.json").read_text())
-    expected = json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples -> lists, as JSON has them
+    expected = json.loads(json.dumps(dataclasses.asdict(cfg.resolved())))  # tuples -> lists, as JSON has them
     assert {k: v for k, v in saved.items() if k not in ("code_version", "world_size")} == expected
+    assert cfg.format_weight is None and saved["format_weight"] == 0.1  # model-dependent defaults recorded as used
     assert "code_version" in saved
     assert saved["world_size"] == 1  # processes the run was started on
 
