@@ -24,7 +24,7 @@ demo: $(BIN)/.installed
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/grpolab demo
 
 test: $(BIN)/.installed
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q --durations=15
 
 bench: $(BIN)/.installed
 	$(BIN)/pip install --quiet -e ".[bench]"
