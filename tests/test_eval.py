@@ -107,3 +107,20 @@ def test_eval_reproduces_a_runs_own_evaluation(tmp_path):
     # the newest checkpoint is the default; a step that was not saved is refused in one line
     res = run_cli(["eval", "--model", str(run), "--step", "1", "--questions", "4", "--no-progress"], tmp_path, 120)
     assert res.returncode == 2 and "checkpoints of steps [2]" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_eval_of_a_lora_run_puts_the_adapter_on_the_base(tmp_path):
+    run = tmp_path / "lora"
+    res = run_cli(["train", "--out", str(run), "--steps", "1", "--prompts-per-step", "4", "--group-size", "4",
+                   "--eval-questions", "10", "--eval-samples", "1", "--lora-rank", "4", "--lr", "5e-3", "--warmup-steps", "0",
+                   "--no-progress", "--threads", "1"], tmp_path, 300)
+    assert res.returncode == 0, res.stderr
+    logged = [r for r in read_metrics(run / "metrics.jsonl") if "eval/accuracy_greedy" in r][-1]
+    out = tmp_path / "e.json"
+    res = run_cli(["eval", "--model", str(run / "checkpoints" / "step_1"), "--questions", "10", "--samples", "1",
+                   "--json", str(out), "--threads", "1", "--no-progress"], tmp_path, 300)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(out.read_text())
+    assert report["weights"] == "builtin" and report["adapter"].endswith("step_1")
+    assert report["metrics"]["eval/accuracy_greedy"] == pytest.approx(logged["eval/accuracy_greedy"])
+    assert report["metrics"]["eval/accuracy_sampled"] == pytest.approx(logged["eval/accuracy_sampled"])
