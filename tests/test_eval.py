@@ -87,40 +87,41 @@ def test_eval_cli_on_builtin(tmp_path):
     assert len(report["examples"]) == 30 and "sampled_correct" in report["examples"][0]
 
 
+def _eval(**kw) -> dict:
+    from grpolab.eval_cmd import EvalConfig, run_eval
+
+    return run_eval(EvalConfig(threads=1, progress=False, **kw), log=lambda *a, **k: None)
+
+
 def test_eval_reproduces_a_runs_own_evaluation(tmp_path):
+    from grpolab.config import TrainConfig
+    from grpolab.trainer import train
+
     run = tmp_path / "run"
-    res = run_cli(["train", "--out", str(run), "--steps", "2", "--prompts-per-step", "4", "--group-size", "4",
-                   "--eval-questions", "12", "--eval-samples", "2", "--lr", "1e-3", "--warmup-steps", "0",
-                   "--max-operand", "50", "--categories", "add_sub_2", "mul", "--few-shot", "1", "--no-progress",
-                   "--threads", "1", "--seed", "3"], tmp_path, 300)
-    assert res.returncode == 0, res.stderr
+    train(TrainConfig(out=str(run), steps=2, prompts_per_step=4, group_size=4, eval_questions=12, eval_samples=2, lr=1e-3,
+                      warmup_steps=0, max_operand=50, categories=("add_sub_2", "mul"), few_shot=1, progress=False, threads=1,
+                      seed=3, device="cpu"), log=lambda *a, **k: None)
     logged = {r["step"]: r for r in read_metrics(run / "metrics.jsonl") if "eval/accuracy_greedy" in r}
     for step in (0, 2):
-        out = tmp_path / f"e{step}.json"
-        res = run_cli(["eval", "--model", str(run), "--step", str(step), "--questions", "12", "--samples", "2",
-                       "--json", str(out), "--threads", "1", "--no-progress"], tmp_path, 300)
-        assert res.returncode == 0, res.stderr
-        report = json.loads(out.read_text())
+        report = _eval(model=str(run), step=step, questions=12, samples=2)
         assert report["task"]["max_operand"] == 50 and report["task"]["few_shot"] == 1  # the run's task
         for key in ("eval/accuracy_greedy", "eval/accuracy_sampled", "eval/greedy_mul"):
             assert report["metrics"][key] == pytest.approx(logged[step][key]), (step, key)
-    # the newest checkpoint is the default; a step that was not saved is refused in one line
+    assert _eval(model=str(run), questions=12, samples=2)["metrics"] == report["metrics"]  # newest checkpoint by default
+    # a step that was not saved is refused in one line
     res = run_cli(["eval", "--model", str(run), "--step", "1", "--questions", "4", "--no-progress"], tmp_path, 120)
     assert res.returncode == 2 and "checkpoints of steps [2]" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_eval_of_a_lora_run_puts_the_adapter_on_the_base(tmp_path):
+    from grpolab.config import TrainConfig
+    from grpolab.trainer import train
+
     run = tmp_path / "lora"
-    res = run_cli(["train", "--out", str(run), "--steps", "1", "--prompts-per-step", "4", "--group-size", "4",
-                   "--eval-questions", "10", "--eval-samples", "1", "--lora-rank", "4", "--lr", "5e-3", "--warmup-steps", "0",
-                   "--no-progress", "--threads", "1"], tmp_path, 300)
-    assert res.returncode == 0, res.stderr
+    train(TrainConfig(out=str(run), steps=1, prompts_per_step=4, group_size=4, eval_questions=10, eval_samples=1,
+                      lora_rank=4, lr=5e-3, warmup_steps=0, progress=False, threads=1, device="cpu"), log=lambda *a, **k: None)
     logged = [r for r in read_metrics(run / "metrics.jsonl") if "eval/accuracy_greedy" in r][-1]
-    out = tmp_path / "e.json"
-    res = run_cli(["eval", "--model", str(run / "checkpoints" / "step_1"), "--questions", "10", "--samples", "1",
-                   "--json", str(out), "--threads", "1", "--no-progress"], tmp_path, 300)
-    assert res.returncode == 0, res.stderr
-    report = json.loads(out.read_text())
+    report = _eval(model=str(run / "checkpoints" / "step_1"), questions=10, samples=1)
     assert report["weights"] == "builtin" and report["adapter"].endswith("step_1")
     assert report["metrics"]["eval/accuracy_greedy"] == pytest.approx(logged["eval/accuracy_greedy"])
     assert report["metrics"]["eval/accuracy_sampled"] == pytest.approx(logged["eval/accuracy_sampled"])
