@@ -348,6 +348,10 @@ def main(argv: list[str] | None = None) -> None:
     from grpolab.data.jsonl import DataError
 
     hf_logging.disable_progress_bar()  # our own bars say what is happening; HF's per-load bars are noise
+    import warnings
+
+    # peft (0.x) asks transformers 5 for a renamed attribute on every adapter load; nothing a user can act on.
+    warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*is deprecated", category=FutureWarning)
 
     try:
         COMMANDS[cmd](rest)
