@@ -49,3 +49,8 @@ def default_dtype(device: torch.device) -> torch.dtype:
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
     return torch.float32
+
+
+def parse_dtype(name: str) -> torch.dtype | None:
+    """``--dtype``: auto -> None (:func:`default_dtype` of the device decides), else the torch dtype."""
+    return {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[name]

@@ -86,7 +86,7 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
     import torch
 
     from grpolab.data.task import task_data
-    from grpolab.devices import resolve_device
+    from grpolab.devices import parse_dtype, resolve_device
     from grpolab.evaluate import evaluate
     from grpolab.progress import progress_bar
     from grpolab.utils import set_threads
@@ -102,7 +102,7 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
                        device=cfg.device, dtype=cfg.dtype)
     tcfg.validate()
     held_out, sampler = task_data(tcfg, log)
-    dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[cfg.dtype]
+    dtype = parse_dtype(cfg.dtype)
     t0 = time.perf_counter()
     log(f"loading {target.weights}" + (f" with the adapter of {target.adapter}" if target.adapter else "") + " ...")
     policy = load_task_policy(target, tcfg, device=resolve_device(cfg.device), dtype=dtype, sampler=sampler)

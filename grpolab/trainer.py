@@ -29,7 +29,7 @@ from grpolab import checkpoint
 from grpolab import distributed as dist_
 from grpolab.advantages import compute_advantages
 from grpolab.config import ConfigError, TrainConfig
-from grpolab.devices import resolve_device
+from grpolab.devices import parse_dtype, resolve_device
 from grpolab.data.task import few_shot_examples, task_data
 from grpolab.distributed import SINGLE, World
 from grpolab.evaluate import evaluate, format_accuracy
@@ -79,7 +79,7 @@ class GRPOTrainer:
         set_threads(cfg.threads)
         seed_everything(cfg.seed)
         self.device = resolve_device(cfg.device, world.local_rank)
-        dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[cfg.dtype]
+        dtype = parse_dtype(cfg.dtype)
         t0 = time.perf_counter()
         log(f"loading {cfg.model}{' (' + cfg.gguf_file + ')' if cfg.gguf_file else ''} ...")
         self.policy: Policy = load_policy(cfg.model, dtype, gguf_file=cfg.gguf_file, chat=cfg.chat, device=self.device)
