@@ -113,12 +113,18 @@ def probe_records(cfg: TrainConfig, n: int) -> list[dict]:
     return probe_set(n, ArithmeticSpec(cfg.max_operand, cfg.mul_max, tuple(cfg.categories)))
 
 
-def probe_task(target: Target, prompts: int, **given):
-    """``(cfg, records, sampler)`` for a probe of ``target``: its run's task (or the built-in one),
-    with ``given`` (the probe's own flags that were set) on top; ``records`` the first ``prompts``
-    probe questions of that task."""
+def probe_task(target: Target, probe_cfg):
+    """What a probe of ``target`` measures on: ``(probe_cfg, cfg, records, sampler)``.
+
+    ``cfg`` is the task of ``target``'s run (or the built-in one) with the probe's own
+    ``max_new_tokens``, ``temperature`` and ``format_weight`` on top where set; the returned
+    ``probe_cfg`` has those three filled in from it; ``records`` are the first ``probe_cfg.prompts``
+    probe questions of that task and ``sampler`` gives its few-shot examples.
+    """
     from grpolab.data.task import task_data
 
-    cfg = task_config(target, **given)
+    keys = ("max_new_tokens", "temperature", "format_weight")
+    cfg = task_config(target, **{k: getattr(probe_cfg, k) for k in keys})
     _, sampler = task_data(cfg, log=lambda *a, **k: None)
-    return cfg, probe_records(cfg, prompts), sampler
+    probe_cfg = dataclasses.replace(probe_cfg, **{k: getattr(cfg, k) for k in keys})
+    return probe_cfg, cfg, probe_records(cfg, probe_cfg.prompts), sampler

@@ -425,8 +425,8 @@ def train(cfg: TrainConfig, log=print) -> Path:
     logger = RunLogger(out, config=config_dict, tensorboard=cfg.tensorboard, wandb=cfg.wandb, warn=log) if world.is_main else None
     try:
         with progress_bar("grpo", cfg.steps, enabled=cfg.progress and world.is_main, start=start) as bar:
+            trainer_step = [start]  # the last finished step: what the bar counts while a step or evaluation runs
             trainer.status = lambda text: bar.update(trainer_step[0], text)
-            trainer_step = [start]
             if start == 0:
                 metrics, examples = trainer.evaluate(0)
                 if logger:

@@ -133,9 +133,7 @@ def run_mse(cfg: MseConfig, log=print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     # Every policy answers the same questions: those of the first one's task (its run's, or the built-in task).
     targets = [resolve_target(spec) for spec in cfg.policy]
-    tcfg, records, sampler = probe_task(targets[0], cfg.prompts, max_new_tokens=cfg.max_new_tokens,
-                                        temperature=cfg.temperature, format_weight=cfg.format_weight)
-    cfg = dataclasses.replace(cfg, max_new_tokens=tcfg.max_new_tokens, temperature=tcfg.temperature, format_weight=tcfg.format_weight)
+    cfg, tcfg, records, sampler = probe_task(targets[0], cfg)
     report = {"config": dataclasses.asdict(cfg), "policies": []}
     for spec, target in zip(cfg.policy, targets):
         policy = load_task_policy(target, tcfg, sampler=sampler)
@@ -241,9 +239,7 @@ def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     target = resolve_target(cfg.policy)
-    tcfg, records, sampler = probe_task(target, cfg.prompts, max_new_tokens=cfg.max_new_tokens,
-                                        temperature=cfg.temperature, format_weight=cfg.format_weight)
-    cfg = dataclasses.replace(cfg, max_new_tokens=tcfg.max_new_tokens, temperature=tcfg.temperature, format_weight=tcfg.format_weight)
+    cfg, tcfg, records, sampler = probe_task(target, cfg)
     policy = load_task_policy(target, tcfg, sampler=sampler)
     pool = collect_pool(policy, records, cfg.pool, seed=cfg.seed,
                         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,

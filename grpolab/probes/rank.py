@@ -137,9 +137,7 @@ def run_rank(cfg: RankConfig, log=print) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpts = run_targets(cfg.checkpoint)
-    tcfg, records, sampler = probe_task(ckpts[0][1], cfg.prompts, max_new_tokens=cfg.max_new_tokens,
-                                        temperature=cfg.temperature, format_weight=cfg.format_weight)
-    cfg = dataclasses.replace(cfg, max_new_tokens=tcfg.max_new_tokens, temperature=tcfg.temperature, format_weight=tcfg.format_weight)
+    cfg, tcfg, records, sampler = probe_task(ckpts[0][1], cfg)
     mine = world.split(len(records))
     results = []
     total = len(ckpts) * len(cfg.group_sizes) * len(mine)
