@@ -208,13 +208,15 @@ def cmd_plot(args: list[str]) -> None:
 
 
 def cmd_rank(args: list[str]) -> None:
-    from grpolab.probes.rank import RankConfig, run_rank, table1
+    from grpolab.probes.rank import RankConfig, run_rank, table1, table_by_step
 
     cfg = _parse(RankConfig, args, "grpolab rank", "Effective rank and top-1 energy of GRPO's per-rollout gradient matrix (paper 000, Sec. 7).")
     with _processes(cfg, ["rank", *args]) as main_rank:
         report = run_rank(cfg)
     if not main_rank:
         return
+    print(table_by_step(report["results"]))
+    print("\nOver steps (paper 000's Table 1 shape):")
     print(table1(report["results"]))
     if cfg.verify:
         for r in report["results"]:

@@ -16,8 +16,9 @@ import sys
 import pytest
 import torch
 
-from grpolab.config import TrainConfig
-from grpolab.probes.rank import RankConfig, run_rank, table1
+from grpolab.config import ConfigError, TrainConfig
+from grpolab.probes.rank import RankConfig, run_rank, select_steps, table1, table_by_step
+from grpolab.runs import run_targets
 from grpolab.runlog import read_metrics
 from grpolab.trainer import train
 
@@ -61,7 +62,8 @@ def _check_result(res: dict):
     assert 0.0 <= res["frac_zero_var"] <= 1.0
     assert res["reward_std_mean"] >= 0.0
     for key in SUMMARY:
-        assert set(res[key]) == {"mean", "std", "min", "max"}
+        assert set(res[key]) == {"mean", "lo", "hi", "std", "min", "max", "n"}
+        assert res[key]["n"] == round(3 * (1 - res["frac_zero_var"]))  # the prompts with reward variance
     if res["frac_zero_var"] == 1.0:  # no prompt with reward variance: nothing to summarise
         assert all(res[k]["mean"] is None for k in SUMMARY)
     else:
@@ -70,6 +72,11 @@ def _check_result(res: dict):
             s = res[key]
             assert all(math.isfinite(s[f]) for f in ("mean", "std", "min", "max")), (key, s)
             assert s["min"] <= s["mean"] <= s["max"] and s["std"] >= 0
+            if s["n"] >= 2:  # the normal 95% interval of the mean over prompts, from the sample std
+                half = 1.959963984540054 * s["std"] * (s["n"] / (s["n"] - 1)) ** 0.5 / s["n"] ** 0.5
+                assert (s["lo"], s["hi"]) == pytest.approx((s["mean"] - half, s["mean"] + half), abs=1e-9)
+            else:
+                assert s["lo"] is None and s["hi"] is None
         nr, er, tf = res["num_rank"], res["effective_rank"], res["top1_fraction"]
         assert nr["min"] >= 1 and float(nr["min"]).is_integer() and float(nr["max"]).is_integer()
         assert 1.0 - 1e-9 <= er["min"] and er["mean"] <= nr["max"] <= R  # 1 <= eff. rank <= num. rank <= R
@@ -110,6 +117,28 @@ def test_rank_over_a_run_directory(run_dir, run_report):
     for res in results:
         _check_result(res)
     _check_outputs(out, report)
+
+
+def test_steps_selects_checkpoints_of_a_run_and_refuses_unknown_ones(run_dir, tmp_path):
+    ckpts = run_targets(str(run_dir))
+    assert [s for s, _ in select_steps(ckpts, (0, 2))] == [0, 2]
+    assert select_steps(ckpts, ()) == ckpts
+    with pytest.raises(ConfigError, match=r"--steps \[5\].*\[0, 1, 2\]"):
+        select_steps(ckpts, (2, 5))
+    report = run_rank(RankConfig(checkpoint=str(run_dir), steps=(2,), group_sizes=(2,), prompts=2, progress=False,
+                                 out=str(tmp_path)), log=_quiet)
+    assert [(r["step"], r["R"]) for r in report["results"]] == [(2, 2)]
+
+
+def test_table_by_step_has_a_row_per_checkpoint_and_group_size(run_report):
+    _, report = run_report
+    lines = table_by_step(report["results"]).splitlines()
+    assert len(lines) == 1 + len(report["results"])
+    for line, res in zip(lines[1:], report["results"]):
+        fields = line.split()
+        assert fields[:3] == [str(res["step"]), str(res["R"]), f"{res['effective_rank']['n']}/3"]
+        if res["effective_rank"]["n"] >= 2:
+            assert f"[{res['effective_rank']['lo']:.2f}, {res['effective_rank']['hi']:.2f}]" in line
 
 
 def test_table1_has_a_line_per_group_size(run_report):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ import torch
 
 from grpolab import distributed
 from grpolab.advantages import compute_advantages
+from grpolab.config import ConfigError
 from grpolab.policy import Policy
 from grpolab.runs import load_task_policy, probe_task, run_targets
 from grpolab.probes.gram import gram_relative_error, score_gram, score_gram_reference, token_weights
@@ -33,6 +35,7 @@ from grpolab.probes.pool import sample_rollouts
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
 from grpolab.progress import progress_bar
 from grpolab.rollout import Batch, completion_logprobs
+from grpolab.stats import mean_ci
 from grpolab.utils import set_threads
 
 PROBE_STREAM = 4  # random-stream id of probe rollouts
@@ -47,6 +50,8 @@ class RankConfig:
     smollm2-135m-instruct, a directory, a checkpoint). A run's task and prompt format are used."""
     out: str = "runs/rank"
     """Output directory: rank.json and PNG plots."""
+    steps: tuple[int, ...] = ()
+    """With a run directory: only these steps (0 = its starting model); empty = all of them."""
     group_sizes: tuple[int, ...] = (2, 4, 8)
     """Group sizes R to measure."""
     prompts: int = 32
@@ -125,10 +130,24 @@ def distinct_active_rollouts(batch: Batch, adv: torch.Tensor) -> int:
 
 
 def _summary(rows: list[dict], key: str) -> dict[str, float]:
+    """Mean over prompts with its 95% interval (lo, hi; prompts are the independent unit), spread and range."""
     vals = [r[key] for r in rows]
     if not vals:
-        return {"mean": None, "std": None, "min": None, "max": None}
-    return {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals), "min": min(vals), "max": max(vals)}
+        return {"mean": None, "lo": None, "hi": None, "std": None, "min": None, "max": None, "n": 0}
+    mean, lo, hi = mean_ci(vals)
+    return {"mean": mean, "lo": None if math.isnan(lo) else lo, "hi": None if math.isnan(hi) else hi,
+            "std": statistics.pstdev(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def select_steps(ckpts: list, steps: tuple[int, ...]) -> list:
+    """The (step, target) pairs whose step is in ``steps`` (all if empty); an unknown step is an error."""
+    if not steps:
+        return ckpts
+    have = [s for s, _ in ckpts]
+    missing = sorted(set(steps) - set(have))
+    if missing:
+        raise ConfigError(f"--steps {missing}: not in this run (it has steps {have}; 0 is its start)")
+    return [(s, t) for s, t in ckpts if s in steps]
 
 
 def run_rank(cfg: RankConfig, log=print) -> dict:
@@ -136,7 +155,7 @@ def run_rank(cfg: RankConfig, log=print) -> dict:
     world = distributed.init()  # on P processes, each rank measures a block of the prompts
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    ckpts = run_targets(cfg.checkpoint)
+    ckpts = select_steps(run_targets(cfg.checkpoint), cfg.steps)
     cfg, tcfg, records, sampler = probe_task(ckpts[0][1], cfg)
     mine = world.split(len(records))
     results = []
@@ -198,4 +217,21 @@ def table1(results: list[dict]) -> str:
         dist_s = f"{statistics.fmean(dist):>9.2f}" if dist else f"{'-':>9}"
         lines.append(f"{R:>3} {R:>9} {statistics.fmean(er):>14.2f} [{min(er):.2f}, {max(er):.2f}]{'':>10}"
                      f"{statistics.fmean(tf):>10.2f} [{min(tf):.2f}, {max(tf):.2f}]{'':>6}{nr:>10.2f} {dist_s}")
+    return "\n".join(lines)
+
+
+def _ci(s: dict) -> str:
+    if s["mean"] is None:
+        return f"{'-':>19}"
+    if s.get("lo") is None:
+        return f"{s['mean']:>6.2f}{'':>13}"
+    return f"{s['mean']:>6.2f} [{s['lo']:.2f}, {s['hi']:.2f}]"
+
+
+def table_by_step(results: list[dict]) -> str:
+    """One row per checkpoint and R: means over the prompts with reward variance, with 95% intervals."""
+    lines = [f"{'step':>5} {'R':>3} {'live':>9} {'num. rank':>19} {'eff. rank':>19} {'top-1 frac':>19}"]
+    for r in results:
+        live = f"{r['effective_rank'].get('n', '?')}/{r['prompts']}"
+        lines.append(f"{r['step']:>5} {r['R']:>3} {live:>9} {_ci(r['num_rank'])} {_ci(r['effective_rank'])} {_ci(r['top1_fraction'])}")
     return "\n".join(lines)
