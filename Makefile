@@ -24,7 +24,7 @@ demo: $(BIN)/.installed
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/grpolab demo
 
 test: $(BIN)/.installed
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q --durations=15
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
 
 bench: $(BIN)/.installed
 	$(BIN)/pip install --quiet -e ".[bench]"

@@ -90,18 +90,35 @@ def _is_rmsnorm(module: nn.Module) -> bool:
     return "rmsnorm" in type(module).__name__.lower() and isinstance(getattr(module, "weight", None), nn.Parameter)
 
 
+_SKETCH_HASH_BUDGET = 2**30  # bytes of cached buckets + signs (5 bytes per coordinate: ~200 M parameters)
+_sketch_hashes: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _sketch_hash(name: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bucket ``[n]`` (int32) and sign ``[n]`` (int8) of a parameter's coordinates, drawn from a
+    generator keyed by its name. Drawing 2 x 135 M random integers takes seconds and a probe
+    sketches the same parameters once per prompt, so they are kept while they fit the budget."""
+    key = (name, n, k, seed)
+    if key in _sketch_hashes:
+        return _sketch_hashes[key]
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + sum(ord(c) * 31**i for i, c in enumerate(name))) % 2**63)
+    bucket = torch.randint(0, k, (n,), generator=gen).to(torch.int32)
+    sign = (torch.randint(0, 2, (n,), generator=gen) * 2 - 1).to(torch.int8)
+    if (sum(b.numel() for b, _ in _sketch_hashes.values()) + n) * 5 <= _SKETCH_HASH_BUDGET:
+        _sketch_hashes[key] = (bucket, sign)
+    return bucket, sign
+
+
 def _count_sketch(g: torch.Tensor, name: str, k: int, seed: int) -> torch.Tensor:
     """Project per-rollout gradients ``[R, n]`` to ``[R, k]`` with a CountSketch: coordinate j
     goes to bucket h(j) with sign s(j), both drawn from a generator keyed by the parameter
     name, so every call (and every rollout) uses the same projection. E<Sa, Sb> = <a, b>;
     the entry's standard deviation is at most sqrt(2/k) ||a|| ||b||. Costs O(R n), unlike a
     dense Gaussian projection's O(n k)."""
-    gen = torch.Generator().manual_seed((seed * 1_000_003 + sum(ord(c) * 31**i for i, c in enumerate(name))) % 2**63)
-    n = g.shape[1]
-    bucket = torch.randint(0, k, (n,), generator=gen).to(g.device)  # drawn on the CPU: the same on every device
-    sign = torch.randint(0, 2, (n,), generator=gen).float().to(g.device) * 2 - 1
+    bucket, sign = _sketch_hash(name, g.shape[1], k, seed)  # drawn on the CPU: the same on every device
+    bucket, sign = bucket.to(g.device), sign.to(g.device)
     out = torch.zeros(g.shape[0], k, dtype=torch.float32, device=g.device)
-    out.index_add_(1, bucket, g * sign)
+    out.index_add_(1, bucket, g.float() * sign)
     return out
 
 

@@ -88,16 +88,19 @@ def collect_pool(policy: Policy, records: list[dict], n: int, *, seed: int = 0, 
             psi = score_gram(model, batch, weights, temperature=temperature, include=include)  # [n, n]
             moments.append(prompt_moments(psi, rewards))
             a = rloo_weights(rewards)  # [n]
-            logp = completion_logprobs(model, batch, temperature)  # [n, T]
-            obj = (logp * (weights * a[:, None]).to(logp.dtype)).sum()
-            grads = torch.autograd.grad(obj, params, allow_unused=True)
-            blocks = [(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, params)]
-            del grads
-            if sketch_dim:  # each parameter's block hashed with its own (name-keyed) buckets and signs
-                vectors.append(sum(_count_sketch(b[None], chosen[id(p)], sketch_dim, seed)[0] for b, p in zip(blocks, params)))  # [k]
+            if bool((rewards == rewards[0]).all()):  # equal rewards: every leave-one-out weight is 0, so is mu_hat
+                vectors.append(torch.zeros(sketch_dim or D))
             else:
-                vectors.append(torch.cat(blocks))  # [D]
-            del blocks
+                logp = completion_logprobs(model, batch, temperature)  # [n, T]
+                obj = (logp * (weights * a[:, None]).to(logp.dtype)).sum()
+                grads = torch.autograd.grad(obj, params, allow_unused=True)
+                blocks = [(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, params)]
+                del grads
+                if sketch_dim:  # each parameter's block hashed with its own (name-keyed) buckets and signs
+                    vectors.append(sum(_count_sketch(b[None], chosen[id(p)], sketch_dim, seed)[0] for b, p in zip(blocks, params)))  # [k]
+                else:
+                    vectors.append(torch.cat(blocks))  # [D]
+                del blocks
             means.append(float(rewards.mean()))
             stds.append(float(rewards.std(unbiased=False)))
             bar.update(len(means), f"mean reward {sum(means) / len(means):.2f}")
