@@ -16,17 +16,19 @@ def plot_rank(results: list[dict], out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
     paths = []
     panels = (("effective_rank", "effective rank of G", "rank_effective.png"),
-              ("top1_fraction", "top-1 energy fraction s_1^2 / sum s^2", "rank_top1.png"))
+              ("top1_fraction", "top-1 fraction s_1^2 / sum s^2", "rank_top1.png"))
     for key, title, name in panels:
         fig, ax = plt.subplots(figsize=(6, 4))
         for R in sorted({r["R"] for r in results}):
             rs = [r for r in results if r["R"] == R and r[key]["mean"] is not None]
             steps = [r["step"] for r in rs]
             mean = [r[key]["mean"] for r in rs]
-            std = [r[key]["std"] for r in rs]
-            ax.errorbar(steps, mean, yerr=std, marker="o", capsize=3, label=f"R = {R}")
+            # the 95% interval of the mean over prompts (none drawn where a step had one live prompt)
+            lo = [m - r[key]["lo"] if r[key].get("lo") is not None else 0.0 for m, r in zip(mean, rs)]
+            hi = [r[key]["hi"] - m if r[key].get("hi") is not None else 0.0 for m, r in zip(mean, rs)]
+            ax.errorbar(steps, mean, yerr=[lo, hi], marker="o", capsize=3, label=f"R = {R}")
         ax.set_xlabel("training step")
-        ax.set_title(title + " (mean ± std over prompts with reward variance)", fontsize=9)
+        ax.set_title(title + "\n(mean over prompts with reward variance, 95% interval)", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
