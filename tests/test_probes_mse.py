@@ -317,3 +317,22 @@ def test_sweep_validates_and_runs_end_to_end(tmp_path):
     # a finished sweep is not run again
     again = run_sweep(cfg, log=lambda *a: None)
     assert again["runs"] == report["runs"] and again["wall_s"] < 1.0
+
+
+def test_groupsize_step_picks_a_checkpoint_of_a_run(tmp_path):
+    from grpolab.config import TrainConfig
+    from grpolab.probes.mse_cmd import GroupsizeConfig, run_groupsize
+    from grpolab.trainer import train
+
+    run = tmp_path / "run"
+    train(TrainConfig(out=str(run), steps=1, save_every=1, prompts_per_step=4, group_size=8, eval_questions=4,
+                      eval_samples=1, lr=1e-3, warmup_steps=0, progress=False), log=lambda *a, **k: None)
+    kw = dict(prompts=3, pool=4, budget=8, bootstrap=20, max_new_tokens=16, progress=False)
+    consts = {}
+    for name, policy, step in (("builtin", "builtin", None), ("start", str(run), 0), ("newest", str(run), None)):
+        report = run_groupsize(GroupsizeConfig(policy=policy, step=step, out=str(tmp_path / name), **kw), log=lambda *a: None)
+        consts[name] = report["constants"]
+    assert consts["start"] == consts["builtin"]  # step 0 is the run's starting model, on the run's (here: default) task
+    assert consts["newest"] != consts["start"]  # step 1's weights moved
+    with pytest.raises(FileNotFoundError, match="--step 5"):
+        run_groupsize(GroupsizeConfig(policy=str(run), step=5, out=str(tmp_path / "x"), **kw), log=lambda *a: None)

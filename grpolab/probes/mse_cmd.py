@@ -185,6 +185,9 @@ class GroupsizeConfig:
     policy: str = "builtin"
     """The policy: 'builtin', smollm2-135m-instruct, a model directory, a run directory (its newest checkpoint) or
     a run's checkpoint directory (measured on its run's task)."""
+    step: int | None = None
+    """With a run directory as --policy: its checkpoint of this step (0 = the run's starting model, on the run's
+    task); default: the newest."""
     budget: int = 64
     """Rollouts per step, B * G."""
     prompts: int = 32
@@ -238,7 +241,7 @@ def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:
     world = distributed.init()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    target = resolve_target(cfg.policy)
+    target = resolve_target(cfg.policy, cfg.step)
     cfg, tcfg, records, sampler = probe_task(target, cfg)
     policy = load_task_policy(target, tcfg, sampler=sampler)
     pool = collect_pool(policy, records, cfg.pool, seed=cfg.seed,
