@@ -42,7 +42,8 @@ REAL_MODEL_PRESET = dict(
     prompts_per_step=8, group_size=8, lr=5e-6, warmup_steps=2, beta=0.0, mu=1,
     steps=80, eval_every=40, eval_questions=200, eval_samples=4, save_every=40, log_samples=8, threads=0,
 )
-# LoRA trains far fewer parameters: a larger step size (the usual 10x).
+# LoRA trains far fewer parameters, from B = 0: a far larger step size (40x the full model's; the run in
+# docs/real-model.md).
 LORA_PRESET = dict(lr=2e-4)
 
 
@@ -60,7 +61,7 @@ class DemoConfig:
     steps: int = 0
     """GRPO steps; 0 = the preset's (built-in: the default of `grpolab train`)."""
     lora_rank: int = 0
-    """Real model: train LoRA adapters of this rank instead of the whole model (learning rate x10)."""
+    """Real model: train LoRA adapters of this rank instead of the whole model (at lr 2e-4)."""
     retrain_sft: bool = False
     """Built-in: train the warm start here (cached after the first time) instead of using the shipped one."""
     resume: bool = False
