@@ -325,7 +325,7 @@ def test_include_matching_nothing_raises(tied, batch4):
 def _spy(monkeypatch):
     """Record which weights took the ghost contraction (add_gram) and which were materialised per rollout."""
     seen = {"ghost": set(), "per_rollout": set()}
-    orig_gram, orig_rows = gram._GramAccumulator.add_gram, gram._GramAccumulator.add_per_rollout
+    orig_gram, orig_rows = gram._GramAccumulator.add_gram, gram._GramAccumulator._add_rows
 
     def add_gram(self, param, g):
         seen["ghost"].add(self.chosen[id(param)])
@@ -336,7 +336,7 @@ def _spy(monkeypatch):
         return orig_rows(self, param, g)
 
     monkeypatch.setattr(gram._GramAccumulator, "add_gram", add_gram)
-    monkeypatch.setattr(gram._GramAccumulator, "add_per_rollout", add_per_rollout)
+    monkeypatch.setattr(gram._GramAccumulator, "_add_rows", add_per_rollout)
     return seen
 
 
@@ -347,15 +347,22 @@ def wide():
 
 
 def _expected_ghost(model, batch) -> set[str]:
-    """Linear weights with R L (p + q) < p q; L is P + T, and T + 1 for the LM head (logits_to_keep)."""
+    """The weights whose ghost contraction costs fewer multiply-adds than forming the R per-rollout
+    gradients, with N = R L rows (L is P + T, and T + 1 for the LM head: logits_to_keep):
+    Linear (q x p): N^2 (p + q) < N p q + R q p; Embedding (V x d, one-hot rows): N^2 (d + 1) < N d + R V d."""
     R, P = batch.prompt_ids.shape
     T = batch.completion_ids.shape[1]
     out = set()
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear):
             q, p = mod.weight.shape
-            L = T + 1 if name == "lm_head" else P + T
-            if R * L * (p + q) < p * q:
+            N = R * (T + 1 if name == "lm_head" else P + T)
+            if N * N * (p + q) < N * p * q + R * q * p:
+                out.add(name + ".weight")
+        elif isinstance(mod, torch.nn.Embedding):
+            V, d = mod.weight.shape
+            N = R * (P + T)
+            if N * N * (d + 1) < N * d + R * V * d:
                 out.add(name + ".weight")
     return out
 
@@ -378,12 +385,13 @@ def test_ghost_and_materialised_paths_mixed_in_one_pass(wide, monkeypatch):
 
 
 def test_all_ghost_with_tiny_r_t(wide, monkeypatch):
-    # R = 2, P = 4, T = 3: R L = 14, every Linear is ghost (14 * 128 < 4096, 14 * 320 < 16384, 2 * 4 * 164 < 6400)
+    # R = 2, P = 4, T = 3: R L = 14, every Linear is ghost (14 * 128 < 4096, 14 * 320 < 16384, 2 * 4 * 164 < 6400),
+    # and the embedding too (14^2 * 65 = 12740 < 14 * 64 + 2 * 100 * 64 = 13696)
     b = _batch([4, 2], [3, 1], seed=8)
     seen = _spy(monkeypatch)
     err, _, _ = _err(wide, b, _weights(b))
     assert err <= TOL, err
-    linear = {n + ".weight" for n, m in wide.named_modules() if isinstance(m, torch.nn.Linear)}
+    linear = {n + ".weight" for n, m in wide.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))}
     assert seen["ghost"] == linear == _expected_ghost(wide, b)
 
 
@@ -497,3 +505,21 @@ def test_count_sketch_hashes_are_kept_and_equal_a_fresh_draw(monkeypatch):
     assert torch.equal(gram._count_sketch(g, "layer.weight", 64, seed=2), first)
     assert gram._sketch_hashes == {}
     assert not torch.equal(gram._count_sketch(g, "other.weight", 64, seed=2), first)
+
+
+@pytest.mark.parametrize("path", ["ghost", "per_rollout"])
+def test_tied_embedding_by_both_paths_matches_reference(tied, batch4, monkeypatch, path):
+    """The tied input/output embedding: its per-rollout gradient is the sum of the LM head's and the
+    lookup's, so the ghost form needs the cross terms <head_i, lookup_j> (a gather of the head's
+    output gradient at the looked-up token ids); the materialised path sums the two [R, V, d]."""
+    (name,) = [n for n, p in tied.named_parameters() if "embed" in n]
+    if path == "per_rollout":
+        monkeypatch.setattr(gram, "_costs", lambda *a: (1.0, 0.0))  # materialising is always cheaper
+    else:
+        monkeypatch.setattr(gram, "_costs", lambda *a: (0.0, 1.0))
+    seen = _spy(monkeypatch)
+    err, _, _ = _err(tied, batch4, _weights(batch4))
+    assert err <= TOL, err
+    assert name in seen[path] and name not in seen["ghost" if path == "per_rollout" else "per_rollout"]
+    one = _per_parameter_errors(tied, batch4, _weights(batch4), names=[name])
+    assert one[name] <= TOL, one

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -122,15 +122,71 @@ def _count_sketch(g: torch.Tensor, name: str, k: int, seed: int) -> torch.Tensor
     return out
 
 
+class _Factors(NamedTuple):
+    """One use of a weight W (q x p), its per-rollout gradients kept factored:
+    G_i = sum over rows n of rollout i of left_n right_n^T.
+
+    ``nn.Linear``: left = output gradient b ``[N, q]``, right = input a ``[N, p]``. ``nn.Embedding``
+    (W: V x d): left is the one-hot of the token id (kept as ``ids`` ``[N]``, ``left`` None),
+    right = output gradient ``[N, d]``. ``rollout`` ``[N]``: the rollout of each row.
+    """
+
+    rollout: torch.Tensor
+    right: torch.Tensor
+    left: torch.Tensor | None
+    ids: torch.Tensor | None
+
+
+def _rows(R: int, L: int, device) -> torch.Tensor:
+    return torch.arange(R, device=device).repeat_interleave(L)  # [R L]
+
+
+def _factor_cross(f: _Factors, g: _Factors, R: int) -> torch.Tensor:
+    """``[R, R]`` float64: <G_i(f), G_j(g)> = sum_{n in i, m in j} (left_n . left_m)(right_n . right_m)
+    (Goodfellow 2015's 'ghost' form; a one-hot left makes left_n . left_m a gather or an equality)."""
+    if f.left is not None and g.left is not None:
+        ll = f.left @ g.left.T
+    elif f.left is not None:
+        ll = f.left[:, g.ids]  # [Nf, Ng]: f's left at g's token ids
+    elif g.left is not None:
+        ll = g.left[:, f.ids].T
+    else:
+        ll = (f.ids[:, None] == g.ids[None, :]).float()
+    prod = (ll * (f.right @ g.right.T)).double()  # [Nf, Ng]
+    by_i = torch.zeros(R, prod.shape[1], dtype=torch.float64, device=prod.device).index_add_(0, f.rollout, prod)
+    return torch.zeros(R, R, dtype=torch.float64, device=prod.device).index_add_(1, g.rollout, by_i)
+
+
+def _materialise(f: _Factors, R: int, q: int) -> torch.Tensor:
+    """The per-rollout gradients ``[R, q, p]`` of one use."""
+    p = f.right.shape[1]
+    if f.left is None:  # embedding rows scatter-added at their token ids
+        g = torch.zeros(R, q, p, dtype=torch.float32, device=f.right.device)
+        g.index_put_((f.rollout, f.ids), f.right, accumulate=True)
+        return g
+    # a Linear's rows come in R equal blocks, rollout by rollout (_linear_contribution): one batched product
+    q = f.left.shape[1]
+    return torch.einsum("rlq,rlp->rqp", f.left.view(R, -1, q), f.right.view(R, -1, p))
+
+
+def _costs(fs: list[_Factors], R: int, q: int, p: int) -> tuple[float, float]:
+    """Multiply-adds of the factored (ghost) and the materialised path for a weight's uses."""
+    ghost = sum(a.rollout.numel() * b.rollout.numel() * (p + (q if a.left is not None and b.left is not None else 1))
+                for a in fs for b in fs)
+    mat = R * q * p * (2 if len(fs) > 1 else 1) + sum(f.rollout.numel() * p * (q if f.left is not None else 1) for f in fs)
+    return ghost, mat
+
+
 class _GramAccumulator:
     """Adds each layer's R x R contribution as its output gradient arrives (or, with a
     sketch, each layer's sketched per-rollout gradient)."""
 
     def __init__(self, R: int, chosen: dict[int, str], uses: dict[int, int], sketch_dim: int = 0, sketch_seed: int = 0):
+        self.R = R
         self.psi = torch.zeros(R, R, dtype=torch.float64)
         self.chosen = chosen
         self.uses = uses  # id(param) -> number of modules using it
-        self.pending: dict[int, list[torch.Tensor]] = {}  # shared params: per-rollout grads to sum
+        self.pending: dict[int, list] = {}  # shared params: the uses seen so far (_Factors or [R, ...] gradients)
         self.covered: set[int] = set()
         self.sketch_dim, self.sketch_seed = sketch_dim, sketch_seed
         self.sketch = torch.zeros(R, sketch_dim, dtype=torch.float32) if sketch_dim else None
@@ -141,17 +197,43 @@ class _GramAccumulator:
             return s @ s.T
         return self.psi
 
+    def _all_uses(self, param: nn.Parameter, item) -> list | None:
+        """Every use of ``param`` once the last has arrived (None before): a shared weight's
+        per-rollout gradient is the sum over its uses, so the cross terms count too."""
+        pid = id(param)
+        if self.uses[pid] == 1:
+            return [item]
+        self.pending.setdefault(pid, []).append(item)
+        return self.pending.pop(pid) if len(self.pending[pid]) == self.uses[pid] else None
+
+    def add_factors(self, param: nn.Parameter, f: _Factors) -> None:
+        """One use of a weight (q x p) in factored form; the ghost contraction when it is cheaper
+        than forming the R per-rollout q x p gradients (and there is no sketch), else those."""
+        items = self._all_uses(param, f)
+        if items is None:
+            return
+        q, p = param.shape
+        fs = [x for x in items if isinstance(x, _Factors)]
+        ghost, mat = _costs(fs, self.R, q, p)
+        if self.sketch is None and len(fs) == len(items) and ghost < mat:
+            self.add_gram(param, sum(_factor_cross(a, b, self.R) for a in fs for b in fs))
+        else:
+            self._add_rows(param, self._summed(items, q))
+
+    def _summed(self, items: list, q: int) -> torch.Tensor:
+        grads = [_materialise(x, self.R, q) if isinstance(x, _Factors) else x for x in items]
+        return grads[0] if len(grads) == 1 else torch.stack(grads).sum(0)
+
     def add_per_rollout(self, param: nn.Parameter, grads: torch.Tensor) -> None:
         """grads ``[R, ...]``: per-rollout gradients of ``param``."""
+        items = self._all_uses(param, grads)
+        if items is not None:
+            self._add_rows(param, self._summed(items, param.shape[0]))
+
+    def _add_rows(self, param: nn.Parameter, grads: torch.Tensor) -> None:
         pid = id(param)
         self.covered.add(pid)
         g = grads.reshape(grads.shape[0], -1).float()
-        if self.uses[pid] > 1:
-            self.pending.setdefault(pid, []).append(g)
-            if len(self.pending[pid]) == self.uses[pid]:
-                g = torch.stack(self.pending.pop(pid)).sum(0)
-            else:
-                return
         if self.sketch is not None:
             self.sketch += _count_sketch(g, self.chosen[pid], self.sketch_dim, self.sketch_seed).cpu()
         else:
@@ -190,15 +272,8 @@ def _linear_contribution(acc: _GramAccumulator, module: nn.Linear, a: torch.Tens
     b = b.float().reshape(R, -1, b.shape[-1])
     W = module.weight
     if id(W) in acc.chosen:
-        q, p = W.shape
         L = a.shape[1]
-        if acc.sketch is None and acc.uses[id(W)] == 1 and R * L * (p + q) < p * q:
-            # ghost form: (A A^T) * (B B^T) summed over token pairs, never forming q x p
-            af, bf = a.reshape(R * L, p), b.reshape(R * L, q)
-            prod = (af @ af.T) * (bf @ bf.T)  # [RL, RL]
-            acc.add_gram(W, prod.view(R, L, R, L).sum(dim=(1, 3)))
-        else:
-            acc.add_per_rollout(W, torch.einsum("rlq,rlp->rqp", b, a))  # [R, q, p]
+        acc.add_factors(W, _Factors(_rows(R, L, a.device), a.reshape(R * L, -1), b.reshape(R * L, -1), None))
     if module.bias is not None and id(module.bias) in acc.chosen:
         acc.add_per_rollout(module.bias, b.sum(dim=1))  # [R, q]
 
@@ -246,9 +321,8 @@ def score_gram(
                         b = b.float()
                         if mod.padding_idx is not None:  # nn.Embedding gives its padding row no gradient
                             b = b.masked_fill((ids == mod.padding_idx)[..., None], 0.0)
-                        g = torch.zeros(R, *mod.weight.shape, dtype=torch.float32, device=b.device)  # [R, V, d]
-                        g.index_put_((torch.arange(R, device=ids.device)[:, None].expand_as(ids), ids), b, accumulate=True)
-                        acc.add_per_rollout(mod.weight, g)
+                        L = ids.shape[1]
+                        acc.add_factors(mod.weight, _Factors(_rows(R, L, b.device), b.reshape(R * L, -1), None, ids.reshape(-1)))
 
                 leaf.register_hook(emb_grad)
                 targets.append(leaf)
