@@ -165,7 +165,6 @@ def _materialise(f: _Factors, R: int, q: int) -> torch.Tensor:
         g.index_put_((f.rollout, f.ids), f.right, accumulate=True)
         return g
     # a Linear's rows come in R equal blocks, rollout by rollout (_linear_contribution): one batched product
-    q = f.left.shape[1]
     return torch.einsum("rlq,rlp->rqp", f.left.view(R, -1, q), f.right.view(R, -1, p))
 
 

@@ -232,6 +232,6 @@ def table_by_step(results: list[dict]) -> str:
     """One row per checkpoint and R: means over the prompts with reward variance, with 95% intervals."""
     lines = [f"{'step':>5} {'R':>3} {'live':>9} {'num. rank':>19} {'eff. rank':>19} {'top-1 frac':>19}"]
     for r in results:
-        live = f"{r['effective_rank'].get('n', '?')}/{r['prompts']}"
+        live = f"{r['effective_rank']['n']}/{r['prompts']}"
         lines.append(f"{r['step']:>5} {r['R']:>3} {live:>9} {_ci(r['num_rank'])} {_ci(r['effective_rank'])} {_ci(r['top1_fraction'])}")
     return "\n".join(lines)
