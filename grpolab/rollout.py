@@ -30,6 +30,14 @@ class Batch(NamedTuple):
     completion_mask: torch.Tensor  # [N, T] 1 on generated tokens, EOS included
 
 
+def select(batch: Batch, idx: torch.Tensor) -> Batch:
+    """Rows ``idx`` of a batch, with all-padding columns trimmed (left of prompts, right of completions)."""
+    pm, cm = batch.prompt_mask[idx], batch.completion_mask[idx]
+    first = int((pm.sum(0) > 0).nonzero().min()) if pm.any() else pm.shape[1]
+    last = int((cm.sum(0) > 0).nonzero().max()) + 1 if cm.any() else 1
+    return Batch(batch.prompt_ids[idx, first:], pm[:, first:], batch.completion_ids[idx, :last], cm[:, :last])
+
+
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``[N, P]`` ids and mask with every sequence pushed to the right edge."""
     P = max(len(s) for s in seqs)

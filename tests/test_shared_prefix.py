@@ -18,7 +18,7 @@ from grpolab.devices import DeviceError, default_dtype, resolve_device
 from grpolab.parallel import TrainModule
 from grpolab.policy import ASSET_DIR, enable_activation_checkpointing, load_policy
 from grpolab.prefix import distinct_prompts
-from grpolab.rollout import Batch, completion_logprobs, sample
+from grpolab.rollout import completion_logprobs, sample
 from grpolab.trainer import train
 from cli_helpers import run_cli
 

@@ -177,8 +177,9 @@ class TrainSampler:
         self.spec = spec
         self.exclude = set(exclude)
 
-    def draw(self, step: int, n: int, stream: int = TRAIN_STREAM) -> list[dict]:
-        rng = np.random.default_rng([stream, self.seed, step])
+    def draw(self, step: int, n: int, stream: int = TRAIN_STREAM, round: int = 0) -> list[dict]:
+        """``n`` questions of ``step``; ``round`` > 0: a further, independent draw of the same step (--sampling filter)."""
+        rng = np.random.default_rng([stream, self.seed, step] + ([round] if round else []))
         out = []
         while len(out) < n:
             rec = make_question(rng, self.spec)

@@ -71,8 +71,9 @@ class ListSampler:
         self.records = records
         self.seed = seed
 
-    def draw(self, step: int, n: int, stream: int = 2) -> list[dict]:
-        rng = np.random.default_rng([stream, self.seed, step])
+    def draw(self, step: int, n: int, stream: int = 2, round: int = 0) -> list[dict]:
+        """``n`` records of ``step``; ``round`` > 0: a further, independent draw of the same step (--sampling filter)."""
+        rng = np.random.default_rng([stream, self.seed, step] + ([round] if round else []))
         return [self.records[i] for i in rng.integers(len(self.records), size=n)]
 
     def few_shot(self, n: int) -> list[dict]:
