@@ -51,3 +51,16 @@ def compute_advantages(rewards: torch.Tensor, estimator: str, values: torch.Tens
         return centred * (G / (G - 1))
     std = centred.pow(2).mean(dim=1, keepdim=True).sqrt()  # [B, 1] population std
     return centred / (std + STD_EPS)
+
+
+def ragged_advantages(groups: list[torch.Tensor], estimator: str) -> torch.Tensor:
+    """Advantages of groups of different sizes (``--sampling adaptive``), concatenated: ``[sum of sizes]``.
+
+    Each group ``[n_b]`` gets the estimator of its own size; equal sizes give exactly
+    ``compute_advantages`` of the stacked groups. ``oracle`` needs values and is not offered here.
+    """
+    if estimator == "oracle":
+        raise ValueError("the oracle estimator needs each prompt's value; it is for probes, not training")
+    if not groups:
+        return torch.zeros(0)
+    return torch.cat([compute_advantages(g[None, :], estimator)[0] for g in groups])

@@ -69,7 +69,8 @@ def _split_number_lists(args: list[str]) -> list[str]:
 
 
 def _merge_repeated(args: list[str], cls) -> list[str]:
-    """``--policy a --policy b`` -> ``--policy a b`` for tuple-valued fields (tyro takes one occurrence)."""
+    """``--policy a --policy b`` -> ``--policy a b`` for tuple-valued fields (tyro takes one occurrence), and
+    ``--sampling fixed,filter`` -> ``--sampling fixed filter`` (comma lists of words, as of numbers)."""
     import dataclasses
 
     flags = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(cls) if isinstance(f.default, tuple)}
@@ -82,7 +83,7 @@ def _merge_repeated(args: list[str], cls) -> list[str]:
             j = i + 1
             while j < len(args) and not args[j].startswith("--"):
                 j += 1
-            values.setdefault(a, []).extend(args[i + 1 : j])
+            values.setdefault(a, []).extend(v for arg in args[i + 1 : j] for v in arg.split(",") if v)
             i = j
         else:
             rest.append(a)
@@ -226,10 +227,20 @@ def cmd_rank(args: list[str]) -> None:
 
 
 def cmd_mse(args: list[str]) -> None:
-    from grpolab.probes.mse_cmd import MseConfig, format_bandit, format_mse, run_bandit, run_mse
+    from grpolab.probes.mse_cmd import MseConfig, format_bandit, format_mse, run_bandit, run_mse, run_sampling_bias
+    from grpolab.probes.sampling_bias import format_sampling_bias
 
     cfg = _parse(MseConfig, args, "grpolab mse", MseConfig.__doc__.strip().split("\n\n")[0])
     cfg.validate()
+    if cfg.env == "bandit" and cfg.sampling:
+        records = run_sampling_bias(cfg)
+        for G in cfg.group_sizes:
+            print(f"\nB = {cfg.prompts_per_step}, G = {G} ({cfg.estimator}; {cfg.trials} steps per mode; "
+                  f"c: E[g] = c grad J on each prompt, 1 = unbiased)")
+            print(format_sampling_bias([r for r in records if r["G"] == G]))
+        if cfg.json:
+            print(f"wrote {cfg.json}")
+        return
     if cfg.env == "bandit":
         print(format_bandit(run_bandit(cfg)))
         if cfg.json:

@@ -15,6 +15,7 @@ from typing import Literal
 from grpolab.advantages import ESTIMATORS
 from grpolab.data.arithmetic import CATEGORIES
 from grpolab.loss import AGGREGATIONS, KL_ESTIMATORS
+from grpolab.sampling import SAMPLING_MODES
 
 GROUP_BASELINES = ("grpo", "grpo_std", "rloo")
 
@@ -121,6 +122,21 @@ class TrainConfig:
     """Nucleus sampling mass."""
     max_new_tokens: int = 48
     """Longest completion."""
+    sampling: Literal["fixed", "filter", "adaptive"] = "fixed"
+    """Which rollouts a step generates (grpolab.sampling). fixed: B prompts x G. filter (DAPO's dynamic sampling):
+    draw more prompts until B groups have reward variance, at most --max-sampling-rounds rounds. adaptive: a pilot of
+    --pilot-size rollouts per prompt, then the rest of the step's B*G rollouts shared out to minimise the gradient's
+    expected error: most to prompts whose pilot rewards vary most, none to pilots whose rewards are all equal."""
+    max_sampling_rounds: int = 3
+    """filter: most rounds of prompt draws per step; short of B groups after the last, train on those kept (counted
+    as sampling/short)."""
+    pilot_size: int = 4
+    """adaptive: n0, the pilot rollouts of every prompt (2 <= n0 < G)."""
+    max_group_size: int = 0
+    """adaptive: the largest group a prompt can get; 0 = 4 G."""
+    max_rollouts: int = 0
+    """Stop after the step at which the run has generated this many rollouts (sampling/rollouts_total); 0 = run
+    --steps steps. For comparing sampling modes at an equal budget."""
 
     # --- reward ---
     format_weight: float | None = None
@@ -241,6 +257,23 @@ class TrainConfig:
             raise bad("estimator", "'oracle' needs the true value of each prompt, which training does not have; it is for the probes")
         if self.estimator in GROUP_BASELINES and self.group_size < 2:
             raise bad("group_size", f"estimator {self.estimator!r} uses a group baseline and needs G >= 2, got {self.group_size}")
+        if self.sampling not in SAMPLING_MODES:
+            raise bad("sampling", f"must be one of {SAMPLING_MODES}, got {self.sampling!r}")
+        if self.sampling != "fixed":
+            if self.task != "arith":
+                raise bad("sampling", f"{self.sampling!r} is for single-turn tasks; arith-multiturn uses fixed")
+            if self.estimator not in GROUP_BASELINES:
+                raise bad("sampling", f"{self.sampling!r} needs a group-baseline estimator ({', '.join(GROUP_BASELINES)}): "
+                          f"with {self.estimator!r} a group whose rewards are all equal still carries gradient")
+        if self.max_sampling_rounds < 1:
+            raise bad("max_sampling_rounds", f"must be >= 1, got {self.max_sampling_rounds}")
+        if self.sampling == "adaptive":
+            if not 2 <= self.pilot_size < self.group_size:
+                raise bad("pilot_size", f"need 2 <= pilot_size < group_size = {self.group_size}, got {self.pilot_size}")
+            if self.max_group_size and self.max_group_size < self.group_size:
+                raise bad("max_group_size", f"must be 0 (4 G) or >= group_size = {self.group_size}, got {self.max_group_size}")
+        if self.max_rollouts < 0:
+            raise bad("max_rollouts", f"must be >= 0, got {self.max_rollouts}")
         if self.aggregation not in AGGREGATIONS:
             raise bad("aggregation", f"unknown aggregation {self.aggregation!r}; choose from {AGGREGATIONS}")
         if self.kl not in KL_ESTIMATORS:

@@ -27,7 +27,8 @@ from transformers import get_scheduler
 
 from grpolab import checkpoint
 from grpolab import distributed as dist_
-from grpolab.advantages import compute_advantages
+from grpolab.advantages import compute_advantages, ragged_advantages
+from grpolab.collect import ROLLOUT_STREAM, Collector  # noqa: F401  (ROLLOUT_STREAM: the benchmarks key rollouts with it)
 from grpolab.config import ConfigError, TrainConfig
 from grpolab.devices import parse_dtype, resolve_device
 from grpolab.data.task import few_shot_examples, task_data
@@ -40,20 +41,11 @@ from grpolab.probes.advantage_stats import advantage_stats
 from grpolab.probes.gram import score_gram, token_weights
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
 from grpolab.progress import progress_bar
-from grpolab.rewards import default_reward_fns, load_reward_fn, score
-from grpolab.rollout import Batch, sample
+from grpolab.rewards import default_reward_fns, load_reward_fn
+from grpolab.rollout import Batch, select
 from grpolab.runlog import RunLogger, truncate_jsonl
+from grpolab.sampling import prompt_weights
 from grpolab.utils import git_revision, seed_everything, set_threads
-
-ROLLOUT_STREAM = 1  # random-stream id of training rollouts
-
-
-def select(batch: Batch, idx: torch.Tensor) -> Batch:
-    """Rows ``idx`` of a batch, with all-padding columns trimmed (left of prompts, right of completions)."""
-    pm, cm = batch.prompt_mask[idx], batch.completion_mask[idx]
-    first = int((pm.sum(0) > 0).nonzero().min()) if pm.any() else pm.shape[1]
-    last = int((cm.sum(0) > 0).nonzero().max()) + 1 if cm.any() else 1
-    return Batch(batch.prompt_ids[idx, first:], pm[:, first:], batch.completion_ids[idx, :last], cm[:, :last])
 
 
 @dataclasses.dataclass
@@ -121,6 +113,8 @@ class GRPOTrainer:
         accuracy_fn = load_reward_fn(cfg.reward_fn) if cfg.reward_fn else None
         self.reward_fns = default_reward_fns(cfg.format_weight, **({"accuracy_fn": accuracy_fn} if accuracy_fn else {}))
         self.held_out, self.sampler = self._data()
+        self.collector = Collector(self)
+        self.rollouts_total = 0  # rollouts generated since step 1 (restored on resume)
         if cfg.few_shot and self.sampler is not None:  # solved examples from the training split
             self.policy.few_shot = few_shot_examples(self.sampler, cfg.few_shot)
 
@@ -129,123 +123,140 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ one step
     def step(self, step: int) -> StepOutput:
-        cfg, policy = self.cfg, self.policy
-        B, G = cfg.prompts_per_step, cfg.group_size
-        mine = self.world.split(B)  # this rank's prompts (all of them on one process)
+        cfg = self.cfg
         t_step = time.perf_counter()
 
-        # 1. rollouts: G completions for each of this rank's prompts, no gradient
-        drawn = self.sampler.draw(step, B)  # the step's B prompts, the same on every rank
-        records = [drawn[b] for b in mine]
-        prompts = [policy.prompt_ids(r) for r in records for _ in range(G)]
-        keys = [(ROLLOUT_STREAM, cfg.seed, step, b, g) for b in mine for g in range(G)]  # global b: P-independent
-        self.status(f"step {step}: sampling {B * G} rollouts")
-        policy.model.eval()
-        with self.train_module.full_weights():
-            batch = sample(
-                policy.model, prompts, keys, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                top_p=cfg.top_p, eos_id=policy.eos_id, pad_id=policy.pad_id,
-            )
-        policy.model.train()
-        t_gen = time.perf_counter()
-
-        # 2. rewards
-        texts = policy.decode(batch.completion_ids, batch.completion_mask)
-        rep_records = [r for r in records for _ in range(G)]
-        scores = score(texts, rep_records, self.reward_fns)
+        # 1-2. rollouts and their rewards; --sampling decides how many of which prompts (grpolab.sampling)
+        roll = self.collector.collect(step)
+        groups, rows = roll.groups, roll.groups.rows
+        batch, scores, texts = rows.batch, rows.scores, rows.texts
         t_score = time.perf_counter()
 
         # 3. advantages: one scalar per rollout (paper 000, Thm 3.1); groups are whole on this rank
-        adv = compute_advantages(scores.total.to(self.device).view(len(mine), G), cfg.estimator).reshape(-1)  # [N / P]
+        if not groups.sizes:
+            adv = torch.zeros(0, device=self.device)
+        elif len(set(groups.sizes)) == 1:
+            G = groups.sizes[0]
+            adv = compute_advantages(scores.total.to(self.device).view(len(groups.sizes), G), cfg.estimator).reshape(-1)  # [n]
+        else:
+            adv = ragged_advantages(list(scores.total.to(self.device).split(groups.sizes)), cfg.estimator)  # [n]
+        position = {b: k for k, b in enumerate(roll.prompts)}  # prompt -> its place among the update's groups
+        weighted = adv
+        if len({len(r) for r in roll.rewards}) > 1:  # every prompt weighs 1/B whatever its group size (grpolab.sampling)
+            factor = prompt_weights([len(r) for r in roll.rewards])  # [groups], the update's order
+            w = torch.cat([torch.full((n,), factor[position[b]]) for b, n in zip(groups.prompt, groups.sizes)])
+            weighted = adv * w.to(adv.device, adv.dtype)
 
-        # The whole step's per-rollout values, in global order, on every rank (for metrics and probes).
+        # The whole step's samples and rollouts of the update's groups, in prompt order, on every rank.
+        starts = [0]
+        for n in groups.sizes:
+            starts.append(starts[-1] + n)
         local = {
-            "reward": scores.total.tolist(), "accuracy": scores.components["accuracy"].tolist(),
-            "format": scores.components["format"].tolist(), "errors": scores.errors,
-            "length": batch.completion_mask.sum(1).tolist(),
-            "truncated": (~(batch.completion_ids == policy.eos_id).any(dim=1)).tolist(),  # no EOS within max_new_tokens
-            "samples": [{"question": rep_records[i]["question"], "completion": texts[i], "reward": scores.total[i].item()}
-                        for i in range(0, len(texts), G) if mine[i // G] < cfg.log_samples],
-            "rollouts": [{"prompt": mine[i // G], "rollout": i % G, "question": rep_records[i]["question"],
-                          "completion": texts[i], "tokens": int(batch.completion_mask[i].sum()),
-                          "reward": scores.total[i].item(), "advantage": adv[i].item()}
-                         for i in range(len(texts))] if cfg.log_rollouts else [],
+            "samples": [(position[b], {"question": rec["question"], "completion": texts[starts[k]],
+                                       "reward": scores.total[starts[k]].item()})
+                        for k, (b, rec) in enumerate(zip(groups.prompt, groups.records)) if position[b] < cfg.log_samples],
+            "rollouts": [(position[b], {"prompt": b, "rollout": g, "question": rec["question"], "completion": texts[starts[k] + g],
+                                        "tokens": int(batch.completion_mask[starts[k] + g].sum()),
+                                        "reward": scores.total[starts[k] + g].item(), "advantage": adv[starts[k] + g].item()})
+                         for k, (b, rec) in enumerate(zip(groups.prompt, groups.records)) for g in range(groups.sizes[k])]
+                        if cfg.log_rollouts else [],
         }
         parts = dist_.gather(local, self.world)
-        whole = {k: [x for p in parts for x in p[k]] for k in local if k != "errors"}
-        rewards = torch.tensor(whole["reward"]).view(B, G)  # [B, G]
+        whole = {k: [x for _, x in sorted((x for p in parts for x in p[k]), key=lambda x: x[0])] for k in local}  # stable sort
 
-        probe = self._probe(step, rewards, adv.view(len(mine), G), batch)  # on the policy that sampled
+        probe = self._probe(step, roll, adv)  # on the policy that sampled
 
         # 4. loss and update
-        self.status(f"step {step}: update ({cfg.mu} x {len(mine) * G} rollouts)")
-        update = self._update(batch, adv)
+        self.status(f"step {step}: update ({cfg.mu} x {rows.n} rollouts)")
+        update = self._update(batch, weighted) if roll.rewards else self._no_update()
         t_end = time.perf_counter()
 
-        lengths = torch.tensor(whole["length"], dtype=torch.float)  # [N]
-        group_std = rewards.std(dim=1, unbiased=False)  # [B]
+        gen = roll.generated
+        lengths = torch.tensor(gen["length"], dtype=torch.float)  # [every rollout generated]
+        reward = torch.tensor(gen["reward"])  # [every rollout generated]
+        uniform = len({len(r) for r in roll.rewards}) == 1
+        group_std = (torch.tensor(roll.rewards).std(dim=1, unbiased=False) if uniform else
+                     torch.stack([torch.tensor(r).std(unbiased=False) for r in roll.rewards]) if roll.rewards else None)  # [groups]
+        sizes = [len(r) for r in roll.rewards]
+        self.rollouts_total += reward.numel()
         metrics = {
-            "reward/mean": rewards.mean().item(),
-            "reward/std": rewards.std(unbiased=False).item(),
-            "reward/group_std_mean": group_std.mean().item(),
-            "reward/frac_zero_std": (group_std == 0).float().mean().item(),
-            "reward/accuracy": statistics.fmean(whole["accuracy"]),
-            "reward/format": statistics.fmean(whole["format"]),
-            "reward/errors": sum(p["errors"] for p in parts),
+            "reward/mean": reward.mean().item(),
+            "reward/std": reward.std(unbiased=False).item(),
+            "reward/group_std_mean": group_std.mean().item() if sizes else None,
+            "reward/frac_zero_std": statistics.fmean(len(set(r)) == 1 for r in roll.rewards) if sizes else None,
+            "reward/accuracy": statistics.fmean(gen["accuracy"]),
+            "reward/format": statistics.fmean(gen["format"]),
+            "reward/errors": gen["errors"],
+            "sampling/rollouts": reward.numel(),
+            "sampling/rollouts_total": self.rollouts_total,
+            "sampling/rounds": roll.rounds,
+            "sampling/kept_groups": len(sizes),
+            "sampling/short": int(roll.short),
+            "sampling/frac_zero_std_drawn": gen["zero_std"],
+            "sampling/group_size_mean": statistics.fmean(sizes) if sizes else 0.0,
+            "sampling/group_size_max": max(sizes, default=0),
             **update,
             **probe,
             "completion/len_mean": lengths.mean().item(),
             "completion/len_max": lengths.max().item(),
-            "completion/truncated_frac": statistics.fmean(map(float, whole["truncated"])),
-            "time/generate_s": t_gen - t_step,
-            "time/score_s": t_score - t_gen,
+            "completion/truncated_frac": statistics.fmean(map(float, gen["truncated"])),
+            "time/generate_s": roll.time_generate,
+            "time/score_s": roll.time_score,
             "time/update_s": t_end - t_score,
             "time/step_s": t_end - t_step,
         }
         return StepOutput(metrics, whole["samples"], whole["rollouts"] if cfg.log_rollouts else None)
 
-    def _probe(self, step: int, rewards: torch.Tensor, adv: torch.Tensor, batch: Batch) -> dict:
+    def _probe(self, step: int, roll, adv: torch.Tensor) -> dict:
         """Advantage statistics every step; the gradient spectrum every ``probe_every`` steps.
 
-        rewards ``[B, G]``: the whole step's; adv ``[B / P, G]`` and batch: this rank's groups. The
-        spectrum is measured on the first ``probe_groups`` groups with reward variance of the whole
-        step, each by the rank that holds it.
+        ``roll.rewards``: every group of the update (all ranks, in order); ``roll.groups``, adv ``[n]``:
+        this rank's. The spectrum is measured on the first ``probe_groups`` groups with reward
+        variance of the whole step, each by the rank that holds it.
         """
         cfg = self.cfg
+        rewards, groups, batch = roll.rewards, roll.groups, roll.groups.rows.batch
         out = {}
-        if cfg.group_size >= 2:
-            stats = advantage_stats(rewards, eps=cfg.probe_eps)
+        if rewards and min(len(r) for r in rewards) >= 2:
+            stats = advantage_stats([torch.tensor(r) for r in rewards], eps=cfg.probe_eps)
             out = {f"probe/adv_{k}": v for k, v in stats.items()}
         if cfg.probe_every and step % cfg.probe_every == 0:
             t0 = time.perf_counter()
-            G = cfg.group_size
-            mine = self.world.split(rewards.shape[0])
-            adv_all = compute_advantages(rewards, cfg.estimator)  # [B, G]: equal to each rank's own groups' adv
-            live = [b for b in range(rewards.shape[0]) if adv_all[b].any()][: cfg.probe_groups]
-            metrics = []
-            for b in (b for b in live if b in mine):
-                i = b - mine.start  # local group index
-                sub = select(batch, torch.arange(i * G, (i + 1) * G, device=self.device))
-                psi = score_gram(self.policy.model, sub, token_weights(sub.completion_mask, cfg.aggregation, cfg.max_new_tokens),
-                                 temperature=cfg.temperature)
-                metrics.append(spectrum_metrics(singular_values_from_gram(psi, adv[i].cpu())))  # psi [G, G] is on the CPU
-            metrics = dist_.gather_concat(metrics, self.world)
+            live = [k for k, r in enumerate(rewards) if len(set(r)) > 1][: cfg.probe_groups]  # positions in the update
+            position = {b: k for k, b in enumerate(roll.prompts)}
+            metrics, start = [], 0
+            for b, n in zip(groups.prompt, groups.sizes):
+                if position[b] in live:
+                    sub = select(batch, torch.arange(start, start + n, device=self.device))
+                    psi = score_gram(self.policy.model, sub, token_weights(sub.completion_mask, cfg.aggregation, cfg.max_new_tokens),
+                                     temperature=cfg.temperature)
+                    metrics.append((position[b], spectrum_metrics(singular_values_from_gram(psi, adv[start : start + n].cpu()))))
+                start += n
+            metrics = [m for _, m in sorted(dist_.gather_concat(metrics, self.world), key=lambda x: x[0])]
             for key, name in (("effective_rank", "eff_rank"), ("top1_fraction", "top1_frac"), ("num_rank", "num_rank")):
                 out[f"probe/{name}"] = sum(m[key] for m in metrics) / len(metrics) if metrics else None
             out["probe/groups_measured"] = len(metrics)
             out["time/probe_s"] = time.perf_counter() - t0
         return out
 
+    def _no_update(self) -> dict:
+        """A step with no group to learn from (--sampling filter, every round all-equal): the weights stay,
+        the schedule moves on, and the step is counted (``sampling/short``)."""
+        for _ in range(self.cfg.mu):
+            self.scheduler.step()
+        return {"loss/total": None, "loss/policy": None, "loss/kl": None, "loss/clip_frac": None, "loss/ratio_mean": None,
+                "loss/active_frac": 0.0, "loss/skipped_updates": 0, "grad/norm": None, "charts/lr": self.scheduler.get_last_lr()[0]}
+
     def _update(self, batch: Batch, adv: torch.Tensor) -> dict:
         """mu optimizer steps on this rank's rollouts; with P ranks, the sum of their gradients.
 
-        batch, adv ``[n]``: this rank's n rows (rollouts; turns for the multi-turn trainer).
+        batch, adv ``[n]``: this rank's n rows (rollouts; turns for the multi-turn trainer); n may be 0.
         Normalisers are the whole step's (N rows over all ranks, their token count), so each rank's
         loss is its share of the single-process loss.
         """
         cfg, world, train = self.cfg, self.world, self.train_module
         model = self.policy.model
-        mask = batch.completion_mask
+        mask = batch.completion_mask[: adv.shape[0]]  # a rank with no rows of its own holds one stand-in row (collect.Rows)
         N, num_tokens = dist_.all_sum([float(adv.shape[0]), float(mask.sum())], world)
         N = int(N)
         mb = cfg.micro_batch or N
@@ -355,7 +366,7 @@ class GRPOTrainer:
             model_state, optim_state = self.train_module.full_state(self.optimizer)
         if self.world.is_main:
             checkpoint.save(out, step, self.policy.model, self.policy.tokenizer, self.optimizer, self.scheduler,
-                            {"seed": self.cfg.seed, "world_size": self.world.size}, keep=self.cfg.keep_checkpoints,
+                            {"seed": self.cfg.seed, "world_size": self.world.size, "rollouts_total": self.rollouts_total}, keep=self.cfg.keep_checkpoints,
                             model_state=model_state, optimizer_state=optim_state)
         dist_.barrier(self.world)  # nobody runs ahead of (or resumes from) a checkpoint still being written
 
@@ -371,8 +382,8 @@ def _prepare_run_dir(cfg: TrainConfig) -> tuple[Path, int, Path | None]:
         if not ckpts:
             raise ConfigError(f"--resume: no complete checkpoint in {out / 'checkpoints'}")
         saved = json.loads((out / "config.json").read_text())
-        for key in ("seed", "prompts_per_step", "group_size", "estimator", "aggregation", "model"):
-            if saved.get(key) != getattr(cfg, key):
+        for key in ("seed", "prompts_per_step", "group_size", "estimator", "aggregation", "model", "sampling"):
+            if saved.get(key, "fixed" if key == "sampling" else None) != getattr(cfg, key):
                 raise ConfigError(f"--resume: --{key.replace('_', '-')} is {getattr(cfg, key)!r} but the run was started with {saved.get(key)!r}")
         step, path = ckpts[-1]
         return out, step, path
@@ -414,6 +425,8 @@ def train(cfg: TrainConfig, log=print) -> Path:
     if ckpt is not None:
         state = checkpoint.load_training_state(ckpt, trainer.optimizer, trainer.scheduler, model=trainer.policy.model)
         start = state["step"]
+        # Checkpoints written before --sampling existed: every step generated B*G rollouts.
+        trainer.rollouts_total = state.get("rollouts_total", start * cfg.rollouts_per_step)
         if world.is_main:
             truncate_jsonl(out / "metrics.jsonl", start)
             truncate_jsonl(out / "samples.jsonl", start)
@@ -435,7 +448,8 @@ def train(cfg: TrainConfig, log=print) -> Path:
             for step in range(start + 1, cfg.steps + 1):
                 out_step = trainer.step(step)
                 metrics = out_step.metrics
-                last = step == cfg.steps
+                # --max-rollouts: this step reached the budget, so it is the last one (evaluated and saved).
+                last = step == cfg.steps or bool(cfg.max_rollouts and trainer.rollouts_total >= cfg.max_rollouts)
                 if (cfg.eval_every and step % cfg.eval_every == 0) or last:
                     ev, examples = trainer.evaluate(step)
                     metrics.update(ev)
@@ -453,6 +467,10 @@ def train(cfg: TrainConfig, log=print) -> Path:
                     status += f" | eval greedy {metrics['eval/accuracy_greedy']:.3f} sampled {metrics['eval/accuracy_sampled']:.3f}"
                 trainer_step[0] = step
                 bar.update(step, status)
+                if last:
+                    if step < cfg.steps:
+                        log(f"--max-rollouts {cfg.max_rollouts}: {trainer.rollouts_total} rollouts generated by step {step}; stopping")
+                    break
     finally:
         if logger:
             logger.close()

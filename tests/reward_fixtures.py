@@ -27,3 +27,9 @@ def odd_code_sum(completions, records):
     """1 when the sum of the completion's character codes is odd, else 0: meaningless, but nearly every group has
     reward variance, so nearly every rollout has a nonzero advantage (a dense update, for tests that compare updates)."""
     return [float(sum(map(ord, c)) % 2) for c in completions]
+
+
+def code_sum_mod4(completions, records):
+    """1 when the sum of the completion's character codes is divisible by 4, else 0: a pass rate near 1/4, so with
+    G = 4 about a third of the groups have no reward variance (all 0) and the rest have some (for --sampling tests)."""
+    return [float(sum(map(ord, c)) % 4 == 0) for c in completions]

@@ -87,12 +87,15 @@ class MultiTurnTrainer(GRPOTrainer):
         rewards = torch.cat([p["rewards"] for p in parts])  # [B, G, H]
         lengths = torch.cat([p["lengths"] for p in parts])  # [H * B * G]
         total = rewards.sum(2)
+        self.rollouts_total += B * G
         metrics = {
             "reward/mean": float(total.mean()),
             "reward/std": float(total.std(unbiased=False)),
             "reward/frac_zero_std": float((total.std(dim=1, unbiased=False) == 0).double().mean()),
             "reward/accuracy": float(rewards.mean()),
             **{f"reward/stage{h + 1}": float(rewards[:, :, h].mean()) for h in range(H)},
+            "sampling/rollouts": B * G,
+            "sampling/rollouts_total": self.rollouts_total,
             **update,
             "completion/len_mean": float(lengths.mean()),
             "time/generate_s": t_gen - t0,

@@ -19,8 +19,8 @@ import torch
 from grpolab.advantages import compute_advantages
 
 
-def advantage_stats(rewards: torch.Tensor, eps: float = 0.2, sigma2: float | None = None) -> dict[str, float]:
-    """Statistics of ``grpo`` advantages for group rewards ``[B, R]``.
+def advantage_stats(rewards: torch.Tensor | list[torch.Tensor], eps: float = 0.2, sigma2: float | None = None) -> dict[str, float]:
+    """Statistics of ``grpo`` advantages for group rewards ``[B, R]`` (or a list of groups, see below).
 
     ``sigma2``: the true reward variance if known (one prompt, Bernoulli(p) rewards);
     otherwise each group's unbiased sample variance, averaged over groups.
@@ -29,7 +29,16 @@ def advantage_stats(rewards: torch.Tensor, eps: float = 0.2, sigma2: float | Non
     ``cov_theory``, ``eff_frac_emp`` (share of |A_i| > eps), ``eff_bound``
     (Eq. 20, capped at 1), ``frac_zero_var`` (groups whose rewards are all equal),
     ``sigma2``.
+
+    A list of groups ``[R_b]`` of different sizes (``--sampling adaptive``) gives the same
+    statistics pooled over rollouts: each group's theory at its own R_b, weighted by its
+    rollouts (its pairs, for the covariance). Equal sizes give exactly the ``[B, R]`` result.
     """
+    if isinstance(rewards, (list, tuple)):
+        if len({len(r) for r in rewards}) == 1:
+            rewards = torch.stack(list(rewards))
+        else:
+            return _ragged_stats([r.double() for r in rewards], eps, sigma2)
     rewards = rewards.double()
     B, R = rewards.shape
     if R < 2:
@@ -53,4 +62,28 @@ def advantage_stats(rewards: torch.Tensor, eps: float = 0.2, sigma2: float | Non
         "eff_bound": float(min(1.0, (R - 1) * sigma2_t / (R * eps**2))),
         "frac_zero_var": float((rewards == rewards[:, :1]).all(dim=1).double().mean()),
         "sigma2": float(sigma2_t),
+    }
+
+
+def _ragged_stats(groups: list[torch.Tensor], eps: float, sigma2: float | None) -> dict[str, float]:
+    if min(len(r) for r in groups) < 2:
+        raise ValueError("advantage statistics need R >= 2 rollouts per group")
+    A = [compute_advantages(r[None, :], "grpo")[0].double() for r in groups]
+    R = torch.tensor([len(r) for r in groups], dtype=torch.float64)  # [B]
+    s2 = (torch.stack([r.var(unbiased=True) for r in groups]) if sigma2 is None
+          else torch.full((len(groups),), float(sigma2), dtype=torch.float64))  # [B]
+    N, pairs = R.sum(), (R * (R - 1)).sum()
+    sums = torch.stack([a.sum() for a in A])  # [B]
+    sq = torch.stack([a.pow(2).sum() for a in A])  # [B]
+    var_theory = ((R - 1) * s2).sum() / N
+    return {
+        "max_abs_group_sum": float(sums.abs().max()),
+        "var_emp": float(sq.sum() / N),
+        "var_theory": float(var_theory),
+        "cov_emp": float((sums.pow(2) - sq).sum() / pairs),
+        "cov_theory": float(-((R - 1) * s2).sum() / pairs),
+        "eff_frac_emp": float(sum(int((a.abs() > eps).sum()) for a in A) / N),
+        "eff_bound": float(min(1.0, var_theory / eps**2)),
+        "frac_zero_var": sum(bool((r == r[0]).all()) for r in groups) / len(groups),
+        "sigma2": float(s2.mean()),
     }

@@ -24,6 +24,8 @@ from grpolab.probes.mse import (
     predicted_mse,
 )
 from grpolab.probes.pool import collect_pool
+from grpolab.probes.sampling_bias import BanditStep, measure
+from grpolab.sampling import SAMPLING_MODES
 from grpolab.utils import percentile_interval, set_threads
 
 
@@ -66,7 +68,21 @@ class MseConfig:
     logits: tuple[float, ...] = (0.0, 0.5, -0.5)
     """Bandit: the softmax policy's logits, one per arm."""
     trials: int = 20_000
-    """Bandit: Monte Carlo trials per G."""
+    """Bandit: Monte Carlo trials per G (per mode with --sampling)."""
+    sampling: tuple[str, ...] = ()
+    """Bandit: instead of MSE against G, compare one step's gradient under these --sampling modes of training (fixed,
+    filter, adaptive) on prompts of --pass-rates: per-prompt bias scale c (1 = unbiased), relative bias, cosine to
+    the true gradient, MSE, rollouts per step (grpolab.probes.sampling_bias)."""
+    pass_rates: tuple[float, ...] = (0.05, 0.2, 0.5, 0.8, 0.95)
+    """Bandit --sampling: the prompts' pass rates (each a two-armed bandit; prompts drawn uniformly)."""
+    prompts_per_step: int = 8
+    """Bandit --sampling: B, prompts per step; a step's budget is B * G for each G of --group-sizes."""
+    pilot_size: int = 4
+    """Bandit --sampling adaptive: pilot rollouts per prompt (G <= pilot size: adaptive is skipped at that G)."""
+    max_sampling_rounds: int = 3
+    """Bandit --sampling filter: most rounds of prompt draws per step."""
+    estimator: str = "rloo"
+    """Bandit --sampling: the advantage estimator (rloo, grpo, grpo_std)."""
     json: str = ""
     """Bandit: also write the records to this JSON file."""
     seed: int = 0
@@ -91,6 +107,17 @@ class MseConfig:
                 raise ConfigError(f"--arm-probs must lie in [0, 1], got {self.arm_probs}")
             if self.trials < 2:
                 raise ConfigError(f"--trials must be >= 2, got {self.trials}")
+            unknown = set(self.sampling) - set(SAMPLING_MODES)
+            if unknown:
+                raise ConfigError(f"--sampling: unknown mode(s) {sorted(unknown)}; choose from {SAMPLING_MODES}")
+            if self.sampling:
+                if not self.pass_rates or not all(0 <= j <= 1 for j in self.pass_rates):
+                    raise ConfigError(f"--pass-rates must be non-empty and lie in [0, 1], got {self.pass_rates}")
+                if min(self.group_sizes) < 2 or self.prompts_per_step < 1 or self.pilot_size < 2 or self.max_sampling_rounds < 1:
+                    raise ConfigError("--sampling needs --group-sizes >= 2, --prompts-per-step >= 1, --pilot-size >= 2 "
+                                      "and --max-sampling-rounds >= 1")
+                if self.estimator not in ("rloo", "grpo", "grpo_std"):
+                    raise ConfigError(f"--estimator must be rloo, grpo or grpo_std (a group baseline), got {self.estimator!r}")
         else:
             if self.pool < 3:
                 raise ConfigError(f"--pool must be >= 3 rollouts per prompt, got {self.pool}")
@@ -110,6 +137,20 @@ def run_bandit(cfg: MseConfig) -> list[dict]:
             records.append({"estimator": est, "G": G, "mse_mc": mean, "ci_low": lo, "ci_high": hi,
                             "mse_exact": mse_from_moments(m, est, G)})
     records.sort(key=lambda r: (ESTIMATORS.index(r["estimator"]), r["G"]))
+    if cfg.json:
+        Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.json).write_text(json.dumps(records, indent=2))
+    return records
+
+
+def run_sampling_bias(cfg: MseConfig) -> list[dict]:
+    """The bandit comparison of --sampling modes, for each G of --group-sizes (adaptive only where G > pilot)."""
+    records = []
+    for G in cfg.group_sizes:
+        modes = tuple(m for m in cfg.sampling if m != "adaptive" or G > cfg.pilot_size)
+        step = BanditStep(B=cfg.prompts_per_step, G=G, pilot_size=cfg.pilot_size, max_rounds=cfg.max_sampling_rounds,
+                          estimator=cfg.estimator)
+        records += measure(modes, cfg.pass_rates, step, cfg.trials, seed=cfg.seed + G)
     if cfg.json:
         Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.json).write_text(json.dumps(records, indent=2))

@@ -1,0 +1,244 @@
+"""Collect a step's rollouts under a sampling mode (``grpolab.sampling`` says how many of which).
+
+Rollout ``g`` of the step's prompt ``b`` always draws from the stream keyed
+``(ROLLOUT_STREAM, seed, step, b, g)``, whatever the mode: prompts are numbered across the
+step's rounds (round 1 holds 0..B-1, round 2 continues from B), and an adaptive prompt's
+pilot is its rollouts 0..n0-1. So ``fixed`` draws exactly what it always drew, an
+``adaptive`` group is a prefix of a longer fixed group, and nothing depends on the number
+of processes: each rank samples a contiguous block of each round's prompts
+(:meth:`World.split`) and the keep/allocate decisions are taken on the gathered rewards,
+identically on every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from grpolab import distributed as dist_
+from grpolab.rewards import Scores, score
+from grpolab.rollout import Batch, sample, select
+from grpolab.sampling import allocate_group_sizes, has_variance, next_round_size
+
+ROLLOUT_STREAM = 1  # random-stream id of training rollouts
+
+
+@dataclasses.dataclass(eq=False)
+class Rows:
+    """Sampled rollouts held by this rank, with their texts and scores."""
+
+    batch: Batch | None
+    """``[n, ...]``; with n = 0, None or (a rank that keeps no group) one stand-in row that carries no loss."""
+    texts: list[str]
+    scores: Scores
+
+    @property
+    def n(self) -> int:
+        return len(self.texts)
+
+
+@dataclasses.dataclass
+class Groups:
+    """This rank's groups that enter the update; the rows of group k are contiguous in ``rows``, in order."""
+
+    prompt: list[int]  # the step's prompt index of each group (global, numbered across rounds)
+    records: list[dict]
+    sizes: list[int]
+    rows: Rows
+
+
+@dataclasses.dataclass
+class StepRollouts:
+    groups: Groups
+    prompts: list[int]
+    """Every group entering the update (all ranks), in prompt order: its prompt index ..."""
+    rewards: list[list[float]]
+    """... and its rollouts' rewards."""
+    generated: dict
+    """Every rollout generated this step (all ranks): per-rollout lists ``reward``, ``accuracy``, ``format``,
+    ``length``, ``truncated``; ``errors`` (reward-function failures); ``zero_std`` (share of drawn groups
+    whose rewards were all equal)."""
+    rounds: int
+    short: bool
+    """filter: fewer than B groups with variance after the last round."""
+    time_generate: float
+    time_score: float
+
+
+def concat_batches(batches: list[Batch], pad_id: int) -> Batch:
+    """Rows of several batches in one: prompts left-padded, completions right-padded to the widest."""
+    if len(batches) == 1:
+        return batches[0]
+    P = max(b.prompt_ids.shape[1] for b in batches)
+    T = max(b.completion_ids.shape[1] for b in batches)
+
+    def pad(t: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor:
+        extra = width - t.shape[1]
+        return torch.nn.functional.pad(t, (extra, 0) if left else (0, extra), value=value)
+
+    return Batch(
+        torch.cat([pad(b.prompt_ids, P, pad_id, True) for b in batches]),
+        torch.cat([pad(b.prompt_mask, P, 0, True) for b in batches]),
+        torch.cat([pad(b.completion_ids, T, pad_id, False) for b in batches]),
+        torch.cat([pad(b.completion_mask, T, 0, False) for b in batches]),
+    )
+
+
+def concat_scores(parts: list[Scores]) -> Scores:
+    if len(parts) == 1:
+        return parts[0]
+    names = parts[0].components
+    return Scores(torch.cat([p.total for p in parts]), {k: torch.cat([p.components[k] for p in parts]) for k in names},
+                  sum(p.errors for p in parts))
+
+
+def take_rows(parts: list[Rows], order: list[tuple[int, int]], pad_id: int) -> Rows:
+    """The rows ``order`` = [(part, row), ...] of several :class:`Rows`, in that order."""
+    live = [i for i, p in enumerate(parts) if p.n]
+    if len(live) == 1 and order == [(live[0], r) for r in range(parts[live[0]].n)]:
+        return parts[live[0]]  # all rows of one sampling call, in order: the very tensors (fixed mode)
+    if not order:  # this rank keeps no group; one of its rows (with no advantage) lets it join the update's collectives
+        empty = Scores(torch.zeros(0), {k: torch.zeros(0) for k in parts[0].scores.components}, 0)
+        return Rows(select(parts[live[0]].batch, torch.zeros(1, dtype=torch.long)) if live else None, [], empty)
+    starts, total = [], 0
+    for p in parts:
+        starts.append(total)
+        total += p.n
+    batch = concat_batches([p.batch for p in parts if p.n], pad_id)
+    idx = torch.tensor([starts[i] + r for i, r in order], device=batch.prompt_ids.device)
+    scores = concat_scores([p.scores for p in parts])
+    texts = [t for p in parts for t in p.texts]
+    return Rows(
+        select(batch, idx), [texts[int(i)] for i in idx],
+        Scores(scores.total[idx.cpu()], {k: v[idx.cpu()] for k, v in scores.components.items()}, scores.errors),
+    )
+
+
+class Collector:
+    """Samples and scores a step's rollouts for a trainer (its policy, config, sampler, rewards, world)."""
+
+    def __init__(self, trainer):
+        self.t = trainer
+
+    # ------------------------------------------------------------------ one sampling call
+    def _generate(self, step: int, items: list[tuple[int, dict, range]]) -> tuple[Rows, float, float]:
+        """Rollouts ``g in gs`` of prompts ``(b, record, gs)``; returns the rows and (generation, scoring) seconds."""
+        t = self.t
+        cfg, policy = t.cfg, t.policy
+        recs = [rec for _, rec, gs in items for _ in gs]
+        if not recs:
+            return Rows(None, [], score([], [], t.reward_fns)), 0.0, 0.0
+        t0 = time.perf_counter()
+        prompts = [policy.prompt_ids(rec) for rec in recs]
+        keys = [(ROLLOUT_STREAM, cfg.seed, step, b, g) for b, _, gs in items for g in gs]  # global b: P-independent
+        policy.model.eval()
+        with t.train_module.full_weights():
+            batch = sample(
+                policy.model, prompts, keys, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                top_p=cfg.top_p, eos_id=policy.eos_id, pad_id=policy.pad_id,
+            )
+        policy.model.train()
+        t1 = time.perf_counter()
+        texts = policy.decode(batch.completion_ids, batch.completion_mask)
+        scores = score(texts, recs, t.reward_fns)
+        return Rows(batch, texts, scores), t1 - t0, time.perf_counter() - t1
+
+    def _per_rollout(self, rows: Rows) -> dict:
+        eos = self.t.policy.eos_id
+        b = rows.batch
+        return {
+            "reward": rows.scores.total.tolist(), "accuracy": rows.scores.components["accuracy"].tolist(),
+            "format": rows.scores.components["format"].tolist(),
+            "length": b.completion_mask.sum(1).tolist() if b is not None else [],
+            "truncated": (~(b.completion_ids == eos).any(dim=1)).tolist() if b is not None else [],  # no EOS in budget
+            "errors": rows.scores.errors,
+        }
+
+    def _gather(self, local: dict) -> dict:
+        """Per-rollout lists of every rank, concatenated in rank order (= prompt order within a call)."""
+        parts = dist_.gather(local, self.t.world)
+        out = {k: [x for p in parts for x in p[k]] for k in local if k != "errors"}
+        out["errors"] = sum(p["errors"] for p in parts)
+        return out
+
+    # ------------------------------------------------------------------ the modes
+    def collect(self, step: int) -> StepRollouts:
+        mode = self.t.cfg.sampling
+        return self._adaptive(step) if mode == "adaptive" else self._rounds(step, filtering=mode == "filter")
+
+    def _rounds(self, step: int, filtering: bool) -> StepRollouts:
+        """fixed (one round, every group kept) and filter (rounds until B groups with variance)."""
+        t = self.t
+        cfg, world = t.cfg, t.world
+        B, G = cfg.prompts_per_step, cfg.group_size
+        parts: list[Rows] = []
+        mine_groups: list[tuple[int, dict, int, int]] = []  # (prompt, record, part, first row) of this rank's groups
+        kept: list[tuple[int, list[float]]] = []  # (prompt, rewards) of every kept group, all ranks
+        generated = {"reward": [], "accuracy": [], "format": [], "length": [], "truncated": [], "errors": 0}
+        zero_groups = drawn = rounds = 0
+        t_gen = t_score = 0.0
+        while True:
+            n = B if rounds == 0 else next_round_size(B, len(kept), drawn)
+            if n == 0 or rounds == (cfg.max_sampling_rounds if filtering else 1):
+                break
+            recs = t.sampler.draw(step, n) if rounds == 0 else t.sampler.draw(step, n, round=rounds)
+            mine = world.split(n)
+            t.status(f"step {step}: sampling {n * G} rollouts" + (f" (round {rounds + 1})" if rounds else ""))
+            rows, tg, ts = self._generate(step, [(drawn + b, recs[b], range(G)) for b in mine])
+            t_gen, t_score = t_gen + tg, t_score + ts
+            parts.append(rows)
+            mine_groups += [(drawn + b, recs[b], len(parts) - 1, i * G) for i, b in enumerate(mine)]
+            whole = self._gather(self._per_rollout(rows))
+            for k in generated:
+                generated[k] = generated[k] + whole[k]
+            rewards = torch.tensor(whole["reward"]).view(n, G)  # [n, G], this round's, every rank's
+            var = has_variance(rewards)
+            zero_groups += int((~var).sum())
+            kept += [(drawn + b, rewards[b].tolist()) for b in range(n) if var[b] or not filtering]
+            drawn += n
+            rounds += 1
+        kept = kept[:B]
+        keep_prompts = {b for b, _ in kept}
+        order, prompt, records = [], [], []
+        for b, rec, part, first in mine_groups:
+            if b in keep_prompts:
+                prompt.append(b)
+                records.append(rec)
+                order += [(part, first + g) for g in range(G)]
+        rows = take_rows(parts, order, t.policy.pad_id)
+        generated["zero_std"] = zero_groups / drawn
+        return StepRollouts(Groups(prompt, records, [G] * len(prompt), rows), [b for b, _ in kept], [r for _, r in kept], generated,
+                            rounds, filtering and len(kept) < B, t_gen, t_score)
+
+    def _adaptive(self, step: int) -> StepRollouts:
+        """A pilot of n0 rollouts per prompt, then the rest of the budget B G where it lowers the error most."""
+        t = self.t
+        cfg, world = t.cfg, t.world
+        B, G, n0 = cfg.prompts_per_step, cfg.group_size, cfg.pilot_size
+        recs = t.sampler.draw(step, B)
+        mine = world.split(B)
+        t.status(f"step {step}: sampling the pilot ({B * n0} rollouts)")
+        pilot, tg1, ts1 = self._generate(step, [(b, recs[b], range(n0)) for b in mine])
+        whole = self._gather(self._per_rollout(pilot))
+        pilot_rewards = torch.tensor(whole["reward"]).view(B, n0).tolist()
+        sizes = allocate_group_sizes(pilot_rewards, B * G, cfg.max_group_size or 4 * G)
+        t.status(f"step {step}: sampling {B * G - B * n0} more rollouts (groups of {min(sizes)}-{max(sizes)})")
+        extra, tg2, ts2 = self._generate(step, [(b, recs[b], range(n0, sizes[b])) for b in mine])
+        whole_extra = self._gather(self._per_rollout(extra))
+        # Every rank's extras in prompt order: prompt b's are the (sizes[b] - n0) after those of prompts < b.
+        e_start = [0] * (B + 1)
+        for b in range(B):
+            e_start[b + 1] = e_start[b] + sizes[b] - n0
+        rewards = [pilot_rewards[b] + whole_extra["reward"][e_start[b] : e_start[b + 1]] for b in range(B)]
+        generated = {k: whole[k] + whole_extra[k] for k in whole}
+        generated["zero_std"] = sum(len(set(r)) == 1 for r in rewards) / B
+        order, p_off, e_off = [], 0, 0
+        for b in mine:
+            order += [(0, p_off + g) for g in range(n0)] + [(1, e_off + g) for g in range(sizes[b] - n0)]
+            p_off += n0
+            e_off += sizes[b] - n0
+        rows = take_rows([pilot, extra], order, t.policy.pad_id)
+        groups = Groups(list(mine), [recs[b] for b in mine], [sizes[b] for b in mine], rows)
+        return StepRollouts(groups, list(range(B)), rewards, generated, 2, False, tg1 + tg2, ts1 + ts2)
