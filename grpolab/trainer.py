@@ -445,7 +445,8 @@ def train(cfg: TrainConfig, log=print) -> Path:
                 if logger:
                     logger.log(0, metrics)
                     logger.log_samples(0, [{"kind": "eval", **e} for e in examples])
-            for step in range(start + 1, cfg.steps + 1):
+            spent = bool(cfg.max_rollouts and trainer.rollouts_total >= cfg.max_rollouts)  # resuming a run that reached it
+            for step in range(start + 1, (start if spent else cfg.steps) + 1):
                 out_step = trainer.step(step)
                 metrics = out_step.metrics
                 # --max-rollouts: this step reached the budget, so it is the last one (evaluated and saved).

@@ -262,6 +262,10 @@ def test_max_rollouts_stops_the_run_at_the_budget(tmp_path):
     last = rows[-1]
     assert last["sampling/rollouts_total"] >= 40 > last["sampling/rollouts_total"] - last["sampling/rollouts"]
     assert "eval/accuracy_sampled" in last and (out / "checkpoints" / f"step_{last['step']}").is_dir()
+    # resuming a run that has spent its budget trains no further
+    train(TrainConfig(out=str(tmp_path / "m"), steps=10, sampling="filter", max_rollouts=40, resume=True, **SMALL),
+          log=_quiet)
+    assert read_metrics(out / "metrics.jsonl")[-1]["step"] == last["step"]
 
 
 # ---------------------------------------------------------------- the bandit check of the modes' bias
