@@ -314,3 +314,14 @@ def test_bandit_adaptive_is_fixed_for_one_prompt_and_shrinks_extreme_prompts_oth
     assert lo["hi"] < 0.75 and hi["hi"] < 0.75, ad["scale"]
     assert mid["lo"] > max(lo["hi"], hi["hi"]), ad["scale"]
     assert ad["cosine"] < 0.9995
+
+
+def test_concat_batches_pads_prompts_left_and_completions_right():
+    from grpolab.collect import concat_batches
+    from grpolab.rollout import Batch
+
+    a = Batch(torch.tensor([[5, 6]]), torch.tensor([[1, 1]]), torch.tensor([[7]]), torch.tensor([[1]]))
+    b = Batch(torch.tensor([[0, 1, 2]]), torch.tensor([[0, 1, 1]]), torch.tensor([[3, 4]]), torch.tensor([[1, 1]]))
+    c = concat_batches([a, b], pad_id=0)
+    assert c.prompt_ids.tolist() == [[0, 5, 6], [0, 1, 2]] and c.prompt_mask.tolist() == [[0, 1, 1], [0, 1, 1]]
+    assert c.completion_ids.tolist() == [[7, 0], [3, 4]] and c.completion_mask.tolist() == [[1, 0], [1, 1]]
