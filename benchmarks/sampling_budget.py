@@ -6,7 +6,8 @@ generates more per step, so it runs fewer steps, stopped by --max-rollouts), eva
 ``--eval-every`` steps. Then, per mode: the mean sampled (and greedy) accuracy over seeds on a
 common grid of rollouts (each seed's curve interpolated linearly), with a 95% t-interval
 over seeds; the rollouts at which the mode's mean curve first reaches fixed's final mean
-sampled accuracy, as a share of fixed's; wall time per run. Writes summary.json and
+sampled accuracy, as a share of fixed's; wall time per run. With one seed the intervals are each
+evaluation's own (over questions). Writes summary.json and
 sampling.png into --out.
 
     python benchmarks/sampling_budget.py --out runs/sampling-builtin [--seeds 0,1,2] [--steps 500]
@@ -75,9 +76,13 @@ def summarise(out: Path, seeds: list[int], walls: dict) -> dict:
         for key in ("eval/accuracy_sampled", "eval/accuracy_greedy"):
             ys = np.stack([np.interp(grid, *curve(r, key)) for r in runs])  # [seeds, grid]
             mean = ys.mean(0)
-            half = (T95.get(len(seeds) - 1, 1.96) * ys.std(0, ddof=1) / math.sqrt(len(seeds))) if len(seeds) > 1 else 0 * mean
-            entry[key] = {"rollouts": grid.tolist(), "mean": mean.tolist(), "lo": (mean - half).tolist(),
-                          "hi": (mean + half).tolist(), "final_per_seed": ys[:, -1].tolist()}
+            if len(seeds) > 1:  # t-interval over seeds
+                half = T95.get(len(seeds) - 1, 1.96) * ys.std(0, ddof=1) / math.sqrt(len(seeds))
+                lo, hi = mean - half, mean + half
+            else:  # one seed: the evaluation's own interval over questions
+                lo, hi = (np.interp(grid, curve(runs[0], key)[0], curve(runs[0], key + suffix)[1]) for suffix in ("_lo", "_hi"))
+            entry[key] = {"rollouts": grid.tolist(), "mean": mean.tolist(), "lo": lo.tolist(),
+                          "hi": hi.tolist(), "final_per_seed": ys[:, -1].tolist()}
         entry["rollouts_total"] = [int(_rows(r)[-1]["sampling/rollouts_total"]) for r in runs]
         entry["steps"] = [int(_rows(r)[-1]["step"]) for r in runs]
         summary["modes"][mode] = entry
