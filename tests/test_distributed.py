@@ -192,25 +192,6 @@ def test_a_run_resumes_on_another_process_count(runs):
     _assert_same_params(r["p1"], resumed)
 
 
-@pytest.mark.parametrize("mode", ["filter", "adaptive"])
-def test_sampling_modes_on_two_processes_then_resumed_equal_one_process(runs, monkeypatch, mode):
-    """Step 1 on two processes, step 2 resumed on one: the uninterrupted single-process run. filter's
-    later rounds split unevenly over the ranks (a rank may keep no group); adaptive's groups differ in size."""
-    tmp, _ = runs
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the subprocesses import reward_fixtures
-    args = ["--sampling", mode, "--pilot-size", "2", "--reward-fn", "reward_fixtures:code_sum_mod4",
-            "--format-weight", "0", *KL_MU]
-    one = _train(tmp, f"{mode}-1", 2, *args)
-    _train(tmp, f"{mode}-2", 1, *args, "--nproc", "2")
-    resumed = _train(tmp, f"{mode}-2", 2, *args, resume=True)
-    assert _rollouts(resumed) == _rollouts(one)
-    _assert_same_metrics(one, resumed)
-    _assert_same_params(one, resumed, step=2)
-    rows = read_metrics(one / "metrics.jsonl")[1:]
-    key = "sampling/rounds" if mode == "filter" else "sampling/group_size_max"
-    assert max(r[key] for r in rows) > (1 if mode == "filter" else 4), "the runs must exercise the mode"
-
-
 def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(runs, monkeypatch):
     """A rank with a non-finite loss still runs its backward (no rank is left waiting in the
     gradient reduction), and the update is skipped, and counted, everywhere: as on one process."""

@@ -1,0 +1,32 @@
+"""--sampling filter|adaptive on two processes: the rollouts, metrics and weights of one.
+
+A file of its own so that the test scheduler can run it beside test_distributed.py
+(resuming in each mode is tested in test_sampling.py, in one process).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from grpolab.runlog import read_metrics
+from test_distributed import KL_MU, _assert_same_metrics, _assert_same_params, _rollouts, _train
+
+
+@pytest.mark.parametrize("mode", ["filter", "adaptive"])
+def test_sampling_modes_on_two_processes_equal_one_process(tmp_path, monkeypatch, mode):
+    """filter's later rounds split unevenly over the ranks (a rank may keep no group); adaptive's groups differ
+    in size and the allocation is taken on the gathered pilots. KL, ratios and micro-batches on, as in the
+    reference pair."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the subprocesses import reward_fixtures
+    args = ["--sampling", mode, "--pilot-size", "2", "--reward-fn", "reward_fixtures:code_sum_mod4",
+            "--format-weight", "0", *KL_MU]
+    one = _train(tmp_path, "one", 2, *args)
+    two = _train(tmp_path, "two", 2, *args, "--nproc", "2")
+    assert _rollouts(two) == _rollouts(one)
+    _assert_same_metrics(one, two)
+    _assert_same_params(one, two, step=2)
+    rows = read_metrics(one / "metrics.jsonl")[1:]
+    key = "sampling/rounds" if mode == "filter" else "sampling/group_size_max"
+    assert max(r[key] for r in rows) > (1 if mode == "filter" else 4), "the runs must exercise the mode"
