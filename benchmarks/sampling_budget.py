@@ -83,6 +83,9 @@ def summarise(out: Path, seeds: list[int], walls: dict) -> dict:
                 lo, hi = (np.interp(grid, curve(runs[0], key)[0], curve(runs[0], key + suffix)[1]) for suffix in ("_lo", "_hi"))
             entry[key] = {"rollouts": grid.tolist(), "mean": mean.tolist(), "lo": lo.tolist(),
                           "hi": hi.tolist(), "final_per_seed": ys[:, -1].tolist()}
+            if len(seeds) == 1:  # the run's own evaluations, for the plot (no interpolated points)
+                (x, y), (_, ylo), (_, yhi) = (curve(runs[0], key + sfx) for sfx in ("", "_lo", "_hi"))
+                entry[key]["own"] = {"rollouts": x.tolist(), "mean": y.tolist(), "lo": ylo.tolist(), "hi": yhi.tolist()}
         entry["rollouts_total"] = [int(_rows(r)[-1]["sampling/rollouts_total"]) for r in runs]
         entry["steps"] = [int(_rows(r)[-1]["step"]) for r in runs]
         summary["modes"][mode] = entry
@@ -115,7 +118,7 @@ def plot(summary: dict, out: Path, title: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, key, name in zip(axes, ("eval/accuracy_sampled", "eval/accuracy_greedy"), ("sampled", "greedy")):
         for mode, entry in summary["modes"].items():
-            e = entry[key]
+            e = entry[key].get("own", entry[key])
             x = np.array(e["rollouts"]) / 1000
             line, = ax.plot(x, e["mean"], label=mode, marker=".")
             ax.fill_between(x, e["lo"], e["hi"], alpha=0.2, color=line.get_color())
