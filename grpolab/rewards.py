@@ -11,42 +11,16 @@ from __future__ import annotations
 import importlib
 import math
 import re
-from fractions import Fraction
 from typing import Callable, NamedTuple, Sequence
 
 import torch
 
+from grpolab.answers import extract_final_number, math_equal, numbers_equal  # noqa: F401  (re-exported)
+
 RewardFn = Callable[[list[str], list[dict]], Sequence[float]]
 
-# A number: optional sign (a '-' right after a digit or ')' is an operator, not a sign),
-# digits with optional thousands commas, optional decimals. A trailing period is not part of it.
-_NUMBER = re.compile(r"(?:(?<![\w)])-)?\d[\d,]*(?:\.\d+)?")
 # A well-formed final line: '#### <number>' and nothing after it but white space.
 _FORMAT = re.compile(r"(?:^|\n)#### ?-?\d[\d,]*(?:\.\d+)?\.?[ \t]*\n?\s*$")
-
-
-def _clean(num: str) -> str:
-    return num.replace(",", "")
-
-
-def extract_final_number(text: str) -> str | None:
-    """The answer a completion gives: the number after the last ``####``, else the
-    last number in the text; commas removed. ``None`` when there is none."""
-    if "####" in text:
-        m = _NUMBER.search(text.rsplit("####", 1)[1])
-        return _clean(m.group()) if m else None
-    found = _NUMBER.findall(text)
-    return _clean(found[-1]) if found else None
-
-
-def numbers_equal(a: str | None, b: str | None) -> bool:
-    """Exact numeric equality of two decimal strings (``"16"`` == ``"16.0"``)."""
-    if a is None or b is None:
-        return False
-    try:
-        return Fraction(a) == Fraction(b)
-    except (ValueError, ZeroDivisionError):
-        return a.strip() == b.strip()
 
 
 def accuracy_reward(completions: list[str], records: list[dict]) -> list[float]:
@@ -57,8 +31,6 @@ def accuracy_reward(completions: list[str], records: list[dict]) -> list[float]:
     out = []
     for c, r in zip(completions, records):
         if r.get("format") == "math":
-            from grpolab.data.math_format import math_equal
-
             out.append(float(math_equal(c, str(r["ground_truth"]))))
         else:
             out.append(float(numbers_equal(extract_final_number(c), str(r["ground_truth"]))))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from grpolab.rewards import extract_final_number
+from grpolab.answers import extract_final_number
 
 
 class DataError(ValueError):

@@ -11,28 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from grpolab.answers import last_boxed, math_equal  # noqa: F401  (math_equal: re-exported)
 from grpolab.data.jsonl import DataError, iter_json_objects
-
-
-def last_boxed(text: str) -> str | None:
-    """The contents of the last ``\\boxed{...}`` (braces balanced), or None.
-
-    Written by hand because the stored ground truth must be the exact LaTeX the
-    solution boxes; math-verify parses it afterwards.
-    """
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    i = start + len("\\boxed{")
-    depth = 1
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i:j]
-    return None
 
 
 def load_math_jsonl(path: str | Path) -> list[dict]:
@@ -49,11 +29,3 @@ def load_math_jsonl(path: str | Path) -> list[dict]:
     if not records:
         raise DataError(f"{path}: no records")
     return records
-
-
-def math_equal(completion: str, truth_latex: str) -> bool:
-    """math-verify's equivalence of the completion's final answer and the boxed truth."""
-    from math_verify import parse, verify
-
-    gold = parse("$" + truth_latex + "$")
-    return bool(gold) and bool(verify(gold, parse(completion)))

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from grpolab.policy import Policy
-from grpolab.rewards import extract_final_number, numbers_equal
+from grpolab.answers import extract_final_number, numbers_equal
 from grpolab.rollout import Batch, left_pad, sample
 
 DIALOGUE_STREAM = 6  # random-stream ids: dialogue rollouts

@@ -1,0 +1,68 @@
+"""Reading the answer out of a text, and comparing answers: the one place data loaders and rewards share.
+
+A leaf module (it imports nothing from grpolab), so that the loaders (which read the ground
+truth from a solution) and the rewards (which read the answer from a completion) use the same
+parsing without importing each other.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+# A number: optional sign (a '-' right after a digit or ')' is an operator, not a sign),
+# digits with optional thousands commas, optional decimals. A trailing period is not part of it.
+_NUMBER = re.compile(r"(?:(?<![\w)])-)?\d[\d,]*(?:\.\d+)?")
+
+
+def _clean(num: str) -> str:
+    return num.replace(",", "")
+
+
+def extract_final_number(text: str) -> str | None:
+    """The answer a completion gives: the number after the last ``####``, else the
+    last number in the text; commas removed. ``None`` when there is none."""
+    if "####" in text:
+        m = _NUMBER.search(text.rsplit("####", 1)[1])
+        return _clean(m.group()) if m else None
+    found = _NUMBER.findall(text)
+    return _clean(found[-1]) if found else None
+
+
+def numbers_equal(a: str | None, b: str | None) -> bool:
+    """Exact numeric equality of two decimal strings (``"16"`` == ``"16.0"``)."""
+    if a is None or b is None:
+        return False
+    try:
+        return Fraction(a) == Fraction(b)
+    except (ValueError, ZeroDivisionError):
+        return a.strip() == b.strip()
+
+
+def last_boxed(text: str) -> str | None:
+    """The contents of the last ``\\boxed{...}`` (braces balanced), or None.
+
+    Written by hand because the stored ground truth must be the exact LaTeX the
+    solution boxes; math-verify parses it afterwards.
+    """
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    i = start + len("\\boxed{")
+    depth = 1
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i:j]
+    return None
+
+
+def math_equal(completion: str, truth_latex: str) -> bool:
+    """math-verify's equivalence of the completion's final answer and the boxed truth."""
+    from math_verify import parse, verify
+
+    gold = parse("$" + truth_latex + "$")
+    return bool(gold) and bool(verify(gold, parse(completion)))
