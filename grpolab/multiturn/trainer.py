@@ -29,14 +29,14 @@ from grpolab.multiturn.dialogue import (
     rows_batch,
     stage_advantages,
 )
-from grpolab.trainer import GRPOTrainer, StepOutput
+from grpolab.trainer_base import StepOutput, TrainerBase
 
 ROLLOUT_STREAM = 8
 EVAL_STREAM = 9
 N_EVAL_DIALOGUES = 100
 
 
-class MultiTurnTrainer(GRPOTrainer):
+class MultiTurnTrainer(TrainerBase):
     def _data(self):
         cfg = self.cfg
         # Dialogue operands stay at most 50 (the single-turn default of 99 makes later turns' numbers
