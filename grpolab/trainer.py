@@ -68,9 +68,10 @@ class GRPOTrainer(TrainerBase):
         else:
             adv = ragged_advantages(list(scores.total.to(self.device).split(groups.sizes)), cfg.estimator)  # [n]
         position = {b: k for k, b in enumerate(roll.prompts)}  # prompt -> its place among the update's groups
+        sizes = [len(r) for r in roll.rewards]  # group sizes of the whole update (all ranks), in its order
         weighted = adv
-        if len({len(r) for r in roll.rewards}) > 1:  # every prompt weighs 1/B whatever its group size (grpolab.sampling)
-            factor = prompt_weights([len(r) for r in roll.rewards])  # [groups], the update's order
+        if len(set(sizes)) > 1:  # every prompt weighs 1/B whatever its group size (grpolab.sampling)
+            factor = prompt_weights(sizes)
             w = torch.cat([torch.full((n,), factor[position[b]]) for b, n in zip(groups.prompt, groups.sizes)])
             weighted = adv * w.to(adv.device, adv.dtype)
 
@@ -101,10 +102,8 @@ class GRPOTrainer(TrainerBase):
         gen = roll.generated
         lengths = torch.tensor(gen["length"], dtype=torch.float)  # [every rollout generated]
         reward = torch.tensor(gen["reward"])  # [every rollout generated]
-        uniform = len({len(r) for r in roll.rewards}) == 1
-        group_std = (torch.tensor(roll.rewards).std(dim=1, unbiased=False) if uniform else
-                     torch.stack([torch.tensor(r).std(unbiased=False) for r in roll.rewards]) if roll.rewards else None)  # [groups]
-        sizes = [len(r) for r in roll.rewards]
+        group_std = (torch.tensor(roll.rewards).std(dim=1, unbiased=False) if len(set(sizes)) == 1 else
+                     torch.stack([torch.tensor(r).std(unbiased=False) for r in roll.rewards]) if sizes else None)  # [groups]
         self.rollouts_total += reward.numel()
         metrics = {
             "reward/mean": reward.mean().item(),
