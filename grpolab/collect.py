@@ -183,7 +183,7 @@ class Collector:
             n = B if rounds == 0 else next_round_size(B, len(kept), drawn)
             if n == 0 or rounds == (cfg.max_sampling_rounds if filtering else 1):
                 break
-            recs = t.sampler.draw(step, n) if rounds == 0 else t.sampler.draw(step, n, round=rounds)
+            recs = t.sampler.draw(step, n, round=rounds)  # round 0: the step's usual draw
             mine = world.split(n)
             t.status(f"step {step}: sampling {n * G} rollouts" + (f" (round {rounds + 1})" if rounds else ""))
             rows, tg, ts = self._generate(step, [(drawn + b, recs[b], range(G)) for b in mine])
