@@ -212,7 +212,9 @@ class TrainConfig:
     wandb: bool = False
     """Also log to Weights & Biases, offline (needs the wandb package)."""
     progress: bool = True
-    """Show a progress bar."""
+    """Show progress: a bar on a terminal, plain lines otherwise."""
+    log_every: int = 10
+    """When stdout is not a terminal (a log file, a batch job): a plain progress line every N steps, and at each evaluation."""
 
     @property
     def rollouts_per_step(self) -> int:
@@ -227,7 +229,7 @@ class TrainConfig:
         if any(getattr(self, k) is None for k in MODEL_DEFAULTS["builtin"]):
             return self.resolved().validate()
         bad = _bad
-        for f in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "mu", "eval_questions"):
+        for f in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "mu", "eval_questions", "log_every"):
             if getattr(self, f) < 1:
                 raise bad(f, f"must be >= 1, got {getattr(self, f)}")
         for f in ("probe_every", "probe_groups", "eval_every", "save_every", "micro_batch", "eval_samples", "warmup_steps", "threads", "keep_checkpoints", "log_samples"):

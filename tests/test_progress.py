@@ -39,3 +39,44 @@ def test_not_a_terminal_gives_plain_lines(capsys):
             bar.update(i)
     out = capsys.readouterr().out.splitlines()
     assert [line.split()[1] for line in out if line.startswith("eval ")][-2:] == ["2/4", "4/4"]
+
+
+def test_forced_line_at_an_evaluation_between_counts():
+    lines: list[str] = []
+    bar = _PlainBar("step", 20, start=0, every=10, write=lines.append, unit="step")
+    for step in range(1, 21):
+        bar.update(step, "eval greedy 0.5" if step == 5 else "reward 0.1", force=step == 5)
+    # the first update prints at once (nothing printed for PLAIN_INTERVAL_S), then every 10 and the forced one
+    assert [line.split()[1] for line in lines] == ["1/20", "5/20", "10/20", "20/20"]
+    assert "eval greedy 0.5" in lines[1] and ("s/step" in lines[2] or "step/s" in lines[2])
+
+
+def test_terminal_bar_wraps_its_status_instead_of_truncating_at_80_columns():
+    from rich.console import Console
+
+    console = Console(width=80, force_terminal=True, color_system=None, record=True)
+    p = progress._rich_progress("step", console=console)
+    status = "reward 0.412  acc 0.336  eval greedy 0.574 sampled 0.221"
+    p.add_task("step", total=500, completed=50, status=status)
+    console.print(p.make_tasks_table(p.tasks))
+    text = console.export_text()
+    assert "\u2026" not in text and "50/500" in text
+    assert " ".join(text.split()).endswith(" ".join(status.split()))  # every word of the status is shown
+
+
+def test_train_with_stdout_to_a_file_logs_every_n_steps_and_each_evaluation(tmp_path):
+    import subprocess
+    import sys
+
+    log = tmp_path / "log.txt"
+    with open(log, "w") as f:
+        subprocess.run([sys.executable, "-m", "grpolab", "train", "--steps", "7", "--log-every", "3", "--eval-every", "5",
+                        "--eval-questions", "8", "--eval-samples", "1", "--prompts-per-step", "2", "--group-size", "2",
+                        "--out", str(tmp_path / "run")], stdout=f, stderr=subprocess.STDOUT, check=True)
+    lines = log.read_text().splitlines()
+    steps = [line.split()[1] for line in lines if line.startswith("step ")]
+    assert steps == ["0/7", "3/7", "5/7", "6/7", "7/7"], lines  # 0/7: the first evaluation's progress
+    assert lines[0].startswith("loading builtin")
+    assert any(line.startswith("eval at step 5:") for line in lines)
+    five = next(line for line in lines if line.startswith("step 5/7"))
+    assert "eval greedy" in five and ("s/step" in five or "step/s" in five) and "eta" in five
