@@ -148,9 +148,11 @@ class Collector:
     def _per_rollout(self, rows: Rows) -> dict:
         eos = self.t.policy.eos_id
         b = rows.batch
+        names = [name for name, _, _ in self.t.reward_fns]  # the first is the accuracy reward (grpolab.rewards)
+        comp = rows.scores.components
         return {
-            "reward": rows.scores.total.tolist(), "accuracy": rows.scores.components["accuracy"].tolist(),
-            "format": rows.scores.components["format"].tolist(),
+            "reward": rows.scores.total.tolist(), "accuracy": comp[names[0]].tolist(), "format": comp["format"].tolist(),
+            **{f"reward/{n}": comp[n].tolist() for n in names if n not in ("accuracy", "format")},
             "length": b.completion_mask.sum(1).tolist() if b is not None else [],
             "truncated": (~(b.completion_ids == eos).any(dim=1)).tolist() if b is not None else [],  # no EOS in budget
             "errors": rows.scores.errors,
@@ -176,7 +178,7 @@ class Collector:
         parts: list[Rows] = []
         mine_groups: list[tuple[int, dict, int, int]] = []  # (prompt, record, part, first row) of this rank's groups
         kept: list[tuple[int, list[float]]] = []  # (prompt, rewards) of every kept group, all ranks
-        generated = {"reward": [], "accuracy": [], "format": [], "length": [], "truncated": [], "errors": 0}
+        generated: dict = {}
         zero_groups = drawn = rounds = 0
         t_gen = t_score = 0.0
         while True:
@@ -191,8 +193,8 @@ class Collector:
             parts.append(rows)
             mine_groups += [(drawn + b, recs[b], len(parts) - 1, i * G) for i, b in enumerate(mine)]
             whole = self._gather(self._per_rollout(rows))
-            for k in generated:
-                generated[k] = generated[k] + whole[k]
+            for k in whole:
+                generated[k] = generated.get(k, 0 if k == "errors" else []) + whole[k]
             rewards = torch.tensor(whole["reward"]).view(n, G)  # [n, G], this round's, every rank's
             var = has_variance(rewards)
             zero_groups += int((~var).sum())

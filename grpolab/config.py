@@ -143,8 +143,13 @@ class TrainConfig:
     """lambda in r = accuracy + lambda * format (paper 004, Sec. 3.4). Default: 0.1 for builtin (its warm start writes
     the '#### n' line), 0 for other models: their accuracy is read from the last number when there is no '####' line,
     and a bonus a weak model can earn without solving anything is what GRPO learns first (docs/real-model.md)."""
-    reward_fn: str = ""
-    """Optional 'module:function' replacing the accuracy reward; called as fn(completions, records) -> list[float]."""
+    reward_fn: tuple[str, ...] = ()
+    """'module:function' or 'path/to/file.py:function' replacing the accuracy reward; repeat it for several,
+    summed with --reward-weights. Either form: grpolab's fn(completions, records) -> list[float], or TRL's
+    fn(prompts, completions, **kwargs) -> list[float] (record fields as keyword arguments; chat runs get message
+    lists). Each one's mean is logged as reward/<function name>; the first is also reward/accuracy."""
+    reward_weights: tuple[float, ...] = ()
+    """One weight per --reward-fn (default: all 1): r = sum_i w_i f_i + format_weight * format."""
 
     # --- objective ---
     estimator: Literal["vanilla", "grpo", "grpo_std", "rloo", "oracle"] = "grpo_std"
@@ -341,4 +346,6 @@ def load_toml(path: str | Path, cls=TrainConfig):
     if unknown:
         raise ConfigError(f"--config {path}: unknown field(s) {unknown}")
     raw = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+    # one value for a tuple field (reward_fn = "mod:fn"): a tuple of one
+    raw = {k: (v,) if isinstance(fields[k].default, tuple) and isinstance(v, (str, int, float)) else v for k, v in raw.items()}
     return dataclasses.replace(cls(), **raw)

@@ -47,14 +47,18 @@ class Policy:
             msgs += [{"role": "user", "content": ex["question"]}, {"role": "assistant", "content": ex["answer"]}]
         return msgs + [{"role": "user", "content": record["question"]}]
 
+    def prompt_text(self, record: dict) -> str:
+        """The plain-text prompt (no chat template): the few-shot examples (question, newline,
+        answer, blank line), the question, newline."""
+        shots = "".join(f"{ex['question']}\n{ex['answer']}\n\n" for ex in self.few_shot)
+        return shots + record["question"] + "\n"
+
     def prompt_ids(self, record: dict) -> list[int]:
-        """Chat models: the chat template with the generation prompt. Others: BOS, the few-shot
-        examples (question, newline, answer, blank line), the question, newline."""
+        """Chat models: the chat template with the generation prompt. Others: BOS and :meth:`prompt_text`."""
         if self.chat:
             ids = self.tokenizer.apply_chat_template(self.chat_messages(record), add_generation_prompt=True, tokenize=True)
             return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding in some versions
-        shots = "".join(f"{ex['question']}\n{ex['answer']}\n\n" for ex in self.few_shot)
-        ids = self.tokenizer(shots + record["question"] + "\n", add_special_tokens=False)["input_ids"]
+        ids = self.tokenizer(self.prompt_text(record), add_special_tokens=False)["input_ids"]
         bos = self.tokenizer.bos_token_id
         return ([bos] if bos is not None else []) + ids
 

@@ -1,17 +1,23 @@
 """Verifiable rewards (paper 004, Sec. 3.4): r = accuracy + lambda * format.
 
 A reward function is any callable ``(completions: list[str], records: list[dict])
--> list[float]``; ``records`` carry the ground truth. :func:`score` runs a set
-of them so that one that raises, or returns a non-finite value, costs only the
-rollouts it failed on (reward 0, counted in ``errors``), never the run.
+-> list[float]``; ``records`` carry the ground truth. Functions written for TRL,
+``(prompts, completions, **kwargs)`` with the record's fields as keyword arguments,
+are adapted to that form by :func:`from_trl` (:func:`reward_form` tells the two
+apart from the signature). :func:`score` runs a set of them so that one that
+raises, or returns a non-finite value, costs only the rollouts it failed on
+(reward 0, counted in ``errors``), never the run.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import inspect
 import math
 import re
-from typing import Callable, NamedTuple, Sequence
+from pathlib import Path
+from typing import Any, Callable, Literal, NamedTuple, Sequence
 
 import torch
 
@@ -43,20 +49,130 @@ def format_reward(completions: list[str], records: list[dict]) -> list[float]:
             for c, r in zip(completions, records)]
 
 
+ACCEPTED_FORMS = "grpolab's fn(completions, records) -> list[float] or TRL's fn(prompts, completions, **kwargs) -> list[float]"
+
+
+def reward_form(fn: Callable) -> Literal["grpolab", "trl"]:
+    """Which calling convention ``fn`` follows, read from its signature.
+
+    - ``"grpolab"``: called as ``fn(completions, records)`` (two positional parameters;
+      a second one named ``records`` settles it).
+    - ``"trl"``: called with keywords, as TRL's GRPOTrainer does:
+      ``fn(prompts=..., completions=..., **record_fields)``; recognised by a parameter
+      named ``completions`` together with ``prompts`` or ``**kwargs``.
+
+    Raises ValueError naming the accepted forms when neither fits.
+    """
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: assume our own form
+        return "grpolab"
+    kinds = inspect.Parameter
+    positional = [p for p in params.values() if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+    var_kw = any(p.kind == kinds.VAR_KEYWORD for p in params.values())
+    var_pos = any(p.kind == kinds.VAR_POSITIONAL for p in params.values())
+    if len(positional) >= 2 and positional[1].name == "records":
+        return "grpolab"
+    by_keyword = {p.name for p in params.values() if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)}
+    if "completions" in by_keyword and ("prompts" in by_keyword or var_kw):
+        return "trl"
+    required = [p for p in positional if p.default is p.empty]
+    if (len(positional) >= 2 or var_pos) and len(required) <= 2:
+        return "grpolab"
+    raise ValueError(f"its signature {inspect.signature(fn)} fits neither accepted form: {ACCEPTED_FORMS}")
+
+
+def from_trl(fn: Callable, prompt_of: Callable[[dict], Any], chat: bool) -> RewardFn:
+    """A TRL-convention reward function as a grpolab one.
+
+    It is called as TRL calls it: ``fn(prompts=..., completions=..., **fields)`` where
+    every field of the records (``ground_truth``, ``answer``, your dataset's columns) is
+    a keyword argument holding one value per completion. For chat runs, prompts are the
+    message lists the model saw and completions ``[{"role": "assistant", "content": text}]``
+    (TRL's conversational format); otherwise both are plain strings. A ``None`` in the
+    result means "does not apply" in TRL and counts as 0 here, not as an error.
+    """
+    reserved = {"prompts", "completions"}
+
+    def reward(completions: list[str], records: list[dict]) -> list[float]:
+        prompts = [prompt_of(r) for r in records]
+        if chat:
+            completions = [[{"role": "assistant", "content": c}] for c in completions]
+        keys = [k for k in dict.fromkeys(k for r in records for k in r) if k not in reserved]
+        fields = {k: [r.get(k) for r in records] for k in keys}
+        values = fn(prompts=prompts, completions=completions, **fields)
+        return [0.0 if v is None else v for v in values]
+
+    reward.__name__ = getattr(fn, "__name__", "reward")
+    return reward
+
+
 def load_reward_fn(path: str) -> RewardFn:
     """Import ``"package.module:function"``; a clear error when it is not there."""
     from grpolab.config import ConfigError  # a ValueError: the CLI prints it as one line, not a traceback
 
-    module_name, _, attr = path.partition(":")
+    module_name, _, attr = path.rpartition(":") if path.count(":") > 1 else path.partition(":")  # C:\\x.py:fn
     if not module_name or not attr:
-        raise ConfigError(f"--reward-fn: must be given as 'module:function', got {path!r}")
+        raise ConfigError(f"--reward-fn: must be given as 'module:function' or 'path/to/file.py:function', got {path!r}")
     try:
-        fn = getattr(importlib.import_module(module_name), attr)
+        if module_name.endswith(".py"):  # a file: no need to put its directory on PYTHONPATH
+            if not Path(module_name).is_file():
+                raise ImportError(f"no such file: {module_name}")
+            spec = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+        fn = getattr(module, attr)
     except (ImportError, AttributeError) as e:
         raise ConfigError(f"--reward-fn: cannot load {path!r}: {e}") from None
     if not callable(fn):
         raise ConfigError(f"--reward-fn: {path!r} is not callable")
+    try:
+        reward_form(fn)
+    except ValueError as e:
+        raise ConfigError(f"--reward-fn {path}: {e}") from None
     return fn
+
+
+# Metric names a reward function's own ``reward/<name>`` must not overwrite.
+_RESERVED = {"mean", "std", "group_std_mean", "frac_zero_std", "accuracy", "format", "errors"}
+
+
+def reward_functions(
+    paths: Sequence[str], weights: Sequence[float], format_weight: float,
+    prompt_of: Callable[[dict], Any] = lambda r: r["question"], chat: bool = False,
+) -> list[tuple[str, RewardFn, float]]:
+    """The ``(name, fn, weight)`` a run scores with.
+
+    No ``paths``: :func:`default_reward_fns` (``accuracy + format_weight * format``).
+    Otherwise the functions at ``paths`` replace the accuracy reward: ``r = sum_i w_i f_i
+    + format_weight * format`` (weights default to 1). Each is named by its function name
+    (made unique; never one of the built-in metric names, except ``accuracy`` for the first),
+    and the first plays the accuracy reward's part in ``reward/accuracy``.
+    """
+    from grpolab.config import ConfigError
+
+    if isinstance(paths, str):  # one path given as a string (the API; the CLI gives a tuple)
+        paths = (paths,) if paths else ()
+    if not paths:
+        return default_reward_fns(format_weight)
+    weights = list(weights) or [1.0] * len(paths)
+    if len(weights) != len(paths):
+        raise ConfigError(f"--reward-weights: {len(weights)} weight(s) for {len(paths)} --reward-fn")
+    out: list[tuple[str, RewardFn, float]] = []
+    taken: set[str] = set()
+    for i, (path, w) in enumerate(zip(paths, weights)):
+        fn = load_reward_fn(path)
+        if reward_form(fn) == "trl":
+            fn = from_trl(fn, prompt_of, chat)
+        base = path.rpartition(":")[2]
+        name, k = base, 2
+        while name in taken or (name in _RESERVED and not (i == 0 and name == "accuracy")):
+            name, k = f"{base}_{k}", k + 1
+        taken.add(name)
+        out.append((name, fn, float(w)))
+    return out + [("format", format_reward, format_weight)]
 
 
 class Scores(NamedTuple):

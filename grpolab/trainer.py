@@ -113,6 +113,7 @@ class GRPOTrainer(TrainerBase):
             "reward/accuracy": statistics.fmean(gen["accuracy"]),
             "reward/format": statistics.fmean(gen["format"]),
             "reward/errors": gen["errors"],
+            **{k: statistics.fmean(v) for k, v in gen.items() if k.startswith("reward/")},  # each --reward-fn
             "sampling/rollouts": reward.numel(),
             "sampling/rollouts_total": self.rollouts_total,
             "sampling/rounds": roll.rounds,

@@ -28,7 +28,7 @@ from grpolab.evaluate import evaluate, format_accuracy
 from grpolab.loss import policy_loss
 from grpolab.parallel import TrainModule
 from grpolab.policy import MATH_SYSTEM_PROMPT, Policy, enable_activation_checkpointing, load_policy
-from grpolab.rewards import default_reward_fns, load_reward_fn
+from grpolab.rewards import reward_functions
 from grpolab.rollout import Batch, select
 from grpolab.utils import seed_everything, set_threads
 
@@ -94,8 +94,10 @@ class TrainerBase:
             {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[cfg.lr_schedule],
             self.optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=total_updates,
         )
-        accuracy_fn = load_reward_fn(cfg.reward_fn) if cfg.reward_fn else None
-        self.reward_fns = default_reward_fns(cfg.format_weight, **({"accuracy_fn": accuracy_fn} if accuracy_fn else {}))
+        policy = self.policy
+        self.reward_fns = reward_functions(
+            cfg.reward_fn, cfg.reward_weights, cfg.format_weight, chat=policy.chat,
+            prompt_of=policy.chat_messages if policy.chat else policy.prompt_text)
         self.held_out, self.sampler = self._data()
         self.rollouts_total = 0  # rollouts generated since step 1 (restored on resume)
         if cfg.few_shot and self.sampler is not None:  # solved examples from the training split

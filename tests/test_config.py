@@ -172,3 +172,12 @@ def test_model_dependent_defaults_and_explicit_values_win():
     TrainConfig(model="smollm2-135m-instruct").validate()  # validates the resolved values
     with pytest.raises(ConfigError, match="--prompts-per-step"):
         TrainConfig(prompts_per_step=0).validate()
+
+
+def test_a_single_reward_fn_in_toml_is_a_tuple_of_one(tmp_path):
+    from grpolab.config import load_toml
+
+    path = tmp_path / "c.toml"
+    path.write_text('reward_fn = "grpolab.rewards:accuracy_reward"\nreward_weights = [2.0]\n')
+    cfg = load_toml(path)
+    assert cfg.reward_fn == ("grpolab.rewards:accuracy_reward",) and cfg.reward_weights == (2.0,)

@@ -12,8 +12,11 @@ from grpolab.rewards import (
     default_reward_fns,
     extract_final_number,
     format_reward,
+    from_trl,
     load_reward_fn,
     numbers_equal,
+    reward_form,
+    reward_functions,
     score,
 )
 
@@ -183,3 +186,97 @@ def test_load_reward_fn_errors_clearly(spec, message):
         load_reward_fn(spec)
     if message != "module:function":
         assert repr(spec) in str(info.value)
+
+
+# ---------------------------------------------------------------- TRL's convention, several functions
+
+
+def _ours(completions, records):
+    return [1.0] * len(completions)
+
+
+def _ours_other_names(texts, recs, extra=None):
+    return [1.0] * len(texts)
+
+
+def _trl_full(prompts, completions, **kwargs):
+    return [1.0] * len(completions)
+
+
+def _trl_columns(prompts, completions, ground_truth):
+    return [1.0] * len(completions)
+
+
+def _trl_no_prompts(completions, **kwargs):
+    return [1.0] * len(completions)
+
+
+def _one_arg(completions):
+    return [1.0] * len(completions)
+
+
+def _three_required(a, b, c):
+    return [1.0]
+
+
+@pytest.mark.parametrize("fn, form", [
+    (_ours, "grpolab"), (_ours_other_names, "grpolab"), (accuracy_reward, "grpolab"), (lambda c, r: c, "grpolab"),
+    (_trl_full, "trl"), (_trl_columns, "trl"), (_trl_no_prompts, "trl"),
+])
+def test_reward_form_is_read_from_the_signature(fn, form):
+    assert reward_form(fn) == form
+
+
+@pytest.mark.parametrize("fn", [_one_arg, _three_required])
+def test_a_signature_fitting_neither_form_names_both(fn):
+    with pytest.raises(ValueError, match=r"fn\(completions, records\).*fn\(prompts, completions, \*\*kwargs\)"):
+        reward_form(fn)
+
+
+def test_load_reward_fn_refuses_a_signature_fitting_neither_form(tmp_path):
+    f = tmp_path / "bad_reward.py"
+    f.write_text("def r(completions):\n    return [0.0] * len(completions)\n")
+    with pytest.raises(ValueError, match=r"--reward-fn .*bad_reward.py:r: its signature \(completions\) fits neither"):
+        load_reward_fn(f"{f}:r")
+
+
+def test_from_trl_passes_prompts_completions_and_record_fields_by_keyword():
+    seen = {}
+
+    def fn(prompts, completions, **kwargs):
+        seen.update(prompts=prompts, completions=completions, **kwargs)
+        return [len(c) for c in completions[:-1]] + [None]  # None: "does not apply" in TRL
+
+    records = [{"question": "1+1", "ground_truth": "2"}, {"question": "2+3", "ground_truth": "5", "category": "add"}]
+    values = from_trl(fn, prompt_of=lambda r: r["question"] + "\n", chat=False)(["two", "five!"], records)
+    assert values == [3, 0.0]
+    assert seen == {"prompts": ["1+1\n", "2+3\n"], "completions": ["two", "five!"], "question": ["1+1", "2+3"],
+                    "ground_truth": ["2", "5"], "category": [None, "add"]}
+    # chat runs: the prompt's messages, and the completion as one assistant message (TRL's conversational form)
+    from_trl(fn, prompt_of=lambda r: [{"role": "user", "content": r["question"]}], chat=True)(["two"], records[:1])
+    assert seen["prompts"] == [[{"role": "user", "content": "1+1"}]]
+    assert seen["completions"] == [[{"role": "assistant", "content": "two"}]]
+
+
+def test_several_functions_weighted_named_and_summed():
+    fns = reward_functions(["grpolab.rewards:accuracy_reward", "grpolab.rewards:format_reward"], [2.0, 0.5], 0.1)
+    assert [(name, w) for name, _, w in fns] == [("accuracy_reward", 2.0), ("format_reward", 0.5), ("format", 0.1)]
+    completions, records = ["#### 4", "4 apples", "#### 5"], [{"ground_truth": "4"}] * 3
+    s = score(completions, records, fns)
+    acc, fmt = [1.0, 1.0, 0.0], [1.0, 0.0, 1.0]
+    expected = [2 * a + 0.5 * f + 0.1 * f for a, f in zip(acc, fmt)]
+    torch.testing.assert_close(s.total, torch.tensor(expected))
+    assert reward_functions([], [], 0.3) == default_reward_fns(0.3)
+
+
+def test_reward_function_names_never_overwrite_builtin_metrics(tmp_path):
+    f = tmp_path / "names.py"
+    f.write_text("def mean(completions, records):\n    return [0.0] * len(completions)\n"
+                 "def accuracy(completions, records):\n    return [0.0] * len(completions)\n")
+    names = [n for n, _, _ in reward_functions([f"{f}:accuracy", f"{f}:mean", f"{f}:accuracy"], [], 0.0)]
+    assert names == ["accuracy", "mean_2", "accuracy_2", "format"]
+
+
+def test_reward_weights_must_match_the_functions():
+    with pytest.raises(ValueError, match="--reward-weights: 1 weight"):
+        reward_functions(["grpolab.rewards:accuracy_reward", "grpolab.rewards:format_reward"], [1.0], 0.1)

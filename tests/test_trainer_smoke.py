@@ -290,7 +290,7 @@ def test_resume_without_a_checkpoint_raises(tmp_path):
 
 
 def test_a_reward_function_that_always_raises_does_not_crash_the_run(tmp_path):
-    out = train(_cfg(tmp_path / "err", steps=1, reward_fn="reward_fixtures:always_raises"), log=_quiet)
+    out = train(_cfg(tmp_path / "err", steps=1, reward_fn=("reward_fixtures:always_raises",)), log=_quiet)
     row = _by_step(read_metrics(out / "metrics.jsonl"))[1]
     # each of the B*G = 16 rollouts fails the accuracy function once (batch call, then its own call)
     assert row["reward/errors"] == 16
@@ -304,7 +304,7 @@ def test_a_constant_reward_gives_no_update(tmp_path):
     # zero reward variance, so every advantage is 0, no rollout is active, the gradient is 0 and
     # AdamW leaves the weights exactly where they were.
     out = train(_cfg(tmp_path / "const", steps=1, prompts_per_step=2, group_size=8, format_weight=0.0,
-                     warmup_steps=0, reward_fn="reward_fixtures:constant_tenth"), log=_quiet)
+                     warmup_steps=0, reward_fn=("reward_fixtures:constant_tenth",)), log=_quiet)
     row = _by_step(read_metrics(out / "metrics.jsonl"))[1]
     assert row["reward/mean"] == pytest.approx(0.1)
     assert row["reward/frac_zero_std"] == 1.0
@@ -313,6 +313,35 @@ def test_a_constant_reward_gives_no_update(tmp_path):
     start, trained = _state_dict(ASSET_DIR), _state_dict(out / "checkpoints" / "step_1")
     moved = [k for k in start if not torch.equal(start[k], trained[k])]
     assert not moved, f"{len(moved)} tensors moved without any learning signal, e.g. {moved[:3]}"
+
+
+def test_one_step_with_a_trl_style_function_and_two_weighted_functions(tmp_path):
+    example = str(Path(__file__).parent.parent / "examples" / "trl_reward.py")
+    # TRL-style alone: it replaces the accuracy reward, so reward/accuracy is its mean
+    out = train(_cfg(tmp_path / "trl", steps=1, reward_fn=(f"{example}:correct",)), log=_quiet)
+    row = _by_step(read_metrics(out / "metrics.jsonl"))[1]
+    assert row["reward/errors"] == 0 and row["reward/correct"] == row["reward/accuracy"]
+    assert row["reward/mean"] == pytest.approx(row["reward/correct"] + 0.1 * row["reward/format"], abs=1e-6)
+    # two weighted functions through the CLI (the TRL one and a grpolab-form one): each logged, summed by weight
+    _run_cli(["train", "--steps", "1", "--prompts-per-step", "4", "--group-size", "4", "--eval-questions", "8",
+              "--eval-samples", "1", "--max-new-tokens", "48", "--threads", "1", "--out", "two", "--log-rollouts",
+              "--reward-fn", f"{example}:concise", "--reward-fn", "grpolab.rewards:accuracy_reward",
+              "--reward-weights", "0.5,2"], tmp_path)
+    row = _by_step(read_metrics(tmp_path / "two" / "metrics.jsonl"))[1]
+    assert row["reward/errors"] == 0 and 0 < row["reward/concise"] < 1
+    assert row["reward/accuracy"] == row["reward/concise"]  # the first function plays the accuracy part
+    acc = row["reward/accuracy_reward"]
+    assert row["reward/mean"] == pytest.approx(0.5 * row["reward/concise"] + 2 * acc + 0.1 * row["reward/format"], abs=1e-6)
+    # per rollout, recomputed here from the logged completions and the task's ground truth
+    from grpolab.rewards import accuracy_reward, format_reward
+
+    rolls = [json.loads(line) for line in (tmp_path / "two" / "rollouts.jsonl").read_text().splitlines()]
+    rolls = [r for entry in rolls for r in (entry["rollouts"] if "rollouts" in entry else [entry])]
+    assert len(rolls) == 16
+    for r in rolls:
+        c = r["completion"]
+        expected = 0.5 * max(0.0, 1 - len(c) / 200) + 0.1 * format_reward([c], [{}])[0]
+        assert r["reward"] - expected == pytest.approx(2 * round((r["reward"] - expected) / 2), abs=1e-5)  # + 2 * (0 or 1)
 
 
 # ---------------------------------------------------------------- CLI
