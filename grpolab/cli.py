@@ -35,6 +35,7 @@ commands:
   groupsize  the three MSE constants and the best group size under a fixed budget B*G (paper 003, Thm 7)
   multiturn  per-stage bias of GRPO's advantage in multi-turn tasks (chain: exact; arith: a dialogue on the policy)
   merge   fold a LoRA checkpoint's adapter into its base model and save a plain model directory
+  report  one self-contained HTML page for a run: accuracy before/after with intervals, plots, samples, probe outputs
   sweep   budget-fixed GRPO runs over group sizes and seeds: accuracy per G (paper 003, Table 2 / Figure 5)
 
 Run `grpolab COMMAND --help` for a command's options.
@@ -316,6 +317,24 @@ def cmd_merge(args: list[str]) -> None:
     print(f"merged {ckpt} into {base}: {ns.out}")
 
 
+def cmd_report(args: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="grpolab report", description="Write one self-contained HTML page for a run: the before/after held-out "
+        "accuracy (overall and per category, 95%% intervals), the metric plots, sample completions before and after, "
+        "every probe output (rank, mse, groupsize, multiturn, sweep) found in the run directory or given with --probe, "
+        "and the configuration. Images are embedded; the page loads nothing from outside itself.")
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (grpolab train/demo --out)")
+    parser.add_argument("--out", default="", metavar="FILE.html", help="where to write the page (default: RUN_DIR/report.html)")
+    parser.add_argument("--probe", action="append", default=[], metavar="DIR",
+                        help="a probe output directory (or its .json) to include as well; repeatable")
+    ns = parser.parse_args(args)
+    from grpolab.report import build_report
+
+    print(f"report: {build_report(ns.run_dir, ns.probe, ns.out or None)}")
+
+
 def cmd_theory(args: list[str]) -> None:
     import json
 
@@ -343,7 +362,8 @@ def cmd_theory(args: list[str]) -> None:
 
 
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "sft": cmd_sft, "demo": cmd_demo, "plot": cmd_plot, "rank": cmd_rank, "theory": cmd_theory,
-            "mse": cmd_mse, "groupsize": cmd_groupsize, "sweep": cmd_sweep, "multiturn": cmd_multiturn, "merge": cmd_merge}
+            "mse": cmd_mse, "groupsize": cmd_groupsize, "sweep": cmd_sweep, "multiturn": cmd_multiturn, "merge": cmd_merge,
+            "report": cmd_report}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -133,4 +133,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     console.print(f"run directory: {out}   plot: {png}")
     summary = {"before": before, "after": after, "examples": [{"before": b, "after": a} for b, a in pairs]}
     (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2))
+    from grpolab.report import build_report
+
+    console.print(f"report: {build_report(out)}  (one self-contained page; open it in a browser)")
     return summary
