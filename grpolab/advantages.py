@@ -64,3 +64,21 @@ def ragged_advantages(groups: list[torch.Tensor], estimator: str) -> torch.Tenso
     if not groups:
         return torch.zeros(0)
     return torch.cat([compute_advantages(g[None, :], estimator)[0] for g in groups])
+
+
+SCALES = ("group", "batch", "none")
+
+
+def estimator_for_scale(estimator: str, scale: str) -> str:
+    """``--scale-rewards``: which standard deviation divides grpo_std's centred advantages. ``group`` is grpo_std
+    itself; ``batch`` and ``none`` start from the group-mean advantage (``grpo``); ``batch`` then divides it by
+    :func:`batch_std`. Other estimators are left as they are (the config refuses the combination)."""
+    return "grpo" if estimator == "grpo_std" and scale in ("batch", "none") else estimator
+
+
+def batch_std(rewards: torch.Tensor) -> torch.Tensor:
+    """The population standard deviation of every reward of the step (all groups, all ranks): a scalar.
+    (TRL's scale_rewards='batch' uses the sample standard deviation, n - 1 in the denominator; grpolab keeps the
+    population form of its group option, paper 004 Sec. 3.5.)"""
+    r = rewards.double().flatten()
+    return (r - r.mean()).pow(2).mean().sqrt().float()

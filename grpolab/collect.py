@@ -18,8 +18,8 @@ import time
 import torch
 
 from grpolab import distributed as dist_
-from grpolab.rewards import Scores, score
-from grpolab.rollout import Batch, sample, select
+from grpolab.rewards import Scores, overlong_penalty, score
+from grpolab.rollout import Batch, sample_with_entropy, select
 from grpolab.sampling import allocate_group_sizes, has_variance, next_round_size
 
 ROLLOUT_STREAM = 1  # random-stream id of training rollouts
@@ -33,6 +33,8 @@ class Rows:
     """``[n, ...]``; with n = 0, None or (a rank that keeps no group) one stand-in row that carries no loss."""
     texts: list[str]
     scores: Scores
+    entropy: torch.Tensor | None = None
+    """``[n, T]`` the sampling policy's entropy at each completion token (0 on padding), aligned with ``batch``."""
 
     @property
     def n(self) -> int:
@@ -101,7 +103,11 @@ def take_rows(parts: list[Rows], order: list[tuple[int, int]], pad_id: int) -> R
         return parts[live[0]]  # all rows of one sampling call, in order: the very tensors (fixed mode)
     if not order:  # this rank keeps no group; one of its rows (with no advantage) lets it join the update's collectives
         empty = Scores(torch.zeros(0), {k: torch.zeros(0) for k in parts[0].scores.components}, 0)
-        return Rows(select(parts[live[0]].batch, torch.zeros(1, dtype=torch.long)) if live else None, [], empty)
+        if not live:
+            return Rows(None, [], empty)
+        stand_in = select(parts[live[0]].batch, torch.zeros(1, dtype=torch.long))
+        ent = parts[live[0]].entropy
+        return Rows(stand_in, [], empty, None if ent is None else ent[:1, : stand_in.completion_ids.shape[1]])
     starts, total = [], 0
     for p in parts:
         starts.append(total)
@@ -110,9 +116,16 @@ def take_rows(parts: list[Rows], order: list[tuple[int, int]], pad_id: int) -> R
     idx = torch.tensor([starts[i] + r for i, r in order], device=batch.prompt_ids.device)
     scores = concat_scores([p.scores for p in parts])
     texts = [t for p in parts for t in p.texts]
+    chosen = select(batch, idx)
+    entropy = None
+    if all(p.entropy is not None for p in parts if p.n):
+        T = batch.completion_ids.shape[1]
+        ent = torch.cat([torch.nn.functional.pad(p.entropy, (0, T - p.entropy.shape[1])) for p in parts if p.n])
+        entropy = ent[idx, : chosen.completion_ids.shape[1]]  # select trims the all-padding columns on the right
     return Rows(
-        select(batch, idx), [texts[int(i)] for i in idx],
+        chosen, [texts[int(i)] for i in idx],
         Scores(scores.total[idx.cpu()], {k: v[idx.cpu()] for k, v in scores.components.items()}, scores.errors),
+        entropy,
     )
 
 
@@ -129,13 +142,16 @@ class Collector:
         cfg, policy = t.cfg, t.policy
         recs = [rec for _, rec, gs in items for _ in gs]
         if not recs:
-            return Rows(None, [], score([], [], t.reward_fns)), 0.0, 0.0
+            empty = score([], [], t.reward_fns)
+            if cfg.overlong_buffer:
+                empty.components["overlong"] = torch.zeros(0)
+            return Rows(None, [], empty), 0.0, 0.0
         t0 = time.perf_counter()
         prompts = [policy.prompt_ids(rec) for rec in recs]
         keys = [(ROLLOUT_STREAM, cfg.seed, step, b, g) for b, _, gs in items for g in gs]  # global b: P-independent
         policy.model.eval()
         with t.train_module.full_weights():
-            batch = sample(
+            batch, entropy = sample_with_entropy(
                 policy.model, prompts, keys, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                 top_p=cfg.top_p, eos_id=policy.eos_id, pad_id=policy.pad_id,
             )
@@ -143,16 +159,21 @@ class Collector:
         t1 = time.perf_counter()
         texts = policy.decode(batch.completion_ids, batch.completion_mask)
         scores = score(texts, recs, t.reward_fns)
-        return Rows(batch, texts, scores), t1 - t0, time.perf_counter() - t1
+        if cfg.overlong_buffer:  # DAPO's soft length penalty joins the reward as one more component
+            pen = overlong_penalty(batch.completion_mask.sum(1).cpu(), cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
+            scores = Scores(scores.total + pen, {**scores.components, "overlong": pen}, scores.errors)
+        return Rows(batch, texts, scores, entropy.cpu() if entropy is not None else None), t1 - t0, time.perf_counter() - t1
 
     def _per_rollout(self, rows: Rows) -> dict:
         eos = self.t.policy.eos_id
         b = rows.batch
         names = [name for name, _, _ in self.t.reward_fns]  # the first is the accuracy reward (grpolab.rewards)
         comp = rows.scores.components
+        names += ["overlong"] if "overlong" in comp else []
         return {
             "reward": rows.scores.total.tolist(), "accuracy": comp[names[0]].tolist(), "format": comp["format"].tolist(),
             **{f"reward/{n}": comp[n].tolist() for n in names if n not in ("accuracy", "format")},
+            "entropy_sum": (rows.entropy.sum(1).tolist() if rows.entropy is not None and b is not None else []),
             "length": b.completion_mask.sum(1).tolist() if b is not None else [],
             "truncated": (~(b.completion_ids == eos).any(dim=1)).tolist() if b is not None else [],  # no EOS in budget
             "errors": rows.scores.errors,

@@ -12,9 +12,9 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from grpolab.advantages import ESTIMATORS
+from grpolab.advantages import ESTIMATORS, SCALES
 from grpolab.data.arithmetic import CATEGORIES
-from grpolab.loss import AGGREGATIONS, KL_ESTIMATORS
+from grpolab.loss import AGGREGATIONS, IMPORTANCE_SAMPLING, KL_ESTIMATORS
 from grpolab.sampling import SAMPLING_MODES
 
 GROUP_BASELINES = ("grpo", "grpo_std", "rloo")
@@ -164,6 +164,26 @@ class TrainConfig:
     """KL coefficient to the reference (the starting weights). Paper 004 reports 0.04; 0 skips the reference."""
     kl: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator (paper 003, App. A)."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """grpo_std: which standard deviation divides the group-centred advantages: each group's (group, the usual
+    grpo_std), the whole step's rewards' (batch), or none (then grpo_std is grpo). Population std in both cases."""
+    clip_delta: float = 0.0
+    """Two-sided clipping: cap the unclipped ratio at D (> 1 + clip_high) so a negative-advantage token whose ratio
+    ran away cannot dominate the loss. 0 = off."""
+    importance_sampling: Literal["token", "sequence"] = "token"
+    """token: one ratio per token (GRPO). sequence: GSPO's ratio per rollout, exp(mean over its tokens of
+    logp - old_logp), clipped per rollout (GSPO clips at 3e-4 / 4e-4: --clip-low 3e-4 --clip-high 4e-4)."""
+    mask_truncated: bool = False
+    """DAPO: completions cut at --max-new-tokens (no end-of-sequence token) carry no loss; they still count in the
+    reward statistics and the advantages of their group."""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong punishment: over the last L tokens before --max-new-tokens the reward falls linearly by up
+    to --overlong-penalty (reward/overlong). 0 = off."""
+    overlong_penalty: float = 1.0
+    """The largest overlong punishment, reached at --max-new-tokens."""
+    top_entropy_quantile: float = 1.0
+    """Only the highest-entropy q-fraction of the step's completion tokens (entropy of the sampling policy, the
+    threshold over every token of the step) carries policy loss; 1 = every token."""
     mu: int = 1
     """Updates per batch; for mu > 1 the sampling-time log-probs give the importance ratio."""
     micro_batch: int = 0
@@ -258,6 +278,9 @@ class TrainConfig:
                 raise bad("dialogue_context", f"must be 'question' or 'dialogue', got {self.dialogue_context!r}")
             if self.data or self.mu > 1 or self.beta > 0:
                 raise bad("task", "arith-multiturn supports the built-in dialogues with mu = 1 and beta = 0 only")
+            for f, off in (("mask_truncated", False), ("overlong_buffer", 0), ("top_entropy_quantile", 1.0)):
+                if getattr(self, f) != off:
+                    raise bad(f, "is for single-turn tasks (--task arith)")
         if self.estimator not in ESTIMATORS:
             raise bad("estimator", f"unknown estimator {self.estimator!r}; choose from {ESTIMATORS}")
         if self.estimator == "oracle":
@@ -283,6 +306,20 @@ class TrainConfig:
             raise bad("max_rollouts", f"must be >= 0, got {self.max_rollouts}")
         if self.aggregation not in AGGREGATIONS:
             raise bad("aggregation", f"unknown aggregation {self.aggregation!r}; choose from {AGGREGATIONS}")
+        if self.scale_rewards not in SCALES:
+            raise bad("scale_rewards", f"must be one of {SCALES}, got {self.scale_rewards!r}")
+        if self.scale_rewards != "group" and self.estimator != "grpo_std":
+            raise bad("scale_rewards", f"chooses grpo_std's divisor; with --estimator {self.estimator} nothing is divided")
+        if self.clip_delta and self.clip_delta <= 1 + self.clip_high:
+            raise bad("clip_delta", f"must be 0 (off) or > 1 + clip_high = {1 + self.clip_high:g}, got {self.clip_delta:g}")
+        if self.importance_sampling not in IMPORTANCE_SAMPLING:
+            raise bad("importance_sampling", f"must be one of {IMPORTANCE_SAMPLING}, got {self.importance_sampling!r}")
+        if not 0 <= self.overlong_buffer < self.max_new_tokens:
+            raise bad("overlong_buffer", f"must be in [0, max_new_tokens = {self.max_new_tokens}), got {self.overlong_buffer}")
+        if self.overlong_penalty < 0:
+            raise bad("overlong_penalty", f"must be >= 0, got {self.overlong_penalty:g}")
+        if not 0 < self.top_entropy_quantile <= 1:
+            raise bad("top_entropy_quantile", f"must be in (0, 1], got {self.top_entropy_quantile:g}")
         if self.kl not in KL_ESTIMATORS:
             raise bad("kl", f"unknown KL estimator {self.kl!r}; choose from {KL_ESTIMATORS}")
         if self.micro_batch and self.rollouts_per_step % self.micro_batch:

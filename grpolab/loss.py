@@ -8,9 +8,25 @@ Per token (paper 004, Sec. 3.3; paper 003, App. A)::
 and one named aggregation turns the masked ``[N, T]`` terms into a scalar.
 Normalisers can be given for the whole batch so that a batch split into
 micro-batches, each loss backpropagated, gives the gradient of the whole batch.
+
+Variants (each off by default):
+
+- ``importance_sampling="sequence"`` (GSPO): one ratio per rollout,
+  ``s_i = exp(mean_t (logp - old_logp))`` over its tokens, clipped per rollout and
+  broadcast to its tokens. At ``s_i = 1`` (the first update of a step) its gradient
+  equals the token-level one for every aggregation: ``d s_i = s_i * mean_t d logp``, and
+  the aggregation sums ``|o_i|`` copies of it with the weights of a token-level term.
+  GSPO's paper clips much tighter (3e-4 below, 4e-4 above) than GRPO's 0.2.
+- ``clip_delta`` (two-sided clipping): the unclipped ratio is capped at ``delta`` before
+  the min, bounding the loss of a negative-advantage token whose ratio ran away
+  (``delta > 1 + clip_high``, so positive advantages are unaffected).
+- ``token_weights`` ``[N, T]``: multiplies the per-token policy term (not the KL term),
+  e.g. the 0/1 mask of the highest-entropy tokens (:func:`high_entropy_mask`).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -65,6 +81,29 @@ def aggregate(
     raise ValueError(f"unknown aggregation {mode!r}; choose from {AGGREGATIONS}")
 
 
+IMPORTANCE_SAMPLING = ("token", "sequence")
+
+
+def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's length-normalised sequence log-ratio ``[N, 1]``: mean over each rollout's tokens of logp - old_logp
+    (0 for a rollout with no tokens)."""
+    m = mask.to(logp.dtype)
+    return (((logp - old_logp) * m).sum(-1) / m.sum(-1).clamp(min=1.0))[:, None]
+
+
+def entropy_threshold(entropies: torch.Tensor, quantile: float) -> torch.Tensor:
+    """The entropy above which the top ``quantile`` fraction of tokens lies: the (1 - quantile)-quantile of
+    ``entropies`` (1-D, the real tokens of the whole step), linear interpolation as ``torch.quantile``."""
+    if entropies.numel() == 0:
+        return torch.tensor(math.inf)
+    return torch.quantile(entropies.double(), 1.0 - quantile).to(entropies.dtype)
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, threshold: torch.Tensor | float) -> torch.Tensor:
+    """1.0 on real tokens whose entropy is at least ``threshold`` (:func:`entropy_threshold`), else 0: ``[N, T]``."""
+    return ((entropy >= threshold) & mask.bool()).to(entropy.dtype)
+
+
 def policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -80,8 +119,11 @@ def policy_loss(
     max_len: int | None = None,
     num_seqs: int | None = None,
     num_tokens: float | None = None,
+    importance_sampling: str = "token",
+    clip_delta: float | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """GRPO loss.
+    """GRPO loss (and the variants of the module docstring).
 
     Args:
         logp, old_logp, ref_logp, mask: ``[N, T]`` completion-token log-probs
@@ -89,6 +131,9 @@ def policy_loss(
             real completion tokens.
         advantages: ``[N]`` (one per rollout, broadcast over tokens) or ``[N, T]``.
         num_seqs, num_tokens: whole-batch normalisers when this is a micro-batch.
+        importance_sampling: ``"token"`` or ``"sequence"`` (GSPO).
+        clip_delta: cap on the unclipped ratio (two-sided clipping); None = off.
+        token_weights: ``[N, T]`` factors of the per-token policy term; None = all 1.
 
     Returns:
         ``(loss, stats)``; ``stats`` has ``policy`` (the clipped surrogate part),
@@ -101,10 +146,17 @@ def policy_loss(
     if advantages.dim() == 1:
         advantages = advantages[:, None]  # [N, 1]: the same credit for every token (paper 000, Thm 3.1)
     advantages = advantages.to(logp.dtype)
-    ratio = torch.exp(logp - old_logp)  # [N, T]
-    unclipped = ratio * advantages
+    if importance_sampling == "token":
+        ratio = torch.exp(logp - old_logp)  # [N, T]
+    elif importance_sampling == "sequence":
+        ratio = torch.exp(sequence_log_ratio(logp, old_logp, mask))  # [N, 1], broadcast over the tokens
+    else:
+        raise ValueError(f"unknown importance sampling level {importance_sampling!r}; choose from {IMPORTANCE_SAMPLING}")
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    unclipped = (ratio if clip_delta is None else torch.clamp(ratio, max=clip_delta)) * advantages
     surrogate = torch.minimum(unclipped, clipped)  # [N, T]
+    if token_weights is not None:
+        surrogate = surrogate * token_weights.to(surrogate.dtype)
     per_token = -surrogate
     kl_tok = None
     if beta != 0.0:
@@ -121,7 +173,7 @@ def policy_loss(
         stats = {
             "policy": aggregate(-surrogate, mask, aggregation, **norms),
             "kl": ((kl_tok if kl_tok is not None else torch.zeros_like(logp)) * m).sum() / n_tok,
-            "clip_frac": ((clipped < unclipped).to(logp.dtype) * m).sum() / n_tok,
-            "ratio_mean": (ratio * m).sum() / n_tok,
+            "clip_frac": ((clipped < unclipped).to(logp.dtype).expand_as(m) * m).sum() / n_tok,
+            "ratio_mean": (ratio.expand_as(m) * m).sum() / n_tok,
         }
     return loss, stats

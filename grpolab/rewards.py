@@ -225,3 +225,16 @@ def score(
 def default_reward_fns(format_weight: float = 0.1, accuracy_fn: RewardFn = accuracy_reward):
     """``r = accuracy + format_weight * format`` (paper 004, Sec. 3.4)."""
     return [("accuracy", accuracy_fn, 1.0), ("format", format_reward, format_weight)]
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, penalty: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment (paper: DAPO, Eq. 13), scaled by ``penalty``: ``[N]``.
+
+    0 for a completion of at most ``max_len - buffer`` tokens, then falling linearly to
+    ``-penalty`` at ``max_len`` (the generation limit, so never beyond):
+    ``min(0, -(length - (max_len - buffer)) / buffer) * penalty``, as verl's ``overlong_buffer``.
+    """
+    if buffer <= 0:
+        return torch.zeros(lengths.shape, dtype=torch.float32)
+    exceed = lengths.float() - (max_len - buffer)
+    return torch.clamp(-exceed / buffer, max=0.0) * penalty

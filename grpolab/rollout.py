@@ -80,24 +80,33 @@ def _pick(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: floa
     return j.squeeze(1)
 
 
-@torch.no_grad()
-def sample(
-    model,
-    prompts: list[list[int]],
-    keys: list[tuple[int, ...]],
-    *,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    eos_id: int,
-    pad_id: int,
-) -> Batch:
+def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy (nats) of softmax(logits / T) over the last dimension: ``[..., V] -> [...]``
+    (the full distribution at the sampling temperature, before any top-p truncation, as TRL logs it)."""
+    logp = torch.log_softmax(logits.float() / (temperature or 1.0), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def sample(model, prompts: list[list[int]], keys: list[tuple[int, ...]], *, max_new_tokens: int, temperature: float,
+           top_p: float, eos_id: int, pad_id: int) -> Batch:
     """Sample one completion per prompt (repeat a prompt G times for a group).
 
     ``keys[n]`` seeds rollout n's random stream. Completions stop at EOS (kept,
     and masked in) or after ``max_new_tokens``. Each distinct prompt is prefilled
     once and its cache copied to its rows: the same tokens as a prefill per row.
     """
+    return _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pad_id, False)[0]
+
+
+def sample_with_entropy(model, prompts: list[list[int]], keys: list[tuple[int, ...]], *, max_new_tokens: int,
+                        temperature: float, top_p: float, eos_id: int, pad_id: int) -> tuple[Batch, torch.Tensor]:
+    """:func:`sample`, the same tokens, and the sampling policy's entropy at every completion token ``[N, T]``
+    (0 on padding), from the logits the sampler already has: no extra forward pass."""
+    return _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pad_id, True)
+
+
+@torch.no_grad()
+def _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pad_id, want_entropy: bool):
     N = len(prompts)
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))  # [N, P]
@@ -119,7 +128,10 @@ def sample(
     attn = prompt_mask
     next_pos = position[:, -1] + 1  # [n]
     active = torch.arange(N, device=device)  # rows still generating
+    ent = torch.zeros((N, max_new_tokens), device=device) if want_entropy else None
     for t in range(max_new_tokens):
+        if want_entropy:
+            ent[active, t] = token_entropy(logits, temperature)
         tok = _pick(logits, u[active, t], temperature, top_p)  # [n]
         out_ids[active, t] = tok
         done = tok == eos_id
@@ -143,7 +155,8 @@ def sample(
     T = int(lengths.max())
     completion_mask = (torch.arange(T, device=device)[None, :] < lengths[:, None]).long()  # [N, T]
     completion_ids = out_ids[:, :T].masked_fill(completion_mask == 0, pad_id)
-    return Batch(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    entropy = ent[:, :T] * completion_mask if want_entropy else None  # [N, T]
+    return Batch(prompt_ids, prompt_mask, completion_ids, completion_mask), entropy
 
 
 LOGITS_BUDGET = 2**25  # floats of [N, T, V] logits held at once before the LM head is chunked (128 MB fp32)

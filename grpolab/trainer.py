@@ -24,7 +24,7 @@ import torch
 
 from grpolab import checkpoint
 from grpolab import distributed as dist_
-from grpolab.advantages import compute_advantages, ragged_advantages
+from grpolab.advantages import STD_EPS, batch_std, compute_advantages, estimator_for_scale, ragged_advantages
 from grpolab.collect import ROLLOUT_STREAM, Collector  # noqa: F401  (ROLLOUT_STREAM: the benchmarks key rollouts with it)
 from grpolab.config import ConfigError, TrainConfig
 from grpolab.distributed import SINGLE, World
@@ -60,13 +60,16 @@ class GRPOTrainer(TrainerBase):
         t_score = time.perf_counter()
 
         # 3. advantages: one scalar per rollout (paper 000, Thm 3.1); groups are whole on this rank
+        estimator = estimator_for_scale(cfg.estimator, cfg.scale_rewards)  # --scale-rewards batch|none: from grpo
         if not groups.sizes:
             adv = torch.zeros(0, device=self.device)
         elif len(set(groups.sizes)) == 1:
             G = groups.sizes[0]
-            adv = compute_advantages(scores.total.to(self.device).view(len(groups.sizes), G), cfg.estimator).reshape(-1)  # [n]
+            adv = compute_advantages(scores.total.to(self.device).view(len(groups.sizes), G), estimator).reshape(-1)  # [n]
         else:
-            adv = ragged_advantages(list(scores.total.to(self.device).split(groups.sizes)), cfg.estimator)  # [n]
+            adv = ragged_advantages(list(scores.total.to(self.device).split(groups.sizes)), estimator)  # [n]
+        if cfg.scale_rewards == "batch" and roll.rewards:  # the std of every reward in the update, all ranks
+            adv = adv / (batch_std(torch.tensor([r for g in roll.rewards for r in g])).to(adv.device) + STD_EPS)
         position = {b: k for k, b in enumerate(roll.prompts)}  # prompt -> its place among the update's groups
         sizes = [len(r) for r in roll.rewards]  # group sizes of the whole update (all ranks), in its order
         weighted = adv
@@ -96,7 +99,7 @@ class GRPOTrainer(TrainerBase):
 
         # 4. loss and update
         self.status(f"step {step}: update ({cfg.mu} x {rows.n} rollouts)")
-        update = self._update(batch, weighted) if roll.rewards else self._no_update()
+        update = self._update(batch, weighted, rows.entropy) if roll.rewards else self._no_update()
         t_end = time.perf_counter()
 
         gen = roll.generated
@@ -124,6 +127,7 @@ class GRPOTrainer(TrainerBase):
             "sampling/group_size_max": max(sizes, default=0),
             **update,
             **probe,
+            "policy/entropy": sum(gen["entropy_sum"]) / max(1.0, lengths.sum().item()),  # mean over generated tokens
             "completion/len_mean": lengths.mean().item(),
             "completion/len_max": lengths.max().item(),
             "completion/truncated_frac": statistics.fmean(map(float, gen["truncated"])),

@@ -25,7 +25,7 @@ from grpolab.data.task import few_shot_examples, task_data
 from grpolab.devices import parse_dtype, resolve_device
 from grpolab.distributed import SINGLE, World
 from grpolab.evaluate import evaluate, format_accuracy
-from grpolab.loss import policy_loss
+from grpolab.loss import entropy_threshold, high_entropy_mask, policy_loss
 from grpolab.parallel import TrainModule
 from grpolab.policy import MATH_SYSTEM_PROMPT, Policy, enable_activation_checkpointing, load_policy
 from grpolab.rewards import reward_functions
@@ -115,23 +115,35 @@ class TrainerBase:
         return {"loss/total": None, "loss/policy": None, "loss/kl": None, "loss/clip_frac": None, "loss/ratio_mean": None,
                 "loss/active_frac": 0.0, "loss/skipped_updates": 0, "grad/norm": None, "charts/lr": self.scheduler.get_last_lr()[0]}
 
-    def _update(self, batch: Batch, adv: torch.Tensor) -> dict:
+    def _update(self, batch: Batch, adv: torch.Tensor, entropy: torch.Tensor | None = None) -> dict:
         """mu optimizer steps on this rank's rollouts; with P ranks, the sum of their gradients.
 
         batch, adv ``[n]``: this rank's n rows (rollouts; turns for the multi-turn trainer); n may be 0.
         Normalisers are the whole step's (N rows over all ranks, their token count), so each rank's
-        loss is its share of the single-process loss.
+        loss is its share of the single-process loss. ``entropy`` ``[n, T]``: the sampling policy's
+        token entropies, for --top-entropy-quantile.
         """
         cfg, world, train = self.cfg, self.world, self.train_module
         model = self.policy.model
-        mask = batch.completion_mask[: adv.shape[0]]  # a rank with no rows of its own holds one stand-in row (collect.Rows)
-        N, num_tokens = dist_.all_sum([float(adv.shape[0]), float(mask.sum())], world)
+        n = adv.shape[0]
+        mask = batch.completion_mask[:n]  # a rank with no rows of its own holds one stand-in row (collect.Rows)
+        # The tokens that carry loss: --mask-truncated drops completions with no end-of-sequence token (DAPO).
+        carries = torch.ones(n, dtype=torch.bool, device=mask.device)
+        if cfg.mask_truncated:
+            carries = ((batch.completion_ids[:n] == self.policy.eos_id) & mask.bool()).any(dim=1)  # [n]
+        loss_mask = mask * carries[:, None]  # [n, T]
+        N, num_tokens = dist_.all_sum([float(n), float(loss_mask.sum())], world)
         N = int(N)
         mb = cfg.micro_batch or N
+        threshold = None
+        if cfg.top_entropy_quantile < 1.0:  # one threshold over every loss-carrying token of the step, all ranks
+            local = entropy[:n].to(mask.device)[loss_mask.bool()].float().cpu() if n else torch.zeros(0)
+            threshold = entropy_threshold(torch.cat(dist_.gather(local, world)), cfg.top_entropy_quantile)
         # With no KL term, a rollout whose advantage is exactly 0 contributes exactly 0
-        # to the loss and its gradient (every term is ratio * 0), so it is not run at all.
-        # Normalisers stay those of the whole batch, so the gradient is unchanged.
-        rows = torch.arange(adv.shape[0], device=adv.device) if cfg.beta > 0 else (adv != 0).nonzero().squeeze(1)
+        # to the loss and its gradient (every term is ratio * 0), so it is not run at all; nor is a
+        # rollout with no loss-carrying token. Normalisers stay those of the whole batch, so the gradient is unchanged.
+        live = carries if cfg.beta > 0 else carries & (adv != 0)
+        rows = live.nonzero().squeeze(1)
         chunks = [rows[i : i + mb] for i in range(0, rows.numel(), mb)]
         # Every rank runs the same number of forward/backward passes (DDP and FSDP pair up their
         # collectives pass by pass): a rank with fewer active rollouts pads with passes over one
@@ -161,11 +173,17 @@ class TrainerBase:
                 sub = select(batch, idx)
                 with train.sync(c_i == len(chunks) - 1):  # reduce over ranks once, after the last pass
                     logp = train.logprobs(sub)  # [n, T]
+                    sub_mask = loss_mask[idx, : sub.completion_mask.shape[1]] if c_i < real else sub.completion_mask
+                    weights = None
+                    if threshold is not None:
+                        ent = entropy[idx.cpu(), : sub_mask.shape[1]].to(sub_mask.device) if c_i < real else torch.zeros_like(logp)
+                        weights = high_entropy_mask(ent, sub_mask, threshold.to(ent.device))
                     loss, st = policy_loss(
-                        logp, old_logp.get(c_i, logp.detach()), adv[idx], sub.completion_mask,
+                        logp, old_logp.get(c_i, logp.detach()), adv[idx], sub_mask,
                         clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref_logp.get(c_i), beta=cfg.beta,
                         kl=cfg.kl, aggregation=cfg.aggregation, max_len=cfg.max_new_tokens,
-                        num_seqs=N, num_tokens=num_tokens,
+                        num_seqs=N, num_tokens=num_tokens, importance_sampling=cfg.importance_sampling,
+                        clip_delta=cfg.clip_delta or None, token_weights=weights,
                     )
                     if c_i >= real:  # padding pass
                         loss = loss * 0.0
@@ -174,7 +192,7 @@ class TrainerBase:
                     (loss * train.loss_scale).backward()
                 if c_i >= real:
                     continue
-                n_tok = float(sub.completion_mask.sum())
+                n_tok = float(sub_mask.sum())
                 sums["loss"] += loss.item() / cfg.mu
                 sums["policy"] += st["policy"].item() / cfg.mu
                 sums["kl_tok"] += st["kl"].item() * n_tok / cfg.mu
@@ -193,7 +211,7 @@ class TrainerBase:
         # Whole-step sums: this rank's part plus the others'.
         keys = list(sums)
         totals = dict(zip(keys + ["active", "active_tok"],
-                          dist_.all_sum([sums[k] for k in keys] + [rows.numel(), float(mask[rows].sum())], world)))
+                          dist_.all_sum([sums[k] for k in keys] + [rows.numel(), float(loss_mask[rows].sum())], world)))
         active_tokens = max(1.0, totals["active_tok"])
         return {
             "loss/total": totals["loss"],
