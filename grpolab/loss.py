@@ -104,6 +104,23 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, threshold: torc
     return ((entropy >= threshold) & mask.bool()).to(entropy.dtype)
 
 
+def loss_token_mask(completion_ids: torch.Tensor, mask: torch.Tensor, eos_id: int, *, mask_truncated: bool = False,
+                    entropy: torch.Tensor | None = None, top_entropy_quantile: float = 1.0) -> torch.Tensor:
+    """``[N, T]`` 1.0 on the tokens that carry policy loss, 0 elsewhere, for rollouts that are the whole step:
+    ``mask_truncated`` drops rollouts with no ``eos_id`` (cut at the token limit, DAPO), and
+    ``top_entropy_quantile < 1`` keeps only the tokens at or above the entropy threshold of the remaining ones.
+    (The trainer applies the same two rules with the threshold taken over every rank's tokens.)"""
+    carries = mask.bool()
+    if mask_truncated:
+        carries = carries & ((completion_ids == eos_id) & mask.bool()).any(dim=1, keepdim=True)
+    out = carries.double()
+    if top_entropy_quantile < 1.0:
+        if entropy is None:
+            raise ValueError("top_entropy_quantile < 1 needs the token entropies")
+        out = out * high_entropy_mask(entropy.double(), carries, entropy_threshold(entropy[carries].double(), top_entropy_quantile))
+    return out
+
+
 def policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,

@@ -16,7 +16,10 @@ from grpolab.config import ConfigError, TrainConfig
 
 # The settings of a run that define its task and prompts (and the reward its gradient used).
 TASK_FIELDS = ("gguf_file", "chat", "system_prompt", "few_shot", "format", "eval_data", "data", "max_operand", "mul_max",
-               "categories", "max_new_tokens", "temperature", "format_weight", "seed")
+               "categories", "max_new_tokens", "temperature", "format_weight", "seed",
+               "overlong_buffer", "overlong_penalty", "mask_truncated", "top_entropy_quantile")
+# The probe options that change the gradient a probe measures; a run's own values are the defaults.
+GRADIENT_FIELDS = ("overlong_buffer", "overlong_penalty", "mask_truncated", "top_entropy_quantile")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,13 +120,14 @@ def probe_task(target: Target, probe_cfg):
     """What a probe of ``target`` measures on: ``(probe_cfg, cfg, records, sampler)``.
 
     ``cfg`` is the task of ``target``'s run (or the built-in one) with the probe's own
-    ``max_new_tokens``, ``temperature`` and ``format_weight`` on top where set; the returned
-    ``probe_cfg`` has those three filled in from it; ``records`` are the first ``probe_cfg.prompts``
+    ``max_new_tokens``, ``temperature`` and ``format_weight`` (and the gradient options of
+    ``GRADIENT_FIELDS`` the probe has) on top where set; the returned ``probe_cfg`` has those
+    filled in from it; ``records`` are the first ``probe_cfg.prompts``
     probe questions of that task and ``sampler`` gives its few-shot examples.
     """
     from grpolab.data.task import task_data
 
-    keys = ("max_new_tokens", "temperature", "format_weight")
+    keys = ("max_new_tokens", "temperature", "format_weight") + tuple(k for k in GRADIENT_FIELDS if hasattr(probe_cfg, k))
     cfg = task_config(target, **{k: getattr(probe_cfg, k) for k in keys})
     _, sampler = task_data(cfg, log=lambda *a, **k: None)
     probe_cfg = dataclasses.replace(probe_cfg, **{k: getattr(cfg, k) for k in keys})

@@ -30,3 +30,19 @@ def test_sampling_modes_on_two_processes_equal_one_process(tmp_path, monkeypatch
     rows = read_metrics(one / "metrics.jsonl")[1:]
     key = "sampling/rounds" if mode == "filter" else "sampling/group_size_max"
     assert max(r[key] for r in rows) > (1 if mode == "filter" else 4), "the runs must exercise the mode"
+
+
+def test_loss_variants_on_two_processes_equal_one_process(tmp_path):
+    """The options whose statistics span the whole step: the batch reward std (--scale-rewards batch), the entropy
+    threshold over every rank's tokens (--top-entropy-quantile), the token count without truncated completions
+    (--mask-truncated, token-mean); with GSPO ratios, two-sided clipping, the overlong penalty, KL and mu = 2."""
+    args = ["--estimator", "grpo_std", "--scale-rewards", "batch", "--importance-sampling", "sequence", "--clip-delta", "1.5",
+            "--mask-truncated", "--max-new-tokens", "20", "--overlong-buffer", "4", "--top-entropy-quantile", "0.3",
+            "--beta", "0.04", "--mu", "2", "--micro-batch", "2", "--aggregation", "token-mean"]
+    one = _train(tmp_path, "one", 2, *args)
+    two = _train(tmp_path, "two", 2, *args, "--nproc", "2")
+    assert _rollouts(two) == _rollouts(one)
+    _assert_same_metrics(one, two)
+    _assert_same_params(one, two, step=2)
+    rows = read_metrics(one / "metrics.jsonl")[1:]
+    assert all(0 < r["completion/truncated_frac"] < 1 for r in rows), "some completions must be cut for the test to bite"

@@ -60,6 +60,12 @@ class MseConfig:
     """lambda in r = accuracy + lambda * format (default: the run's, else training's default for the model)."""
     include: str = ""
     """Regex restricting psi to matching parameter names; empty = all."""
+    overlong_buffer: int | None = None
+    """DAPO's length penalty in the reward, as --overlong-buffer in training (default: the run's, else 0). The
+    token-masking options (--mask-truncated, --top-entropy-quantile) are not applied here: the MSE decomposition
+    needs psi to be a score (mean 0), which a masked psi is not; `grpolab rank` measures the masked gradient."""
+    overlong_penalty: float | None = None
+    """The largest overlong penalty (default: the run's, else 1)."""
     sketch_dim: int | None = None
     """Cross-prompt gradient products from a k-dimensional CountSketch (unbiased): None = only when the M gradient
     vectors would exceed 1 GB (a real model), 0 = always exact, k > 0 = always sketched."""
@@ -181,7 +187,7 @@ def run_mse(cfg: MseConfig, log=print) -> dict:
         pool = collect_pool(policy, records, cfg.pool, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens,
                             temperature=cfg.temperature, format_weight=cfg.format_weight,
                             include=cfg.include or None, progress=cfg.progress, label=f"pool {spec}", world=world,
-                            sketch_dim=cfg.sketch_dim, log=log)
+                            sketch_dim=cfg.sketch_dim, log=log, overlong=(cfg.overlong_buffer, cfg.overlong_penalty))
         entry = {
             "policy": spec,
             "reward_mean": statistics.fmean(pool.reward_mean),
@@ -247,6 +253,12 @@ class GroupsizeConfig:
     """lambda in r = accuracy + lambda * format (default: the run's, else training's default for the model)."""
     include: str = ""
     """Regex restricting psi to matching parameter names; empty = all."""
+    overlong_buffer: int | None = None
+    """DAPO's length penalty in the reward, as --overlong-buffer in training (default: the run's, else 0). The
+    token-masking options (--mask-truncated, --top-entropy-quantile) are not applied here: the MSE decomposition
+    needs psi to be a score (mean 0), which a masked psi is not; `grpolab rank` measures the masked gradient."""
+    overlong_penalty: float | None = None
+    """The largest overlong penalty (default: the run's, else 1)."""
     sketch_dim: int | None = None
     """Cross-prompt gradient products from a k-dimensional CountSketch (unbiased): None = only when the M gradient
     vectors would exceed 1 GB (a real model), 0 = always exact, k > 0 = always sketched."""
@@ -288,7 +300,7 @@ def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:
     pool = collect_pool(policy, records, cfg.pool, seed=cfg.seed,
                         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                         format_weight=cfg.format_weight, include=cfg.include or None, progress=cfg.progress, world=world,
-                        sketch_dim=cfg.sketch_dim, log=log)
+                        sketch_dim=cfg.sketch_dim, log=log, overlong=(cfg.overlong_buffer, cfg.overlong_penalty))
     consts = groupsize_constants(pool.moments, pool.cross)
     gen = torch.Generator().manual_seed(cfg.seed)
     M = len(pool.moments)

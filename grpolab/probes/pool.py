@@ -24,8 +24,8 @@ from grpolab.policy import Policy
 from grpolab.probes.gram import _count_sketch, _select_params, score_gram
 from grpolab.probes.mse import prompt_moments, rloo_weights
 from grpolab.progress import progress_bar
-from grpolab.rewards import default_reward_fns, score
-from grpolab.rollout import Batch, completion_logprobs, sample
+from grpolab.rewards import default_reward_fns, overlong_penalty, score
+from grpolab.rollout import Batch, completion_logprobs, sample_with_entropy
 
 POOL_STREAM = 5  # random-stream id of pool rollouts (the rank probe uses 4)
 EXACT_POOL_FLOATS = 2**28  # 1 GB of float32 leave-one-out vectors; beyond it they are sketched
@@ -33,13 +33,22 @@ SKETCH_DIM = 2**22
 
 
 def sample_rollouts(policy: Policy, record: dict, n: int, key: tuple, *, max_new_tokens: int, temperature: float,
-                    format_weight: float) -> tuple[Batch, torch.Tensor]:
-    """n rollouts of one prompt and their rewards ``[n]``; rollout i draws from stream (*key, i)."""
-    batch = sample(policy.model, [policy.prompt_ids(record)] * n, [(*key, i) for i in range(n)],
-                   max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0,
-                   eos_id=policy.eos_id, pad_id=policy.pad_id)
+                    format_weight: float, overlong: tuple[int, float] = (0, 1.0),
+                    entropy: list | None = None) -> tuple[Batch, torch.Tensor]:
+    """n rollouts of one prompt and their rewards ``[n]``; rollout i draws from stream (*key, i).
+
+    ``overlong``: (buffer, penalty) of DAPO's length penalty, added to the reward as in training.
+    ``entropy``: a list that receives the rollouts' token entropies ``[n, T]``."""
+    batch, ent = sample_with_entropy(policy.model, [policy.prompt_ids(record)] * n, [(*key, i) for i in range(n)],
+                                     max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0,
+                                     eos_id=policy.eos_id, pad_id=policy.pad_id)
+    if entropy is not None:
+        entropy.append(ent)
     texts = policy.decode(batch.completion_ids, batch.completion_mask)
-    return batch, score(texts, [record] * n, default_reward_fns(format_weight)).total
+    rewards = score(texts, [record] * n, default_reward_fns(format_weight)).total
+    if overlong[0]:
+        rewards = rewards + overlong_penalty(batch.completion_mask.sum(1).cpu(), max_new_tokens, *overlong)
+    return batch, rewards
 
 
 @dataclasses.dataclass
@@ -53,7 +62,7 @@ class Pool:
 def collect_pool(policy: Policy, records: list[dict], n: int, *, seed: int = 0, max_new_tokens: int = 48,
                  temperature: float = 1.0, format_weight: float = 0.1, include: str | None = None,
                  progress: bool = True, label: str = "pool", world: World = SINGLE, sketch_dim: int | None = None,
-                 log=print) -> Pool:
+                 log=print, overlong: tuple[int, float] = (0, 1.0)) -> Pool:
     """Sample n rollouts for each record and reduce them (module docstring); over ``world``, each
     rank takes its block of the records and all get the whole pool.
 
@@ -81,7 +90,7 @@ def collect_pool(policy: Policy, records: list[dict], n: int, *, seed: int = 0, 
         for k in mine:  # global prompt index: the random stream does not depend on the process count
             rec = records[k]
             batch, rewards = sample_rollouts(policy, rec, n, (POOL_STREAM, seed, k), max_new_tokens=max_new_tokens,
-                                             temperature=temperature, format_weight=format_weight)
+                                             temperature=temperature, format_weight=format_weight, overlong=overlong)
             # The plain score sum_t grad log pi (weight 1 per token): E[psi] = 0, so mu = E[r psi] is the
             # true gradient. A length-normalised psi would not be a score and would not average to 0.
             weights = batch.completion_mask.double()  # [n, T]

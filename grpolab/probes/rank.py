@@ -29,6 +29,7 @@ from grpolab import distributed
 from grpolab.advantages import compute_advantages
 from grpolab.config import ConfigError
 from grpolab.policy import Policy
+from grpolab.loss import loss_token_mask
 from grpolab.runs import load_task_policy, probe_task, run_targets
 from grpolab.probes.gram import gram_relative_error, score_gram, score_gram_reference, token_weights
 from grpolab.probes.pool import sample_rollouts
@@ -68,6 +69,15 @@ class RankConfig:
     """lambda in the reward r = accuracy + lambda * format (default: the run's, else training's default for the model)."""
     include: str = ""
     """Regex restricting psi to matching parameter names (e.g. 'layers\\.0\\.'); empty = all."""
+    mask_truncated: bool | None = None
+    """Give completions cut at --max-new-tokens no weight, as --mask-truncated in training (default: the run's)."""
+    top_entropy_quantile: float | None = None
+    """Only the highest-entropy q-fraction of each prompt's R rollouts' tokens carries weight, as in training
+    (default: the run's, else 1)."""
+    overlong_buffer: int | None = None
+    """DAPO's length penalty in the reward, as in training (default: the run's, else 0)."""
+    overlong_penalty: float | None = None
+    """The largest overlong penalty (default: the run's, else 1)."""
     sketch_dim: int = 0
     """If > 0, estimate Psi from a k-dimensional CountSketch of the per-rollout gradients instead of
     exactly (for models where the exact path is too slow). Its error: measured against the exact
@@ -96,15 +106,20 @@ def _plain_forward_backward_s(model, batch: Batch, weights: torch.Tensor, temper
 
 def measure_prompt(policy: Policy, record: dict, R: int, key: tuple, cfg: RankConfig) -> dict:
     """Spectrum metrics of one prompt's R rollouts (and, with verify, the reference check)."""
+    ent: list = []
     batch, rewards = sample_rollouts(policy, record, R, key, max_new_tokens=cfg.max_new_tokens,
-                                     temperature=cfg.temperature, format_weight=cfg.format_weight)
+                                     temperature=cfg.temperature, format_weight=cfg.format_weight,
+                                     overlong=(cfg.overlong_buffer, cfg.overlong_penalty), entropy=ent)
     adv = compute_advantages(rewards[None, :], cfg.estimator)[0]  # [R]
     row = {"reward_std": float(rewards.std(unbiased=False)), "zero_var": bool((rewards == rewards[0]).all()),
            "distinct_active": distinct_active_rollouts(batch, adv)}
     if not adv.any() and not cfg.verify:
         row.update(spectrum_metrics(torch.zeros(R)))
         return row
-    weights = token_weights(batch.completion_mask, cfg.aggregation, cfg.max_new_tokens)
+    # the loss's per-token weights, times the tokens that carry loss (--mask-truncated, --top-entropy-quantile)
+    weights = token_weights(batch.completion_mask, cfg.aggregation, cfg.max_new_tokens) * loss_token_mask(
+        batch.completion_ids, batch.completion_mask, policy.eos_id, mask_truncated=cfg.mask_truncated,
+        entropy=ent[0], top_entropy_quantile=cfg.top_entropy_quantile)
     t0 = time.perf_counter()
     psi = score_gram(policy.model, batch, weights, temperature=cfg.temperature, include=cfg.include or None,
                      sketch_dim=cfg.sketch_dim, sketch_seed=cfg.seed)
