@@ -278,7 +278,7 @@ class TrainConfig:
                 raise bad("dialogue_context", f"must be 'question' or 'dialogue', got {self.dialogue_context!r}")
             if self.data or self.mu > 1 or self.beta > 0:
                 raise bad("task", "arith-multiturn supports the built-in dialogues with mu = 1 and beta = 0 only")
-            for f, off in (("mask_truncated", False), ("overlong_buffer", 0), ("top_entropy_quantile", 1.0)):
+            for f, off in (("mask_truncated", False), ("overlong_buffer", 0), ("top_entropy_quantile", 1.0), ("scale_rewards", "group")):
                 if getattr(self, f) != off:
                     raise bad(f, "is for single-turn tasks (--task arith)")
         if self.estimator not in ESTIMATORS:

@@ -228,7 +228,7 @@ def default_reward_fns(format_weight: float = 0.1, accuracy_fn: RewardFn = accur
 
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, penalty: float) -> torch.Tensor:
-    """DAPO's soft overlong punishment (paper: DAPO, Eq. 13), scaled by ``penalty``: ``[N]``.
+    """DAPO's soft overlong punishment (Yu et al., 2025; not among the papers in this repository), scaled by ``penalty``: ``[N]``.
 
     0 for a completion of at most ``max_len - buffer`` tokens, then falling linearly to
     ``-penalty`` at ``max_len`` (the generation limit, so never beyond):

@@ -93,6 +93,7 @@ def test_loss_token_mask_by_hand():
     (dict(top_entropy_quantile=0.0), "--top-entropy-quantile"),
     (dict(overlong_buffer=48), "--overlong-buffer"),
     (dict(task="arith-multiturn", mask_truncated=True), "--mask-truncated"),
+    (dict(task="arith-multiturn", scale_rewards="none"), "--scale-rewards"),
 ])
 def test_invalid_variant_settings_are_refused(tmp_path, over, message):
     with pytest.raises(ConfigError, match=message):
