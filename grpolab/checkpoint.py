@@ -1,14 +1,21 @@
-"""Atomic checkpoints: ``checkpoints/step_N/`` holds the policy (safetensors via
-``save_pretrained``), optimizer, scheduler and RNG state.
+"""Atomic, verifiable checkpoints: ``checkpoints/step_N/`` holds the policy (safetensors via
+``save_pretrained``), optimizer, scheduler and RNG state, and ``manifest.json``.
 
 A checkpoint is written to a temporary sibling directory and renamed into
 place only when complete, so a run killed while saving leaves the previous
 checkpoint as the newest complete one; half-written directories are ignored
-and removed on the next save.
+and removed on the next save. The manifest, written last, records every
+file's size and SHA-256: :func:`verify` finds a checkpoint damaged after it
+was written (a copy cut short, a failing disk), and :func:`newest_intact`
+skips such a checkpoint for the previous intact one. A save that fails (no
+space left, permission denied) raises :class:`CheckpointError` naming the
+directory and the cause, and leaves every earlier checkpoint as it was.
+(Hashing by hand with hashlib: safetensors and torch.save record no checksums.)
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -20,7 +27,89 @@ import numpy as np
 import torch
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-_DONE = "trainer_state.json"  # written last: its presence marks a complete checkpoint
+_DONE = "trainer_state.json"  # present in every complete checkpoint (the only marker before manifests)
+MANIFEST = "manifest.json"  # written last: sizes and SHA-256 of every other file
+_REQUIRED = ("optimizer.pt", "scheduler.pt", "rng.pt", _DONE)  # besides the weights
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written, or none intact could be found: the message says where and why."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(ckpt: Path) -> None:
+    files = sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name != MANIFEST)
+    entries = {str(p.relative_to(ckpt)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    with open(ckpt / MANIFEST, "w") as f:
+        json.dump({"format": 1, "files": entries}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def verify(ckpt: str | Path) -> str | None:
+    """None if the checkpoint is intact, else one line saying which file is wrong and how.
+
+    With a manifest: every file it lists has its size and SHA-256. Without one (checkpoints
+    written before manifests): the files a checkpoint needs are there and the weights' header parses.
+    """
+    ckpt = Path(ckpt)
+    manifest = ckpt / MANIFEST
+    if manifest.is_file():
+        try:
+            files = json.loads(manifest.read_text())["files"]
+            items = [(name, int(e["size"]), str(e["sha256"])) for name, e in files.items()]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            return f"{manifest}: unreadable ({type(e).__name__})"
+        for name, size, digest in items:
+            path = ckpt / name
+            if not path.is_file():
+                return f"{path}: missing"
+            if path.stat().st_size != size:
+                return f"{path}: {path.stat().st_size} bytes, the manifest says {size}"
+            if _sha256(path) != digest:
+                return f"{path}: contents differ from the manifest (checksum)"
+        return None
+    for name in _REQUIRED:
+        if not (ckpt / name).is_file():
+            return f"{ckpt / name}: missing"
+    weights = sorted(ckpt.glob("*.safetensors"))
+    if not weights:
+        return f"{ckpt}: no weights (*.safetensors)"
+    from safetensors import safe_open
+
+    for w in weights:
+        try:
+            with safe_open(str(w), framework="pt") as f:
+                f.keys()
+        except Exception as e:  # noqa: BLE001  (safetensors raises its own error types)
+            return f"{w}: unreadable ({str(e).splitlines()[0][:80]})"
+    return None
+
+
+def newest_intact(run_dir: str | Path, warn=print) -> tuple[int, Path]:
+    """The newest checkpoint that :func:`verify` passes; each damaged newer one is named in a warning.
+    Raises :class:`CheckpointError` when there is none."""
+    ckpts = checkpoint_dirs(run_dir)
+    if not ckpts:
+        raise CheckpointError(f"no complete checkpoint in {Path(run_dir) / 'checkpoints'}")
+    damaged = []
+    for step, path in reversed(ckpts):
+        problem = verify(path)
+        if problem is None:
+            if damaged:
+                warn(f"warning: checkpoint step_{damaged[0][0]} is damaged ({damaged[0][1]}); "
+                     + (f"{len(damaged) - 1} more damaged; " if len(damaged) > 1 else "") + f"resuming from step_{step}")
+            return step, path
+        damaged.append((step, problem))
+    raise CheckpointError(f"no intact checkpoint in {Path(run_dir) / 'checkpoints'} "
+                          f"(newest, step_{damaged[0][0]}: {damaged[0][1]})")
 
 
 def checkpoint_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
@@ -31,7 +120,7 @@ def checkpoint_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
     found = []
     for d in root.iterdir():
         m = _STEP_DIR.match(d.name)
-        if m and (d / _DONE).is_file():
+        if m and ((d / _DONE).is_file() or (d / MANIFEST).is_file()):
             found.append((int(m.group(1)), d))
     return sorted(found)
 
@@ -41,11 +130,20 @@ def save(run_dir: str | Path, step: int, model, tokenizer, optimizer, scheduler,
     """Write ``checkpoints/step_{step}`` atomically. ``model_state``/``optimizer_state`` replace the
     model's and optimizer's own state dicts (FSDP: the whole tensors gathered from the shards)."""
     root = Path(run_dir) / "checkpoints"
+    tmp = root / f".tmp_step_{step}"
+    try:
+        return _save(root, tmp, step, model, tokenizer, optimizer, scheduler, state, keep, run_dir, model_state, optimizer_state)
+    except OSError as e:  # a full disk, a read-only or vanished directory: earlier checkpoints are untouched
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"could not write checkpoint step_{step} in {root}: {e.strerror or e}") from e
+
+
+def _save(root: Path, tmp: Path, step: int, model, tokenizer, optimizer, scheduler, state: dict, keep: int, run_dir,
+          model_state, optimizer_state) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp_step_*"):  # left by a run killed mid-save
         shutil.rmtree(stale, ignore_errors=True)
     final = root / f"step_{step}"
-    tmp = root / f".tmp_step_{step}"
     tmp.mkdir()
     model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": model_state} if model_state is not None else {}))
     tokenizer.save_pretrained(tmp)
@@ -59,6 +157,7 @@ def save(run_dir: str | Path, step: int, model, tokenizer, optimizer, scheduler,
         json.dump({"step": step, **state}, f, indent=2)
         f.flush()
         os.fsync(f.fileno())
+    write_manifest(tmp)
     if final.exists():  # re-saving a step (e.g. after resume): replace it
         shutil.rmtree(final)
     os.replace(tmp, final)

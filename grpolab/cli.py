@@ -108,7 +108,7 @@ def _parse(cls, args: list[str], prog: str, description: str):
 def cmd_train(args: list[str]) -> None:
     from grpolab.config import TrainConfig
     from grpolab.plotting import plot_run
-    from grpolab.trainer import train
+    from grpolab.trainer import TrainingInterrupted, train
 
     cfg = _parse(TrainConfig, args, "grpolab train", "GRPO training of a causal LM on verifiable rewards.\n\n"
                  "On several processes: --nproc P (this machine), or launch it yourself with "
@@ -117,9 +117,16 @@ def cmd_train(args: list[str]) -> None:
         cfg.validate()
         cfg.validate_world(cfg.nproc)
     with _processes(cfg, ["train", *args]) as main_rank:
-        out = train(cfg)
-        if main_rank:
-            print(f"run written to {out} (plot: {plot_run(out)})")
+        try:
+            out = train(cfg)
+        except TrainingInterrupted as e:  # SIGTERM/SIGINT: the checkpoint is written; the conventional status
+            status = 128 + e.signum
+        else:
+            status = 0
+            if main_rank:
+                print(f"run written to {out} (plot: {plot_run(out)})")
+    if status:
+        raise SystemExit(status)
 
 
 def _relaunches(cfg) -> bool:
@@ -300,7 +307,11 @@ def cmd_merge(args: list[str]) -> None:
     from grpolab.models.lora import is_adapter_dir, load_lora
     from grpolab.policy import load_policy
 
+    from grpolab.checkpoint import CheckpointError, verify
+
     ckpt = Path(ns.checkpoint)
+    if ckpt.is_dir() and (problem := verify(ckpt)) is not None:
+        raise CheckpointError(f"checkpoint {ckpt} is damaged: {problem}")
     if not is_adapter_dir(ckpt):
         raise FileNotFoundError(f"--checkpoint {ckpt}: no adapter_config.json (not a LoRA checkpoint)")
     base, gguf = ns.model, ns.gguf_file
@@ -377,6 +388,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     from transformers.utils import logging as hf_logging
 
+    from grpolab.checkpoint import CheckpointError
     from grpolab.config import ConfigError
     from grpolab.data.jsonl import DataError
 
@@ -388,7 +400,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         COMMANDS[cmd](rest)
-    except (ConfigError, DataError, FileNotFoundError) as e:
+    except (ConfigError, DataError, FileNotFoundError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt:

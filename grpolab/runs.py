@@ -37,7 +37,12 @@ def _is_run_dir(path: Path) -> bool:
 
 
 def _checkpoint_target(path: Path, run_cfg: dict) -> Target:
+    from grpolab.checkpoint import CheckpointError, verify
     from grpolab.models.lora import is_adapter_dir
+
+    problem = verify(path)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {path} is damaged: {problem}")
 
     if is_adapter_dir(path):  # a LoRA run's checkpoint holds the adapter only
         return Target(run_cfg["model"], str(path), run_cfg)

@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import statistics
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -171,8 +175,47 @@ class GRPOTrainer(TrainerBase):
         return out
 
 
-def _prepare_run_dir(cfg: TrainConfig) -> tuple[Path, int, Path | None]:
-    """Check (and for a new run, create) the run directory. Returns (dir, first step to run, checkpoint to load).
+class TrainingInterrupted(Exception):
+    """SIGTERM or SIGINT stopped the run after a finished step, whose checkpoint was written."""
+
+    def __init__(self, signum: int, step: int, path: Path):
+        self.signum, self.step, self.path = signum, step, path
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint {path}")
+
+
+class _StopSignals:
+    """While training: the first SIGTERM/SIGINT asks the loop to stop after the current step; a second one
+    exits at once (the signal's default action). Handlers are only installed in the main thread."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signum = 0
+        self._old: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum:  # the second signal: no more waiting
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.signum = signum
+        print(f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
+              "(send it again to exit at once)", file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _prepare_run_dir(cfg: TrainConfig, log=print) -> tuple[Path, int, Path | None]:
+    """Check (and for a new run, create) the run directory. Returns (dir, first step to run, checkpoint to load):
+    on --resume the newest *intact* checkpoint (a damaged newer one is named in a warning and skipped).
 
     Only reads and ``mkdir``: every rank runs it before rank 0 writes anything.
     """
@@ -185,7 +228,10 @@ def _prepare_run_dir(cfg: TrainConfig) -> tuple[Path, int, Path | None]:
         for key in ("seed", "prompts_per_step", "group_size", "estimator", "aggregation", "model", "sampling"):
             if saved.get(key, "fixed" if key == "sampling" else None) != getattr(cfg, key):
                 raise ConfigError(f"--resume: --{key.replace('_', '-')} is {getattr(cfg, key)!r} but the run was started with {saved.get(key)!r}")
-        step, path = ckpts[-1]
+        try:
+            step, path = checkpoint.newest_intact(out, warn=log)
+        except checkpoint.CheckpointError as e:
+            raise ConfigError(f"--resume: {e}") from None
         return out, step, path
     if (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size > 0:
         raise ConfigError(f"--out {out}: already holds a run; pass --resume to continue it or choose another directory")
@@ -205,7 +251,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
     cfg.validate_world(world.size)
     if not world.is_main:
         log = _quiet
-    out, start, ckpt = _prepare_run_dir(cfg)
+    out, start, ckpt = _prepare_run_dir(cfg, log)
     dist_.barrier(world)  # every rank has checked the directory before rank 0 writes to it
     adapter_from = None
     if ckpt is not None and cfg.lora_rank:
@@ -237,7 +283,8 @@ def train(cfg: TrainConfig, log=print) -> Path:
 
     logger = RunLogger(out, config=config_dict, tensorboard=cfg.tensorboard, wandb=cfg.wandb, warn=log) if world.is_main else None
     try:
-        with progress_bar("step", cfg.steps, enabled=cfg.progress and world.is_main, start=start, every=cfg.log_every, unit="step") as bar:
+        with _StopSignals() as stop, progress_bar("step", cfg.steps, enabled=cfg.progress and world.is_main, start=start,
+                                                  every=cfg.log_every, unit="step") as bar:
             trainer_step = [start]  # the last finished step: what the bar counts while a step or evaluation runs
             trainer.status = lambda text: bar.update(trainer_step[0], text)
             if start == 0:
@@ -261,7 +308,8 @@ def train(cfg: TrainConfig, log=print) -> Path:
                     logger.log(step, metrics)
                     if out_step.rollouts is not None:
                         logger.log_rollouts(step, out_step.rollouts)
-                if (cfg.save_every and step % cfg.save_every == 0) or last:
+                saved = (cfg.save_every and step % cfg.save_every == 0) or last
+                if saved:
                     trainer.save(out, step)
                 status = f"reward {metrics['reward/mean']:.3f}  acc {metrics['reward/accuracy']:.3f}"
                 evaluated = "eval/accuracy_sampled" in metrics
@@ -273,6 +321,14 @@ def train(cfg: TrainConfig, log=print) -> Path:
                     if step < cfg.steps:
                         log(f"--max-rollouts {cfg.max_rollouts}: {trainer.rollouts_total} rollouts generated by step {step}; stopping")
                     break
+                signum = dist_.all_max(stop.signum, world)  # every rank stops after the same step
+                if signum:
+                    if not saved:
+                        trainer.save(out, step)
+                    path = out / "checkpoints" / f"step_{step}"
+                    log(f"stopped by {signal.Signals(signum).name} after step {step}: checkpoint {path}; "
+                        f"continue with --resume")
+                    raise TrainingInterrupted(signum, step, path)
     finally:
         if logger:
             logger.close()

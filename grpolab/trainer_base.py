@@ -250,8 +250,14 @@ class TrainerBase:
         model_state = optim_state = None
         if self.train_module.fsdp:
             model_state, optim_state = self.train_module.full_state(self.optimizer)
+        error = None
         if self.world.is_main:
-            checkpoint.save(out, step, self.policy.model, self.policy.tokenizer, self.optimizer, self.scheduler,
-                            {"seed": self.cfg.seed, "world_size": self.world.size, "rollouts_total": self.rollouts_total}, keep=self.cfg.keep_checkpoints,
-                            model_state=model_state, optimizer_state=optim_state)
-        dist_.barrier(self.world)  # nobody runs ahead of (or resumes from) a checkpoint still being written
+            try:
+                checkpoint.save(out, step, self.policy.model, self.policy.tokenizer, self.optimizer, self.scheduler,
+                                {"seed": self.cfg.seed, "world_size": self.world.size, "rollouts_total": self.rollouts_total},
+                                keep=self.cfg.keep_checkpoints, model_state=model_state, optimizer_state=optim_state)
+            except checkpoint.CheckpointError as e:
+                error = e
+        # Nobody runs ahead of (or resumes from) a checkpoint still being written, and a failed save stops every rank.
+        if not dist_.all_true(error is None, self.world):
+            raise error or checkpoint.CheckpointError(f"could not write checkpoint step_{step} in {out / 'checkpoints'} (see rank 0)")
