@@ -1,4 +1,4 @@
-"""--sampling filter|adaptive on two processes: the rollouts, metrics and weights of one.
+"""--sampling filter|adaptive and the loss variants on two processes: the rollouts, metrics and weights of one.
 
 A file of its own so that the test scheduler can run it beside test_distributed.py
 (resuming in each mode is tested in test_sampling.py, in one process).
@@ -14,6 +14,16 @@ from grpolab.runlog import read_metrics
 from test_distributed import KL_MU, _assert_same_metrics, _assert_same_params, _rollouts, _train
 
 
+def _one_and_two_processes_agree(tmp_path: Path, args: list[str]) -> list[dict]:
+    """Two steps on one process and on two: the same rollouts, metrics and weights. Returns the step rows."""
+    one = _train(tmp_path, "one", 2, *args)
+    two = _train(tmp_path, "two", 2, *args, "--nproc", "2")
+    assert _rollouts(two) == _rollouts(one)
+    _assert_same_metrics(one, two)
+    _assert_same_params(one, two, step=2)
+    return read_metrics(one / "metrics.jsonl")[1:]
+
+
 @pytest.mark.parametrize("mode", ["filter", "adaptive"])
 def test_sampling_modes_on_two_processes_equal_one_process(tmp_path, monkeypatch, mode):
     """filter's later rounds split unevenly over the ranks (a rank may keep no group); adaptive's groups differ
@@ -22,12 +32,7 @@ def test_sampling_modes_on_two_processes_equal_one_process(tmp_path, monkeypatch
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the subprocesses import reward_fixtures
     args = ["--sampling", mode, "--pilot-size", "2", "--reward-fn", "reward_fixtures:code_sum_mod4",
             "--format-weight", "0", *KL_MU]
-    one = _train(tmp_path, "one", 2, *args)
-    two = _train(tmp_path, "two", 2, *args, "--nproc", "2")
-    assert _rollouts(two) == _rollouts(one)
-    _assert_same_metrics(one, two)
-    _assert_same_params(one, two, step=2)
-    rows = read_metrics(one / "metrics.jsonl")[1:]
+    rows = _one_and_two_processes_agree(tmp_path, args)
     key = "sampling/rounds" if mode == "filter" else "sampling/group_size_max"
     assert max(r[key] for r in rows) > (1 if mode == "filter" else 4), "the runs must exercise the mode"
 
@@ -39,10 +44,5 @@ def test_loss_variants_on_two_processes_equal_one_process(tmp_path):
     args = ["--estimator", "grpo_std", "--scale-rewards", "batch", "--importance-sampling", "sequence", "--clip-delta", "1.5",
             "--mask-truncated", "--max-new-tokens", "20", "--overlong-buffer", "4", "--top-entropy-quantile", "0.3",
             "--beta", "0.04", "--mu", "2", "--micro-batch", "2", "--aggregation", "token-mean"]
-    one = _train(tmp_path, "one", 2, *args)
-    two = _train(tmp_path, "two", 2, *args, "--nproc", "2")
-    assert _rollouts(two) == _rollouts(one)
-    _assert_same_metrics(one, two)
-    _assert_same_params(one, two, step=2)
-    rows = read_metrics(one / "metrics.jsonl")[1:]
+    rows = _one_and_two_processes_agree(tmp_path, args)
     assert all(0 < r["completion/truncated_frac"] < 1 for r in rows), "some completions must be cut for the test to bite"
