@@ -145,8 +145,11 @@ def _processes(cfg, argv: list[str]):
 
     try:
         yield int(os.environ.get("RANK", "0")) == 0
-    finally:
-        distributed.shutdown()
+    except BaseException:
+        distributed.shutdown()  # a failing rank must not wait for the others
+        raise
+    else:
+        distributed.shutdown(synchronize=True)
 
 
 def _drop_flag(args: list[str], flag: str) -> list[str]:

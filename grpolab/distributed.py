@@ -81,8 +81,13 @@ def init(device: str = "auto", timeout_s: float = 1800.0) -> World:
     return World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=local_rank)
 
 
-def shutdown() -> None:
+def shutdown(synchronize: bool = False) -> None:
+    """Leave the process group. ``synchronize``: first wait until every rank is leaving too. A rank that tore
+    gloo down while another still ran its last lines (rank 0 drawing the plot) aborted now and then on a loaded
+    machine ("terminate called without an active exception", SIGABRT), failing a finished run."""
     if dist.is_initialized():
+        if synchronize:
+            dist.barrier()
         dist.destroy_process_group()
 
 
