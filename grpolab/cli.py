@@ -310,11 +310,10 @@ def cmd_merge(args: list[str]) -> None:
     from grpolab.models.lora import is_adapter_dir, load_lora
     from grpolab.policy import load_policy
 
-    from grpolab.checkpoint import CheckpointError, verify
+    from grpolab.runs import Target, check_intact
 
     ckpt = Path(ns.checkpoint)
-    if ckpt.is_dir() and (problem := verify(ckpt)) is not None:
-        raise CheckpointError(f"checkpoint {ckpt} is damaged: {problem}")
+    check_intact(Target(str(ckpt), str(ckpt)))  # a damaged checkpoint: one line naming the file
     if not is_adapter_dir(ckpt):
         raise FileNotFoundError(f"--checkpoint {ckpt}: no adapter_config.json (not a LoRA checkpoint)")
     base, gguf = ns.model, ns.gguf_file

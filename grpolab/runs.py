@@ -36,13 +36,22 @@ def _is_run_dir(path: Path) -> bool:
     return (path / "config.json").is_file() and ((path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file())
 
 
-def _checkpoint_target(path: Path, run_cfg: dict) -> Target:
-    from grpolab.checkpoint import CheckpointError, verify
-    from grpolab.models.lora import is_adapter_dir
+def check_intact(target: Target) -> Target:
+    """``target`` itself if it is not a training checkpoint or is an intact one (its manifest checks out);
+    else :class:`grpolab.checkpoint.CheckpointError` in one line naming the damaged file. Hashes the files,
+    so it is run on the checkpoints a command uses, not on every checkpoint of a run."""
+    from grpolab.checkpoint import MANIFEST, CheckpointError, verify
 
-    problem = verify(path)
-    if problem is not None:
-        raise CheckpointError(f"checkpoint {path} is damaged: {problem}")
+    path = Path(target.adapter or target.weights)
+    if (path / MANIFEST).is_file() or (path / "trainer_state.json").is_file():
+        problem = verify(path)
+        if problem is not None:
+            raise CheckpointError(f"checkpoint {path} is damaged: {problem}")
+    return target
+
+
+def _checkpoint_target(path: Path, run_cfg: dict) -> Target:
+    from grpolab.models.lora import is_adapter_dir
 
     if is_adapter_dir(path):  # a LoRA run's checkpoint holds the adapter only
         return Target(run_cfg["model"], str(path), run_cfg)
@@ -73,11 +82,11 @@ def resolve_target(spec: str, step: int | None = None) -> Target:
                 raise FileNotFoundError(f"--model {spec}: a run directory with no complete checkpoint (--step 0 is its start)")
         if step not in targets:
             raise FileNotFoundError(f"--step {step}: {spec} has checkpoints of steps {sorted(targets)[1:]} (and 0, its start)")
-        return targets[step]
+        return check_intact(targets[step])
     if step is not None:
         raise ConfigError(f"--step: only with a run directory as --model, got {spec!r}")
     if path.parent.name == "checkpoints" and (path.parent.parent / "config.json").is_file():
-        return _checkpoint_target(path, json.loads((path.parent.parent / "config.json").read_text()))
+        return check_intact(_checkpoint_target(path, json.loads((path.parent.parent / "config.json").read_text())))
     return Target(spec)
 
 

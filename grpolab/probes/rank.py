@@ -30,7 +30,7 @@ from grpolab.advantages import compute_advantages
 from grpolab.config import ConfigError
 from grpolab.policy import Policy
 from grpolab.loss import loss_token_mask
-from grpolab.runs import load_task_policy, probe_task, run_targets
+from grpolab.runs import check_intact, load_task_policy, probe_task, run_targets
 from grpolab.probes.gram import gram_relative_error, score_gram, score_gram_reference, token_weights
 from grpolab.probes.pool import sample_rollouts
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
@@ -170,7 +170,7 @@ def run_rank(cfg: RankConfig, log=print) -> dict:
     world = distributed.init()  # on P processes, each rank measures a block of the prompts
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    ckpts = select_steps(run_targets(cfg.checkpoint), cfg.steps)
+    ckpts = [(s, check_intact(t)) for s, t in select_steps(run_targets(cfg.checkpoint), cfg.steps)]
     cfg, tcfg, records, sampler = probe_task(ckpts[0][1], cfg)
     mine = world.split(len(records))
     results = []
