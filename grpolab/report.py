@@ -70,12 +70,12 @@ def _img_bytes(data: bytes, alt: str) -> str:
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
 
 
-def _table(header: list[str], rows: Iterable[list[str]], left: int = 1) -> str:
-    """Cells are HTML already (escaped by the caller); the first ``left`` columns align left."""
-    th = "".join(f'<th class="{"l" if i < left else ""}">{h}</th>' for i, h in enumerate(header))
+def _table(header: list[str] | None, rows: Iterable[list[str]], left: int = 1) -> str:
+    """Cells are HTML already (escaped by the caller); the first ``left`` columns align left; no header row if None."""
+    th = "".join(f'<th class="{"l" if i < left else ""}">{h}</th>' for i, h in enumerate(header or []))
     body = "".join("<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{c}</td>' for i, c in enumerate(r)) + "</tr>"
                    for r in rows)
-    return f"<table><tr>{th}</tr>{body}</table>"
+    return f"<table>{f'<tr>{th}</tr>' if header else ''}{body}</table>"
 
 
 # ---------------------------------------------------------------- evaluation
@@ -328,7 +328,7 @@ def build_report(run_dir: str | Path, probes: Iterable[str | Path] = (), out: st
              ("prompts × group size", f"{config.get('prompts_per_step', '?')} × {config.get('group_size', '?')}"),
              ("estimator", config.get("estimator", "?")), ("learning rate", config.get("lr", "?")),
              ("processes", config.get("world_size", 1)), ("code", config.get("code_version", "?"))]
-    fact_table = _table(["", ""], [[_e(k), _e(v)] for k, v in facts], left=2).replace("<tr><th class=\"l\"></th><th class=\"l\"></th></tr>", "")
+    fact_table = _table(None, [[_e(k), _e(v)] for k, v in facts], left=2)
     probe_files = find_probe_outputs(run_dir, probes)
     probe_html = "".join(_probe_section(p, run_dir) for p in probe_files) or (
         "<p>No probe outputs found. Run <code>grpolab rank --checkpoint RUN_DIR --out RUN_DIR/probes/rank</code> "
