@@ -25,7 +25,7 @@ from grpolab.data.task import few_shot_examples, task_data
 from grpolab.devices import parse_dtype, resolve_device
 from grpolab.distributed import SINGLE, World
 from grpolab.evaluate import evaluate, format_accuracy
-from grpolab.loss import entropy_threshold, high_entropy_mask, policy_loss
+from grpolab.loss import entropy_threshold, high_entropy_mask, loss_token_mask, policy_loss
 from grpolab.parallel import TrainModule
 from grpolab.policy import MATH_SYSTEM_PROMPT, Policy, enable_activation_checkpointing, load_policy
 from grpolab.rewards import reward_functions
@@ -127,11 +127,11 @@ class TrainerBase:
         model = self.policy.model
         n = adv.shape[0]
         mask = batch.completion_mask[:n]  # a rank with no rows of its own holds one stand-in row (collect.Rows)
-        # The tokens that carry loss: --mask-truncated drops completions with no end-of-sequence token (DAPO).
-        carries = torch.ones(n, dtype=torch.bool, device=mask.device)
-        if cfg.mask_truncated:
-            carries = ((batch.completion_ids[:n] == self.policy.eos_id) & mask.bool()).any(dim=1)  # [n]
-        loss_mask = mask * carries[:, None]  # [n, T]
+        # The tokens that carry loss: --mask-truncated drops completions with no end-of-sequence token (DAPO),
+        # by the rule the probes use (the entropy selection is applied below, its threshold over every rank).
+        loss_mask = loss_token_mask(batch.completion_ids[:n], mask, self.policy.eos_id,
+                                    mask_truncated=cfg.mask_truncated).to(mask.dtype)  # [n, T]
+        carries = loss_mask.bool().any(dim=1) if cfg.mask_truncated else torch.ones(n, dtype=torch.bool, device=mask.device)
         N, num_tokens = dist_.all_sum([float(n), float(loss_mask.sum())], world)
         N = int(N)
         mb = cfg.micro_batch or N
