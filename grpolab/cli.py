@@ -408,6 +408,14 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("interrupted; resume with --resume from the last checkpoint", file=sys.stderr)
         raise SystemExit(130) from None
+    if "WORLD_SIZE" in os.environ:
+        # A torchrun worker whose command finished (results written, process group left, logs closed) exits
+        # without the interpreter's finalization: with other torchrun jobs on the machine, a rank now and then
+        # aborted there ("terminate called without an active exception", SIGABRT, after destroy_process_group),
+        # failing a finished run. The cause inside torch/gloo is not found; this only skips that teardown.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -82,9 +82,7 @@ def init(device: str = "auto", timeout_s: float = 1800.0) -> World:
 
 
 def shutdown(synchronize: bool = False) -> None:
-    """Leave the process group. ``synchronize``: first wait until every rank is leaving too. A rank that tore
-    gloo down while another still ran its last lines (rank 0 drawing the plot) aborted now and then on a loaded
-    machine ("terminate called without an active exception", SIGABRT), failing a finished run."""
+    """Leave the process group. ``synchronize``: first wait until every rank is leaving too (a normal exit)."""
     if dist.is_initialized():
         if synchronize:
             dist.barrier()
