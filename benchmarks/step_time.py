@@ -38,8 +38,16 @@ def plain_forward_backward(trainer: GRPOTrainer, step: int) -> float:
     records = trainer.sampler.draw(step, cfg.prompts_per_step)
     prompts = [policy.prompt_ids(r) for r in records for _ in range(cfg.group_size)]
     keys = [(ROLLOUT_STREAM, cfg.seed, step, b, g) for b in range(cfg.prompts_per_step) for g in range(cfg.group_size)]
-    batch = sample(policy.model, prompts, keys, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                   top_p=cfg.top_p, eos_id=policy.eos_id, pad_id=policy.pad_id)
+    batch = sample(
+        policy.model,
+        prompts,
+        keys,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        eos_id=policy.eos_id,
+        pad_id=policy.pad_id,
+    )
     policy.model.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
     logp = completion_logprobs(policy.model, batch, cfg.temperature)  # [N, T]
@@ -53,7 +61,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20, help="measured steps")
     ap.add_argument("--warmup", type=int, default=3, help="unmeasured steps first")
-    ap.add_argument("--shared-prefix-ab", action="store_true", help="update time with --shared-prefix on vs off, in turn")
+    ap.add_argument(
+        "--shared-prefix-ab", action="store_true", help="update time with --shared-prefix on vs off, in turn"
+    )
     args, rest = ap.parse_known_args()
     if args.shared_prefix_ab:
         return shared_prefix_ab(args, rest)
@@ -68,11 +78,15 @@ def main() -> None:
                 floors.append(plain_forward_backward(trainer, step))
     med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731
     floor = statistics.median(floors)
-    print(f"config: B={cfg.prompts_per_step} G={cfg.group_size} max_new_tokens={cfg.max_new_tokens} mu={cfg.mu} "
-          f"threads={torch.get_num_threads()} model={cfg.model}; median over {args.steps} steps after {args.warmup} warm-up")
+    print(
+        f"config: B={cfg.prompts_per_step} G={cfg.group_size} max_new_tokens={cfg.max_new_tokens} mu={cfg.mu} "
+        f"threads={torch.get_num_threads()} model={cfg.model}; median over {args.steps} steps after {args.warmup} warm-up"
+    )
     print(f"  generate   {med('time/generate_s'):.3f} s")
     print(f"  score      {med('time/score_s'):.3f} s")
-    print(f"  update     {med('time/update_s'):.3f} s   (active rollouts: {statistics.median(r['loss/active_frac'] for r in rows):.2f} of the batch)")
+    print(
+        f"  update     {med('time/update_s'):.3f} s   (active rollouts: {statistics.median(r['loss/active_frac'] for r in rows):.2f} of the batch)"
+    )
     print(f"  step       {med('time/step_s'):.3f} s")
     print(f"  plain forward+backward over the same rollouts: {floor:.3f} s")
     print(f"  update / plain forward+backward = {med('time/update_s') / floor:.2f}")
@@ -80,15 +94,25 @@ def main() -> None:
     print(f"  (per-step ratio, median: {statistics.median(ratios):.2f}; min {min(ratios):.2f}, max {max(ratios):.2f})")
     import resource
 
-    print(f"  peak memory (max RSS of this process): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    print(
+        f"  peak memory (max RSS of this process): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
+    )
 
 
 def shared_prefix_ab(args, rest: list[str]) -> None:
     times = {"on": [], "off": []}
     with tempfile.TemporaryDirectory() as tmp:
-        trainers = {mode: GRPOTrainer(_parse(TrainConfig, ["--out", f"{tmp}/{mode}", "--no-progress", *rest,
-                                                           "--shared-prefix", mode], "step_time", ""))
-                    for mode in times}
+        trainers = {
+            mode: GRPOTrainer(
+                _parse(
+                    TrainConfig,
+                    ["--out", f"{tmp}/{mode}", "--no-progress", *rest, "--shared-prefix", mode],
+                    "step_time",
+                    "",
+                )
+            )
+            for mode in times
+        }
         for step in range(1, args.warmup + args.steps + 1):
             rewards = {}
             for mode, trainer in trainers.items():
@@ -99,13 +123,17 @@ def shared_prefix_ab(args, rest: list[str]) -> None:
             assert rewards["on"] == rewards["off"], "the two trainers drew different rollouts"
     cfg = trainers["on"].cfg
     on, off = statistics.median(times["on"]), statistics.median(times["off"])
-    print(f"config: B={cfg.prompts_per_step} G={cfg.group_size} max_new_tokens={cfg.max_new_tokens} mu={cfg.mu} "
-          f"beta={cfg.beta} few_shot={cfg.few_shot} threads={torch.get_num_threads()} model={cfg.model}; "
-          f"median over {args.steps} steps after {args.warmup} warm-up, the two trainers in turn")
+    print(
+        f"config: B={cfg.prompts_per_step} G={cfg.group_size} max_new_tokens={cfg.max_new_tokens} mu={cfg.mu} "
+        f"beta={cfg.beta} few_shot={cfg.few_shot} threads={torch.get_num_threads()} model={cfg.model}; "
+        f"median over {args.steps} steps after {args.warmup} warm-up, the two trainers in turn"
+    )
     print(f"  update, --shared-prefix off: {off:.3f} s")
     print(f"  update, --shared-prefix on:  {on:.3f} s")
-    print(f"  off / on = {off / on:.2f}x  (per-step ratio, median: "
-          f"{statistics.median(a / b for a, b in zip(times['off'], times['on'])):.2f}x)")
+    print(
+        f"  off / on = {off / on:.2f}x  (per-step ratio, median: "
+        f"{statistics.median(a / b for a, b in zip(times['off'], times['on'])):.2f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ import subprocess
 import sys
 import time
 
-
 CONFIGS = ("trl-default", "trl-no-ckpt", "grpolab", "grpolab-ckpt")
 
 
@@ -47,7 +46,9 @@ def _few_shot(k: int) -> list[dict]:
 
     spec = ArithmeticSpec()
     exclude = {r["question"] for r in test_set(500, spec)}
-    return [{"question": r["question"], "answer": r["answer"]} for r in TrainSampler(0, spec, exclude=exclude).few_shot(k)]
+    return [
+        {"question": r["question"], "answer": r["answer"]} for r in TrainSampler(0, spec, exclude=exclude).few_shot(k)
+    ]
 
 
 def run_trl(args, checkpointing: bool) -> list[float]:
@@ -85,14 +86,32 @@ def run_trl(args, checkpointing: bool) -> list[float]:
             times.append(time.perf_counter() - self.t0)
 
     cfg = GRPOConfig(
-        output_dir="/tmp/grpolab-trl-bench", per_device_train_batch_size=args.prompts * args.group_size,
-        num_generations=args.group_size, max_completion_length=args.max_new_tokens, max_steps=args.steps + args.warmup,
-        num_iterations=1, beta=0.0, temperature=1.0, top_p=1.0, use_cpu=True, bf16=False,
-        gradient_checkpointing=checkpointing, save_strategy="no", report_to="none", logging_steps=1000,
-        learning_rate=5e-5, disable_tqdm=True,
+        output_dir="/tmp/grpolab-trl-bench",
+        per_device_train_batch_size=args.prompts * args.group_size,
+        num_generations=args.group_size,
+        max_completion_length=args.max_new_tokens,
+        max_steps=args.steps + args.warmup,
+        num_iterations=1,
+        beta=0.0,
+        temperature=1.0,
+        top_p=1.0,
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=checkpointing,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=1000,
+        learning_rate=5e-5,
+        disable_tqdm=True,
     )
-    trainer = GRPOTrainer(model=policy.model, reward_funcs=reward, args=cfg, train_dataset=dataset,
-                          processing_class=policy.tokenizer, callbacks=[Timer()])
+    trainer = GRPOTrainer(
+        model=policy.model,
+        reward_funcs=reward,
+        args=cfg,
+        train_dataset=dataset,
+        processing_class=policy.tokenizer,
+        callbacks=[Timer()],
+    )
     torch.manual_seed(0)
     trainer.train()
     return times
@@ -102,19 +121,35 @@ def run_grpolab(args, checkpointing: bool) -> list[float]:
     from grpolab.config import TrainConfig
     from grpolab.trainer import GRPOTrainer
 
-    cfg = TrainConfig(model=args.model, prompts_per_step=args.prompts, group_size=args.group_size,
-                      max_new_tokens=args.max_new_tokens, mu=1, beta=0.0, temperature=1.0, top_p=1.0, few_shot=args.few_shot,
-                      threads=args.threads, steps=args.steps + args.warmup, out="/tmp/grpolab-bench-run", progress=False,
-                      gradient_checkpointing=checkpointing, device="cpu",
-                      **({"reward_fn": "vs_trl:parity_reward", "format_weight": 0.0} if args.reward == "parity" else {}))
+    cfg = TrainConfig(
+        model=args.model,
+        prompts_per_step=args.prompts,
+        group_size=args.group_size,
+        max_new_tokens=args.max_new_tokens,
+        mu=1,
+        beta=0.0,
+        temperature=1.0,
+        top_p=1.0,
+        few_shot=args.few_shot,
+        threads=args.threads,
+        steps=args.steps + args.warmup,
+        out="/tmp/grpolab-bench-run",
+        progress=False,
+        gradient_checkpointing=checkpointing,
+        device="cpu",
+        **({"reward_fn": "vs_trl:parity_reward", "format_weight": 0.0} if args.reward == "parity" else {}),
+    )
     trainer = GRPOTrainer(cfg, log=print)
     times = []
     for step in range(1, args.steps + args.warmup + 1):
         t0 = time.perf_counter()
         m = trainer.step(step).metrics
         times.append(time.perf_counter() - t0)
-        print(f"STEP {step} {times[-1]:.2f} s: generate {m['time/generate_s']:.2f} s, update {m['time/update_s']:.2f} s, "
-              f"rollouts with nonzero advantage {m['loss/active_frac']:.2f}", flush=True)
+        print(
+            f"STEP {step} {times[-1]:.2f} s: generate {m['time/generate_s']:.2f} s, update {m['time/update_s']:.2f} s, "
+            f"rollouts with nonzero advantage {m['loss/active_frac']:.2f}",
+            flush=True,
+        )
     if not checkpointing:
         sampling_throughput(trainer, step + 1)
     return times
@@ -129,29 +164,52 @@ def sampling_throughput(trainer, step: int) -> None:
     from grpolab.trainer import ROLLOUT_STREAM
 
     cfg, policy = trainer.cfg, trainer.policy
-    prompts = [policy.prompt_ids(r) for r in trainer.sampler.draw(step, cfg.prompts_per_step) for _ in range(cfg.group_size)]
+    prompts = [
+        policy.prompt_ids(r) for r in trainer.sampler.draw(step, cfg.prompts_per_step) for _ in range(cfg.group_size)
+    ]
     keys = [(ROLLOUT_STREAM, cfg.seed, step, i) for i in range(len(prompts))]
     policy.model.eval()
     rates = {}
     for name in ("grpolab", "generate", "grpolab", "generate"):  # twice each, the second counts (warm caches)
         t0 = time.perf_counter()
         if name == "grpolab":
-            new = int(sample(policy.model, prompts, keys, max_new_tokens=cfg.max_new_tokens, temperature=1.0, top_p=1.0,
-                             eos_id=policy.eos_id, pad_id=policy.pad_id).completion_mask.sum())
+            new = int(
+                sample(
+                    policy.model,
+                    prompts,
+                    keys,
+                    max_new_tokens=cfg.max_new_tokens,
+                    temperature=1.0,
+                    top_p=1.0,
+                    eos_id=policy.eos_id,
+                    pad_id=policy.pad_id,
+                ).completion_mask.sum()
+            )
         else:
             ids, mask = left_pad(prompts, policy.pad_id)
             with torch.no_grad():
-                out = policy.model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0,
-                                            top_k=0, max_new_tokens=cfg.max_new_tokens, pad_token_id=policy.pad_id,
-                                            eos_token_id=policy.eos_id)
-            gen = out[:, ids.shape[1]:]  # [N, T]
+                out = policy.model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    do_sample=True,
+                    temperature=1.0,
+                    top_p=1.0,
+                    top_k=0,
+                    max_new_tokens=cfg.max_new_tokens,
+                    pad_token_id=policy.pad_id,
+                    eos_token_id=policy.eos_id,
+                )
+            gen = out[:, ids.shape[1] :]  # [N, T]
             ended = (gen == policy.eos_id).int().cumsum(1)
             new = int(((ended == 0) | ((ended == 1) & (gen == policy.eos_id))).sum())  # tokens up to and with EOS
         rates[name] = (new, time.perf_counter() - t0)
     prompt_tokens = sum(map(len, prompts))
     for name, (new, sec) in rates.items():
-        print(f"SAMPLING {name} {new / sec:.1f} new tokens/s ({new} new tokens in {sec:.2f} s; {len(prompts)} rows, "
-              f"{prompt_tokens} prompt tokens)", flush=True)
+        print(
+            f"SAMPLING {name} {new / sec:.1f} new tokens/s ({new} new tokens in {sec:.2f} s; {len(prompts)} rows, "
+            f"{prompt_tokens} prompt tokens)",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -163,11 +221,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5, help="measured steps")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--reward", choices=["task", "parity"], default="task",
-                   help="task: accuracy + 0.1 format on the arithmetic questions; parity: a dense reward so every "
-                        "rollout has a nonzero advantage (no update can be skipped)")
+    p.add_argument(
+        "--reward",
+        choices=["task", "parity"],
+        default="task",
+        help="task: accuracy + 0.1 format on the arithmetic questions; parity: a dense reward so every "
+        "rollout has a nonzero advantage (no update can be skipped)",
+    )
     p.add_argument("--few-shot", type=int, default=0, help="K solved examples before each question (the same in both)")
-    p.add_argument("--configs", default=",".join(CONFIGS), help=f"which of {', '.join(CONFIGS)} to run (comma-separated)")
+    p.add_argument(
+        "--configs", default=",".join(CONFIGS), help=f"which of {', '.join(CONFIGS)} to run (comma-separated)"
+    )
     p.add_argument("--only", choices=CONFIGS, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.only:
@@ -192,20 +256,29 @@ def main() -> None:
         line = next((ln for ln in res.stdout.splitlines() if ln.startswith("TIMES ")), None)
         if res.returncode != 0 or line is None:
             sys.exit(f"{name} failed:\n{res.stderr[-3000:]}")
-        times = json.loads(line[6:])[args.warmup:]
+        times = json.loads(line[6:])[args.warmup :]
         medians[name] = statistics.median(times)
         peaks[name] = next((float(ln[8:]) for ln in res.stdout.splitlines() if ln.startswith("PEAK_MB ")), float("nan"))
-        print(f"{name:<13} median step {medians[name]:6.2f} s over {len(times)} steps  ({', '.join(f'{t:.1f}' for t in times)}); "
-              f"peak memory {peaks[name]:.0f} MB", flush=True)
+        print(
+            f"{name:<13} median step {medians[name]:6.2f} s over {len(times)} steps  ({', '.join(f'{t:.1f}' for t in times)}); "
+            f"peak memory {peaks[name]:.0f} MB",
+            flush=True,
+        )
         for ln in res.stdout.splitlines():
             if ln.startswith(("STEP ", "SAMPLING ", "notice")):
                 print("    " + ln, flush=True)
-    print(f"config: {args.model}, {args.prompts} prompts x {args.group_size} completions, max {args.max_new_tokens} new tokens, "
-          f"few-shot {args.few_shot}, mu=1, beta=0, {args.threads} threads, reward {args.reward}")
-    for ours in (c for c in ("grpolab", "grpolab-ckpt") if c in medians and "trl-default" in medians and "trl-no-ckpt" in medians):
-        print(f"{ours}: TRL default / {ours} = {medians['trl-default'] / medians[ours]:.2f}x, "
-              f"TRL no checkpointing / {ours} = {medians['trl-no-ckpt'] / medians[ours]:.2f}x; "
-              f"peak memory {peaks[ours] / peaks['trl-default']:.2f} of TRL default's")
+    print(
+        f"config: {args.model}, {args.prompts} prompts x {args.group_size} completions, max {args.max_new_tokens} new tokens, "
+        f"few-shot {args.few_shot}, mu=1, beta=0, {args.threads} threads, reward {args.reward}"
+    )
+    for ours in (
+        c for c in ("grpolab", "grpolab-ckpt") if c in medians and "trl-default" in medians and "trl-no-ckpt" in medians
+    ):
+        print(
+            f"{ours}: TRL default / {ours} = {medians['trl-default'] / medians[ours]:.2f}x, "
+            f"TRL no checkpointing / {ours} = {medians['trl-no-ckpt'] / medians[ours]:.2f}x; "
+            f"peak memory {peaks[ours] / peaks['trl-default']:.2f} of TRL default's"
+        )
 
 
 if __name__ == "__main__":

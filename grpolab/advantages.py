@@ -33,7 +33,9 @@ def compute_advantages(rewards: torch.Tensor, estimator: str, values: torch.Tens
         return rewards.clone()
     if estimator == "oracle":
         if values is None or values.shape != rewards.shape[:1]:
-            raise ValueError(f"oracle needs values of shape [B]={tuple(rewards.shape[:1])}, got {values if values is None else tuple(values.shape)}")
+            raise ValueError(
+                f"oracle needs values of shape [B]={tuple(rewards.shape[:1])}, got {values if values is None else tuple(values.shape)}"
+            )
         return rewards - values.float()[:, None]
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; choose from {ESTIMATORS}")

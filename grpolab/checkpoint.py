@@ -104,12 +104,16 @@ def newest_intact(run_dir: str | Path, warn=print) -> tuple[int, Path]:
         problem = verify(path)
         if problem is None:
             if damaged:
-                warn(f"warning: checkpoint step_{damaged[0][0]} is damaged ({damaged[0][1]}); "
-                     + (f"{len(damaged) - 1} more damaged; " if len(damaged) > 1 else "") + f"resuming from step_{step}")
+                warn(
+                    f"warning: checkpoint step_{damaged[0][0]} is damaged ({damaged[0][1]}); "
+                    + (f"{len(damaged) - 1} more damaged; " if len(damaged) > 1 else "")
+                    + f"resuming from step_{step}"
+                )
             return step, path
         damaged.append((step, problem))
-    raise CheckpointError(f"no intact checkpoint in {Path(run_dir) / 'checkpoints'} "
-                          f"(newest, step_{damaged[0][0]}: {damaged[0][1]})")
+    raise CheckpointError(
+        f"no intact checkpoint in {Path(run_dir) / 'checkpoints'} (newest, step_{damaged[0][0]}: {damaged[0][1]})"
+    )
 
 
 def checkpoint_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
@@ -125,27 +129,54 @@ def checkpoint_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def save(run_dir: str | Path, step: int, model, tokenizer, optimizer, scheduler, state: dict, keep: int = 0, *,
-         model_state: dict | None = None, optimizer_state: dict | None = None) -> Path:
+def save(
+    run_dir: str | Path,
+    step: int,
+    model,
+    tokenizer,
+    optimizer,
+    scheduler,
+    state: dict,
+    keep: int = 0,
+    *,
+    model_state: dict | None = None,
+    optimizer_state: dict | None = None,
+) -> Path:
     """Write ``checkpoints/step_{step}`` atomically. ``model_state``/``optimizer_state`` replace the
     model's and optimizer's own state dicts (FSDP: the whole tensors gathered from the shards)."""
     root = Path(run_dir) / "checkpoints"
     tmp = root / f".tmp_step_{step}"
     try:
-        return _save(root, tmp, step, model, tokenizer, optimizer, scheduler, state, keep, run_dir, model_state, optimizer_state)
+        return _save(
+            root, tmp, step, model, tokenizer, optimizer, scheduler, state, keep, run_dir, model_state, optimizer_state
+        )
     except OSError as e:  # a full disk, a read-only or vanished directory: earlier checkpoints are untouched
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"could not write checkpoint step_{step} in {root}: {e.strerror or e}") from e
 
 
-def _save(root: Path, tmp: Path, step: int, model, tokenizer, optimizer, scheduler, state: dict, keep: int, run_dir,
-          model_state, optimizer_state) -> Path:
+def _save(
+    root: Path,
+    tmp: Path,
+    step: int,
+    model,
+    tokenizer,
+    optimizer,
+    scheduler,
+    state: dict,
+    keep: int,
+    run_dir,
+    model_state,
+    optimizer_state,
+) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp_step_*"):  # left by a run killed mid-save
         shutil.rmtree(stale, ignore_errors=True)
     final = root / f"step_{step}"
     tmp.mkdir()
-    model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": model_state} if model_state is not None else {}))
+    model.save_pretrained(
+        tmp, safe_serialization=True, **({"state_dict": model_state} if model_state is not None else {})
+    )
     tokenizer.save_pretrained(tmp)
     torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
@@ -185,8 +216,10 @@ def load_training_state(ckpt: Path, optimizer, scheduler, model=None) -> dict:
 
         if not by_name:  # positions -> names: the optimizer holds the trainable parameters in model order
             names = [n for n, p in model.named_parameters() if p.requires_grad]
-            saved = {"state": {names[i]: v for i, v in saved["state"].items()},
-                     "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]]}
+            saved = {
+                "state": {names[i]: v for i, v in saved["state"].items()},
+                "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
+            }
         set_optimizer_state_dict(model, optimizer, saved, options=StateDictOptions(full_state_dict=True))
     else:
         optimizer.load_state_dict(saved)

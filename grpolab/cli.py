@@ -102,7 +102,13 @@ def _parse(cls, args: list[str], prog: str, description: str):
     path, rest = _split_config_flag(args)
     rest = _merge_repeated(_split_number_lists(rest), cls)
     default = load_toml(path, cls) if path else cls()
-    return tyro.cli(cls, default=default, args=rest, prog=prog, description=description + "\n\n--config FILE.toml sets defaults (keys are field names); flags override them.")
+    return tyro.cli(
+        cls,
+        default=default,
+        args=rest,
+        prog=prog,
+        description=description + "\n\n--config FILE.toml sets defaults (keys are field names); flags override them.",
+    )
 
 
 def cmd_train(args: list[str]) -> None:
@@ -110,9 +116,14 @@ def cmd_train(args: list[str]) -> None:
     from grpolab.plotting import plot_run
     from grpolab.trainer import TrainingInterrupted, train
 
-    cfg = _parse(TrainConfig, args, "grpolab train", "GRPO training of a causal LM on verifiable rewards.\n\n"
-                 "On several processes: --nproc P (this machine), or launch it yourself with "
-                 "`torchrun --nproc-per-node P [--nnodes ...] -m grpolab train ...`.")
+    cfg = _parse(
+        TrainConfig,
+        args,
+        "grpolab train",
+        "GRPO training of a causal LM on verifiable rewards.\n\n"
+        "On several processes: --nproc P (this machine), or launch it yourself with "
+        "`torchrun --nproc-per-node P [--nnodes ...] -m grpolab train ...`.",
+    )
     if _relaunches(cfg):  # refuse a bad config once, before starting P processes
         cfg.validate()
         cfg.validate_world(cfg.nproc)
@@ -168,7 +179,16 @@ def _drop_flag(args: list[str], flag: str) -> list[str]:
 def _relaunch_under_torchrun(nproc: int, argv: list[str]) -> None:
     """Replace this process by ``torchrun --standalone --nproc-per-node P -m grpolab ARGV`` (one node,
     a free rendezvous port). Each child sees WORLD_SIZE and runs its share instead of relaunching."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "grpolab", *argv]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "grpolab",
+        *argv,
+    ]
     print("launching: " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
     os.execv(sys.executable, cmd)
 
@@ -186,17 +206,26 @@ def cmd_eval(args: list[str]) -> None:
 def cmd_sft(args: list[str]) -> None:
     from grpolab.sft import SFTConfig, run_sft
 
-    cfg = _parse(SFTConfig, args, "grpolab sft", "Supervised warm start of the built-in tiny Llama on worked solutions.")
+    cfg = _parse(
+        SFTConfig, args, "grpolab sft", "Supervised warm start of the built-in tiny Llama on worked solutions."
+    )
     metrics = run_sft(cfg)
-    print(f"saved to {cfg.out}: held-out accuracy greedy {metrics['eval/accuracy_greedy']:.3f}, "
-          f"sampled {metrics.get('eval/accuracy_sampled', float('nan')):.3f} ({metrics['time/sft_s']:.0f} s)")
+    print(
+        f"saved to {cfg.out}: held-out accuracy greedy {metrics['eval/accuracy_greedy']:.3f}, "
+        f"sampled {metrics.get('eval/accuracy_sampled', float('nan')):.3f} ({metrics['time/sft_s']:.0f} s)"
+    )
 
 
 def cmd_demo(args: list[str]) -> None:
     from grpolab.demo import DemoConfig, run_demo
 
-    cfg = _parse(DemoConfig, args, "grpolab demo", "The main job: GRPO from the built-in warm start, or on a real instruct model with a preset task "
-                 "(--model smollm2-135m-instruct); held-out accuracy before/after with 95% intervals, samples and a plot.")
+    cfg = _parse(
+        DemoConfig,
+        args,
+        "grpolab demo",
+        "The main job: GRPO from the built-in warm start, or on a real instruct model with a preset task "
+        "(--model smollm2-135m-instruct); held-out accuracy before/after with 95% intervals, samples and a plot.",
+    )
     run_demo(cfg)
 
 
@@ -206,11 +235,15 @@ def cmd_plot(args: list[str]) -> None:
     from grpolab.plotting import plot_compare, plot_run
 
     parser = argparse.ArgumentParser(
-        prog="grpolab plot", description="Redraw RUN_DIR/plot.png from RUN_DIR/metrics.jsonl; with --compare, draw "
-        "the given metrics of several runs in one figure (runs named NAME-seedN are averaged per NAME).")
+        prog="grpolab plot",
+        description="Redraw RUN_DIR/plot.png from RUN_DIR/metrics.jsonl; with --compare, draw "
+        "the given metrics of several runs in one figure (runs named NAME-seedN are averaged per NAME).",
+    )
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     parser.add_argument("--compare", metavar="OUT.png", help="write a comparison figure of all RUN_DIRs here")
-    parser.add_argument("--keys", default="eval/accuracy_sampled,eval/accuracy_greedy", help="comma-separated metric keys for --compare")
+    parser.add_argument(
+        "--keys", default="eval/accuracy_sampled,eval/accuracy_greedy", help="comma-separated metric keys for --compare"
+    )
     ns = parser.parse_args(args)
     if ns.compare:
         print(plot_compare(ns.run_dirs, ns.keys.split(","), ns.compare))
@@ -222,7 +255,12 @@ def cmd_plot(args: list[str]) -> None:
 def cmd_rank(args: list[str]) -> None:
     from grpolab.probes.rank import RankConfig, run_rank, table1, table_by_step
 
-    cfg = _parse(RankConfig, args, "grpolab rank", "Effective rank and top-1 energy of GRPO's per-rollout gradient matrix (paper 000, Sec. 7).")
+    cfg = _parse(
+        RankConfig,
+        args,
+        "grpolab rank",
+        "Effective rank and top-1 energy of GRPO's per-rollout gradient matrix (paper 000, Sec. 7).",
+    )
     with _processes(cfg, ["rank", *args]) as main_rank:
         report = run_rank(cfg)
     if not main_rank:
@@ -232,8 +270,10 @@ def cmd_rank(args: list[str]) -> None:
     print(table1(report["results"]))
     if cfg.verify:
         for r in report["results"]:
-            print(f"step {r['step']} R={r['R']}: gram_max_rel_err {r['gram_max_rel_err']:.2e}, "
-                  f"gram_time_ratio {r['gram_time_ratio']:.2f}, reference_time_ratio {r['reference_time_ratio']:.2f}")
+            print(
+                f"step {r['step']} R={r['R']}: gram_max_rel_err {r['gram_max_rel_err']:.2e}, "
+                f"gram_time_ratio {r['gram_time_ratio']:.2f}, reference_time_ratio {r['reference_time_ratio']:.2f}"
+            )
     print(f"wrote {cfg.out}/rank.json and plots")
 
 
@@ -246,8 +286,10 @@ def cmd_mse(args: list[str]) -> None:
     if cfg.env == "bandit" and cfg.sampling:
         records = run_sampling_bias(cfg)
         for G in cfg.group_sizes:
-            print(f"\nB = {cfg.prompts_per_step}, G = {G} ({cfg.estimator}; {cfg.trials} steps per mode; "
-                  f"c: E[g] = c grad J on each prompt, 1 = unbiased)")
+            print(
+                f"\nB = {cfg.prompts_per_step}, G = {G} ({cfg.estimator}; {cfg.trials} steps per mode; "
+                f"c: E[g] = c grad J on each prompt, 1 = unbiased)"
+            )
             print(format_sampling_bias([r for r in records if r["G"] == G]))
         if cfg.json:
             print(f"wrote {cfg.json}")
@@ -300,16 +342,20 @@ def cmd_merge(args: list[str]) -> None:
     import json
     from pathlib import Path
 
-    parser = argparse.ArgumentParser(prog="grpolab merge", description="Merge a LoRA checkpoint's adapter into its "
-                                     "base model (the run's --model) and write a plain Hugging Face model directory.")
-    parser.add_argument("--checkpoint", required=True, help="a checkpoint directory of a --lora-rank run (runs/X/checkpoints/step_N)")
+    parser = argparse.ArgumentParser(
+        prog="grpolab merge",
+        description="Merge a LoRA checkpoint's adapter into its "
+        "base model (the run's --model) and write a plain Hugging Face model directory.",
+    )
+    parser.add_argument(
+        "--checkpoint", required=True, help="a checkpoint directory of a --lora-rank run (runs/X/checkpoints/step_N)"
+    )
     parser.add_argument("--out", required=True, help="directory for the merged model")
     parser.add_argument("--model", default="", help="base model spec; default: the run's config.json")
     parser.add_argument("--gguf-file", default="", help="GGUF file of the base, when --model is a directory")
     ns = parser.parse_args(args)
     from grpolab.models.lora import is_adapter_dir, load_lora
     from grpolab.policy import load_policy
-
     from grpolab.runs import Target, check_intact
 
     ckpt = Path(ns.checkpoint)
@@ -334,14 +380,23 @@ def cmd_report(args: list[str]) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="grpolab report", description="Write one self-contained HTML page for a run: the before/after held-out "
+        prog="grpolab report",
+        description="Write one self-contained HTML page for a run: the before/after held-out "
         "accuracy (overall and per category, 95%% intervals), the metric plots, sample completions before and after, "
         "every probe output (rank, mse, groupsize, multiturn, sweep) found in the run directory or given with --probe, "
-        "and the configuration. Images are embedded; the page loads nothing from outside itself.")
+        "and the configuration. Images are embedded; the page loads nothing from outside itself.",
+    )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (grpolab train/demo --out)")
-    parser.add_argument("--out", default="", metavar="FILE.html", help="where to write the page (default: RUN_DIR/report.html)")
-    parser.add_argument("--probe", action="append", default=[], metavar="DIR",
-                        help="a probe output directory (or its .json) to include as well; repeatable")
+    parser.add_argument(
+        "--out", default="", metavar="FILE.html", help="where to write the page (default: RUN_DIR/report.html)"
+    )
+    parser.add_argument(
+        "--probe",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a probe output directory (or its .json) to include as well; repeatable",
+    )
     ns = parser.parse_args(args)
     from grpolab.report import build_report
 
@@ -365,18 +420,40 @@ def cmd_theory(args: list[str]) -> None:
         print(usage)
         raise SystemExit(0 if args and args[0] in ("-h", "--help") else 2)
     if args[0] == "hoeffding":
-        cfg = _parse(HoeffdingConfig, args[1:], "grpolab theory hoeffding", "Paper 000 App. A.2: the Hoeffding bound on the group-mean baseline's error, next to Monte Carlo.")
+        cfg = _parse(
+            HoeffdingConfig,
+            args[1:],
+            "grpolab theory hoeffding",
+            "Paper 000 App. A.2: the Hoeffding bound on the group-mean baseline's error, next to Monte Carlo.",
+        )
         rows = hoeffding_rows(cfg)
         print(json.dumps(rows, indent=2) if cfg.json else format_hoeffding(rows, cfg))
         return
-    cfg = _parse(AdvantagesConfig, args[1:], "grpolab theory advantages", "Paper 000 Thm 4.1: zero-sum advantage statistics for Bernoulli(p) rewards, Monte Carlo vs theory.")
+    cfg = _parse(
+        AdvantagesConfig,
+        args[1:],
+        "grpolab theory advantages",
+        "Paper 000 Thm 4.1: zero-sum advantage statistics for Bernoulli(p) rewards, Monte Carlo vs theory.",
+    )
     res = advantages_check(cfg)
     print(json.dumps(res, indent=2) if cfg.json else format_advantages(res, cfg))
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "sft": cmd_sft, "demo": cmd_demo, "plot": cmd_plot, "rank": cmd_rank, "theory": cmd_theory,
-            "mse": cmd_mse, "groupsize": cmd_groupsize, "sweep": cmd_sweep, "multiturn": cmd_multiturn, "merge": cmd_merge,
-            "report": cmd_report}
+COMMANDS = {
+    "train": cmd_train,
+    "eval": cmd_eval,
+    "sft": cmd_sft,
+    "demo": cmd_demo,
+    "plot": cmd_plot,
+    "rank": cmd_rank,
+    "theory": cmd_theory,
+    "mse": cmd_mse,
+    "groupsize": cmd_groupsize,
+    "sweep": cmd_sweep,
+    "multiturn": cmd_multiturn,
+    "merge": cmd_merge,
+    "report": cmd_report,
+}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -92,8 +92,11 @@ def concat_scores(parts: list[Scores]) -> Scores:
     if len(parts) == 1:
         return parts[0]
     names = parts[0].components
-    return Scores(torch.cat([p.total for p in parts]), {k: torch.cat([p.components[k] for p in parts]) for k in names},
-                  sum(p.errors for p in parts))
+    return Scores(
+        torch.cat([p.total for p in parts]),
+        {k: torch.cat([p.components[k] for p in parts]) for k in names},
+        sum(p.errors for p in parts),
+    )
 
 
 def take_rows(parts: list[Rows], order: list[tuple[int, int]], pad_id: int) -> Rows:
@@ -123,7 +126,8 @@ def take_rows(parts: list[Rows], order: list[tuple[int, int]], pad_id: int) -> R
         ent = torch.cat([torch.nn.functional.pad(p.entropy, (0, T - p.entropy.shape[1])) for p in parts if p.n])
         entropy = ent[idx, : chosen.completion_ids.shape[1]]  # select trims the all-padding columns on the right
     return Rows(
-        chosen, [texts[int(i)] for i in idx],
+        chosen,
+        [texts[int(i)] for i in idx],
         Scores(scores.total[idx.cpu()], {k: v[idx.cpu()] for k, v in scores.components.items()}, scores.errors),
         entropy,
     )
@@ -152,17 +156,29 @@ class Collector:
         policy.model.eval()
         with t.train_module.full_weights():
             batch, entropy = sample_with_entropy(
-                policy.model, prompts, keys, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                top_p=cfg.top_p, eos_id=policy.eos_id, pad_id=policy.pad_id,
+                policy.model,
+                prompts,
+                keys,
+                max_new_tokens=cfg.max_new_tokens,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                eos_id=policy.eos_id,
+                pad_id=policy.pad_id,
             )
         policy.model.train()
         t1 = time.perf_counter()
         texts = policy.decode(batch.completion_ids, batch.completion_mask)
         scores = score(texts, recs, t.reward_fns)
         if cfg.overlong_buffer:  # DAPO's soft length penalty joins the reward as one more component
-            pen = overlong_penalty(batch.completion_mask.sum(1).cpu(), cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
+            pen = overlong_penalty(
+                batch.completion_mask.sum(1).cpu(), cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty
+            )
             scores = Scores(scores.total + pen, {**scores.components, "overlong": pen}, scores.errors)
-        return Rows(batch, texts, scores, entropy.cpu() if entropy is not None else None), t1 - t0, time.perf_counter() - t1
+        return (
+            Rows(batch, texts, scores, entropy.cpu() if entropy is not None else None),
+            t1 - t0,
+            time.perf_counter() - t1,
+        )
 
     def _per_rollout(self, rows: Rows) -> dict:
         eos = self.t.policy.eos_id
@@ -171,7 +187,9 @@ class Collector:
         comp = rows.scores.components
         names += ["overlong"] if "overlong" in comp else []
         return {
-            "reward": rows.scores.total.tolist(), "accuracy": comp[names[0]].tolist(), "format": comp["format"].tolist(),
+            "reward": rows.scores.total.tolist(),
+            "accuracy": comp[names[0]].tolist(),
+            "format": comp["format"].tolist(),
             **{f"reward/{n}": comp[n].tolist() for n in names if n not in ("accuracy", "format")},
             "entropy_sum": (rows.entropy.sum(1).tolist() if rows.entropy is not None and b is not None else []),
             "length": b.completion_mask.sum(1).tolist() if b is not None else [],
@@ -232,8 +250,16 @@ class Collector:
                 order += [(part, first + g) for g in range(G)]
         rows = take_rows(parts, order, t.policy.pad_id)
         generated["zero_std"] = zero_groups / drawn
-        return StepRollouts(Groups(prompt, records, [G] * len(prompt), rows), [b for b, _ in kept], [r for _, r in kept], generated,
-                            rounds, filtering and len(kept) < B, t_gen, t_score)
+        return StepRollouts(
+            Groups(prompt, records, [G] * len(prompt), rows),
+            [b for b, _ in kept],
+            [r for _, r in kept],
+            generated,
+            rounds,
+            filtering and len(kept) < B,
+            t_gen,
+            t_score,
+        )
 
     def _adaptive(self, step: int) -> StepRollouts:
         """A pilot of n0 rollouts per prompt, then the rest of the budget B G where it lowers the error most."""

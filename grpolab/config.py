@@ -245,7 +245,7 @@ class TrainConfig:
     def rollouts_per_step(self) -> int:
         return self.prompts_per_step * self.group_size
 
-    def resolved(self) -> "TrainConfig":
+    def resolved(self) -> TrainConfig:
         """This config with every unset (None) field given its default for ``--model`` (MODEL_DEFAULTS)."""
         defaults = MODEL_DEFAULTS["builtin" if self.model == "builtin" else "other"]
         return dataclasses.replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
@@ -257,14 +257,27 @@ class TrainConfig:
         for f in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "mu", "eval_questions", "log_every"):
             if getattr(self, f) < 1:
                 raise bad(f, f"must be >= 1, got {getattr(self, f)}")
-        for f in ("probe_every", "probe_groups", "eval_every", "save_every", "micro_batch", "eval_samples", "warmup_steps", "threads", "keep_checkpoints", "log_samples"):
+        for f in (
+            "probe_every",
+            "probe_groups",
+            "eval_every",
+            "save_every",
+            "micro_batch",
+            "eval_samples",
+            "warmup_steps",
+            "threads",
+            "keep_checkpoints",
+            "log_samples",
+        ):
             if getattr(self, f) < 0:
                 raise bad(f, f"must be >= 0, got {getattr(self, f)}")
         for f in ("few_shot", "lora_rank"):
             if getattr(self, f) < 0:
                 raise bad(f, f"must be >= 0, got {getattr(self, f)}")
         if self.format == "math" and not (self.data and self.eval_data):
-            raise bad("format", "math needs --data and --eval-data MATH-format JSONL files (the built-in task is numeric)")
+            raise bad(
+                "format", "math needs --data and --eval-data MATH-format JSONL files (the built-in task is numeric)"
+            )
         if self.task not in ("arith", "arith-multiturn"):
             raise bad("task", f"must be 'arith' or 'arith-multiturn', got {self.task!r}")
         if self.advantage not in ("grpo", "rtg-group", "rtg-mc"):
@@ -278,30 +291,46 @@ class TrainConfig:
                 raise bad("dialogue_context", f"must be 'question' or 'dialogue', got {self.dialogue_context!r}")
             if self.data or self.mu > 1 or self.beta > 0:
                 raise bad("task", "arith-multiturn supports the built-in dialogues with mu = 1 and beta = 0 only")
-            for f, off in (("mask_truncated", False), ("overlong_buffer", 0), ("top_entropy_quantile", 1.0), ("scale_rewards", "group")):
+            for f, off in (
+                ("mask_truncated", False),
+                ("overlong_buffer", 0),
+                ("top_entropy_quantile", 1.0),
+                ("scale_rewards", "group"),
+            ):
                 if getattr(self, f) != off:
                     raise bad(f, "is for single-turn tasks (--task arith)")
         if self.estimator not in ESTIMATORS:
             raise bad("estimator", f"unknown estimator {self.estimator!r}; choose from {ESTIMATORS}")
         if self.estimator == "oracle":
-            raise bad("estimator", "'oracle' needs the true value of each prompt, which training does not have; it is for the probes")
+            raise bad(
+                "estimator",
+                "'oracle' needs the true value of each prompt, which training does not have; it is for the probes",
+            )
         if self.estimator in GROUP_BASELINES and self.group_size < 2:
-            raise bad("group_size", f"estimator {self.estimator!r} uses a group baseline and needs G >= 2, got {self.group_size}")
+            raise bad(
+                "group_size",
+                f"estimator {self.estimator!r} uses a group baseline and needs G >= 2, got {self.group_size}",
+            )
         if self.sampling not in SAMPLING_MODES:
             raise bad("sampling", f"must be one of {SAMPLING_MODES}, got {self.sampling!r}")
         if self.sampling != "fixed":
             if self.task != "arith":
                 raise bad("sampling", f"{self.sampling!r} is for single-turn tasks; arith-multiturn uses fixed")
             if self.estimator not in GROUP_BASELINES:
-                raise bad("sampling", f"{self.sampling!r} needs a group-baseline estimator ({', '.join(GROUP_BASELINES)}): "
-                          f"with {self.estimator!r} a group whose rewards are all equal still carries gradient")
+                raise bad(
+                    "sampling",
+                    f"{self.sampling!r} needs a group-baseline estimator ({', '.join(GROUP_BASELINES)}): "
+                    f"with {self.estimator!r} a group whose rewards are all equal still carries gradient",
+                )
         if self.max_sampling_rounds < 1:
             raise bad("max_sampling_rounds", f"must be >= 1, got {self.max_sampling_rounds}")
         if self.sampling == "adaptive":
             if not 2 <= self.pilot_size < self.group_size:
                 raise bad("pilot_size", f"need 2 <= pilot_size < group_size = {self.group_size}, got {self.pilot_size}")
             if self.max_group_size and self.max_group_size < self.group_size:
-                raise bad("max_group_size", f"must be 0 (4 G) or >= group_size = {self.group_size}, got {self.max_group_size}")
+                raise bad(
+                    "max_group_size", f"must be 0 (4 G) or >= group_size = {self.group_size}, got {self.max_group_size}"
+                )
         if self.max_rollouts < 0:
             raise bad("max_rollouts", f"must be >= 0, got {self.max_rollouts}")
         if self.aggregation not in AGGREGATIONS:
@@ -309,13 +338,19 @@ class TrainConfig:
         if self.scale_rewards not in SCALES:
             raise bad("scale_rewards", f"must be one of {SCALES}, got {self.scale_rewards!r}")
         if self.scale_rewards != "group" and self.estimator != "grpo_std":
-            raise bad("scale_rewards", f"chooses grpo_std's divisor; with --estimator {self.estimator} nothing is divided")
+            raise bad(
+                "scale_rewards", f"chooses grpo_std's divisor; with --estimator {self.estimator} nothing is divided"
+            )
         if self.clip_delta and self.clip_delta <= 1 + self.clip_high:
-            raise bad("clip_delta", f"must be 0 (off) or > 1 + clip_high = {1 + self.clip_high:g}, got {self.clip_delta:g}")
+            raise bad(
+                "clip_delta", f"must be 0 (off) or > 1 + clip_high = {1 + self.clip_high:g}, got {self.clip_delta:g}"
+            )
         if self.importance_sampling not in IMPORTANCE_SAMPLING:
             raise bad("importance_sampling", f"must be one of {IMPORTANCE_SAMPLING}, got {self.importance_sampling!r}")
         if not 0 <= self.overlong_buffer < self.max_new_tokens:
-            raise bad("overlong_buffer", f"must be in [0, max_new_tokens = {self.max_new_tokens}), got {self.overlong_buffer}")
+            raise bad(
+                "overlong_buffer", f"must be in [0, max_new_tokens = {self.max_new_tokens}), got {self.overlong_buffer}"
+            )
         if self.overlong_penalty < 0:
             raise bad("overlong_penalty", f"must be >= 0, got {self.overlong_penalty:g}")
         if not 0 < self.top_entropy_quantile <= 1:
@@ -323,7 +358,10 @@ class TrainConfig:
         if self.kl not in KL_ESTIMATORS:
             raise bad("kl", f"unknown KL estimator {self.kl!r}; choose from {KL_ESTIMATORS}")
         if self.micro_batch and self.rollouts_per_step % self.micro_batch:
-            raise bad("micro_batch", f"prompts_per_step * group_size = {self.rollouts_per_step} must be divisible by micro_batch = {self.micro_batch}")
+            raise bad(
+                "micro_batch",
+                f"prompts_per_step * group_size = {self.rollouts_per_step} must be divisible by micro_batch = {self.micro_batch}",
+            )
         if self.shared_prefix not in ("on", "off"):
             raise bad("shared_prefix", f"must be 'on' or 'off', got {self.shared_prefix!r}")
         from grpolab.devices import DeviceError, resolve_device
@@ -348,7 +386,10 @@ class TrainConfig:
         if unknown or not self.categories:
             raise bad("categories", f"must be a non-empty subset of {CATEGORIES}, got {self.categories}")
         if self.max_operand < 10 or not 2 <= self.mul_max <= self.max_operand:
-            raise bad("max_operand", f"need max_operand >= 10 and 2 <= mul_max <= max_operand, got {self.max_operand}, {self.mul_max}")
+            raise bad(
+                "max_operand",
+                f"need max_operand >= 10 and 2 <= mul_max <= max_operand, got {self.max_operand}, {self.mul_max}",
+            )
 
     def validate_world(self, world_size: int) -> None:
         """What a run on ``world_size`` processes needs on top of :meth:`validate`."""
@@ -360,13 +401,19 @@ class TrainConfig:
         if world_size == 1:
             return
         if self.prompts_per_step % world_size:
-            raise bad("prompts_per_step", f"{self.prompts_per_step} prompts cannot be split over {world_size} processes "
-                      "(each takes whole groups): use a multiple of the process count")
+            raise bad(
+                "prompts_per_step",
+                f"{self.prompts_per_step} prompts cannot be split over {world_size} processes "
+                "(each takes whole groups): use a multiple of the process count",
+            )
         if self.fsdp and self.lora_rank:
             raise bad("fsdp", "LoRA adapters are small enough to replicate: drop --fsdp (DDP) for --lora-rank runs")
         if self.fsdp and self.probe_every:
-            raise bad("fsdp", "the in-training spectrum probe needs whole parameters; use --probe-every 0 with --fsdp "
-                      "(grpolab rank measures saved checkpoints on any number of processes)")
+            raise bad(
+                "fsdp",
+                "the in-training spectrum probe needs whole parameters; use --probe-every 0 with --fsdp "
+                "(grpolab rank measures saved checkpoints on any number of processes)",
+            )
 
 
 def load_toml(path: str | Path, cls=TrainConfig):
@@ -384,5 +431,8 @@ def load_toml(path: str | Path, cls=TrainConfig):
         raise ConfigError(f"--config {path}: unknown field(s) {unknown}")
     raw = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
     # one value for a tuple field (reward_fn = "mod:fn"): a tuple of one
-    raw = {k: (v,) if isinstance(fields[k].default, tuple) and isinstance(v, (str, int, float)) else v for k, v in raw.items()}
+    raw = {
+        k: (v,) if isinstance(fields[k].default, tuple) and isinstance(v, (str, int, float)) else v
+        for k, v in raw.items()
+    }
     return dataclasses.replace(cls(), **raw)

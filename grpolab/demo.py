@@ -37,10 +37,26 @@ from grpolab.trainer import train
 # (docs/real-model.md has the table this was chosen from). 51 x 9 gives 400 distinct questions:
 # 200 held out, 200 to train on.
 REAL_MODEL_PRESET = dict(
-    categories=("mul",), max_operand=51, mul_max=9, system_prompt="Compute the result. Reply with the number only.",
-    temperature=0.4, max_new_tokens=24, format_weight=0.0,
-    prompts_per_step=8, group_size=8, lr=5e-6, warmup_steps=2, beta=0.0, mu=1,
-    steps=80, eval_every=40, eval_questions=200, eval_samples=4, save_every=40, log_samples=8, threads=0,
+    categories=("mul",),
+    max_operand=51,
+    mul_max=9,
+    system_prompt="Compute the result. Reply with the number only.",
+    temperature=0.4,
+    max_new_tokens=24,
+    format_weight=0.0,
+    prompts_per_step=8,
+    group_size=8,
+    lr=5e-6,
+    warmup_steps=2,
+    beta=0.0,
+    mu=1,
+    steps=80,
+    eval_every=40,
+    eval_questions=200,
+    eval_samples=4,
+    save_every=40,
+    log_samples=8,
+    threads=0,
 )
 # LoRA trains far fewer parameters, from B = 0: a far larger step size (40x the full model's; the run in
 # docs/real-model.md).
@@ -75,7 +91,11 @@ def warm_start(retrain: bool, console: Console) -> str:
     if not retrain and (ASSET_DIR / "config.json").is_file():
         return "builtin"
     sft_cfg = SFTConfig()
-    key = hashlib.sha256(json.dumps({k: v for k, v in dataclasses.asdict(sft_cfg).items() if k not in ("out", "progress")}, sort_keys=True).encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        json.dumps(
+            {k: v for k, v in dataclasses.asdict(sft_cfg).items() if k not in ("out", "progress")}, sort_keys=True
+        ).encode()
+    ).hexdigest()[:12]
     path = cache_dir() / f"sft-{key}"
     if (path / "config.json").is_file():
         console.print(f"warm start: cached at {path}")
@@ -91,8 +111,16 @@ def demo_train_config(cfg: DemoConfig, model: str | None = None) -> TrainConfig:
     if cfg.lora_rank and not real:
         raise ConfigError("--lora-rank: the built-in demo trains the whole 0.5 M model; use it with --model")
     preset = {**REAL_MODEL_PRESET, **(LORA_PRESET if cfg.lora_rank else {})} if real else {}
-    train_cfg = dataclasses.replace(TrainConfig(), **preset, out=cfg.out, seed=cfg.seed, model=model or cfg.model,
-                                    resume=cfg.resume, progress=cfg.progress, lora_rank=cfg.lora_rank)
+    train_cfg = dataclasses.replace(
+        TrainConfig(),
+        **preset,
+        out=cfg.out,
+        seed=cfg.seed,
+        model=model or cfg.model,
+        resume=cfg.resume,
+        progress=cfg.progress,
+        lora_rank=cfg.lora_rank,
+    )
     if cfg.steps:
         train_cfg = dataclasses.replace(train_cfg, steps=cfg.steps)
     return train_cfg.resolved()
@@ -117,8 +145,10 @@ def run_demo(cfg: DemoConfig) -> dict:
     rows = read_metrics(Path(out) / "metrics.jsonl")
     evals = [r for r in rows if "eval/accuracy_greedy" in r]
     before, after = evals[0], evals[-1]
-    table = Table(title=f"held-out accuracy, 95% intervals ({train_cfg.eval_questions} questions; sampled: "
-                        f"{train_cfg.eval_samples} samples each at T={train_cfg.temperature:g})")
+    table = Table(
+        title=f"held-out accuracy, 95% intervals ({train_cfg.eval_questions} questions; sampled: "
+        f"{train_cfg.eval_samples} samples each at T={train_cfg.temperature:g})"
+    )
     table.add_column("")
     table.add_column("greedy", justify="right")
     table.add_column("sampled", justify="right")
@@ -127,8 +157,14 @@ def run_demo(cfg: DemoConfig) -> dict:
     console.print(table)
     pairs = list(zip(_examples(Path(out), before["step"], 3), _examples(Path(out), after["step"], 3)))
     for b, a in pairs:  # the same held-out questions, before and after
-        console.print(f"{b['question']!r} (truth {b['ground_truth']})\n  before: {b['completion'][:100]!r}\n  after:  {a['completion'][:100]!r}")
-    what = "the built-in arithmetic task" if cfg.model == BUILTIN else f"{cfg.model}" + (f", LoRA r={cfg.lora_rank}" if cfg.lora_rank else "")
+        console.print(
+            f"{b['question']!r} (truth {b['ground_truth']})\n  before: {b['completion'][:100]!r}\n  after:  {a['completion'][:100]!r}"
+        )
+    what = (
+        "the built-in arithmetic task"
+        if cfg.model == BUILTIN
+        else f"{cfg.model}" + (f", LoRA r={cfg.lora_rank}" if cfg.lora_rank else "")
+    )
     png = plot_run(out, title=f"grpolab demo: GRPO on {what} (seed {cfg.seed})")
     console.print(f"run directory: {out}   plot: {png}")
     summary = {"before": before, "after": after, "examples": [{"before": b, "after": a} for b, a in pairs]}

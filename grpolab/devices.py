@@ -35,8 +35,10 @@ def resolve_device(spec: str, local_rank: int = 0, *, cuda_count: int | None = N
     if spec == "cpu" or (spec == "auto" and count == 0):
         return torch.device("cpu")
     if count == 0:
-        raise DeviceError(f"{spec}: torch sees no CUDA device here (torch {torch.__version__}, "
-                          f"{'a CPU-only build' if torch.version.cuda is None else 'CUDA ' + torch.version.cuda}); use cpu or auto")
+        raise DeviceError(
+            f"{spec}: torch sees no CUDA device here (torch {torch.__version__}, "
+            f"{'a CPU-only build' if torch.version.cuda is None else 'CUDA ' + torch.version.cuda}); use cpu or auto"
+        )
     index = local_rank if spec in ("auto", "cuda") else int(spec.split(":")[1])
     if index >= count:
         raise DeviceError(f"{spec}: cuda:{index} asked for, but torch sees {count} CUDA device(s)")

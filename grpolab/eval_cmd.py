@@ -20,8 +20,21 @@ from grpolab.config import ConfigError
 from grpolab.runs import load_task_policy, resolve_target, task_config
 
 # The task settings a flag may override (the run's config.json supplies the rest, see grpolab.runs).
-EVAL_TASK_FLAGS = ("gguf_file", "chat", "system_prompt", "few_shot", "format", "eval_data", "data", "max_operand", "mul_max",
-                   "categories", "max_new_tokens", "temperature", "seed")
+EVAL_TASK_FLAGS = (
+    "gguf_file",
+    "chat",
+    "system_prompt",
+    "few_shot",
+    "format",
+    "eval_data",
+    "data",
+    "max_operand",
+    "mul_max",
+    "categories",
+    "max_new_tokens",
+    "temperature",
+    "seed",
+)
 
 
 @dataclasses.dataclass
@@ -98,30 +111,51 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
     set_threads(cfg.threads)
     target = resolve_target(cfg.model, cfg.step)
     questions = cfg.questions or (500 if target.weights == "builtin" else 200)
-    tcfg = task_config(target, **{k: getattr(cfg, k) for k in EVAL_TASK_FLAGS}, eval_questions=questions,
-                       device=cfg.device, dtype=cfg.dtype)
+    tcfg = task_config(
+        target,
+        **{k: getattr(cfg, k) for k in EVAL_TASK_FLAGS},
+        eval_questions=questions,
+        device=cfg.device,
+        dtype=cfg.dtype,
+    )
     tcfg.validate()
     held_out, sampler = task_data(tcfg, log)
     dtype = parse_dtype(cfg.dtype)
     t0 = time.perf_counter()
     log(f"loading {target.weights}" + (f" with the adapter of {target.adapter}" if target.adapter else "") + " ...")
     policy = load_task_policy(target, tcfg, device=resolve_device(cfg.device), dtype=dtype, sampler=sampler)
-    log(f"loaded in {time.perf_counter() - t0:.0f} s; evaluating {len(held_out)} questions x (1 greedy + {cfg.samples} "
-        f"sampled at T={tcfg.temperature:g}) = {len(held_out) * (1 + cfg.samples)} completions of up to {tcfg.max_new_tokens} tokens")
+    log(
+        f"loaded in {time.perf_counter() - t0:.0f} s; evaluating {len(held_out)} questions x (1 greedy + {cfg.samples} "
+        f"sampled at T={tcfg.temperature:g}) = {len(held_out) * (1 + cfg.samples)} completions of up to {tcfg.max_new_tokens} tokens"
+    )
     t0 = time.perf_counter()
     total = len(held_out) * (1 + cfg.samples)
     with torch.no_grad(), progress_bar("eval", total, enabled=cfg.progress, every=max(total // 10, 1)) as bar:
-        metrics, examples = evaluate(policy, held_out, samples=cfg.samples, temperature=tcfg.temperature,
-                                     max_new_tokens=tcfg.max_new_tokens, seed=tcfg.seed, batch_size=cfg.batch_size,
-                                     progress=lambda done, _: bar.update(done))
+        metrics, examples = evaluate(
+            policy,
+            held_out,
+            samples=cfg.samples,
+            temperature=tcfg.temperature,
+            max_new_tokens=tcfg.max_new_tokens,
+            seed=tcfg.seed,
+            batch_size=cfg.batch_size,
+            progress=lambda done, _: bar.update(done),
+        )
     seconds = time.perf_counter() - t0
     cats = sorted({r.get("category", "all") for r in held_out})
     report = {
-        "model": cfg.model, "weights": target.weights, "adapter": target.adapter, "step": cfg.step, "questions": len(held_out),
-        "samples": cfg.samples, "temperature": tcfg.temperature, "eval_seconds": seconds,
+        "model": cfg.model,
+        "weights": target.weights,
+        "adapter": target.adapter,
+        "step": cfg.step,
+        "questions": len(held_out),
+        "samples": cfg.samples,
+        "temperature": tcfg.temperature,
+        "eval_seconds": seconds,
         "task": {k: getattr(tcfg, k) for k in EVAL_TASK_FLAGS if k != "gguf_file"} | {"chat": policy.chat},
         "categories": {c: sum(r.get("category", "all") == c for r in held_out) for c in cats},
-        "metrics": metrics, "examples": examples,
+        "metrics": metrics,
+        "examples": examples,
     }
     if cfg.json:
         Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
@@ -138,11 +172,20 @@ def format_eval(report: dict, show: int = 3) -> str:
         return f"{m[key]:.3f} [{m[key + '_lo']:.3f}, {m[key + '_hi']:.3f}]" if key + "_lo" in m else f"{m[key]:.3f}"
 
     head = f"{'':<12} {'questions':>9}  {'greedy [95% CI]':<22}" + ("  sampled [95% CI]" if sampled else "")
-    lines = [f"{report['model']}" + (f" (step {report['step']})" if report["step"] is not None else "")
-             + f": {report['questions']} questions" + (f", {report['samples']} samples each at T={report['temperature']:g}" if sampled else "")
-             + f", {report['eval_seconds']:.0f} s", head]
+    lines = [
+        f"{report['model']}"
+        + (f" (step {report['step']})" if report["step"] is not None else "")
+        + f": {report['questions']} questions"
+        + (f", {report['samples']} samples each at T={report['temperature']:g}" if sampled else "")
+        + f", {report['eval_seconds']:.0f} s",
+        head,
+    ]
     rows = [("all", "eval/accuracy_greedy", "eval/accuracy_sampled", report["questions"])]
-    rows += [(c, f"eval/greedy_{c}", f"eval/sampled_{c}", n) for c, n in report["categories"].items()] if len(report["categories"]) > 1 else []
+    rows += (
+        [(c, f"eval/greedy_{c}", f"eval/sampled_{c}", n) for c, n in report["categories"].items()]
+        if len(report["categories"]) > 1
+        else []
+    )
     for name, g, s, n in rows:
         lines.append(f"{name:<12} {n:>9}  {cell(g):<22}" + (f"  {cell(s)}" if sampled else ""))
     for ex in report["examples"][:show]:

@@ -8,7 +8,7 @@ samples are not independent draws from the task). Per-category accuracies get th
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable
 
 from grpolab.distributed import SINGLE, World, gather_concat
 from grpolab.policy import Policy
@@ -38,8 +38,9 @@ def _generate(policy: Policy, records: list[dict], keys, temperature, max_new_to
     return texts
 
 
-def accuracy_summary(greedy_ok: list[float], sampled_ok: list[list[float]] | None,
-                     categories: list[str]) -> dict[str, float]:
+def accuracy_summary(
+    greedy_ok: list[float], sampled_ok: list[list[float]] | None, categories: list[str]
+) -> dict[str, float]:
     """Accuracies with 95% intervals, overall and per category.
 
     ``greedy_ok[i]`` is 1 if question i's greedy answer is right; ``sampled_ok[i]`` holds its k
@@ -59,7 +60,9 @@ def accuracy_summary(greedy_ok: list[float], sampled_ok: list[list[float]] | Non
             if len(per_q) > 1:
                 out[sampled_key + "_lo"], out[sampled_key + "_hi"] = clustered_accuracy_interval(per_q)
             else:  # one question: its k samples are the only trials there are
-                out[sampled_key + "_lo"], out[sampled_key + "_hi"] = wilson_interval(sum(sampled_ok[idx[0]]), len(sampled_ok[idx[0]]))
+                out[sampled_key + "_lo"], out[sampled_key + "_hi"] = wilson_interval(
+                    sum(sampled_ok[idx[0]]), len(sampled_ok[idx[0]])
+                )
 
     add("eval/accuracy_greedy", "eval/accuracy_sampled", list(range(len(greedy_ok))))
     by_cat: dict[str, list[int]] = defaultdict(list)
@@ -116,8 +119,13 @@ def evaluate(
         sampled_ok = [flat[i * samples : (i + 1) * samples] for i in range(len(records))]
     metrics = accuracy_summary(greedy_ok, sampled_ok, [r.get("category", "all") for r in records])
     examples = [
-        {"question": r["question"], "ground_truth": r["ground_truth"], "completion": c, "correct": bool(ok),
-         **({"sampled_correct": sum(s) / samples} if sampled_ok is not None else {})}
+        {
+            "question": r["question"],
+            "ground_truth": r["ground_truth"],
+            "completion": c,
+            "correct": bool(ok),
+            **({"sampled_correct": sum(s) / samples} if sampled_ok is not None else {}),
+        }
         for r, c, ok, s in zip(records, greedy, greedy_ok, sampled_ok or [None] * len(records))
     ]
     policy.model.train(was_training)

@@ -104,8 +104,15 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, threshold: torc
     return ((entropy >= threshold) & mask.bool()).to(entropy.dtype)
 
 
-def loss_token_mask(completion_ids: torch.Tensor, mask: torch.Tensor, eos_id: int, *, mask_truncated: bool = False,
-                    entropy: torch.Tensor | None = None, top_entropy_quantile: float = 1.0) -> torch.Tensor:
+def loss_token_mask(
+    completion_ids: torch.Tensor,
+    mask: torch.Tensor,
+    eos_id: int,
+    *,
+    mask_truncated: bool = False,
+    entropy: torch.Tensor | None = None,
+    top_entropy_quantile: float = 1.0,
+) -> torch.Tensor:
     """``[N, T]`` 1.0 on the tokens that carry policy loss, 0 elsewhere, for rollouts that are the whole step:
     ``mask_truncated`` drops rollouts with no ``eos_id`` (cut at the token limit, DAPO), and
     ``top_entropy_quantile < 1`` keeps only the tokens at or above the entropy threshold of the remaining ones.
@@ -117,7 +124,9 @@ def loss_token_mask(completion_ids: torch.Tensor, mask: torch.Tensor, eos_id: in
     if top_entropy_quantile < 1.0:
         if entropy is None:
             raise ValueError("top_entropy_quantile < 1 needs the token entropies")
-        out = out * high_entropy_mask(entropy.double(), carries, entropy_threshold(entropy[carries].double(), top_entropy_quantile))
+        out = out * high_entropy_mask(
+            entropy.double(), carries, entropy_threshold(entropy[carries].double(), top_entropy_quantile)
+        )
     return out
 
 
@@ -159,7 +168,9 @@ def policy_loss(
         over unmasked tokens of this batch, detached.
     """
     if logp.shape != old_logp.shape or logp.shape != mask.shape:
-        raise ValueError(f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask {tuple(mask.shape)} must match")
+        raise ValueError(
+            f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask {tuple(mask.shape)} must match"
+        )
     if advantages.dim() == 1:
         advantages = advantages[:, None]  # [N, 1]: the same credit for every token (paper 000, Thm 3.1)
     advantages = advantages.to(logp.dtype)
@@ -168,7 +179,9 @@ def policy_loss(
     elif importance_sampling == "sequence":
         ratio = torch.exp(sequence_log_ratio(logp, old_logp, mask))  # [N, 1], broadcast over the tokens
     else:
-        raise ValueError(f"unknown importance sampling level {importance_sampling!r}; choose from {IMPORTANCE_SAMPLING}")
+        raise ValueError(
+            f"unknown importance sampling level {importance_sampling!r}; choose from {IMPORTANCE_SAMPLING}"
+        )
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     unclipped = (ratio if clip_delta is None else torch.clamp(ratio, max=clip_delta)) * advantages
     surrogate = torch.minimum(unclipped, clipped)  # [N, T]

@@ -72,16 +72,27 @@ class TrainModule:
     ``fsdp`` FSDP2 over a sharded one (parameters, gradients and optimizer state split over ranks).
     """
 
-    def __init__(self, model: nn.Module, temperature: float, world: World = SINGLE, fsdp: bool = False,
-                 shared_prefix: bool = False, log=print):
+    def __init__(
+        self,
+        model: nn.Module,
+        temperature: float,
+        world: World = SINGLE,
+        fsdp: bool = False,
+        shared_prefix: bool = False,
+        log=print,
+    ):
         """``shared_prefix``: encode each group's prompt once in the update, if the model can (checked here on a tiny
         batch against the plain path, on the whole model before any wrapper; if not, ``log`` says why, one line)."""
         self.world, self.fsdp = world, fsdp and world.distributed
         if shared_prefix:
-            reason = check_shared_prefix(model, lambda m, b, on: completion_logprobs(m, Batch(*b), temperature, shared_prefix=on))
+            reason = check_shared_prefix(
+                model, lambda m, b, on: completion_logprobs(m, Batch(*b), temperature, shared_prefix=on)
+            )
             if reason:
-                log(f"notice: --shared-prefix: {type(model).__name__} cannot take a shared prompt cache ({reason}); "
-                    "each rollout's prompt is encoded in the update (as with --shared-prefix off)")
+                log(
+                    f"notice: --shared-prefix: {type(model).__name__} cannot take a shared prompt cache ({reason}); "
+                    "each rollout's prompt is encoded in the update (as with --shared-prefix off)"
+                )
                 shared_prefix = False
         self.module = LogProbs(model, temperature, shared_prefix)
         self.wrapped: nn.Module = self.module
@@ -169,7 +180,11 @@ class TrainModule:
         """Whole model and optimizer state dicts, gathered from every rank's shards onto rank 0's CPU
         (a collective: every rank calls it; the others get empty dicts). Optimizer state is keyed by
         parameter name, the form :func:`grpolab.checkpoint.load_training_state` reads on any process count."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         model = self.module.model

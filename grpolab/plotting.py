@@ -47,7 +47,9 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, title: str = ""
         axes[1].plot(x, y, "o-", color=color, label=key)
         band = [(r["step"], r[key + "_lo"], r[key + "_hi"]) for r in rows if key + "_lo" in r]
         if band:  # 95% intervals (runs logged before intervals existed have none)
-            axes[1].fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band], color=color, alpha=0.15)
+            axes[1].fill_between(
+                [b[0] for b in band], [b[1] for b in band], [b[2] for b in band], color=color, alpha=0.15
+            )
     axes[1].set_title("held-out accuracy (95% intervals)")
 
     x, y = _series(rows, "reward/frac_zero_std")
@@ -75,11 +77,16 @@ def plot_sweep(report: dict, path: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, colour in (("sampled", "tab:purple"), ("greedy", "tab:red")):
         mean = [t[key] for t in table]
-        err = [[m - t[f"{key}_ci"][0] for m, t in zip(mean, table)], [t[f"{key}_ci"][1] - m for m, t in zip(mean, table)]]
+        err = [
+            [m - t[f"{key}_ci"][0] for m, t in zip(mean, table)],
+            [t[f"{key}_ci"][1] - m for m, t in zip(mean, table)],
+        ]
         ax.errorbar(G, mean, yerr=err, marker="o", capsize=3, color=colour, label=f"eval/accuracy_{key}")
         ax.axhline(report["before"][key], color=colour, ls=":", lw=1)
     if report.get("predicted_g_star", float("inf")) != float("inf"):
-        ax.axvline(report["predicted_g_star"], color="k", ls="--", label=f"predicted G* = {report['predicted_g_star']:.1f}")
+        ax.axvline(
+            report["predicted_g_star"], color="k", ls="--", label=f"predicted G* = {report['predicted_g_star']:.1f}"
+        )
     cfg = report["config"]
     ax.set_xscale("log", base=2)
     ax.set_xticks(G, [str(g) for g in G])

@@ -56,7 +56,9 @@ class Policy:
     def prompt_ids(self, record: dict) -> list[int]:
         """Chat models: the chat template with the generation prompt. Others: BOS and :meth:`prompt_text`."""
         if self.chat:
-            ids = self.tokenizer.apply_chat_template(self.chat_messages(record), add_generation_prompt=True, tokenize=True)
+            ids = self.tokenizer.apply_chat_template(
+                self.chat_messages(record), add_generation_prompt=True, tokenize=True
+            )
             return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding in some versions
         ids = self.tokenizer(self.prompt_text(record), add_special_tokens=False)["input_ids"]
         bos = self.tokenizer.bos_token_id
@@ -64,10 +66,7 @@ class Policy:
 
     def decode(self, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
         """Completion texts ``[N]`` from ids ``[N, T]``, special tokens removed."""
-        return [
-            self.tokenizer.decode(row[m.bool()].tolist(), skip_special_tokens=True)
-            for row, m in zip(ids, mask)
-        ]
+        return [self.tokenizer.decode(row[m.bool()].tolist(), skip_special_tokens=True) for row, m in zip(ids, mask)]
 
 
 def _own_memory(model: torch.nn.Module) -> torch.nn.Module:
@@ -116,13 +115,22 @@ def resolve_model_path(spec: str) -> Path:
         return ASSET_DIR
     path = Path(spec).expanduser()
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"--model {spec!r}: not a model directory (no config.json); use 'builtin', "
-                                "'smollm2-135m-instruct', a local Hugging Face model directory or a .gguf file")
+        raise FileNotFoundError(
+            f"--model {spec!r}: not a model directory (no config.json); use 'builtin', "
+            "'smollm2-135m-instruct', a local Hugging Face model directory or a .gguf file"
+        )
     return path
 
 
-def load_policy(spec: str, dtype: torch.dtype | None = None, *, gguf_file: str = "", chat: str = "auto",
-                few_shot: list[dict] | None = None, device: torch.device | str = "cpu") -> Policy:
+def load_policy(
+    spec: str,
+    dtype: torch.dtype | None = None,
+    *,
+    gguf_file: str = "",
+    chat: str = "auto",
+    few_shot: list[dict] | None = None,
+    device: torch.device | str = "cpu",
+) -> Policy:
     """Model and tokenizer from ``spec`` (see :mod:`grpolab.models.loading`), the model on ``device``.
 
     ``dtype`` None: :func:`grpolab.devices.default_dtype` of the device (bf16 on a capable GPU, else fp32).

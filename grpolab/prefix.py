@@ -82,19 +82,32 @@ def shared_prefix_hidden(model, prompt_ids, prompt_mask, completion_ids, complet
     u_ids, u_mask = prompt_ids[first], prompt_mask[first]  # [U, P]
     u_pos = (u_mask.cumsum(-1) - 1).clamp(min=0)  # position ids count real tokens: left padding shifts nothing
     cache = Cache(layer_class_to_replicate=_PromptLayer)
-    out = model(input_ids=u_ids, attention_mask=u_mask, position_ids=u_pos, past_key_values=cache, use_cache=True,
-                logits_to_keep=1)
+    out = model(
+        input_ids=u_ids,
+        attention_mask=u_mask,
+        position_ids=u_pos,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
     first_logits = out.logits[:, -1][inverse]  # [N, V]
     if not cache.layers or any(layer.keys is None for layer in cache.layers):
         raise PrefixNotUsed("the prompt pass wrote no keys and values")
     T = completion_ids.shape[1]
     if T == 1:
         return first_logits, None
-    prefix = Cache(layers=[_PrefixLayer(layer.keys[inverse], layer.values[inverse]) for layer in cache.layers])  # [N, h, P, d] each
+    prefix = Cache(
+        layers=[_PrefixLayer(layer.keys[inverse], layer.values[inverse]) for layer in cache.layers]
+    )  # [N, h, P, d] each
     attn = torch.cat([prompt_mask, completion_mask[:, :-1]], dim=1)  # [N, P + T - 1]
     position = prompt_mask.sum(1, keepdim=True) + torch.arange(T - 1, device=prompt_mask.device)  # [N, T - 1]
-    hidden = model.get_decoder()(input_ids=completion_ids[:, :-1], attention_mask=attn, position_ids=position,
-                                 past_key_values=prefix, use_cache=True).last_hidden_state  # [N, T - 1, d]
+    hidden = model.get_decoder()(
+        input_ids=completion_ids[:, :-1],
+        attention_mask=attn,
+        position_ids=position,
+        past_key_values=prefix,
+        use_cache=True,
+    ).last_hidden_state  # [N, T - 1, d]
     if any(layer.reads == 0 for layer in prefix.layers):
         raise PrefixNotUsed("the completion pass did not read the prompt's keys and values")
     return first_logits, hidden

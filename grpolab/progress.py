@@ -55,7 +55,13 @@ class _PlainBar:
         if done > 0:
             per = (now - self.t0) / done
             u = self.unit
-            line += f"  {1 / per:.1f} {u}/s" if per < 1 else f"  {per:.1f} s/{u}" if per < 100 else f"  {_fmt_duration(per)}/{u}"
+            line += (
+                f"  {1 / per:.1f} {u}/s"
+                if per < 1
+                else f"  {per:.1f} s/{u}"
+                if per < 100
+                else f"  {_fmt_duration(per)}/{u}"
+            )
             if completed < self.total:
                 line += f"  eta {_fmt_duration(per * (self.total - completed))}"
         self.write(line)
@@ -64,9 +70,13 @@ class _PlainBar:
 def _rich_progress(label: str, console=None) -> Progress:
     fixed = dict(table_column=Column(no_wrap=True))  # these never shrink; the status column wraps
     return Progress(
-        TextColumn(f"[bold]{label}", **fixed), BarColumn(bar_width=20, **fixed), MofNCompleteColumn(**fixed),
-        TimeElapsedColumn(**fixed), TimeRemainingColumn(**fixed),
-        TextColumn("{task.fields[status]}", table_column=Column(ratio=1, overflow="fold")), console=console,
+        TextColumn(f"[bold]{label}", **fixed),
+        BarColumn(bar_width=20, **fixed),
+        MofNCompleteColumn(**fixed),
+        TimeElapsedColumn(**fixed),
+        TimeRemainingColumn(**fixed),
+        TextColumn("{task.fields[status]}", table_column=Column(ratio=1, overflow="fold")),
+        console=console,
     )
 
 

@@ -25,8 +25,8 @@ import html
 import io
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from grpolab.runlog import read_metrics
 
@@ -73,8 +73,10 @@ def _img_bytes(data: bytes, alt: str) -> str:
 def _table(header: list[str] | None, rows: Iterable[list[str]], left: int = 1) -> str:
     """Cells are HTML already (escaped by the caller); the first ``left`` columns align left; no header row if None."""
     th = "".join(f'<th class="{"l" if i < left else ""}">{h}</th>' for i, h in enumerate(header or []))
-    body = "".join("<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{c}</td>' for i, c in enumerate(r)) + "</tr>"
-                   for r in rows)
+    body = "".join(
+        "<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{c}</td>' for i, c in enumerate(r)) + "</tr>"
+        for r in rows
+    )
     return f"<table>{f'<tr>{th}</tr>' if header else ''}{body}</table>"
 
 
@@ -106,16 +108,37 @@ def evaluation_table(rows: list[dict]) -> str:
     if not evals:
         return "<p>No evaluation was logged in this run.</p>"
     before, after = evals[0], evals[-1]
-    cats = sorted({k[len("eval/greedy_"):] for k in after if k.startswith("eval/greedy_") and not k.endswith(("_lo", "_hi"))})
+    cats = sorted(
+        {k[len("eval/greedy_") :] for k in after if k.startswith("eval/greedy_") and not k.endswith(("_lo", "_hi"))}
+    )
     lines = [("overall", "eval/accuracy_greedy", "eval/accuracy_sampled")]
     lines += [(c, f"eval/greedy_{c}", f"eval/sampled_{c}") for c in cats]
-    body = [[_e(name), _interval(before, g), _interval(after, g), _change(before, after, g),
-             _interval(before, s), _interval(after, s), _change(before, after, s)] for name, g, s in lines]
-    header = ["questions", f"greedy, step {before['step']}", f"greedy, step {after['step']}", "change",
-              f"sampled, step {before['step']}", f"sampled, step {after['step']}", "change"]
-    note = ('<p class="sub">Greedy: one greedy completion per held-out question (Wilson 95% interval). '
-            "Sampled: k completions per question at the run's temperature, the pass rate GRPO's groups see "
-            "(95% interval clustered over questions). A change is coloured when the two intervals do not overlap.</p>")
+    body = [
+        [
+            _e(name),
+            _interval(before, g),
+            _interval(after, g),
+            _change(before, after, g),
+            _interval(before, s),
+            _interval(after, s),
+            _change(before, after, s),
+        ]
+        for name, g, s in lines
+    ]
+    header = [
+        "questions",
+        f"greedy, step {before['step']}",
+        f"greedy, step {after['step']}",
+        "change",
+        f"sampled, step {before['step']}",
+        f"sampled, step {after['step']}",
+        "change",
+    ]
+    note = (
+        '<p class="sub">Greedy: one greedy completion per held-out question (Wilson 95% interval). '
+        "Sampled: k completions per question at the run's temperature, the pass rate GRPO's groups see "
+        "(95% interval clustered over questions). A change is coloured when the two intervals do not overlap.</p>"
+    )
     return _table(header, body) + note
 
 
@@ -123,7 +146,9 @@ def _all_evaluations(rows: list[dict]) -> str:
     evals = [r for r in rows if r.get("eval/accuracy_greedy") is not None]
     if len(evals) <= 2:
         return ""
-    body = [[str(r["step"]), _interval(r, "eval/accuracy_greedy"), _interval(r, "eval/accuracy_sampled")] for r in evals]
+    body = [
+        [str(r["step"]), _interval(r, "eval/accuracy_greedy"), _interval(r, "eval/accuracy_sampled")] for r in evals
+    ]
     return "<details><summary>every evaluation</summary>" + _table(["step", "greedy", "sampled"], body) + "</details>"
 
 
@@ -134,9 +159,15 @@ def _detail_figure(rows: list[dict]) -> bytes | None:
     """Optimisation metrics against step, as PNG bytes: whatever of them the run logged."""
     from grpolab.plotting import plt
 
-    keys = [("grad/norm", "gradient norm"), ("loss/policy", "policy loss"), ("loss/kl", "KL to the reference"),
-            ("loss/clip_frac", "clipped fraction"), ("completion/len_mean", "completion length (tokens)"),
-            ("policy/entropy", "token entropy"), ("time/step_s", "seconds per step")]
+    keys = [
+        ("grad/norm", "gradient norm"),
+        ("loss/policy", "policy loss"),
+        ("loss/kl", "KL to the reference"),
+        ("loss/clip_frac", "clipped fraction"),
+        ("completion/len_mean", "completion length (tokens)"),
+        ("policy/entropy", "token entropy"),
+        ("time/step_s", "seconds per step"),
+    ]
     keys = [(k, t) for k, t in keys if any(r.get(k) is not None for r in rows)]
     if not keys:
         return None
@@ -149,7 +180,7 @@ def _detail_figure(rows: list[dict]) -> bytes | None:
         ax.set_title(f"{title} ({k})", fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(keys):]:
+    for ax in list(axes.flat)[len(keys) :]:
         ax.axis("off")
     fig.tight_layout()
     buf = io.BytesIO()
@@ -199,13 +230,19 @@ def _samples(run_dir: Path, limit: int = 4) -> str:
         if s is None:
             return ""
         mark = '<span class="ok">correct</span>' if s.get("correct") else '<span class="no">wrong</span>'
-        extra = f' · sampled pass rate {s["sampled_correct"]:.2f}' if s.get("sampled_correct") is not None else ""
+        extra = f" · sampled pass rate {s['sampled_correct']:.2f}" if s.get("sampled_correct") is not None else ""
         return f"<pre>{_e(s.get('completion', ''))}</pre>{mark}{extra}"
 
     before = [s for s in evals if s["step"] == first][:limit]
     after = {s.get("question"): s for s in evals if s["step"] == last}
-    body = [[f"<pre>{_e(s.get('question', ''))}</pre>answer: {_e(s.get('ground_truth', '–'))}", cell(s),
-             cell(after.get(s.get("question")))] for s in before]
+    body = [
+        [
+            f"<pre>{_e(s.get('question', ''))}</pre>answer: {_e(s.get('ground_truth', '–'))}",
+            cell(s),
+            cell(after.get(s.get("question"))),
+        ]
+        for s in before
+    ]
     return _table(["held-out question", f"greedy at step {first}", f"greedy at step {last}"], body, left=3)
 
 
@@ -236,10 +273,19 @@ def _rank_summary(d: dict) -> str:
     body = []
     for r in d.get("results", []):
         er, t1 = r.get("effective_rank", {}), r.get("top1_fraction", {})
-        body.append([str(r.get("step", "")), str(r.get("R", "")), _num(er.get("mean")) + _ci(er.get("lo"), er.get("hi")),
-                     _num(t1.get("mean")) + _ci(t1.get("lo"), t1.get("hi")), str(r.get("max_possible_rank", "–")),
-                     _num(r.get("frac_zero_var"))])
-    return _table(["step", "R", "effective rank", "top-1 fraction", "largest possible rank", "zero-variance groups"], body, left=0)
+        body.append(
+            [
+                str(r.get("step", "")),
+                str(r.get("R", "")),
+                _num(er.get("mean")) + _ci(er.get("lo"), er.get("hi")),
+                _num(t1.get("mean")) + _ci(t1.get("lo"), t1.get("hi")),
+                str(r.get("max_possible_rank", "–")),
+                _num(r.get("frac_zero_var")),
+            ]
+        )
+    return _table(
+        ["step", "R", "effective rank", "top-1 fraction", "largest possible rank", "zero-variance groups"], body, left=0
+    )
 
 
 def _mse_summary(d: dict) -> str:
@@ -249,10 +295,20 @@ def _mse_summary(d: dict) -> str:
         gs = sorted({r["G"] for r in res})
         ests = list(dict.fromkeys(r["estimator"] for r in res))
         by = {(r["estimator"], r["G"]): r for r in res}
-        body = [[_e(e)] + [_num(by[(e, g)]["mse"]) + _ci(by[(e, g)].get("ci_low"), by[(e, g)].get("ci_high"))
-                           if (e, g) in by else "–" for g in gs] for e in ests]
-        out.append(f"<p>policy <code>{_e(pol.get('policy'))}</code>, mean reward {_num(pol.get('reward_mean'))}</p>"
-                   + _table(["estimator"] + [f"G = {g}" for g in gs], body))
+        body = [
+            [_e(e)]
+            + [
+                _num(by[(e, g)]["mse"]) + _ci(by[(e, g)].get("ci_low"), by[(e, g)].get("ci_high"))
+                if (e, g) in by
+                else "–"
+                for g in gs
+            ]
+            for e in ests
+        ]
+        out.append(
+            f"<p>policy <code>{_e(pol.get('policy'))}</code>, mean reward {_num(pol.get('reward_mean'))}</p>"
+            + _table(["estimator"] + [f"G = {g}" for g in gs], body)
+        )
     return "".join(out)
 
 
@@ -260,8 +316,10 @@ def _groupsize_summary(d: dict) -> str:
     if "g_star" not in d:
         return ""
     ci = d.get("g_star_ci") or [None, None]
-    rows = [["G* (best group size at the budget)", _num(d["g_star"]) + _ci(ci[0], ci[-1])],
-            ["best divisor of the budget", _e(d.get("best_divisor_g", "–"))]]
+    rows = [
+        ["G* (best group size at the budget)", _num(d["g_star"]) + _ci(ci[0], ci[-1])],
+        ["best divisor of the budget", _e(d.get("best_divisor_g", "–"))],
+    ]
     for name, c in d.get("constants", {}).items():
         cci = c.get("ci") or [None, None]
         rows.append([_e(name), _num(c.get("value")) + _ci(cci[0], cci[-1])])
@@ -275,16 +333,28 @@ def _multiturn_summary(d: dict) -> str:
     ests = list(dict.fromkeys(r["estimator"] for r in recs))
     stages = sorted({r["stage"] for r in recs})
     by = {(r["estimator"], r["stage"]): r for r in recs}
-    body = [[_e(e)] + [_num(by[(e, h)]["bias_mean"]) + _ci(by[(e, h)].get("ci_low"), by[(e, h)].get("ci_high"))
-                       if (e, h) in by else "–" for h in stages] for e in ests]
-    return "<p>Mean bias of each estimator's advantage per stage.</p>" + _table(["estimator"] + [f"stage {h}" for h in stages], body)
+    body = [
+        [_e(e)]
+        + [
+            _num(by[(e, h)]["bias_mean"]) + _ci(by[(e, h)].get("ci_low"), by[(e, h)].get("ci_high"))
+            if (e, h) in by
+            else "–"
+            for h in stages
+        ]
+        for e in ests
+    ]
+    return "<p>Mean bias of each estimator's advantage per stage.</p>" + _table(
+        ["estimator"] + [f"stage {h}" for h in stages], body
+    )
 
 
-_SUMMARIES = {"rank.json": ("Gradient spectrum (grpolab rank)", _rank_summary),
-              "mse.json": ("Estimator MSE (grpolab mse)", _mse_summary),
-              "groupsize.json": ("Best group size (grpolab groupsize)", _groupsize_summary),
-              "multiturn.json": ("Multi-turn bias (grpolab multiturn)", _multiturn_summary),
-              "sweep.json": ("Budget-fixed sweep (grpolab sweep)", lambda d: "")}
+_SUMMARIES = {
+    "rank.json": ("Gradient spectrum (grpolab rank)", _rank_summary),
+    "mse.json": ("Estimator MSE (grpolab mse)", _mse_summary),
+    "groupsize.json": ("Best group size (grpolab groupsize)", _groupsize_summary),
+    "multiturn.json": ("Multi-turn bias (grpolab multiturn)", _multiturn_summary),
+    "sweep.json": ("Budget-fixed sweep (grpolab sweep)", lambda d: ""),
+}
 
 
 def _probe_section(path: Path, run_dir: Path) -> str:
@@ -301,7 +371,7 @@ def _probe_section(path: Path, run_dir: Path) -> str:
         shown = where
     stem = path.stem
     images = "".join(_png(p) for p in sorted(where.glob("*.png")) if p.name.startswith(stem))
-    return f"<h3>{_e(title)}</h3><p class=\"sub\">{_e(shown)}</p>{summary}<div class=\"imgs\">{images}</div>"
+    return f'<h3>{_e(title)}</h3><p class="sub">{_e(shown)}</p>{summary}<div class="imgs">{images}</div>'
 
 
 # ---------------------------------------------------------------- the page
@@ -324,16 +394,23 @@ def build_report(run_dir: str | Path, probes: Iterable[str | Path] = (), out: st
     rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
     steps = max((r["step"] for r in rows), default=0)
     model = config.get("model", "?")
-    facts = [("model", model), ("task", config.get("task", "?")), ("steps", steps),
-             ("prompts × group size", f"{config.get('prompts_per_step', '?')} × {config.get('group_size', '?')}"),
-             ("estimator", config.get("estimator", "?")), ("learning rate", config.get("lr", "?")),
-             ("processes", config.get("world_size", 1)), ("code", config.get("code_version", "?"))]
+    facts = [
+        ("model", model),
+        ("task", config.get("task", "?")),
+        ("steps", steps),
+        ("prompts × group size", f"{config.get('prompts_per_step', '?')} × {config.get('group_size', '?')}"),
+        ("estimator", config.get("estimator", "?")),
+        ("learning rate", config.get("lr", "?")),
+        ("processes", config.get("world_size", 1)),
+        ("code", config.get("code_version", "?")),
+    ]
     fact_table = _table(None, [[_e(k), _e(v)] for k, v in facts], left=2)
     probe_files = find_probe_outputs(run_dir, probes)
     probe_html = "".join(_probe_section(p, run_dir) for p in probe_files) or (
         "<p>No probe outputs found. Run <code>grpolab rank --checkpoint RUN_DIR --out RUN_DIR/probes/rank</code> "
-        "(or mse, groupsize, multiturn) and write the report again, or pass <code>--probe DIR</code>.</p>")
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        "(or mse, groupsize, multiturn) and write the report again, or pass <code>--probe DIR</code>.</p>"
+    )
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>grpolab report: {_e(run_dir.name)}</title><style>{_CSS}</style></head>

@@ -16,8 +16,9 @@ import importlib.util
 import inspect
 import math
 import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Literal, NamedTuple, Sequence
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -45,11 +46,15 @@ def accuracy_reward(completions: list[str], records: list[dict]) -> list[float]:
 
 def format_reward(completions: list[str], records: list[dict]) -> list[float]:
     """1 if the completion ends with a well-formed ``#### <number>`` line (MATH records: holds a ``\\boxed{}``), else 0."""
-    return [float("\\boxed{" in c) if r.get("format") == "math" else float(bool(_FORMAT.search(c)))
-            for c, r in zip(completions, records)]
+    return [
+        float("\\boxed{" in c) if r.get("format") == "math" else float(bool(_FORMAT.search(c)))
+        for c, r in zip(completions, records)
+    ]
 
 
-ACCEPTED_FORMS = "grpolab's fn(completions, records) -> list[float] or TRL's fn(prompts, completions, **kwargs) -> list[float]"
+ACCEPTED_FORMS = (
+    "grpolab's fn(completions, records) -> list[float] or TRL's fn(prompts, completions, **kwargs) -> list[float]"
+)
 
 
 def reward_form(fn: Callable) -> Literal["grpolab", "trl"]:
@@ -113,7 +118,9 @@ def load_reward_fn(path: str) -> RewardFn:
 
     module_name, _, attr = path.rpartition(":") if path.count(":") > 1 else path.partition(":")  # C:\\x.py:fn
     if not module_name or not attr:
-        raise ConfigError(f"--reward-fn: must be given as 'module:function' or 'path/to/file.py:function', got {path!r}")
+        raise ConfigError(
+            f"--reward-fn: must be given as 'module:function' or 'path/to/file.py:function', got {path!r}"
+        )
     try:
         if module_name.endswith(".py"):  # a file: no need to put its directory on PYTHONPATH
             if not Path(module_name).is_file():
@@ -140,8 +147,11 @@ _RESERVED = {"mean", "std", "group_std_mean", "frac_zero_std", "accuracy", "form
 
 
 def reward_functions(
-    paths: Sequence[str], weights: Sequence[float], format_weight: float,
-    prompt_of: Callable[[dict], Any] = lambda r: r["question"], chat: bool = False,
+    paths: Sequence[str],
+    weights: Sequence[float],
+    format_weight: float,
+    prompt_of: Callable[[dict], Any] = lambda r: r["question"],
+    chat: bool = False,
 ) -> list[tuple[str, RewardFn, float]]:
     """The ``(name, fn, weight)`` a run scores with.
 
@@ -207,9 +217,7 @@ def _call_safely(fn: RewardFn, completions: list[str], records: list[dict]) -> t
     return [v if math.isfinite(v) else 0.0 for v in values], errors
 
 
-def score(
-    completions: list[str], records: list[dict], reward_fns: Sequence[tuple[str, RewardFn, float]]
-) -> Scores:
+def score(completions: list[str], records: list[dict], reward_fns: Sequence[tuple[str, RewardFn, float]]) -> Scores:
     """Score ``N`` completions with weighted reward functions ``(name, fn, weight)``."""
     total = torch.zeros(len(completions))
     components: dict[str, torch.Tensor] = {}

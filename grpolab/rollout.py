@@ -87,8 +87,17 @@ def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return -(logp.exp() * logp).sum(-1)
 
 
-def sample(model, prompts: list[list[int]], keys: list[tuple[int, ...]], *, max_new_tokens: int, temperature: float,
-           top_p: float, eos_id: int, pad_id: int) -> Batch:
+def sample(
+    model,
+    prompts: list[list[int]],
+    keys: list[tuple[int, ...]],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    eos_id: int,
+    pad_id: int,
+) -> Batch:
     """Sample one completion per prompt (repeat a prompt G times for a group).
 
     ``keys[n]`` seeds rollout n's random stream. Completions stop at EOS (kept,
@@ -98,8 +107,17 @@ def sample(model, prompts: list[list[int]], keys: list[tuple[int, ...]], *, max_
     return _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pad_id, False)[0]
 
 
-def sample_with_entropy(model, prompts: list[list[int]], keys: list[tuple[int, ...]], *, max_new_tokens: int,
-                        temperature: float, top_p: float, eos_id: int, pad_id: int) -> tuple[Batch, torch.Tensor]:
+def sample_with_entropy(
+    model,
+    prompts: list[list[int]],
+    keys: list[tuple[int, ...]],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    eos_id: int,
+    pad_id: int,
+) -> tuple[Batch, torch.Tensor]:
     """:func:`sample`, the same tokens, and the sampling policy's entropy at every completion token ``[N, T]``
     (0 on padding), from the logits the sampler already has: no extra forward pass."""
     return _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pad_id, True)
@@ -120,8 +138,12 @@ def _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pa
     first, inverse = distinct_prompts(prompt_ids, prompt_mask)  # [U], [N]
     cache = DynamicCache()
     out = model(
-        input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=position[first],
-        past_key_values=cache, use_cache=True, logits_to_keep=1,
+        input_ids=prompt_ids[first],
+        attention_mask=prompt_mask[first],
+        position_ids=position[first],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
     )
     cache.batch_select_indices(inverse)  # [U, ...] -> [N, ...]
     logits = out.logits[:, -1][inverse]  # [n, V]
@@ -146,8 +168,11 @@ def _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pa
             cache.batch_select_indices(keep)
         attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)  # [n, P + t + 1]
         out = model(
-            input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-            past_key_values=cache, use_cache=True,
+            input_ids=tok[:, None],
+            attention_mask=attn,
+            position_ids=next_pos[:, None],
+            past_key_values=cache,
+            use_cache=True,
         )
         logits = out.logits[:, -1]
         next_pos = next_pos + 1
@@ -162,8 +187,9 @@ def _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pa
 LOGITS_BUDGET = 2**25  # floats of [N, T, V] logits held at once before the LM head is chunked (128 MB fp32)
 
 
-def completion_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_rows: int | None = None,
-                        shared_prefix: bool = False) -> torch.Tensor:
+def completion_logprobs(
+    model, batch: Batch, temperature: float = 1.0, chunk_rows: int | None = None, shared_prefix: bool = False
+) -> torch.Tensor:
     """``[N, T]`` log pi(o_t | q, o_<t) of each completion token (0 where masked).
 
     The LM head runs at completion positions only: the prompt's logits are never formed.
@@ -200,7 +226,9 @@ def completion_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_row
     return _head_logprobs(head, hidden, target, temperature, chunk_rows) * batch.completion_mask
 
 
-def _head_logprobs(head, hidden: torch.Tensor, target: torch.Tensor, temperature: float, chunk_rows: int) -> torch.Tensor:
+def _head_logprobs(
+    head, hidden: torch.Tensor, target: torch.Tensor, temperature: float, chunk_rows: int
+) -> torch.Tensor:
     """``[N, T]`` log-probs of ``target`` from hidden states ``[N, T, d]``, the head over ``chunk_rows`` rows at a time
     under activation checkpointing (all at once when ``chunk_rows`` is 0 or covers the batch)."""
     N = hidden.shape[0]
@@ -211,7 +239,9 @@ def _head_logprobs(head, hidden: torch.Tensor, target: torch.Tensor, temperature
         return _token_logprobs(head(h), tgt, temperature)
 
     parts = [
-        torch.utils.checkpoint.checkpoint(chunk_logp, hidden[i : i + chunk_rows], target[i : i + chunk_rows], use_reentrant=False)
+        torch.utils.checkpoint.checkpoint(
+            chunk_logp, hidden[i : i + chunk_rows], target[i : i + chunk_rows], use_reentrant=False
+        )
         for i in range(0, N, chunk_rows)
     ]
     return torch.cat(parts)

@@ -36,7 +36,9 @@ class RunLogger:
 
                 self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
             except ImportError:
-                warn("--tensorboard: the tensorboard package is not installed (pip install tensorboard); not logging to TensorBoard")
+                warn(
+                    "--tensorboard: the tensorboard package is not installed (pip install tensorboard); not logging to TensorBoard"
+                )
         if wandb:
             try:
                 import wandb as wb

@@ -15,9 +15,26 @@ from pathlib import Path
 from grpolab.config import ConfigError, TrainConfig
 
 # The settings of a run that define its task and prompts (and the reward its gradient used).
-TASK_FIELDS = ("gguf_file", "chat", "system_prompt", "few_shot", "format", "eval_data", "data", "max_operand", "mul_max",
-               "categories", "max_new_tokens", "temperature", "format_weight", "seed",
-               "overlong_buffer", "overlong_penalty", "mask_truncated", "top_entropy_quantile")
+TASK_FIELDS = (
+    "gguf_file",
+    "chat",
+    "system_prompt",
+    "few_shot",
+    "format",
+    "eval_data",
+    "data",
+    "max_operand",
+    "mul_max",
+    "categories",
+    "max_new_tokens",
+    "temperature",
+    "format_weight",
+    "seed",
+    "overlong_buffer",
+    "overlong_penalty",
+    "mask_truncated",
+    "top_entropy_quantile",
+)
 # The probe options that change the gradient a probe measures; a run's own values are the defaults.
 GRADIENT_FIELDS = ("overlong_buffer", "overlong_penalty", "mask_truncated", "top_entropy_quantile")
 
@@ -67,7 +84,9 @@ def run_targets(spec: str) -> list[tuple[int, Target]]:
     if not _is_run_dir(path):
         return [(0, resolve_target(spec))]
     run_cfg = json.loads((path / "config.json").read_text())
-    return [(0, Target(run_cfg["model"], None, run_cfg))] + [(s, _checkpoint_target(d, run_cfg)) for s, d in checkpoint_dirs(path)]
+    return [(0, Target(run_cfg["model"], None, run_cfg))] + [
+        (s, _checkpoint_target(d, run_cfg)) for s, d in checkpoint_dirs(path)
+    ]
 
 
 def resolve_target(spec: str, step: int | None = None) -> Target:
@@ -79,9 +98,13 @@ def resolve_target(spec: str, step: int | None = None) -> Target:
         if step is None:
             step = max(targets)
             if step == 0:
-                raise FileNotFoundError(f"--model {spec}: a run directory with no complete checkpoint (--step 0 is its start)")
+                raise FileNotFoundError(
+                    f"--model {spec}: a run directory with no complete checkpoint (--step 0 is its start)"
+                )
         if step not in targets:
-            raise FileNotFoundError(f"--step {step}: {spec} has checkpoints of steps {sorted(targets)[1:]} (and 0, its start)")
+            raise FileNotFoundError(
+                f"--step {step}: {spec} has checkpoints of steps {sorted(targets)[1:]} (and 0, its start)"
+            )
         return check_intact(targets[step])
     if step is not None:
         raise ConfigError(f"--step: only with a run directory as --model, got {spec!r}")
@@ -94,8 +117,14 @@ def task_config(target: Target, **given) -> TrainConfig:
     """A training config for ``target``'s task: the run's settings, then ``given`` (flags a user set),
     then the defaults for the model. Resolved (model-dependent defaults filled in)."""
     known = {f.name for f in dataclasses.fields(TrainConfig)}
-    base = {k: (tuple(v) if isinstance(v, list) else v) for k, v in target.run_config.items() if k in TASK_FIELDS and k in known}
-    cfg = dataclasses.replace(TrainConfig(), model=target.weights, **{**base, **{k: v for k, v in given.items() if v is not None}})
+    base = {
+        k: (tuple(v) if isinstance(v, list) else v)
+        for k, v in target.run_config.items()
+        if k in TASK_FIELDS and k in known
+    }
+    cfg = dataclasses.replace(
+        TrainConfig(), model=target.weights, **{**base, **{k: v for k, v in given.items() if v is not None}}
+    )
     if target.run_config and "gguf_file" not in given and target.weights != target.run_config.get("model"):
         cfg = dataclasses.replace(cfg, gguf_file="")  # a checkpoint directory holds plain safetensors
     return cfg.resolved()
@@ -141,7 +170,9 @@ def probe_task(target: Target, probe_cfg):
     """
     from grpolab.data.task import task_data
 
-    keys = ("max_new_tokens", "temperature", "format_weight") + tuple(k for k in GRADIENT_FIELDS if hasattr(probe_cfg, k))
+    keys = ("max_new_tokens", "temperature", "format_weight") + tuple(
+        k for k in GRADIENT_FIELDS if hasattr(probe_cfg, k)
+    )
     cfg = task_config(target, **{k: getattr(probe_cfg, k) for k in keys})
     _, sampler = task_data(cfg, log=lambda *a, **k: None)
     probe_cfg = dataclasses.replace(probe_cfg, **{k: getattr(cfg, k) for k in keys})

@@ -98,11 +98,18 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     model = build_tiny_llama(cfg.model, tokenizer)
     policy = Policy(model, tokenizer, source="scratch")
     held_out = test_set(cfg.eval_questions, cfg.task)
-    sampler = TrainSampler(cfg.seed, cfg.task, exclude={r["question"] for r in test_set(500, cfg.task)} | {r["question"] for r in held_out})
+    sampler = TrainSampler(
+        cfg.seed, cfg.task, exclude={r["question"] for r in test_set(500, cfg.task)} | {r["question"] for r in held_out}
+    )
 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = get_scheduler("cosine_with_min_lr", opt, num_warmup_steps=cfg.warmup_steps,
-                          num_training_steps=cfg.steps, scheduler_specific_kwargs={"min_lr_rate": 0.1})
+    sched = get_scheduler(
+        "cosine_with_min_lr",
+        opt,
+        num_warmup_steps=cfg.warmup_steps,
+        num_training_steps=cfg.steps,
+        scheduler_specific_kwargs={"min_lr_rate": 0.1},
+    )
     model.train()
     t0 = time.perf_counter()
     with open(out / "sft_metrics.jsonl", "w") as log, progress_bar("sft", cfg.steps, enabled=cfg.progress) as bar:
@@ -110,7 +117,9 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
             batch = _batch(policy, sampler.draw(step, cfg.batch_size))
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [B, L, V]
             loss = torch.nn.functional.cross_entropy(  # next-token loss on the solution tokens only
-                logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(), ignore_index=-100,
+                logits[:, :-1].flatten(0, 1),
+                batch["labels"][:, 1:].flatten(),
+                ignore_index=-100,
                 label_smoothing=cfg.label_smoothing,
             )
             if not math.isfinite(loss.item()):
@@ -121,7 +130,9 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
             opt.step()
             sched.step()
             if step % 50 == 0 or step == cfg.steps:
-                log.write(json.dumps({"step": step, "loss/sft": loss.item(), "charts/lr": sched.get_last_lr()[0]}) + "\n")
+                log.write(
+                    json.dumps({"step": step, "loss/sft": loss.item(), "charts/lr": sched.get_last_lr()[0]}) + "\n"
+                )
                 bar.update(step, f"loss {loss.item():.3f}")
     metrics, _ = evaluate(policy, held_out, samples=cfg.eval_samples, seed=cfg.seed)
     metrics["time/sft_s"] = time.perf_counter() - t0

@@ -70,9 +70,21 @@ class SweepConfig:
             raise ConfigError("--seeds, --steps and --jobs must be >= 1")
 
     def run_config(self, G: int, seed: int) -> TrainConfig:
-        return TrainConfig(out=str(Path(self.out) / f"G{G}-seed{seed}"), steps=self.steps, seed=seed,
-                           prompts_per_step=self.budget // G, group_size=G, estimator=self.estimator, lr=self.lr,
-                           model=self.model, eval_questions=self.eval_questions, eval_every=0, save_every=0, keep_checkpoints=1, progress=False)
+        return TrainConfig(
+            out=str(Path(self.out) / f"G{G}-seed{seed}"),
+            steps=self.steps,
+            seed=seed,
+            prompts_per_step=self.budget // G,
+            group_size=G,
+            estimator=self.estimator,
+            lr=self.lr,
+            model=self.model,
+            eval_questions=self.eval_questions,
+            eval_every=0,
+            save_every=0,
+            keep_checkpoints=1,
+            progress=False,
+        )
 
 
 def _final_eval(run_dir: Path, steps: int) -> dict | None:
@@ -82,8 +94,12 @@ def _final_eval(run_dir: Path, steps: int) -> dict | None:
     last = [r for r in rows if r["step"] == steps]
     if not last:
         return None
-    return {"before_sampled": rows[0]["eval/accuracy_sampled"], "before_greedy": rows[0]["eval/accuracy_greedy"],
-            "sampled": last[0]["eval/accuracy_sampled"], "greedy": last[0]["eval/accuracy_greedy"]}
+    return {
+        "before_sampled": rows[0]["eval/accuracy_sampled"],
+        "before_greedy": rows[0]["eval/accuracy_greedy"],
+        "sampled": last[0]["eval/accuracy_sampled"],
+        "greedy": last[0]["eval/accuracy_greedy"],
+    }
 
 
 def _one_run(cfg: TrainConfig) -> str:
@@ -132,17 +148,41 @@ def run_sweep(cfg: SweepConfig, log=print) -> dict:
         rs = [r for r in runs if r["G"] == G]
         sm, slo, shi = mean_ci_t([r["sampled"] for r in rs])
         gm, glo, ghi = mean_ci_t([r["greedy"] for r in rs])
-        table.append({"G": G, "B": cfg.budget // G, "sampled": sm, "sampled_ci": [slo, shi], "greedy": gm, "greedy_ci": [glo, ghi]})
-    report = {"config": dataclasses.asdict(cfg), "wall_s": wall, "runs": runs, "table": table,
-              "best_g_sampled": max(table, key=lambda t: t["sampled"])["G"],
-              "best_g_greedy": max(table, key=lambda t: t["greedy"])["G"],
-              "before": {"sampled": statistics.fmean(r["before_sampled"] for r in runs),
-                         "greedy": statistics.fmean(r["before_greedy"] for r in runs)}}
+        table.append(
+            {
+                "G": G,
+                "B": cfg.budget // G,
+                "sampled": sm,
+                "sampled_ci": [slo, shi],
+                "greedy": gm,
+                "greedy_ci": [glo, ghi],
+            }
+        )
+    report = {
+        "config": dataclasses.asdict(cfg),
+        "wall_s": wall,
+        "runs": runs,
+        "table": table,
+        "best_g_sampled": max(table, key=lambda t: t["sampled"])["G"],
+        "best_g_greedy": max(table, key=lambda t: t["greedy"])["G"],
+        "before": {
+            "sampled": statistics.fmean(r["before_sampled"] for r in runs),
+            "greedy": statistics.fmean(r["before_greedy"] for r in runs),
+        },
+    }
     if cfg.predict:
         from grpolab.probes.mse_cmd import GroupsizeConfig, run_groupsize
 
-        gs = run_groupsize(GroupsizeConfig(policy=cfg.model, budget=cfg.budget, prompts=cfg.predict_prompts,
-                                           pool=cfg.predict_pool, out=str(out / "groupsize"), progress=cfg.progress))
+        gs = run_groupsize(
+            GroupsizeConfig(
+                policy=cfg.model,
+                budget=cfg.budget,
+                prompts=cfg.predict_prompts,
+                pool=cfg.predict_pool,
+                out=str(out / "groupsize"),
+                progress=cfg.progress,
+            )
+        )
         report["predicted_g_star"] = gs["g_star"]
         report["predicted_g_star_ci"] = gs["g_star_ci"]
     (out / "sweep.json").write_text(json.dumps(report, indent=2))
@@ -154,15 +194,21 @@ def run_sweep(cfg: SweepConfig, log=print) -> dict:
 
 def format_sweep(report: dict) -> str:
     cfg = report["config"]
-    lines = [f"budget B*G = {cfg['budget']}, {cfg['steps']} steps, {cfg['seeds']} seeds; held-out accuracy after "
-             f"(before: sampled {report['before']['sampled']:.3f}, greedy {report['before']['greedy']:.3f})",
-             f"{'G':>4} {'B':>4} {'sampled, mean [95% CI]':>28} {'greedy, mean [95% CI]':>28}"]
+    lines = [
+        f"budget B*G = {cfg['budget']}, {cfg['steps']} steps, {cfg['seeds']} seeds; held-out accuracy after "
+        f"(before: sampled {report['before']['sampled']:.3f}, greedy {report['before']['greedy']:.3f})",
+        f"{'G':>4} {'B':>4} {'sampled, mean [95% CI]':>28} {'greedy, mean [95% CI]':>28}",
+    ]
     for t in report["table"]:
-        lines.append(f"{t['G']:>4} {t['B']:>4} {t['sampled']:>12.3f} [{t['sampled_ci'][0]:.3f}, {t['sampled_ci'][1]:.3f}]"
-                     f" {t['greedy']:>12.3f} [{t['greedy_ci'][0]:.3f}, {t['greedy_ci'][1]:.3f}]")
+        lines.append(
+            f"{t['G']:>4} {t['B']:>4} {t['sampled']:>12.3f} [{t['sampled_ci'][0]:.3f}, {t['sampled_ci'][1]:.3f}]"
+            f" {t['greedy']:>12.3f} [{t['greedy_ci'][0]:.3f}, {t['greedy_ci'][1]:.3f}]"
+        )
     lines.append(f"best G: {report['best_g_sampled']} (sampled), {report['best_g_greedy']} (greedy)")
     if "predicted_g_star" in report:
         lo, hi = report["predicted_g_star_ci"]
-        lines.append(f"predicted G* (grpolab groupsize on the starting policy): {report['predicted_g_star']:.2f} [{lo:.2f}, {hi:.2f}]")
+        lines.append(
+            f"predicted G* (grpolab groupsize on the starting policy): {report['predicted_g_star']:.2f} [{lo:.2f}, {hi:.2f}]"
+        )
     lines.append(f"wall time of the runs: {report['wall_s']:.0f} s")
     return "\n".join(lines)

@@ -47,8 +47,14 @@ from grpolab.utils import git_revision
 class GRPOTrainer(TrainerBase):
     """The single-turn trainer: a step samples groups (``grpolab.collect``) and updates on them."""
 
-    def __init__(self, cfg: TrainConfig, log=print, adapter_from: str | Path | None = None, world: World = SINGLE,
-                 reference: torch.nn.Module | None = None):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        log=print,
+        adapter_from: str | Path | None = None,
+        world: World = SINGLE,
+        reference: torch.nn.Module | None = None,
+    ):
         super().__init__(cfg, log=log, adapter_from=adapter_from, world=world, reference=reference)
         self.collector = Collector(self)
 
@@ -69,7 +75,9 @@ class GRPOTrainer(TrainerBase):
             adv = torch.zeros(0, device=self.device)
         elif len(set(groups.sizes)) == 1:
             G = groups.sizes[0]
-            adv = compute_advantages(scores.total.to(self.device).view(len(groups.sizes), G), estimator).reshape(-1)  # [n]
+            adv = compute_advantages(scores.total.to(self.device).view(len(groups.sizes), G), estimator).reshape(
+                -1
+            )  # [n]
         else:
             adv = ragged_advantages(list(scores.total.to(self.device).split(groups.sizes)), estimator)  # [n]
         if cfg.scale_rewards == "batch" and roll.rewards:  # the std of every reward in the update, all ranks
@@ -87,17 +95,41 @@ class GRPOTrainer(TrainerBase):
         for n in groups.sizes:
             starts.append(starts[-1] + n)
         local = {
-            "samples": [(position[b], {"question": rec["question"], "completion": texts[starts[k]],
-                                       "reward": scores.total[starts[k]].item()})
-                        for k, (b, rec) in enumerate(zip(groups.prompt, groups.records)) if position[b] < cfg.log_samples],
-            "rollouts": [(position[b], {"prompt": b, "rollout": g, "question": rec["question"], "completion": texts[starts[k] + g],
-                                        "tokens": int(batch.completion_mask[starts[k] + g].sum()),
-                                        "reward": scores.total[starts[k] + g].item(), "advantage": adv[starts[k] + g].item()})
-                         for k, (b, rec) in enumerate(zip(groups.prompt, groups.records)) for g in range(groups.sizes[k])]
-                        if cfg.log_rollouts else [],
+            "samples": [
+                (
+                    position[b],
+                    {
+                        "question": rec["question"],
+                        "completion": texts[starts[k]],
+                        "reward": scores.total[starts[k]].item(),
+                    },
+                )
+                for k, (b, rec) in enumerate(zip(groups.prompt, groups.records))
+                if position[b] < cfg.log_samples
+            ],
+            "rollouts": [
+                (
+                    position[b],
+                    {
+                        "prompt": b,
+                        "rollout": g,
+                        "question": rec["question"],
+                        "completion": texts[starts[k] + g],
+                        "tokens": int(batch.completion_mask[starts[k] + g].sum()),
+                        "reward": scores.total[starts[k] + g].item(),
+                        "advantage": adv[starts[k] + g].item(),
+                    },
+                )
+                for k, (b, rec) in enumerate(zip(groups.prompt, groups.records))
+                for g in range(groups.sizes[k])
+            ]
+            if cfg.log_rollouts
+            else [],
         }
         parts = dist_.gather(local, self.world)
-        whole = {k: [x for _, x in sorted((x for p in parts for x in p[k]), key=lambda x: x[0])] for k in local}  # stable sort
+        whole = {
+            k: [x for _, x in sorted((x for p in parts for x in p[k]), key=lambda x: x[0])] for k in local
+        }  # stable sort
 
         probe = self._probe(step, roll, adv)  # on the policy that sampled
 
@@ -109,8 +141,13 @@ class GRPOTrainer(TrainerBase):
         gen = roll.generated
         lengths = torch.tensor(gen["length"], dtype=torch.float)  # [every rollout generated]
         reward = torch.tensor(gen["reward"])  # [every rollout generated]
-        group_std = (torch.tensor(roll.rewards).std(dim=1, unbiased=False) if len(set(sizes)) == 1 else
-                     torch.stack([torch.tensor(r).std(unbiased=False) for r in roll.rewards]) if sizes else None)  # [groups]
+        group_std = (
+            torch.tensor(roll.rewards).std(dim=1, unbiased=False)
+            if len(set(sizes)) == 1
+            else torch.stack([torch.tensor(r).std(unbiased=False) for r in roll.rewards])
+            if sizes
+            else None
+        )  # [groups]
         self.rollouts_total += reward.numel()
         metrics = {
             "reward/mean": reward.mean().item(),
@@ -163,9 +200,15 @@ class GRPOTrainer(TrainerBase):
             for b, n in zip(groups.prompt, groups.sizes):
                 if position[b] in live:
                     sub = select(batch, torch.arange(start, start + n, device=self.device))
-                    psi = score_gram(self.policy.model, sub, token_weights(sub.completion_mask, cfg.aggregation, cfg.max_new_tokens),
-                                     temperature=cfg.temperature)
-                    metrics.append((position[b], spectrum_metrics(singular_values_from_gram(psi, adv[start : start + n].cpu()))))
+                    psi = score_gram(
+                        self.policy.model,
+                        sub,
+                        token_weights(sub.completion_mask, cfg.aggregation, cfg.max_new_tokens),
+                        temperature=cfg.temperature,
+                    )
+                    metrics.append(
+                        (position[b], spectrum_metrics(singular_values_from_gram(psi, adv[start : start + n].cpu())))
+                    )
                 start += n
             metrics = [m for _, m in sorted(dist_.gather_concat(metrics, self.world), key=lambda x: x[0])]
             for key, name in (("effective_rank", "eff_rank"), ("top1_fraction", "top1_frac"), ("num_rank", "num_rank")):
@@ -199,8 +242,12 @@ class _StopSignals:
             os.kill(os.getpid(), signum)
             return
         self.signum = signum
-        print(f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
-              "(send it again to exit at once)", file=sys.stderr, flush=True)
+        print(
+            f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
+            "(send it again to exit at once)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -227,7 +274,9 @@ def _prepare_run_dir(cfg: TrainConfig, log=print) -> tuple[Path, int, Path | Non
         saved = json.loads((out / "config.json").read_text())
         for key in ("seed", "prompts_per_step", "group_size", "estimator", "aggregation", "model", "sampling"):
             if saved.get(key, "fixed" if key == "sampling" else None) != getattr(cfg, key):
-                raise ConfigError(f"--resume: --{key.replace('_', '-')} is {getattr(cfg, key)!r} but the run was started with {saved.get(key)!r}")
+                raise ConfigError(
+                    f"--resume: --{key.replace('_', '-')} is {getattr(cfg, key)!r} but the run was started with {saved.get(key)!r}"
+                )
         try:
             step, path = checkpoint.newest_intact(out, warn=log)
         except checkpoint.CheckpointError as e:
@@ -266,8 +315,11 @@ def train(cfg: TrainConfig, log=print) -> Path:
         trainer = MultiTurnTrainer(cfg, log=log, adapter_from=adapter_from, world=world)
     else:
         trainer = GRPOTrainer(cfg, log=log, adapter_from=adapter_from, world=world, reference=reference)
-    config_dict = {**dataclasses.asdict(cfg), "model": json.loads((out / "config.json").read_text())["model"] if ckpt else cfg.model,
-                   "world_size": world.size}
+    config_dict = {
+        **dataclasses.asdict(cfg),
+        "model": json.loads((out / "config.json").read_text())["model"] if ckpt else cfg.model,
+        "world_size": world.size,
+    }
     if ckpt is not None:
         state = checkpoint.load_training_state(ckpt, trainer.optimizer, trainer.scheduler, model=trainer.policy.model)
         start = state["step"]
@@ -281,10 +333,18 @@ def train(cfg: TrainConfig, log=print) -> Path:
     elif world.is_main:
         (out / "config.json").write_text(json.dumps({**config_dict, "code_version": git_revision()}, indent=2))
 
-    logger = RunLogger(out, config=config_dict, tensorboard=cfg.tensorboard, wandb=cfg.wandb, warn=log) if world.is_main else None
+    logger = (
+        RunLogger(out, config=config_dict, tensorboard=cfg.tensorboard, wandb=cfg.wandb, warn=log)
+        if world.is_main
+        else None
+    )
     try:
-        with _StopSignals() as stop, progress_bar("step", cfg.steps, enabled=cfg.progress and world.is_main, start=start,
-                                                  every=cfg.log_every, unit="step") as bar:
+        with (
+            _StopSignals() as stop,
+            progress_bar(
+                "step", cfg.steps, enabled=cfg.progress and world.is_main, start=start, every=cfg.log_every, unit="step"
+            ) as bar,
+        ):
             trainer_step = [start]  # the last finished step: what the bar counts while a step or evaluation runs
             trainer.status = lambda text: bar.update(trainer_step[0], text)
             if start == 0:
@@ -292,7 +352,9 @@ def train(cfg: TrainConfig, log=print) -> Path:
                 if logger:
                     logger.log(0, metrics)
                     logger.log_samples(0, [{"kind": "eval", **e} for e in examples])
-            spent = bool(cfg.max_rollouts and trainer.rollouts_total >= cfg.max_rollouts)  # resuming a run that reached it
+            spent = bool(
+                cfg.max_rollouts and trainer.rollouts_total >= cfg.max_rollouts
+            )  # resuming a run that reached it
             for step in range(start + 1, (start if spent else cfg.steps) + 1):
                 out_step = trainer.step(step)
                 metrics = out_step.metrics
@@ -319,15 +381,19 @@ def train(cfg: TrainConfig, log=print) -> Path:
                 bar.update(step, status, force=evaluated)
                 if last:
                     if step < cfg.steps:
-                        log(f"--max-rollouts {cfg.max_rollouts}: {trainer.rollouts_total} rollouts generated by step {step}; stopping")
+                        log(
+                            f"--max-rollouts {cfg.max_rollouts}: {trainer.rollouts_total} rollouts generated by step {step}; stopping"
+                        )
                     break
                 signum = dist_.all_max(stop.signum, world)  # every rank stops after the same step
                 if signum:
                     if not saved:
                         trainer.save(out, step)
                     path = out / "checkpoints" / f"step_{step}"
-                    log(f"stopped by {signal.Signals(signum).name} after step {step}: checkpoint {path}; "
-                        f"continue with --resume")
+                    log(
+                        f"stopped by {signal.Signals(signum).name} after step {step}: checkpoint {path}; "
+                        f"continue with --resume"
+                    )
                     raise TrainingInterrupted(signum, step, path)
     finally:
         if logger:

@@ -40,11 +40,18 @@ class StepOutput:
     rollouts: list[dict] | None = None
     """Every rollout of the step, in (prompt, rollout) order, with --log-rollouts."""
 
+
 class TrainerBase:
     """Owns the policy, reference, optimizer and data of one run; subclasses define ``step``."""
 
-    def __init__(self, cfg: TrainConfig, log=print, adapter_from: str | Path | None = None, world: World = SINGLE,
-                 reference: torch.nn.Module | None = None):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        log=print,
+        adapter_from: str | Path | None = None,
+        world: World = SINGLE,
+        reference: torch.nn.Module | None = None,
+    ):
         """``reference``: the KL reference when it is not the starting weights (a resumed run's start)."""
         cfg = cfg.resolved()
         cfg.validate()
@@ -60,8 +67,10 @@ class TrainerBase:
         log(f"loading {cfg.model}{' (' + cfg.gguf_file + ')' if cfg.gguf_file else ''} ...")
         self.policy: Policy = load_policy(cfg.model, dtype, gguf_file=cfg.gguf_file, chat=cfg.chat, device=self.device)
         n_params = sum(p.numel() for p in self.policy.model.parameters())
-        log(f"loaded {self.policy.source}: {n_params / 1e6:.1f} M parameters, {next(self.policy.model.parameters()).dtype}"
-            f" on {self.device}, in {time.perf_counter() - t0:.0f} s")
+        log(
+            f"loaded {self.policy.source}: {n_params / 1e6:.1f} M parameters, {next(self.policy.model.parameters()).dtype}"
+            f" on {self.device}, in {time.perf_counter() - t0:.0f} s"
+        )
         self.status = lambda text: None  # train() points this at the progress bar
         if cfg.format == "math":
             self.policy.system = MATH_SYSTEM_PROMPT
@@ -73,8 +82,11 @@ class TrainerBase:
             from grpolab.models.lora import add_lora, load_lora
 
             base = self.policy.model
-            self.policy.model = (load_lora(base, adapter_from) if adapter_from
-                                 else add_lora(base, cfg.lora_rank, cfg.lora_alpha or 2.0 * cfg.lora_rank))
+            self.policy.model = (
+                load_lora(base, adapter_from)
+                if adapter_from
+                else add_lora(base, cfg.lora_rank, cfg.lora_alpha or 2.0 * cfg.lora_rank)
+            )
         self.policy.model.train()
         # The reference is the starting policy, frozen (only needed when the KL term is on). With LoRA it
         # is the same model with the adapter disabled: no second copy in memory.
@@ -83,21 +95,35 @@ class TrainerBase:
         shared = cfg.shared_prefix == "on"
         if cfg.beta > 0 and not cfg.lora_rank:
             ref_model = reference.to(self.device) if reference is not None else copy.deepcopy(self.policy.model)
-            self.ref = TrainModule(ref_model.eval().requires_grad_(False), cfg.temperature, world, fsdp=cfg.fsdp,
-                                   shared_prefix=shared, log=log)
+            self.ref = TrainModule(
+                ref_model.eval().requires_grad_(False),
+                cfg.temperature,
+                world,
+                fsdp=cfg.fsdp,
+                shared_prefix=shared,
+                log=log,
+            )
         # Before the optimizer: under FSDP the parameters it holds are the shards.
-        self.train_module = TrainModule(self.policy.model, cfg.temperature, world, fsdp=cfg.fsdp, shared_prefix=shared, log=log)
+        self.train_module = TrainModule(
+            self.policy.model, cfg.temperature, world, fsdp=cfg.fsdp, shared_prefix=shared, log=log
+        )
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         total_updates = cfg.steps * cfg.mu
         self.scheduler = get_scheduler(
             {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[cfg.lr_schedule],
-            self.optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=total_updates,
+            self.optimizer,
+            num_warmup_steps=cfg.warmup_steps,
+            num_training_steps=total_updates,
         )
         policy = self.policy
         self.reward_fns = reward_functions(
-            cfg.reward_fn, cfg.reward_weights, cfg.format_weight, chat=policy.chat,
-            prompt_of=policy.chat_messages if policy.chat else policy.prompt_text)
+            cfg.reward_fn,
+            cfg.reward_weights,
+            cfg.format_weight,
+            chat=policy.chat,
+            prompt_of=policy.chat_messages if policy.chat else policy.prompt_text,
+        )
         self.held_out, self.sampler = self._data()
         self.rollouts_total = 0  # rollouts generated since step 1 (restored on resume)
         if cfg.few_shot and self.sampler is not None:  # solved examples from the training split
@@ -106,14 +132,22 @@ class TrainerBase:
     def _data(self):
         return task_data(self.cfg, self.log)
 
-
     def _no_update(self) -> dict:
         """A step with no group to learn from (--sampling filter, every round all-equal): the weights stay,
         the schedule moves on, and the step is counted (``sampling/short``)."""
         for _ in range(self.cfg.mu):
             self.scheduler.step()
-        return {"loss/total": None, "loss/policy": None, "loss/kl": None, "loss/clip_frac": None, "loss/ratio_mean": None,
-                "loss/active_frac": 0.0, "loss/skipped_updates": 0, "grad/norm": None, "charts/lr": self.scheduler.get_last_lr()[0]}
+        return {
+            "loss/total": None,
+            "loss/policy": None,
+            "loss/kl": None,
+            "loss/clip_frac": None,
+            "loss/ratio_mean": None,
+            "loss/active_frac": 0.0,
+            "loss/skipped_updates": 0,
+            "grad/norm": None,
+            "charts/lr": self.scheduler.get_last_lr()[0],
+        }
 
     def _update(self, batch: Batch, adv: torch.Tensor, entropy: torch.Tensor | None = None) -> dict:
         """mu optimizer steps on this rank's rollouts; with P ranks, the sum of their gradients.
@@ -129,9 +163,12 @@ class TrainerBase:
         mask = batch.completion_mask[:n]  # a rank with no rows of its own holds one stand-in row (collect.Rows)
         # The tokens that carry loss: --mask-truncated drops completions with no end-of-sequence token (DAPO),
         # by the rule the probes use (the entropy selection is applied below, its threshold over every rank).
-        loss_mask = loss_token_mask(batch.completion_ids[:n], mask, self.policy.eos_id,
-                                    mask_truncated=cfg.mask_truncated).to(mask.dtype)  # [n, T]
-        carries = loss_mask.bool().any(dim=1) if cfg.mask_truncated else torch.ones(n, dtype=torch.bool, device=mask.device)
+        loss_mask = loss_token_mask(
+            batch.completion_ids[:n], mask, self.policy.eos_id, mask_truncated=cfg.mask_truncated
+        ).to(mask.dtype)  # [n, T]
+        carries = (
+            loss_mask.bool().any(dim=1) if cfg.mask_truncated else torch.ones(n, dtype=torch.bool, device=mask.device)
+        )
         N, num_tokens = dist_.all_sum([float(n), float(loss_mask.sum())], world)
         N = int(N)
         mb = cfg.micro_batch or N
@@ -176,14 +213,29 @@ class TrainerBase:
                     sub_mask = loss_mask[idx, : sub.completion_mask.shape[1]] if c_i < real else sub.completion_mask
                     weights = None
                     if threshold is not None:
-                        ent = entropy[idx.cpu(), : sub_mask.shape[1]].to(sub_mask.device) if c_i < real else torch.zeros_like(logp)
+                        ent = (
+                            entropy[idx.cpu(), : sub_mask.shape[1]].to(sub_mask.device)
+                            if c_i < real
+                            else torch.zeros_like(logp)
+                        )
                         weights = high_entropy_mask(ent, sub_mask, threshold.to(ent.device))
                     loss, st = policy_loss(
-                        logp, old_logp.get(c_i, logp.detach()), adv[idx], sub_mask,
-                        clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref_logp.get(c_i), beta=cfg.beta,
-                        kl=cfg.kl, aggregation=cfg.aggregation, max_len=cfg.max_new_tokens,
-                        num_seqs=N, num_tokens=num_tokens, importance_sampling=cfg.importance_sampling,
-                        clip_delta=cfg.clip_delta or None, token_weights=weights,
+                        logp,
+                        old_logp.get(c_i, logp.detach()),
+                        adv[idx],
+                        sub_mask,
+                        clip_low=cfg.clip_low,
+                        clip_high=cfg.clip_high,
+                        ref_logp=ref_logp.get(c_i),
+                        beta=cfg.beta,
+                        kl=cfg.kl,
+                        aggregation=cfg.aggregation,
+                        max_len=cfg.max_new_tokens,
+                        num_seqs=N,
+                        num_tokens=num_tokens,
+                        importance_sampling=cfg.importance_sampling,
+                        clip_delta=cfg.clip_delta or None,
+                        token_weights=weights,
                     )
                     if c_i >= real:  # padding pass
                         loss = loss * 0.0
@@ -210,8 +262,12 @@ class TrainerBase:
             self.scheduler.step()
         # Whole-step sums: this rank's part plus the others'.
         keys = list(sums)
-        totals = dict(zip(keys + ["active", "active_tok"],
-                          dist_.all_sum([sums[k] for k in keys] + [rows.numel(), float(loss_mask[rows].sum())], world)))
+        totals = dict(
+            zip(
+                keys + ["active", "active_tok"],
+                dist_.all_sum([sums[k] for k in keys] + [rows.numel(), float(loss_mask[rows].sum())], world),
+            )
+        )
         active_tokens = max(1.0, totals["active_tok"])
         return {
             "loss/total": totals["loss"],
@@ -231,13 +287,20 @@ class TrainerBase:
         cfg = self.cfg
         with self.train_module.full_weights():
             metrics, examples = evaluate(
-                self.policy, self.held_out, samples=cfg.eval_samples, temperature=cfg.temperature,
-                max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, world=self.world,
+                self.policy,
+                self.held_out,
+                samples=cfg.eval_samples,
+                temperature=cfg.temperature,
+                max_new_tokens=cfg.max_new_tokens,
+                seed=cfg.seed,
+                world=self.world,
                 progress=lambda done, total: self.status(f"eval at step {step}: {done}/{total} completions"),
             )
         metrics["time/eval_s"] = time.perf_counter() - t0
-        self.log(f"eval at step {step}: {format_accuracy(metrics)}  ({len(self.held_out)} questions, "
-                 f"{cfg.eval_samples} samples each, {metrics['time/eval_s']:.0f} s)")
+        self.log(
+            f"eval at step {step}: {format_accuracy(metrics)}  ({len(self.held_out)} questions, "
+            f"{cfg.eval_samples} samples each, {metrics['time/eval_s']:.0f} s)"
+        )
         return metrics, examples[: self.cfg.log_samples]
 
     # ------------------------------------------------------------------ checkpoints
@@ -253,11 +316,22 @@ class TrainerBase:
         error = None
         if self.world.is_main:
             try:
-                checkpoint.save(out, step, self.policy.model, self.policy.tokenizer, self.optimizer, self.scheduler,
-                                {"seed": self.cfg.seed, "world_size": self.world.size, "rollouts_total": self.rollouts_total},
-                                keep=self.cfg.keep_checkpoints, model_state=model_state, optimizer_state=optim_state)
+                checkpoint.save(
+                    out,
+                    step,
+                    self.policy.model,
+                    self.policy.tokenizer,
+                    self.optimizer,
+                    self.scheduler,
+                    {"seed": self.cfg.seed, "world_size": self.world.size, "rollouts_total": self.rollouts_total},
+                    keep=self.cfg.keep_checkpoints,
+                    model_state=model_state,
+                    optimizer_state=optim_state,
+                )
             except checkpoint.CheckpointError as e:
                 error = e
         # Nobody runs ahead of (or resumes from) a checkpoint still being written, and a failed save stops every rank.
         if not dist_.all_true(error is None, self.world):
-            raise error or checkpoint.CheckpointError(f"could not write checkpoint step_{step} in {out / 'checkpoints'} (see rank 0)")
+            raise error or checkpoint.CheckpointError(
+                f"could not write checkpoint step_{step} in {out / 'checkpoints'} (see rank 0)"
+            )

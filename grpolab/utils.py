@@ -34,7 +34,9 @@ def git_revision() -> str | None:
 
     try:
         here = os.path.dirname(os.path.abspath(__file__))
-        out = subprocess.run(["git", "-C", here, "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "-C", here, "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=5
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None

@@ -20,7 +20,10 @@ def overflow_when_correct_muldiv(completions, records):
     non-finite on a rank that holds such a rollout and finite on one that does not."""
     from grpolab.rewards import accuracy_reward
 
-    return [3e38 * ok * any(op in r["question"] for op in "*/") for ok, r in zip(accuracy_reward(completions, records), records)]
+    return [
+        3e38 * ok * any(op in r["question"] for op in "*/")
+        for ok, r in zip(accuracy_reward(completions, records), records)
+    ]
 
 
 def odd_code_sum(completions, records):

@@ -105,7 +105,9 @@ def test_output_shape_and_float_dtype_for_integer_rewards():
 
 
 def test_vanilla_allows_a_single_rollout_per_prompt():
-    torch.testing.assert_close(compute_advantages(torch.tensor([[0.3], [1.0]]), "vanilla"), torch.tensor([[0.3], [1.0]]))
+    torch.testing.assert_close(
+        compute_advantages(torch.tensor([[0.3], [1.0]]), "vanilla"), torch.tensor([[0.3], [1.0]])
+    )
 
 
 # ---------------------------------------------------------------- errors

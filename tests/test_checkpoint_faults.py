@@ -18,18 +18,35 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from cli_helpers import run_cli
+from safetensors.torch import load_file
+from test_trainer_smoke import _cfg
+
 from grpolab import checkpoint
 from grpolab.checkpoint import CheckpointError, verify
 from grpolab.config import ConfigError
 from grpolab.runlog import read_metrics
 from grpolab.trainer import train
-from test_trainer_smoke import _cfg
 
-FLAGS = ["--prompts-per-step", "4", "--group-size", "4", "--eval-questions", "8", "--eval-samples", "1",
-         "--max-new-tokens", "32", "--threads", "1", "--warmup-steps", "0", "--no-progress", "--device", "cpu"]
+FLAGS = [
+    "--prompts-per-step",
+    "4",
+    "--group-size",
+    "4",
+    "--eval-questions",
+    "8",
+    "--eval-samples",
+    "1",
+    "--max-new-tokens",
+    "32",
+    "--threads",
+    "1",
+    "--warmup-steps",
+    "0",
+    "--no-progress",
+    "--device",
+    "cpu",
+]
 
 
 def _metrics(run: Path) -> list[dict]:
@@ -111,7 +128,9 @@ def test_no_intact_checkpoint_is_a_one_line_error(reference, tmp_path):
     shutil.copytree(reference, run)
     _truncate_weights(run / "checkpoints" / "step_4")
     _drop_optimizer(run / "checkpoints" / "step_2")
-    with pytest.raises(ConfigError, match=r"--resume: no intact checkpoint in .*checkpoints \(newest, step_4: .*model.safetensors"):
+    with pytest.raises(
+        ConfigError, match=r"--resume: no intact checkpoint in .*checkpoints \(newest, step_4: .*model.safetensors"
+    ):
         train(_cfg(run, steps=4, save_every=2, resume=True), log=lambda *a, **k: None)
     res = run_cli(["train", "--out", str(run), "--steps", "4", "--save-every", "2", "--resume", *FLAGS], tmp_path)
     assert res.returncode != 0 and "Traceback" not in res.stderr
@@ -123,10 +142,12 @@ def test_eval_rank_and_merge_refuse_a_damaged_checkpoint_in_one_line(reference, 
     shutil.copytree(reference, run)
     _truncate_weights(run / "checkpoints" / "step_4")
     ckpt = str(run / "checkpoints" / "step_4")
-    for args in (["eval", "--model", ckpt, "--questions", "4", "--samples", "1"],
-                 ["eval", "--model", str(run), "--questions", "4", "--samples", "1"],
-                 ["rank", "--checkpoint", str(run), "--group-sizes", "2", "--prompts", "2", "--out", str(tmp_path / "rank")],
-                 ["merge", "--checkpoint", ckpt, "--out", str(tmp_path / "merged")]):
+    for args in (
+        ["eval", "--model", ckpt, "--questions", "4", "--samples", "1"],
+        ["eval", "--model", str(run), "--questions", "4", "--samples", "1"],
+        ["rank", "--checkpoint", str(run), "--group-sizes", "2", "--prompts", "2", "--out", str(tmp_path / "rank")],
+        ["merge", "--checkpoint", ckpt, "--out", str(tmp_path / "merged")],
+    ):
         res = run_cli(args, tmp_path)
         assert res.returncode != 0 and "Traceback" not in res.stderr, (args, res.stderr[-500:])
         last = res.stderr.strip().splitlines()[-1]
@@ -152,18 +173,28 @@ def test_a_save_that_fails_leaves_the_previous_checkpoint_and_stops_with_one_lin
     assert [s for s, _ in checkpoint.checkpoint_dirs(run)] == [2] and verify(run / "checkpoints" / "step_2") is None
     assert not list((run / "checkpoints").glob(".tmp_*"))  # nothing half-written left behind
     # through the command line: one line on stderr, no traceback (the same fault, injected before main runs)
-    code = ("import errno, os, sys, grpolab.checkpoint as c\n"
-            "real = c.torch.save\n"
-            "def full(obj, path, *a, **k):\n"
-            "    if 'step_2' in str(path): raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))\n"
-            "    return real(obj, path, *a, **k)\n"
-            "c.torch.save = full\n"
-            "from grpolab.cli import main\n"
-            "main(sys.argv[1:])\n")
-    res = subprocess.run([sys.executable, "-c", code, "train", "--out", str(tmp_path / "cli"), "--steps", "2", *FLAGS],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    code = (
+        "import errno, os, sys, grpolab.checkpoint as c\n"
+        "real = c.torch.save\n"
+        "def full(obj, path, *a, **k):\n"
+        "    if 'step_2' in str(path): raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))\n"
+        "    return real(obj, path, *a, **k)\n"
+        "c.torch.save = full\n"
+        "from grpolab.cli import main\n"
+        "main(sys.argv[1:])\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code, "train", "--out", str(tmp_path / "cli"), "--steps", "2", *FLAGS],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert res.returncode != 0 and "Traceback" not in res.stderr
-    assert res.stderr.strip() == f"error: could not write checkpoint step_2 in {tmp_path / 'cli' / 'checkpoints'}: No space left on device"
+    assert (
+        res.stderr.strip()
+        == f"error: could not write checkpoint step_2 in {tmp_path / 'cli' / 'checkpoints'}: No space left on device"
+    )
 
 
 # ---------------------------------------------------------------- pre-emption
@@ -171,8 +202,22 @@ def test_a_save_that_fails_leaves_the_previous_checkpoint_and_stops_with_one_lin
 
 def _start(tmp: Path, name: str, steps: int, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    cmd = [sys.executable, "-m", "grpolab", "train", "--out", str(tmp / name), "--steps", str(steps), "--eval-every", "0",
-           "--save-every", "1000", *FLAGS, *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpolab",
+        "train",
+        "--out",
+        str(tmp / name),
+        "--steps",
+        str(steps),
+        "--eval-every",
+        "0",
+        "--save-every",
+        "1000",
+        *FLAGS,
+        *extra,
+    ]
     return subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -180,7 +225,9 @@ def _wait_for_step(run: Path, step: int, proc: subprocess.Popen, timeout: float 
     t0 = time.time()
     while time.time() - t0 < timeout:
         path = run / "metrics.jsonl"
-        if path.exists() and any(json.loads(line).get("step", 0) >= step for line in path.read_text().splitlines() if line.strip()):
+        if path.exists() and any(
+            json.loads(line).get("step", 0) >= step for line in path.read_text().splitlines() if line.strip()
+        ):
             return
         assert proc.poll() is None, proc.stdout.read()
         time.sleep(0.05)
@@ -203,11 +250,42 @@ def test_sigterm_saves_the_step_reached_and_resume_equals_the_uninterrupted_run(
         assert proc.returncode == 128 + signal.SIGTERM
     else:
         assert proc.returncode != 0
-    res = run_cli(["train", "--out", str(tmp_path / "cut"), "--steps", str(steps), "--eval-every", "0", "--save-every", "1000",
-                   "--resume", *FLAGS, *extra], tmp_path, timeout=300)
+    res = run_cli(
+        [
+            "train",
+            "--out",
+            str(tmp_path / "cut"),
+            "--steps",
+            str(steps),
+            "--eval-every",
+            "0",
+            "--save-every",
+            "1000",
+            "--resume",
+            *FLAGS,
+            *extra,
+        ],
+        tmp_path,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
-    whole = run_cli(["train", "--out", str(tmp_path / "whole"), "--steps", str(steps), "--eval-every", "0", "--save-every", "1000",
-                     *FLAGS, *extra], tmp_path, timeout=300)
+    whole = run_cli(
+        [
+            "train",
+            "--out",
+            str(tmp_path / "whole"),
+            "--steps",
+            str(steps),
+            "--eval-every",
+            "0",
+            "--save-every",
+            "1000",
+            *FLAGS,
+            *extra,
+        ],
+        tmp_path,
+        timeout=300,
+    )
     assert whole.returncode == 0, whole.stderr[-2000:]
     assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "whole")
     _assert_same_weights(tmp_path / "cut", tmp_path / "whole", steps)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from cli_helpers import run_cli as _run_cli
 
 from grpolab.cli import _parse
 from grpolab.config import ConfigError, TrainConfig, load_toml
-from cli_helpers import run_cli as _run_cli
 
 
 def test_default_config_is_valid():
@@ -98,7 +98,12 @@ def test_load_toml_missing_and_invalid_files(tmp_path):
 
 
 def test_parse_flags():
-    cfg = _parse(TrainConfig, ["--group-size", "4", "--prompts-per-step", "2", "--estimator", "rloo", "--no-progress"], "prog", "desc")
+    cfg = _parse(
+        TrainConfig,
+        ["--group-size", "4", "--prompts-per-step", "2", "--estimator", "rloo", "--no-progress"],
+        "prog",
+        "desc",
+    )
     assert (cfg.group_size, cfg.prompts_per_step, cfg.estimator, cfg.progress) == (4, 2, "rloo", False)
 
 
@@ -116,7 +121,9 @@ def test_parse_accepts_comma_separated_number_lists():
 def test_parse_merges_a_repeated_list_flag():
     from grpolab.probes.mse_cmd import MseConfig
 
-    cfg = _parse(MseConfig, ["--policy", "a", "--group-sizes", "2,4", "--policy", "b", "c", "--pool", "5"], "prog", "desc")
+    cfg = _parse(
+        MseConfig, ["--policy", "a", "--group-sizes", "2,4", "--policy", "b", "c", "--pool", "5"], "prog", "desc"
+    )
     assert cfg.policy == ("a", "b", "c") and cfg.group_sizes == (2, 4) and cfg.pool == 5
     cfg = _parse(MseConfig, ["--logits", "0", "-0.5"], "prog", "desc")  # a negative value is a value, not a flag
     assert cfg.logits == (0.0, -0.5)
@@ -132,8 +139,6 @@ def test_parse_config_file_then_flags_override(tmp_path):
     assert cfg.steps == TrainConfig().steps  # neither: the default
     cfg2 = _parse(TrainConfig, [f"--config={path}", "--group-size", "6"], "prog", "desc")
     assert cfg2.group_size == 6 and cfg2.lr == 3e-5
-
-
 
 
 def test_cli_train_help_lists_the_main_flags(tmp_path):

@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 
 from grpolab.data import ArithmeticSpec, DataError, ListSampler, TrainSampler, load_gsm8k_jsonl, make_question
-from grpolab.data.arithmetic import test_set as held_out_set  # renamed: pytest would collect 'test_set'
 from grpolab.data.arithmetic import CATEGORIES, held_out_size, probe_set, question_space
+from grpolab.data.arithmetic import test_set as held_out_set  # renamed: pytest would collect 'test_set'
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LINE = re.compile(r"^(-?\d+)([+\-*/])(-?\d+)=(-?\d+)$")  # one worked step: x op y=z
 
 
-def _draws(n: int, seed: int = 0, spec: ArithmeticSpec = ArithmeticSpec()) -> list[dict]:
+def _draws(n: int, seed: int = 0, spec: ArithmeticSpec | None = None) -> list[dict]:
     rng = np.random.default_rng(seed)
-    return [make_question(rng, spec) for _ in range(n)]
+    return [make_question(rng, spec or ArithmeticSpec()) for _ in range(n)]
 
 
 def _python_value(question: str) -> int:
@@ -204,8 +204,14 @@ def test_missing_and_empty_files(tmp_path):
         load_gsm8k_jsonl(empty)
 
 
-@pytest.mark.parametrize("spec", [ArithmeticSpec(12, 4, ("mul", "div")), ArithmeticSpec(10, 3, ("add_sub_2",)),
-                                  ArithmeticSpec(10, 5, ("paren", "mul"))])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        ArithmeticSpec(12, 4, ("mul", "div")),
+        ArithmeticSpec(10, 3, ("add_sub_2",)),
+        ArithmeticSpec(10, 5, ("paren", "mul")),
+    ],
+)
 def test_question_space_counts_what_the_generator_can_draw(spec):
     rng = np.random.default_rng(0)
     seen = {make_question(rng, spec)["question"] for _ in range(150_000)}

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import run_cli
 from safetensors.torch import load_file
 
 from grpolab.cli import _drop_flag
@@ -25,10 +26,23 @@ from grpolab.config import ConfigError, TrainConfig
 from grpolab.distributed import World, backend
 from grpolab.policy import ASSET_DIR
 from grpolab.runlog import read_metrics
-from cli_helpers import run_cli
 
-BASE = ["--prompts-per-step", "4", "--group-size", "4", "--eval-questions", "16", "--eval-samples", "2",
-        "--warmup-steps", "0", "--log-rollouts", "--no-progress", "--device", "cpu"]
+BASE = [
+    "--prompts-per-step",
+    "4",
+    "--group-size",
+    "4",
+    "--eval-questions",
+    "16",
+    "--eval-samples",
+    "2",
+    "--warmup-steps",
+    "0",
+    "--log-rollouts",
+    "--no-progress",
+    "--device",
+    "cpu",
+]
 # The KL reference, importance ratios (mu = 2), micro-batches and token-mean's global token count.
 KL_MU = ["--beta", "0.04", "--mu", "2", "--micro-batch", "2", "--estimator", "rloo", "--aggregation", "token-mean"]
 REL_TOL = 1e-5
@@ -59,12 +73,15 @@ def test_drop_flag_removes_the_flag_and_its_value_only():
     assert _drop_flag(args, "--nproc") == ["--steps", "3", "--nprocx", "1"]
 
 
-@pytest.mark.parametrize("over,world,msg", [
-    (dict(prompts_per_step=5), 2, "prompts-per-step"),
-    (dict(fsdp=True, lora_rank=4), 2, "fsdp"),
-    (dict(fsdp=True, probe_every=5), 2, "probe"),
-    (dict(nproc=0), 1, "nproc"),
-])
+@pytest.mark.parametrize(
+    "over,world,msg",
+    [
+        (dict(prompts_per_step=5), 2, "prompts-per-step"),
+        (dict(fsdp=True, lora_rank=4), 2, "fsdp"),
+        (dict(fsdp=True, probe_every=5), 2, "probe"),
+        (dict(nproc=0), 1, "nproc"),
+    ],
+)
 def test_invalid_multi_process_configs_name_the_field(over, world, msg):
     cfg = TrainConfig(**over)
     with pytest.raises(ConfigError, match=msg):
@@ -115,7 +132,9 @@ def _rollouts(run: Path) -> list[dict]:
 
 def _assert_same_metrics(a: Path, b: Path) -> None:
     ra, rb = read_metrics(a / "metrics.jsonl"), read_metrics(b / "metrics.jsonl")
-    assert [r["step"] for r in ra] == [r["step"] for r in rb] == list(range(len(ra)))  # one row per step: rank 0 alone writes
+    assert (
+        [r["step"] for r in ra] == [r["step"] for r in rb] == list(range(len(ra)))
+    )  # one row per step: rank 0 alone writes
     for x, y in zip(ra, rb):
         for k, v in x.items():
             if k.startswith("time/") or v is None:
@@ -178,7 +197,9 @@ def test_lora_adapters_train_the_same_on_two_processes(runs):
 
 def test_fsdp_matches_one_process(runs):
     tmp, r = runs
-    fsdp = _train(tmp, "fsdp", 3, *KL_MU, "--nproc", "2", "--fsdp")  # the probe needs whole parameters; it changes no weight
+    fsdp = _train(
+        tmp, "fsdp", 3, *KL_MU, "--nproc", "2", "--fsdp"
+    )  # the probe needs whole parameters; it changes no weight
     assert _rollouts(fsdp) == _rollouts(r["p1"])
     _assert_same_params(r["p1"], fsdp)
 
@@ -197,14 +218,23 @@ def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(runs, monk
     gradient reduction), and the update is skipped, and counted, everywhere: as on one process."""
     tmp, _ = runs
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the subprocesses import reward_fixtures
-    bad = ["--reward-fn", "reward_fixtures:overflow_when_correct_muldiv", "--estimator", "vanilla", "--format-weight", "0"]
+    bad = [
+        "--reward-fn",
+        "reward_fixtures:overflow_when_correct_muldiv",
+        "--estimator",
+        "vanilla",
+        "--format-weight",
+        "0",
+    ]
     one = _train(tmp, "nan1", 2, *bad)
     two = _train(tmp, "nan2", 2, *bad, "--nproc", "2")
     assert _rollouts(one) == _rollouts(two)
     skipped = [[r["loss/skipped_updates"] for r in read_metrics(run / "metrics.jsonl")[1:]] for run in (one, two)]
     assert skipped[0] == skipped[1] and sum(skipped[0]) >= 1, skipped
     # In a skipped step the overflow sat on one rank only: the other's loss was finite.
-    overflowed = [{r["prompt"] // 2 for r in _rollouts(two) if r["step"] == step and r["reward"] > 1e30} for step in (1, 2)]
+    overflowed = [
+        {r["prompt"] // 2 for r in _rollouts(two) if r["step"] == step and r["reward"] > 1e30} for step in (1, 2)
+    ]
     assert any(len(ranks) == 1 for ranks, n in zip(overflowed, skipped[1]) if n), overflowed
     start = load_file(str(ASSET_DIR / "model.safetensors"))
     p1, p2 = _params(one, 2), _params(two, 2)
@@ -218,8 +248,25 @@ def test_multi_turn_training_matches_one_process(runs):
     """The multi-turn trainer on 2 processes, with per-stage Monte Carlo baselines (branched
     continuations, whose streams are keyed by the trajectory's global index too)."""
     tmp, _ = runs
-    mt = ["--task", "arith-multiturn", "--stages", "2", "--advantage", "rtg-mc", "--branches", "2",
-          "--prompts-per-step", "4", "--group-size", "4", "--eval-questions", "6", "--warmup-steps", "0", "--no-progress"]
+    mt = [
+        "--task",
+        "arith-multiturn",
+        "--stages",
+        "2",
+        "--advantage",
+        "rtg-mc",
+        "--branches",
+        "2",
+        "--prompts-per-step",
+        "4",
+        "--group-size",
+        "4",
+        "--eval-questions",
+        "6",
+        "--warmup-steps",
+        "0",
+        "--no-progress",
+    ]
 
     def run(name, *extra):
         out = tmp / name
@@ -245,11 +292,35 @@ def test_two_nodes_by_rendezvous_match_one_process(runs):
     tmp, r = runs
     out = tmp / "nodes"
     port = _free_port()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "grpolab-test",
-           "-m", "grpolab", "train", "--out", str(out), "--steps", "3", *BASE, *REF]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "grpolab-test",
+        "-m",
+        "grpolab",
+        "train",
+        "--out",
+        str(out),
+        "--steps",
+        "3",
+        *BASE,
+        *REF,
+    ]
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    nodes = [subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    nodes = [
+        subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     results = [n.communicate(timeout=300) for n in nodes]
     assert all(n.returncode == 0 for n in nodes), [err[-2000:] for _, err in results]
     assert json.loads((out / "config.json").read_text())["world_size"] == 2
@@ -270,8 +341,14 @@ def _max_rel_diff(a, b, path="") -> float:
     """Largest relative difference between two JSON reports' numbers (timings and the config skipped)."""
     if isinstance(a, dict):
         assert a.keys() == b.keys(), path
-        return max([_max_rel_diff(a[k], b[k], f"{path}/{k}") for k in a
-                    if k != "config" and not k.startswith("t_") and "time" not in k] + [0.0])
+        return max(
+            [
+                _max_rel_diff(a[k], b[k], f"{path}/{k}")
+                for k in a
+                if k != "config" and not k.startswith("t_") and "time" not in k
+            ]
+            + [0.0]
+        )
     if isinstance(a, list):
         assert len(a) == len(b), path
         return max([_max_rel_diff(x, y, path) for x, y in zip(a, b)] + [0.0])

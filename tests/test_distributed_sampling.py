@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_distributed import KL_MU, _assert_same_metrics, _assert_same_params, _rollouts, _train
 
 from grpolab.runlog import read_metrics
-from test_distributed import KL_MU, _assert_same_metrics, _assert_same_params, _rollouts, _train
 
 
 def _one_and_two_processes_agree(tmp_path: Path, args: list[str]) -> list[dict]:
@@ -30,8 +30,17 @@ def test_sampling_modes_on_two_processes_equal_one_process(tmp_path, monkeypatch
     in size and the allocation is taken on the gathered pilots. KL, ratios and micro-batches on, as in the
     reference pair."""
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the subprocesses import reward_fixtures
-    args = ["--sampling", mode, "--pilot-size", "2", "--reward-fn", "reward_fixtures:code_sum_mod4",
-            "--format-weight", "0", *KL_MU]
+    args = [
+        "--sampling",
+        mode,
+        "--pilot-size",
+        "2",
+        "--reward-fn",
+        "reward_fixtures:code_sum_mod4",
+        "--format-weight",
+        "0",
+        *KL_MU,
+    ]
     rows = _one_and_two_processes_agree(tmp_path, args)
     key = "sampling/rounds" if mode == "filter" else "sampling/group_size_max"
     assert max(r[key] for r in rows) > (1 if mode == "filter" else 4), "the runs must exercise the mode"
@@ -41,8 +50,32 @@ def test_loss_variants_on_two_processes_equal_one_process(tmp_path):
     """The options whose statistics span the whole step: the batch reward std (--scale-rewards batch), the entropy
     threshold over every rank's tokens (--top-entropy-quantile), the token count without truncated completions
     (--mask-truncated, token-mean); with GSPO ratios, two-sided clipping, the overlong penalty, KL and mu = 2."""
-    args = ["--estimator", "grpo_std", "--scale-rewards", "batch", "--importance-sampling", "sequence", "--clip-delta", "1.5",
-            "--mask-truncated", "--max-new-tokens", "20", "--overlong-buffer", "4", "--top-entropy-quantile", "0.3",
-            "--beta", "0.04", "--mu", "2", "--micro-batch", "2", "--aggregation", "token-mean"]
+    args = [
+        "--estimator",
+        "grpo_std",
+        "--scale-rewards",
+        "batch",
+        "--importance-sampling",
+        "sequence",
+        "--clip-delta",
+        "1.5",
+        "--mask-truncated",
+        "--max-new-tokens",
+        "20",
+        "--overlong-buffer",
+        "4",
+        "--top-entropy-quantile",
+        "0.3",
+        "--beta",
+        "0.04",
+        "--mu",
+        "2",
+        "--micro-batch",
+        "2",
+        "--aggregation",
+        "token-mean",
+    ]
     rows = _one_and_two_processes_agree(tmp_path, args)
-    assert all(0 < r["completion/truncated_frac"] < 1 for r in rows), "some completions must be cut for the test to bite"
+    assert all(0 < r["completion/truncated_frac"] < 1 for r in rows), (
+        "some completions must be cut for the test to bite"
+    )

@@ -12,11 +12,11 @@ import math
 
 import numpy as np
 import pytest
+from cli_helpers import run_cli
 
 from grpolab.evaluate import accuracy_summary
 from grpolab.runlog import read_metrics
 from grpolab.stats import Z95, clustered_accuracy_interval, wilson_interval
-from cli_helpers import run_cli
 
 
 def _wilson_by_bisection(k: int, n: int) -> tuple[float, float]:
@@ -24,7 +24,7 @@ def _wilson_by_bisection(k: int, n: int) -> tuple[float, float]:
     phat = k / n
 
     def f(p):
-        return (phat - p) ** 2 - Z95 ** 2 * p * (1 - p) / n
+        return (phat - p) ** 2 - Z95**2 * p * (1 - p) / n
 
     def root(a, b):  # f changes sign on [a, b]
         for _ in range(200):
@@ -73,7 +73,11 @@ def test_accuracy_summary_per_category():
 
 
 def test_eval_cli_on_builtin(tmp_path):
-    res = run_cli(["eval", "--questions", "30", "--samples", "2", "--json", str(tmp_path / "e.json"), "--threads", "1"], tmp_path, 300)
+    res = run_cli(
+        ["eval", "--questions", "30", "--samples", "2", "--json", str(tmp_path / "e.json"), "--threads", "1"],
+        tmp_path,
+        300,
+    )
     assert res.returncode == 0, res.stderr
     report = json.loads((tmp_path / "e.json").read_text())
     m = report["metrics"]
@@ -98,16 +102,35 @@ def test_eval_reproduces_a_runs_own_evaluation(tmp_path):
     from grpolab.trainer import train
 
     run = tmp_path / "run"
-    train(TrainConfig(out=str(run), steps=2, prompts_per_step=4, group_size=4, eval_questions=12, eval_samples=2, lr=1e-3,
-                      warmup_steps=0, max_operand=50, categories=("add_sub_2", "mul"), few_shot=1, progress=False, threads=1,
-                      seed=3, device="cpu"), log=lambda *a, **k: None)
+    train(
+        TrainConfig(
+            out=str(run),
+            steps=2,
+            prompts_per_step=4,
+            group_size=4,
+            eval_questions=12,
+            eval_samples=2,
+            lr=1e-3,
+            warmup_steps=0,
+            max_operand=50,
+            categories=("add_sub_2", "mul"),
+            few_shot=1,
+            progress=False,
+            threads=1,
+            seed=3,
+            device="cpu",
+        ),
+        log=lambda *a, **k: None,
+    )
     logged = {r["step"]: r for r in read_metrics(run / "metrics.jsonl") if "eval/accuracy_greedy" in r}
     for step in (0, 2):
         report = _eval(model=str(run), step=step, questions=12, samples=2)
         assert report["task"]["max_operand"] == 50 and report["task"]["few_shot"] == 1  # the run's task
         for key in ("eval/accuracy_greedy", "eval/accuracy_sampled", "eval/greedy_mul"):
             assert report["metrics"][key] == pytest.approx(logged[step][key]), (step, key)
-    assert _eval(model=str(run), questions=12, samples=2)["metrics"] == report["metrics"]  # newest checkpoint by default
+    assert (
+        _eval(model=str(run), questions=12, samples=2)["metrics"] == report["metrics"]
+    )  # newest checkpoint by default
     # a step that was not saved is refused in one line
     res = run_cli(["eval", "--model", str(run), "--step", "1", "--questions", "4", "--no-progress"], tmp_path, 120)
     assert res.returncode == 2 and "checkpoints of steps [2]" in res.stderr and "Traceback" not in res.stderr
@@ -118,8 +141,23 @@ def test_eval_of_a_lora_run_puts_the_adapter_on_the_base(tmp_path):
     from grpolab.trainer import train
 
     run = tmp_path / "lora"
-    train(TrainConfig(out=str(run), steps=1, prompts_per_step=4, group_size=4, eval_questions=10, eval_samples=1,
-                      lora_rank=4, lr=5e-3, warmup_steps=0, progress=False, threads=1, device="cpu"), log=lambda *a, **k: None)
+    train(
+        TrainConfig(
+            out=str(run),
+            steps=1,
+            prompts_per_step=4,
+            group_size=4,
+            eval_questions=10,
+            eval_samples=1,
+            lora_rank=4,
+            lr=5e-3,
+            warmup_steps=0,
+            progress=False,
+            threads=1,
+            device="cpu",
+        ),
+        log=lambda *a, **k: None,
+    )
     logged = [r for r in read_metrics(run / "metrics.jsonl") if "eval/accuracy_greedy" in r][-1]
     report = _eval(model=str(run / "checkpoints" / "step_1"), questions=10, samples=1)
     assert report["weights"] == "builtin" and report["adapter"].endswith("step_1")

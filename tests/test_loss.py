@@ -46,7 +46,9 @@ def test_padding_values_do_not_count(mode):
     junk = VALUES.clone()
     junk[0, 2] = 1e6
     junk[1, 1:] = -3e5
-    assert aggregate(junk, MASK, mode, max_len=5).item() == pytest.approx(aggregate(VALUES, MASK, mode, max_len=5).item())
+    assert aggregate(junk, MASK, mode, max_len=5).item() == pytest.approx(
+        aggregate(VALUES, MASK, mode, max_len=5).item()
+    )
 
 
 def test_unknown_aggregation_raises():
@@ -189,12 +191,16 @@ def test_gradient_at_ratio_one_is_minus_a_over_n_len():
     g = torch.Generator().manual_seed(4)
     N, T = 5, 6
     logp = (torch.randn(N, T, generator=g) - 1).requires_grad_(True)
-    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0]])
+    mask = torch.tensor(
+        [[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0]]
+    )
     lengths = [6, 2, 1, 3, 5]
     adv = torch.tensor([0.5, -1.0, 2.0, 0.0, -0.25])
     loss, _ = policy_loss(logp, logp.detach(), adv, mask, beta=0.0, aggregation="seq-mean-token-mean")
     loss.backward()
-    expected = torch.tensor([[-adv[i].item() / (N * lengths[i]) * mask[i, t].item() for t in range(T)] for i in range(N)])
+    expected = torch.tensor(
+        [[-adv[i].item() / (N * lengths[i]) * mask[i, t].item() for t in range(T)] for i in range(N)]
+    )
     torch.testing.assert_close(logp.grad, expected, rtol=1e-6, atol=1e-8)
 
 
@@ -222,7 +228,9 @@ def test_micro_batches_sum_to_the_whole_batch_gradient(aggregation, beta):
     ref = old + 0.5 * torch.randn(N, T, generator=g)
     logp0 = old + 0.3 * torch.randn(N, T, generator=g)  # ratios spread over and beyond [0.8, 1.2]
     adv = torch.randn(N, generator=g)
-    common = dict(clip_low=0.2, clip_high=0.28, ref_logp=None, beta=beta, kl="k3", aggregation=aggregation, max_len=max_len)
+    common = dict(
+        clip_low=0.2, clip_high=0.28, ref_logp=None, beta=beta, kl="k3", aggregation=aggregation, max_len=max_len
+    )
 
     whole = logp0.clone().requires_grad_(True)
     loss, st = policy_loss(whole, old, adv, mask, **{**common, "ref_logp": ref})
@@ -233,8 +241,15 @@ def test_micro_batches_sum_to_the_whole_batch_gradient(aggregation, beta):
     total, num_tokens = 0.0, float(mask.sum())
     for idx, cols in _chunks_with_trimmed_columns(mask, [2, 3, 1]):
         lp = micro[idx, :cols]
-        l_c, _ = policy_loss(lp, old[idx, :cols], adv[idx], mask[idx, :cols], **{**common, "ref_logp": ref[idx, :cols]},
-                             num_seqs=N, num_tokens=num_tokens)
+        l_c, _ = policy_loss(
+            lp,
+            old[idx, :cols],
+            adv[idx],
+            mask[idx, :cols],
+            **{**common, "ref_logp": ref[idx, :cols]},
+            num_seqs=N,
+            num_tokens=num_tokens,
+        )
         l_c.backward()
         total += l_c.item()
     assert total == pytest.approx(loss.item(), abs=1e-6)
@@ -266,8 +281,7 @@ def _model_and_batch():
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 def test_micro_batches_through_a_real_model_give_the_whole_batch_gradient(aggregation, beta):
-    from grpolab.rollout import completion_logprobs
-    from grpolab.rollout import select
+    from grpolab.rollout import completion_logprobs, select
 
     model, batch = _model_and_batch()
     N, max_len = batch.completion_ids.shape[0], 8
@@ -278,8 +292,16 @@ def test_micro_batches_through_a_real_model_give_the_whole_batch_gradient(aggreg
     old = base + 0.3 * torch.randn(base.shape, generator=g) * mask
     ref = base + 0.5 * torch.randn(base.shape, generator=g) * mask
     adv = torch.tensor([1.0, -0.5, 0.25, -1.5, 0.8, -0.1])
-    kw = dict(clip_low=0.2, clip_high=0.2, beta=beta, kl="k3", aggregation=aggregation, max_len=max_len,
-              num_seqs=N, num_tokens=float(mask.sum()))
+    kw = dict(
+        clip_low=0.2,
+        clip_high=0.2,
+        beta=beta,
+        kl="k3",
+        aggregation=aggregation,
+        max_len=max_len,
+        num_seqs=N,
+        num_tokens=float(mask.sum()),
+    )
 
     def grads():
         return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}

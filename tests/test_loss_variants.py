@@ -16,7 +16,7 @@ from grpolab.rewards import overlong_penalty
 def _random(seed: int, N: int = 6, T: int = 7):
     g = torch.Generator().manual_seed(seed)
     logp = (-torch.rand(N, T, generator=g) * 3).double().requires_grad_(True)
-    old = (logp.detach() + 0.3 * torch.randn(N, T, generator=g, dtype=torch.float64))
+    old = logp.detach() + 0.3 * torch.randn(N, T, generator=g, dtype=torch.float64)
     lengths = torch.randint(1, T + 1, (N,), generator=g)
     mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
     adv = torch.randn(N, generator=g, dtype=torch.float64)
@@ -39,8 +39,17 @@ def _aggregate_by_hand(per_token: torch.Tensor, mask: torch.Tensor, mode: str, T
 def test_sequence_ratio_loss_against_the_gspo_formula(aggregation):
     logp, old, mask, adv = _random(0)
     eps_lo, eps_hi = 0.05, 0.08
-    loss, _ = policy_loss(logp, old, adv, mask, clip_low=eps_lo, clip_high=eps_hi, aggregation=aggregation,
-                          importance_sampling="sequence", max_len=7)
+    loss, _ = policy_loss(
+        logp,
+        old,
+        adv,
+        mask,
+        clip_low=eps_lo,
+        clip_high=eps_hi,
+        aggregation=aggregation,
+        importance_sampling="sequence",
+        max_len=7,
+    )
     # GSPO: s_i = (prod_t pi/pi_old)^(1/|o_i|), one clipped term per rollout, the same on each of its tokens
     rows = []
     for i in range(logp.shape[0]):
@@ -50,8 +59,8 @@ def test_sequence_ratio_loss_against_the_gspo_formula(aggregation):
         rows.append(term.expand(logp.shape[1]))
     expected = _aggregate_by_hand(torch.stack(rows), mask, aggregation, 7)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
-    g1, = torch.autograd.grad(loss, logp)
-    g2, = torch.autograd.grad(expected, logp)
+    (g1,) = torch.autograd.grad(loss, logp)
+    (g2,) = torch.autograd.grad(expected, logp)
     torch.testing.assert_close(g1, g2, rtol=1e-10, atol=1e-12)
 
 
@@ -70,7 +79,9 @@ def test_at_ratio_one_sequence_and_token_ratios_give_the_same_gradient(aggregati
     logp, _, mask, adv = _random(2)
     grads = []
     for level in ("token", "sequence"):
-        loss, _ = policy_loss(logp, logp.detach(), adv, mask, aggregation=aggregation, importance_sampling=level, max_len=7)
+        loss, _ = policy_loss(
+            logp, logp.detach(), adv, mask, aggregation=aggregation, importance_sampling=level, max_len=7
+        )
         grads.append(torch.autograd.grad(loss, logp)[0])
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-14)
 
@@ -92,7 +103,9 @@ def test_clip_delta_caps_the_ratio_of_negative_advantages_only():
     adv = torch.tensor([[-1.0, -1.0, 1.0, -1.0]], dtype=torch.float64)
     per_token = []
     for delta in (None, 2.0):
-        loss, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, clip_delta=delta, aggregation="token-mean")
+        loss, _ = policy_loss(
+            logp, old, adv, mask, clip_low=0.2, clip_high=0.2, clip_delta=delta, aggregation="token-mean"
+        )
         per_token.append(float(loss) * 4)
     # no delta: -min(rA, clip(r)A) = [3, 0.8, -1.2, 1.1]; delta 2: the first becomes -min(2 * -1, 1.2 * -1) = 2
     assert per_token[0] == pytest.approx(3 + 0.8 - 1.2 + 1.1)
@@ -107,7 +120,9 @@ def test_clip_delta_agrees_with_an_elementwise_formula():
     loss, _ = policy_loss(logp, old, adv, mask, clip_delta=delta, aggregation="token-mean")
     r = torch.exp(logp - old)
     a = adv[:, None]
-    expected = _aggregate_by_hand(-torch.minimum(torch.clamp(r, max=delta) * a, torch.clamp(r, 0.8, 1.2) * a), mask, "token-mean", 7)
+    expected = _aggregate_by_hand(
+        -torch.minimum(torch.clamp(r, max=delta) * a, torch.clamp(r, 0.8, 1.2) * a), mask, "token-mean", 7
+    )
     assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
     assert (r[mask.bool()] > delta).any()
 
@@ -136,7 +151,9 @@ def test_token_weights_remove_the_policy_term_but_keep_the_kl_and_the_normaliser
     logp, old, mask, adv = _random(5)
     ref = logp.detach() - 0.2
     w = (torch.rand(6, 7, generator=torch.Generator().manual_seed(1)) > 0.5).double()
-    loss, st = policy_loss(logp, old, adv, mask, ref_logp=ref, beta=0.1, aggregation="seq-mean-token-mean", token_weights=w)
+    loss, st = policy_loss(
+        logp, old, adv, mask, ref_logp=ref, beta=0.1, aggregation="seq-mean-token-mean", token_weights=w
+    )
     r = torch.exp(logp - old)
     a = adv[:, None]
     surrogate = torch.minimum(r * a, torch.clamp(r, 0.8, 1.2) * a)
@@ -169,7 +186,9 @@ def test_scale_rewards_group_batch_none():
     none = compute_advantages(rewards, estimator_for_scale("grpo_std", "none"))
     np.testing.assert_allclose(none.numpy(), centred, rtol=1e-5, atol=1e-6)
     batch = none / (batch_std(rewards) + STD_EPS)
-    np.testing.assert_allclose(batch.numpy(), centred / (r.std() + STD_EPS), rtol=1e-5, atol=1e-6)  # numpy: population std
+    np.testing.assert_allclose(
+        batch.numpy(), centred / (r.std() + STD_EPS), rtol=1e-5, atol=1e-6
+    )  # numpy: population std
     assert estimator_for_scale("rloo", "batch") == "rloo"
 
 
@@ -195,4 +214,4 @@ def test_sampler_entropies_equal_a_teacher_forced_forward():
             probs = torch.softmax(logits, -1)
             expected = -(probs * torch.log(probs)).sum(-1)
             torch.testing.assert_close(ent[i, : len(c)].double(), expected, rtol=1e-4, atol=1e-4)
-            assert (ent[i, len(c):] == 0).all()
+            assert (ent[i, len(c) :] == 0).all()

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import run_cli
 
 from grpolab.policy import Policy, load_policy
 from grpolab.rollout import completion_logprobs, sample
-from cli_helpers import run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SIMPLE_TEMPLATE = (
@@ -38,7 +38,10 @@ def test_plain_prompt_with_few_shot(tiny_model, char_tokenizer):
     ids = pol.prompt_ids({"question": "2+3"})
     assert ids[0] == char_tokenizer.bos_token_id
     assert char_tokenizer.decode(ids[1:]) == "1+1\n1+1=2\n#### 2\n\n2+3\n"
-    assert Policy(tiny_model, char_tokenizer, "tiny").prompt_ids({"question": "2+3"})[1:] == char_tokenizer("2+3\n", add_special_tokens=False)["input_ids"]
+    assert (
+        Policy(tiny_model, char_tokenizer, "tiny").prompt_ids({"question": "2+3"})[1:]
+        == char_tokenizer("2+3\n", add_special_tokens=False)["input_ids"]
+    )
 
 
 def test_builtin_never_uses_chat_and_chat_on_needs_a_template():
@@ -73,8 +76,16 @@ def test_missing_smollm2_package_says_how_to_install(monkeypatch):
 def test_chunked_logprobs_and_gradients_equal_the_whole_head(tiny_model, char_tokenizer):
     pol = Policy(tiny_model, char_tokenizer, "tiny")
     prompts = [pol.prompt_ids({"question": q}) for q in ("12+7", "3*4", "99-1", "5+5", "8/2")]
-    batch = sample(tiny_model, prompts, [(3, i) for i in range(5)], max_new_tokens=10, temperature=1.0, top_p=1.0,
-                   eos_id=pol.eos_id, pad_id=pol.pad_id)
+    batch = sample(
+        tiny_model,
+        prompts,
+        [(3, i) for i in range(5)],
+        max_new_tokens=10,
+        temperature=1.0,
+        top_p=1.0,
+        eos_id=pol.eos_id,
+        pad_id=pol.pad_id,
+    )
     params = [p for p in tiny_model.parameters()]
     whole = completion_logprobs(tiny_model, batch, chunk_rows=0)
     g_whole = torch.autograd.grad((whole * torch.arange(1.0, whole.shape[1] + 1)).sum(), params, allow_unused=True)
@@ -91,8 +102,16 @@ def test_large_vocabulary_chunks_automatically(tiny_model, char_tokenizer, monke
     from grpolab import rollout
 
     pol = Policy(tiny_model, char_tokenizer, "tiny")
-    batch = sample(tiny_model, [pol.prompt_ids({"question": "1+2"})] * 4, [(4, i) for i in range(4)], max_new_tokens=6,
-                   temperature=1.0, top_p=1.0, eos_id=pol.eos_id, pad_id=pol.pad_id)
+    batch = sample(
+        tiny_model,
+        [pol.prompt_ids({"question": "1+2"})] * 4,
+        [(4, i) for i in range(4)],
+        max_new_tokens=6,
+        temperature=1.0,
+        top_p=1.0,
+        eos_id=pol.eos_id,
+        pad_id=pol.pad_id,
+    )
     whole = completion_logprobs(tiny_model, batch, chunk_rows=0)
     calls = []
     monkeypatch.setattr(rollout, "LOGITS_BUDGET", 8 * char_tokenizer.vocab_size)  # a budget of ~1 rollout's logits
@@ -108,8 +127,21 @@ def test_large_vocabulary_chunks_automatically(tiny_model, char_tokenizer, monke
 def _lora_cfg(tmp_path, **kw):
     from grpolab.config import TrainConfig
 
-    base = dict(model="builtin", lora_rank=4, steps=2, prompts_per_step=2, group_size=4, max_new_tokens=24, lr=1e-2,
-                warmup_steps=0, eval_every=0, eval_questions=4, eval_samples=1, out=str(tmp_path / "lora"), progress=False)
+    base = dict(
+        model="builtin",
+        lora_rank=4,
+        steps=2,
+        prompts_per_step=2,
+        group_size=4,
+        max_new_tokens=24,
+        lr=1e-2,
+        warmup_steps=0,
+        eval_every=0,
+        eval_questions=4,
+        eval_samples=1,
+        out=str(tmp_path / "lora"),
+        progress=False,
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -147,7 +179,9 @@ def test_lora_checkpoint_resume_and_merge(tmp_path):
     shutil.rmtree(resumed / "checkpoints" / "step_3")
     train(_lora_cfg(tmp_path, steps=3, save_every=1, out=str(resumed), resume=True))
     strip = lambda r: {k: v for k, v in r.items() if not k.startswith("time/")}  # noqa: E731
-    assert [strip(r) for r in read_metrics(out / "metrics.jsonl")] == [strip(r) for r in read_metrics(resumed / "metrics.jsonl")]
+    assert [strip(r) for r in read_metrics(out / "metrics.jsonl")] == [
+        strip(r) for r in read_metrics(resumed / "metrics.jsonl")
+    ]
     # merge: a plain model with the adapter's logits
     main(["merge", "--checkpoint", str(ckpt), "--out", str(tmp_path / "merged")])
     merged = load_policy(str(tmp_path / "merged")).model.eval()
@@ -187,7 +221,9 @@ def test_math_format_needs_math_files():
 
     with pytest.raises(ConfigError, match="--format"):
         TrainConfig(format="math").validate()
-    TrainConfig(format="math", data=str(FIXTURES / "math_small.jsonl"), eval_data=str(FIXTURES / "math_small.jsonl")).validate()
+    TrainConfig(
+        format="math", data=str(FIXTURES / "math_small.jsonl"), eval_data=str(FIXTURES / "math_small.jsonl")
+    ).validate()
 
 
 # ---------------------------------------------------------------- SmolLM2-135M-Instruct (slow: loads a real LLM)
@@ -200,9 +236,20 @@ def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):
     from grpolab.probes.rank import RankConfig, run_rank
     from grpolab.trainer import GRPOTrainer
 
-    cfg = TrainConfig(model="smollm2-135m-instruct", prompts_per_step=2, group_size=4, max_new_tokens=16, steps=2,
-                      lr=1e-4, warmup_steps=0, eval_questions=2, eval_samples=1, out=str(tmp_path / "run"), progress=False,
-                      threads=2)
+    cfg = TrainConfig(
+        model="smollm2-135m-instruct",
+        prompts_per_step=2,
+        group_size=4,
+        max_new_tokens=16,
+        steps=2,
+        lr=1e-4,
+        warmup_steps=0,
+        eval_questions=2,
+        eval_samples=1,
+        out=str(tmp_path / "run"),
+        progress=False,
+        threads=2,
+    )
     trainer = GRPOTrainer(cfg)
     assert trainer.policy.chat  # an instruct model: the chat template
     model = trainer.policy.model
@@ -213,21 +260,41 @@ def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):
     changed = any(not torch.equal(before[n], p) for n, p in model.named_parameters())
     assert changed == any(m["loss/active_frac"] > 0 for m in metrics)
     # the dequantised GGUF model saves and reloads to identical logits
-    ckpt = checkpoint.save(tmp_path / "run", 2, model, trainer.policy.tokenizer, trainer.optimizer, trainer.scheduler, {})
+    ckpt = checkpoint.save(
+        tmp_path / "run", 2, model, trainer.policy.tokenizer, trainer.optimizer, trainer.scheduler, {}
+    )
     reloaded = load_policy(str(ckpt)).model.eval()
     x = torch.tensor([trainer.policy.prompt_ids({"question": "12+7-3"})])
     model.eval()
     with torch.no_grad():
         assert torch.equal(model(x).logits, reloaded(x).logits)
-    report = run_rank(RankConfig(checkpoint=str(ckpt), group_sizes=(4,), prompts=2, max_new_tokens=16, verify=True,
-                                 out=str(tmp_path / "rank"), progress=False, threads=2))
+    report = run_rank(
+        RankConfig(
+            checkpoint=str(ckpt),
+            group_sizes=(4,),
+            prompts=2,
+            max_new_tokens=16,
+            verify=True,
+            out=str(tmp_path / "rank"),
+            progress=False,
+            threads=2,
+        )
+    )
     (res,) = report["results"]
     assert res["gram_max_rel_err"] <= 1e-4
     # the shared prompt prefix on the real model: its chat prompt encoded once per group, same log-probs and gradients
     assert trainer.train_module.shared_prefix  # no fallback: the check at start passed
     prompts = [trainer.policy.prompt_ids({"question": q}) for q in ("12+7-3", "8*9")]
-    batch = sample(model, [p for p in prompts for _ in range(3)], [(9, i) for i in range(6)], max_new_tokens=8,
-                   temperature=1.0, top_p=1.0, eos_id=trainer.policy.eos_id, pad_id=trainer.policy.pad_id)
+    batch = sample(
+        model,
+        [p for p in prompts for _ in range(3)],
+        [(9, i) for i in range(6)],
+        max_new_tokens=8,
+        temperature=1.0,
+        top_p=1.0,
+        eos_id=trainer.policy.eos_id,
+        pad_id=trainer.policy.pad_id,
+    )
     # Compared on a float64 copy: in fp32 the RMSNorm gains' gradients of this 30-layer model differ by up to
     # 1.6e-4 relative between the two summation orders (measured), in float64 by 3e-7.
     import copy

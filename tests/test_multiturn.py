@@ -8,11 +8,11 @@ import math
 
 import pytest
 import torch
+from cli_helpers import run_cli
 
 from grpolab.multiturn.chain import ESTIMATORS, Chain, conditional_bias, exact_bias, monte_carlo_bias
 from grpolab.multiturn.dialogue import DialogueSpec, make_dialogues, question, rows_batch, stage_advantages
 from grpolab.rollout import Batch
-from cli_helpers import run_cli
 
 
 def _run_cli(args, cwd, timeout=300):  # these CLI runs train or sample: allow longer
@@ -116,9 +116,13 @@ def test_stage_advantages_by_hand():
     r = torch.tensor([[[1.0, 0.0, 1.0], [0.0, 0.0, 0.0]]], dtype=torch.float64)  # [B=1, G=2, H=3]
     # totals 2 and 0, group mean 1
     assert torch.equal(stage_advantages(r, "grpo"), torch.tensor([[[1.0, 1, 1], [-1, -1, -1]]], dtype=torch.float64))
-    assert torch.equal(stage_advantages(r, "rtg-group"), torch.tensor([[[1.0, 0, 0], [-1, -1, -1]]], dtype=torch.float64))
+    assert torch.equal(
+        stage_advantages(r, "rtg-group"), torch.tensor([[[1.0, 0, 0], [-1, -1, -1]]], dtype=torch.float64)
+    )
     v = torch.full_like(r, 0.5)
-    assert torch.equal(stage_advantages(r, "rtg-mc", v), torch.tensor([[[1.5, 0.5, 0.5], [-0.5, -0.5, -0.5]]], dtype=torch.float64))
+    assert torch.equal(
+        stage_advantages(r, "rtg-mc", v), torch.tensor([[[1.5, 0.5, 0.5], [-0.5, -0.5, -0.5]]], dtype=torch.float64)
+    )
     with pytest.raises(ValueError):
         stage_advantages(r, "rtg-mc")
     with pytest.raises(ValueError):
@@ -139,8 +143,15 @@ def test_dialogue_truths_follow_the_questions():
 
 
 def test_rows_batch_keeps_each_turn_as_sampled():
-    b1 = Batch(torch.tensor([[0, 5, 6]]), torch.tensor([[0, 1, 1]]), torch.tensor([[7, 8, 2]]), torch.tensor([[1, 1, 1]]))
-    b2 = Batch(torch.tensor([[9, 9, 9, 9]]), torch.tensor([[1, 1, 1, 1]]), torch.tensor([[3, 2, 0, 0]]), torch.tensor([[1, 1, 0, 0]]))
+    b1 = Batch(
+        torch.tensor([[0, 5, 6]]), torch.tensor([[0, 1, 1]]), torch.tensor([[7, 8, 2]]), torch.tensor([[1, 1, 1]])
+    )
+    b2 = Batch(
+        torch.tensor([[9, 9, 9, 9]]),
+        torch.tensor([[1, 1, 1, 1]]),
+        torch.tensor([[3, 2, 0, 0]]),
+        torch.tensor([[1, 1, 0, 0]]),
+    )
     rows = rows_batch([b1, b2], pad_id=0)
     assert rows.prompt_ids[0, rows.prompt_mask[0].bool()].tolist() == [5, 6]
     assert rows.prompt_ids[1, rows.prompt_mask[1].bool()].tolist() == [9, 9, 9, 9]
@@ -151,21 +162,49 @@ def test_rows_batch_keeps_each_turn_as_sampled():
 # ---------------------------------------------------------------- commands and training
 
 
-
-
 def test_cli_multiturn_chain_writes_records(tmp_path):
-    res = _run_cli(["multiturn", "--env", "chain", "--stages", "3", "--group-size", "4", "--groups", "4000",
-                    "--bootstrap", "50", "--out", "mt", "--json", "mt.json"], tmp_path)
+    res = _run_cli(
+        [
+            "multiturn",
+            "--env",
+            "chain",
+            "--stages",
+            "3",
+            "--group-size",
+            "4",
+            "--groups",
+            "4000",
+            "--bootstrap",
+            "50",
+            "--out",
+            "mt",
+            "--json",
+            "mt.json",
+        ],
+        tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     records = json.loads((tmp_path / "mt.json").read_text())
     assert {(r["stage"], r["estimator"]) for r in records} == {(h, e) for h in (1, 2, 3) for e in ESTIMATORS}
-    keys = {"stage", "estimator", "bias_mean", "bias_rms", "ci_low", "ci_high", "leakage_rms", "mismatch_rms", "bias_rms_exact"}
+    keys = {
+        "stage",
+        "estimator",
+        "bias_mean",
+        "bias_rms",
+        "ci_low",
+        "ci_high",
+        "leakage_rms",
+        "mismatch_rms",
+        "bias_rms_exact",
+    }
     assert all(keys <= set(r) for r in records)
     assert (tmp_path / "mt" / "multiturn.png").is_file()
     assert json.loads((tmp_path / "mt" / "multiturn.json").read_text())["records"] == records
 
 
-@pytest.mark.parametrize("args,flag", [(["--group-size", "1"], "--group-size"), (["--env", "x"], "--env"), (["--q1", "2"], "--q0 and --q1")])
+@pytest.mark.parametrize(
+    "args,flag", [(["--group-size", "1"], "--group-size"), (["--env", "x"], "--env"), (["--q1", "2"], "--q0 and --q1")]
+)
 def test_cli_multiturn_bad_config(tmp_path, args, flag):
     res = _run_cli(["multiturn", *args], tmp_path)
     assert res.returncode == 2 and flag in res.stderr and "Traceback" not in res.stderr, res.stderr
@@ -174,11 +213,24 @@ def test_cli_multiturn_bad_config(tmp_path, args, flag):
 def test_arith_bias_measurement_smoke(tmp_path):
     from grpolab.multiturn.measure import MultiturnConfig, run_multiturn
 
-    rows = run_multiturn(MultiturnConfig(env="arith", stages=2, group_size=2, dialogues=2, branches=2, bootstrap=20,
-                                         max_new_tokens=24, out=str(tmp_path / "a")), log=lambda *a: None)
+    rows = run_multiturn(
+        MultiturnConfig(
+            env="arith",
+            stages=2,
+            group_size=2,
+            dialogues=2,
+            branches=2,
+            bootstrap=20,
+            max_new_tokens=24,
+            out=str(tmp_path / "a"),
+        ),
+        log=lambda *a: None,
+    )
     assert {(r["stage"], r["estimator"]) for r in rows} == {(h, e) for h in (1, 2) for e in ESTIMATORS}
     for r in rows:
-        assert all(math.isfinite(r[k]) for k in ("bias_mean", "bias_rms", "ci_low", "ci_high", "leakage_rms", "mismatch_rms"))
+        assert all(
+            math.isfinite(r[k]) for k in ("bias_mean", "bias_rms", "ci_low", "ci_high", "leakage_rms", "mismatch_rms")
+        )
         assert r["ci_low"] <= r["ci_high"]
     stage1 = [r for r in rows if r["stage"] == 1 and r["estimator"] in ("grpo", "rtg-group")]
     assert all(r["bias_rms"] == 0.0 and r["leakage_rms"] == 0.0 for r in stage1)
@@ -192,9 +244,22 @@ def test_multiturn_training_smoke(tmp_path, advantage):
     from grpolab.trainer import train
 
     before = {n: p.detach().clone() for n, p in load_policy("builtin").model.named_parameters()}
-    cfg = TrainConfig(task="arith-multiturn", advantage=advantage, stages=2, branches=2, steps=2, prompts_per_step=2,
-                      group_size=4, max_new_tokens=24, eval_every=0, eval_questions=6, lr=1e-3, warmup_steps=0,
-                      out=str(tmp_path / "run"), progress=False)
+    cfg = TrainConfig(
+        task="arith-multiturn",
+        advantage=advantage,
+        stages=2,
+        branches=2,
+        steps=2,
+        prompts_per_step=2,
+        group_size=4,
+        max_new_tokens=24,
+        eval_every=0,
+        eval_questions=6,
+        lr=1e-3,
+        warmup_steps=0,
+        out=str(tmp_path / "run"),
+        progress=False,
+    )
     out = train(cfg, log=lambda *a: None)
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
@@ -223,9 +288,24 @@ def test_multiturn_lora_resume_continues_the_adapter(tmp_path):
     from grpolab.trainer import train
 
     def cfg(out, **kw):
-        return TrainConfig(task="arith-multiturn", advantage="rtg-group", stages=2, steps=2, prompts_per_step=4,
-                           group_size=8, max_new_tokens=24, eval_every=0, eval_questions=4, lr=1e-2, warmup_steps=0,
-                           lora_rank=2, save_every=1, out=str(out), progress=False, **kw)
+        return TrainConfig(
+            task="arith-multiturn",
+            advantage="rtg-group",
+            stages=2,
+            steps=2,
+            prompts_per_step=4,
+            group_size=8,
+            max_new_tokens=24,
+            eval_every=0,
+            eval_questions=4,
+            lr=1e-2,
+            warmup_steps=0,
+            lora_rank=2,
+            save_every=1,
+            out=str(out),
+            progress=False,
+            **kw,
+        )
 
     full = train(cfg(tmp_path / "full"), log=lambda *a: None)
     assert read_metrics(full / "metrics.jsonl")[1]["loss/active_frac"] > 0  # step 1 moved the adapter
@@ -233,4 +313,6 @@ def test_multiturn_lora_resume_continues_the_adapter(tmp_path):
     shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step_2")
     train(cfg(tmp_path / "resumed", resume=True), log=lambda *a: None)
     strip = lambda r: {k: v for k, v in r.items() if not k.startswith("time/")}  # noqa: E731
-    assert [strip(r) for r in read_metrics(full / "metrics.jsonl")] == [strip(r) for r in read_metrics(tmp_path / "resumed" / "metrics.jsonl")]
+    assert [strip(r) for r in read_metrics(full / "metrics.jsonl")] == [
+        strip(r) for r in read_metrics(tmp_path / "resumed" / "metrics.jsonl")
+    ]

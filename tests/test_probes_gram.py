@@ -33,31 +33,65 @@ PAD, BOS, EOS = 0, 1, 2
 
 def _tied_llama(tok, seed=0):
     torch.manual_seed(seed)
-    model = build_tiny_llama(TinyLlamaSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=64), tok)
+    model = build_tiny_llama(
+        TinyLlamaSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=64), tok
+    )
     return model.eval()
 
 
 def _untied_llama(seed=1, hidden=32, inter=64, layers=2, heads=4, kv_heads=2, bias=True, vocab=100):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=64,
-                      tie_word_embeddings=False, attention_bias=bias, mlp_bias=bias,
-                      pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        attention_bias=bias,
+        mlp_bias=bias,
+        pad_token_id=PAD,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
 def _gpt2(seed=2):
     torch.manual_seed(seed)
-    cfg = GPT2Config(vocab_size=50, n_embd=32, n_layer=1, n_head=2, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-                     attn_pdrop=0.0, bos_token_id=BOS, eos_token_id=EOS)
+    cfg = GPT2Config(
+        vocab_size=50,
+        n_embd=32,
+        n_layer=1,
+        n_head=2,
+        n_positions=64,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
     return GPT2LMHeadModel(cfg).eval()
 
 
 def _qwen3(seed=3):
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=2, head_dim=16, max_position_embeddings=64, tie_word_embeddings=True,
-                      pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
+    cfg = Qwen3Config(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        pad_token_id=PAD,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
     return Qwen3ForCausalLM(cfg).eval()
 
 
@@ -129,7 +163,9 @@ def test_tied_llama_matches_reference(tied, batch4):
 def test_tied_llama_matches_reference_parameter_by_parameter(tied, batch4):
     # the shared embedding needs both uses summed before contracting (cross terms included)
     errs = _per_parameter_errors(tied, batch4, _weights(batch4))
-    assert "model.embed_tokens.weight" in errs and len(errs) == 2 * 9 + 2  # 9 tensors per layer + embedding + final norm
+    assert (
+        "model.embed_tokens.weight" in errs and len(errs) == 2 * 9 + 2
+    )  # 9 tensors per layer + embedding + final norm
     bad = {n: e for n, e in errs.items() if e > TOL}
     assert not bad, bad
 
@@ -164,7 +200,9 @@ def test_tied_embedding_psi_includes_cross_terms(tied, batch4):
 
 def test_untied_llama_with_biases_matches_reference(untied, batch4):
     assert untied.lm_head.weight is not untied.model.embed_tokens.weight
-    assert untied.model.layers[0].self_attn.q_proj.bias is not None and untied.model.layers[0].mlp.up_proj.bias is not None
+    assert (
+        untied.model.layers[0].self_attn.q_proj.bias is not None and untied.model.layers[0].mlp.up_proj.bias is not None
+    )
     err, _, _ = _err(untied, batch4, _weights(batch4))
     assert err <= TOL, err
 
@@ -376,8 +414,12 @@ def test_ghost_and_materialised_paths_mixed_in_one_pass(wide, monkeypatch):
     err, _, _ = _err(wide, b, _weights(b))
     assert err <= TOL, err
     expected = _expected_ghost(wide, b)
-    assert expected == {"model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
-                        "model.layers.0.mlp.down_proj.weight", "lm_head.weight"}
+    assert expected == {
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.0.mlp.up_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+        "lm_head.weight",
+    }
     assert seen["ghost"] == expected
     assert "model.layers.0.self_attn.q_proj.weight" in seen["per_rollout"]
     bad = {n: e for n, e in _per_parameter_errors(wide, b, _weights(b)).items() if e > TOL}
@@ -416,7 +458,9 @@ def test_token_weights_by_hand():
     torch.testing.assert_close(token_weights(mask), expected_mean, rtol=0, atol=1e-15)  # the default
     for agg in ("token-mean", "sum"):
         torch.testing.assert_close(token_weights(mask, agg), mask.double(), rtol=0, atol=0)
-    torch.testing.assert_close(token_weights(mask, "seq-mean-token-sum-norm", max_len=8), mask.double() / 8, rtol=0, atol=0)
+    torch.testing.assert_close(
+        token_weights(mask, "seq-mean-token-sum-norm", max_len=8), mask.double() / 8, rtol=0, atol=0
+    )
     torch.testing.assert_close(token_weights(mask, "seq-mean-token-sum-norm"), mask.double() / 4, rtol=0, atol=0)
     assert not token_weights(mask).isnan().any()
     with pytest.raises(ValueError, match="unknown aggregation"):

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from cli_helpers import run_cli
 
 from grpolab.probes.mse import (
     ESTIMATORS,
@@ -24,7 +25,6 @@ from grpolab.probes.mse import (
     rloo_weights,
 )
 from grpolab.probes.mse_cmd import MseConfig, run_bandit
-from cli_helpers import run_cli
 
 P = torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64)
 THETA = torch.tensor([0.0, 0.5, -0.5], dtype=torch.float64)
@@ -52,8 +52,16 @@ def _enumerated_mse(p, theta, estimator, G):
 # ---------------------------------------------------------------- the closed forms are exact
 
 
-@pytest.mark.parametrize("p,theta", [(P, THETA), (torch.tensor([0.9, 0.1, 0.4, 0.6], dtype=torch.float64),
-                                                  torch.tensor([1.0, -1.0, 0.2, 0.0], dtype=torch.float64))])
+@pytest.mark.parametrize(
+    "p,theta",
+    [
+        (P, THETA),
+        (
+            torch.tensor([0.9, 0.1, 0.4, 0.6], dtype=torch.float64),
+            torch.tensor([1.0, -1.0, 0.2, 0.0], dtype=torch.float64),
+        ),
+    ],
+)
 @pytest.mark.parametrize("G", [2, 3])
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_closed_form_mse_equals_enumeration(p, theta, G, estimator):
@@ -63,8 +71,16 @@ def test_closed_form_mse_equals_enumeration(p, theta, G, estimator):
 
 def test_bandit_acceptance_exact_inside_monte_carlo_ci():
     # The issue's acceptance: every estimator and G in {2, 4, 8, 16}, 20,000 trials, seed 0.
-    records = run_bandit(MseConfig(env="bandit", arm_probs=(0.2, 0.5, 0.8), logits=(0.0, 0.5, -0.5),
-                                   group_sizes=(2, 4, 8, 16), trials=20_000, seed=0))
+    records = run_bandit(
+        MseConfig(
+            env="bandit",
+            arm_probs=(0.2, 0.5, 0.8),
+            logits=(0.0, 0.5, -0.5),
+            group_sizes=(2, 4, 8, 16),
+            trials=20_000,
+            seed=0,
+        )
+    )
     assert len(records) == 16
     outside = [r for r in records if not r["ci_low"] <= r["mse_exact"] <= r["ci_high"]]
     assert not outside, outside
@@ -72,8 +88,11 @@ def test_bandit_acceptance_exact_inside_monte_carlo_ci():
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_bandit_monte_carlo_agrees_within_4_standard_errors(seed):
-    records = run_bandit(MseConfig(env="bandit", arm_probs=(0.7, 0.3), logits=(0.3, -0.2), group_sizes=(2, 5, 12),
-                                   trials=20_000, seed=seed))
+    records = run_bandit(
+        MseConfig(
+            env="bandit", arm_probs=(0.7, 0.3), logits=(0.3, -0.2), group_sizes=(2, 5, 12), trials=20_000, seed=seed
+        )
+    )
     for r in records:
         se = (r["ci_high"] - r["ci_low"]) / (2 * 1.96)
         assert abs(r["mse_mc"] - r["mse_exact"]) < 4 * se, r
@@ -94,7 +113,9 @@ def test_oracle_property_and_grpo_shrinkage():
     assert gaps[-1] < 0.01
     for G in (2, 4, 8):
         c = (G - 1) / G
-        assert mse_from_moments(m, "grpo", G) == pytest.approx(c * c * mse_from_moments(m, "rloo", G) + (1 - c) ** 2 * m["mu2"])
+        assert mse_from_moments(m, "grpo", G) == pytest.approx(
+            c * c * mse_from_moments(m, "rloo", G) + (1 - c) ** 2 * m["mu2"]
+        )
         assert mse_from_moments(m, "vanilla", G) == pytest.approx((m["A2"] - m["mu2"]) / G)
 
 
@@ -159,9 +180,11 @@ def test_groupsize_constants_and_prediction_match_a_minibatch_simulation():
     mus = torch.stack([bandit_true_gradient(p, THETA) for p in big])  # [n, K]
     grad = mus.mean(0)
     exact = [derived_constants(bandit_moments(p, THETA)) for p in big[:4000]]
-    true_c = {"sigma_prompt": float(((mus - grad) ** 2).sum(1).mean()),
-              "sigma_oracle": sum(c["sigma_oracle"] for c in exact) / len(exact),
-              "tau2": sum(c["tau2"] for c in exact) / len(exact)}
+    true_c = {
+        "sigma_prompt": float(((mus - grad) ** 2).sum(1).mean()),
+        "sigma_oracle": sum(c["sigma_oracle"] for c in exact) / len(exact),
+        "tau2": sum(c["tau2"] for c in exact) / len(exact),
+    }
 
     # (1) the pooled estimates of the three constants, from M prompts x N rollouts, repeated:
     # sigma_P^2 is small next to the per-rollout noise, so one pool pins it down only loosely;
@@ -227,7 +250,9 @@ def test_lm_pool_cross_diagonal_is_the_quadratic_form(tiny_model, char_tokenizer
     assert torch.allclose(pool.cross, pool.cross.T)
     # the explicit vector mu_hat(x) and the Gram quadratic form a^T Psi a agree
     for k, rec in enumerate(records):
-        batch, rewards = sample_rollouts(policy, rec, 5, (POOL_STREAM, 3, k), max_new_tokens=8, temperature=1.0, format_weight=0.1)
+        batch, rewards = sample_rollouts(
+            policy, rec, 5, (POOL_STREAM, 3, k), max_new_tokens=8, temperature=1.0, format_weight=0.1
+        )
         psi = score_gram(tiny_model, batch, batch.completion_mask.double())
         a = rloo_weights(rewards)
         assert float(pool.cross[k, k]) == pytest.approx(float(a @ psi @ a), rel=1e-4, abs=1e-9)
@@ -260,11 +285,27 @@ def test_lm_pool_sketched_cross_products_are_close_to_exact():
 # ---------------------------------------------------------------- CLI
 
 
-
-
 def test_cli_mse_bandit_writes_the_records(tmp_path):
-    res = _run_cli(["mse", "--env", "bandit", "--arm-probs", "0.2,0.5,0.8", "--logits", "0,0.5,-0.5",
-                    "--group-sizes", "2,4", "--trials", "2000", "--seed", "0", "--json", "b.json"], tmp_path)
+    res = _run_cli(
+        [
+            "mse",
+            "--env",
+            "bandit",
+            "--arm-probs",
+            "0.2,0.5,0.8",
+            "--logits",
+            "0,0.5,-0.5",
+            "--group-sizes",
+            "2,4",
+            "--trials",
+            "2000",
+            "--seed",
+            "0",
+            "--json",
+            "b.json",
+        ],
+        tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     records = json.loads((tmp_path / "b.json").read_text())
     assert {(r["estimator"], r["G"]) for r in records} == {(e, G) for e in ESTIMATORS for G in (2, 4)}
@@ -272,16 +313,39 @@ def test_cli_mse_bandit_writes_the_records(tmp_path):
     assert "rloo" in res.stdout and "inside" in res.stdout
 
 
-@pytest.mark.parametrize("args,flag", [(["--env", "bandit", "--arm-probs", "0.2,0.5", "--logits", "0,0,0"], "--arm-probs"),
-                                       (["--pool", "2"], "--pool"), (["--env", "nope"], "--env")])
+@pytest.mark.parametrize(
+    "args,flag",
+    [
+        (["--env", "bandit", "--arm-probs", "0.2,0.5", "--logits", "0,0,0"], "--arm-probs"),
+        (["--pool", "2"], "--pool"),
+        (["--env", "nope"], "--env"),
+    ],
+)
 def test_cli_mse_bad_config_is_a_one_line_error(tmp_path, args, flag):
     res = _run_cli(["mse", *args], tmp_path)
     assert res.returncode == 2 and flag in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
 def test_cli_mse_and_groupsize_on_the_builtin_policy(tmp_path):
-    res = _run_cli(["mse", "--policy", "builtin", "--prompts", "3", "--pool", "4", "--group-sizes", "2,8",
-                    "--max-new-tokens", "24", "--out", "m", "--no-progress"], tmp_path)
+    res = _run_cli(
+        [
+            "mse",
+            "--policy",
+            "builtin",
+            "--prompts",
+            "3",
+            "--pool",
+            "4",
+            "--group-sizes",
+            "2,8",
+            "--max-new-tokens",
+            "24",
+            "--out",
+            "m",
+            "--no-progress",
+        ],
+        tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     report = json.loads((tmp_path / "m" / "mse.json").read_text())
     (entry,) = report["policies"]
@@ -290,8 +354,27 @@ def test_cli_mse_and_groupsize_on_the_builtin_policy(tmp_path):
         assert math.isfinite(r["mse"]) and r["ci_low"] <= r["mse"] <= r["ci_high"]
     assert (tmp_path / "m" / "mse.png").stat().st_size > 10_000
 
-    res = _run_cli(["groupsize", "--policy", "builtin", "--prompts", "4", "--pool", "4", "--budget", "16",
-                    "--bootstrap", "50", "--max-new-tokens", "24", "--out", "g", "--no-progress"], tmp_path)
+    res = _run_cli(
+        [
+            "groupsize",
+            "--policy",
+            "builtin",
+            "--prompts",
+            "4",
+            "--pool",
+            "4",
+            "--budget",
+            "16",
+            "--bootstrap",
+            "50",
+            "--max-new-tokens",
+            "24",
+            "--out",
+            "g",
+            "--no-progress",
+        ],
+        tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     gs = json.loads((tmp_path / "g" / "groupsize.json").read_text())
     assert [c["G"] for c in gs["curve"]] == [2, 4, 8, 16]
@@ -308,8 +391,17 @@ def test_sweep_validates_and_runs_end_to_end(tmp_path):
     m, lo, hi = mean_ci_t([0.2, 0.4, 0.3])
     assert m == pytest.approx(0.3) and hi - m == pytest.approx(4.303 * 0.1 / math.sqrt(3))
 
-    cfg = SweepConfig(budget=4, group_sizes=(2, 4), seeds=1, steps=1, jobs=1, eval_questions=8, predict=False,
-                      out=str(tmp_path / "sw"), progress=False)
+    cfg = SweepConfig(
+        budget=4,
+        group_sizes=(2, 4),
+        seeds=1,
+        steps=1,
+        jobs=1,
+        eval_questions=8,
+        predict=False,
+        out=str(tmp_path / "sw"),
+        progress=False,
+    )
     report = run_sweep(cfg, log=lambda *a: None)
     assert [(t["G"], t["B"]) for t in report["table"]] == [(2, 2), (4, 1)]
     assert {(r["G"], r["seed"]) for r in report["runs"]} == {(2, 0), (4, 0)}
@@ -325,12 +417,27 @@ def test_groupsize_step_picks_a_checkpoint_of_a_run(tmp_path):
     from grpolab.trainer import train
 
     run = tmp_path / "run"
-    train(TrainConfig(out=str(run), steps=1, save_every=1, prompts_per_step=4, group_size=8, eval_questions=4,
-                      eval_samples=1, lr=1e-3, warmup_steps=0, progress=False), log=lambda *a, **k: None)
+    train(
+        TrainConfig(
+            out=str(run),
+            steps=1,
+            save_every=1,
+            prompts_per_step=4,
+            group_size=8,
+            eval_questions=4,
+            eval_samples=1,
+            lr=1e-3,
+            warmup_steps=0,
+            progress=False,
+        ),
+        log=lambda *a, **k: None,
+    )
     kw = dict(prompts=3, pool=4, budget=8, bootstrap=20, max_new_tokens=16, progress=False)
     consts = {}
     for name, policy, step in (("builtin", "builtin", None), ("start", str(run), 0), ("newest", str(run), None)):
-        report = run_groupsize(GroupsizeConfig(policy=policy, step=step, out=str(tmp_path / name), **kw), log=lambda *a: None)
+        report = run_groupsize(
+            GroupsizeConfig(policy=policy, step=step, out=str(tmp_path / name), **kw), log=lambda *a: None
+        )
         consts[name] = report["constants"]
     assert consts["start"] == consts["builtin"]  # step 0 is the run's starting model, on the run's (here: default) task
     assert consts["newest"] != consts["start"]  # step 1's weights moved

@@ -18,8 +18,8 @@ import torch
 
 from grpolab.config import ConfigError, TrainConfig
 from grpolab.probes.rank import RankConfig, run_rank, select_steps, table1, table_by_step
-from grpolab.runs import run_targets
 from grpolab.runlog import read_metrics
+from grpolab.runs import run_targets
 from grpolab.trainer import train
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -34,24 +34,39 @@ def _quiet(*args, **kwargs):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("rank_run") / "run"
-    train(TrainConfig(out=str(out), steps=2, save_every=1, prompts_per_step=2, group_size=4, eval_questions=8,
-                      eval_samples=1, progress=False), log=_quiet)
+    train(
+        TrainConfig(
+            out=str(out),
+            steps=2,
+            save_every=1,
+            prompts_per_step=2,
+            group_size=4,
+            eval_questions=8,
+            eval_samples=1,
+            progress=False,
+        ),
+        log=_quiet,
+    )
     return out
 
 
 @pytest.fixture(scope="module")
 def builtin_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("rank_builtin")
-    report = run_rank(RankConfig(checkpoint="builtin", group_sizes=(2, 4), prompts=3, verify=True, progress=False,
-                                 out=str(out)), log=_quiet)
+    report = run_rank(
+        RankConfig(checkpoint="builtin", group_sizes=(2, 4), prompts=3, verify=True, progress=False, out=str(out)),
+        log=_quiet,
+    )
     return out, report
 
 
 @pytest.fixture(scope="module")
 def run_report(run_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("rank_of_run")
-    report = run_rank(RankConfig(checkpoint=str(run_dir), group_sizes=(2, 4), prompts=3, verify=True, progress=False,
-                                 out=str(out)), log=_quiet)
+    report = run_rank(
+        RankConfig(checkpoint=str(run_dir), group_sizes=(2, 4), prompts=3, verify=True, progress=False, out=str(out)),
+        log=_quiet,
+    )
     return out, report
 
 
@@ -125,8 +140,10 @@ def test_steps_selects_checkpoints_of_a_run_and_refuses_unknown_ones(run_dir, tm
     assert select_steps(ckpts, ()) == ckpts
     with pytest.raises(ConfigError, match=r"--steps \[5\].*\[0, 1, 2\]"):
         select_steps(ckpts, (2, 5))
-    report = run_rank(RankConfig(checkpoint=str(run_dir), steps=(2,), group_sizes=(2,), prompts=2, progress=False,
-                                 out=str(tmp_path)), log=_quiet)
+    report = run_rank(
+        RankConfig(checkpoint=str(run_dir), steps=(2,), group_sizes=(2,), prompts=2, progress=False, out=str(tmp_path)),
+        log=_quiet,
+    )
     assert [(r["step"], r["R"]) for r in report["results"]] == [(2, 2)]
 
 
@@ -182,9 +199,29 @@ def test_table1_without_any_signal():
 def test_cli_rank_smoke(tmp_path):
     out = tmp_path / "rank"
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "COLUMNS": "200"}
-    res = subprocess.run([sys.executable, "-m", "grpolab", "rank", "--checkpoint", "builtin", "--group-sizes", "2",
-                          "--prompts", "2", "--out", str(out), "--verify", "--no-progress"],
-                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpolab",
+            "rank",
+            "--checkpoint",
+            "builtin",
+            "--group-sizes",
+            "2",
+            "--prompts",
+            "2",
+            "--out",
+            str(out),
+            "--verify",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "gram_max_rel_err" in res.stdout
     report = json.loads((out / "rank.json").read_text())
@@ -200,8 +237,20 @@ def test_cli_rank_smoke(tmp_path):
 @pytest.fixture(scope="module")
 def probed_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("probe") / "run"
-    train(TrainConfig(out=str(out), steps=2, prompts_per_step=2, group_size=4, eval_questions=8, eval_samples=1,
-                      progress=False, probe_every=1, probe_groups=2), log=_quiet)
+    train(
+        TrainConfig(
+            out=str(out),
+            steps=2,
+            prompts_per_step=2,
+            group_size=4,
+            eval_questions=8,
+            eval_samples=1,
+            progress=False,
+            probe_every=1,
+            probe_groups=2,
+        ),
+        log=_quiet,
+    )
     rows = {r["step"]: r for r in read_metrics(out / "metrics.jsonl")}
     assert sorted(rows) == [0, 1, 2]
     return rows
@@ -238,8 +287,18 @@ def test_trainer_logs_advantage_stats_every_step(probed_run):
 
 
 def test_trainer_advantage_stats_without_spectrum_probe(tmp_path):
-    out = train(TrainConfig(out=str(tmp_path / "run"), steps=1, prompts_per_step=2, group_size=4, eval_questions=8,
-                            eval_samples=0, progress=False), log=_quiet)  # probe_every = 0 (the default)
+    out = train(
+        TrainConfig(
+            out=str(tmp_path / "run"),
+            steps=1,
+            prompts_per_step=2,
+            group_size=4,
+            eval_questions=8,
+            eval_samples=0,
+            progress=False,
+        ),
+        log=_quiet,
+    )  # probe_every = 0 (the default)
     row = {r["step"]: r for r in read_metrics(out / "metrics.jsonl")}[1]
     assert abs(row["probe/adv_max_abs_group_sum"]) < 1e-5 and "probe/adv_var_emp" in row
     assert "probe/eff_rank" not in row and "probe/groups_measured" not in row

@@ -43,8 +43,13 @@ def test_two_unequal_directions_in_any_order(s):
 
 def test_three_directions_float64():
     # s = (3, 2, 1): (6)^2 / 14 = 18/7; top-1 = 9/14; stable = 14/9
-    _check(spectrum_metrics(torch.tensor([1.0, 3.0, 2.0], dtype=torch.float64)), num_rank=3, eff=18 / 7, top1=9 / 14,
-           stable=14 / 9)
+    _check(
+        spectrum_metrics(torch.tensor([1.0, 3.0, 2.0], dtype=torch.float64)),
+        num_rank=3,
+        eff=18 / 7,
+        top1=9 / 14,
+        stable=14 / 9,
+    )
 
 
 @pytest.mark.parametrize("s", [torch.zeros(4), torch.zeros(1), torch.zeros(0)])
@@ -96,7 +101,10 @@ def test_planted_singular_values_with_unit_advantages():
 def test_singular_values_from_gram_equal_svd_of_g(seed):
     gen = torch.Generator().manual_seed(seed)
     R, D = 8, 50
-    G0 = torch.randn(R, D, generator=gen, dtype=torch.float64) * torch.linspace(0.2, 3.0, R, dtype=torch.float64)[:, None]
+    G0 = (
+        torch.randn(R, D, generator=gen, dtype=torch.float64)
+        * torch.linspace(0.2, 3.0, R, dtype=torch.float64)[:, None]
+    )
     A = torch.randn(R, generator=gen, dtype=torch.float64)
     A = A - A.mean()  # zero-sum, as GRPO's advantages
     expected = torch.linalg.svdvals(torch.diag(A) @ G0)  # [R] descending, independent path

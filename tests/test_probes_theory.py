@@ -13,9 +13,9 @@ import math
 from fractions import Fraction
 
 import pytest
+from cli_helpers import run_cli as _run_cli
 
 from grpolab.probes.theory import AdvantagesConfig, HoeffdingConfig, advantages_check, hoeffding_rows
-from cli_helpers import run_cli as _run_cli
 
 GRID = [(R, eps) for R in (2, 4, 8, 16) for eps in (0.3, 0.2, 0.1)]  # App. A.2's table
 
@@ -24,7 +24,9 @@ def _tail(R: int, p: float, eps: float) -> float:
     """P(|K/R - p| > eps), K ~ Bin(R, p), in exact rational arithmetic: ties |k/R - p| = eps
     (e.g. R = 2, p = 0.6, eps = 0.1, k = 1) are decided exactly, not by rounding."""
     pf, ef = Fraction(str(p)), Fraction(str(eps))
-    return float(sum(math.comb(R, k) * pf**k * (1 - pf) ** (R - k) for k in range(R + 1) if abs(Fraction(k, R) - pf) > ef))
+    return float(
+        sum(math.comb(R, k) * pf**k * (1 - pf) ** (R - k) for k in range(R + 1) if abs(Fraction(k, R) - pf) > ef)
+    )
 
 
 def _within_4_se(mc: float, exact: float, trials: int) -> bool:
@@ -107,7 +109,15 @@ def test_hoeffding_rejects_p_outside_unit_interval(p):
 
 def test_advantages_check_matches_theorem_4_1():
     res = advantages_check(AdvantagesConfig(R=8, p=0.3, eps=0.2, trials=100_000))
-    assert set(res) == {"var_emp", "var_theory", "cov_emp", "cov_theory", "eff_frac_emp", "eff_bound", "max_abs_group_sum"}
+    assert set(res) == {
+        "var_emp",
+        "var_theory",
+        "cov_emp",
+        "cov_theory",
+        "eff_frac_emp",
+        "eff_bound",
+        "max_abs_group_sum",
+    }
     assert res["var_theory"] == pytest.approx(7 / 8 * 0.21)  # (R-1)/R p(1-p)
     assert res["cov_theory"] == pytest.approx(-0.21 / 8)
     assert res["var_emp"] == pytest.approx(res["var_theory"], rel=0.01)
@@ -126,8 +136,6 @@ def test_advantages_check_rejects_bad_config(cfg):
 # ---------------------------------------------------------------- CLI smoke
 
 
-
-
 def test_cli_theory_hoeffding_json(tmp_path):
     res = _run_cli(["theory", "hoeffding", "--json", "--trials", "20000"], tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -144,7 +152,15 @@ def test_cli_theory_advantages_json(tmp_path):
     res = _run_cli(["theory", "advantages", "--R", "8", "--p", "0.3", "--json", "--trials", "20000"], tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout)
-    assert {"var_emp", "var_theory", "cov_emp", "cov_theory", "eff_frac_emp", "eff_bound", "max_abs_group_sum"} <= out.keys()
+    assert {
+        "var_emp",
+        "var_theory",
+        "cov_emp",
+        "cov_theory",
+        "eff_frac_emp",
+        "eff_bound",
+        "max_abs_group_sum",
+    } <= out.keys()
     assert out["var_theory"] == pytest.approx(7 / 8 * 0.21)
     assert out["var_emp"] == pytest.approx(7 / 8 * 0.21, rel=0.03)  # 20k groups: SE ~ 0.3 %
 

@@ -70,9 +70,33 @@ def test_train_with_stdout_to_a_file_logs_every_n_steps_and_each_evaluation(tmp_
 
     log = tmp_path / "log.txt"
     with open(log, "w") as f:
-        subprocess.run([sys.executable, "-m", "grpolab", "train", "--steps", "7", "--log-every", "3", "--eval-every", "5",
-                        "--eval-questions", "8", "--eval-samples", "1", "--prompts-per-step", "2", "--group-size", "2",
-                        "--out", str(tmp_path / "run")], stdout=f, stderr=subprocess.STDOUT, check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "grpolab",
+                "train",
+                "--steps",
+                "7",
+                "--log-every",
+                "3",
+                "--eval-every",
+                "5",
+                "--eval-questions",
+                "8",
+                "--eval-samples",
+                "1",
+                "--prompts-per-step",
+                "2",
+                "--group-size",
+                "2",
+                "--out",
+                str(tmp_path / "run"),
+            ],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
     lines = log.read_text().splitlines()
     steps = [line.split()[1] for line in lines if line.startswith("step ")]
     assert steps == ["0/7", "3/7", "5/7", "6/7", "7/7"], lines  # 0/7: the first evaluation's progress

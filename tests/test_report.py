@@ -16,8 +16,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-
 from cli_helpers import run_cli
+
 from grpolab.runlog import read_metrics
 
 
@@ -27,7 +27,9 @@ def run(tmp_path_factory):
     res = run_cli(["demo", "--steps", "2", "--out", "demo"], tmp, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     (tmp / "demo.log").write_text(res.stdout)
-    res = run_cli(["rank", "--checkpoint", "demo", "--group-sizes", "2,4", "--prompts", "4", "--out", "demo/probes/rank"], tmp)
+    res = run_cli(
+        ["rank", "--checkpoint", "demo", "--group-sizes", "2,4", "--prompts", "4", "--out", "demo/probes/rank"], tmp
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     res = run_cli(["multiturn", "--env", "chain", "--stages", "3", "--groups", "2000", "--out", "mt"], tmp)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -69,7 +71,7 @@ def test_the_page_holds_the_runs_figures_samples_probes_and_config(run):
     assert before["step"] == 0 and after["step"] == 2
     for r in (before, after):  # overall and per category, with intervals, as logged
         for key in ("eval/accuracy_greedy", "eval/accuracy_sampled", "eval/greedy_mul", "eval/sampled_paren"):
-            assert f"{r[key]:.3f} <span class=\"ci\">[{r[key + '_lo']:.3f}, {r[key + '_hi']:.3f}]</span>" in text, key
+            assert f'{r[key]:.3f} <span class="ci">[{r[key + "_lo"]:.3f}, {r[key + "_hi"]:.3f}]</span>' in text, key
     change = after["eval/accuracy_greedy"] - before["eval/accuracy_greedy"]
     assert f"{change:+.3f}" in text
     # samples: the same held-out questions at step 0 and step 2
@@ -128,9 +130,18 @@ def test_the_page_opens_in_headless_chromium_without_console_errors(run):
     shot = Path(os.environ.get("GRPOLAB_SCREENSHOT_DIR", run)) / "report-screenshot.png"
     errors, requests = [], []
     with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=browser, args=[
-            "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-            "--disable-background-networking", "--no-first-run", "--disable-extensions"])
+        b = pw.chromium.launch(
+            executable_path=browser,
+            args=[
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--disable-background-networking",
+                "--no-first-run",
+                "--disable-extensions",
+            ],
+        )
         try:
             page = b.new_page(viewport={"width": 1200, "height": 900})
             page.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)

@@ -72,7 +72,13 @@ def test_numbers_equal(a, b, equal):
 
 
 def test_accuracy_reward():
-    records = [{"ground_truth": "16"}, {"ground_truth": "16"}, {"ground_truth": "1200"}, {"ground_truth": "-7"}, {"ground_truth": 5}]
+    records = [
+        {"ground_truth": "16"},
+        {"ground_truth": "16"},
+        {"ground_truth": "1200"},
+        {"ground_truth": "-7"},
+        {"ground_truth": 5},
+    ]
     completions = ["#### 16.0", "#### 17", "total 1,200", "12-19=-7\n#### -7", "nothing"]
     assert accuracy_reward(completions, records) == [1.0, 0.0, 1.0, 1.0, 0.0]
 
@@ -219,10 +225,18 @@ def _three_required(a, b, c):
     return [1.0]
 
 
-@pytest.mark.parametrize("fn, form", [
-    (_ours, "grpolab"), (_ours_other_names, "grpolab"), (accuracy_reward, "grpolab"), (lambda c, r: c, "grpolab"),
-    (_trl_full, "trl"), (_trl_columns, "trl"), (_trl_no_prompts, "trl"),
-])
+@pytest.mark.parametrize(
+    "fn, form",
+    [
+        (_ours, "grpolab"),
+        (_ours_other_names, "grpolab"),
+        (accuracy_reward, "grpolab"),
+        (lambda c, r: c, "grpolab"),
+        (_trl_full, "trl"),
+        (_trl_columns, "trl"),
+        (_trl_no_prompts, "trl"),
+    ],
+)
 def test_reward_form_is_read_from_the_signature(fn, form):
     assert reward_form(fn) == form
 
@@ -250,8 +264,13 @@ def test_from_trl_passes_prompts_completions_and_record_fields_by_keyword():
     records = [{"question": "1+1", "ground_truth": "2"}, {"question": "2+3", "ground_truth": "5", "category": "add"}]
     values = from_trl(fn, prompt_of=lambda r: r["question"] + "\n", chat=False)(["two", "five!"], records)
     assert values == [3, 0.0]
-    assert seen == {"prompts": ["1+1\n", "2+3\n"], "completions": ["two", "five!"], "question": ["1+1", "2+3"],
-                    "ground_truth": ["2", "5"], "category": [None, "add"]}
+    assert seen == {
+        "prompts": ["1+1\n", "2+3\n"],
+        "completions": ["two", "five!"],
+        "question": ["1+1", "2+3"],
+        "ground_truth": ["2", "5"],
+        "category": [None, "add"],
+    }
     # chat runs: the prompt's messages, and the completion as one assistant message (TRL's conversational form)
     from_trl(fn, prompt_of=lambda r: [{"role": "user", "content": r["question"]}], chat=True)(["two"], records[:1])
     assert seen["prompts"] == [[{"role": "user", "content": "1+1"}]]
@@ -271,8 +290,10 @@ def test_several_functions_weighted_named_and_summed():
 
 def test_reward_function_names_never_overwrite_builtin_metrics(tmp_path):
     f = tmp_path / "names.py"
-    f.write_text("def mean(completions, records):\n    return [0.0] * len(completions)\n"
-                 "def accuracy(completions, records):\n    return [0.0] * len(completions)\n")
+    f.write_text(
+        "def mean(completions, records):\n    return [0.0] * len(completions)\n"
+        "def accuracy(completions, records):\n    return [0.0] * len(completions)\n"
+    )
     names = [n for n, _, _ in reward_functions([f"{f}:accuracy", f"{f}:mean", f"{f}:accuracy"], [], 0.0)]
     assert names == ["accuracy", "mean_2", "accuracy_2", "format"]
 

@@ -17,7 +17,9 @@ from grpolab.rollout import _pick, completion_logprobs, left_pad, rollout_unifor
 # ---------------------------------------------------------------- tokenizer
 
 
-@pytest.mark.parametrize("text", ["12+7-3\n", "12+7=19\n19-3=16\n#### 16", "Tom has 3 apples, then 4 more!  (7)", "~`{}|\\ \"'"])
+@pytest.mark.parametrize(
+    "text", ["12+7-3\n", "12+7=19\n19-3=16\n#### 16", "Tom has 3 apples, then 4 more!  (7)", "~`{}|\\ \"'"]
+)
 def test_char_tokenizer_round_trips_text(char_tokenizer, text):
     ids = char_tokenizer(text, add_special_tokens=False)["input_ids"]
     assert len(ids) == len(text)  # one token per character
@@ -73,7 +75,10 @@ QUESTIONS = ["12+7", "45-(12+7)", "3*4", "161/7", "12+7-3+40", "9", "88-1-2", "7
 
 
 def _kw(tok, **over):
-    return {**dict(max_new_tokens=20, temperature=1.0, top_p=1.0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id), **over}
+    return {
+        **dict(max_new_tokens=20, temperature=1.0, top_p=1.0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id),
+        **over,
+    }
 
 
 # ---------------------------------------------------------------- sample

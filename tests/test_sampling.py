@@ -108,7 +108,12 @@ def test_ragged_advantages_match_each_group_alone():
 
 
 def test_ragged_advantage_stats_pool_each_groups_own_theory():
-    groups = [torch.tensor([1.0, 0, 0, 1, 1, 0]), torch.tensor([0.0, 1]), torch.tensor([0.0, 0, 0]), torch.tensor([1.0, 0, 0])]
+    groups = [
+        torch.tensor([1.0, 0, 0, 1, 1, 0]),
+        torch.tensor([0.0, 1]),
+        torch.tensor([0.0, 0, 0]),
+        torch.tensor([1.0, 0, 0]),
+    ]
     st = advantage_stats(groups, eps=0.2)
     # by hand: A = r - mean per group; Var theory per rollout (R-1)/R s^2; pairs weight the covariance
     A = [g - g.mean() for g in groups]
@@ -127,15 +132,18 @@ def test_ragged_advantage_stats_pool_each_groups_own_theory():
     assert advantage_stats(eq) == advantage_stats(torch.stack(eq))
 
 
-@pytest.mark.parametrize("over, field", [
-    (dict(sampling="greedy"), "sampling"),
-    (dict(sampling="adaptive", pilot_size=8), "pilot_size"),
-    (dict(sampling="adaptive", pilot_size=1), "pilot_size"),
-    (dict(sampling="filter", estimator="vanilla"), "sampling"),
-    (dict(sampling="adaptive", max_group_size=4), "max_group_size"),
-    (dict(max_sampling_rounds=0), "max_sampling_rounds"),
-    (dict(sampling="filter", task="arith-multiturn"), "sampling"),
-])
+@pytest.mark.parametrize(
+    "over, field",
+    [
+        (dict(sampling="greedy"), "sampling"),
+        (dict(sampling="adaptive", pilot_size=8), "pilot_size"),
+        (dict(sampling="adaptive", pilot_size=1), "pilot_size"),
+        (dict(sampling="filter", estimator="vanilla"), "sampling"),
+        (dict(sampling="adaptive", max_group_size=4), "max_group_size"),
+        (dict(max_sampling_rounds=0), "max_sampling_rounds"),
+        (dict(sampling="filter", task="arith-multiturn"), "sampling"),
+    ],
+)
 def test_invalid_sampling_configs_name_the_field(over, field):
     with pytest.raises(ConfigError, match=field.replace("_", "[-_]")):
         TrainConfig(**over).validate()
@@ -143,9 +151,22 @@ def test_invalid_sampling_configs_name_the_field(over, field):
 
 # ---------------------------------------------------------------- the trainer
 
-SMALL = dict(model="builtin", prompts_per_step=4, group_size=4, eval_questions=16, eval_samples=1, max_new_tokens=48,
-             progress=False, threads=1, device="cpu", warmup_steps=0, lr=1e-3, log_rollouts=True,
-             reward_fn="reward_fixtures:code_sum_mod4", format_weight=0.0)
+SMALL = dict(
+    model="builtin",
+    prompts_per_step=4,
+    group_size=4,
+    eval_questions=16,
+    eval_samples=1,
+    max_new_tokens=48,
+    progress=False,
+    threads=1,
+    device="cpu",
+    warmup_steps=0,
+    lr=1e-3,
+    log_rollouts=True,
+    reward_fn="reward_fixtures:code_sum_mod4",
+    format_weight=0.0,
+)
 
 
 def _quiet(*a, **k):
@@ -167,10 +188,14 @@ def runs(tmp_path_factory):
     return {
         "fixed": train(TrainConfig(out=str(tmp / "fixed"), steps=2, **SMALL), log=_quiet),
         "filter": train(TrainConfig(out=str(tmp / "filter"), steps=3, sampling="filter", **SMALL), log=_quiet),
-        "filter1": train(TrainConfig(out=str(tmp / "filter1"), steps=3, sampling="filter", max_sampling_rounds=1, **SMALL),
-                         log=_quiet),
-        "adaptive": train(TrainConfig(out=str(tmp / "adaptive"), steps=3, sampling="adaptive", pilot_size=2,
-                                      probe_every=1, **SMALL), log=_quiet),
+        "filter1": train(
+            TrainConfig(out=str(tmp / "filter1"), steps=3, sampling="filter", max_sampling_rounds=1, **SMALL),
+            log=_quiet,
+        ),
+        "adaptive": train(
+            TrainConfig(out=str(tmp / "adaptive"), steps=3, sampling="adaptive", pilot_size=2, probe_every=1, **SMALL),
+            log=_quiet,
+        ),
     }
 
 
@@ -234,7 +259,9 @@ def test_adaptive_rollouts_are_those_fixed_would_draw(runs):
 
 def test_fixed_is_what_it_always_was(runs):
     rows = read_metrics(runs["fixed"] / "metrics.jsonl")[1:]
-    assert all(r["sampling/rollouts"] == 16 and r["sampling/rounds"] == 1 and r["sampling/group_size_max"] == 4 for r in rows)
+    assert all(
+        r["sampling/rollouts"] == 16 and r["sampling/rounds"] == 1 and r["sampling/group_size_max"] == 4 for r in rows
+    )
 
 
 def _without_time(row: dict, drop_eval: bool = False) -> dict:
@@ -263,8 +290,10 @@ def test_max_rollouts_stops_the_run_at_the_budget(tmp_path):
     assert last["sampling/rollouts_total"] >= 40 > last["sampling/rollouts_total"] - last["sampling/rollouts"]
     assert "eval/accuracy_sampled" in last and (out / "checkpoints" / f"step_{last['step']}").is_dir()
     # resuming a run that has spent its budget trains no further
-    train(TrainConfig(out=str(tmp_path / "m"), steps=10, sampling="filter", max_rollouts=40, resume=True, **SMALL),
-          log=_quiet)
+    train(
+        TrainConfig(out=str(tmp_path / "m"), steps=10, sampling="filter", max_rollouts=40, resume=True, **SMALL),
+        log=_quiet,
+    )
     assert read_metrics(out / "metrics.jsonl")[-1]["step"] == last["step"]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cli_helpers import run_cli
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
@@ -20,22 +21,38 @@ from grpolab.policy import ASSET_DIR, enable_activation_checkpointing, load_poli
 from grpolab.prefix import distinct_prompts
 from grpolab.rollout import completion_logprobs, sample
 from grpolab.trainer import train
-from cli_helpers import run_cli
 
 REL_TOL = 1e-5
 
 
 def _gpt2(vocab: int, **kw) -> GPT2LMHeadModel:
     """GPT-2 layout (learned absolute positions, fused QKV), dropout off so train mode is deterministic."""
-    cfg = GPT2Config(vocab_size=vocab, n_positions=128, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
-                     embd_pdrop=0.0, attn_pdrop=0.0, **kw)
+    cfg = GPT2Config(
+        vocab_size=vocab,
+        n_positions=128,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        **kw,
+    )
     return GPT2LMHeadModel(cfg)
 
 
 def _qwen2(vocab: int, **kw) -> Qwen2ForCausalLM:
     """Qwen2 layout (grouped-query attention, QKV bias, rotary positions)."""
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=128, **kw)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        **kw,
+    )
     return Qwen2ForCausalLM(cfg)
 
 
@@ -53,8 +70,16 @@ def group_batch(char_tokenizer):
 
     pol = Policy(_builtin().eval(), char_tokenizer, "builtin")
     prompts = [pol.prompt_ids({"question": q}) for q in ("12+7", "3*45", "99-1+2")]
-    return sample(pol.model, [p for p in prompts for _ in range(4)], [(5, i) for i in range(12)], max_new_tokens=16,
-                  temperature=1.0, top_p=1.0, eos_id=pol.eos_id, pad_id=pol.pad_id)
+    return sample(
+        pol.model,
+        [p for p in prompts for _ in range(4)],
+        [(5, i) for i in range(12)],
+        max_new_tokens=16,
+        temperature=1.0,
+        top_p=1.0,
+        eos_id=pol.eos_id,
+        pad_id=pol.pad_id,
+    )
 
 
 # ---------------------------------------------------------------- unit
@@ -172,8 +197,11 @@ def model_dirs(tmp_path_factory, char_tokenizer):
     dirs = {"llama": str(ASSET_DIR)}
     for name in ("gpt2", "qwen2"):
         torch.manual_seed(0)
-        ids = dict(bos_token_id=char_tokenizer.bos_token_id, eos_token_id=char_tokenizer.eos_token_id,
-                   pad_token_id=char_tokenizer.pad_token_id)
+        ids = dict(
+            bos_token_id=char_tokenizer.bos_token_id,
+            eos_token_id=char_tokenizer.eos_token_id,
+            pad_token_id=char_tokenizer.pad_token_id,
+        )
         model = (_gpt2 if name == "gpt2" else _qwen2)(len(char_tokenizer), **ids)
         model.save_pretrained(root / name)
         char_tokenizer.save_pretrained(root / name)
@@ -192,10 +220,27 @@ def _run(out, model: str, **over) -> dict[str, torch.Tensor]:
     """
     # odd_code_sum reward: nearly every group has reward variance, so the update is not zero; G = 3 and micro-batches of 4
     # rows split groups across micro-batches; beta > 0 runs the (shared) reference forward, mu = 2 the old log-probs.
-    cfg = TrainConfig(out=str(out), model=model, steps=2, prompts_per_step=4, group_size=3, max_new_tokens=24,
-                      eval_questions=4, eval_samples=1, warmup_steps=0, lr=1e-3, beta=0.04, mu=2, micro_batch=4,
-                      reward_fn="reward_fixtures:odd_code_sum", format_weight=0.0, device="cpu", progress=False,
-                      dtype="float64", **over)
+    cfg = TrainConfig(
+        out=str(out),
+        model=model,
+        steps=2,
+        prompts_per_step=4,
+        group_size=3,
+        max_new_tokens=24,
+        eval_questions=4,
+        eval_samples=1,
+        warmup_steps=0,
+        lr=1e-3,
+        beta=0.04,
+        mu=2,
+        micro_batch=4,
+        reward_fn="reward_fixtures:odd_code_sum",
+        format_weight=0.0,
+        device="cpu",
+        progress=False,
+        dtype="float64",
+        **over,
+    )
     train(cfg, log=lambda *a: None)
     ckpt = out / "checkpoints" / "step_2"
     if cfg.lora_rank:

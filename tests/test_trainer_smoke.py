@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import run_cli
 from transformers import AutoModelForCausalLM
 
 from grpolab import checkpoint
@@ -20,18 +21,36 @@ from grpolab.config import ConfigError, TrainConfig
 from grpolab.policy import ASSET_DIR
 from grpolab.runlog import read_metrics
 from grpolab.trainer import train
-from cli_helpers import run_cli
 
 STEP_KEYS = {
-    "step", "reward/mean", "reward/std", "reward/frac_zero_std", "reward/accuracy", "reward/format",
-    "reward/errors", "loss/policy", "loss/kl", "loss/clip_frac", "grad/norm", "completion/len_mean",
-    "time/generate_s", "time/update_s", "time/step_s",
+    "step",
+    "reward/mean",
+    "reward/std",
+    "reward/frac_zero_std",
+    "reward/accuracy",
+    "reward/format",
+    "reward/errors",
+    "loss/policy",
+    "loss/kl",
+    "loss/clip_frac",
+    "grad/norm",
+    "completion/len_mean",
+    "time/generate_s",
+    "time/update_s",
+    "time/step_s",
 }
 EVAL_KEYS = {"eval/accuracy_greedy", "eval/accuracy_sampled"}
 CKPT_FILES = {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "trainer_state.json"}
 SMALL = dict(
-    model="builtin", prompts_per_step=4, group_size=4, eval_questions=16, eval_samples=2,
-    max_new_tokens=48, progress=False, threads=1, device="cpu",
+    model="builtin",
+    prompts_per_step=4,
+    group_size=4,
+    eval_questions=16,
+    eval_samples=2,
+    max_new_tokens=48,
+    progress=False,
+    threads=1,
+    device="cpu",
 )
 
 
@@ -164,8 +183,10 @@ def test_resume_with_a_different_seed_raises(base_run):
 
 
 def test_kl_penalty_run(tmp_path):
-    out = train(_cfg(tmp_path / "kl", steps=2, beta=0.04, micro_batch=4, warmup_steps=0, save_every=1,
-                     keep_checkpoints=1), log=_quiet)
+    out = train(
+        _cfg(tmp_path / "kl", steps=2, beta=0.04, micro_batch=4, warmup_steps=0, save_every=1, keep_checkpoints=1),
+        log=_quiet,
+    )
     assert [s for s, _ in checkpoint.checkpoint_dirs(out)] == [2]  # keep_checkpoints=1: only the newest
     rows = _by_step(read_metrics(out / "metrics.jsonl"))
     for step in (1, 2):
@@ -194,7 +215,9 @@ def test_micro_batching_does_not_change_the_first_update(tmp_path, aggregation):
     # computed on the same rollouts, whole (micro_batch=0) or 4 rollouts at a time.
     rows = {}
     for mb in (0, 4):
-        out = train(_cfg(tmp_path / f"mb{mb}", steps=1, micro_batch=mb, aggregation=aggregation, eval_samples=0), log=_quiet)
+        out = train(
+            _cfg(tmp_path / f"mb{mb}", steps=1, micro_batch=mb, aggregation=aggregation, eval_samples=0), log=_quiet
+        )
         rows[mb] = _by_step(read_metrics(out / "metrics.jsonl"))[1]
     assert rows[0]["reward/mean"] == rows[4]["reward/mean"]
     assert rows[0]["loss/active_frac"] > 0
@@ -206,8 +229,15 @@ def test_micro_batching_does_not_change_the_first_update(tmp_path, aggregation):
 def test_jsonl_training_and_eval_data(tmp_path):
     fixtures = Path(__file__).parent / "fixtures"
     logs = []
-    out = train(_cfg(tmp_path / "jsonl", steps=1, data=str(fixtures / "gsm8k_small.jsonl"),
-                     eval_data=str(fixtures / "gsm8k_eval_small.jsonl")), log=logs.append)
+    out = train(
+        _cfg(
+            tmp_path / "jsonl",
+            steps=1,
+            data=str(fixtures / "gsm8k_small.jsonl"),
+            eval_data=str(fixtures / "gsm8k_eval_small.jsonl"),
+        ),
+        log=logs.append,
+    )
     # one training question ("Sam reads 12 pages ...") is also an eval question: dropped, with a warning
     assert any("1 training record(s)" in str(m) for m in logs), logs
     rows = _by_step(read_metrics(out / "metrics.jsonl"))
@@ -215,8 +245,10 @@ def test_jsonl_training_and_eval_data(tmp_path):
     _assert_finite(rows[1], allow_null=("loss/kl",))
     evals = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert {r["question"] for r in evals if r["kind"] == "eval"} <= {
-        "Ann has 6 pears and eats 2. How many are left?", "Sam reads 12 pages a day. How many pages in a week?",
-        "A box holds 9 eggs. How many eggs are in 3 boxes?"}
+        "Ann has 6 pears and eats 2. How many are left?",
+        "Sam reads 12 pages a day. How many pages in a week?",
+        "A box holds 9 eggs. How many eggs are in 3 boxes?",
+    }
 
 
 def test_training_data_entirely_held_out_is_refused_at_start(tmp_path):
@@ -303,8 +335,18 @@ def test_a_constant_reward_gives_no_update(tmp_path):
     # Every rollout earns 0.1 (a constant accuracy function, format weight 0): every group has
     # zero reward variance, so every advantage is 0, no rollout is active, the gradient is 0 and
     # AdamW leaves the weights exactly where they were.
-    out = train(_cfg(tmp_path / "const", steps=1, prompts_per_step=2, group_size=8, format_weight=0.0,
-                     warmup_steps=0, reward_fn=("reward_fixtures:constant_tenth",)), log=_quiet)
+    out = train(
+        _cfg(
+            tmp_path / "const",
+            steps=1,
+            prompts_per_step=2,
+            group_size=8,
+            format_weight=0.0,
+            warmup_steps=0,
+            reward_fn=("reward_fixtures:constant_tenth",),
+        ),
+        log=_quiet,
+    )
     row = _by_step(read_metrics(out / "metrics.jsonl"))[1]
     assert row["reward/mean"] == pytest.approx(0.1)
     assert row["reward/frac_zero_std"] == 1.0
@@ -323,15 +365,42 @@ def test_one_step_with_a_trl_style_function_and_two_weighted_functions(tmp_path)
     assert row["reward/errors"] == 0 and row["reward/correct"] == row["reward/accuracy"]
     assert row["reward/mean"] == pytest.approx(row["reward/correct"] + 0.1 * row["reward/format"], abs=1e-6)
     # two weighted functions through the CLI (the TRL one and a grpolab-form one): each logged, summed by weight
-    _run_cli(["train", "--steps", "1", "--prompts-per-step", "4", "--group-size", "4", "--eval-questions", "8",
-              "--eval-samples", "1", "--max-new-tokens", "48", "--threads", "1", "--out", "two", "--log-rollouts",
-              "--reward-fn", f"{example}:concise", "--reward-fn", "grpolab.rewards:accuracy_reward",
-              "--reward-weights", "0.5,2"], tmp_path)
+    _run_cli(
+        [
+            "train",
+            "--steps",
+            "1",
+            "--prompts-per-step",
+            "4",
+            "--group-size",
+            "4",
+            "--eval-questions",
+            "8",
+            "--eval-samples",
+            "1",
+            "--max-new-tokens",
+            "48",
+            "--threads",
+            "1",
+            "--out",
+            "two",
+            "--log-rollouts",
+            "--reward-fn",
+            f"{example}:concise",
+            "--reward-fn",
+            "grpolab.rewards:accuracy_reward",
+            "--reward-weights",
+            "0.5,2",
+        ],
+        tmp_path,
+    )
     row = _by_step(read_metrics(tmp_path / "two" / "metrics.jsonl"))[1]
     assert row["reward/errors"] == 0 and 0 < row["reward/concise"] < 1
     assert row["reward/accuracy"] == row["reward/concise"]  # the first function plays the accuracy part
     acc = row["reward/accuracy_reward"]
-    assert row["reward/mean"] == pytest.approx(0.5 * row["reward/concise"] + 2 * acc + 0.1 * row["reward/format"], abs=1e-6)
+    assert row["reward/mean"] == pytest.approx(
+        0.5 * row["reward/concise"] + 2 * acc + 0.1 * row["reward/format"], abs=1e-6
+    )
     # per rollout, recomputed here from the logged completions and the task's ground truth
     from grpolab.rewards import accuracy_reward, format_reward
 
@@ -349,12 +418,29 @@ def test_one_step_with_a_trl_style_function_and_two_weighted_functions(tmp_path)
 # ---------------------------------------------------------------- CLI
 
 
-
-
 def test_cli_train_end_to_end(tmp_path):
     out = tmp_path / "cli"
-    res = _run_cli(["train", "--out", str(out), "--steps", "2", "--prompts-per-step", "4", "--group-size", "4",
-                    "--eval-questions", "16", "--eval-samples", "2", "--max-new-tokens", "48", "--no-progress"], tmp_path)
+    res = _run_cli(
+        [
+            "train",
+            "--out",
+            str(out),
+            "--steps",
+            "2",
+            "--prompts-per-step",
+            "4",
+            "--group-size",
+            "4",
+            "--eval-questions",
+            "16",
+            "--eval-samples",
+            "2",
+            "--max-new-tokens",
+            "48",
+            "--no-progress",
+        ],
+        tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(_by_step(read_metrics(out / "metrics.jsonl"))) == [0, 1, 2]
@@ -383,8 +469,16 @@ def test_sft_smoke(tmp_path):
     from grpolab.sft import SFTConfig, run_sft
 
     out = tmp_path / "sft"
-    cfg = SFTConfig(out=str(out), steps=3, batch_size=4, warmup_steps=1, eval_questions=8, eval_samples=1,
-                    model=TinyLlamaSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), progress=False)
+    cfg = SFTConfig(
+        out=str(out),
+        steps=3,
+        batch_size=4,
+        warmup_steps=1,
+        eval_questions=8,
+        eval_samples=1,
+        model=TinyLlamaSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
+        progress=False,
+    )
     metrics = run_sft(cfg)
     assert 0.0 <= metrics["eval/accuracy_greedy"] <= 1.0 and 0.0 <= metrics["eval/accuracy_sampled"] <= 1.0
     model = AutoModelForCausalLM.from_pretrained(out)
@@ -403,12 +497,22 @@ def test_update_normalises_by_the_rows_it_is_given(tmp_path):
     trainer = GRPOTrainer(_cfg(tmp_path / "u", steps=1, warmup_steps=0), log=_quiet)
     cfg, policy = trainer.cfg, trainer.policy
     prompts = [policy.prompt_ids(r) for r in trainer.sampler.draw(1, 3) for _ in range(4)]  # 12 rows; B * G = 16
-    batch = sample(policy.model, prompts, [(7, i) for i in range(12)], max_new_tokens=cfg.max_new_tokens,
-                   temperature=1.0, top_p=1.0, eos_id=policy.eos_id, pad_id=policy.pad_id)
+    batch = sample(
+        policy.model,
+        prompts,
+        [(7, i) for i in range(12)],
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        eos_id=policy.eos_id,
+        pad_id=policy.pad_id,
+    )
     adv = torch.linspace(-1.0, 1.0, 12)
     with torch.no_grad():
         logp = completion_logprobs(policy.model, batch)
-    expected, _ = policy_loss(logp, logp, adv, batch.completion_mask, aggregation=cfg.aggregation, max_len=cfg.max_new_tokens)
+    expected, _ = policy_loss(
+        logp, logp, adv, batch.completion_mask, aggregation=cfg.aggregation, max_len=cfg.max_new_tokens
+    )
     assert trainer._update(batch, adv)["loss/total"] == pytest.approx(expected.item(), rel=1e-5)
 
 

@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_trainer_smoke import _by_step, _cfg, _quiet, _state_dict
 
 from grpolab.config import ConfigError
 from grpolab.loss import entropy_threshold, loss_token_mask
 from grpolab.policy import ASSET_DIR
 from grpolab.runlog import read_metrics
 from grpolab.trainer import train
-from test_trainer_smoke import _by_step, _cfg, _quiet, _state_dict
 
 TIMING = ("time/",)
 
 
 def _metrics(out) -> dict[int, dict]:
-    return {s: {k: v for k, v in r.items() if not k.startswith(TIMING)} for s, r in _by_step(read_metrics(out / "metrics.jsonl")).items()}
+    return {
+        s: {k: v for k, v in r.items() if not k.startswith(TIMING)}
+        for s, r in _by_step(read_metrics(out / "metrics.jsonl")).items()
+    }
 
 
 def test_scale_rewards_none_is_the_group_mean_estimator(tmp_path):
@@ -47,7 +50,9 @@ def test_mask_truncated_with_every_completion_cut_leaves_the_weights(tmp_path):
     # three new tokens: no completion of the warm start ends that soon, so every one is truncated and carries no loss
     # temperature 3 and a reward of the characters: rollouts differ, so nearly every group has reward variance
     dense = dict(reward_fn=("reward_fixtures:odd_code_sum",), format_weight=0.0, temperature=3.0)
-    out = train(_cfg(tmp_path / "cut", steps=1, max_new_tokens=3, mask_truncated=True, warmup_steps=0, **dense), log=_quiet)
+    out = train(
+        _cfg(tmp_path / "cut", steps=1, max_new_tokens=3, mask_truncated=True, warmup_steps=0, **dense), log=_quiet
+    )
     row = _metrics(out)[1]
     assert row["completion/truncated_frac"] == 1.0 and row["loss/active_frac"] == 0.0 and row["grad/norm"] == 0.0
     assert row["reward/std"] > 0  # rewards are still computed, and they vary
@@ -59,10 +64,14 @@ def test_mask_truncated_with_every_completion_cut_leaves_the_weights(tmp_path):
 
 
 def test_overlong_penalty_joins_the_reward_and_is_logged(tmp_path):
-    out = train(_cfg(tmp_path / "long", steps=1, max_new_tokens=24, overlong_buffer=8, overlong_penalty=0.5), log=_quiet)
+    out = train(
+        _cfg(tmp_path / "long", steps=1, max_new_tokens=24, overlong_buffer=8, overlong_penalty=0.5), log=_quiet
+    )
     row = _metrics(out)[1]
     assert -0.5 <= row["reward/overlong"] < 0
-    assert row["reward/mean"] == pytest.approx(row["reward/accuracy"] + 0.1 * row["reward/format"] + row["reward/overlong"], abs=1e-6)
+    assert row["reward/mean"] == pytest.approx(
+        row["reward/accuracy"] + 0.1 * row["reward/format"] + row["reward/overlong"], abs=1e-6
+    )
 
 
 def test_entropy_is_logged_and_top_entropy_quantile_one_changes_nothing(tmp_path):
@@ -87,14 +96,17 @@ def test_loss_token_mask_by_hand():
     assert got.tolist() == [[0, 1, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0]] and 0.3 < th <= 0.4
 
 
-@pytest.mark.parametrize("over, message", [
-    (dict(scale_rewards="batch", estimator="rloo"), "--scale-rewards"),
-    (dict(clip_delta=1.1), "--clip-delta"),
-    (dict(top_entropy_quantile=0.0), "--top-entropy-quantile"),
-    (dict(overlong_buffer=48), "--overlong-buffer"),
-    (dict(task="arith-multiturn", mask_truncated=True), "--mask-truncated"),
-    (dict(task="arith-multiturn", scale_rewards="none"), "--scale-rewards"),
-])
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        (dict(scale_rewards="batch", estimator="rloo"), "--scale-rewards"),
+        (dict(clip_delta=1.1), "--clip-delta"),
+        (dict(top_entropy_quantile=0.0), "--top-entropy-quantile"),
+        (dict(overlong_buffer=48), "--overlong-buffer"),
+        (dict(task="arith-multiturn", mask_truncated=True), "--mask-truncated"),
+        (dict(task="arith-multiturn", scale_rewards="none"), "--scale-rewards"),
+    ],
+)
 def test_invalid_variant_settings_are_refused(tmp_path, over, message):
     with pytest.raises(ConfigError, match=message):
         _cfg(tmp_path / "x", **over).validate()

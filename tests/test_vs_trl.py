@@ -25,17 +25,39 @@ def setup(tmp_path_factory):
 
     policy = load_policy("builtin")
     prompts = [policy.prompt_ids({"question": q}) for q in ("12+7-3", "23*7", "45-(12+7)", "161/7")]
-    batch = sample(policy.model, [p for p in prompts for _ in range(2)], [(11, i) for i in range(8)], max_new_tokens=12,
-                   temperature=1.0, top_p=1.0, eos_id=policy.eos_id, pad_id=policy.pad_id)
+    batch = sample(
+        policy.model,
+        [p for p in prompts for _ in range(2)],
+        [(11, i) for i in range(8)],
+        max_new_tokens=12,
+        temperature=1.0,
+        top_p=1.0,
+        eos_id=policy.eos_id,
+        pad_id=policy.pad_id,
+    )
     adv = torch.tensor([0.5, -0.5, 1.0, -1.0, 0.3, -0.3, 0.0, 0.0])
     trainers = {}
     for loss_type, _ in PAIRS:
-        cfg = GRPOConfig(output_dir=str(tmp_path_factory.mktemp(loss_type)), per_device_train_batch_size=8, num_generations=2,
-                         max_completion_length=12, beta=0.0, use_cpu=True, bf16=False, loss_type=loss_type,
-                         report_to="none", save_strategy="no", gradient_checkpointing=False)
-        trainers[loss_type] = GRPOTrainer(model=policy.model, reward_funcs=lambda completions, **k: [0.0] * len(completions),
-                                          args=cfg, train_dataset=Dataset.from_list([{"prompt": "1+1\n"}] * 8),
-                                          processing_class=policy.tokenizer)
+        cfg = GRPOConfig(
+            output_dir=str(tmp_path_factory.mktemp(loss_type)),
+            per_device_train_batch_size=8,
+            num_generations=2,
+            max_completion_length=12,
+            beta=0.0,
+            use_cpu=True,
+            bf16=False,
+            loss_type=loss_type,
+            report_to="none",
+            save_strategy="no",
+            gradient_checkpointing=False,
+        )
+        trainers[loss_type] = GRPOTrainer(
+            model=policy.model,
+            reward_funcs=lambda completions, **k: [0.0] * len(completions),
+            args=cfg,
+            train_dataset=Dataset.from_list([{"prompt": "1+1\n"}] * 8),
+            processing_class=policy.tokenizer,
+        )
     return policy, batch, adv, trainers
 
 
@@ -45,9 +67,15 @@ def test_loss_and_gradient_equal_trl(setup, loss_type, aggregation):
     model = policy.model
     trainer = trainers[loss_type]
     params = [p for p in model.parameters() if p.requires_grad]
-    inputs = {"prompt_ids": batch.prompt_ids, "prompt_mask": batch.prompt_mask, "completion_ids": batch.completion_ids,
-              "completion_mask": batch.completion_mask, "advantages": adv, "old_per_token_logps": None,
-              "num_items_in_batch": batch.completion_mask.sum()}
+    inputs = {
+        "prompt_ids": batch.prompt_ids,
+        "prompt_mask": batch.prompt_mask,
+        "completion_ids": batch.completion_ids,
+        "completion_mask": batch.completion_mask,
+        "advantages": adv,
+        "old_per_token_logps": None,
+        "num_items_in_batch": batch.completion_mask.sum(),
+    }
     model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by TRL's training loop; one step, no accumulation
     trl_loss = trainer._compute_loss(model, inputs)
@@ -80,12 +108,27 @@ def variant_trainers(setup, tmp_path_factory):
     policy = setup[0]
     out = {}
     for name, extra in VARIANTS.items():
-        cfg = GRPOConfig(output_dir=str(tmp_path_factory.mktemp(name)), per_device_train_batch_size=8, num_generations=2,
-                         max_completion_length=12, beta=0.0, use_cpu=True, bf16=False, loss_type="grpo",
-                         report_to="none", save_strategy="no", gradient_checkpointing=False, **extra)
-        out[name] = GRPOTrainer(model=policy.model, reward_funcs=lambda completions, **k: [0.0] * len(completions),
-                                args=cfg, train_dataset=Dataset.from_list([{"prompt": "1+1\n"}] * 8),
-                                processing_class=policy.tokenizer)
+        cfg = GRPOConfig(
+            output_dir=str(tmp_path_factory.mktemp(name)),
+            per_device_train_batch_size=8,
+            num_generations=2,
+            max_completion_length=12,
+            beta=0.0,
+            use_cpu=True,
+            bf16=False,
+            loss_type="grpo",
+            report_to="none",
+            save_strategy="no",
+            gradient_checkpointing=False,
+            **extra,
+        )
+        out[name] = GRPOTrainer(
+            model=policy.model,
+            reward_funcs=lambda completions, **k: [0.0] * len(completions),
+            args=cfg,
+            train_dataset=Dataset.from_list([{"prompt": "1+1\n"}] * 8),
+            processing_class=policy.tokenizer,
+        )
     return out
 
 
@@ -98,8 +141,16 @@ def test_variant_loss_and_gradient_equal_trl(setup, variant_trainers, name):
     model, trainer = policy.model, variant_trainers[name]
     if name == "mask-truncated":  # completions long enough that some end before the limit
         prompts = [policy.prompt_ids({"question": q}) for q in ("12+7-3", "23*7", "45-(12+7)", "161/7")]
-        batch = sample(model, [p for p in prompts for _ in range(2)], [(12, i) for i in range(8)], max_new_tokens=20,
-                       temperature=1.0, top_p=1.0, eos_id=policy.eos_id, pad_id=policy.pad_id)
+        batch = sample(
+            model,
+            [p for p in prompts for _ in range(2)],
+            [(12, i) for i in range(8)],
+            max_new_tokens=20,
+            temperature=1.0,
+            top_p=1.0,
+            eos_id=policy.eos_id,
+            pad_id=policy.pad_id,
+        )
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     with torch.no_grad():
@@ -110,9 +161,15 @@ def test_variant_loss_and_gradient_equal_trl(setup, variant_trainers, name):
     if name == "mask-truncated":  # TRL zeroes a truncated completion's mask when it generates; ours is the same rule
         mask = loss_token_mask(batch.completion_ids, mask, policy.eos_id, mask_truncated=True).long()
         assert 0 < mask.any(1).sum() < mask.shape[0], "the batch must hold truncated and finished completions"
-    inputs = {"prompt_ids": batch.prompt_ids, "prompt_mask": batch.prompt_mask, "completion_ids": batch.completion_ids,
-              "completion_mask": mask, "advantages": adv, "old_per_token_logps": old,
-              "num_items_in_batch": mask.sum()}
+    inputs = {
+        "prompt_ids": batch.prompt_ids,
+        "prompt_mask": batch.prompt_mask,
+        "completion_ids": batch.completion_ids,
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": old,
+        "num_items_in_batch": mask.sum(),
+    }
     trainer.current_gradient_accumulation_steps = 1
     trl_loss = trainer._compute_loss(model, inputs)
     trl_grad = torch.autograd.grad(trl_loss, params, allow_unused=True)
@@ -122,14 +179,24 @@ def test_variant_loss_and_gradient_equal_trl(setup, variant_trainers, name):
         with torch.no_grad():
             input_ids = torch.cat([batch.prompt_ids, batch.completion_ids], 1)
             attn = torch.cat([batch.prompt_mask, batch.completion_mask], 1)
-            _, ent, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attn, batch.completion_ids.shape[1],
-                                                                   compute_entropy=True)
+            _, ent, _ = trainer._get_per_token_logps_and_entropies(
+                model, input_ids, attn, batch.completion_ids.shape[1], compute_entropy=True
+            )
         weights = loss_token_mask(batch.completion_ids, mask, policy.eos_id, entropy=ent, top_entropy_quantile=0.3)
         assert 0 < weights.sum() < mask.sum()
     logp = completion_logprobs(model, batch)
     eps_high = cfg.epsilon_high if cfg.epsilon_high is not None else cfg.epsilon  # TRL's default: symmetric
-    ours, _ = policy_loss(logp, old, adv, mask, clip_low=cfg.epsilon, clip_high=eps_high,
-                          importance_sampling=cfg.importance_sampling_level, clip_delta=cfg.delta, token_weights=weights)
+    ours, _ = policy_loss(
+        logp,
+        old,
+        adv,
+        mask,
+        clip_low=cfg.epsilon,
+        clip_high=eps_high,
+        importance_sampling=cfg.importance_sampling_level,
+        clip_delta=cfg.delta,
+        token_weights=weights,
+    )
     our_grad = torch.autograd.grad(ours, params, allow_unused=True)
     assert ours.item() == pytest.approx(trl_loss.item(), abs=1e-5)
     if name != "mask-truncated":  # the option changes the loss on this batch: the comparison is not vacuous

@@ -28,7 +28,7 @@ equal a test question.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -106,8 +106,13 @@ def _paren(rng: np.random.Generator, spec: ArithmeticSpec) -> tuple[str, list[st
 def question_space(spec: ArithmeticSpec = ArithmeticSpec()) -> int:
     """How many distinct questions ``spec`` can produce (a question's text determines its operands)."""
     m, k = spec.max_operand, spec.mul_max
-    sizes = {"add_sub_2": m**3 * 2**2, "add_sub_3": m**4 * 2**3, "mul": (m - 1) * (k - 1), "div": (m - 1) * (k - 1),
-             "paren": m**3 * 2**2}
+    sizes = {
+        "add_sub_2": m**3 * 2**2,
+        "add_sub_3": m**4 * 2**3,
+        "mul": (m - 1) * (k - 1),
+        "div": (m - 1) * (k - 1),
+        "paren": m**3 * 2**2,
+    }
     return sum(sizes[c] for c in spec.categories)
 
 
@@ -116,9 +121,11 @@ def held_out_size(spec: ArithmeticSpec, eval_questions: int) -> int:
     but never more than half of a small task's questions, so that training has the other half."""
     held = min(max(500, eval_questions), question_space(spec) // 2)
     if eval_questions > held:
-        raise ValueError(f"{eval_questions} held-out questions requested, but {spec.categories} with max_operand "
-                         f"{spec.max_operand}, mul_max {spec.mul_max} has {question_space(spec)} distinct questions: "
-                         f"at most {held} (half) can be held out")
+        raise ValueError(
+            f"{eval_questions} held-out questions requested, but {spec.categories} with max_operand "
+            f"{spec.max_operand}, mul_max {spec.mul_max} has {question_space(spec)} distinct questions: "
+            f"at most {held} (half) can be held out"
+        )
     return held
 
 

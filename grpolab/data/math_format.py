@@ -24,8 +24,15 @@ def load_math_jsonl(path: str | Path) -> list[dict]:
         truth = last_boxed(obj["solution"])
         if truth is None or not truth.strip():
             raise DataError(f"{where}: the solution has no \\boxed{{...}} answer")
-        records.append({"question": obj["problem"], "answer": obj["solution"], "ground_truth": truth,
-                        "category": str(obj.get("type", obj.get("category", "math"))), "format": "math"})
+        records.append(
+            {
+                "question": obj["problem"],
+                "answer": obj["solution"],
+                "ground_truth": truth,
+                "category": str(obj.get("type", obj.get("category", "math"))),
+                "format": "math",
+            }
+        )
     if not records:
         raise DataError(f"{path}: no records")
     return records

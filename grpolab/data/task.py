@@ -33,7 +33,9 @@ def task_data(cfg, log=print):
             log(f"warning: {leaked} training record(s) in {cfg.data} repeat held-out questions; they are dropped")
             train_records = [r for r in train_records if r["question"] not in test_q]
         if not train_records:
-            raise DataError(f"--data {cfg.data}: every record is also in --eval-data {cfg.eval_data}; nothing left to train on")
+            raise DataError(
+                f"--data {cfg.data}: every record is also in --eval-data {cfg.eval_data}; nothing left to train on"
+            )
         return held_out, ListSampler(train_records, cfg.seed)
     # Exclude the full 500-question test set (half of a small task) even when evaluating on fewer of them.
     exclude = {r["question"] for r in test_set(held, spec)}

@@ -93,12 +93,22 @@ def exact_bias(chain: Chain) -> list[dict]:
                 rms2 += p * (leak + mis) ** 2
                 leak2 += p * leak**2
                 mis2 += p * mis**2
-            rows.append({"stage": h, "estimator": est, "bias_mean": mean, "bias_rms": math.sqrt(rms2),
-                         "leakage_rms": math.sqrt(leak2), "mismatch_rms": math.sqrt(mis2)})
+            rows.append(
+                {
+                    "stage": h,
+                    "estimator": est,
+                    "bias_mean": mean,
+                    "bias_rms": math.sqrt(rms2),
+                    "leakage_rms": math.sqrt(leak2),
+                    "mismatch_rms": math.sqrt(mis2),
+                }
+            )
     return rows
 
 
-def simulate(chain: Chain, n: int, gen: torch.Generator, start: torch.Tensor | None = None, h0: int = 1) -> torch.Tensor:
+def simulate(
+    chain: Chain, n: int, gen: torch.Generator, start: torch.Tensor | None = None, h0: int = 1
+) -> torch.Tensor:
     """Successes ``[n, H - h0 + 1]`` of n trajectories from stage h0 in states ``start`` (default: success)."""
     s = torch.ones(n, dtype=torch.bool) if start is None else start.clone()
     out = []
@@ -109,7 +119,9 @@ def simulate(chain: Chain, n: int, gen: torch.Generator, start: torch.Tensor | N
     return torch.stack(out, dim=1) if out else torch.zeros(n, 0, dtype=torch.bool)
 
 
-def monte_carlo_bias(chain: Chain, R: int, groups: int = 50_000, *, branches: int = 8, seed: int = 0, boot: int = 400) -> list[dict]:
+def monte_carlo_bias(
+    chain: Chain, R: int, groups: int = 50_000, *, branches: int = 8, seed: int = 0, boot: int = 400
+) -> list[dict]:
     """The same quantities from sampled groups of R trajectories, with 95% bootstrap CIs.
 
     For each trajectory i and stage h the error e = hat A - A(s_h, a_h) uses the true
@@ -148,7 +160,7 @@ def monte_carlo_bias(chain: Chain, R: int, groups: int = 50_000, *, branches: in
         v_mc = cont.double().sum(1).view(groups, R, branches).mean(2)
         hats = {"grpo": total - base, "rtg-group": rtg[:, :, hi] - base, "rtg-mc": rtg[:, :, hi] - v_mc}
         k = past[:, :, hi].long()
-        cls = (k * 2 + s_h.long())  # history class (k, s)
+        cls = k * 2 + s_h.long()  # history class (k, s)
         C = 2 * H + 2
         onehot = torch.nn.functional.one_hot(cls, C).double()  # [g, R, C]
         for est in ESTIMATORS:
@@ -162,8 +174,18 @@ def monte_carlo_bias(chain: Chain, R: int, groups: int = 50_000, *, branches: in
             leak, mis = _parts(chain, v, h, k, s_h, est)
             mean_e = float(e.mean())
             ci_low, ci_high = percentile_interval(b[1] for b in boots)
-            rows.append({"stage": h, "estimator": est, "bias_mean": mean_e, "bias_rms": stats[1], "ci_low": ci_low, "ci_high": ci_high,
-                         "leakage_rms": leak, "mismatch_rms": mis})
+            rows.append(
+                {
+                    "stage": h,
+                    "estimator": est,
+                    "bias_mean": mean_e,
+                    "bias_rms": stats[1],
+                    "ci_low": ci_low,
+                    "ci_high": ci_high,
+                    "leakage_rms": leak,
+                    "mismatch_rms": mis,
+                }
+            )
     return rows
 
 

@@ -22,8 +22,8 @@ import dataclasses
 import numpy as np
 import torch
 
-from grpolab.policy import Policy
 from grpolab.answers import extract_final_number, numbers_equal
+from grpolab.policy import Policy
 from grpolab.rollout import Batch, left_pad, sample
 
 DIALOGUE_STREAM = 6  # random-stream ids: dialogue rollouts
@@ -84,8 +84,18 @@ class Turns:
     questions: list[list[str]]  # [H - h0][M]
 
 
-def play(policy: Policy, dialogues: list[dict], prev: list[str | None], h0: int, keys: list[tuple], spec: DialogueSpec, *,
-         max_new_tokens: int, temperature: float, history: list[str] | None = None) -> Turns:
+def play(
+    policy: Policy,
+    dialogues: list[dict],
+    prev: list[str | None],
+    h0: int,
+    keys: list[tuple],
+    spec: DialogueSpec,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    history: list[str] | None = None,
+) -> Turns:
     """Play turns h0 .. H-1 of each dialogue, from ``prev`` (the answer before turn h0).
 
     ``keys[m]`` seeds trajectory m; turn h draws from stream (*keys[m], h).
@@ -99,8 +109,16 @@ def play(policy: Policy, dialogues: list[dict], prev: list[str | None], h0: int,
         qs = [question(d, h, p) for d, p in zip(dialogues, prev)]
         texts_in = [hi + q for hi, q in zip(hist, qs)] if spec.context == "dialogue" else qs
         prompts = [policy.prompt_ids({"question": t}) for t in texts_in]
-        batch = sample(policy.model, prompts, [(*k, h) for k in keys], max_new_tokens=max_new_tokens,
-                       temperature=temperature, top_p=1.0, eos_id=policy.eos_id, pad_id=policy.pad_id)
+        batch = sample(
+            policy.model,
+            prompts,
+            [(*k, h) for k in keys],
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=1.0,
+            eos_id=policy.eos_id,
+            pad_id=policy.pad_id,
+        )
         texts = policy.decode(batch.completion_ids, batch.completion_mask)
         ans = [extract_final_number(t) for t in texts]
         r = [1.0 if numbers_equal(a, str(d["truths"][h])) else 0.0 for a, d in zip(ans, dialogues)]
@@ -110,12 +128,25 @@ def play(policy: Policy, dialogues: list[dict], prev: list[str | None], h0: int,
         questions.append(qs)
         hist = [hi + q + "\n" + t + "\n" for hi, q, t in zip(hist, qs, texts)]
         prev = ans
-    return Turns(torch.stack(rewards, dim=1) if rewards else torch.zeros(M, 0, dtype=torch.float64), answers, batches, questions)
+    return Turns(
+        torch.stack(rewards, dim=1) if rewards else torch.zeros(M, 0, dtype=torch.float64), answers, batches, questions
+    )
 
 
-def branch_values(policy: Policy, dialogues: list[dict], prev: list[str | None], h: int, branches: int, key: tuple,
-                  spec: DialogueSpec, *, max_new_tokens: int, temperature: float, chunk: int = 512,
-                  first_index: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def branch_values(
+    policy: Policy,
+    dialogues: list[dict],
+    prev: list[str | None],
+    h: int,
+    branches: int,
+    key: tuple,
+    spec: DialogueSpec,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    chunk: int = 512,
+    first_index: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Monte Carlo value of each state (dialogue, turn h, previous answer): mean and variance of the
     reward-to-go over ``branches`` fresh continuations. Returns ``[M]`` means and ``[M]`` variances of the mean.
 
@@ -127,8 +158,16 @@ def branch_values(policy: Policy, dialogues: list[dict], prev: list[str | None],
     keys = [(BRANCH_STREAM, *key, first_index + m, b) for m in range(M) for b in range(branches)]
     rtg = []
     for i in range(0, len(rep_d), chunk):  # bounded batches: branching multiplies the rows
-        t = play(policy, rep_d[i : i + chunk], rep_p[i : i + chunk], h, keys[i : i + chunk], spec,
-                 max_new_tokens=max_new_tokens, temperature=temperature)
+        t = play(
+            policy,
+            rep_d[i : i + chunk],
+            rep_p[i : i + chunk],
+            h,
+            keys[i : i + chunk],
+            spec,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+        )
         rtg.append(t.rewards.sum(dim=1))
     g = torch.cat(rtg).view(M, branches)
     var = g.var(dim=1, unbiased=True) / branches if branches > 1 else torch.zeros(M, dtype=torch.float64)

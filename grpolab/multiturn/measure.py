@@ -95,7 +95,9 @@ def _corrected_rms(b: torch.Tensor, noise: torch.Tensor, w: torch.Tensor | None 
     return math.sqrt(max(float((w * (b * b - noise)).sum()) / float(w.sum()), 0.0))
 
 
-def _rms_stats(b: torch.Tensor, noise: torch.Tensor, cluster: torch.Tensor, boot: int, gen: torch.Generator) -> tuple[float, float, float]:
+def _rms_stats(
+    b: torch.Tensor, noise: torch.Tensor, cluster: torch.Tensor, boot: int, gen: torch.Generator
+) -> tuple[float, float, float]:
     """``_corrected_rms`` and its 95% bootstrap interval, resampling clusters (dialogues)."""
     ids = torch.unique(cluster)
     onehot = (cluster[None, :] == ids[:, None]).double()  # [C, n]
@@ -119,7 +121,9 @@ def run_arith(cfg: MultiturnConfig, log=print) -> list[dict]:
     dialogues = make_dialogues(D, MEASURE_DIALOGUE_SEED + cfg.seed, spec)
     rep = [d for d in dialogues for _ in range(R)]
     with torch.no_grad():
-        turns = play(policy, rep, [None] * (D * R), 0, [(DIALOGUE_STREAM, cfg.seed, n) for n in range(D * R)], spec, **kw)
+        turns = play(
+            policy, rep, [None] * (D * R), 0, [(DIALOGUE_STREAM, cfg.seed, n) for n in range(D * R)], spec, **kw
+        )
         r = turns.rewards  # [D*R, H]
         log(f"dialogue rollouts: per-stage accuracy {[round(float(x), 3) for x in r.mean(0)]}")
         # v(s_1) of each dialogue, twice (independent sets), and v(s_h) of every visited state, twice
@@ -154,9 +158,19 @@ def run_arith(cfg: MultiturnConfig, log=print) -> list[dict]:
             leak, m, noise = parts[est]
             b = leak + m
             rms, lo, hi = _rms_stats(b, noise, cluster, cfg.bootstrap, gen)
-            rows.append({"stage": h + 1, "estimator": est, "bias_mean": float(b.mean()), "bias_rms": rms,
-                         "ci_low": lo, "ci_high": hi, "leakage_rms": math.sqrt(float((leak * leak).mean())),
-                         "mismatch_rms": _corrected_rms(m, noise), "accuracy": float(r[:, h].mean())})
+            rows.append(
+                {
+                    "stage": h + 1,
+                    "estimator": est,
+                    "bias_mean": float(b.mean()),
+                    "bias_rms": rms,
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "leakage_rms": math.sqrt(float((leak * leak).mean())),
+                    "mismatch_rms": _corrected_rms(m, noise),
+                    "accuracy": float(r[:, h].mean()),
+                }
+            )
     return rows
 
 
@@ -177,7 +191,9 @@ def run_multiturn(cfg: MultiturnConfig, log=print) -> list[dict]:
 
 def format_multiturn(rows: list[dict]) -> str:
     exact = "bias_rms_exact" in rows[0]
-    head = f"{'stage':>5} {'estimator':<10} {'bias mean':>10} {'bias RMS [95% CI]':>28}" + (f" {'exact RMS':>10}" if exact else "")
+    head = f"{'stage':>5} {'estimator':<10} {'bias mean':>10} {'bias RMS [95% CI]':>28}" + (
+        f" {'exact RMS':>10}" if exact else ""
+    )
     lines = [head + f" {'leakage RMS':>12} {'mismatch RMS':>13}"]
     for r in rows:
         line = f"{r['stage']:>5} {r['estimator']:<10} {r['bias_mean']:>10.4f} {r['bias_rms']:>10.4f} [{r['ci_low']:.4f}, {r['ci_high']:.4f}]"

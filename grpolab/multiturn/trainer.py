@@ -60,7 +60,9 @@ class MultiTurnTrainer(TrainerBase):
         rep = [d for d in dialogues for _ in range(G)]
         policy.model.eval()
         with torch.no_grad(), self.train_module.full_weights():
-            keys = [(ROLLOUT_STREAM, cfg.seed, step, n) for n in range(b0 * G, (b0 + Bl) * G)]  # global trajectory index
+            keys = [
+                (ROLLOUT_STREAM, cfg.seed, step, n) for n in range(b0 * G, (b0 + Bl) * G)
+            ]  # global trajectory index
             turns = play(policy, rep, [None] * (Bl * G), 0, keys, self.spec, **kw)
             rewards = turns.rewards.view(Bl, G, H)
             v_mc = None
@@ -69,8 +71,17 @@ class MultiTurnTrainer(TrainerBase):
                 v_mc = torch.zeros(Bl, G, H, dtype=torch.float64)
                 v_mc[:, :, 0] = (total.sum(1, keepdim=True) - total) / max(G - 1, 1)  # s_1: the rest of the group
                 for h in range(1, H):
-                    v, _ = branch_values(policy, rep, turns.answers[h - 1], h, cfg.branches, (cfg.seed, step, h), self.spec,
-                                         first_index=b0 * G, **kw)
+                    v, _ = branch_values(
+                        policy,
+                        rep,
+                        turns.answers[h - 1],
+                        h,
+                        cfg.branches,
+                        (cfg.seed, step, h),
+                        self.spec,
+                        first_index=b0 * G,
+                        **kw,
+                    )
                     v_mc[:, :, h] = v.view(Bl, G)
         policy.model.train()
         t_gen = time.perf_counter()
@@ -79,9 +90,15 @@ class MultiTurnTrainer(TrainerBase):
         adv_rows = adv.permute(2, 0, 1).reshape(-1).float().to(self.device)
         update = self._update(batch, adv_rows)
         t_end = time.perf_counter()
-        samples = [{"question": " | ".join(turns.questions[h][i] for h in range(H)),
-                    "answers": [turns.answers[h][i] for h in range(H)], "rewards": rewards.view(-1, H)[i].tolist()}
-                   for i in range(0, Bl * G, G) if mine[i // G] < cfg.log_samples]
+        samples = [
+            {
+                "question": " | ".join(turns.questions[h][i] for h in range(H)),
+                "answers": [turns.answers[h][i] for h in range(H)],
+                "rewards": rewards.view(-1, H)[i].tolist(),
+            }
+            for i in range(0, Bl * G, G)
+            if mine[i // G] < cfg.log_samples
+        ]
         local = {"rewards": rewards, "lengths": batch.completion_mask.sum(1).float().cpu(), "samples": samples}
         parts = dist_.gather(local, self.world)
         rewards = torch.cat([p["rewards"] for p in parts])  # [B, G, H]
@@ -116,11 +133,28 @@ class MultiTurnTrainer(TrainerBase):
         metrics = {}
         with torch.no_grad(), self.train_module.full_weights():
             for name, temp in (("greedy", 0.0), ("sampled", 1.0)):
-                t = play(policy, own, [None] * len(own), 0, [(EVAL_STREAM, cfg.seed, i) for i in mine], self.spec,
-                         max_new_tokens=cfg.max_new_tokens, temperature=temp)
-                local = {"rewards": t.rewards, "examples": [
-                    {"questions": [t.questions[h][j] for h in range(H)], "answers": [t.answers[h][j] for h in range(H)],
-                     "truths": own[j]["truths"]} for j, i in enumerate(mine) if i < cfg.log_samples]}
+                t = play(
+                    policy,
+                    own,
+                    [None] * len(own),
+                    0,
+                    [(EVAL_STREAM, cfg.seed, i) for i in mine],
+                    self.spec,
+                    max_new_tokens=cfg.max_new_tokens,
+                    temperature=temp,
+                )
+                local = {
+                    "rewards": t.rewards,
+                    "examples": [
+                        {
+                            "questions": [t.questions[h][j] for h in range(H)],
+                            "answers": [t.answers[h][j] for h in range(H)],
+                            "truths": own[j]["truths"],
+                        }
+                        for j, i in enumerate(mine)
+                        if i < cfg.log_samples
+                    ],
+                }
                 parts = dist_.gather(local, self.world)
                 acc = torch.cat([p["rewards"] for p in parts]).mean(0)  # [H] over all D dialogues
                 metrics[f"eval/accuracy_{name}"] = float(acc.mean())

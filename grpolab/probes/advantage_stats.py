@@ -19,7 +19,9 @@ import torch
 from grpolab.advantages import compute_advantages
 
 
-def advantage_stats(rewards: torch.Tensor | list[torch.Tensor], eps: float = 0.2, sigma2: float | None = None) -> dict[str, float]:
+def advantage_stats(
+    rewards: torch.Tensor | list[torch.Tensor], eps: float = 0.2, sigma2: float | None = None
+) -> dict[str, float]:
     """Statistics of ``grpo`` advantages for group rewards ``[B, R]`` (or a list of groups, see below).
 
     ``sigma2``: the true reward variance if known (one prompt, Bernoulli(p) rewards);
@@ -70,8 +72,11 @@ def _ragged_stats(groups: list[torch.Tensor], eps: float, sigma2: float | None) 
         raise ValueError("advantage statistics need R >= 2 rollouts per group")
     A = [compute_advantages(r[None, :], "grpo")[0].double() for r in groups]
     R = torch.tensor([len(r) for r in groups], dtype=torch.float64)  # [B]
-    s2 = (torch.stack([r.var(unbiased=True) for r in groups]) if sigma2 is None
-          else torch.full((len(groups),), float(sigma2), dtype=torch.float64))  # [B]
+    s2 = (
+        torch.stack([r.var(unbiased=True) for r in groups])
+        if sigma2 is None
+        else torch.full((len(groups),), float(sigma2), dtype=torch.float64)
+    )  # [B]
     N, pairs = R.sum(), (R * (R - 1)).sum()
     sums = torch.stack([a.sum() for a in A])  # [B]
     sq = torch.stack([a.pow(2).sum() for a in A])  # [B]

@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -45,7 +46,9 @@ from torch import nn
 from grpolab.rollout import Batch, completion_logprobs
 
 
-def token_weights(mask: torch.Tensor, aggregation: str = "seq-mean-token-mean", max_len: int | None = None) -> torch.Tensor:
+def token_weights(
+    mask: torch.Tensor, aggregation: str = "seq-mean-token-mean", max_len: int | None = None
+) -> torch.Tensor:
     """Per-token weights ``[R, T]`` that make psi_i the score of rollout i as the loss weighs it.
 
     ``seq-mean-token-mean``: 1/|o_i| (GRPO); ``token-mean`` and ``sum``: 1 (the plain
@@ -170,9 +173,14 @@ def _materialise(f: _Factors, R: int, q: int) -> torch.Tensor:
 
 def _costs(fs: list[_Factors], R: int, q: int, p: int) -> tuple[float, float]:
     """Multiply-adds of the factored (ghost) and the materialised path for a weight's uses."""
-    ghost = sum(a.rollout.numel() * b.rollout.numel() * (p + (q if a.left is not None and b.left is not None else 1))
-                for a in fs for b in fs)
-    mat = R * q * p * (2 if len(fs) > 1 else 1) + sum(f.rollout.numel() * p * (q if f.left is not None else 1) for f in fs)
+    ghost = sum(
+        a.rollout.numel() * b.rollout.numel() * (p + (q if a.left is not None and b.left is not None else 1))
+        for a in fs
+        for b in fs
+    )
+    mat = R * q * p * (2 if len(fs) > 1 else 1) + sum(
+        f.rollout.numel() * p * (q if f.left is not None else 1) for f in fs
+    )
     return ghost, mat
 
 
@@ -297,7 +305,11 @@ def score_gram(
     """
     chosen = _select_params(model, include)
     R = batch.completion_ids.shape[0]
-    modules = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding)) or _is_rmsnorm(m) or isinstance(m, nn.LayerNorm)]
+    modules = [
+        m
+        for m in model.modules()
+        if isinstance(m, (nn.Linear, nn.Embedding)) or _is_rmsnorm(m) or isinstance(m, nn.LayerNorm)
+    ]
     uses: dict[int, int] = {}
     for m in modules:
         for p in (getattr(m, "weight", None), getattr(m, "bias", None)):
@@ -321,7 +333,9 @@ def score_gram(
                         if mod.padding_idx is not None:  # nn.Embedding gives its padding row no gradient
                             b = b.masked_fill((ids == mod.padding_idx)[..., None], 0.0)
                         L = ids.shape[1]
-                        acc.add_factors(mod.weight, _Factors(_rows(R, L, b.device), b.reshape(R * L, -1), None, ids.reshape(-1)))
+                        acc.add_factors(
+                            mod.weight, _Factors(_rows(R, L, b.device), b.reshape(R * L, -1), None, ids.reshape(-1))
+                        )
 
                 leaf.register_hook(emb_grad)
                 targets.append(leaf)
@@ -379,8 +393,14 @@ def score_gram_reference(
     R = batch.completion_ids.shape[0]
     for i in range(R):
         sub = Batch(*(t[i : i + 1] for t in batch))
-        grads = torch.autograd.grad(_weighted_score_sum(model, sub, weights[i : i + 1], temperature), params, allow_unused=True)
-        rows.append(torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).double() for g, p in zip(grads, params)]))
+        grads = torch.autograd.grad(
+            _weighted_score_sum(model, sub, weights[i : i + 1], temperature), params, allow_unused=True
+        )
+        rows.append(
+            torch.cat(
+                [(g if g is not None else torch.zeros_like(p)).reshape(-1).double() for g, p in zip(grads, params)]
+            )
+        )
     G = torch.stack(rows)  # [R, D]
     return G @ G.T
 

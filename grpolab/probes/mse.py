@@ -162,7 +162,9 @@ def mse_table(moments: list[dict[str, float]], group_sizes: list[int], estimator
 # ---------------------------------------------------------------- group size under a budget
 
 
-def groupsize_constants(moments: list[dict[str, float]], cross: torch.Tensor, idx: torch.Tensor | None = None) -> dict[str, float]:
+def groupsize_constants(
+    moments: list[dict[str, float]], cross: torch.Tensor, idx: torch.Tensor | None = None
+) -> dict[str, float]:
     """sigma_P^2, mean sigma_O^2 and mean tau^2 over prompts (module docstring).
 
     cross: ``[M, M]`` inner products <mu_hat(x), mu_hat(x')> of independent per-prompt
@@ -227,7 +229,9 @@ def bandit_true_gradient(arm_probs: torch.Tensor, logits: torch.Tensor) -> torch
     return pi * (p - (pi * p).sum())
 
 
-def bandit_estimates(arms: torch.Tensor, rewards: torch.Tensor, pi: torch.Tensor, J: float, estimator: str) -> torch.Tensor:
+def bandit_estimates(
+    arms: torch.Tensor, rewards: torch.Tensor, pi: torch.Tensor, J: float, estimator: str
+) -> torch.Tensor:
     """``[trials, K]`` estimates from ``arms``/``rewards`` ``[trials, G]``: the estimator formed directly, not from moments."""
     K = pi.shape[0]
     G = arms.shape[1]
@@ -246,8 +250,9 @@ def bandit_estimates(arms: torch.Tensor, rewards: torch.Tensor, pi: torch.Tensor
     return (a[..., None] * psi).mean(dim=1)
 
 
-def bandit_mse_mc(arm_probs: torch.Tensor, logits: torch.Tensor, G: int, trials: int, seed: int,
-                  estimators=ESTIMATORS) -> dict[str, tuple[float, float, float]]:
+def bandit_mse_mc(
+    arm_probs: torch.Tensor, logits: torch.Tensor, G: int, trials: int, seed: int, estimators=ESTIMATORS
+) -> dict[str, tuple[float, float, float]]:
     """Monte Carlo MSE and its 95% CI per estimator, all estimators on the same draws."""
     gen = torch.Generator().manual_seed(seed)
     pi = torch.softmax(logits.double(), dim=0)

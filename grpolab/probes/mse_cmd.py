@@ -12,7 +12,6 @@ import torch
 
 from grpolab import distributed
 from grpolab.config import ConfigError
-from grpolab.runs import load_task_policy, probe_task, resolve_target
 from grpolab.probes.mse import (
     ESTIMATORS,
     bandit_moments,
@@ -25,6 +24,7 @@ from grpolab.probes.mse import (
 )
 from grpolab.probes.pool import collect_pool
 from grpolab.probes.sampling_bias import BanditStep, measure
+from grpolab.runs import load_task_policy, probe_task, resolve_target
 from grpolab.sampling import SAMPLING_MODES
 from grpolab.utils import percentile_interval, set_threads
 
@@ -108,7 +108,9 @@ class MseConfig:
             raise ConfigError(f"--group-sizes must be >= 1, got {self.group_sizes}")
         if self.env == "bandit":
             if len(self.arm_probs) != len(self.logits) or len(self.arm_probs) < 2:
-                raise ConfigError(f"--arm-probs and --logits need the same number (>= 2) of arms, got {len(self.arm_probs)} and {len(self.logits)}")
+                raise ConfigError(
+                    f"--arm-probs and --logits need the same number (>= 2) of arms, got {len(self.arm_probs)} and {len(self.logits)}"
+                )
             if not all(0 <= p <= 1 for p in self.arm_probs):
                 raise ConfigError(f"--arm-probs must lie in [0, 1], got {self.arm_probs}")
             if self.trials < 2:
@@ -119,11 +121,20 @@ class MseConfig:
             if self.sampling:
                 if not self.pass_rates or not all(0 <= j <= 1 for j in self.pass_rates):
                     raise ConfigError(f"--pass-rates must be non-empty and lie in [0, 1], got {self.pass_rates}")
-                if min(self.group_sizes) < 2 or self.prompts_per_step < 1 or self.pilot_size < 2 or self.max_sampling_rounds < 1:
-                    raise ConfigError("--sampling needs --group-sizes >= 2, --prompts-per-step >= 1, --pilot-size >= 2 "
-                                      "and --max-sampling-rounds >= 1")
+                if (
+                    min(self.group_sizes) < 2
+                    or self.prompts_per_step < 1
+                    or self.pilot_size < 2
+                    or self.max_sampling_rounds < 1
+                ):
+                    raise ConfigError(
+                        "--sampling needs --group-sizes >= 2, --prompts-per-step >= 1, --pilot-size >= 2 "
+                        "and --max-sampling-rounds >= 1"
+                    )
                 if self.estimator not in ("rloo", "grpo", "grpo_std"):
-                    raise ConfigError(f"--estimator must be rloo, grpo or grpo_std (a group baseline), got {self.estimator!r}")
+                    raise ConfigError(
+                        f"--estimator must be rloo, grpo or grpo_std (a group baseline), got {self.estimator!r}"
+                    )
         else:
             if self.pool < 3:
                 raise ConfigError(f"--pool must be >= 3 rollouts per prompt, got {self.pool}")
@@ -140,8 +151,16 @@ def run_bandit(cfg: MseConfig) -> list[dict]:
     for G in cfg.group_sizes:
         mc = bandit_mse_mc(p, th, G, cfg.trials, seed=cfg.seed + G)
         for est, (mean, lo, hi) in mc.items():
-            records.append({"estimator": est, "G": G, "mse_mc": mean, "ci_low": lo, "ci_high": hi,
-                            "mse_exact": mse_from_moments(m, est, G)})
+            records.append(
+                {
+                    "estimator": est,
+                    "G": G,
+                    "mse_mc": mean,
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "mse_exact": mse_from_moments(m, est, G),
+                }
+            )
     records.sort(key=lambda r: (ESTIMATORS.index(r["estimator"]), r["G"]))
     if cfg.json:
         Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
@@ -154,8 +173,13 @@ def run_sampling_bias(cfg: MseConfig) -> list[dict]:
     records = []
     for G in cfg.group_sizes:
         modes = tuple(m for m in cfg.sampling if m != "adaptive" or G > cfg.pilot_size)
-        step = BanditStep(B=cfg.prompts_per_step, G=G, pilot_size=cfg.pilot_size, max_rounds=cfg.max_sampling_rounds,
-                          estimator=cfg.estimator)
+        step = BanditStep(
+            B=cfg.prompts_per_step,
+            G=G,
+            pilot_size=cfg.pilot_size,
+            max_rounds=cfg.max_sampling_rounds,
+            estimator=cfg.estimator,
+        )
         records += measure(modes, cfg.pass_rates, step, cfg.trials, seed=cfg.seed + G)
     if cfg.json:
         Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
@@ -167,8 +191,10 @@ def format_bandit(records: list[dict]) -> str:
     lines = [f"{'estimator':<9} {'G':>3} {'exact':>10} {'Monte Carlo [95% CI]':>34}  inside"]
     for r in records:
         inside = r["ci_low"] <= r["mse_exact"] <= r["ci_high"]
-        lines.append(f"{r['estimator']:<9} {r['G']:>3} {r['mse_exact']:>10.6f} {r['mse_mc']:>10.6f} "
-                     f"[{r['ci_low']:.6f}, {r['ci_high']:.6f}]  {'yes' if inside else 'NO'}")
+        lines.append(
+            f"{r['estimator']:<9} {r['G']:>3} {r['mse_exact']:>10.6f} {r['mse_mc']:>10.6f} "
+            f"[{r['ci_low']:.6f}, {r['ci_high']:.6f}]  {'yes' if inside else 'NO'}"
+        )
     return "\n".join(lines)
 
 
@@ -184,10 +210,22 @@ def run_mse(cfg: MseConfig, log=print) -> dict:
     report = {"config": dataclasses.asdict(cfg), "policies": []}
     for spec, target in zip(cfg.policy, targets):
         policy = load_task_policy(target, tcfg, sampler=sampler)
-        pool = collect_pool(policy, records, cfg.pool, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens,
-                            temperature=cfg.temperature, format_weight=cfg.format_weight,
-                            include=cfg.include or None, progress=cfg.progress, label=f"pool {spec}", world=world,
-                            sketch_dim=cfg.sketch_dim, log=log, overlong=(cfg.overlong_buffer, cfg.overlong_penalty))
+        pool = collect_pool(
+            policy,
+            records,
+            cfg.pool,
+            seed=cfg.seed,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            format_weight=cfg.format_weight,
+            include=cfg.include or None,
+            progress=cfg.progress,
+            label=f"pool {spec}",
+            world=world,
+            sketch_dim=cfg.sketch_dim,
+            log=log,
+            overlong=(cfg.overlong_buffer, cfg.overlong_penalty),
+        )
         entry = {
             "policy": spec,
             "reward_mean": statistics.fmean(pool.reward_mean),
@@ -208,14 +246,22 @@ def run_mse(cfg: MseConfig, log=print) -> dict:
 def format_mse(report: dict) -> str:
     lines = []
     for entry in report["policies"]:
-        lines.append(f"{entry['policy']} (mean reward {entry['reward_mean']:.3f}): MSE per prompt, mean over prompts [95% CI]")
+        lines.append(
+            f"{entry['policy']} (mean reward {entry['reward_mean']:.3f}): MSE per prompt, mean over prompts [95% CI]"
+        )
         Gs = sorted({r["G"] for r in entry["results"]})
         lines.append(f"  {'estimator':<9}" + "".join(f"{'G=' + str(G):>24}" for G in Gs))
         for est in ESTIMATORS:
             cells = {r["G"]: r for r in entry["results"] if r["estimator"] == est}
-            lines.append(f"  {est:<9}" + "".join(
-                f"{cells[G]['mse']:>9.3g} [{cells[G]['ci_low']:.2g},{cells[G]['ci_high']:.2g}]".rjust(24) if G in cells else f"{'-':>24}"
-                for G in Gs))
+            lines.append(
+                f"  {est:<9}"
+                + "".join(
+                    f"{cells[G]['mse']:>9.3g} [{cells[G]['ci_low']:.2g},{cells[G]['ci_high']:.2g}]".rjust(24)
+                    if G in cells
+                    else f"{'-':>24}"
+                    for G in Gs
+                )
+            )
     return "\n".join(lines)
 
 
@@ -297,10 +343,21 @@ def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:
     target = resolve_target(cfg.policy, cfg.step)
     cfg, tcfg, records, sampler = probe_task(target, cfg)
     policy = load_task_policy(target, tcfg, sampler=sampler)
-    pool = collect_pool(policy, records, cfg.pool, seed=cfg.seed,
-                        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                        format_weight=cfg.format_weight, include=cfg.include or None, progress=cfg.progress, world=world,
-                        sketch_dim=cfg.sketch_dim, log=log, overlong=(cfg.overlong_buffer, cfg.overlong_penalty))
+    pool = collect_pool(
+        policy,
+        records,
+        cfg.pool,
+        seed=cfg.seed,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        format_weight=cfg.format_weight,
+        include=cfg.include or None,
+        progress=cfg.progress,
+        world=world,
+        sketch_dim=cfg.sketch_dim,
+        log=log,
+        overlong=(cfg.overlong_buffer, cfg.overlong_penalty),
+    )
     consts = groupsize_constants(pool.moments, pool.cross)
     gen = torch.Generator().manual_seed(cfg.seed)
     M = len(pool.moments)
@@ -320,8 +377,10 @@ def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:
     report = {
         "config": dataclasses.asdict(cfg),
         "reward_mean": statistics.fmean(pool.reward_mean),
-        "constants": {k: {"value": consts[k], "ci": _interval([b[k] for b in boots])}
-                      for k in ("sigma_prompt", "sigma_oracle", "tau2", "grad_norm_sq")},
+        "constants": {
+            k: {"value": consts[k], "ci": _interval([b[k] for b in boots])}
+            for k in ("sigma_prompt", "sigma_oracle", "tau2", "grad_norm_sq")
+        },
         "g_star": g_star,
         "g_star_ci": _interval([optimal_group_size(b) for b in boots]),
         "best_divisor_g": best["G"],
@@ -338,15 +397,23 @@ def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:
 def format_groupsize(report: dict) -> str:
     c = report["constants"]
     cfg = report["config"]
-    lines = [f"{cfg['policy']}: mean reward {report['reward_mean']:.3f}; {cfg['prompts']} prompts x {cfg['pool']} rollouts",
-             "constants (95% bootstrap interval over prompts):"]
-    names = {"sigma_prompt": "sigma_P^2 (prompt sampling)", "sigma_oracle": "sigma_O^2 (oracle, x 1/G)",
-             "tau2": "tau^2 (residual, x 2/(G(G-1)))", "grad_norm_sq": "||grad J||^2"}
+    lines = [
+        f"{cfg['policy']}: mean reward {report['reward_mean']:.3f}; {cfg['prompts']} prompts x {cfg['pool']} rollouts",
+        "constants (95% bootstrap interval over prompts):",
+    ]
+    names = {
+        "sigma_prompt": "sigma_P^2 (prompt sampling)",
+        "sigma_oracle": "sigma_O^2 (oracle, x 1/G)",
+        "tau2": "tau^2 (residual, x 2/(G(G-1)))",
+        "grad_norm_sq": "||grad J||^2",
+    }
     for k, name in names.items():
         lines.append(f"  {name:<32} {c[k]['value']:>10.4g}  [{c[k]['ci'][0]:.3g}, {c[k]['ci'][1]:.3g}]")
     lines.append(f"predicted MSE at budget B*G = {cfg['budget']}:")
     for row in report["curve"]:
         lines.append(f"  G={row['G']:>3} B={row['B']:>3}  {row['mse']:.4g}  [{row['ci'][0]:.3g}, {row['ci'][1]:.3g}]")
-    lines.append(f"G* = {report['g_star']:.2f}  [{report['g_star_ci'][0]:.2f}, {report['g_star_ci'][1]:.2f}]; "
-                 f"best G dividing the budget: {report['best_divisor_g']}")
+    lines.append(
+        f"G* = {report['g_star']:.2f}  [{report['g_star_ci'][0]:.2f}, {report['g_star_ci'][1]:.2f}]; "
+        f"best G dividing the budget: {report['best_divisor_g']}"
+    )
     return "\n".join(lines)

@@ -15,8 +15,10 @@ def plot_rank(results: list[dict], out_dir: str | Path) -> list[Path]:
     and the mean reward std per step."""
     out_dir = Path(out_dir)
     paths = []
-    panels = (("effective_rank", "effective rank of G", "rank_effective.png"),
-              ("top1_fraction", "top-1 fraction s_1^2 / sum s^2", "rank_top1.png"))
+    panels = (
+        ("effective_rank", "effective rank of G", "rank_effective.png"),
+        ("top1_fraction", "top-1 fraction s_1^2 / sum s^2", "rank_top1.png"),
+    )
     for key, title, name in panels:
         fig, ax = plt.subplots(figsize=(6, 4))
         for R in sorted({r["R"] for r in results}):
@@ -64,11 +66,15 @@ def plot_mse(report: dict, path: str | Path) -> Path:
                 continue
             G = [r["G"] for r in rs]
             ax.plot(G, [r["mse"] for r in rs], marker="o", color=colour, label=est)
-            ax.fill_between(G, [max(r["ci_low"], 1e-30) for r in rs], [r["ci_high"] for r in rs], color=colour, alpha=0.15)
+            ax.fill_between(
+                G, [max(r["ci_low"], 1e-30) for r in rs], [r["ci_high"] for r in rs], color=colour, alpha=0.15
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("group size G")
-        ax.set_title(f"{Path(entry['policy']).name or entry['policy']}\nmean reward {entry['reward_mean']:.2f}", fontsize=9)
+        ax.set_title(
+            f"{Path(entry['policy']).name or entry['policy']}\nmean reward {entry['reward_mean']:.2f}", fontsize=9
+        )
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("MSE of the gradient estimate (per prompt)")
     axes[0][0].legend(fontsize=8)
@@ -84,7 +90,9 @@ def plot_groupsize(report: dict, path: str | Path) -> Path:
     G = [c["G"] for c in curve]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(G, [c["mse"] for c in curve], marker="o", label="predicted MSE")
-    ax.fill_between(G, [c["ci"][0] for c in curve], [min(c["ci"][1], 1e30) for c in curve], alpha=0.2, label="95% bootstrap band")
+    ax.fill_between(
+        G, [c["ci"][0] for c in curve], [min(c["ci"][1], 1e30) for c in curve], alpha=0.2, label="95% bootstrap band"
+    )
     g_star = report["g_star"]
     if g_star != float("inf"):
         ax.axvline(g_star, color="k", ls="--", label=f"G* = {g_star:.1f}")

@@ -32,16 +32,32 @@ EXACT_POOL_FLOATS = 2**28  # 1 GB of float32 leave-one-out vectors; beyond it th
 SKETCH_DIM = 2**22
 
 
-def sample_rollouts(policy: Policy, record: dict, n: int, key: tuple, *, max_new_tokens: int, temperature: float,
-                    format_weight: float, overlong: tuple[int, float] = (0, 1.0),
-                    entropy: list | None = None) -> tuple[Batch, torch.Tensor]:
+def sample_rollouts(
+    policy: Policy,
+    record: dict,
+    n: int,
+    key: tuple,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    format_weight: float,
+    overlong: tuple[int, float] = (0, 1.0),
+    entropy: list | None = None,
+) -> tuple[Batch, torch.Tensor]:
     """n rollouts of one prompt and their rewards ``[n]``; rollout i draws from stream (*key, i).
 
     ``overlong``: (buffer, penalty) of DAPO's length penalty, added to the reward as in training.
     ``entropy``: a list that receives the rollouts' token entropies ``[n, T]``."""
-    batch, ent = sample_with_entropy(policy.model, [policy.prompt_ids(record)] * n, [(*key, i) for i in range(n)],
-                                     max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0,
-                                     eos_id=policy.eos_id, pad_id=policy.pad_id)
+    batch, ent = sample_with_entropy(
+        policy.model,
+        [policy.prompt_ids(record)] * n,
+        [(*key, i) for i in range(n)],
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=1.0,
+        eos_id=policy.eos_id,
+        pad_id=policy.pad_id,
+    )
     if entropy is not None:
         entropy.append(ent)
     texts = policy.decode(batch.completion_ids, batch.completion_mask)
@@ -59,10 +75,23 @@ class Pool:
     reward_std: list[float]
 
 
-def collect_pool(policy: Policy, records: list[dict], n: int, *, seed: int = 0, max_new_tokens: int = 48,
-                 temperature: float = 1.0, format_weight: float = 0.1, include: str | None = None,
-                 progress: bool = True, label: str = "pool", world: World = SINGLE, sketch_dim: int | None = None,
-                 log=print, overlong: tuple[int, float] = (0, 1.0)) -> Pool:
+def collect_pool(
+    policy: Policy,
+    records: list[dict],
+    n: int,
+    *,
+    seed: int = 0,
+    max_new_tokens: int = 48,
+    temperature: float = 1.0,
+    format_weight: float = 0.1,
+    include: str | None = None,
+    progress: bool = True,
+    label: str = "pool",
+    world: World = SINGLE,
+    sketch_dim: int | None = None,
+    log=print,
+    overlong: tuple[int, float] = (0, 1.0),
+) -> Pool:
     """Sample n rollouts for each record and reduce them (module docstring); over ``world``, each
     rank takes its block of the records and all get the whole pool.
 
@@ -82,15 +111,25 @@ def collect_pool(policy: Policy, records: list[dict], n: int, *, seed: int = 0, 
     if sketch_dim is None:
         sketch_dim = 0 if len(records) * D <= EXACT_POOL_FLOATS else SKETCH_DIM
         if sketch_dim and world.is_main:
-            log(f"pool: {len(records)} gradients of {D / 1e6:.0f} M parameters would take {len(records) * D * 4 / 2**30:.1f} GB; "
-                f"their cross products come from a {sketch_dim}-dimensional CountSketch (unbiased)")
+            log(
+                f"pool: {len(records)} gradients of {D / 1e6:.0f} M parameters would take {len(records) * D * 4 / 2**30:.1f} GB; "
+                f"their cross products come from a {sketch_dim}-dimensional CountSketch (unbiased)"
+            )
     moments, vectors, means, stds = [], [], [], []
     mine = world.split(len(records))
     with progress_bar(label, len(mine), enabled=progress and world.is_main) as bar:
         for k in mine:  # global prompt index: the random stream does not depend on the process count
             rec = records[k]
-            batch, rewards = sample_rollouts(policy, rec, n, (POOL_STREAM, seed, k), max_new_tokens=max_new_tokens,
-                                             temperature=temperature, format_weight=format_weight, overlong=overlong)
+            batch, rewards = sample_rollouts(
+                policy,
+                rec,
+                n,
+                (POOL_STREAM, seed, k),
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                format_weight=format_weight,
+                overlong=overlong,
+            )
             # The plain score sum_t grad log pi (weight 1 per token): E[psi] = 0, so mu = E[r psi] is the
             # true gradient. A length-normalised psi would not be a score and would not average to 0.
             weights = batch.completion_mask.double()  # [n, T]
@@ -103,10 +142,14 @@ def collect_pool(policy: Policy, records: list[dict], n: int, *, seed: int = 0, 
                 logp = completion_logprobs(model, batch, temperature)  # [n, T]
                 obj = (logp * (weights * a[:, None]).to(logp.dtype)).sum()
                 grads = torch.autograd.grad(obj, params, allow_unused=True)
-                blocks = [(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, params)]
+                blocks = [
+                    (g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, params)
+                ]
                 del grads
                 if sketch_dim:  # each parameter's block hashed with its own (name-keyed) buckets and signs
-                    vectors.append(sum(_count_sketch(b[None], chosen[id(p)], sketch_dim, seed)[0] for b, p in zip(blocks, params)))  # [k]
+                    vectors.append(
+                        sum(_count_sketch(b[None], chosen[id(p)], sketch_dim, seed)[0] for b, p in zip(blocks, params))
+                    )  # [k]
                 else:
                     vectors.append(torch.cat(blocks))  # [D]
                 del blocks

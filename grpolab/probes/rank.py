@@ -28,14 +28,14 @@ import torch
 from grpolab import distributed
 from grpolab.advantages import compute_advantages
 from grpolab.config import ConfigError
-from grpolab.policy import Policy
 from grpolab.loss import loss_token_mask
-from grpolab.runs import check_intact, load_task_policy, probe_task, run_targets
+from grpolab.policy import Policy
 from grpolab.probes.gram import gram_relative_error, score_gram, score_gram_reference, token_weights
 from grpolab.probes.pool import sample_rollouts
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
 from grpolab.progress import progress_bar
 from grpolab.rollout import Batch, completion_logprobs
+from grpolab.runs import check_intact, load_task_policy, probe_task, run_targets
 from grpolab.stats import mean_ci
 from grpolab.utils import set_threads
 
@@ -107,27 +107,52 @@ def _plain_forward_backward_s(model, batch: Batch, weights: torch.Tensor, temper
 def measure_prompt(policy: Policy, record: dict, R: int, key: tuple, cfg: RankConfig) -> dict:
     """Spectrum metrics of one prompt's R rollouts (and, with verify, the reference check)."""
     ent: list = []
-    batch, rewards = sample_rollouts(policy, record, R, key, max_new_tokens=cfg.max_new_tokens,
-                                     temperature=cfg.temperature, format_weight=cfg.format_weight,
-                                     overlong=(cfg.overlong_buffer, cfg.overlong_penalty), entropy=ent)
+    batch, rewards = sample_rollouts(
+        policy,
+        record,
+        R,
+        key,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        format_weight=cfg.format_weight,
+        overlong=(cfg.overlong_buffer, cfg.overlong_penalty),
+        entropy=ent,
+    )
     adv = compute_advantages(rewards[None, :], cfg.estimator)[0]  # [R]
-    row = {"reward_std": float(rewards.std(unbiased=False)), "zero_var": bool((rewards == rewards[0]).all()),
-           "distinct_active": distinct_active_rollouts(batch, adv)}
+    row = {
+        "reward_std": float(rewards.std(unbiased=False)),
+        "zero_var": bool((rewards == rewards[0]).all()),
+        "distinct_active": distinct_active_rollouts(batch, adv),
+    }
     if not adv.any() and not cfg.verify:
         row.update(spectrum_metrics(torch.zeros(R)))
         return row
     # the loss's per-token weights, times the tokens that carry loss (--mask-truncated, --top-entropy-quantile)
     weights = token_weights(batch.completion_mask, cfg.aggregation, cfg.max_new_tokens) * loss_token_mask(
-        batch.completion_ids, batch.completion_mask, policy.eos_id, mask_truncated=cfg.mask_truncated,
-        entropy=ent[0], top_entropy_quantile=cfg.top_entropy_quantile)
+        batch.completion_ids,
+        batch.completion_mask,
+        policy.eos_id,
+        mask_truncated=cfg.mask_truncated,
+        entropy=ent[0],
+        top_entropy_quantile=cfg.top_entropy_quantile,
+    )
     t0 = time.perf_counter()
-    psi = score_gram(policy.model, batch, weights, temperature=cfg.temperature, include=cfg.include or None,
-                     sketch_dim=cfg.sketch_dim, sketch_seed=cfg.seed)
+    psi = score_gram(
+        policy.model,
+        batch,
+        weights,
+        temperature=cfg.temperature,
+        include=cfg.include or None,
+        sketch_dim=cfg.sketch_dim,
+        sketch_seed=cfg.seed,
+    )
     t_gram = time.perf_counter() - t0
     row.update(spectrum_metrics(singular_values_from_gram(psi, adv)))
     if cfg.verify:
         t0 = time.perf_counter()
-        ref = score_gram_reference(policy.model, batch, weights, temperature=cfg.temperature, include=cfg.include or None)
+        ref = score_gram_reference(
+            policy.model, batch, weights, temperature=cfg.temperature, include=cfg.include or None
+        )
         t_ref = time.perf_counter() - t0
         t_plain = _plain_forward_backward_s(policy.model, batch, weights, cfg.temperature)
         row.update(gram_rel_err=gram_relative_error(psi, ref), t_gram=t_gram, t_ref=t_ref, t_plain=t_plain)
@@ -140,7 +165,9 @@ def distinct_active_rollouts(batch: Batch, adv: torch.Tensor) -> int:
     Rows A_i psi_i of equal completions are parallel and rows with A_i = 0 vanish, so
     rank(G) <= this count (<= R); a sharpening policy repeats itself and the bound falls.
     """
-    seqs = {tuple(ids[m].tolist()) for ids, m, a in zip(batch.completion_ids, batch.completion_mask.bool(), adv) if a != 0}
+    seqs = {
+        tuple(ids[m].tolist()) for ids, m, a in zip(batch.completion_ids, batch.completion_mask.bool(), adv) if a != 0
+    }
     return len(seqs)
 
 
@@ -150,8 +177,15 @@ def _summary(rows: list[dict], key: str) -> dict[str, float]:
     if not vals:
         return {"mean": None, "lo": None, "hi": None, "std": None, "min": None, "max": None, "n": 0}
     mean, lo, hi = mean_ci(vals)
-    return {"mean": mean, "lo": None if math.isnan(lo) else lo, "hi": None if math.isnan(hi) else hi,
-            "std": statistics.pstdev(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+    return {
+        "mean": mean,
+        "lo": None if math.isnan(lo) else lo,
+        "hi": None if math.isnan(hi) else hi,
+        "std": statistics.pstdev(vals),
+        "min": min(vals),
+        "max": max(vals),
+        "n": len(vals),
+    }
 
 
 def select_steps(ckpts: list, steps: tuple[int, ...]) -> list:
@@ -190,12 +224,21 @@ def run_rank(cfg: RankConfig, log=print) -> dict:
                 rows = distributed.gather_concat(rows, world)  # every prompt's row, in prompt order
                 live = [r for r in rows if not r["zero_var"]]
                 res = {
-                    "step": step, "checkpoint": path, "R": R, "prompts": len(rows),
+                    "step": step,
+                    "checkpoint": path,
+                    "R": R,
+                    "prompts": len(rows),
                     "max_possible_rank": R,
-                    **({"sketch_dim": cfg.sketch_dim, "sketch_expected_err": (2 / cfg.sketch_dim) ** 0.5} if cfg.sketch_dim else {}),
+                    **(
+                        {"sketch_dim": cfg.sketch_dim, "sketch_expected_err": (2 / cfg.sketch_dim) ** 0.5}
+                        if cfg.sketch_dim
+                        else {}
+                    ),
                     "frac_zero_var": sum(r["zero_var"] for r in rows) / len(rows),
                     "reward_std_mean": statistics.fmean(r["reward_std"] for r in rows),
-                    **{k: _summary(live, k) for k in ("num_rank", "effective_rank", "top1_fraction", "distinct_active")},
+                    **{
+                        k: _summary(live, k) for k in ("num_rank", "effective_rank", "top1_fraction", "distinct_active")
+                    },
                 }
                 if cfg.verify:
                     res["gram_max_rel_err"] = max(r["gram_rel_err"] for r in rows)
@@ -218,8 +261,10 @@ def table1(results: list[dict]) -> str:
     Two more columns say what bounds the rank in practice: the numerical rank and the number
     of distinct completions with a nonzero advantage (means over prompts and steps).
     """
-    lines = [f"{'R':>3} {'max rank':>9} {'eff. rank (mean, range over steps)':>36} {'top-1 frac (mean, range)':>28}"
-             f" {'num. rank':>10} {'distinct':>9}"]
+    lines = [
+        f"{'R':>3} {'max rank':>9} {'eff. rank (mean, range over steps)':>36} {'top-1 frac (mean, range)':>28}"
+        f" {'num. rank':>10} {'distinct':>9}"
+    ]
     for R in sorted({r["R"] for r in results}):
         rs = [r for r in results if r["R"] == R and r["effective_rank"]["mean"] is not None]
         if not rs:
@@ -230,8 +275,10 @@ def table1(results: list[dict]) -> str:
         nr = statistics.fmean(r["num_rank"]["mean"] for r in rs)
         dist = [r["distinct_active"]["mean"] for r in rs if r.get("distinct_active", {}).get("mean") is not None]
         dist_s = f"{statistics.fmean(dist):>9.2f}" if dist else f"{'-':>9}"
-        lines.append(f"{R:>3} {R:>9} {statistics.fmean(er):>14.2f} [{min(er):.2f}, {max(er):.2f}]{'':>10}"
-                     f"{statistics.fmean(tf):>10.2f} [{min(tf):.2f}, {max(tf):.2f}]{'':>6}{nr:>10.2f} {dist_s}")
+        lines.append(
+            f"{R:>3} {R:>9} {statistics.fmean(er):>14.2f} [{min(er):.2f}, {max(er):.2f}]{'':>10}"
+            f"{statistics.fmean(tf):>10.2f} [{min(tf):.2f}, {max(tf):.2f}]{'':>6}{nr:>10.2f} {dist_s}"
+        )
     return "\n".join(lines)
 
 
@@ -248,5 +295,7 @@ def table_by_step(results: list[dict]) -> str:
     lines = [f"{'step':>5} {'R':>3} {'live':>9} {'num. rank':>19} {'eff. rank':>19} {'top-1 frac':>19}"]
     for r in results:
         live = f"{r['effective_rank']['n']}/{r['prompts']}"
-        lines.append(f"{r['step']:>5} {r['R']:>3} {live:>9} {_ci(r['num_rank'])} {_ci(r['effective_rank'])} {_ci(r['top1_fraction'])}")
+        lines.append(
+            f"{r['step']:>5} {r['R']:>3} {live:>9} {_ci(r['num_rank'])} {_ci(r['effective_rank'])} {_ci(r['top1_fraction'])}"
+        )
     return "\n".join(lines)

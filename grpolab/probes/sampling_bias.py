@@ -74,8 +74,9 @@ def _group_estimate(a: np.ndarray, adv: np.ndarray, pi_m: np.ndarray) -> np.ndar
     return (adv[:, None] * psi).mean(0)
 
 
-def simulate_step(mode: str, rng: np.random.Generator, arms: np.ndarray, logits: np.ndarray, cfg: BanditStep
-                  ) -> tuple[np.ndarray, int]:
+def simulate_step(
+    mode: str, rng: np.random.Generator, arms: np.ndarray, logits: np.ndarray, cfg: BanditStep
+) -> tuple[np.ndarray, int]:
     """One step's gradient estimate ``[M, K]`` and the rollouts it generated."""
     M, K = arms.shape
     pi = np.exp(logits - logits.max(1, keepdims=True))
@@ -118,7 +119,9 @@ def simulate_step(mode: str, rng: np.random.Generator, arms: np.ndarray, logits:
     return g, generated
 
 
-def measure(modes: tuple[str, ...], pass_rates: tuple[float, ...], cfg: BanditStep, trials: int, seed: int) -> list[dict]:
+def measure(
+    modes: tuple[str, ...], pass_rates: tuple[float, ...], cfg: BanditStep, trials: int, seed: int
+) -> list[dict]:
     """Per mode: per-prompt scales c_m, relative bias, cosine, MSE (95% intervals) and rollouts per step."""
     arms, logits = bandit_prompts(pass_rates)
     grad = exact_gradient(arms, logits)  # [M, K]
@@ -138,17 +141,23 @@ def measure(modes: tuple[str, ...], pass_rates: tuple[float, ...], cfg: BanditSt
         scales = [mean_ci(torch.from_numpy(proj[:, m])) for m in range(len(pass_rates))]
         c = np.array([s[0] for s in scales])
         eg2 = float((c**2 * norm2).sum())
-        out.append({
-            "mode": mode, "B": cfg.B, "G": cfg.G, "estimator": cfg.estimator, "trials": trials,
-            "rollouts_per_step": float(rollouts.mean()),
-            "scale": [{"pass_rate": j, "c": s[0], "lo": s[1], "hi": s[2]} for j, s in zip(pass_rates, scales)],
-            "rel_bias": math.sqrt(float(((c - 1) ** 2 * norm2).sum()) / float(norm2.sum())),
-            "cosine": float((c * norm2).sum()) / math.sqrt(eg2 * float(norm2.sum())) if eg2 > 0 else 0.0,
-            "mse": dict(zip(("mean", "lo", "hi"), mean_ci(torch.from_numpy(err)))),
-            # min over a common factor s of E||s g - grad J||^2: the error left once the step length is tuned
-            "mse_rescaled": float(norm2.sum()) - float(dot.mean()) ** 2 / float(sq.mean()),
-            "best_factor": float(dot.mean() / sq.mean()),
-        })
+        out.append(
+            {
+                "mode": mode,
+                "B": cfg.B,
+                "G": cfg.G,
+                "estimator": cfg.estimator,
+                "trials": trials,
+                "rollouts_per_step": float(rollouts.mean()),
+                "scale": [{"pass_rate": j, "c": s[0], "lo": s[1], "hi": s[2]} for j, s in zip(pass_rates, scales)],
+                "rel_bias": math.sqrt(float(((c - 1) ** 2 * norm2).sum()) / float(norm2.sum())),
+                "cosine": float((c * norm2).sum()) / math.sqrt(eg2 * float(norm2.sum())) if eg2 > 0 else 0.0,
+                "mse": dict(zip(("mean", "lo", "hi"), mean_ci(torch.from_numpy(err)))),
+                # min over a common factor s of E||s g - grad J||^2: the error left once the step length is tuned
+                "mse_rescaled": float(norm2.sum()) - float(dot.mean()) ** 2 / float(sq.mean()),
+                "best_factor": float(dot.mean() / sq.mean()),
+            }
+        )
     return out
 
 
@@ -159,6 +168,8 @@ def format_sampling_bias(records: list[dict]) -> str:
     for r in records:
         cells = "  ".join(f"{s['c']:.3f} [{s['lo']:.3f},{s['hi']:.3f}]".rjust(20) for s in r["scale"])
         m = r["mse"]
-        lines.append(f"{r['mode']:<9} {r['rollouts_per_step']:>8.1f}  {cells}  {r['rel_bias']:>9.3f} {r['cosine']:>7.4f}  "
-                     f"{m['mean']:.3e} [{m['lo']:.3e}, {m['hi']:.3e}]  {r['mse_rescaled']:.3e}")
+        lines.append(
+            f"{r['mode']:<9} {r['rollouts_per_step']:>8.1f}  {cells}  {r['rel_bias']:>9.3f} {r['cosine']:>7.4f}  "
+            f"{m['mean']:.3e} [{m['lo']:.3e}, {m['hi']:.3e}]  {r['mse_rescaled']:.3e}"
+        )
     return "\n".join(lines)

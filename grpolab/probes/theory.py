@@ -68,8 +68,15 @@ def hoeffding_rows(cfg: HoeffdingConfig) -> list[dict]:
             # would call it a deviation or not at random. One table of outcomes serves both columns.
             deviates = torch.tensor([_deviates(j, R, cfg.p, eps) for j in range(R + 1)])  # [R+1]
             exact = sum(math.comb(R, j) * cfg.p**j * (1 - cfg.p) ** (R - j) for j in range(R + 1) if deviates[j])
-            rows.append({"R": R, "eps": eps, "bound": 2 * math.exp(-2 * R * eps**2),
-                         "mc": float(deviates[k].double().mean()), "exact": exact})
+            rows.append(
+                {
+                    "R": R,
+                    "eps": eps,
+                    "bound": 2 * math.exp(-2 * R * eps**2),
+                    "mc": float(deviates[k].double().mean()),
+                    "exact": exact,
+                }
+            )
     return rows
 
 
@@ -87,20 +94,30 @@ def advantages_check(cfg: AdvantagesConfig) -> dict:
 
 def format_hoeffding(rows: list[dict], cfg: HoeffdingConfig) -> str:
     """The App. A.2 table: per R and eps, the bound (marked vacuous when >= 1), Monte Carlo and exact."""
-    lines = [f"P(|v_R - v| > eps) for R Bernoulli({cfg.p}) rewards: Hoeffding bound 2 exp(-2 R eps^2) / Monte Carlo ({cfg.trials} groups) / exact",
-             f"{'R':>3} " + " ".join(f"{'eps=' + str(e):>26}" for e in cfg.eps)]
+    lines = [
+        f"P(|v_R - v| > eps) for R Bernoulli({cfg.p}) rewards: Hoeffding bound 2 exp(-2 R eps^2) / Monte Carlo ({cfg.trials} groups) / exact",
+        f"{'R':>3} " + " ".join(f"{'eps=' + str(e):>26}" for e in cfg.eps),
+    ]
     for R in cfg.group_sizes:
         cells = [r for r in rows if r["R"] == R]
-        lines.append(f"{R:>3} " + " ".join(f"{c['bound']:>7.2f}{' (vacuous)' if c['bound'] >= 1 else '':<10} {c['mc']:.3f} {c['exact']:.3f}" for c in cells))
+        lines.append(
+            f"{R:>3} "
+            + " ".join(
+                f"{c['bound']:>7.2f}{' (vacuous)' if c['bound'] >= 1 else '':<10} {c['mc']:.3f} {c['exact']:.3f}"
+                for c in cells
+            )
+        )
     return "\n".join(lines)
 
 
 def format_advantages(res: dict, cfg: AdvantagesConfig) -> str:
     """Thm 4.1 and Eq. 20, empirical next to theory."""
-    return "\n".join([
-        f"R={cfg.R}, p={cfg.p}, eps={cfg.eps}, {cfg.trials} groups",
-        f"  Var(A_i):          empirical {res['var_emp']:.5f}   theory (R-1)/R sigma^2 = {res['var_theory']:.5f}",
-        f"  Cov(A_i, A_j):     empirical {res['cov_emp']:.5f}   theory -sigma^2/R      = {res['cov_theory']:.5f}",
-        f"  P(|A_i| > eps):    empirical {res['eff_frac_emp']:.5f}   Chebyshev bound (Eq. 20) = {res['eff_bound']:.5f}",
-        f"  max |sum_i A_i|:   {res['max_abs_group_sum']:.2e}",
-    ])
+    return "\n".join(
+        [
+            f"R={cfg.R}, p={cfg.p}, eps={cfg.eps}, {cfg.trials} groups",
+            f"  Var(A_i):          empirical {res['var_emp']:.5f}   theory (R-1)/R sigma^2 = {res['var_theory']:.5f}",
+            f"  Cov(A_i, A_j):     empirical {res['cov_emp']:.5f}   theory -sigma^2/R      = {res['cov_theory']:.5f}",
+            f"  P(|A_i| > eps):    empirical {res['eff_frac_emp']:.5f}   Chebyshev bound (Eq. 20) = {res['eff_bound']:.5f}",
+            f"  max |sum_i A_i|:   {res['max_abs_group_sum']:.2e}",
+        ]
+    )
