@@ -2,7 +2,7 @@
 
 Every estimator maps rewards ``[B, G]`` (B prompts, G rollouts each) to one
 scalar per rollout, shape ``[B, G]``. The same scalar multiplies every token of
-the rollout in the loss: uniform token credit (paper 000, Thm 3.1).
+the rollout in the loss: uniform token credit [Foundations, Thm 3.1].
 """
 
 from __future__ import annotations
@@ -10,20 +10,20 @@ from __future__ import annotations
 import torch
 
 ESTIMATORS = ("vanilla", "grpo", "grpo_std", "rloo", "oracle")
-STD_EPS = 1e-4  # added to the group std before dividing (paper 004, Sec. 3.5)
+STD_EPS = 1e-4  # added to the group std before dividing [RLVR essay, Sec. 3.5]
 
 
 def compute_advantages(rewards: torch.Tensor, estimator: str, values: torch.Tensor | None = None) -> torch.Tensor:
     """Advantages ``[B, G]`` for rewards ``[B, G]``.
 
     - ``vanilla``:  A = r (REINFORCE, no baseline).
-    - ``grpo``:     A = r - mean_j r_j (paper 000, Eq. 14-15). Sums to 0 in each group.
+    - ``grpo``:     A = r - mean_j r_j [Foundations, Eq. 14-15]. Sums to 0 in each group.
     - ``grpo_std``: A = (r - mean) / (std + 1e-4), std the *population* std
-      sqrt(mean((r - mean)^2)) (paper 004, Sec. 3.5). A group whose rewards are
+      sqrt(mean((r - mean)^2)) [RLVR essay, Sec. 3.5]. A group whose rewards are
       all equal has r - mean = 0 exactly, so A = 0, never NaN.
-    - ``rloo``:     A_i = r_i - mean_{j != i} r_j (paper 003, Eq. 4)
+    - ``rloo``:     A_i = r_i - mean_{j != i} r_j [U-statistic, Eq. 4]
       = G/(G-1) * (r_i - mean), which is how it is computed.
-    - ``oracle``:   A = r - v(prompt), ``values`` ``[B]`` the true values (paper 003, Table 1).
+    - ``oracle``:   A = r - v(prompt), ``values`` ``[B]`` the true values [U-statistic, Table 1].
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [B, G], got shape {tuple(rewards.shape)}")
@@ -81,6 +81,6 @@ def estimator_for_scale(estimator: str, scale: str) -> str:
 def batch_std(rewards: torch.Tensor) -> torch.Tensor:
     """The population standard deviation of every reward of the step (all groups, all ranks): a scalar.
     (TRL's scale_rewards='batch' uses the sample standard deviation, n - 1 in the denominator; grpolab keeps the
-    population form of its group option, paper 004 Sec. 3.5.)"""
+    population form of its group option, [RLVR essay, Sec. 3.5].)"""
     r = rewards.double().flatten()
     return (r - r.mean()).pow(2).mean().sqrt().float()

@@ -30,13 +30,13 @@ commands:
   sft     supervised warm start of the built-in tiny Llama on worked solutions
   plot    redraw a run directory's plot.png from its metrics.jsonl
   rank    spectrum of the per-rollout gradient matrix (effective rank, top-1 fraction) over checkpoints
-  theory  Monte Carlo checks of paper 000's closed forms: `theory hoeffding`, `theory advantages`
-  mse     MSE of the vanilla/grpo/rloo/oracle gradient estimators against G (paper 003), or the exact bandit check
-  groupsize  the three MSE constants and the best group size under a fixed budget B*G (paper 003, Thm 7)
+  theory  Monte Carlo checks of the Foundations paper's closed forms: `theory hoeffding`, `theory advantages`
+  mse     MSE of the vanilla/grpo/rloo/oracle gradient estimators against G [U-statistic], or the exact bandit check
+  groupsize  the three MSE constants and the best group size under a fixed budget B*G [U-statistic, Thm 7]
   multiturn  per-stage bias of GRPO's advantage in multi-turn tasks (chain: exact; arith: a dialogue on the policy)
   merge   fold a LoRA checkpoint's adapter into its base model and save a plain model directory
   report  one self-contained HTML page for a run: accuracy before/after with intervals, plots, samples, probe outputs
-  sweep   budget-fixed GRPO runs over group sizes and seeds: accuracy per G (paper 003, Table 2 / Figure 5)
+  sweep   budget-fixed GRPO runs over group sizes and seeds: accuracy per G [U-statistic, Table 2 / Figure 5]
 
 Run `grpolab COMMAND --help` for a command's options.
 """
@@ -259,14 +259,14 @@ def cmd_rank(args: list[str]) -> None:
         RankConfig,
         args,
         "grpolab rank",
-        "Effective rank and top-1 energy of GRPO's per-rollout gradient matrix (paper 000, Sec. 7).",
+        "Effective rank and top-1 energy of GRPO's per-rollout gradient matrix [Foundations, Sec. 7].",
     )
     with _processes(cfg, ["rank", *args]) as main_rank:
         report = run_rank(cfg)
     if not main_rank:
         return
     print(table_by_step(report["results"]))
-    print("\nOver steps (paper 000's Table 1 shape):")
+    print("\nOver steps (the Foundations paper's Table 1 shape):")
     print(table1(report["results"]))
     if cfg.verify:
         for r in report["results"]:
@@ -424,7 +424,7 @@ def cmd_theory(args: list[str]) -> None:
             HoeffdingConfig,
             args[1:],
             "grpolab theory hoeffding",
-            "Paper 000 App. A.2: the Hoeffding bound on the group-mean baseline's error, next to Monte Carlo.",
+            "[Foundations, App. A.2]: the Hoeffding bound on the group-mean baseline's error, next to Monte Carlo.",
         )
         rows = hoeffding_rows(cfg)
         print(json.dumps(rows, indent=2) if cfg.json else format_hoeffding(rows, cfg))
@@ -433,7 +433,7 @@ def cmd_theory(args: list[str]) -> None:
         AdvantagesConfig,
         args[1:],
         "grpolab theory advantages",
-        "Paper 000 Thm 4.1: zero-sum advantage statistics for Bernoulli(p) rewards, Monte Carlo vs theory.",
+        "[Foundations, Thm 4.1]: zero-sum advantage statistics for Bernoulli(p) rewards, Monte Carlo vs theory.",
     )
     res = advantages_check(cfg)
     print(json.dumps(res, indent=2) if cfg.json else format_advantages(res, cfg))

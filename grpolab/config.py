@@ -87,7 +87,7 @@ class TrainConfig:
     lora_alpha: float = 0.0
     """LoRA scaling alpha; 0 = 2 x rank."""
     task: Literal["arith", "arith-multiturn"] = "arith"
-    """'arith' (the built-in single-turn arithmetic, paper 003 Sec. 5.1) or 'arith-multiturn' (H-turn dialogues with per-turn rewards, paper 000 Sec. 6)."""
+    """'arith' (the built-in single-turn arithmetic, [U-statistic, Sec. 5.1]) or 'arith-multiturn' (H-turn dialogues with per-turn rewards, [Foundations, Sec. 6])."""
     advantage: Literal["grpo", "rtg-group", "rtg-mc"] = "grpo"
     """arith-multiturn: 'grpo' (total return - group mean, Eq. 22), 'rtg-group' (reward-to-go - group mean)
     or 'rtg-mc' (reward-to-go - a Monte Carlo value of the turn's state from --branches continuations)."""
@@ -140,7 +140,7 @@ class TrainConfig:
 
     # --- reward ---
     format_weight: float | None = None
-    """lambda in r = accuracy + lambda * format (paper 004, Sec. 3.4). Default: 0.1 for builtin (its warm start writes
+    """lambda in r = accuracy + lambda * format [RLVR essay, Sec. 3.4]. Default: 0.1 for builtin (its warm start writes
     the '#### n' line), 0 for other models: their accuracy is read from the last number when there is no '####' line,
     and a bonus a weak model can earn without solving anything is what GRPO learns first (docs/real-model.md)."""
     reward_fn: tuple[str, ...] = ()
@@ -161,9 +161,9 @@ class TrainConfig:
     clip_high: float = 0.2
     """Ratio clip above: 1 + clip_high."""
     beta: float = 0.0
-    """KL coefficient to the reference (the starting weights). Paper 004 reports 0.04; 0 skips the reference."""
+    """KL coefficient to the reference (the starting weights). The RLVR essay reports 0.04; 0 skips the reference."""
     kl: Literal["k1", "k2", "k3"] = "k3"
-    """KL estimator (paper 003, App. A)."""
+    """KL estimator [U-statistic, App. A]."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """grpo_std: which standard deviation divides the group-centred advantages: each group's (group, the usual
     grpo_std), the whole step's rewards' (batch), or none (then grpo_std is grpo). Population std in both cases."""
@@ -208,14 +208,14 @@ class TrainConfig:
     warmup_steps: int = 10
     """Linear warm-up, in optimizer steps."""
 
-    # --- probes (paper 000) ---
+    # --- probes [Foundations] ---
     probe_every: int = 0
     """Every N steps, measure the spectrum of the per-rollout gradient matrix on this step's groups
     (probe/eff_rank, probe/top1_frac, probe/num_rank); 0 = never. Advantage statistics (probe/adv_*) are logged every step."""
     probe_groups: int = 4
     """Groups (with reward variance) of the step's batch the spectrum probe measures."""
     probe_eps: float = 0.2
-    """Threshold of an epsilon-effective rollout, |A_i| > eps (paper 000, Eq. 20)."""
+    """Threshold of an epsilon-effective rollout, |A_i| > eps [Foundations, Eq. 20]."""
 
     # --- evaluation, logging, checkpoints ---
     eval_every: int = 50

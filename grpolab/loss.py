@@ -1,6 +1,6 @@
 """The clipped GRPO policy loss with an optional KL penalty to a reference policy.
 
-Per token (paper 004, Sec. 3.3; paper 003, App. A)::
+Per token [RLVR essay, Sec. 3.3; U-statistic, App. A]::
 
     ratio = exp(logp - old_logp)
     term  = -min(ratio * A, clamp(ratio, 1 - clip_low, 1 + clip_high) * A) + beta * KL
@@ -41,7 +41,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> 
         return -log_ratio
     if kind == "k2":
         return 0.5 * log_ratio.pow(2)
-    if kind == "k3":  # unbiased and >= 0 (paper 003, App. A, Eq. 13)
+    if kind == "k3":  # unbiased and >= 0 [U-statistic, App. A, Eq. 13]
         return torch.exp(log_ratio) - log_ratio - 1.0
     raise ValueError(f"unknown KL estimator {kind!r}; choose from {KL_ESTIMATORS}")
 
@@ -58,7 +58,7 @@ def aggregate(
     """Reduce masked per-token ``values`` ``[N, T]`` to a scalar.
 
     - ``seq-mean-token-mean``: (1/num_seqs) sum_i (sum_t m_it v_it / sum_t m_it)
-      (GRPO's length normalisation, paper 004 Sec. 3.3);
+      (GRPO's length normalisation, [RLVR essay, Sec. 3.3]);
     - ``token-mean``: sum_it m_it v_it / num_tokens;
     - ``seq-mean-token-sum-norm``: sum_it m_it v_it / (num_seqs * max_len) (Dr. GRPO).
 
@@ -172,7 +172,7 @@ def policy_loss(
             f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask {tuple(mask.shape)} must match"
         )
     if advantages.dim() == 1:
-        advantages = advantages[:, None]  # [N, 1]: the same credit for every token (paper 000, Thm 3.1)
+        advantages = advantages[:, None]  # [N, 1]: the same credit for every token [Foundations, Thm 3.1]
     advantages = advantages.to(logp.dtype)
     if importance_sampling == "token":
         ratio = torch.exp(logp - old_logp)  # [N, T]

@@ -71,7 +71,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, title: str = ""
 
 
 def plot_sweep(report: dict, path: str | Path) -> Path:
-    """Final held-out accuracy against G at a fixed budget, mean and 95% CI over seeds (paper 003, Figure 5)."""
+    """Final held-out accuracy against G at a fixed budget, mean and 95% CI over seeds [U-statistic, Figure 5]."""
     table = report["table"]
     G = [t["G"] for t in table]
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -1,4 +1,4 @@
-"""Verifiable rewards (paper 004, Sec. 3.4): r = accuracy + lambda * format.
+"""Verifiable rewards [RLVR essay, Sec. 3.4]: r = accuracy + lambda * format.
 
 A reward function is any callable ``(completions: list[str], records: list[dict])
 -> list[float]``; ``records`` carry the ground truth. Functions written for TRL,
@@ -231,12 +231,12 @@ def score(completions: list[str], records: list[dict], reward_fns: Sequence[tupl
 
 
 def default_reward_fns(format_weight: float = 0.1, accuracy_fn: RewardFn = accuracy_reward):
-    """``r = accuracy + format_weight * format`` (paper 004, Sec. 3.4)."""
+    """``r = accuracy + format_weight * format`` [RLVR essay, Sec. 3.4]."""
     return [("accuracy", accuracy_fn, 1.0), ("format", format_reward, format_weight)]
 
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, penalty: float) -> torch.Tensor:
-    """DAPO's soft overlong punishment (Yu et al., 2025; not among the papers in this repository), scaled by ``penalty``: ``[N]``.
+    """DAPO's soft overlong punishment (Yu et al., 2025; not among the papers of docs/references.md), scaled by ``penalty``: ``[N]``.
 
     0 for a completion of at most ``max_len - buffer`` tokens, then falling linearly to
     ``-penalty`` at ``max_len`` (the generation limit, so never beyond):

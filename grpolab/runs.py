@@ -151,7 +151,7 @@ def load_task_policy(target: Target, cfg: TrainConfig, *, device="cpu", dtype=No
 
 
 def probe_records(cfg: TrainConfig, n: int) -> list[dict]:
-    """The first ``n`` questions of the fixed probe set of ``cfg``'s arithmetic task (paper 003 Sec. 5.1's 500)."""
+    """The first ``n`` questions of the fixed probe set of ``cfg``'s arithmetic task (the 500 of [U-statistic, Sec. 5.1])."""
     from grpolab.data.arithmetic import ArithmeticSpec, probe_set
 
     if cfg.data or cfg.eval_data:

@@ -35,7 +35,7 @@ leave-one-out (rloo) estimate from prompt i's n_i rollouts. Given the prompts, t
 of different prompts are independent, so
 
     E||g - grad J_B||^2 = (1/B^2) sum_i MSE_i(n_i),
-    MSE_i(n) = sigma_O,i^2 / n + 2 tau_i^2 / (n (n - 1))          (paper 003, Thm 2)
+    MSE_i(n) = sigma_O,i^2 / n + 2 tau_i^2 / (n (n - 1))          [U-statistic, Thm 2]
 
 with grad J_B the mean of the B prompts' true gradients (``grpolab.probes.mse``). To allocate
 before the rollouts exist, model the score psi of a rollout as independent of its reward r,

@@ -1,4 +1,4 @@
-"""Supervised warm start of the built-in model on worked solutions (paper 004, Sec. 4.3).
+"""Supervised warm start of the built-in model on worked solutions [RLVR essay, Sec. 4.3].
 
 GRPO learns only from groups whose rewards differ, so it needs a policy that is
 sometimes right. The default budget gives one that solves a moderate share of

@@ -1,10 +1,10 @@
-"""``grpolab sweep``: GRPO at a fixed sampling budget B * G, over group sizes and seeds (paper 003, Sec. 5.2).
+"""``grpolab sweep``: GRPO at a fixed sampling budget B * G, over group sizes and seeds [U-statistic, Sec. 5.2].
 
 Each (G, seed) is an ordinary ``grpolab train`` run in ``OUT/G{G}-seed{S}`` with
 B = budget / G prompts per step; runs go ``--jobs`` at a time in separate processes
 (one torch thread each). A finished run is not run again, so an interrupted sweep
 continues where it stopped. The final held-out accuracy per G, mean and 95% CI over
-seeds, is the analogue of the paper's Table 2 and Figure 5.
+seeds, is the analogue of [U-statistic, Table 2 and Figure 5].
 """
 
 from __future__ import annotations

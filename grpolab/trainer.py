@@ -69,7 +69,7 @@ class GRPOTrainer(TrainerBase):
         batch, scores, texts = rows.batch, rows.scores, rows.texts
         t_score = time.perf_counter()
 
-        # 3. advantages: one scalar per rollout (paper 000, Thm 3.1); groups are whole on this rank
+        # 3. advantages: one scalar per rollout [Foundations, Thm 3.1]; groups are whole on this rank
         estimator = estimator_for_scale(cfg.estimator, cfg.scale_rewards)  # --scale-rewards batch|none: from grpo
         if not groups.sizes:
             adv = torch.zeros(0, device=self.device)

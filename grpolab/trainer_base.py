@@ -192,7 +192,7 @@ class TrainerBase:
         with torch.no_grad():
             for c_i, idx in enumerate(chunks):
                 sub = select(batch, idx)
-                if cfg.mu > 1:  # sampling-time log-probs for the importance ratio (paper 003, App. A (ii))
+                if cfg.mu > 1:  # sampling-time log-probs for the importance ratio [U-statistic, App. A (ii)]
                     old_logp[c_i] = train.logprobs(sub)
                 if self.ref is not None:
                     ref_logp[c_i] = self.ref.logprobs(sub)

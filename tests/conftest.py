@@ -1,6 +1,6 @@
 """Shared fixtures for the grpolab test suite.
 
-Tiers (STYLE.md, habit 8): unit tests compare against hand-computed values,
+Tiers: unit tests compare against hand-computed values,
 statistical tests use fixed seeds and tolerances a wrong implementation fails,
 smoke tests run the trainer / CLI end to end on the shipped built-in model.
 """

@@ -57,7 +57,7 @@ def test_oracle_hand_computed():
 
 
 def test_grpo_sums_to_zero_in_each_group_on_random_rewards():
-    # Paper 000, Thm 4.1(i).
+    # [Foundations, Thm 4.1(i)].
     g = torch.Generator().manual_seed(0)
     rewards = torch.rand(64, 8, generator=g) * 10 - 3  # [B, G]
     a = compute_advantages(rewards, "grpo")

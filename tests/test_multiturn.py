@@ -1,4 +1,4 @@
-"""Multi-turn credit (paper 000, Sec. 6): the chain's exact bias, its Monte Carlo check, the dialogue, training."""
+"""Multi-turn credit [Foundations, Sec. 6]: the chain's exact bias, its Monte Carlo check, the dialogue, training."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests of grpolab.probes.advantage_stats: paper 000's Thm 4.1 and Eq. 20.
+"""Tests of grpolab.probes.advantage_stats: the Foundations paper's Thm 4.1 and Eq. 20.
 
 Unit: a [2, 4] reward matrix with the advantages and their averages written out by hand.
 Statistical: Bernoulli(0.3) rewards, R = 8, 200k seeded groups, against the closed forms

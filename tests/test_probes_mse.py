@@ -1,4 +1,4 @@
-"""Estimator MSE in Gram space (paper 003): exact bandit answers, unbiased pooled moments, group size, CLI."""
+"""Estimator MSE in Gram space [U-statistic]: exact bandit answers, unbiased pooled moments, group size, CLI."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_closed_form_mse_equals_enumeration(p, theta, G, estimator):
 
 
 def test_bandit_acceptance_exact_inside_monte_carlo_ci():
-    # The issue's acceptance: every estimator and G in {2, 4, 8, 16}, 20,000 trials, seed 0.
+    # The documented check (docs/u-statistic.md): every estimator and G in {2, 4, 8, 16}, 20,000 trials, seed 0.
     records = run_bandit(
         MseConfig(
             env="bandit",

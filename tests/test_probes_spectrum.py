@@ -1,7 +1,7 @@
 """Tests of grpolab.probes.spectrum: metrics of the per-rollout gradient matrix's spectrum.
 
 Unit: planted singular values with hand-computed effective rank, top-1 fraction and
-stable rank (paper 000, Sec. 7). Statistical (seeded): singular values from the R x R
+stable rank [Foundations, Sec. 7]. Statistical (seeded): singular values from the R x R
 Gram matrix against an SVD of G itself, and planted low-rank matrices.
 """
 

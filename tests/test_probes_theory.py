@@ -1,4 +1,4 @@
-"""Tests of grpolab.probes.theory and ``grpolab theory``: paper 000's App. A.2 Hoeffding
+"""Tests of grpolab.probes.theory and ``grpolab theory``: the Foundations paper's App. A.2 Hoeffding
 table and Thm 4.1, Monte Carlo next to closed forms.
 
 Unit: the bound and the exact binomial tail against values computed here by hand or in

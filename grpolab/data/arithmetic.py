@@ -1,4 +1,4 @@
-"""The built-in task: synthetic integer arithmetic (paper 003, Sec. 5.1).
+"""The built-in task: synthetic integer arithmetic [U-statistic, Sec. 5.1].
 
 Five categories, sampled uniformly:
 
@@ -19,7 +19,7 @@ that the rewards parse. A record is a plain dict::
      "ground_truth": "16", "category": "add_sub_2"}
 
 Three fixed sets come from fixed seeds: the held-out *test* set (evaluation),
-the paper's 500-question *probe* set (the gradient probes of later issues), and
+the 500-question *probe* set of [U-statistic, Sec. 5.1] (used by the gradient probes), and
 training draws, which come from a generator keyed by ``(seed, step)`` and
 reject any question whose text is in the test set, so no training question can
 equal a test question.
@@ -35,7 +35,7 @@ import numpy as np
 CATEGORIES = ("add_sub_2", "add_sub_3", "mul", "div", "paren")
 
 TEST_SEED = 20_240_001  # fixed forever: changing it changes every reported accuracy
-PROBE_SEED = 20_240_002  # the paper's 500-question set (Sec. 5.1)
+PROBE_SEED = 20_240_002  # the 500-question set of [U-statistic, Sec. 5.1]
 TRAIN_STREAM = 1  # stream id mixed into training seeds, distinct from the fixed sets
 FEW_SHOT_STREAM = 4  # the solved examples put before each question (--few-shot)
 
@@ -167,7 +167,7 @@ def test_set(n: int = 500, spec: ArithmeticSpec = ArithmeticSpec()) -> list[dict
 
 
 def probe_set(n: int = 500, spec: ArithmeticSpec = ArithmeticSpec()) -> list[dict]:
-    """The paper's fixed 500-question set (Sec. 5.1), used by the gradient probes."""
+    """The fixed 500-question set of [U-statistic, Sec. 5.1], used by the gradient probes."""
     return _draw_unique(np.random.default_rng(PROBE_SEED), n, spec, set())
 
 

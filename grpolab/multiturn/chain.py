@@ -1,4 +1,4 @@
-"""The ``chain`` environment: GRPO's multi-turn bias, exactly (paper 000, Sec. 6 and App. A.3).
+"""The ``chain`` environment: GRPO's multi-turn bias, exactly [Foundations, Sec. 6 and App. A.3].
 
 H stages. The state s_h at stage h is whether stage h-1 succeeded (stage 1 starts as if
 it had). The policy succeeds with probability q1 after a success and q0 after a failure;

@@ -192,7 +192,7 @@ def rows_batch(batches: list[Batch], pad_id: int) -> Batch:
 def stage_advantages(rewards: torch.Tensor, advantage: str, v_mc: torch.Tensor | None = None) -> torch.Tensor:
     """Per-stage advantages ``[B, G, H]`` from per-stage rewards ``[B, G, H]``.
 
-    ``grpo``: total return - group mean of totals (paper 000, Eq. 22), the same at every stage;
+    ``grpo``: total return - group mean of totals [Foundations, Eq. 22], the same at every stage;
     ``rtg-group``: reward-to-go - group mean of totals;
     ``rtg-mc``: reward-to-go - ``v_mc`` ``[B, G, H]``, a Monte Carlo value of each stage's state.
     """

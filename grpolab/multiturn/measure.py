@@ -1,4 +1,4 @@
-"""``grpolab multiturn``: GRPO's per-stage bias in multi-turn tasks, and what removes it (paper 000, Sec. 6)."""
+"""``grpolab multiturn``: GRPO's per-stage bias in multi-turn tasks, and what removes it [Foundations, Sec. 6]."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Probes of GRPO's gradient (paper 000): advantage statistics, the per-rollout score
+"""Probes of GRPO's gradient [Foundations]: advantage statistics, the per-rollout score
 Gram matrix, and the spectrum of the per-rollout gradient matrix."""
 
 from grpolab.probes.advantage_stats import advantage_stats

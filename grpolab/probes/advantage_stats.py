@@ -1,4 +1,4 @@
-"""Zero-sum statistics of group-mean advantages (paper 000, Thm 4.1 and Eq. 20).
+"""Zero-sum statistics of group-mean advantages [Foundations, Thm 4.1 and Eq. 20].
 
 For R i.i.d. rewards with variance sigma^2 and A_i = r_i - mean(r):
 (i) sum_i A_i = 0; (ii) Var(A_i) = (R-1)/R sigma^2; (iii) Cov(A_i, A_j) = -sigma^2/R;

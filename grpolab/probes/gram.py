@@ -52,7 +52,7 @@ def token_weights(
     """Per-token weights ``[R, T]`` that make psi_i the score of rollout i as the loss weighs it.
 
     ``seq-mean-token-mean``: 1/|o_i| (GRPO); ``token-mean`` and ``sum``: 1 (the plain
-    trajectory score sum_t grad log pi, paper 000 Eq. 17); ``seq-mean-token-sum-norm``:
+    trajectory score sum_t grad log pi, [Foundations, Eq. 17]); ``seq-mean-token-sum-norm``:
     1/max_len (Dr. GRPO). A constant factor common to all rollouts scales Psi and not
     the spectrum's shape.
     """

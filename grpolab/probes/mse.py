@@ -1,4 +1,4 @@
-"""Estimator MSE in Gram space: the U-statistic view of GRPO (paper 003, Sec. 4.1).
+"""Estimator MSE in Gram space: the U-statistic view of GRPO [U-statistic, Sec. 4.1].
 
 For one prompt, rollouts z_i = (o_i, r_i) are i.i.d. from the policy, psi_i is the
 rollout's score (sum over its tokens of grad log pi; E[psi] = 0) and the true
@@ -6,10 +6,10 @@ gradient is mu = E[r psi]. With G rollouts the four estimators are
 
     vanilla  g = (1/G) sum_i r_i psi_i
     oracle   g = (1/G) sum_i (r_i - v) psi_i                 v = E[r], the true value
-    rloo     g = (1/G) sum_i (r_i - mean_{j != i} r_j) psi_i  (paper 003, Eq. 4)
-    grpo     g = (1/G) sum_i (r_i - mean_j r_j) psi_i = (G-1)/G * rloo   (paper 000, Eq. 15)
+    rloo     g = (1/G) sum_i (r_i - mean_{j != i} r_j) psi_i  [U-statistic, Eq. 4]
+    grpo     g = (1/G) sum_i (r_i - mean_j r_j) psi_i = (G-1)/G * rloo   [Foundations, Eq. 15]
 
-The derivation the paper's extraction lost, written out:
+The derivation, written out in full ([U-statistic, Sec. 4.1] states the results):
 
 rloo is a second-order U-statistic (Lemma 1). Summing (r_i - r_j) psi_i over
 ordered pairs and pairing (i, j) with (j, i),

@@ -1,4 +1,4 @@
-"""``grpolab mse`` and ``grpolab groupsize``: estimator MSE and the optimal group size (paper 003)."""
+"""``grpolab mse`` and ``grpolab groupsize``: estimator MSE and the optimal group size [U-statistic]."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from grpolab.utils import percentile_interval, set_threads
 
 @dataclasses.dataclass
 class MseConfig:
-    """MSE of the vanilla, grpo, rloo and oracle gradient estimators against G (paper 003, Figure 4).
+    """MSE of the vanilla, grpo, rloo and oracle gradient estimators against G [U-statistic, Figure 4].
 
     With --env lm (default): for each --policy, sample --pool rollouts for each of --prompts
     probe questions, and estimate every estimator's MSE at every G from their score Gram
@@ -47,7 +47,7 @@ class MseConfig:
     group_sizes: tuple[int, ...] = (2, 4, 8, 16, 32)
     """Group sizes G. Any G works whatever --pool: the MSE is a closed form in four pooled moments."""
     prompts: int = 32
-    """Probe questions (the first M of the paper's 500-question set)."""
+    """Probe questions (the first M of the 500-question set of [U-statistic, Sec. 5.1])."""
     pool: int = 16
     """Rollouts per prompt in the pool (>= 3); more gives tighter intervals, not different answers."""
     out: str = "runs/mse"
@@ -267,7 +267,7 @@ def format_mse(report: dict) -> str:
 
 @dataclasses.dataclass
 class GroupsizeConfig:
-    """Predict the best group size G under a fixed sampling budget B * G (paper 003, Thm 7).
+    """Predict the best group size G under a fixed sampling budget B * G [U-statistic, Thm 7].
 
     Estimates the three constants of the rloo minibatch MSE (Prop. 3),
     MSE(B, G) = (1/B) [sigma_P^2 + sigma_O^2 / G + 2 tau^2 / (G (G - 1))] (prompt sampling,

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def plot_rank(results: list[dict], out_dir: str | Path) -> list[Path]:
-    """Effective rank and top-1 fraction against training step per R (paper 000, Figures 1-2),
+    """Effective rank and top-1 fraction against training step per R [Foundations, Figures 1-2],
     and the mean reward std per step."""
     out_dir = Path(out_dir)
     paths = []
@@ -56,7 +56,7 @@ ESTIMATOR_COLOURS = {"vanilla": "tab:blue", "grpo": "tab:orange", "rloo": "tab:r
 
 
 def plot_mse(report: dict, path: str | Path) -> Path:
-    """MSE against G, one panel per policy, one line per estimator with its 95% band (paper 003, Figure 4)."""
+    """MSE against G, one panel per policy, one line per estimator with its 95% band [U-statistic, Figure 4]."""
     entries = report["policies"]
     fig, axes = plt.subplots(1, len(entries), figsize=(4.6 * len(entries), 4), squeeze=False, sharey=True)
     for ax, entry in zip(axes[0], entries):

@@ -2,10 +2,10 @@
 
 For each checkpoint and group size R, each probe prompt gets R rollouts; their
 advantages A and score Gram matrix Psi give K = diag(A) Psi diag(A), whose
-eigenvalues are the squared singular values of G (rows A_i psi_i, paper 000 Sec. 7).
+eigenvalues are the squared singular values of G (rows A_i psi_i, [Foundations, Sec. 7]).
 
 Largest possible rank: G = diag(A) Psi_rows has rank at most the number of
-rollouts with a non-zero advantage, <= R (and <= D). Paper 000's Table 1 gives
+rollouts with a non-zero advantage, <= R (and <= D). The Foundations paper's Table 1 gives
 R - 1, but the zero-sum constraint sum_i A_i = 0 removes no row: for R = 2,
 A = (a, -a) and the rows a psi_1 and -a psi_2 are independent whenever psi_1 and
 psi_2 are. (R - 1 is the rank bound of the *centred* scores psi_i - mean psi,
@@ -58,7 +58,7 @@ class RankConfig:
     prompts: int = 32
     """Probe prompts per checkpoint (the first of the task's fixed 500-question probe set)."""
     estimator: str = "grpo"
-    """Advantage estimator for A (paper 000 analyses the group mean, 'grpo')."""
+    """Advantage estimator for A (the Foundations paper analyses the group mean, 'grpo')."""
     aggregation: str = "seq-mean-token-mean"
     """Per-token weights of psi, as in the loss (1/|o_i| for GRPO)."""
     temperature: float | None = None
@@ -256,7 +256,7 @@ def run_rank(cfg: RankConfig, log=print) -> dict:
 
 
 def table1(results: list[dict]) -> str:
-    """Paper 000's Table 1 shape: R, largest possible rank, effective rank, top-1 fraction (ranges over steps).
+    """The Foundations paper's Table 1 shape: R, largest possible rank, effective rank, top-1 fraction (ranges over steps).
 
     Two more columns say what bounds the rank in practice: the numerical rank and the number
     of distinct completions with a nonzero advantage (means over prompts and steps).

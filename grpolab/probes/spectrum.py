@@ -1,4 +1,4 @@
-"""Spectrum of the per-rollout gradient matrix (paper 000, Sec. 7).
+"""Spectrum of the per-rollout gradient matrix [Foundations, Sec. 7].
 
 G (R x D) has rows A_i psi_i. Its singular values are the square roots of the
 eigenvalues of K = G G^T = diag(A) Psi diag(A), with Psi_ij = <psi_i, psi_j>,
@@ -29,7 +29,7 @@ def spectrum_metrics(s: torch.Tensor, rtol: float = RANK_RTOL) -> dict[str, floa
     """Metrics of singular values ``s`` (any order).
 
     - ``num_rank``: number of s_k > rtol * s_max (see RANK_RTOL);
-    - ``effective_rank``: (sum s)^2 / sum s^2 (paper 000, Sec. 7), between 1 and num_rank;
+    - ``effective_rank``: (sum s)^2 / sum s^2 [Foundations, Sec. 7], between 1 and num_rank;
     - ``top1_fraction``: s_1^2 / sum s^2, the share of energy in the top direction;
     - ``stable_rank``: sum s^2 / s_1^2 = 1 / top1_fraction.
 

@@ -1,4 +1,4 @@
-"""Monte Carlo checks of paper 000's closed forms: the Hoeffding table of App. A.2 and Thm 4.1."""
+"""Monte Carlo checks of the Foundations paper's closed forms: the Hoeffding table of App. A.2 and Thm 4.1."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from grpolab.probes.advantage_stats import advantage_stats
 
 @dataclasses.dataclass
 class HoeffdingConfig:
-    """Paper 000 App. A.2: P(|v_R - v| > eps) <= 2 exp(-2 R eps^2) for R Bernoulli(p) rewards, next to Monte Carlo."""
+    """[Foundations, App. A.2]: P(|v_R - v| > eps) <= 2 exp(-2 R eps^2) for R Bernoulli(p) rewards, next to Monte Carlo."""
 
     p: float = 0.5
     """Success probability of the Bernoulli rewards."""
@@ -32,7 +32,7 @@ class HoeffdingConfig:
 
 @dataclasses.dataclass
 class AdvantagesConfig:
-    """Paper 000 Thm 4.1 for Bernoulli(p) rewards: Var(A_i), Cov(A_i, A_j), epsilon-effective share vs Eq. 20."""
+    """[Foundations, Thm 4.1] for Bernoulli(p) rewards: Var(A_i), Cov(A_i, A_j), epsilon-effective share vs Eq. 20."""
 
     R: int = 8
     """Group size."""
