@@ -26,10 +26,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
+from grpolab import streams  # noqa: E402
 from grpolab.cli import _parse  # noqa: E402
 from grpolab.config import TrainConfig  # noqa: E402
-from grpolab.rollout import completion_logprobs, sample  # noqa: E402
-from grpolab.trainer import ROLLOUT_STREAM, GRPOTrainer  # noqa: E402
+from grpolab.logprobs import completion_logprobs  # noqa: E402
+from grpolab.rollout import sample  # noqa: E402
+from grpolab.trainer import GRPOTrainer  # noqa: E402
 
 
 def plain_forward_backward(trainer: GRPOTrainer, step: int) -> float:
@@ -37,7 +39,7 @@ def plain_forward_backward(trainer: GRPOTrainer, step: int) -> float:
     cfg, policy = trainer.cfg, trainer.policy
     records = trainer.sampler.draw(step, cfg.prompts_per_step)
     prompts = [policy.prompt_ids(r) for r in records for _ in range(cfg.group_size)]
-    keys = [(ROLLOUT_STREAM, cfg.seed, step, b, g) for b in range(cfg.prompts_per_step) for g in range(cfg.group_size)]
+    keys = [(streams.ROLLOUT, cfg.seed, step, b, g) for b in range(cfg.prompts_per_step) for g in range(cfg.group_size)]
     batch = sample(
         policy.model,
         prompts,

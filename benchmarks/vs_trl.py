@@ -160,14 +160,14 @@ def sampling_throughput(trainer, step: int) -> None:
     at temperature 1 with the KV cache, up to the same length; generate's rows run until the longest ends)."""
     import torch
 
+    from grpolab import streams
     from grpolab.rollout import left_pad, sample
-    from grpolab.trainer import ROLLOUT_STREAM
 
     cfg, policy = trainer.cfg, trainer.policy
     prompts = [
         policy.prompt_ids(r) for r in trainer.sampler.draw(step, cfg.prompts_per_step) for _ in range(cfg.group_size)
     ]
-    keys = [(ROLLOUT_STREAM, cfg.seed, step, i) for i in range(len(prompts))]
+    keys = [(streams.ROLLOUT, cfg.seed, step, i) for i in range(len(prompts))]
     policy.model.eval()
     rates = {}
     for name in ("grpolab", "generate", "grpolab", "generate"):  # twice each, the second counts (warm caches)

@@ -1,7 +1,7 @@
-"""Collect a step's rollouts under a sampling mode (``grpolab.sampling`` says how many of which).
+"""Collect a step's rollouts under a sampling mode (``grpolab.group_budget`` says how many of which).
 
 Rollout ``g`` of the step's prompt ``b`` always draws from the stream keyed
-``(ROLLOUT_STREAM, seed, step, b, g)``, whatever the mode: prompts are numbered across the
+``(streams.ROLLOUT, seed, step, b, g)``, whatever the mode: prompts are numbered across the
 step's rounds (round 1 holds 0..B-1, round 2 continues from B), and an adaptive prompt's
 pilot is its rollouts 0..n0-1. So ``fixed`` draws exactly what it always drew, an
 ``adaptive`` group is a prefix of a longer fixed group, and nothing depends on the number
@@ -18,11 +18,10 @@ import time
 import torch
 
 from grpolab import distributed as dist_
+from grpolab import streams
+from grpolab.group_budget import allocate_group_sizes, has_variance, next_round_size
 from grpolab.rewards import Scores, overlong_penalty, score
 from grpolab.rollout import Batch, sample_with_entropy, select
-from grpolab.sampling import allocate_group_sizes, has_variance, next_round_size
-
-ROLLOUT_STREAM = 1  # random-stream id of training rollouts
 
 
 @dataclasses.dataclass(eq=False)
@@ -152,7 +151,7 @@ class Collector:
             return Rows(None, [], empty), 0.0, 0.0
         t0 = time.perf_counter()
         prompts = [policy.prompt_ids(rec) for rec in recs]
-        keys = [(ROLLOUT_STREAM, cfg.seed, step, b, g) for b, _, gs in items for g in gs]  # global b: P-independent
+        keys = [(streams.ROLLOUT, cfg.seed, step, b, g) for b, _, gs in items for g in gs]  # global b: P-independent
         policy.model.eval()
         with t.train_module.full_weights():
             batch, entropy = sample_with_entropy(

@@ -14,8 +14,9 @@ from typing import Literal
 
 from grpolab.advantages import ESTIMATORS, SCALES
 from grpolab.data.arithmetic import CATEGORIES
+from grpolab.group_budget import SAMPLING_MODES
 from grpolab.loss import AGGREGATIONS, IMPORTANCE_SAMPLING, KL_ESTIMATORS
-from grpolab.sampling import SAMPLING_MODES
+from grpolab.multiturn.chain import STAGE_ADVANTAGES
 
 GROUP_BASELINES = ("grpo", "grpo_std", "rloo")
 
@@ -123,7 +124,7 @@ class TrainConfig:
     max_new_tokens: int = 48
     """Longest completion."""
     sampling: Literal["fixed", "filter", "adaptive"] = "fixed"
-    """Which rollouts a step generates (grpolab.sampling). fixed: B prompts x G. filter (DAPO's dynamic sampling):
+    """Which rollouts a step generates (grpolab.group_budget). fixed: B prompts x G. filter (DAPO's dynamic sampling):
     draw more prompts until B groups have reward variance, at most --max-sampling-rounds rounds. adaptive: a pilot of
     --pilot-size rollouts per prompt, then the rest of the step's B*G rollouts shared out to minimise the gradient's
     expected error: most to prompts whose pilot rewards vary most, none to pilots whose rewards are all equal."""
@@ -280,8 +281,8 @@ class TrainConfig:
             )
         if self.task not in ("arith", "arith-multiturn"):
             raise bad("task", f"must be 'arith' or 'arith-multiturn', got {self.task!r}")
-        if self.advantage not in ("grpo", "rtg-group", "rtg-mc"):
-            raise bad("advantage", f"must be grpo, rtg-group or rtg-mc, got {self.advantage!r}")
+        if self.advantage not in STAGE_ADVANTAGES:
+            raise bad("advantage", f"must be one of {STAGE_ADVANTAGES}, got {self.advantage!r}")
         if self.task == "arith-multiturn":
             if self.stages < 1:
                 raise bad("stages", f"must be >= 1, got {self.stages}")

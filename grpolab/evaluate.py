@@ -10,13 +10,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
+from grpolab import streams
 from grpolab.distributed import SINGLE, World, gather_concat
 from grpolab.policy import Policy
 from grpolab.rewards import accuracy_reward
 from grpolab.rollout import sample
 from grpolab.stats import clustered_accuracy_interval, wilson_interval
-
-EVAL_STREAM = 3  # random-stream id for evaluation samples, distinct from training
 
 
 def _generate(policy: Policy, records: list[dict], keys, temperature, max_new_tokens, batch_size, tick) -> list[str]:
@@ -107,13 +106,13 @@ def evaluate(
         if progress is not None:
             progress(done, total)
 
-    greedy_keys = [(EVAL_STREAM, seed, i) for i in mine]
+    greedy_keys = [(streams.EVAL, seed, i) for i in mine]
     greedy = _generate(policy, own, greedy_keys, 0.0, max_new_tokens, batch_size, tick)
     greedy, greedy_ok = gather_concat(greedy, world), gather_concat(accuracy_reward(greedy, own), world)
     sampled_ok = None
     if samples > 0:
         rep = [r for r in own for _ in range(samples)]
-        keys = [(EVAL_STREAM, seed, i, j) for i in mine for j in range(samples)]
+        keys = [(streams.EVAL, seed, i, j) for i in mine for j in range(samples)]
         sampled = _generate(policy, rep, keys, temperature, max_new_tokens, batch_size, tick)
         flat = gather_concat(accuracy_reward(sampled, rep), world)  # question-major: block of `samples` per question
         sampled_ok = [flat[i * samples : (i + 1) * samples] for i in range(len(records))]

@@ -85,8 +85,8 @@ def _own_memory(model: torch.nn.Module) -> torch.nn.Module:
 
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     """transformers' activation checkpointing of every decoder layer (non-reentrant), under its new name where the
-    installed version has it. The shared-prefix update keeps its cache under it (grpolab.prefix)."""
-    from grpolab.prefix import keep_cache_under_checkpointing
+    installed version has it. The shared-prefix update keeps its cache under it (grpolab.shared_prefix)."""
+    from grpolab.shared_prefix import keep_cache_under_checkpointing
 
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):

@@ -1,4 +1,4 @@
-"""Rollouts: sample completions from the policy, and score them token by token.
+"""Rollouts: sample completions from the policy (the ``hf`` rollout engine's sampler).
 
 Sampling is a hand-written loop over the model's KV cache rather than
 ``model.generate`` for two reasons no library option covers: (1) each rollout
@@ -15,10 +15,9 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-import torch.utils.checkpoint
 from transformers import DynamicCache
 
-from grpolab.prefix import distinct_prompts, shared_prefix_hidden
+from grpolab.shared_prefix import distinct_prompts
 
 
 class Batch(NamedTuple):
@@ -182,75 +181,3 @@ def _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pa
     completion_ids = out_ids[:, :T].masked_fill(completion_mask == 0, pad_id)
     entropy = ent[:, :T] * completion_mask if want_entropy else None  # [N, T]
     return Batch(prompt_ids, prompt_mask, completion_ids, completion_mask), entropy
-
-
-LOGITS_BUDGET = 2**25  # floats of [N, T, V] logits held at once before the LM head is chunked (128 MB fp32)
-
-
-def completion_logprobs(
-    model, batch: Batch, temperature: float = 1.0, chunk_rows: int | None = None, shared_prefix: bool = False
-) -> torch.Tensor:
-    """``[N, T]`` log pi(o_t | q, o_<t) of each completion token (0 where masked).
-
-    The LM head runs at completion positions only: the prompt's logits are never formed.
-    With a large vocabulary (SmolLM2: 49,152) the ``[N, T, V]`` logits would dominate memory,
-    so above ``LOGITS_BUDGET`` floats the head runs over ``chunk_rows`` rollouts at a time
-    under activation checkpointing: each chunk's logits exist only while that chunk's
-    log-probs are computed, forward and again in backward. ``chunk_rows=0`` never chunks
-    (the score Gram matrix's hooks need the head to run once per forward).
-
-    ``shared_prefix``: rows with the same prompt (a group) share one prompt pass
-    (:mod:`grpolab.prefix`): same log-probs and gradients, the prompt's cost paid once.
-    """
-    N, T = batch.completion_ids.shape
-    head = model.get_output_embeddings()
-    V = head.weight.shape[0]
-    if chunk_rows is None:
-        chunk_rows = 0 if N * (T + 1) * V <= LOGITS_BUDGET else max(1, LOGITS_BUDGET // ((T + 1) * V))
-    target = batch.completion_ids  # [N, T]
-    if shared_prefix:
-        first_logits, hidden = shared_prefix_hidden(model, *batch)  # [N, V], [N, T - 1, d] or None
-        first = _token_logprobs(first_logits[:, None], target[:, :1], temperature)  # [N, 1]
-        if hidden is None:
-            return first * batch.completion_mask
-        rest = _head_logprobs(head, hidden, target[:, 1:], temperature, chunk_rows)  # [N, T - 1]
-        return torch.cat([first, rest], dim=1) * batch.completion_mask
-    ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # [N, P + T]
-    attn = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
-    position = (attn.cumsum(-1) - 1).clamp(min=0)
-    if not chunk_rows or chunk_rows >= N:
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=position, logits_to_keep=T + 1).logits
-        return _token_logprobs(logits[:, :-1], target, temperature) * batch.completion_mask
-    hidden = model.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=position).last_hidden_state
-    hidden = hidden[:, -(T + 1) : -1]  # [N, T, d]: position P-1+t predicts completion token t
-    return _head_logprobs(head, hidden, target, temperature, chunk_rows) * batch.completion_mask
-
-
-def _head_logprobs(
-    head, hidden: torch.Tensor, target: torch.Tensor, temperature: float, chunk_rows: int
-) -> torch.Tensor:
-    """``[N, T]`` log-probs of ``target`` from hidden states ``[N, T, d]``, the head over ``chunk_rows`` rows at a time
-    under activation checkpointing (all at once when ``chunk_rows`` is 0 or covers the batch)."""
-    N = hidden.shape[0]
-    if not chunk_rows or chunk_rows >= N:
-        return _token_logprobs(head(hidden), target, temperature)
-
-    def chunk_logp(h: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-        return _token_logprobs(head(h), tgt, temperature)
-
-    parts = [
-        torch.utils.checkpoint.checkpoint(
-            chunk_logp, hidden[i : i + chunk_rows], target[i : i + chunk_rows], use_reentrant=False
-        )
-        for i in range(0, N, chunk_rows)
-    ]
-    return torch.cat(parts)
-
-
-def _token_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log softmax(logits / temperature) at ``target``: ``[n, T, V]``, ``[n, T]`` -> ``[n, T]`` (fp32, or fp64 for fp64 logits)."""
-    if logits.dtype != torch.float64:
-        logits = logits.float()  # bf16 logits: the softmax in fp32
-    if temperature != 1.0:
-        logits = logits / temperature
-    return logits.gather(-1, target.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)

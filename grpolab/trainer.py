@@ -8,7 +8,7 @@ On P processes (torchrun) each rank takes a contiguous block of the step's promp
 their rollouts (a group never spans ranks, so its baseline needs no communication); rollout
 (b, g) draws from the stream keyed by the *global* prompt index b, so the rollouts do not
 depend on P. Losses use the whole step's normalisers and gradients are summed over ranks
-(grpolab.parallel), so the update is the single-process update. Metrics are computed from the
+(grpolab.train_forward), so the update is the single-process update. Metrics are computed from the
 gathered per-rollout values, identically on every rank; rank 0 alone writes them.
 """
 
@@ -29,9 +29,10 @@ import torch
 from grpolab import checkpoint
 from grpolab import distributed as dist_
 from grpolab.advantages import STD_EPS, batch_std, compute_advantages, estimator_for_scale, ragged_advantages
-from grpolab.collect import ROLLOUT_STREAM, Collector  # noqa: F401  (ROLLOUT_STREAM: the benchmarks key rollouts with it)
+from grpolab.collect import Collector
 from grpolab.config import ConfigError, TrainConfig
 from grpolab.distributed import SINGLE, World
+from grpolab.group_budget import prompt_weights
 from grpolab.policy import load_policy
 from grpolab.probes.advantage_stats import advantage_stats
 from grpolab.probes.gram import score_gram, token_weights
@@ -39,7 +40,6 @@ from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
 from grpolab.progress import progress_bar
 from grpolab.rollout import select
 from grpolab.runlog import RunLogger, truncate_jsonl
-from grpolab.sampling import prompt_weights
 from grpolab.trainer_base import StepOutput, TrainerBase
 from grpolab.utils import git_revision
 
@@ -63,7 +63,7 @@ class GRPOTrainer(TrainerBase):
         cfg = self.cfg
         t_step = time.perf_counter()
 
-        # 1-2. rollouts and their rewards; --sampling decides how many of which prompts (grpolab.sampling)
+        # 1-2. rollouts and their rewards; --sampling decides how many of which prompts (grpolab.group_budget)
         roll = self.collector.collect(step)
         groups, rows = roll.groups, roll.groups.rows
         batch, scores, texts = rows.batch, rows.scores, rows.texts
@@ -85,7 +85,7 @@ class GRPOTrainer(TrainerBase):
         position = {b: k for k, b in enumerate(roll.prompts)}  # prompt -> its place among the update's groups
         sizes = [len(r) for r in roll.rewards]  # group sizes of the whole update (all ranks), in its order
         weighted = adv
-        if len(set(sizes)) > 1:  # every prompt weighs 1/B whatever its group size (grpolab.sampling)
+        if len(set(sizes)) > 1:  # every prompt weighs 1/B whatever its group size (grpolab.group_budget)
             factor = prompt_weights(sizes)
             w = torch.cat([torch.full((n,), factor[position[b]]) for b, n in zip(groups.prompt, groups.sizes)])
             weighted = adv * w.to(adv.device, adv.dtype)

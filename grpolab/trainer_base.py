@@ -3,7 +3,7 @@ the update, evaluation and checkpoints. Each trainer (``grpolab.trainer``,
 ``grpolab.multiturn.trainer``) adds its own ``step``; this module imports neither.
 
 The update (``_update``) takes this rank's rows and their advantages and runs mu optimizer
-steps with the whole step's normalisers, gradients summed over ranks (grpolab.parallel), so
+steps with the whole step's normalisers, gradients summed over ranks (grpolab.train_forward), so
 that P processes make the single-process update.
 """
 
@@ -26,10 +26,10 @@ from grpolab.devices import parse_dtype, resolve_device
 from grpolab.distributed import SINGLE, World
 from grpolab.evaluate import evaluate, format_accuracy
 from grpolab.loss import entropy_threshold, high_entropy_mask, loss_token_mask, policy_loss
-from grpolab.parallel import TrainModule
 from grpolab.policy import MATH_SYSTEM_PROMPT, Policy, enable_activation_checkpointing, load_policy
 from grpolab.rewards import reward_functions
 from grpolab.rollout import Batch, select
+from grpolab.train_forward import TrainModule
 from grpolab.utils import seed_everything, set_threads
 
 

@@ -281,7 +281,8 @@ def _model_and_batch():
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 def test_micro_batches_through_a_real_model_give_the_whole_batch_gradient(aggregation, beta):
-    from grpolab.rollout import completion_logprobs, select
+    from grpolab.logprobs import completion_logprobs
+    from grpolab.rollout import select
 
     model, batch = _model_and_batch()
     N, max_len = batch.completion_ids.shape[0], 8

@@ -9,8 +9,9 @@ import pytest
 import torch
 from cli_helpers import run_cli
 
+from grpolab.logprobs import completion_logprobs
 from grpolab.policy import Policy, load_policy
-from grpolab.rollout import completion_logprobs, sample
+from grpolab.rollout import sample
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SIMPLE_TEMPLATE = (
@@ -99,7 +100,7 @@ def test_chunked_logprobs_and_gradients_equal_the_whole_head(tiny_model, char_to
 
 
 def test_large_vocabulary_chunks_automatically(tiny_model, char_tokenizer, monkeypatch):
-    from grpolab import rollout
+    from grpolab import logprobs
 
     pol = Policy(tiny_model, char_tokenizer, "tiny")
     batch = sample(
@@ -114,7 +115,7 @@ def test_large_vocabulary_chunks_automatically(tiny_model, char_tokenizer, monke
     )
     whole = completion_logprobs(tiny_model, batch, chunk_rows=0)
     calls = []
-    monkeypatch.setattr(rollout, "LOGITS_BUDGET", 8 * char_tokenizer.vocab_size)  # a budget of ~1 rollout's logits
+    monkeypatch.setattr(logprobs, "LOGITS_BUDGET", 8 * char_tokenizer.vocab_size)  # a budget of ~1 rollout's logits
     real = torch.utils.checkpoint.checkpoint
     monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
     assert torch.allclose(completion_logprobs(tiny_model, batch), whole, atol=1e-6)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from cli_helpers import run_cli
 
-from grpolab.multiturn.chain import ESTIMATORS, Chain, conditional_bias, exact_bias, monte_carlo_bias
+from grpolab.multiturn.chain import STAGE_ADVANTAGES, Chain, conditional_bias, exact_bias, monte_carlo_bias
 from grpolab.multiturn.dialogue import DialogueSpec, make_dialogues, question, rows_batch, stage_advantages
 from grpolab.rollout import Batch
 
@@ -64,7 +64,7 @@ def test_eq23_holds_by_enumeration(H, q1, q0):
 def test_exact_bias_properties():
     rows = exact_bias(Chain(4, 0.8, 0.3))
     by = {(r["stage"], r["estimator"]): r for r in rows}
-    for est in ESTIMATORS:
+    for est in STAGE_ADVANTAGES:
         assert by[(1, est)]["bias_rms"] == 0.0 and by[(1, est)]["bias_mean"] == 0.0  # single-turn: exact
     for h in range(1, 5):
         assert by[(h, "grpo")]["bias_mean"] == pytest.approx(0.0, abs=1e-12)  # zero on average by construction
@@ -87,7 +87,7 @@ def test_chain_monte_carlo_inside_ci_of_exact_at_every_stage():
     for r in rows:
         ex = exact[(r["stage"], r["estimator"])]
         assert r["ci_low"] <= ex <= r["ci_high"], (r, ex)
-    assert all(exact[(1, e)] == 0.0 for e in ESTIMATORS)
+    assert all(exact[(1, e)] == 0.0 for e in STAGE_ADVANTAGES)
 
 
 def test_a_wrong_bias_formula_would_be_caught():
@@ -185,7 +185,7 @@ def test_cli_multiturn_chain_writes_records(tmp_path):
     )
     assert res.returncode == 0, res.stderr
     records = json.loads((tmp_path / "mt.json").read_text())
-    assert {(r["stage"], r["estimator"]) for r in records} == {(h, e) for h in (1, 2, 3) for e in ESTIMATORS}
+    assert {(r["stage"], r["estimator"]) for r in records} == {(h, e) for h in (1, 2, 3) for e in STAGE_ADVANTAGES}
     keys = {
         "stage",
         "estimator",
@@ -226,7 +226,7 @@ def test_arith_bias_measurement_smoke(tmp_path):
         ),
         log=lambda *a: None,
     )
-    assert {(r["stage"], r["estimator"]) for r in rows} == {(h, e) for h in (1, 2) for e in ESTIMATORS}
+    assert {(r["stage"], r["estimator"]) for r in rows} == {(h, e) for h in (1, 2) for e in STAGE_ADVANTAGES}
     for r in rows:
         assert all(
             math.isfinite(r[k]) for k in ("bias_mean", "bias_rms", "ci_low", "ci_high", "leakage_rms", "mismatch_rms")

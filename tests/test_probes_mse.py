@@ -11,7 +11,7 @@ import torch
 from cli_helpers import run_cli
 
 from grpolab.probes.mse import (
-    ESTIMATORS,
+    MSE_ESTIMATORS,
     bandit_estimates,
     bandit_moments,
     bandit_pool_gram,
@@ -63,7 +63,7 @@ def _enumerated_mse(p, theta, estimator, G):
     ],
 )
 @pytest.mark.parametrize("G", [2, 3])
-@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("estimator", MSE_ESTIMATORS)
 def test_closed_form_mse_equals_enumeration(p, theta, G, estimator):
     exact = mse_from_moments(bandit_moments(p, theta), estimator, G)
     assert exact == pytest.approx(_enumerated_mse(p, theta, estimator, G), rel=1e-10, abs=1e-14)
@@ -238,10 +238,11 @@ def test_optimal_group_size_is_the_argmin_and_budget_free():
 
 
 def test_lm_pool_cross_diagonal_is_the_quadratic_form(tiny_model, char_tokenizer):
+    from grpolab import streams
     from grpolab.data.arithmetic import probe_set
     from grpolab.policy import Policy
     from grpolab.probes.gram import score_gram
-    from grpolab.probes.pool import POOL_STREAM, collect_pool, sample_rollouts
+    from grpolab.probes.pool import collect_pool, sample_rollouts
 
     policy = Policy(tiny_model, char_tokenizer, "tiny")
     records = probe_set(500)[:3]
@@ -251,7 +252,7 @@ def test_lm_pool_cross_diagonal_is_the_quadratic_form(tiny_model, char_tokenizer
     # the explicit vector mu_hat(x) and the Gram quadratic form a^T Psi a agree
     for k, rec in enumerate(records):
         batch, rewards = sample_rollouts(
-            policy, rec, 5, (POOL_STREAM, 3, k), max_new_tokens=8, temperature=1.0, format_weight=0.1
+            policy, rec, 5, (streams.POOL, 3, k), max_new_tokens=8, temperature=1.0, format_weight=0.1
         )
         psi = score_gram(tiny_model, batch, batch.completion_mask.double())
         a = rloo_weights(rewards)
@@ -308,7 +309,7 @@ def test_cli_mse_bandit_writes_the_records(tmp_path):
     )
     assert res.returncode == 0, res.stderr
     records = json.loads((tmp_path / "b.json").read_text())
-    assert {(r["estimator"], r["G"]) for r in records} == {(e, G) for e in ESTIMATORS for G in (2, 4)}
+    assert {(r["estimator"], r["G"]) for r in records} == {(e, G) for e in MSE_ESTIMATORS for G in (2, 4)}
     assert all(set(r) == {"estimator", "G", "mse_mc", "ci_low", "ci_high", "mse_exact"} for r in records)
     assert "rloo" in res.stdout and "inside" in res.stdout
 
@@ -349,7 +350,7 @@ def test_cli_mse_and_groupsize_on_the_builtin_policy(tmp_path):
     assert res.returncode == 0, res.stderr
     report = json.loads((tmp_path / "m" / "mse.json").read_text())
     (entry,) = report["policies"]
-    assert {(r["estimator"], r["G"]) for r in entry["results"]} == {(e, G) for e in ESTIMATORS for G in (2, 8)}
+    assert {(r["estimator"], r["G"]) for r in entry["results"]} == {(e, G) for e in MSE_ESTIMATORS for G in (2, 8)}
     for r in entry["results"]:
         assert math.isfinite(r["mse"]) and r["ci_low"] <= r["mse"] <= r["ci_high"]
     assert (tmp_path / "m" / "mse.png").stat().st_size > 10_000

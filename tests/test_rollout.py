@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from grpolab.logprobs import completion_logprobs
 from grpolab.models.builtin import TinyLlamaSpec, build_tiny_llama
-from grpolab.rollout import _pick, completion_logprobs, left_pad, rollout_uniforms, sample
+from grpolab.rollout import _pick, left_pad, rollout_uniforms, sample
 
 # ---------------------------------------------------------------- tokenizer
 

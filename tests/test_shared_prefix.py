@@ -1,4 +1,4 @@
-"""Each group's prompt encoded once (grpolab.prefix), activation checkpointing, and the --device flag.
+"""Each group's prompt encoded once (grpolab.shared_prefix), activation checkpointing, and the --device flag.
 
 Unit tier: distinct prompts, log-probs and gradients of the shared path against the plain one on
 three architectures (Llama, GPT-2 with learned absolute positions, Qwen2), the fallback notice.
@@ -16,10 +16,11 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Qwen
 
 from grpolab.config import ConfigError, TrainConfig
 from grpolab.devices import DeviceError, default_dtype, resolve_device
-from grpolab.parallel import TrainModule
+from grpolab.logprobs import completion_logprobs
 from grpolab.policy import ASSET_DIR, enable_activation_checkpointing, load_policy
-from grpolab.prefix import distinct_prompts
-from grpolab.rollout import completion_logprobs, sample
+from grpolab.rollout import sample
+from grpolab.shared_prefix import distinct_prompts
+from grpolab.train_forward import TrainModule
 from grpolab.trainer import train
 
 REL_TOL = 1e-5
@@ -138,7 +139,7 @@ def test_a_model_that_drops_the_cache_falls_back_with_a_notice(char_tokenizer):
     module = TrainModule(gpt2, 1.0, shared_prefix=True, log=logs.append)
     assert not module.shared_prefix
     assert len(logs) == 1 and "GPT2LMHeadModel cannot take a shared prompt cache" in logs[0]
-    # Qwen2's layers keep it (grpolab.prefix marks them as safe to checkpoint with this cache): no fallback.
+    # Qwen2's layers keep it (grpolab.shared_prefix marks them as safe to checkpoint with this cache): no fallback.
     qwen = _qwen2(len(char_tokenizer)).train()
     enable_activation_checkpointing(qwen)
     logs = []

@@ -490,8 +490,9 @@ def test_sft_smoke(tmp_path):
 def test_update_normalises_by_the_rows_it_is_given(tmp_path):
     """The multi-turn trainer hands the update H * B * G turn rows, not B * G rollouts: the
     loss's normaliser is the number of rows given (summed over ranks), whatever the config's B * G."""
+    from grpolab.logprobs import completion_logprobs
     from grpolab.loss import policy_loss
-    from grpolab.rollout import completion_logprobs, sample
+    from grpolab.rollout import sample
     from grpolab.trainer import GRPOTrainer
 
     trainer = GRPOTrainer(_cfg(tmp_path / "u", steps=1, warmup_steps=0), log=_quiet)

@@ -11,9 +11,10 @@ import torch
 
 trl = pytest.importorskip("trl")
 
+from grpolab.logprobs import completion_logprobs  # noqa: E402
 from grpolab.loss import policy_loss  # noqa: E402
 from grpolab.policy import load_policy  # noqa: E402
-from grpolab.rollout import completion_logprobs, sample  # noqa: E402
+from grpolab.rollout import sample  # noqa: E402
 
 PAIRS = [("grpo", "seq-mean-token-mean"), ("bnpo", "token-mean"), ("dr_grpo", "seq-mean-token-sum-norm")]
 

@@ -32,12 +32,12 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from grpolab import streams
+
 CATEGORIES = ("add_sub_2", "add_sub_3", "mul", "div", "paren")
 
 TEST_SEED = 20_240_001  # fixed forever: changing it changes every reported accuracy
 PROBE_SEED = 20_240_002  # the 500-question set of [U-statistic, Sec. 5.1]
-TRAIN_STREAM = 1  # stream id mixed into training seeds, distinct from the fixed sets
-FEW_SHOT_STREAM = 4  # the solved examples put before each question (--few-shot)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +184,7 @@ class TrainSampler:
         self.spec = spec
         self.exclude = set(exclude)
 
-    def draw(self, step: int, n: int, stream: int = TRAIN_STREAM, round: int = 0) -> list[dict]:
+    def draw(self, step: int, n: int, stream: int = streams.TRAIN_DRAW, round: int = 0) -> list[dict]:
         """``n`` questions of ``step``; ``round`` > 0: a further, independent draw of the same step (--sampling filter)."""
         rng = np.random.default_rng([stream, self.seed, step] + ([round] if round else []))
         out = []
@@ -196,4 +196,4 @@ class TrainSampler:
 
     def few_shot(self, n: int) -> list[dict]:
         """``n`` solved training questions for --few-shot, from their own stream (the same for every step)."""
-        return self.draw(0, n, stream=FEW_SHOT_STREAM)
+        return self.draw(0, n, stream=streams.FEW_SHOT)

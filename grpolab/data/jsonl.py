@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from grpolab import streams
 from grpolab.answers import extract_final_number
 
 
@@ -71,11 +72,11 @@ class ListSampler:
         self.records = records
         self.seed = seed
 
-    def draw(self, step: int, n: int, stream: int = 2, round: int = 0) -> list[dict]:
+    def draw(self, step: int, n: int, stream: int = streams.DATA_DRAW, round: int = 0) -> list[dict]:
         """``n`` records of ``step``; ``round`` > 0: a further, independent draw of the same step (--sampling filter)."""
         rng = np.random.default_rng([stream, self.seed, step] + ([round] if round else []))
         return [self.records[i] for i in rng.integers(len(self.records), size=n)]
 
     def few_shot(self, n: int) -> list[dict]:
         """``n`` solved records for --few-shot, from their own stream (the same for every step)."""
-        return self.draw(0, n, stream=4)
+        return self.draw(0, n, stream=streams.FEW_SHOT)

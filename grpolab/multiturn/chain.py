@@ -30,7 +30,7 @@ import torch
 
 from grpolab.utils import percentile_interval
 
-ESTIMATORS = ("grpo", "rtg-group", "rtg-mc")
+STAGE_ADVANTAGES = ("grpo", "rtg-group", "rtg-mc")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +77,7 @@ def conditional_bias(chain: Chain, v: list[list[float]], h: int, k: int, s: int,
         return 0.0, mismatch
     if estimator == "rtg-mc":
         return 0.0, 0.0
-    raise ValueError(f"unknown estimator {estimator!r}; choose from {ESTIMATORS}")
+    raise ValueError(f"unknown estimator {estimator!r}; choose from {STAGE_ADVANTAGES}")
 
 
 def exact_bias(chain: Chain) -> list[dict]:
@@ -85,7 +85,7 @@ def exact_bias(chain: Chain) -> list[dict]:
     v, dist = chain.values(), chain.histories()
     rows = []
     for h in range(1, chain.H + 1):
-        for est in ESTIMATORS:
+        for est in STAGE_ADVANTAGES:
             mean = rms2 = leak2 = mis2 = 0.0
             for (k, s), p in dist[h].items():
                 leak, mis = conditional_bias(chain, v, h, k, s, est)
@@ -163,7 +163,7 @@ def monte_carlo_bias(
         cls = k * 2 + s_h.long()  # history class (k, s)
         C = 2 * H + 2
         onehot = torch.nn.functional.one_hot(cls, C).double()  # [g, R, C]
-        for est in ESTIMATORS:
+        for est in STAGE_ADVANTAGES:
             e = hats[est] - A[:, :, hi]  # [g, R]
             n_c = onehot.sum(1)  # [g, C] per-group class counts
             s1 = (onehot * e[..., None]).sum(1)  # [g, C] per-group class sums

@@ -22,12 +22,11 @@ import dataclasses
 import numpy as np
 import torch
 
+from grpolab import streams
 from grpolab.answers import extract_final_number, numbers_equal
 from grpolab.policy import Policy
 from grpolab.rollout import Batch, left_pad, sample
 
-DIALOGUE_STREAM = 6  # random-stream ids: dialogue rollouts
-BRANCH_STREAM = 7  # and branched continuations
 EVAL_DIALOGUE_SEED = 20_240_003  # the held-out dialogues
 
 
@@ -155,7 +154,7 @@ def branch_values(
     M = len(dialogues)
     rep_d = [d for d in dialogues for _ in range(branches)]
     rep_p = [p for p in prev for _ in range(branches)]
-    keys = [(BRANCH_STREAM, *key, first_index + m, b) for m in range(M) for b in range(branches)]
+    keys = [(streams.BRANCH, *key, first_index + m, b) for m in range(M) for b in range(branches)]
     rtg = []
     for i in range(0, len(rep_d), chunk):  # bounded batches: branching multiplies the rows
         t = play(

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import torch
 
+from grpolab import streams
 from grpolab.config import ConfigError
-from grpolab.multiturn.chain import ESTIMATORS, Chain, exact_bias, monte_carlo_bias
-from grpolab.multiturn.dialogue import DIALOGUE_STREAM, DialogueSpec, branch_values, make_dialogues, play
+from grpolab.multiturn.chain import STAGE_ADVANTAGES, Chain, exact_bias, monte_carlo_bias
+from grpolab.multiturn.dialogue import DialogueSpec, branch_values, make_dialogues, play
 from grpolab.utils import percentile_interval, set_threads
 
 MEASURE_DIALOGUE_SEED = 20_240_004  # dialogues of the bias measurement (not the held-out ones)
@@ -122,7 +123,7 @@ def run_arith(cfg: MultiturnConfig, log=print) -> list[dict]:
     rep = [d for d in dialogues for _ in range(R)]
     with torch.no_grad():
         turns = play(
-            policy, rep, [None] * (D * R), 0, [(DIALOGUE_STREAM, cfg.seed, n) for n in range(D * R)], spec, **kw
+            policy, rep, [None] * (D * R), 0, [(streams.DIALOGUE, cfg.seed, n) for n in range(D * R)], spec, **kw
         )
         r = turns.rewards  # [D*R, H]
         log(f"dialogue rollouts: per-stage accuracy {[round(float(x), 3) for x in r.mean(0)]}")
@@ -154,7 +155,7 @@ def run_arith(cfg: MultiturnConfig, log=print) -> list[dict]:
             "rtg-group": (torch.zeros_like(past), mis, mis_noise),
             "rtg-mc": (torch.zeros_like(past), va[h] - vb[h], vara[h] + varb[h]),
         }
-        for est in ESTIMATORS:
+        for est in STAGE_ADVANTAGES:
             leak, m, noise = parts[est]
             b = leak + m
             rms, lo, hi = _rms_stats(b, noise, cluster, cfg.bootstrap, gen)

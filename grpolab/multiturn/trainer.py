@@ -20,6 +20,7 @@ import zlib
 import torch
 
 from grpolab import distributed as dist_
+from grpolab import streams
 from grpolab.multiturn.dialogue import (
     EVAL_DIALOGUE_SEED,
     DialogueSpec,
@@ -31,8 +32,6 @@ from grpolab.multiturn.dialogue import (
 )
 from grpolab.trainer_base import StepOutput, TrainerBase
 
-ROLLOUT_STREAM = 8
-EVAL_STREAM = 9
 N_EVAL_DIALOGUES = 100
 
 
@@ -61,7 +60,7 @@ class MultiTurnTrainer(TrainerBase):
         policy.model.eval()
         with torch.no_grad(), self.train_module.full_weights():
             keys = [
-                (ROLLOUT_STREAM, cfg.seed, step, n) for n in range(b0 * G, (b0 + Bl) * G)
+                (streams.MULTITURN_ROLLOUT, cfg.seed, step, n) for n in range(b0 * G, (b0 + Bl) * G)
             ]  # global trajectory index
             turns = play(policy, rep, [None] * (Bl * G), 0, keys, self.spec, **kw)
             rewards = turns.rewards.view(Bl, G, H)
@@ -138,7 +137,7 @@ class MultiTurnTrainer(TrainerBase):
                     own,
                     [None] * len(own),
                     0,
-                    [(EVAL_STREAM, cfg.seed, i) for i in mine],
+                    [(streams.MULTITURN_EVAL, cfg.seed, i) for i in mine],
                     self.spec,
                     max_new_tokens=cfg.max_new_tokens,
                     temperature=temp,

@@ -43,7 +43,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from grpolab.rollout import Batch, completion_logprobs
+from grpolab.logprobs import completion_logprobs
+from grpolab.rollout import Batch
 
 
 def token_weights(

@@ -74,9 +74,12 @@ import math
 
 import torch
 
+from grpolab.advantages import ESTIMATORS
 from grpolab.stats import mean_ci  # noqa: F401  (re-exported: the probes summarise per-prompt values with it)
 
-ESTIMATORS = ("vanilla", "grpo", "rloo", "oracle")
+# The training estimators whose MSE is a closed form in the pooled moments; grpo_std divides by a random std
+# and has none.
+MSE_ESTIMATORS = tuple(e for e in ESTIMATORS if e != "grpo_std")  # vanilla, grpo, rloo, oracle
 
 
 # ---------------------------------------------------------------- moments -> MSE
@@ -84,8 +87,8 @@ ESTIMATORS = ("vanilla", "grpo", "rloo", "oracle")
 
 def mse_from_moments(m: dict[str, float], estimator: str, G: int) -> float:
     """Exact MSE of one prompt's G-rollout estimator from its four moments (module docstring)."""
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"unknown estimator {estimator!r}; choose from {ESTIMATORS}")
+    if estimator not in MSE_ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; choose from {MSE_ESTIMATORS}")
     min_g = 2 if estimator in ("grpo", "rloo") else 1
     if G < min_g:
         raise ValueError(f"estimator {estimator!r} needs G >= {min_g}, got {G}")
@@ -147,7 +150,7 @@ def rloo_weights(rewards: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- summaries over prompts
 
 
-def mse_table(moments: list[dict[str, float]], group_sizes: list[int], estimators=ESTIMATORS) -> list[dict]:
+def mse_table(moments: list[dict[str, float]], group_sizes: list[int], estimators=MSE_ESTIMATORS) -> list[dict]:
     """Per estimator and G: the mean over prompts of the per-prompt MSE, with a 95% CI over prompts."""
     rows = []
     for est in estimators:
@@ -251,7 +254,7 @@ def bandit_estimates(
 
 
 def bandit_mse_mc(
-    arm_probs: torch.Tensor, logits: torch.Tensor, G: int, trials: int, seed: int, estimators=ESTIMATORS
+    arm_probs: torch.Tensor, logits: torch.Tensor, G: int, trials: int, seed: int, estimators=MSE_ESTIMATORS
 ) -> dict[str, tuple[float, float, float]]:
     """Monte Carlo MSE and its 95% CI per estimator, all estimators on the same draws."""
     gen = torch.Generator().manual_seed(seed)

@@ -12,8 +12,9 @@ import torch
 
 from grpolab import distributed
 from grpolab.config import ConfigError
+from grpolab.group_budget import SAMPLING_MODES
 from grpolab.probes.mse import (
-    ESTIMATORS,
+    MSE_ESTIMATORS,
     bandit_moments,
     bandit_mse_mc,
     groupsize_constants,
@@ -25,7 +26,6 @@ from grpolab.probes.mse import (
 from grpolab.probes.pool import collect_pool
 from grpolab.probes.sampling_bias import BanditStep, measure
 from grpolab.runs import load_task_policy, probe_task, resolve_target
-from grpolab.sampling import SAMPLING_MODES
 from grpolab.utils import percentile_interval, set_threads
 
 
@@ -161,7 +161,7 @@ def run_bandit(cfg: MseConfig) -> list[dict]:
                     "mse_exact": mse_from_moments(m, est, G),
                 }
             )
-    records.sort(key=lambda r: (ESTIMATORS.index(r["estimator"]), r["G"]))
+    records.sort(key=lambda r: (MSE_ESTIMATORS.index(r["estimator"]), r["G"]))
     if cfg.json:
         Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.json).write_text(json.dumps(records, indent=2))
@@ -251,7 +251,7 @@ def format_mse(report: dict) -> str:
         )
         Gs = sorted({r["G"] for r in entry["results"]})
         lines.append(f"  {'estimator':<9}" + "".join(f"{'G=' + str(G):>24}" for G in Gs))
-        for est in ESTIMATORS:
+        for est in MSE_ESTIMATORS:
             cells = {r["G"]: r for r in entry["results"] if r["estimator"] == est}
             lines.append(
                 f"  {est:<9}"

@@ -18,16 +18,16 @@ import dataclasses
 
 import torch
 
-from grpolab import distributed
+from grpolab import distributed, streams
 from grpolab.distributed import SINGLE, World
+from grpolab.logprobs import completion_logprobs
 from grpolab.policy import Policy
 from grpolab.probes.gram import _count_sketch, _select_params, score_gram
 from grpolab.probes.mse import prompt_moments, rloo_weights
 from grpolab.progress import progress_bar
 from grpolab.rewards import default_reward_fns, overlong_penalty, score
-from grpolab.rollout import Batch, completion_logprobs, sample_with_entropy
+from grpolab.rollout import Batch, sample_with_entropy
 
-POOL_STREAM = 5  # random-stream id of pool rollouts (the rank probe uses 4)
 EXACT_POOL_FLOATS = 2**28  # 1 GB of float32 leave-one-out vectors; beyond it they are sketched
 SKETCH_DIM = 2**22
 
@@ -124,7 +124,7 @@ def collect_pool(
                 policy,
                 rec,
                 n,
-                (POOL_STREAM, seed, k),
+                (streams.POOL, seed, k),
                 max_new_tokens=max_new_tokens,
                 temperature=temperature,
                 format_weight=format_weight,

@@ -25,21 +25,20 @@ from pathlib import Path
 
 import torch
 
-from grpolab import distributed
+from grpolab import distributed, streams
 from grpolab.advantages import compute_advantages
 from grpolab.config import ConfigError
+from grpolab.logprobs import completion_logprobs
 from grpolab.loss import loss_token_mask
 from grpolab.policy import Policy
 from grpolab.probes.gram import gram_relative_error, score_gram, score_gram_reference, token_weights
 from grpolab.probes.pool import sample_rollouts
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
 from grpolab.progress import progress_bar
-from grpolab.rollout import Batch, completion_logprobs
+from grpolab.rollout import Batch
 from grpolab.runs import check_intact, load_task_policy, probe_task, run_targets
 from grpolab.stats import mean_ci
 from grpolab.utils import set_threads
-
-PROBE_STREAM = 4  # random-stream id of probe rollouts
 
 
 @dataclasses.dataclass
@@ -218,7 +217,7 @@ def run_rank(cfg: RankConfig, log=print) -> dict:
             for R in cfg.group_sizes:
                 rows = []
                 for k in mine:  # global prompt index k keys the rollouts: P-independent
-                    rows.append(measure_prompt(policy, records[k], R, (PROBE_STREAM, cfg.seed, step, k), cfg))
+                    rows.append(measure_prompt(policy, records[k], R, (streams.PROBE, cfg.seed, step, k), cfg))
                     done += 1
                     bar.update(done, f"step {step} R={R}")
                 rows = distributed.gather_concat(rows, world)  # every prompt's row, in prompt order

@@ -6,7 +6,7 @@ success probabilities (0, 2 J_m) (J_m <= 1/2) or (2 J_m - 1, 1), prompt m's pass
 exactly J_m, so the prompts cover pass rates chosen by ``--pass-rates``. The objective is
 J = (1/M) sum_m J_m and its gradient is exact: block m is (1/M) pi_m (p_m - J_m).
 
-A step runs the very rules the trainer runs (``grpolab.sampling``: ``next_round_size``,
+A step runs the very rules the trainer runs (``grpolab.group_budget``: ``next_round_size``,
 ``allocate_group_sizes``, ``prompt_weights``; ``grpolab.advantages``): B prompts, groups of
 rollouts, each group's estimate (1/n) sum_j A_j psi_j with psi = e_a - pi (the score of a
 softmax), each kept prompt weighing 1/(kept groups). Over many independent steps the mean
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from grpolab.advantages import compute_advantages, ragged_advantages
-from grpolab.sampling import allocate_group_sizes, next_round_size, prompt_weights
+from grpolab.group_budget import allocate_group_sizes, next_round_size, prompt_weights
 from grpolab.stats import mean_ci
 
 

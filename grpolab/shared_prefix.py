@@ -123,11 +123,11 @@ def keep_cache_under_checkpointing(model) -> None:
             m._can_checkpoint_with_cache = True
 
 
-def check(model, logprobs_fn) -> str | None:
+def unsupported_reason(model, logprobs_fn) -> str | None:
     """None if ``model`` runs the shared-prefix path and matches the plain one, else the reason it does not.
 
     ``logprobs_fn(model, (prompt_ids, prompt_mask, completion_ids, completion_mask), shared_prefix)`` computes
-    completion log-probs (:func:`grpolab.rollout.completion_logprobs`).
+    completion log-probs (:func:`grpolab.logprobs.completion_logprobs`).
     A tiny batch of two prompts of different lengths, two rows each, one completion shorter than
     the other; dropout off for the comparison, everything else (training mode, checkpointing) as set.
     """

@@ -3,7 +3,7 @@
 The module that DDP or ``fully_shard`` wraps is :class:`LogProbs`, the training forward
 itself (completion log-probs of a batch), not the Hugging Face model: every
 gradient-carrying forward must pass through the wrapper's hooks, and the chunked LM-head
-path of :func:`grpolab.rollout.completion_logprobs` calls the decoder and the head
+path of :func:`grpolab.logprobs.completion_logprobs` calls the decoder and the head
 separately, which a wrapper around the model's ``forward`` would not see.
 
 Gradients: DDP and FSDP2 both *average* over ranks. Each rank's loss is its share of the
@@ -19,14 +19,15 @@ import torch
 from torch import nn
 
 from grpolab.distributed import SINGLE, World
-from grpolab.prefix import check as check_shared_prefix
-from grpolab.rollout import Batch, completion_logprobs
+from grpolab.logprobs import completion_logprobs
+from grpolab.rollout import Batch
+from grpolab.shared_prefix import unsupported_reason
 
 
 class LogProbs(nn.Module):
     """``[N, T]`` log-probs of a batch's completion tokens under ``model``, as a module.
 
-    ``shared_prefix``: rows with the same prompt share one prompt pass (grpolab.prefix).
+    ``shared_prefix``: rows with the same prompt share one prompt pass (grpolab.shared_prefix).
     """
 
     def __init__(self, model: nn.Module, temperature: float = 1.0, shared_prefix: bool = False):
@@ -85,7 +86,7 @@ class TrainModule:
         batch against the plain path, on the whole model before any wrapper; if not, ``log`` says why, one line)."""
         self.world, self.fsdp = world, fsdp and world.distributed
         if shared_prefix:
-            reason = check_shared_prefix(
+            reason = unsupported_reason(
                 model, lambda m, b, on: completion_logprobs(m, Batch(*b), temperature, shared_prefix=on)
             )
             if reason:

@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 
 from grpolab.advantages import compute_advantages, ragged_advantages
 from grpolab.config import ConfigError, TrainConfig
+from grpolab.group_budget import allocate_group_sizes, has_variance, next_round_size, prompt_weights, sample_variance
 from grpolab.probes.advantage_stats import advantage_stats
 from grpolab.runlog import read_metrics
-from grpolab.sampling import allocate_group_sizes, has_variance, next_round_size, prompt_weights, sample_variance
 from grpolab.trainer import train
 
 # ---------------------------------------------------------------- the allocation rule
