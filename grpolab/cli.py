@@ -114,7 +114,7 @@ def _parse(cls, args: list[str], prog: str, description: str):
 def cmd_train(args: list[str]) -> None:
     from grpolab.config import TrainConfig
     from grpolab.plotting import plot_run
-    from grpolab.trainer import TrainingInterrupted, train
+    from grpolab.recipe import TrainingInterrupted, train
 
     cfg = _parse(
         TrainConfig,

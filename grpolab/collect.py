@@ -8,6 +8,11 @@ pilot is its rollouts 0..n0-1. So ``fixed`` draws exactly what it always drew, a
 of processes: each rank samples a contiguous block of each round's prompts
 (:meth:`World.split`) and the keep/allocate decisions are taken on the gathered rewards,
 identically on every rank.
+
+The collector is given its collaborators, not the trainer: a rollout engine that generates
+(``grpolab.engine``), the task's prompt sampler, the policy's prompt formatting and tokenizer,
+the reward, the process world and the settings it needs. Any of them can be replaced, e.g. a
+second rollout engine, or a stand-in engine in a test.
 """
 
 from __future__ import annotations
@@ -19,9 +24,13 @@ import torch
 
 from grpolab import distributed as dist_
 from grpolab import streams
-from grpolab.group_budget import allocate_group_sizes, has_variance, next_round_size
-from grpolab.rewards import Scores, overlong_penalty, score
-from grpolab.rollout import Batch, sample_with_entropy, select
+from grpolab.distributed import SINGLE, World
+from grpolab.engine import RolloutEngine, SamplingSettings
+from grpolab.group_budget import allocate_group_sizes, next_round_size
+from grpolab.groups import has_variance, offsets, varies
+from grpolab.policy import Policy
+from grpolab.rewards import Rewarder, Scores
+from grpolab.rollout import Batch, select
 
 
 @dataclasses.dataclass(eq=False)
@@ -34,6 +43,8 @@ class Rows:
     scores: Scores
     entropy: torch.Tensor | None = None
     """``[n, T]`` the sampling policy's entropy at each completion token (0 on padding), aligned with ``batch``."""
+    logprobs: torch.Tensor | None = None
+    """``[n, T]`` the sampler's log-prob of each completion token (0 on padding), aligned with ``batch``."""
 
     @property
     def n(self) -> int:
@@ -98,6 +109,15 @@ def concat_scores(parts: list[Scores]) -> Scores:
     )
 
 
+def _token_values(parts: list[Rows], field: str, idx: torch.Tensor, T: int, width: int) -> torch.Tensor | None:
+    """Per-token values ``field`` ``[n, width]`` of the rows ``idx`` of the parts' concatenation (padded to ``T``)."""
+    live = [p for p in parts if p.n]
+    if any(getattr(p, field) is None for p in live):
+        return None
+    values = torch.cat([torch.nn.functional.pad(getattr(p, field), (0, T - getattr(p, field).shape[1])) for p in live])
+    return values[idx, :width]  # select trims the all-padding columns on the right
+
+
 def take_rows(parts: list[Rows], order: list[tuple[int, int]], pad_id: int) -> Rows:
     """The rows ``order`` = [(part, row), ...] of several :class:`Rows`, in that order."""
     live = [i for i, p in enumerate(parts) if p.n]
@@ -107,84 +127,107 @@ def take_rows(parts: list[Rows], order: list[tuple[int, int]], pad_id: int) -> R
         empty = Scores(torch.zeros(0), {k: torch.zeros(0) for k in parts[0].scores.components}, 0)
         if not live:
             return Rows(None, [], empty)
-        stand_in = select(parts[live[0]].batch, torch.zeros(1, dtype=torch.long))
-        ent = parts[live[0]].entropy
-        return Rows(stand_in, [], empty, None if ent is None else ent[:1, : stand_in.completion_ids.shape[1]])
-    starts, total = [], 0
-    for p in parts:
-        starts.append(total)
-        total += p.n
+        first = parts[live[0]]
+        stand_in = select(first.batch, torch.zeros(1, dtype=torch.long))
+        width = stand_in.completion_ids.shape[1]
+        return Rows(
+            stand_in,
+            [],
+            empty,
+            None if first.entropy is None else first.entropy[:1, :width],
+            None if first.logprobs is None else first.logprobs[:1, :width],
+        )
+    starts = offsets([p.n for p in parts])
     batch = concat_batches([p.batch for p in parts if p.n], pad_id)
     idx = torch.tensor([starts[i] + r for i, r in order], device=batch.prompt_ids.device)
     scores = concat_scores([p.scores for p in parts])
     texts = [t for p in parts for t in p.texts]
     chosen = select(batch, idx)
-    entropy = None
-    if all(p.entropy is not None for p in parts if p.n):
-        T = batch.completion_ids.shape[1]
-        ent = torch.cat([torch.nn.functional.pad(p.entropy, (0, T - p.entropy.shape[1])) for p in parts if p.n])
-        entropy = ent[idx, : chosen.completion_ids.shape[1]]  # select trims the all-padding columns on the right
+    T, width = batch.completion_ids.shape[1], chosen.completion_ids.shape[1]
     return Rows(
         chosen,
         [texts[int(i)] for i in idx],
         Scores(scores.total[idx.cpu()], {k: v[idx.cpu()] for k, v in scores.components.items()}, scores.errors),
-        entropy,
+        _token_values(parts, "entropy", idx, T, width),
+        _token_values(parts, "logprobs", idx, T, width),
     )
 
 
-class Collector:
-    """Samples and scores a step's rollouts for a trainer (its policy, config, sampler, rewards, world)."""
+@dataclasses.dataclass(frozen=True)
+class CollectSettings:
+    """What the collector needs of a run's configuration."""
 
-    def __init__(self, trainer):
-        self.t = trainer
+    mode: str
+    """--sampling: fixed, filter or adaptive (``grpolab.group_budget``)."""
+    prompts_per_step: int
+    group_size: int
+    seed: int
+    sampling: SamplingSettings
+    max_sampling_rounds: int = 3
+    pilot_size: int = 4
+    max_group_size: int = 0
+    """adaptive: the largest group; 0 = 4 G."""
+
+    @classmethod
+    def from_config(cls, cfg) -> CollectSettings:
+        """From a resolved :class:`grpolab.config.TrainConfig`."""
+        return cls(
+            cfg.sampling,
+            cfg.prompts_per_step,
+            cfg.group_size,
+            cfg.seed,
+            SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_p),
+            cfg.max_sampling_rounds,
+            cfg.pilot_size,
+            cfg.max_group_size,
+        )
+
+
+class Collector:
+    """Samples and scores a step's rollouts.
+
+    ``engine`` generates; ``sampler`` draws the step's task records (``draw(step, n, round=...)``);
+    ``policy`` formats a record as prompt token ids and decodes completions (its model is not used
+    here); ``reward`` scores completions; ``world`` splits prompts over processes; ``status`` is told
+    what is being done (a progress bar's status line).
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        sampler,
+        policy: Policy,
+        reward: Rewarder,
+        settings: CollectSettings,
+        world: World = SINGLE,
+        status=lambda text: None,
+    ):
+        self.engine, self.sampler, self.policy, self.reward = engine, sampler, policy, reward
+        self.settings, self.world, self.status = settings, world, status
 
     # ------------------------------------------------------------------ one sampling call
     def _generate(self, step: int, items: list[tuple[int, dict, range]]) -> tuple[Rows, float, float]:
         """Rollouts ``g in gs`` of prompts ``(b, record, gs)``; returns the rows and (generation, scoring) seconds."""
-        t = self.t
-        cfg, policy = t.cfg, t.policy
         recs = [rec for _, rec, gs in items for _ in gs]
         if not recs:
-            empty = score([], [], t.reward_fns)
-            if cfg.overlong_buffer:
-                empty.components["overlong"] = torch.zeros(0)
-            return Rows(None, [], empty), 0.0, 0.0
+            return Rows(None, [], self.reward([], [], torch.zeros(0, dtype=torch.long))), 0.0, 0.0
         t0 = time.perf_counter()
-        prompts = [policy.prompt_ids(rec) for rec in recs]
-        keys = [(streams.ROLLOUT, cfg.seed, step, b, g) for b, _, gs in items for g in gs]  # global b: P-independent
-        policy.model.eval()
-        with t.train_module.full_weights():
-            batch, entropy = sample_with_entropy(
-                policy.model,
-                prompts,
-                keys,
-                max_new_tokens=cfg.max_new_tokens,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                eos_id=policy.eos_id,
-                pad_id=policy.pad_id,
-            )
-        policy.model.train()
+        prompts = [self.policy.prompt_ids(rec) for rec in recs]
+        seed = self.settings.seed
+        keys = [(streams.ROLLOUT, seed, step, b, g) for b, _, gs in items for g in gs]  # global b: P-independent
+        out = self.engine.generate(prompts, keys, self.settings.sampling)
+        batch = out.batch
         t1 = time.perf_counter()
-        texts = policy.decode(batch.completion_ids, batch.completion_mask)
-        scores = score(texts, recs, t.reward_fns)
-        if cfg.overlong_buffer:  # DAPO's soft length penalty joins the reward as one more component
-            pen = overlong_penalty(
-                batch.completion_mask.sum(1).cpu(), cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty
-            )
-            scores = Scores(scores.total + pen, {**scores.components, "overlong": pen}, scores.errors)
-        return (
-            Rows(batch, texts, scores, entropy.cpu() if entropy is not None else None),
-            t1 - t0,
-            time.perf_counter() - t1,
-        )
+        texts = self.policy.decode(batch.completion_ids, batch.completion_mask)
+        scores = self.reward(texts, recs, batch.completion_mask.sum(1).cpu())
+        rows = Rows(batch, texts, scores, out.entropy.cpu(), out.logprobs.cpu())
+        return rows, t1 - t0, time.perf_counter() - t1
 
     def _per_rollout(self, rows: Rows) -> dict:
-        eos = self.t.policy.eos_id
+        eos = self.policy.eos_id
         b = rows.batch
-        names = [name for name, _, _ in self.t.reward_fns]  # the first is the accuracy reward (grpolab.rewards)
+        names = self.reward.names  # the first is the accuracy reward (grpolab.rewards)
         comp = rows.scores.components
-        names += ["overlong"] if "overlong" in comp else []
         return {
             "reward": rows.scores.total.tolist(),
             "accuracy": comp[names[0]].tolist(),
@@ -198,21 +241,20 @@ class Collector:
 
     def _gather(self, local: dict) -> dict:
         """Per-rollout lists of every rank, concatenated in rank order (= prompt order within a call)."""
-        parts = dist_.gather(local, self.t.world)
+        parts = dist_.gather(local, self.world)
         out = {k: [x for p in parts for x in p[k]] for k in local if k != "errors"}
         out["errors"] = sum(p["errors"] for p in parts)
         return out
 
     # ------------------------------------------------------------------ the modes
     def collect(self, step: int) -> StepRollouts:
-        mode = self.t.cfg.sampling
+        mode = self.settings.mode
         return self._adaptive(step) if mode == "adaptive" else self._rounds(step, filtering=mode == "filter")
 
     def _rounds(self, step: int, filtering: bool) -> StepRollouts:
         """fixed (one round, every group kept) and filter (rounds until B groups with variance)."""
-        t = self.t
-        cfg, world = t.cfg, t.world
-        B, G = cfg.prompts_per_step, cfg.group_size
+        s, world = self.settings, self.world
+        B, G = s.prompts_per_step, s.group_size
         parts: list[Rows] = []
         mine_groups: list[tuple[int, dict, int, int]] = []  # (prompt, record, part, first row) of this rank's groups
         kept: list[tuple[int, list[float]]] = []  # (prompt, rewards) of every kept group, all ranks
@@ -221,11 +263,11 @@ class Collector:
         t_gen = t_score = 0.0
         while True:
             n = B if rounds == 0 else next_round_size(B, len(kept), drawn)
-            if n == 0 or rounds == (cfg.max_sampling_rounds if filtering else 1):
+            if n == 0 or rounds == (s.max_sampling_rounds if filtering else 1):
                 break
-            recs = t.sampler.draw(step, n, round=rounds)  # round 0: the step's usual draw
+            recs = self.sampler.draw(step, n, round=rounds)  # round 0: the step's usual draw
             mine = world.split(n)
-            t.status(f"step {step}: sampling {n * G} rollouts" + (f" (round {rounds + 1})" if rounds else ""))
+            self.status(f"step {step}: sampling {n * G} rollouts" + (f" (round {rounds + 1})" if rounds else ""))
             rows, tg, ts = self._generate(step, [(drawn + b, recs[b], range(G)) for b in mine])
             t_gen, t_score = t_gen + tg, t_score + ts
             parts.append(rows)
@@ -247,7 +289,7 @@ class Collector:
                 prompt.append(b)
                 records.append(rec)
                 order += [(part, first + g) for g in range(G)]
-        rows = take_rows(parts, order, t.policy.pad_id)
+        rows = take_rows(parts, order, self.policy.pad_id)
         generated["zero_std"] = zero_groups / drawn
         return StepRollouts(
             Groups(prompt, records, [G] * len(prompt), rows),
@@ -262,31 +304,28 @@ class Collector:
 
     def _adaptive(self, step: int) -> StepRollouts:
         """A pilot of n0 rollouts per prompt, then the rest of the budget B G where it lowers the error most."""
-        t = self.t
-        cfg, world = t.cfg, t.world
-        B, G, n0 = cfg.prompts_per_step, cfg.group_size, cfg.pilot_size
-        recs = t.sampler.draw(step, B)
+        s, world = self.settings, self.world
+        B, G, n0 = s.prompts_per_step, s.group_size, s.pilot_size
+        recs = self.sampler.draw(step, B)
         mine = world.split(B)
-        t.status(f"step {step}: sampling the pilot ({B * n0} rollouts)")
+        self.status(f"step {step}: sampling the pilot ({B * n0} rollouts)")
         pilot, tg1, ts1 = self._generate(step, [(b, recs[b], range(n0)) for b in mine])
         whole = self._gather(self._per_rollout(pilot))
         pilot_rewards = torch.tensor(whole["reward"]).view(B, n0).tolist()
-        sizes = allocate_group_sizes(pilot_rewards, B * G, cfg.max_group_size or 4 * G)
-        t.status(f"step {step}: sampling {B * G - B * n0} more rollouts (groups of {min(sizes)}-{max(sizes)})")
+        sizes = allocate_group_sizes(pilot_rewards, B * G, s.max_group_size or 4 * G)
+        self.status(f"step {step}: sampling {B * G - B * n0} more rollouts (groups of {min(sizes)}-{max(sizes)})")
         extra, tg2, ts2 = self._generate(step, [(b, recs[b], range(n0, sizes[b])) for b in mine])
         whole_extra = self._gather(self._per_rollout(extra))
         # Every rank's extras in prompt order: prompt b's are the (sizes[b] - n0) after those of prompts < b.
-        e_start = [0] * (B + 1)
-        for b in range(B):
-            e_start[b + 1] = e_start[b] + sizes[b] - n0
+        e_start = offsets([n - n0 for n in sizes])
         rewards = [pilot_rewards[b] + whole_extra["reward"][e_start[b] : e_start[b + 1]] for b in range(B)]
         generated = {k: whole[k] + whole_extra[k] for k in whole}
-        generated["zero_std"] = sum(len(set(r)) == 1 for r in rewards) / B
-        order, p_off, e_off = [], 0, 0
-        for b in mine:
-            order += [(0, p_off + g) for g in range(n0)] + [(1, e_off + g) for g in range(sizes[b] - n0)]
-            p_off += n0
-            e_off += sizes[b] - n0
-        rows = take_rows([pilot, extra], order, t.policy.pad_id)
+        generated["zero_std"] = sum(not varies(r) for r in rewards) / B
+        # This rank's rows, group by group: its pilot rows (part 0), then its extra rows (part 1).
+        mine_extra = offsets([sizes[b] - n0 for b in mine])
+        order = []
+        for i, b in enumerate(mine):
+            order += [(0, i * n0 + g) for g in range(n0)] + [(1, mine_extra[i] + g) for g in range(sizes[b] - n0)]
+        rows = take_rows([pilot, extra], order, self.policy.pad_id)
         groups = Groups(list(mine), [recs[b] for b in mine], [sizes[b] for b in mine], rows)
         return StepRollouts(groups, list(range(B)), rewards, generated, 2, False, tg1 + tg2, ts1 + ts2)

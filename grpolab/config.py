@@ -251,13 +251,37 @@ class TrainConfig:
         defaults = MODEL_DEFAULTS["builtin" if self.model == "builtin" else "other"]
         return dataclasses.replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
 
+    @property
+    def checked_for(self) -> int | None:
+        """The process count this very config object was validated for by :meth:`checked` (None: not validated).
+        A changed copy (``dataclasses.replace``) is a new object, not yet validated."""
+        return self.__dict__.get("_checked_for")
+
+    def checked(self, world_size: int = 1) -> TrainConfig:
+        """Resolved (model defaults filled in) and validated for ``world_size`` processes, once: a trainer given
+        the result does not validate it again."""
+        cfg = self.resolved()
+        cfg.validate()
+        cfg.validate_world(world_size)
+        cfg.__dict__["_checked_for"] = world_size
+        return cfg
+
     def validate(self) -> None:
+        """Refuse an inconsistent config with a :class:`ConfigError` naming the field (the first problem found)."""
         if any(getattr(self, k) is None for k in MODEL_DEFAULTS["builtin"]):
             return self.resolved().validate()
-        bad = _bad
+        self._validate_counts()
+        self._validate_task()
+        self._validate_estimator_and_sampling()
+        self._validate_objective()
+        self._validate_rollouts()
+        self._validate_arithmetic()
+
+    def _validate_counts(self) -> None:
+        """Counts that must be positive or non-negative."""
         for f in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "mu", "eval_questions", "log_every"):
             if getattr(self, f) < 1:
-                raise bad(f, f"must be >= 1, got {getattr(self, f)}")
+                raise _bad(f, f"must be >= 1, got {getattr(self, f)}")
         for f in (
             "probe_every",
             "probe_groups",
@@ -271,27 +295,30 @@ class TrainConfig:
             "log_samples",
         ):
             if getattr(self, f) < 0:
-                raise bad(f, f"must be >= 0, got {getattr(self, f)}")
+                raise _bad(f, f"must be >= 0, got {getattr(self, f)}")
         for f in ("few_shot", "lora_rank"):
             if getattr(self, f) < 0:
-                raise bad(f, f"must be >= 0, got {getattr(self, f)}")
+                raise _bad(f, f"must be >= 0, got {getattr(self, f)}")
+
+    def _validate_task(self) -> None:
+        """The task, its data format and the multi-turn options."""
         if self.format == "math" and not (self.data and self.eval_data):
-            raise bad(
+            raise _bad(
                 "format", "math needs --data and --eval-data MATH-format JSONL files (the built-in task is numeric)"
             )
         if self.task not in ("arith", "arith-multiturn"):
-            raise bad("task", f"must be 'arith' or 'arith-multiturn', got {self.task!r}")
+            raise _bad("task", f"must be 'arith' or 'arith-multiturn', got {self.task!r}")
         if self.advantage not in STAGE_ADVANTAGES:
-            raise bad("advantage", f"must be one of {STAGE_ADVANTAGES}, got {self.advantage!r}")
+            raise _bad("advantage", f"must be one of {STAGE_ADVANTAGES}, got {self.advantage!r}")
         if self.task == "arith-multiturn":
             if self.stages < 1:
-                raise bad("stages", f"must be >= 1, got {self.stages}")
+                raise _bad("stages", f"must be >= 1, got {self.stages}")
             if self.advantage == "rtg-mc" and self.branches < 1:
-                raise bad("branches", f"rtg-mc needs >= 1 branch, got {self.branches}")
+                raise _bad("branches", f"rtg-mc needs >= 1 branch, got {self.branches}")
             if self.dialogue_context not in ("question", "dialogue"):
-                raise bad("dialogue_context", f"must be 'question' or 'dialogue', got {self.dialogue_context!r}")
+                raise _bad("dialogue_context", f"must be 'question' or 'dialogue', got {self.dialogue_context!r}")
             if self.data or self.mu > 1 or self.beta > 0:
-                raise bad("task", "arith-multiturn supports the built-in dialogues with mu = 1 and beta = 0 only")
+                raise _bad("task", "arith-multiturn supports the built-in dialogues with mu = 1 and beta = 0 only")
             for f, off in (
                 ("mask_truncated", False),
                 ("overlong_buffer", 0),
@@ -299,95 +326,109 @@ class TrainConfig:
                 ("scale_rewards", "group"),
             ):
                 if getattr(self, f) != off:
-                    raise bad(f, "is for single-turn tasks (--task arith)")
+                    raise _bad(f, "is for single-turn tasks (--task arith)")
+
+    def _validate_estimator_and_sampling(self) -> None:
+        """The advantage estimator and the --sampling mode it must fit."""
         if self.estimator not in ESTIMATORS:
-            raise bad("estimator", f"unknown estimator {self.estimator!r}; choose from {ESTIMATORS}")
+            raise _bad("estimator", f"unknown estimator {self.estimator!r}; choose from {ESTIMATORS}")
         if self.estimator == "oracle":
-            raise bad(
+            raise _bad(
                 "estimator",
                 "'oracle' needs the true value of each prompt, which training does not have; it is for the probes",
             )
         if self.estimator in GROUP_BASELINES and self.group_size < 2:
-            raise bad(
+            raise _bad(
                 "group_size",
                 f"estimator {self.estimator!r} uses a group baseline and needs G >= 2, got {self.group_size}",
             )
         if self.sampling not in SAMPLING_MODES:
-            raise bad("sampling", f"must be one of {SAMPLING_MODES}, got {self.sampling!r}")
+            raise _bad("sampling", f"must be one of {SAMPLING_MODES}, got {self.sampling!r}")
         if self.sampling != "fixed":
             if self.task != "arith":
-                raise bad("sampling", f"{self.sampling!r} is for single-turn tasks; arith-multiturn uses fixed")
+                raise _bad("sampling", f"{self.sampling!r} is for single-turn tasks; arith-multiturn uses fixed")
             if self.estimator not in GROUP_BASELINES:
-                raise bad(
+                raise _bad(
                     "sampling",
                     f"{self.sampling!r} needs a group-baseline estimator ({', '.join(GROUP_BASELINES)}): "
                     f"with {self.estimator!r} a group whose rewards are all equal still carries gradient",
                 )
         if self.max_sampling_rounds < 1:
-            raise bad("max_sampling_rounds", f"must be >= 1, got {self.max_sampling_rounds}")
+            raise _bad("max_sampling_rounds", f"must be >= 1, got {self.max_sampling_rounds}")
         if self.sampling == "adaptive":
             if not 2 <= self.pilot_size < self.group_size:
-                raise bad("pilot_size", f"need 2 <= pilot_size < group_size = {self.group_size}, got {self.pilot_size}")
+                raise _bad(
+                    "pilot_size", f"need 2 <= pilot_size < group_size = {self.group_size}, got {self.pilot_size}"
+                )
             if self.max_group_size and self.max_group_size < self.group_size:
-                raise bad(
+                raise _bad(
                     "max_group_size", f"must be 0 (4 G) or >= group_size = {self.group_size}, got {self.max_group_size}"
                 )
         if self.max_rollouts < 0:
-            raise bad("max_rollouts", f"must be >= 0, got {self.max_rollouts}")
+            raise _bad("max_rollouts", f"must be >= 0, got {self.max_rollouts}")
+
+    def _validate_objective(self) -> None:
+        """The loss's options."""
         if self.aggregation not in AGGREGATIONS:
-            raise bad("aggregation", f"unknown aggregation {self.aggregation!r}; choose from {AGGREGATIONS}")
+            raise _bad("aggregation", f"unknown aggregation {self.aggregation!r}; choose from {AGGREGATIONS}")
         if self.scale_rewards not in SCALES:
-            raise bad("scale_rewards", f"must be one of {SCALES}, got {self.scale_rewards!r}")
+            raise _bad("scale_rewards", f"must be one of {SCALES}, got {self.scale_rewards!r}")
         if self.scale_rewards != "group" and self.estimator != "grpo_std":
-            raise bad(
+            raise _bad(
                 "scale_rewards", f"chooses grpo_std's divisor; with --estimator {self.estimator} nothing is divided"
             )
         if self.clip_delta and self.clip_delta <= 1 + self.clip_high:
-            raise bad(
+            raise _bad(
                 "clip_delta", f"must be 0 (off) or > 1 + clip_high = {1 + self.clip_high:g}, got {self.clip_delta:g}"
             )
         if self.importance_sampling not in IMPORTANCE_SAMPLING:
-            raise bad("importance_sampling", f"must be one of {IMPORTANCE_SAMPLING}, got {self.importance_sampling!r}")
+            raise _bad("importance_sampling", f"must be one of {IMPORTANCE_SAMPLING}, got {self.importance_sampling!r}")
         if not 0 <= self.overlong_buffer < self.max_new_tokens:
-            raise bad(
+            raise _bad(
                 "overlong_buffer", f"must be in [0, max_new_tokens = {self.max_new_tokens}), got {self.overlong_buffer}"
             )
         if self.overlong_penalty < 0:
-            raise bad("overlong_penalty", f"must be >= 0, got {self.overlong_penalty:g}")
+            raise _bad("overlong_penalty", f"must be >= 0, got {self.overlong_penalty:g}")
         if not 0 < self.top_entropy_quantile <= 1:
-            raise bad("top_entropy_quantile", f"must be in (0, 1], got {self.top_entropy_quantile:g}")
+            raise _bad("top_entropy_quantile", f"must be in (0, 1], got {self.top_entropy_quantile:g}")
         if self.kl not in KL_ESTIMATORS:
-            raise bad("kl", f"unknown KL estimator {self.kl!r}; choose from {KL_ESTIMATORS}")
+            raise _bad("kl", f"unknown KL estimator {self.kl!r}; choose from {KL_ESTIMATORS}")
         if self.micro_batch and self.rollouts_per_step % self.micro_batch:
-            raise bad(
+            raise _bad(
                 "micro_batch",
                 f"prompts_per_step * group_size = {self.rollouts_per_step} must be divisible by micro_batch = {self.micro_batch}",
             )
         if self.shared_prefix not in ("on", "off"):
-            raise bad("shared_prefix", f"must be 'on' or 'off', got {self.shared_prefix!r}")
+            raise _bad("shared_prefix", f"must be 'on' or 'off', got {self.shared_prefix!r}")
+
+    def _validate_rollouts(self) -> None:
+        """Device, sampling temperature and nucleus, optimiser step and clip range."""
         from grpolab.devices import DeviceError, resolve_device
 
         try:
             resolve_device(self.device)  # malformed, or a GPU this machine does not have
         except DeviceError as e:
-            raise bad("device", str(e)) from None
+            raise _bad("device", str(e)) from None
         if self.temperature < 0:
-            raise bad("temperature", f"must be >= 0, got {self.temperature}")
+            raise _bad("temperature", f"must be >= 0, got {self.temperature}")
         if self.temperature == 0 and self.group_size > 1:
-            raise bad("temperature", "0 (greedy) makes every rollout of a group identical; use > 0")
+            raise _bad("temperature", "0 (greedy) makes every rollout of a group identical; use > 0")
         if not 0 < self.top_p <= 1:
-            raise bad("top_p", f"must be in (0, 1], got {self.top_p}")
+            raise _bad("top_p", f"must be in (0, 1], got {self.top_p}")
         if not self.lr > 0:
-            raise bad("lr", f"must be > 0, got {self.lr}")
+            raise _bad("lr", f"must be > 0, got {self.lr}")
         if self.beta < 0:
-            raise bad("beta", f"must be >= 0, got {self.beta}")
+            raise _bad("beta", f"must be >= 0, got {self.beta}")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
-            raise bad("clip_low", f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
+            raise _bad("clip_low", f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
+
+    def _validate_arithmetic(self) -> None:
+        """The built-in task's question space."""
         unknown = set(self.categories) - set(CATEGORIES)
         if unknown or not self.categories:
-            raise bad("categories", f"must be a non-empty subset of {CATEGORIES}, got {self.categories}")
+            raise _bad("categories", f"must be a non-empty subset of {CATEGORIES}, got {self.categories}")
         if self.max_operand < 10 or not 2 <= self.mul_max <= self.max_operand:
-            raise bad(
+            raise _bad(
                 "max_operand",
                 f"need max_operand >= 10 and 2 <= mul_max <= max_operand, got {self.max_operand}, {self.mul_max}",
             )

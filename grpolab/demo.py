@@ -28,9 +28,9 @@ from rich.table import Table
 from grpolab.config import ConfigError, TrainConfig
 from grpolab.plotting import plot_run
 from grpolab.policy import ASSET_DIR, BUILTIN, cache_dir
+from grpolab.recipe import train
 from grpolab.runlog import read_metrics
 from grpolab.sft import SFTConfig, run_sft
-from grpolab.trainer import train
 
 # The real-model demo: SmolLM2-135M-Instruct multiplies a 1-2 digit number by one digit right about
 # 30% of the time greedily and 18-25% when sampling at T = 0.4-0.5, asked for the number only

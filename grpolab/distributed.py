@@ -60,6 +60,11 @@ def backend(cuda_available: bool | None = None) -> str:
     return "cpu:gloo,cuda:nccl" if cuda_available else "gloo"
 
 
+def env_world_size() -> int:
+    """The process count torchrun announces in the environment (1 outside a launch)."""
+    return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+
+
 def init(device: str = "auto", timeout_s: float = 1800.0) -> World:
     """Join the process group torchrun describes in the environment; a single process without it.
 
@@ -67,8 +72,7 @@ def init(device: str = "auto", timeout_s: float = 1800.0) -> World:
     (``cuda:N`` as given) as its current device before the group forms, so NCCL and the object
     collectives use this process's own GPU.
     """
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    if size <= 1:
+    if env_world_size() == 1:
         return SINGLE
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     from grpolab.devices import resolve_device

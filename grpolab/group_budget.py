@@ -85,14 +85,7 @@ from __future__ import annotations
 import heapq
 import math
 
-import torch
-
 SAMPLING_MODES = ("fixed", "filter", "adaptive")
-
-
-def has_variance(rewards: torch.Tensor) -> torch.Tensor:
-    """``[B]`` bool for rewards ``[B, G]``: True where the group's rewards are not all equal."""
-    return (rewards != rewards[:, :1]).any(dim=1)
 
 
 def next_round_size(B: int, kept: int, drawn: int) -> int:

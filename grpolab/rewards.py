@@ -11,6 +11,7 @@ raises, or returns a non-finite value, costs only the rollouts it failed on
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -236,7 +237,7 @@ def default_reward_fns(format_weight: float = 0.1, accuracy_fn: RewardFn = accur
 
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, penalty: float) -> torch.Tensor:
-    """DAPO's soft overlong punishment (Yu et al., 2025; not among the papers of docs/references.md), scaled by ``penalty``: ``[N]``.
+    """DAPO's soft overlong punishment (docs/references.md), scaled by ``penalty``: ``[N]``.
 
     0 for a completion of at most ``max_len - buffer`` tokens, then falling linearly to
     ``-penalty`` at ``max_len`` (the generation limit, so never beyond):
@@ -246,3 +247,27 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, penalty: 
         return torch.zeros(lengths.shape, dtype=torch.float32)
     exceed = lengths.float() - (max_len - buffer)
     return torch.clamp(-exceed / buffer, max=0.0) * penalty
+
+
+@dataclasses.dataclass(frozen=True)
+class Rewarder:
+    """A run's reward: the weighted reward functions, plus DAPO's overlong penalty as one more component
+    (``overlong``) when ``overlong_buffer`` > 0."""
+
+    reward_fns: Sequence[tuple[str, RewardFn, float]]
+    max_new_tokens: int = 0
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+
+    @property
+    def names(self) -> list[str]:
+        """Component names; the first plays the accuracy reward's part (``reward/accuracy``)."""
+        return [name for name, _, _ in self.reward_fns] + (["overlong"] if self.overlong_buffer else [])
+
+    def __call__(self, completions: list[str], records: list[dict], lengths: torch.Tensor) -> Scores:
+        """Scores of ``N`` completions of ``lengths`` ``[N]`` tokens."""
+        scores = score(completions, records, self.reward_fns)
+        if not self.overlong_buffer:
+            return scores
+        pen = overlong_penalty(lengths, self.max_new_tokens, self.overlong_buffer, self.overlong_penalty)
+        return Scores(scores.total + pen, {**scores.components, "overlong": pen}, scores.errors)

@@ -79,11 +79,31 @@ def _pick(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: floa
     return j.squeeze(1)
 
 
+def sampling_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / T) over the last dimension (fp32; T = 0, greedy, scores at T = 1): ``[..., V] -> [..., V]``.
+
+    The full distribution at the sampling temperature, before any top-p truncation: the distribution the
+    trainer's log-probs (``grpolab.logprobs``) are computed from.
+    """
+    return torch.log_softmax(logits.float() / (temperature or 1.0), dim=-1)
+
+
 def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Entropy (nats) of softmax(logits / T) over the last dimension: ``[..., V] -> [...]``
     (the full distribution at the sampling temperature, before any top-p truncation, as TRL logs it)."""
-    logp = torch.log_softmax(logits.float() / (temperature or 1.0), dim=-1)
+    return _entropy(sampling_logprobs(logits, temperature))
+
+
+def _entropy(logp: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(-1)
+
+
+class Sampled(NamedTuple):
+    """Sampled rollouts with what the sampler saw at each completion token (0 on padding)."""
+
+    batch: Batch
+    logprobs: torch.Tensor  # [N, T] log pi_sampler(o_t | q, o_<t), from :func:`sampling_logprobs`
+    entropy: torch.Tensor  # [N, T] the sampling policy's entropy, nats
 
 
 def sample(
@@ -103,10 +123,10 @@ def sample(
     and masked in) or after ``max_new_tokens``. Each distinct prompt is prefilled
     once and its cache copied to its rows: the same tokens as a prefill per row.
     """
-    return _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pad_id, False)[0]
+    return _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pad_id, False).batch
 
 
-def sample_with_entropy(
+def sample_with_stats(
     model,
     prompts: list[list[int]],
     keys: list[tuple[int, ...]],
@@ -116,14 +136,14 @@ def sample_with_entropy(
     top_p: float,
     eos_id: int,
     pad_id: int,
-) -> tuple[Batch, torch.Tensor]:
-    """:func:`sample`, the same tokens, and the sampling policy's entropy at every completion token ``[N, T]``
-    (0 on padding), from the logits the sampler already has: no extra forward pass."""
+) -> Sampled:
+    """:func:`sample`, the same tokens, with the sampler's log-prob of each sampled token and the entropy of
+    its distribution at every completion token ``[N, T]``, from the logits it already has: no extra forward."""
     return _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pad_id, True)
 
 
 @torch.no_grad()
-def _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pad_id, want_entropy: bool):
+def _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pad_id, want_stats: bool) -> Sampled:
     N = len(prompts)
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))  # [N, P]
@@ -149,11 +169,15 @@ def _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pa
     attn = prompt_mask
     next_pos = position[:, -1] + 1  # [n]
     active = torch.arange(N, device=device)  # rows still generating
-    ent = torch.zeros((N, max_new_tokens), device=device) if want_entropy else None
+    ent = torch.zeros((N, max_new_tokens), device=device) if want_stats else None
+    lp = torch.zeros((N, max_new_tokens), device=device) if want_stats else None
     for t in range(max_new_tokens):
-        if want_entropy:
-            ent[active, t] = token_entropy(logits, temperature)
+        if want_stats:
+            logp = sampling_logprobs(logits, temperature)  # [n, V]
+            ent[active, t] = _entropy(logp)
         tok = _pick(logits, u[active, t], temperature, top_p)  # [n]
+        if want_stats:
+            lp[active, t] = logp.gather(1, tok[:, None]).squeeze(1)
         out_ids[active, t] = tok
         done = tok == eos_id
         lengths[active[done]] = t + 1
@@ -179,5 +203,7 @@ def _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pa
     T = int(lengths.max())
     completion_mask = (torch.arange(T, device=device)[None, :] < lengths[:, None]).long()  # [N, T]
     completion_ids = out_ids[:, :T].masked_fill(completion_mask == 0, pad_id)
-    entropy = ent[:, :T] * completion_mask if want_entropy else None  # [N, T]
-    return Batch(prompt_ids, prompt_mask, completion_ids, completion_mask), entropy
+    batch = Batch(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    if not want_stats:
+        return Sampled(batch, None, None)
+    return Sampled(batch, lp[:, :T] * completion_mask, ent[:, :T] * completion_mask)  # [N, T] each

@@ -105,7 +105,7 @@ def _final_eval(run_dir: Path, steps: int) -> dict | None:
 def _one_run(cfg: TrainConfig) -> str:
     from transformers.utils import logging as hf_logging
 
-    from grpolab.trainer import train
+    from grpolab.recipe import train
 
     hf_logging.disable_progress_bar()  # a fresh (spawned) process: HF's per-load bars would interleave
 

@@ -2,16 +2,14 @@
 the update, evaluation and checkpoints. Each trainer (``grpolab.trainer``,
 ``grpolab.multiturn.trainer``) adds its own ``step``; this module imports neither.
 
-The update (``_update``) takes this rank's rows and their advantages and runs mu optimizer
-steps with the whole step's normalisers, gradients summed over ranks (grpolab.train_forward), so
-that P processes make the single-process update.
+Set-up runs in named steps (policy, reference, optimizer and update, data); the update itself
+lives in ``grpolab.update``.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import time
 from pathlib import Path
 
@@ -25,11 +23,11 @@ from grpolab.data.task import few_shot_examples, task_data
 from grpolab.devices import parse_dtype, resolve_device
 from grpolab.distributed import SINGLE, World
 from grpolab.evaluate import evaluate, format_accuracy
-from grpolab.loss import entropy_threshold, high_entropy_mask, loss_token_mask, policy_loss
 from grpolab.policy import MATH_SYSTEM_PROMPT, Policy, enable_activation_checkpointing, load_policy
 from grpolab.rewards import reward_functions
-from grpolab.rollout import Batch, select
+from grpolab.rollout import Batch
 from grpolab.train_forward import TrainModule
+from grpolab.update import Updater
 from grpolab.utils import seed_everything, set_threads
 
 
@@ -52,26 +50,33 @@ class TrainerBase:
         world: World = SINGLE,
         reference: torch.nn.Module | None = None,
     ):
-        """``reference``: the KL reference when it is not the starting weights (a resumed run's start)."""
-        cfg = cfg.resolved()
-        cfg.validate()
-        cfg.validate_world(world.size)
-        self.cfg = cfg
-        self.log = log
-        self.world = world
+        """``cfg`` is resolved and validated here unless it comes from :meth:`TrainConfig.checked` for this world.
+        ``adapter_from``: a LoRA checkpoint to resume the adapter from. ``reference``: the KL reference when it is
+        not the starting weights (a resumed run's start)."""
+        self.cfg = cfg = cfg if cfg.checked_for == world.size else cfg.checked(world.size)
+        self.log, self.world = log, world
         set_threads(cfg.threads)
         seed_everything(cfg.seed)
         self.device = resolve_device(cfg.device, world.local_rank)
-        dtype = parse_dtype(cfg.dtype)
+        self.status = lambda text: None  # train() points this at the progress bar
+        # In this order: LoRA wraps the loaded model before any forward is built on it; the optimizer takes the
+        # parameters the training forward leaves (FSDP's shards); the data may put solved examples in the prompts.
+        self._setup_policy(adapter_from)
+        self._setup_reference(reference)
+        self._setup_optimizer()
+        self._setup_data()
+
+    def _setup_policy(self, adapter_from: str | Path | None) -> None:
+        cfg, log = self.cfg, self.log
         t0 = time.perf_counter()
         log(f"loading {cfg.model}{' (' + cfg.gguf_file + ')' if cfg.gguf_file else ''} ...")
+        dtype = parse_dtype(cfg.dtype)
         self.policy: Policy = load_policy(cfg.model, dtype, gguf_file=cfg.gguf_file, chat=cfg.chat, device=self.device)
         n_params = sum(p.numel() for p in self.policy.model.parameters())
         log(
             f"loaded {self.policy.source}: {n_params / 1e6:.1f} M parameters, {next(self.policy.model.parameters()).dtype}"
             f" on {self.device}, in {time.perf_counter() - t0:.0f} s"
         )
-        self.status = lambda text: None  # train() points this at the progress bar
         if cfg.format == "math":
             self.policy.system = MATH_SYSTEM_PROMPT
         if cfg.system_prompt:
@@ -88,25 +93,27 @@ class TrainerBase:
                 else add_lora(base, cfg.lora_rank, cfg.lora_alpha or 2.0 * cfg.lora_rank)
             )
         self.policy.model.train()
-        # The reference is the starting policy, frozen (only needed when the KL term is on). With LoRA it
-        # is the same model with the adapter disabled: no second copy in memory.
+
+    def _setup_reference(self, reference: torch.nn.Module | None) -> None:
+        """The KL reference: the starting policy, frozen (only when the KL term is on). With LoRA it is the same
+        model with the adapter disabled: no second copy in memory."""
+        cfg = self.cfg
         self.ref = None
         self.ref_is_base = cfg.beta > 0 and cfg.lora_rank > 0
-        shared = cfg.shared_prefix == "on"
         if cfg.beta > 0 and not cfg.lora_rank:
             ref_model = reference.to(self.device) if reference is not None else copy.deepcopy(self.policy.model)
-            self.ref = TrainModule(
-                ref_model.eval().requires_grad_(False),
-                cfg.temperature,
-                world,
-                fsdp=cfg.fsdp,
-                shared_prefix=shared,
-                log=log,
-            )
+            self.ref = self._train_module(ref_model.eval().requires_grad_(False))
+
+    def _train_module(self, model: torch.nn.Module) -> TrainModule:
+        cfg = self.cfg
+        shared = cfg.shared_prefix == "on"
+        return TrainModule(model, cfg.temperature, self.world, fsdp=cfg.fsdp, shared_prefix=shared, log=self.log)
+
+    def _setup_optimizer(self) -> None:
+        """The policy's training forward, AdamW, the schedule and the update that uses them."""
+        cfg = self.cfg
         # Before the optimizer: under FSDP the parameters it holds are the shards.
-        self.train_module = TrainModule(
-            self.policy.model, cfg.temperature, world, fsdp=cfg.fsdp, shared_prefix=shared, log=log
-        )
+        self.train_module = self._train_module(self.policy.model)
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         total_updates = cfg.steps * cfg.mu
@@ -116,7 +123,20 @@ class TrainerBase:
             num_warmup_steps=cfg.warmup_steps,
             num_training_steps=total_updates,
         )
-        policy = self.policy
+        self.updater = Updater(
+            cfg,
+            self.train_module,
+            self.optimizer,
+            self.scheduler,
+            self.world,
+            self.policy.eos_id,
+            reference=self.ref,
+            reference_is_base=self.ref_is_base,
+        )
+
+    def _setup_data(self) -> None:
+        """The reward functions, the held-out set and the training sampler (and --few-shot examples)."""
+        cfg, policy = self.cfg, self.policy
         self.reward_fns = reward_functions(
             cfg.reward_fn,
             cfg.reward_weights,
@@ -132,154 +152,9 @@ class TrainerBase:
     def _data(self):
         return task_data(self.cfg, self.log)
 
-    def _no_update(self) -> dict:
-        """A step with no group to learn from (--sampling filter, every round all-equal): the weights stay,
-        the schedule moves on, and the step is counted (``sampling/short``)."""
-        for _ in range(self.cfg.mu):
-            self.scheduler.step()
-        return {
-            "loss/total": None,
-            "loss/policy": None,
-            "loss/kl": None,
-            "loss/clip_frac": None,
-            "loss/ratio_mean": None,
-            "loss/active_frac": 0.0,
-            "loss/skipped_updates": 0,
-            "grad/norm": None,
-            "charts/lr": self.scheduler.get_last_lr()[0],
-        }
-
     def _update(self, batch: Batch, adv: torch.Tensor, entropy: torch.Tensor | None = None) -> dict:
-        """mu optimizer steps on this rank's rollouts; with P ranks, the sum of their gradients.
-
-        batch, adv ``[n]``: this rank's n rows (rollouts; turns for the multi-turn trainer); n may be 0.
-        Normalisers are the whole step's (N rows over all ranks, their token count), so each rank's
-        loss is its share of the single-process loss. ``entropy`` ``[n, T]``: the sampling policy's
-        token entropies, for --top-entropy-quantile.
-        """
-        cfg, world, train = self.cfg, self.world, self.train_module
-        model = self.policy.model
-        n = adv.shape[0]
-        mask = batch.completion_mask[:n]  # a rank with no rows of its own holds one stand-in row (collect.Rows)
-        # The tokens that carry loss: --mask-truncated drops completions with no end-of-sequence token (DAPO),
-        # by the rule the probes use (the entropy selection is applied below, its threshold over every rank).
-        loss_mask = loss_token_mask(
-            batch.completion_ids[:n], mask, self.policy.eos_id, mask_truncated=cfg.mask_truncated
-        ).to(mask.dtype)  # [n, T]
-        carries = (
-            loss_mask.bool().any(dim=1) if cfg.mask_truncated else torch.ones(n, dtype=torch.bool, device=mask.device)
-        )
-        N, num_tokens = dist_.all_sum([float(n), float(loss_mask.sum())], world)
-        N = int(N)
-        mb = cfg.micro_batch or N
-        threshold = None
-        if cfg.top_entropy_quantile < 1.0:  # one threshold over every loss-carrying token of the step, all ranks
-            local = entropy[:n].to(mask.device)[loss_mask.bool()].float().cpu() if n else torch.zeros(0)
-            threshold = entropy_threshold(torch.cat(dist_.gather(local, world)), cfg.top_entropy_quantile)
-        # With no KL term, a rollout whose advantage is exactly 0 contributes exactly 0
-        # to the loss and its gradient (every term is ratio * 0), so it is not run at all; nor is a
-        # rollout with no loss-carrying token. Normalisers stay those of the whole batch, so the gradient is unchanged.
-        live = carries if cfg.beta > 0 else carries & (adv != 0)
-        rows = live.nonzero().squeeze(1)
-        chunks = [rows[i : i + mb] for i in range(0, rows.numel(), mb)]
-        # Every rank runs the same number of forward/backward passes (DDP and FSDP pair up their
-        # collectives pass by pass): a rank with fewer active rollouts pads with passes over one
-        # row whose loss is multiplied by 0, so they add exactly nothing to the gradient.
-        real = len(chunks)
-        chunks += [torch.zeros(1, dtype=torch.long, device=adv.device)] * (dist_.all_max(real, world) - real)
-
-        old_logp, ref_logp = {}, {}
-        with torch.no_grad():
-            for c_i, idx in enumerate(chunks):
-                sub = select(batch, idx)
-                if cfg.mu > 1:  # sampling-time log-probs for the importance ratio [U-statistic, App. A (ii)]
-                    old_logp[c_i] = train.logprobs(sub)
-                if self.ref is not None:
-                    ref_logp[c_i] = self.ref.logprobs(sub)
-                elif self.ref_is_base:
-                    with model.disable_adapter():
-                        ref_logp[c_i] = train.logprobs(sub)
-
-        sums = {"loss": 0.0, "policy": 0.0, "kl_tok": 0.0, "clip_tok": 0.0, "ratio_tok": 0.0}
-        grad_norm, skipped = 0.0, 0
-        params = [p for p in model.parameters() if p.requires_grad]
-        for _ in range(cfg.mu):
-            self.optimizer.zero_grad(set_to_none=True)
-            finite = True
-            for c_i, idx in enumerate(chunks):
-                sub = select(batch, idx)
-                with train.sync(c_i == len(chunks) - 1):  # reduce over ranks once, after the last pass
-                    logp = train.logprobs(sub)  # [n, T]
-                    sub_mask = loss_mask[idx, : sub.completion_mask.shape[1]] if c_i < real else sub.completion_mask
-                    weights = None
-                    if threshold is not None:
-                        ent = (
-                            entropy[idx.cpu(), : sub_mask.shape[1]].to(sub_mask.device)
-                            if c_i < real
-                            else torch.zeros_like(logp)
-                        )
-                        weights = high_entropy_mask(ent, sub_mask, threshold.to(ent.device))
-                    loss, st = policy_loss(
-                        logp,
-                        old_logp.get(c_i, logp.detach()),
-                        adv[idx],
-                        sub_mask,
-                        clip_low=cfg.clip_low,
-                        clip_high=cfg.clip_high,
-                        ref_logp=ref_logp.get(c_i),
-                        beta=cfg.beta,
-                        kl=cfg.kl,
-                        aggregation=cfg.aggregation,
-                        max_len=cfg.max_new_tokens,
-                        num_seqs=N,
-                        num_tokens=num_tokens,
-                        importance_sampling=cfg.importance_sampling,
-                        clip_delta=cfg.clip_delta or None,
-                        token_weights=weights,
-                    )
-                    if c_i >= real:  # padding pass
-                        loss = loss * 0.0
-                    # A non-finite loss still runs backward: the ranks stay in step, and the update is skipped below.
-                    finite = finite and bool(torch.isfinite(loss))
-                    (loss * train.loss_scale).backward()
-                if c_i >= real:
-                    continue
-                n_tok = float(sub_mask.sum())
-                sums["loss"] += loss.item() / cfg.mu
-                sums["policy"] += st["policy"].item() / cfg.mu
-                sums["kl_tok"] += st["kl"].item() * n_tok / cfg.mu
-                sums["clip_tok"] += st["clip_frac"].item() * n_tok / cfg.mu
-                sums["ratio_tok"] += st["ratio_mean"].item() * n_tok / cfg.mu
-            norm = train.clip_grad_norm(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
-            # The gradient (and so its norm) is the same on every rank after the reduction; the loss flags are not.
-            finite = dist_.all_true(finite and math.isfinite(norm), world)
-            if finite:
-                grad_norm += norm / cfg.mu
-                self.optimizer.step()
-            else:  # a non-finite loss or gradient: skip this update, count it, keep the weights
-                skipped += 1
-                self.optimizer.zero_grad(set_to_none=True)
-            self.scheduler.step()
-        # Whole-step sums: this rank's part plus the others'.
-        keys = list(sums)
-        totals = dict(
-            zip(
-                keys + ["active", "active_tok"],
-                dist_.all_sum([sums[k] for k in keys] + [rows.numel(), float(loss_mask[rows].sum())], world),
-            )
-        )
-        active_tokens = max(1.0, totals["active_tok"])
-        return {
-            "loss/total": totals["loss"],
-            "loss/policy": totals["policy"],
-            "loss/kl": totals["kl_tok"] / active_tokens if (self.ref is not None or self.ref_is_base) else None,
-            "loss/clip_frac": totals["clip_tok"] / active_tokens,
-            "loss/ratio_mean": totals["ratio_tok"] / active_tokens if totals["active"] else 1.0,
-            "loss/active_frac": totals["active"] / N,
-            "loss/skipped_updates": skipped,
-            "grad/norm": grad_norm,
-            "charts/lr": self.scheduler.get_last_lr()[0],
-        }
+        """mu optimizer steps on this rank's rows and advantages (``grpolab.update``)."""
+        return self.updater(batch, adv, entropy)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, step: int) -> tuple[dict, list[dict]]:

@@ -25,8 +25,8 @@ from test_trainer_smoke import _cfg
 from grpolab import checkpoint
 from grpolab.checkpoint import CheckpointError, verify
 from grpolab.config import ConfigError
+from grpolab.recipe import train
 from grpolab.runlog import read_metrics
-from grpolab.trainer import train
 
 FLAGS = [
     "--prompts-per-step",

@@ -99,7 +99,7 @@ def _eval(**kw) -> dict:
 
 def test_eval_reproduces_a_runs_own_evaluation(tmp_path):
     from grpolab.config import TrainConfig
-    from grpolab.trainer import train
+    from grpolab.recipe import train
 
     run = tmp_path / "run"
     train(
@@ -138,7 +138,7 @@ def test_eval_reproduces_a_runs_own_evaluation(tmp_path):
 
 def test_eval_of_a_lora_run_puts_the_adapter_on_the_base(tmp_path):
     from grpolab.config import TrainConfig
-    from grpolab.trainer import train
+    from grpolab.recipe import train
 
     run = tmp_path / "lora"
     train(

@@ -13,10 +13,11 @@ from safetensors.torch import load_file
 
 from grpolab.advantages import compute_advantages, ragged_advantages
 from grpolab.config import ConfigError, TrainConfig
-from grpolab.group_budget import allocate_group_sizes, has_variance, next_round_size, prompt_weights, sample_variance
+from grpolab.group_budget import allocate_group_sizes, next_round_size, prompt_weights, sample_variance
+from grpolab.groups import has_variance
 from grpolab.probes.advantage_stats import advantage_stats
+from grpolab.recipe import train
 from grpolab.runlog import read_metrics
-from grpolab.trainer import train
 
 # ---------------------------------------------------------------- the allocation rule
 

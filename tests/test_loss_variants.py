@@ -195,15 +195,15 @@ def test_scale_rewards_group_batch_none():
 # ---------------------------------------------------------------- the sampler's token entropies
 
 
-def test_sampler_entropies_equal_a_teacher_forced_forward():
+def test_sampler_entropies_and_logprobs_equal_a_teacher_forced_forward():
     from grpolab.policy import load_policy
-    from grpolab.rollout import sample, sample_with_entropy
+    from grpolab.rollout import sample, sample_with_stats
 
     policy = load_policy("builtin")
     prompts = [policy.prompt_ids({"question": q}) for q in ("12+7", "3*(4+5)")] * 2
     keys = [(9, i) for i in range(4)]
     kw = dict(max_new_tokens=16, temperature=0.7, top_p=0.9, eos_id=policy.eos_id, pad_id=policy.pad_id)
-    batch, ent = sample_with_entropy(policy.model, prompts, keys, **kw)
+    batch, logp, ent = sample_with_stats(policy.model, prompts, keys, **kw)
     plain = sample(policy.model, prompts, keys, **kw)
     assert all(torch.equal(a, b) for a, b in zip(batch, plain))  # the same tokens
     with torch.no_grad():
@@ -215,3 +215,7 @@ def test_sampler_entropies_equal_a_teacher_forced_forward():
             expected = -(probs * torch.log(probs)).sum(-1)
             torch.testing.assert_close(ent[i, : len(c)].double(), expected, rtol=1e-4, atol=1e-4)
             assert (ent[i, len(c) :] == 0).all()
+            # the sampler's log-prob of each sampled token: softmax(logits / T) before the top-p cut
+            chosen = torch.log_softmax(logits, -1).gather(1, torch.tensor(c)[:, None]).squeeze(1)
+            torch.testing.assert_close(logp[i, : len(c)].double(), chosen, rtol=1e-4, atol=1e-4)
+            assert (logp[i, len(c) :] == 0).all()

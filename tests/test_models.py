@@ -166,8 +166,8 @@ def test_lora_trains_only_the_adapter_and_reference_is_the_base(tmp_path):
 def test_lora_checkpoint_resume_and_merge(tmp_path):
     from grpolab.cli import main
     from grpolab.models.lora import load_lora
+    from grpolab.recipe import train
     from grpolab.runlog import read_metrics
-    from grpolab.trainer import train
 
     out = train(_lora_cfg(tmp_path, steps=3, save_every=1))
     ckpt = out / "checkpoints" / "step_3"

@@ -240,8 +240,8 @@ def test_arith_bias_measurement_smoke(tmp_path):
 def test_multiturn_training_smoke(tmp_path, advantage):
     from grpolab.config import TrainConfig
     from grpolab.policy import load_policy
+    from grpolab.recipe import train
     from grpolab.runlog import read_metrics
-    from grpolab.trainer import train
 
     before = {n: p.detach().clone() for n, p in load_policy("builtin").model.named_parameters()}
     cfg = TrainConfig(
@@ -284,8 +284,8 @@ def test_multiturn_lora_resume_continues_the_adapter(tmp_path):
     import shutil
 
     from grpolab.config import TrainConfig
+    from grpolab.recipe import train
     from grpolab.runlog import read_metrics
-    from grpolab.trainer import train
 
     def cfg(out, **kw):
         return TrainConfig(

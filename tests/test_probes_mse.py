@@ -415,7 +415,7 @@ def test_sweep_validates_and_runs_end_to_end(tmp_path):
 def test_groupsize_step_picks_a_checkpoint_of_a_run(tmp_path):
     from grpolab.config import TrainConfig
     from grpolab.probes.mse_cmd import GroupsizeConfig, run_groupsize
-    from grpolab.trainer import train
+    from grpolab.recipe import train
 
     run = tmp_path / "run"
     train(

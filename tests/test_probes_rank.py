@@ -18,9 +18,9 @@ import torch
 
 from grpolab.config import ConfigError, TrainConfig
 from grpolab.probes.rank import RankConfig, run_rank, select_steps, table1, table_by_step
+from grpolab.recipe import train
 from grpolab.runlog import read_metrics
 from grpolab.runs import run_targets
-from grpolab.trainer import train
 
 PNG = b"\x89PNG\r\n\x1a\n"
 PLOTS = ("rank_effective.png", "rank_top1.png", "rank_reward_std.png")

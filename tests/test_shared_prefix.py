@@ -18,10 +18,10 @@ from grpolab.config import ConfigError, TrainConfig
 from grpolab.devices import DeviceError, default_dtype, resolve_device
 from grpolab.logprobs import completion_logprobs
 from grpolab.policy import ASSET_DIR, enable_activation_checkpointing, load_policy
+from grpolab.recipe import train
 from grpolab.rollout import sample
 from grpolab.shared_prefix import distinct_prompts
 from grpolab.train_forward import TrainModule
-from grpolab.trainer import train
 
 REL_TOL = 1e-5
 

@@ -19,8 +19,8 @@ from transformers import AutoModelForCausalLM
 from grpolab import checkpoint
 from grpolab.config import ConfigError, TrainConfig
 from grpolab.policy import ASSET_DIR
+from grpolab.recipe import train
 from grpolab.runlog import read_metrics
-from grpolab.trainer import train
 
 STEP_KEYS = {
     "step",

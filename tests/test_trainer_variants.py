@@ -10,8 +10,8 @@ from test_trainer_smoke import _by_step, _cfg, _quiet, _state_dict
 from grpolab.config import ConfigError
 from grpolab.loss import entropy_threshold, loss_token_mask
 from grpolab.policy import ASSET_DIR
+from grpolab.recipe import train
 from grpolab.runlog import read_metrics
-from grpolab.trainer import train
 
 TIMING = ("time/",)
 

@@ -26,7 +26,7 @@ from grpolab.probes.gram import _count_sketch, _select_params, score_gram
 from grpolab.probes.mse import prompt_moments, rloo_weights
 from grpolab.progress import progress_bar
 from grpolab.rewards import default_reward_fns, overlong_penalty, score
-from grpolab.rollout import Batch, sample_with_entropy
+from grpolab.rollout import Batch, sample_with_stats
 
 EXACT_POOL_FLOATS = 2**28  # 1 GB of float32 leave-one-out vectors; beyond it they are sketched
 SKETCH_DIM = 2**22
@@ -48,7 +48,7 @@ def sample_rollouts(
 
     ``overlong``: (buffer, penalty) of DAPO's length penalty, added to the reward as in training.
     ``entropy``: a list that receives the rollouts' token entropies ``[n, T]``."""
-    batch, ent = sample_with_entropy(
+    batch, _, ent = sample_with_stats(
         policy.model,
         [policy.prompt_ids(record)] * n,
         [(*key, i) for i in range(n)],

@@ -1,0 +1,262 @@
+"""The update of one GRPO step: mu optimizer steps on a batch of rows and their advantages.
+
+In order (:meth:`Updater.__call__`):
+
+1. the loss mask: the tokens that carry loss (``--mask-truncated``; the entropy selection's
+   threshold over every rank's tokens);
+2. the micro-batch plan: which rows run, in passes of ``--micro-batch`` rows, the same number
+   of passes on every rank;
+3. the sampling-time (old) and reference log-probs, once, before any weight moves;
+4. mu times: loss and backward per micro-batch, then the optimizer step (skipped, and counted,
+   when the loss or the gradient is not finite);
+5. the metrics, summed over ranks.
+
+With P processes each rank holds its own rows; the normalisers are the whole step's (N rows
+over all ranks, their token count), so each rank's loss is its share of the single-process
+loss and the gradients, summed over ranks (``grpolab.train_forward``), are the single-process
+gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from grpolab import distributed as dist_
+from grpolab.config import TrainConfig
+from grpolab.distributed import World
+from grpolab.loss import entropy_threshold, high_entropy_mask, loss_token_mask, policy_loss
+from grpolab.rollout import Batch, select
+from grpolab.train_forward import TrainModule
+
+
+class MicroBatchPlan(NamedTuple):
+    """The forward/backward passes of an update."""
+
+    rows: torch.Tensor
+    """``[a]`` the rows that run: those that can carry gradient."""
+    chunks: list[torch.Tensor]
+    """Row indices of each pass; the passes after the first ``real`` are padding passes."""
+    real: int
+    """Passes over real rows. Padding passes run one row with its loss times 0, so that every rank runs as many
+    passes as the busiest one (DDP and FSDP pair up their collectives pass by pass) and adds nothing."""
+
+
+def plan_micro_batches(rows: torch.Tensor, micro_batch: int, world: World) -> MicroBatchPlan:
+    """``rows`` in passes of ``micro_batch``, padded to the most passes of any rank."""
+    chunks = [rows[i : i + micro_batch] for i in range(0, rows.numel(), micro_batch)]
+    real = len(chunks)
+    chunks += [torch.zeros(1, dtype=torch.long, device=rows.device)] * (dist_.all_max(real, world) - real)
+    return MicroBatchPlan(rows, chunks, real)
+
+
+class _Inputs(NamedTuple):
+    """What every pass of an update reads."""
+
+    batch: Batch
+    adv: torch.Tensor  # [n]
+    loss_mask: torch.Tensor  # [n, T]
+    entropy: torch.Tensor | None  # [n, T]
+    threshold: torch.Tensor | None  # the entropy selection's threshold, or None
+    old_logp: dict[int, torch.Tensor]  # pass -> [rows, T]
+    ref_logp: dict[int, torch.Tensor]
+    num_seqs: int  # N, all ranks
+    num_tokens: float  # loss-carrying tokens, all ranks
+
+
+SUMS = ("loss", "policy", "kl_tok", "clip_tok", "ratio_tok")
+
+
+class Updater:
+    """Runs the update with the policy's training forward, optimizer and schedule.
+
+    ``reference``: the frozen KL reference's forward (None without a KL term, or with LoRA, where
+    ``reference_is_base`` says the reference is the policy with its adapter disabled).
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        policy: TrainModule,
+        optimizer: torch.optim.Optimizer,
+        scheduler,
+        world: World,
+        eos_id: int,
+        reference: TrainModule | None = None,
+        reference_is_base: bool = False,
+    ):
+        self.cfg, self.policy, self.optimizer, self.scheduler, self.world = cfg, policy, optimizer, scheduler, world
+        self.eos_id, self.reference, self.reference_is_base = eos_id, reference, reference_is_base
+
+    @property
+    def has_reference(self) -> bool:
+        return self.reference is not None or self.reference_is_base
+
+    # ------------------------------------------------------------------ the update
+    def __call__(self, batch: Batch, adv: torch.Tensor, entropy: torch.Tensor | None = None) -> dict:
+        """mu optimizer steps on this rank's rows; with P ranks, the sum of their gradients.
+
+        batch, adv ``[n]``: this rank's n rows (rollouts; turns for the multi-turn trainer); n may be 0.
+        ``entropy`` ``[n, T]``: the sampling policy's token entropies, for --top-entropy-quantile.
+        """
+        cfg, world = self.cfg, self.world
+        n = adv.shape[0]
+        loss_mask, carries = self._loss_mask(batch, n)  # [n, T], [n]
+        N, num_tokens = dist_.all_sum([float(n), float(loss_mask.sum())], world)
+        N = int(N)
+        threshold = self._entropy_threshold(entropy, loss_mask, n)
+        # With no KL term, a rollout whose advantage is exactly 0 contributes exactly 0
+        # to the loss and its gradient (every term is ratio * 0), so it is not run at all; nor is a
+        # rollout with no loss-carrying token. Normalisers stay those of the whole batch, so the gradient is unchanged.
+        live = carries if cfg.beta > 0 else carries & (adv != 0)
+        plan = plan_micro_batches(live.nonzero().squeeze(1), cfg.micro_batch or N, world)
+        old_logp, ref_logp = self._old_and_ref_logprobs(batch, plan)
+        inputs = _Inputs(batch, adv, loss_mask, entropy, threshold, old_logp, ref_logp, N, num_tokens)
+        params = [p for p in self.policy.module.model.parameters() if p.requires_grad]
+        sums = dict.fromkeys(SUMS, 0.0)
+        grad_norm, skipped = 0.0, 0
+        for _ in range(cfg.mu):
+            self.optimizer.zero_grad(set_to_none=True)
+            finite = True
+            for c_i, idx in enumerate(plan.chunks):
+                finite = self._loss_and_backward(inputs, plan, c_i, idx, sums) and finite
+            norm = self._optimizer_step(params, finite)
+            if norm is None:
+                skipped += 1
+            else:
+                grad_norm += norm / cfg.mu
+        return self._metrics(sums, plan, loss_mask, N, grad_norm, skipped)
+
+    def skip(self) -> dict:
+        """A step with no group to learn from (--sampling filter, every round all-equal): the weights stay,
+        the schedule moves on, and the step is counted (``sampling/short``)."""
+        for _ in range(self.cfg.mu):
+            self.scheduler.step()
+        return {
+            "loss/total": None,
+            "loss/policy": None,
+            "loss/kl": None,
+            "loss/clip_frac": None,
+            "loss/ratio_mean": None,
+            "loss/active_frac": 0.0,
+            "loss/skipped_updates": 0,
+            "grad/norm": None,
+            "charts/lr": self.scheduler.get_last_lr()[0],
+        }
+
+    # ------------------------------------------------------------------ its steps
+    def _loss_mask(self, batch: Batch, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[n, T]`` the tokens that carry loss, and ``[n]`` whether a row has any.
+
+        --mask-truncated drops completions with no end-of-sequence token (DAPO), by the rule the probes use.
+        """
+        mask = batch.completion_mask[:n]  # a rank with no rows of its own holds one stand-in row (collect.Rows)
+        loss_mask = loss_token_mask(
+            batch.completion_ids[:n], mask, self.eos_id, mask_truncated=self.cfg.mask_truncated
+        ).to(mask.dtype)  # [n, T]
+        if self.cfg.mask_truncated:
+            return loss_mask, loss_mask.bool().any(dim=1)
+        return loss_mask, torch.ones(n, dtype=torch.bool, device=mask.device)
+
+    def _entropy_threshold(self, entropy: torch.Tensor | None, loss_mask: torch.Tensor, n: int):
+        """--top-entropy-quantile: one threshold over every loss-carrying token of the step, all ranks (else None)."""
+        q = self.cfg.top_entropy_quantile
+        if q >= 1.0:
+            return None
+        local = entropy[:n].to(loss_mask.device)[loss_mask.bool()].float().cpu() if n else torch.zeros(0)
+        return entropy_threshold(torch.cat(dist_.gather(local, self.world)), q)
+
+    @torch.no_grad()
+    def _old_and_ref_logprobs(self, batch: Batch, plan: MicroBatchPlan) -> tuple[dict, dict]:
+        """Per pass: the sampling-time log-probs (mu > 1: the importance ratio's denominator,
+        [U-statistic, App. A (ii)]) and the reference's (the KL term), before any weight moves."""
+        old_logp, ref_logp = {}, {}
+        for c_i, idx in enumerate(plan.chunks):
+            sub = select(batch, idx)
+            if self.cfg.mu > 1:
+                old_logp[c_i] = self.policy.logprobs(sub)
+            if self.reference is not None:
+                ref_logp[c_i] = self.reference.logprobs(sub)
+            elif self.reference_is_base:
+                with self.policy.module.model.disable_adapter():
+                    ref_logp[c_i] = self.policy.logprobs(sub)
+        return old_logp, ref_logp
+
+    def _loss_and_backward(self, x: _Inputs, plan: MicroBatchPlan, c_i: int, idx: torch.Tensor, sums: dict) -> bool:
+        """One pass: its loss, backward, and its share of the loss statistics. Returns whether the loss was finite."""
+        cfg, train = self.cfg, self.policy
+        padding = c_i >= plan.real
+        sub = select(x.batch, idx)
+        with train.sync(c_i == len(plan.chunks) - 1):  # reduce over ranks once, after the last pass
+            logp = train.logprobs(sub)  # [n, T]
+            sub_mask = sub.completion_mask if padding else x.loss_mask[idx, : sub.completion_mask.shape[1]]
+            weights = None
+            if x.threshold is not None:
+                ent = (
+                    torch.zeros_like(logp) if padding else x.entropy[idx.cpu(), : sub_mask.shape[1]].to(sub_mask.device)
+                )
+                weights = high_entropy_mask(ent, sub_mask, x.threshold.to(ent.device))
+            loss, st = policy_loss(
+                logp,
+                x.old_logp.get(c_i, logp.detach()),
+                x.adv[idx],
+                sub_mask,
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                ref_logp=x.ref_logp.get(c_i),
+                beta=cfg.beta,
+                kl=cfg.kl,
+                aggregation=cfg.aggregation,
+                max_len=cfg.max_new_tokens,
+                num_seqs=x.num_seqs,
+                num_tokens=x.num_tokens,
+                importance_sampling=cfg.importance_sampling,
+                clip_delta=cfg.clip_delta or None,
+                token_weights=weights,
+            )
+            if padding:
+                loss = loss * 0.0
+            # A non-finite loss still runs backward: the ranks stay in step, and the update is skipped.
+            finite = bool(torch.isfinite(loss))
+            (loss * train.loss_scale).backward()
+        if not padding:
+            n_tok = float(sub_mask.sum())
+            sums["loss"] += loss.item() / cfg.mu
+            sums["policy"] += st["policy"].item() / cfg.mu
+            sums["kl_tok"] += st["kl"].item() * n_tok / cfg.mu
+            sums["clip_tok"] += st["clip_frac"].item() * n_tok / cfg.mu
+            sums["ratio_tok"] += st["ratio_mean"].item() * n_tok / cfg.mu
+        return finite
+
+    def _optimizer_step(self, params: list[torch.Tensor], finite: bool) -> float | None:
+        """Clip and step; the gradient norm, or None when the loss or the gradient was not finite on some rank
+        (then the weights stay and the gradient is dropped). The schedule moves on either way."""
+        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
+        norm = self.policy.clip_grad_norm(params, max_norm)
+        # The gradient (and so its norm) is the same on every rank after the reduction; the loss flags are not.
+        stepped = dist_.all_true(finite and math.isfinite(norm), self.world)
+        if stepped:
+            self.optimizer.step()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return norm if stepped else None
+
+    def _metrics(self, sums: dict, plan: MicroBatchPlan, loss_mask, N: int, grad_norm: float, skipped: int) -> dict:
+        """Whole-step values: this rank's sums plus the others'."""
+        local = [sums[k] for k in SUMS] + [plan.rows.numel(), float(loss_mask[plan.rows].sum())]
+        totals = dict(zip([*SUMS, "active", "active_tok"], dist_.all_sum(local, self.world)))
+        active_tokens = max(1.0, totals["active_tok"])
+        return {
+            "loss/total": totals["loss"],
+            "loss/policy": totals["policy"],
+            "loss/kl": totals["kl_tok"] / active_tokens if self.has_reference else None,
+            "loss/clip_frac": totals["clip_tok"] / active_tokens,
+            "loss/ratio_mean": totals["ratio_tok"] / active_tokens if totals["active"] else 1.0,
+            "loss/active_frac": totals["active"] / N,
+            "loss/skipped_updates": skipped,
+            "grad/norm": grad_norm,
+            "charts/lr": self.scheduler.get_last_lr()[0],
+        }
