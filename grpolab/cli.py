@@ -6,10 +6,12 @@ defaults that flags override. Run ``grpolab COMMAND --help`` for the fields.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import sys
+from pathlib import Path
+
+from grpolab import launch
 
 # Before torch is imported: OpenMP workers that spin while idle make every step
 # several times slower when another process shares the 2 cores.
@@ -124,10 +126,10 @@ def cmd_train(args: list[str]) -> None:
         "On several processes: --nproc P (this machine), or launch it yourself with "
         "`torchrun --nproc-per-node P [--nnodes ...] -m grpolab train ...`.",
     )
-    if _relaunches(cfg):  # refuse a bad config once, before starting P processes
+    if launch.relaunches(cfg):  # refuse a bad config once, before starting P processes
         cfg.validate()
         cfg.validate_world(cfg.nproc)
-    with _processes(cfg, ["train", *args]) as main_rank:
+    with launch.processes(cfg, ["train", *args]) as main_rank:
         try:
             out = train(cfg)
         except TrainingInterrupted as e:  # SIGTERM/SIGINT: the checkpoint is written; the conventional status
@@ -138,59 +140,6 @@ def cmd_train(args: list[str]) -> None:
                 print(f"run written to {out} (plot: {plot_run(out)})")
     if status:
         raise SystemExit(status)
-
-
-def _relaunches(cfg) -> bool:
-    """--nproc > 1 outside a torchrun launch: this command will start P processes."""
-    return cfg.nproc > 1 and "WORLD_SIZE" not in os.environ
-
-
-@contextlib.contextmanager
-def _processes(cfg, argv: list[str]):
-    """``--nproc P`` > 1 outside torchrun: relaunch ``grpolab ARGV`` under torchrun (this process is
-    replaced). Inside: yields whether this process is rank 0 (the one that prints), and leaves the
-    process group at the end."""
-    if _relaunches(cfg):
-        _relaunch_under_torchrun(cfg.nproc, _drop_flag(argv, "--nproc"))
-    from grpolab import distributed
-
-    try:
-        yield int(os.environ.get("RANK", "0")) == 0
-    except BaseException:
-        distributed.shutdown()  # a failing rank must not wait for the others
-        raise
-    else:
-        distributed.shutdown(synchronize=True)
-
-
-def _drop_flag(args: list[str], flag: str) -> list[str]:
-    """args without ``FLAG VALUE`` / ``FLAG=VALUE`` (torchrun's parser would take ``--nproc`` for its own option)."""
-    out, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-        elif a == flag:
-            skip = True
-        elif not a.startswith(flag + "="):
-            out.append(a)
-    return out
-
-
-def _relaunch_under_torchrun(nproc: int, argv: list[str]) -> None:
-    """Replace this process by ``torchrun --standalone --nproc-per-node P -m grpolab ARGV`` (one node,
-    a free rendezvous port). Each child sees WORLD_SIZE and runs its share instead of relaunching."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "grpolab",
-        *argv,
-    ]
-    print("launching: " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
-    os.execv(sys.executable, cmd)
 
 
 def cmd_eval(args: list[str]) -> None:
@@ -261,7 +210,7 @@ def cmd_rank(args: list[str]) -> None:
         "grpolab rank",
         "Effective rank and top-1 energy of GRPO's per-rollout gradient matrix [Foundations, Sec. 7].",
     )
-    with _processes(cfg, ["rank", *args]) as main_rank:
+    with launch.processes(cfg, ["rank", *args]) as main_rank:
         report = run_rank(cfg)
     if not main_rank:
         return
@@ -299,7 +248,7 @@ def cmd_mse(args: list[str]) -> None:
         if cfg.json:
             print(f"wrote {cfg.json}")
         return
-    with _processes(cfg, ["mse", *args]) as main_rank:
+    with launch.processes(cfg, ["mse", *args]) as main_rank:
         report = run_mse(cfg)
     if not main_rank:
         return
@@ -312,7 +261,7 @@ def cmd_groupsize(args: list[str]) -> None:
 
     cfg = _parse(GroupsizeConfig, args, "grpolab groupsize", GroupsizeConfig.__doc__.strip().split("\n\n")[0])
     cfg.validate()
-    with _processes(cfg, ["groupsize", *args]) as main_rank:
+    with launch.processes(cfg, ["groupsize", *args]) as main_rank:
         report = run_groupsize(cfg)
     if main_rank:
         print(format_groupsize(report))
@@ -339,8 +288,6 @@ def cmd_multiturn(args: list[str]) -> None:
 
 def cmd_merge(args: list[str]) -> None:
     import argparse
-    import json
-    from pathlib import Path
 
     parser = argparse.ArgumentParser(
         prog="grpolab merge",
@@ -354,26 +301,10 @@ def cmd_merge(args: list[str]) -> None:
     parser.add_argument("--model", default="", help="base model spec; default: the run's config.json")
     parser.add_argument("--gguf-file", default="", help="GGUF file of the base, when --model is a directory")
     ns = parser.parse_args(args)
-    from grpolab.models.lora import is_adapter_dir, load_lora
-    from grpolab.policy import load_policy
-    from grpolab.runs import Target, check_intact
+    from grpolab.models.lora import merge_checkpoint
 
-    ckpt = Path(ns.checkpoint)
-    check_intact(Target(str(ckpt), str(ckpt)))  # a damaged checkpoint: one line naming the file
-    if not is_adapter_dir(ckpt):
-        raise FileNotFoundError(f"--checkpoint {ckpt}: no adapter_config.json (not a LoRA checkpoint)")
-    base, gguf = ns.model, ns.gguf_file
-    if not base:
-        run_cfg = ckpt.parent.parent / "config.json"
-        if not run_cfg.is_file():
-            raise FileNotFoundError(f"--checkpoint {ckpt}: no run config.json two levels up; pass --model")
-        saved = json.loads(run_cfg.read_text())
-        base, gguf = saved["model"], saved.get("gguf_file", "")
-    policy = load_policy(base, gguf_file=gguf)
-    merged = load_lora(policy.model, ckpt, trainable=False).merge_and_unload()
-    merged.save_pretrained(ns.out, safe_serialization=True)
-    policy.tokenizer.save_pretrained(ns.out)
-    print(f"merged {ckpt} into {base}: {ns.out}")
+    base = merge_checkpoint(ns.checkpoint, ns.out, ns.model, ns.gguf_file)
+    print(f"merged {Path(ns.checkpoint)} into {base}: {ns.out}")
 
 
 def cmd_report(args: list[str]) -> None:

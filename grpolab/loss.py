@@ -167,21 +167,11 @@ def policy_loss(
         clipped branch was taken) and ``ratio_mean``. All stats are token means
         over unmasked tokens of this batch, detached.
     """
-    if logp.shape != old_logp.shape or logp.shape != mask.shape:
-        raise ValueError(
-            f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask {tuple(mask.shape)} must match"
-        )
+    _check_shapes(logp=logp, old_logp=old_logp, mask=mask)
     if advantages.dim() == 1:
         advantages = advantages[:, None]  # [N, 1]: the same credit for every token [Foundations, Thm 3.1]
     advantages = advantages.to(logp.dtype)
-    if importance_sampling == "token":
-        ratio = torch.exp(logp - old_logp)  # [N, T]
-    elif importance_sampling == "sequence":
-        ratio = torch.exp(sequence_log_ratio(logp, old_logp, mask))  # [N, 1], broadcast over the tokens
-    else:
-        raise ValueError(
-            f"unknown importance sampling level {importance_sampling!r}; choose from {IMPORTANCE_SAMPLING}"
-        )
+    ratio = importance_ratio(logp, old_logp, mask, importance_sampling)  # [N, T] or [N, 1]
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     unclipped = (ratio if clip_delta is None else torch.clamp(ratio, max=clip_delta)) * advantages
     surrogate = torch.minimum(unclipped, clipped)  # [N, T]
@@ -196,14 +186,33 @@ def policy_loss(
         per_token = per_token + beta * kl_tok
     norms = dict(max_len=max_len, num_seqs=num_seqs, num_tokens=num_tokens)
     loss = aggregate(per_token, mask, aggregation, **norms)
-
     with torch.no_grad():
-        m = mask.to(logp.dtype)
-        n_tok = m.sum().clamp(min=1.0)
-        stats = {
-            "policy": aggregate(-surrogate, mask, aggregation, **norms),
-            "kl": ((kl_tok if kl_tok is not None else torch.zeros_like(logp)) * m).sum() / n_tok,
-            "clip_frac": ((clipped < unclipped).to(logp.dtype).expand_as(m) * m).sum() / n_tok,
-            "ratio_mean": (ratio.expand_as(m) * m).sum() / n_tok,
-        }
-    return loss, stats
+        policy = aggregate(-surrogate, mask, aggregation, **norms)
+        return loss, _token_stats(policy, kl_tok, clipped < unclipped, ratio, mask.to(logp.dtype))
+
+
+def _check_shapes(**tensors: torch.Tensor) -> None:
+    shapes = {tuple(t.shape) for t in tensors.values()}
+    if len(shapes) > 1:
+        raise ValueError(" and ".join(f"{k} {tuple(t.shape)}" for k, t in tensors.items()) + " must match")
+
+
+def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """pi / pi_old per token (``"token"``: ``[N, T]``) or GSPO's per rollout (``"sequence"``: ``[N, 1]``, broadcast
+    over the tokens)."""
+    if level == "token":
+        return torch.exp(logp - old_logp)  # [N, T]
+    if level == "sequence":
+        return torch.exp(sequence_log_ratio(logp, old_logp, mask))  # [N, 1]
+    raise ValueError(f"unknown importance sampling level {level!r}; choose from {IMPORTANCE_SAMPLING}")
+
+
+def _token_stats(policy, kl_tok, clipped_taken, ratio, m) -> dict[str, torch.Tensor]:
+    """The loss's statistics: token means over the unmasked tokens ``m`` ``[N, T]`` (detached)."""
+    n_tok = m.sum().clamp(min=1.0)
+    return {
+        "policy": policy,
+        "kl": ((kl_tok if kl_tok is not None else torch.zeros_like(m)) * m).sum() / n_tok,
+        "clip_frac": (clipped_taken.to(m.dtype).expand_as(m) * m).sum() / n_tok,
+        "ratio_mean": (ratio.expand_as(m) * m).sum() / n_tok,
+    }

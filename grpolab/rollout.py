@@ -142,18 +142,12 @@ def sample_with_stats(
     return _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pad_id, True)
 
 
-@torch.no_grad()
-def _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pad_id, want_stats: bool) -> Sampled:
-    N = len(prompts)
-    device = next(model.parameters()).device
-    prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))  # [N, P]
-    u = rollout_uniforms(keys, max_new_tokens).to(device)  # [N, T]
-    out_ids = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    lengths = torch.full((N,), max_new_tokens, dtype=torch.long, device=device)
-
+def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+    """The KV cache of every row's prompt, the logits of its first completion token ``[N, V]``, and the prompts'
+    position ids ``[N, P]``. Each distinct prompt is prefilled once (a group's G rows share theirs) and its cache
+    copied to its rows."""
     # Position ids count real tokens only, so left padding does not shift them.
     position = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [N, P]
-    # Prefill each distinct prompt once (a group's G rows share theirs), then copy its cache to its rows.
     first, inverse = distinct_prompts(prompt_ids, prompt_mask)  # [U], [N]
     cache = DynamicCache()
     out = model(
@@ -165,7 +159,19 @@ def _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pa
         logits_to_keep=1,
     )
     cache.batch_select_indices(inverse)  # [U, ...] -> [N, ...]
-    logits = out.logits[:, -1][inverse]  # [n, V]
+    return cache, out.logits[:, -1][inverse], position
+
+
+@torch.no_grad()
+def _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pad_id, want_stats: bool) -> Sampled:
+    N = len(prompts)
+    device = next(model.parameters()).device
+    prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))  # [N, P]
+    u = rollout_uniforms(keys, max_new_tokens).to(device)  # [N, T]
+    out_ids = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    lengths = torch.full((N,), max_new_tokens, dtype=torch.long, device=device)
+
+    cache, logits, position = _prefill(model, prompt_ids, prompt_mask)  # logits [N, V]
     attn = prompt_mask
     next_pos = position[:, -1] + 1  # [n]
     active = torch.arange(N, device=device)  # rows still generating

@@ -21,9 +21,9 @@ import torch
 from cli_helpers import run_cli
 from safetensors.torch import load_file
 
-from grpolab.cli import _drop_flag
 from grpolab.config import ConfigError, TrainConfig
 from grpolab.distributed import World, backend
+from grpolab.launch import drop_flag
 from grpolab.policy import ASSET_DIR
 from grpolab.runlog import read_metrics
 
@@ -70,7 +70,7 @@ def test_backend_is_gloo_on_cpu_and_adds_nccl_for_cuda():
 
 def test_drop_flag_removes_the_flag_and_its_value_only():
     args = ["--nproc", "2", "--steps", "3", "--nproc=4", "--nprocx", "1"]
-    assert _drop_flag(args, "--nproc") == ["--steps", "3", "--nprocx", "1"]
+    assert drop_flag(args, "--nproc") == ["--steps", "3", "--nprocx", "1"]
 
 
 @pytest.mark.parametrize(

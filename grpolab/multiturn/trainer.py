@@ -50,18 +50,44 @@ class MultiTurnTrainer(TrainerBase):
 
     def step(self, step: int) -> StepOutput:
         cfg, policy = self.cfg, self.policy
-        B, G, H = cfg.prompts_per_step, cfg.group_size, cfg.stages
+        B, G = cfg.prompts_per_step, cfg.group_size
         mine = self.world.split(B)  # this rank's dialogues
+        t0 = time.perf_counter()
+        # 1-2. the dialogues played turn by turn, their per-turn rewards (and rtg-mc's state values)
+        turns, rewards, v_mc = self._play(step, mine)  # rewards [Bl, G, H]
+        t_gen = time.perf_counter()
+        # 3. one advantage per turn of each trajectory, laid out as the update's turn-major rows
+        adv = stage_advantages(rewards, cfg.advantage, v_mc)  # [Bl, G, H]
+        batch = rows_batch(turns.batches, policy.pad_id)  # turn-major rows: [H * Bl * G]
+        adv_rows = adv.permute(2, 0, 1).reshape(-1).float().to(self.device)
+        # 4. the update
+        update = self._update(batch, adv_rows)
+        t_end = time.perf_counter()
+        # 5. the books, over every rank's dialogues
+        local = {
+            "rewards": rewards,
+            "lengths": batch.completion_mask.sum(1).float().cpu(),
+            "samples": self._samples(turns, rewards, mine),
+        }
+        parts = dist_.gather(local, self.world)
+        self.rollouts_total += B * G
+        times = {"time/generate_s": t_gen - t0, "time/update_s": t_end - t_gen, "time/step_s": t_end - t0}
+        metrics = _step_metrics(parts, B * G, self.rollouts_total, update, times)
+        return StepOutput(metrics, [s for p in parts for s in p["samples"]])
+
+    @torch.no_grad()
+    def _play(self, step: int, mine: range):
+        """This rank's dialogues of ``step``, G trajectories each: (turns, rewards ``[Bl, G, H]``, rtg-mc's Monte
+        Carlo state values ``[Bl, G, H]`` or None)."""
+        cfg, policy = self.cfg, self.policy
+        G, H = cfg.group_size, cfg.stages
         b0, Bl = mine.start, len(mine)
         kw = {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature}
-        t0 = time.perf_counter()
-        dialogues = self._train_dialogues(step, B)[b0 : b0 + Bl]
-        rep = [d for d in dialogues for _ in range(G)]
+        rep = [d for d in self._train_dialogues(step, cfg.prompts_per_step)[b0 : b0 + Bl] for _ in range(G)]
         policy.model.eval()
-        with torch.no_grad(), self.train_module.full_weights():
-            keys = [
-                (streams.MULTITURN_ROLLOUT, cfg.seed, step, n) for n in range(b0 * G, (b0 + Bl) * G)
-            ]  # global trajectory index
+        with self.train_module.full_weights():
+            trajectories = range(b0 * G, (b0 + Bl) * G)  # global trajectory index: P-independent streams
+            keys = [(streams.MULTITURN_ROLLOUT, cfg.seed, step, n) for n in trajectories]
             turns = play(policy, rep, [None] * (Bl * G), 0, keys, self.spec, **kw)
             rewards = turns.rewards.view(Bl, G, H)
             v_mc = None
@@ -70,55 +96,28 @@ class MultiTurnTrainer(TrainerBase):
                 v_mc = torch.zeros(Bl, G, H, dtype=torch.float64)
                 v_mc[:, :, 0] = (total.sum(1, keepdim=True) - total) / max(G - 1, 1)  # s_1: the rest of the group
                 for h in range(1, H):
+                    answers = turns.answers[h - 1]
+                    key = (cfg.seed, step, h)
                     v, _ = branch_values(
-                        policy,
-                        rep,
-                        turns.answers[h - 1],
-                        h,
-                        cfg.branches,
-                        (cfg.seed, step, h),
-                        self.spec,
-                        first_index=b0 * G,
-                        **kw,
+                        policy, rep, answers, h, cfg.branches, key, self.spec, first_index=b0 * G, **kw
                     )
                     v_mc[:, :, h] = v.view(Bl, G)
         policy.model.train()
-        t_gen = time.perf_counter()
-        adv = stage_advantages(rewards, cfg.advantage, v_mc)  # [Bl, G, H]
-        batch = rows_batch(turns.batches, policy.pad_id)  # turn-major rows: [H * Bl * G]
-        adv_rows = adv.permute(2, 0, 1).reshape(-1).float().to(self.device)
-        update = self._update(batch, adv_rows)
-        t_end = time.perf_counter()
-        samples = [
+        return turns, rewards, v_mc
+
+    def _samples(self, turns, rewards: torch.Tensor, mine: range) -> list[dict]:
+        """The first trajectory of each of this rank's dialogues among the first --log-samples."""
+        cfg = self.cfg
+        G, H = cfg.group_size, cfg.stages
+        return [
             {
                 "question": " | ".join(turns.questions[h][i] for h in range(H)),
                 "answers": [turns.answers[h][i] for h in range(H)],
                 "rewards": rewards.view(-1, H)[i].tolist(),
             }
-            for i in range(0, Bl * G, G)
+            for i in range(0, len(mine) * G, G)
             if mine[i // G] < cfg.log_samples
         ]
-        local = {"rewards": rewards, "lengths": batch.completion_mask.sum(1).float().cpu(), "samples": samples}
-        parts = dist_.gather(local, self.world)
-        rewards = torch.cat([p["rewards"] for p in parts])  # [B, G, H]
-        lengths = torch.cat([p["lengths"] for p in parts])  # [H * B * G]
-        total = rewards.sum(2)
-        self.rollouts_total += B * G
-        metrics = {
-            "reward/mean": float(total.mean()),
-            "reward/std": float(total.std(unbiased=False)),
-            "reward/frac_zero_std": float((total.std(dim=1, unbiased=False) == 0).double().mean()),
-            "reward/accuracy": float(rewards.mean()),
-            **{f"reward/stage{h + 1}": float(rewards[:, :, h].mean()) for h in range(H)},
-            "sampling/rollouts": B * G,
-            "sampling/rollouts_total": self.rollouts_total,
-            **update,
-            "completion/len_mean": float(lengths.mean()),
-            "time/generate_s": t_gen - t0,
-            "time/update_s": t_end - t_gen,
-            "time/step_s": t_end - t0,
-        }
-        return StepOutput(metrics, [s for p in parts for s in p["samples"]])
 
     def evaluate(self, step: int) -> tuple[dict, list[dict]]:
         """Per-stage accuracy on the held-out dialogues, greedy and sampled (one sample each)."""
@@ -164,3 +163,23 @@ class MultiTurnTrainer(TrainerBase):
         policy.model.train(was_training)
         metrics["time/eval_s"] = time.perf_counter() - t0
         return metrics, examples
+
+
+def _step_metrics(parts: list[dict], rollouts: int, rollouts_total: int, update: dict, times: dict) -> dict:
+    """One step's metrics from every rank's rewards ``[Bl, G, H]`` and turn lengths."""
+    rewards = torch.cat([p["rewards"] for p in parts])  # [B, G, H]
+    lengths = torch.cat([p["lengths"] for p in parts])  # [H * B * G]
+    total = rewards.sum(2)
+    H = rewards.shape[2]
+    return {
+        "reward/mean": float(total.mean()),
+        "reward/std": float(total.std(unbiased=False)),
+        "reward/frac_zero_std": float((total.std(dim=1, unbiased=False) == 0).double().mean()),
+        "reward/accuracy": float(rewards.mean()),
+        **{f"reward/stage{h + 1}": float(rewards[:, :, h].mean()) for h in range(H)},
+        "sampling/rollouts": rollouts,
+        "sampling/rollouts_total": rollouts_total,
+        **update,
+        "completion/len_mean": float(lengths.mean()),
+        **times,
+    }

@@ -13,6 +13,7 @@ import torch
 from grpolab import distributed
 from grpolab.config import ConfigError
 from grpolab.group_budget import SAMPLING_MODES
+from grpolab.probes.config import ProbeConfig
 from grpolab.probes.mse import (
     MSE_ESTIMATORS,
     bandit_moments,
@@ -30,13 +31,17 @@ from grpolab.utils import percentile_interval, set_threads
 
 
 @dataclasses.dataclass
-class MseConfig:
+class MseConfig(ProbeConfig):
     """MSE of the vanilla, grpo, rloo and oracle gradient estimators against G [U-statistic, Figure 4].
 
     With --env lm (default): for each --policy, sample --pool rollouts for each of --prompts
     probe questions, and estimate every estimator's MSE at every G from their score Gram
     matrices, without bias and with no further backward passes. With --env bandit: a softmax
     bandit whose exact MSEs are known, next to Monte Carlo.
+
+    The token-masking options of training (--mask-truncated, --top-entropy-quantile) are not applied: the MSE
+    decomposition needs psi to be a score (mean 0), which a masked psi is not; `grpolab rank` measures the masked
+    gradient.
     """
 
     policy: tuple[str, ...] = ("builtin",)
@@ -52,20 +57,6 @@ class MseConfig:
     """Rollouts per prompt in the pool (>= 3); more gives tighter intervals, not different answers."""
     out: str = "runs/mse"
     """Output directory (mse.json, mse.png)."""
-    max_new_tokens: int | None = None
-    """Longest completion (default: the run's, else 48)."""
-    temperature: float | None = None
-    """Sampling temperature (default: the run's, else 1)."""
-    format_weight: float | None = None
-    """lambda in r = accuracy + lambda * format (default: the run's, else training's default for the model)."""
-    include: str = ""
-    """Regex restricting psi to matching parameter names; empty = all."""
-    overlong_buffer: int | None = None
-    """DAPO's length penalty in the reward, as --overlong-buffer in training (default: the run's, else 0). The
-    token-masking options (--mask-truncated, --top-entropy-quantile) are not applied here: the MSE decomposition
-    needs psi to be a score (mean 0), which a masked psi is not; `grpolab rank` measures the masked gradient."""
-    overlong_penalty: float | None = None
-    """The largest overlong penalty (default: the run's, else 1)."""
     sketch_dim: int | None = None
     """Cross-prompt gradient products from a k-dimensional CountSketch (unbiased): None = only when the M gradient
     vectors would exceed 1 GB (a real model), 0 = always exact, k > 0 = always sketched."""
@@ -91,15 +82,6 @@ class MseConfig:
     """Bandit --sampling: the advantage estimator (rloo, grpo, grpo_std)."""
     json: str = ""
     """Bandit: also write the records to this JSON file."""
-    seed: int = 0
-    """Seed of the rollouts / Monte Carlo draws."""
-    threads: int = 1
-    """Torch intra-op threads."""
-    nproc: int = 1
-    """Processes on this machine: > 1 relaunches under torchrun, each rank measuring a block of the prompts
-    (results equal to one process's). Ignored inside a torchrun launch."""
-    progress: bool = True
-    """Show a progress bar."""
 
     def validate(self) -> None:
         if self.env not in ("lm", "bandit"):
@@ -266,13 +248,17 @@ def format_mse(report: dict) -> str:
 
 
 @dataclasses.dataclass
-class GroupsizeConfig:
+class GroupsizeConfig(ProbeConfig):
     """Predict the best group size G under a fixed sampling budget B * G [U-statistic, Thm 7].
 
     Estimates the three constants of the rloo minibatch MSE (Prop. 3),
     MSE(B, G) = (1/B) [sigma_P^2 + sigma_O^2 / G + 2 tau^2 / (G (G - 1))] (prompt sampling,
     oracle, second-order residual), with bootstrap intervals over prompts, and the G* that
     minimises it at B = budget / G: G* = 1 + sqrt(2 tau^2 / sigma_P^2), whatever the budget.
+
+    The token-masking options of training (--mask-truncated, --top-entropy-quantile) are not applied: the MSE
+    decomposition needs psi to be a score (mean 0), which a masked psi is not; `grpolab rank` measures the masked
+    gradient.
     """
 
     policy: str = "builtin"
@@ -291,32 +277,9 @@ class GroupsizeConfig:
     """Output directory (groupsize.json, groupsize.png)."""
     bootstrap: int = 1000
     """Bootstrap resamples of the prompts for the intervals."""
-    max_new_tokens: int | None = None
-    """Longest completion (default: the run's, else 48)."""
-    temperature: float | None = None
-    """Sampling temperature (default: the run's, else 1)."""
-    format_weight: float | None = None
-    """lambda in r = accuracy + lambda * format (default: the run's, else training's default for the model)."""
-    include: str = ""
-    """Regex restricting psi to matching parameter names; empty = all."""
-    overlong_buffer: int | None = None
-    """DAPO's length penalty in the reward, as --overlong-buffer in training (default: the run's, else 0). The
-    token-masking options (--mask-truncated, --top-entropy-quantile) are not applied here: the MSE decomposition
-    needs psi to be a score (mean 0), which a masked psi is not; `grpolab rank` measures the masked gradient."""
-    overlong_penalty: float | None = None
-    """The largest overlong penalty (default: the run's, else 1)."""
     sketch_dim: int | None = None
     """Cross-prompt gradient products from a k-dimensional CountSketch (unbiased): None = only when the M gradient
     vectors would exceed 1 GB (a real model), 0 = always exact, k > 0 = always sketched."""
-    seed: int = 0
-    """Seed."""
-    threads: int = 1
-    """Torch intra-op threads."""
-    nproc: int = 1
-    """Processes on this machine: > 1 relaunches under torchrun, each rank measuring a block of the prompts
-    (results equal to one process's). Ignored inside a torchrun launch."""
-    progress: bool = True
-    """Show a progress bar."""
 
     def validate(self) -> None:
         if self.budget < 2:

@@ -31,6 +31,7 @@ from grpolab.config import ConfigError
 from grpolab.logprobs import completion_logprobs
 from grpolab.loss import loss_token_mask
 from grpolab.policy import Policy
+from grpolab.probes.config import ProbeConfig
 from grpolab.probes.gram import gram_relative_error, score_gram, score_gram_reference, token_weights
 from grpolab.probes.pool import sample_rollouts
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
@@ -42,7 +43,7 @@ from grpolab.utils import set_threads
 
 
 @dataclasses.dataclass
-class RankConfig:
+class RankConfig(ProbeConfig):
     """Spectrum of the per-rollout gradient matrix (effective rank, top-1 fraction) over checkpoints."""
 
     checkpoint: str = "builtin"
@@ -60,38 +61,17 @@ class RankConfig:
     """Advantage estimator for A (the Foundations paper analyses the group mean, 'grpo')."""
     aggregation: str = "seq-mean-token-mean"
     """Per-token weights of psi, as in the loss (1/|o_i| for GRPO)."""
-    temperature: float | None = None
-    """Sampling temperature (default: the run's --temperature, else 1)."""
-    max_new_tokens: int | None = None
-    """Longest completion (default: the run's, else 48)."""
-    format_weight: float | None = None
-    """lambda in the reward r = accuracy + lambda * format (default: the run's, else training's default for the model)."""
-    include: str = ""
-    """Regex restricting psi to matching parameter names (e.g. 'layers\\.0\\.'); empty = all."""
     mask_truncated: bool | None = None
     """Give completions cut at --max-new-tokens no weight, as --mask-truncated in training (default: the run's)."""
     top_entropy_quantile: float | None = None
     """Only the highest-entropy q-fraction of each prompt's R rollouts' tokens carries weight, as in training
     (default: the run's, else 1)."""
-    overlong_buffer: int | None = None
-    """DAPO's length penalty in the reward, as in training (default: the run's, else 0)."""
-    overlong_penalty: float | None = None
-    """The largest overlong penalty (default: the run's, else 1)."""
     sketch_dim: int = 0
     """If > 0, estimate Psi from a k-dimensional CountSketch of the per-rollout gradients instead of
     exactly (for models where the exact path is too slow). Its error: measured against the exact
     reference with --verify (gram_max_rel_err), otherwise about sqrt(2/k) per entry on the cosine scale."""
     verify: bool = False
     """Also run the R-backward reference path: gram_max_rel_err and time ratios."""
-    seed: int = 0
-    """Seed of the probe rollouts."""
-    threads: int = 1
-    """Torch intra-op threads."""
-    nproc: int = 1
-    """Processes on this machine: > 1 relaunches under torchrun, each rank measuring a block of the prompts
-    (results equal to one process's). Ignored inside a torchrun launch."""
-    progress: bool = True
-    """Show a progress bar."""
 
 
 def _plain_forward_backward_s(model, batch: Batch, weights: torch.Tensor, temperature: float) -> float:

@@ -1,0 +1,37 @@
+"""What every gradient probe command (``rank``, ``mse``, ``groupsize``) is configured with.
+
+Each probe samples rollouts of the policy it measures and scores them as training does; unset
+(None) options take the measured run's values (its config.json), else training's defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class ProbeConfig:
+    """Options shared by the probes: how their rollouts are sampled and rewarded, and where they run."""
+
+    max_new_tokens: int | None = None
+    """Longest completion (default: the run's, else 48)."""
+    temperature: float | None = None
+    """Sampling temperature (default: the run's --temperature, else 1)."""
+    format_weight: float | None = None
+    """lambda in the reward r = accuracy + lambda * format (default: the run's, else training's default for the
+    model)."""
+    include: str = ""
+    """Regex restricting psi to matching parameter names (e.g. 'layers\\.0\\.'); empty = all."""
+    overlong_buffer: int | None = None
+    """DAPO's length penalty in the reward, as --overlong-buffer in training (default: the run's, else 0)."""
+    overlong_penalty: float | None = None
+    """The largest overlong penalty (default: the run's, else 1)."""
+    seed: int = 0
+    """Seed of the probe's rollouts (and of its Monte Carlo draws)."""
+    threads: int = 1
+    """Torch intra-op threads."""
+    nproc: int = 1
+    """Processes on this machine: > 1 relaunches under torchrun, each rank measuring a block of the prompts
+    (results equal to one process's). Ignored inside a torchrun launch."""
+    progress: bool = True
+    """Show a progress bar."""
