@@ -192,22 +192,7 @@ def run_mse(cfg: MseConfig, log=print) -> dict:
     report = {"config": dataclasses.asdict(cfg), "policies": []}
     for spec, target in zip(cfg.policy, targets):
         policy = load_task_policy(target, tcfg, sampler=sampler)
-        pool = collect_pool(
-            policy,
-            records,
-            cfg.pool,
-            seed=cfg.seed,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            format_weight=cfg.format_weight,
-            include=cfg.include or None,
-            progress=cfg.progress,
-            label=f"pool {spec}",
-            world=world,
-            sketch_dim=cfg.sketch_dim,
-            log=log,
-            overlong=(cfg.overlong_buffer, cfg.overlong_penalty),
-        )
+        pool = _pool(cfg, policy, records, world, log, label=f"pool {spec}")
         entry = {
             "policy": spec,
             "reward_mean": statistics.fmean(pool.reward_mean),
@@ -298,15 +283,9 @@ def _interval(values: list[float]) -> list[float]:
     return list(percentile_interval(finite))
 
 
-def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:
-    set_threads(cfg.threads)
-    world = distributed.init()
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    target = resolve_target(cfg.policy, cfg.step)
-    cfg, tcfg, records, sampler = probe_task(target, cfg)
-    policy = load_task_policy(target, tcfg, sampler=sampler)
-    pool = collect_pool(
+def _pool(cfg: MseConfig | GroupsizeConfig, policy, records, world, log, label: str = "pool"):
+    """The probe's pool of ``cfg.pool`` rollouts per prompt, with their score Gram moments (``grpolab.probes.pool``)."""
+    return collect_pool(
         policy,
         records,
         cfg.pool,
@@ -316,11 +295,23 @@ def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:
         format_weight=cfg.format_weight,
         include=cfg.include or None,
         progress=cfg.progress,
+        label=label,
         world=world,
         sketch_dim=cfg.sketch_dim,
         log=log,
         overlong=(cfg.overlong_buffer, cfg.overlong_penalty),
     )
+
+
+def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:
+    set_threads(cfg.threads)
+    world = distributed.init()
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    target = resolve_target(cfg.policy, cfg.step)
+    cfg, tcfg, records, sampler = probe_task(target, cfg)
+    policy = load_task_policy(target, tcfg, sampler=sampler)
+    pool = _pool(cfg, policy, records, world, log)
     consts = groupsize_constants(pool.moments, pool.cross)
     gen = torch.Generator().manual_seed(cfg.seed)
     M = len(pool.moments)
