@@ -16,25 +16,11 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from grpolab.config import ConfigError
-from grpolab.runs import load_task_policy, resolve_target, task_config
+from grpolab.config import ConfigError, TrainConfig
+from grpolab.runs import GRADIENT_FIELDS, TASK_FIELDS, Target, load_task_policy, resolve_target, task_config
 
 # The task settings a flag may override (the run's config.json supplies the rest, see grpolab.runs).
-EVAL_TASK_FLAGS = (
-    "gguf_file",
-    "chat",
-    "system_prompt",
-    "few_shot",
-    "format",
-    "eval_data",
-    "data",
-    "max_operand",
-    "mul_max",
-    "categories",
-    "max_new_tokens",
-    "temperature",
-    "seed",
-)
+EVAL_TASK_FLAGS = tuple(f for f in TASK_FIELDS if f not in ("format_weight", *GRADIENT_FIELDS))
 
 
 @dataclasses.dataclass
@@ -96,20 +82,37 @@ class EvalConfig:
 
 def run_eval(cfg: EvalConfig, log=print) -> dict:
     """Evaluate; returns the report (also written to ``cfg.json`` when set)."""
-    import torch
-
     from grpolab.data.task import task_data
-    from grpolab.devices import parse_dtype, resolve_device
-    from grpolab.evaluate import evaluate
-    from grpolab.progress import progress_bar
+    from grpolab.devices import parse_dtype
     from grpolab.utils import set_threads
 
+    _check_flags(cfg)
+    set_threads(cfg.threads)
+    target = resolve_target(cfg.model, cfg.step)
+    tcfg = _task_config(cfg, target)
+    held_out, sampler = task_data(tcfg, log)
+    dtype = parse_dtype(cfg.dtype)
+    policy = _load_policy(cfg, target, tcfg, dtype, sampler, len(held_out), log)
+    t0 = time.perf_counter()
+    metrics, examples = _evaluate(cfg, tcfg, policy, held_out)
+    seconds = time.perf_counter() - t0
+    report = _report(cfg, target, tcfg, policy, held_out, metrics, examples, seconds)
+    if cfg.json:
+        Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.json).write_text(json.dumps(report, indent=2))
+    return report
+
+
+def _check_flags(cfg: EvalConfig) -> None:
+    """The flags' own ranges, before anything is loaded."""
     if cfg.samples < 0 or cfg.show < 0 or cfg.batch_size < 1 or (cfg.questions is not None and cfg.questions < 1):
         raise ConfigError("--questions and --batch-size must be >= 1, --samples and --show >= 0")
     if cfg.temperature is not None and cfg.temperature <= 0:
         raise ConfigError(f"--temperature must be > 0 (greedy accuracy is always reported), got {cfg.temperature}")
-    set_threads(cfg.threads)
-    target = resolve_target(cfg.model, cfg.step)
+
+
+def _task_config(cfg: EvalConfig, target: Target) -> TrainConfig:
+    """The task of ``target`` (a run's settings, or training's defaults) with the flags set in ``cfg``, validated."""
     questions = cfg.questions or (500 if target.weights == "builtin" else 200)
     tcfg = task_config(
         target,
@@ -119,19 +122,33 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
         dtype=cfg.dtype,
     )
     tcfg.validate()
-    held_out, sampler = task_data(tcfg, log)
-    dtype = parse_dtype(cfg.dtype)
+    return tcfg
+
+
+def _load_policy(cfg: EvalConfig, target: Target, tcfg: TrainConfig, dtype, sampler, questions: int, log):
+    """The policy of ``target`` (with its adapter, if any), its load time and the work ahead logged."""
+    from grpolab.devices import resolve_device
+
     t0 = time.perf_counter()
     log(f"loading {target.weights}" + (f" with the adapter of {target.adapter}" if target.adapter else "") + " ...")
     policy = load_task_policy(target, tcfg, device=resolve_device(cfg.device), dtype=dtype, sampler=sampler)
     log(
-        f"loaded in {time.perf_counter() - t0:.0f} s; evaluating {len(held_out)} questions x (1 greedy + {cfg.samples} "
-        f"sampled at T={tcfg.temperature:g}) = {len(held_out) * (1 + cfg.samples)} completions of up to {tcfg.max_new_tokens} tokens"
+        f"loaded in {time.perf_counter() - t0:.0f} s; evaluating {questions} questions x (1 greedy + {cfg.samples} "
+        f"sampled at T={tcfg.temperature:g}) = {questions * (1 + cfg.samples)} completions of up to {tcfg.max_new_tokens} tokens"
     )
-    t0 = time.perf_counter()
+    return policy
+
+
+def _evaluate(cfg: EvalConfig, tcfg: TrainConfig, policy, held_out: list[dict]) -> tuple[dict, list[dict]]:
+    """Greedy and sampled accuracy (metrics) and per-question outcomes (examples), under a progress bar."""
+    import torch
+
+    from grpolab.evaluate import evaluate
+    from grpolab.progress import progress_bar
+
     total = len(held_out) * (1 + cfg.samples)
     with torch.no_grad(), progress_bar("eval", total, enabled=cfg.progress, every=max(total // 10, 1)) as bar:
-        metrics, examples = evaluate(
+        return evaluate(
             policy,
             held_out,
             samples=cfg.samples,
@@ -141,9 +158,21 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
             batch_size=cfg.batch_size,
             progress=lambda done, _: bar.update(done),
         )
-    seconds = time.perf_counter() - t0
+
+
+def _report(
+    cfg: EvalConfig,
+    target: Target,
+    tcfg: TrainConfig,
+    policy,
+    held_out: list[dict],
+    metrics: dict,
+    examples: list,
+    seconds: float,
+) -> dict:
+    """The report: what was evaluated, on which task, and the results (``seconds``: the evaluation's wall time)."""
     cats = sorted({r.get("category", "all") for r in held_out})
-    report = {
+    return {
         "model": cfg.model,
         "weights": target.weights,
         "adapter": target.adapter,
@@ -157,10 +186,6 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
         "metrics": metrics,
         "examples": examples,
     }
-    if cfg.json:
-        Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.json).write_text(json.dumps(report, indent=2))
-    return report
 
 
 def format_eval(report: dict, show: int = 3) -> str:

@@ -125,9 +125,36 @@ def mean_ci_t(values: list[float]) -> tuple[float, float, float]:
 
 
 def run_sweep(cfg: SweepConfig, log=print) -> dict:
+    """Run the (G, seed) grid's missing runs, then report the final accuracy per G (sweep.json, sweep.png)."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(G, s) for G in cfg.group_sizes for s in range(cfg.seeds)]
+    wall = _run_missing(cfg, out, jobs, log)
+    runs = _final_evals(cfg, out, jobs)
+    table = _accuracy_table(cfg, runs)
+    report = {
+        "config": dataclasses.asdict(cfg),
+        "wall_s": wall,
+        "runs": runs,
+        "table": table,
+        "best_g_sampled": max(table, key=lambda t: t["sampled"])["G"],
+        "best_g_greedy": max(table, key=lambda t: t["greedy"])["G"],
+        "before": {
+            "sampled": statistics.fmean(r["before_sampled"] for r in runs),
+            "greedy": statistics.fmean(r["before_greedy"] for r in runs),
+        },
+    }
+    if cfg.predict:
+        report.update(_predicted_g_star(cfg, out))
+    (out / "sweep.json").write_text(json.dumps(report, indent=2))
+    from grpolab.plotting import plot_sweep
+
+    plot_sweep(report, out / "sweep.png")
+    return report
+
+
+def _run_missing(cfg: SweepConfig, out: Path, jobs: list[tuple[int, int]], log) -> float:
+    """Run every (G, seed) of ``jobs`` without a final evaluation, ``cfg.jobs`` at a time; their wall time in s."""
     todo = [cfg.run_config(G, s) for G, s in jobs if _final_eval(out / f"G{G}-seed{s}", cfg.steps) is None]
     t0 = time.perf_counter()
     if todo:
@@ -136,13 +163,22 @@ def run_sweep(cfg: SweepConfig, log=print) -> dict:
             futures = [pool.submit(_one_run, c) for c in todo]
             for i, fut in enumerate(cf.as_completed(futures), 1):
                 log(f"[{i}/{len(todo)}] done: {fut.result()}")
-    wall = time.perf_counter() - t0
+    return time.perf_counter() - t0
+
+
+def _final_evals(cfg: SweepConfig, out: Path, jobs: list[tuple[int, int]]) -> list[dict]:
+    """One record per (G, seed): B and the held-out accuracies before and after training."""
     runs = []
     for G, s in jobs:
         ev = _final_eval(out / f"G{G}-seed{s}", cfg.steps)
         if ev is None:
             raise RuntimeError(f"run G={G} seed={s} has no final evaluation in {out / f'G{G}-seed{s}'}")
         runs.append({"G": G, "seed": s, "B": cfg.budget // G, **ev})
+    return runs
+
+
+def _accuracy_table(cfg: SweepConfig, runs: list[dict]) -> list[dict]:
+    """Per G: the final sampled and greedy accuracy, mean and 95% CI over seeds."""
     table = []
     for G in cfg.group_sizes:
         rs = [r for r in runs if r["G"] == G]
@@ -158,38 +194,24 @@ def run_sweep(cfg: SweepConfig, log=print) -> dict:
                 "greedy_ci": [glo, ghi],
             }
         )
-    report = {
-        "config": dataclasses.asdict(cfg),
-        "wall_s": wall,
-        "runs": runs,
-        "table": table,
-        "best_g_sampled": max(table, key=lambda t: t["sampled"])["G"],
-        "best_g_greedy": max(table, key=lambda t: t["greedy"])["G"],
-        "before": {
-            "sampled": statistics.fmean(r["before_sampled"] for r in runs),
-            "greedy": statistics.fmean(r["before_greedy"] for r in runs),
-        },
-    }
-    if cfg.predict:
-        from grpolab.probes.mse_cmd import GroupsizeConfig, run_groupsize
+    return table
 
-        gs = run_groupsize(
-            GroupsizeConfig(
-                policy=cfg.model,
-                budget=cfg.budget,
-                prompts=cfg.predict_prompts,
-                pool=cfg.predict_pool,
-                out=str(out / "groupsize"),
-                progress=cfg.progress,
-            )
+
+def _predicted_g_star(cfg: SweepConfig, out: Path) -> dict:
+    """`grpolab groupsize`'s G* (and its CI) for the starting policy at the sweep's budget."""
+    from grpolab.probes.mse_cmd import GroupsizeConfig, run_groupsize
+
+    gs = run_groupsize(
+        GroupsizeConfig(
+            policy=cfg.model,
+            budget=cfg.budget,
+            prompts=cfg.predict_prompts,
+            pool=cfg.predict_pool,
+            out=str(out / "groupsize"),
+            progress=cfg.progress,
         )
-        report["predicted_g_star"] = gs["g_star"]
-        report["predicted_g_star_ci"] = gs["g_star_ci"]
-    (out / "sweep.json").write_text(json.dumps(report, indent=2))
-    from grpolab.plotting import plot_sweep
-
-    plot_sweep(report, out / "sweep.png")
-    return report
+    )
+    return {"predicted_g_star": gs["g_star"], "predicted_g_star_ci": gs["g_star_ci"]}
 
 
 def format_sweep(report: dict) -> str:

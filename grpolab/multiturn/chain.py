@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -137,6 +138,38 @@ def monte_carlo_bias(
         raise ValueError(f"--group-size must be >= 2, got {R}")
     gen = torch.Generator().manual_seed(seed)
     v = chain.values()
+    traj = _sample_groups(chain, R, groups, gen, v)
+    weights = torch.poisson(torch.ones(boot, groups, dtype=torch.float64), generator=gen)  # [boot, g] bootstrap
+    rows = []
+    for h in range(1, chain.H + 1):
+        hi = h - 1
+        s_h = traj.state[:, :, hi]
+        v_mc = _mc_value(chain, s_h, h, branches, gen)  # [g, R]
+        rtg_h = traj.rtg[:, :, hi]
+        hats = {"grpo": traj.total - traj.base, "rtg-group": rtg_h - traj.base, "rtg-mc": rtg_h - v_mc}
+        k = traj.past[:, :, hi].long()
+        onehot = torch.nn.functional.one_hot(k * 2 + s_h.long(), 2 * chain.H + 2).double()  # [g, R, C] class (k, s)
+        for est in STAGE_ADVANTAGES:
+            e = hats[est] - traj.A[:, :, hi]  # [g, R]
+            leak, mis = _parts(chain, v, h, k, s_h, est)
+            row = {"stage": h, "estimator": est, **_bias_stats(e, onehot, weights)}
+            rows.append({**row, "leakage_rms": leak, "mismatch_rms": mis})
+    return rows
+
+
+class _Groups(NamedTuple):
+    """Sampled groups of trajectories and what the stage estimators are built from."""
+
+    total: torch.Tensor  # [g, R] total return
+    base: torch.Tensor  # [g, R] leave-one-out group baseline
+    rtg: torch.Tensor  # [g, R, H] reward-to-go from stage h
+    past: torch.Tensor  # [g, R, H] rewards before stage h
+    state: torch.Tensor  # [g, R, H] bool: s_h
+    A: torch.Tensor  # [g, R, H] true advantage of the action taken (DP)
+
+
+def _sample_groups(chain: Chain, R: int, groups: int, gen: torch.Generator, v: list[list[float]]) -> _Groups:
+    """``groups`` groups of R trajectories from stage 1, and their per-stage returns, states, advantages."""
     H = chain.H
     x = simulate(chain, groups * R, gen).view(groups, R, H)  # [g, R, H] successes
     r = x.double()
@@ -149,44 +182,29 @@ def monte_carlo_bias(
     hs = torch.arange(1, H + 1)
     v_h = vt[hs, state.long()]  # [g, R, H]
     q_h = torch.where(x, 1 + vt[hs + 1, 1], vt[hs + 1, 0])
-    A = q_h - v_h
-    weights = torch.poisson(torch.ones(boot, groups, dtype=torch.float64), generator=gen)  # [boot, g]
-    rows = []
-    for h in range(1, H + 1):
-        hi = h - 1
-        s_h = state[:, :, hi]
-        # MC value of s_h from fresh continuations (the trajectory's own future is not used)
-        cont = simulate(chain, groups * R * branches, gen, start=s_h.reshape(-1).repeat_interleave(branches), h0=h)
-        v_mc = cont.double().sum(1).view(groups, R, branches).mean(2)
-        hats = {"grpo": total - base, "rtg-group": rtg[:, :, hi] - base, "rtg-mc": rtg[:, :, hi] - v_mc}
-        k = past[:, :, hi].long()
-        cls = k * 2 + s_h.long()  # history class (k, s)
-        C = 2 * H + 2
-        onehot = torch.nn.functional.one_hot(cls, C).double()  # [g, R, C]
-        for est in STAGE_ADVANTAGES:
-            e = hats[est] - A[:, :, hi]  # [g, R]
-            n_c = onehot.sum(1)  # [g, C] per-group class counts
-            s1 = (onehot * e[..., None]).sum(1)  # [g, C] per-group class sums
-            parts = torch.stack([n_c, s1, s1 * s1, s1 * n_c, n_c * n_c])  # [5, g, C]
-            stats = _class_rms(parts.sum(1), groups)
-            wsum = (weights @ parts.permute(1, 0, 2).reshape(groups, -1)).view(boot, 5, C)  # [boot, 5, C]
-            boots = [_class_rms(t, groups) for t in wsum]
-            leak, mis = _parts(chain, v, h, k, s_h, est)
-            mean_e = float(e.mean())
-            ci_low, ci_high = percentile_interval(b[1] for b in boots)
-            rows.append(
-                {
-                    "stage": h,
-                    "estimator": est,
-                    "bias_mean": mean_e,
-                    "bias_rms": stats[1],
-                    "ci_low": ci_low,
-                    "ci_high": ci_high,
-                    "leakage_rms": leak,
-                    "mismatch_rms": mis,
-                }
-            )
-    return rows
+    return _Groups(total, base, rtg, past, state, q_h - v_h)
+
+
+def _mc_value(chain: Chain, s_h: torch.Tensor, h: int, branches: int, gen: torch.Generator) -> torch.Tensor:
+    """MC value ``[g, R]`` of the states s_h ``[g, R]``: the mean reward-to-go of ``branches`` fresh
+    continuations from stage h (the trajectory's own future is not used)."""
+    groups, R = s_h.shape
+    cont = simulate(chain, groups * R * branches, gen, start=s_h.reshape(-1).repeat_interleave(branches), h0=h)
+    return cont.double().sum(1).view(groups, R, branches).mean(2)
+
+
+def _bias_stats(e: torch.Tensor, onehot: torch.Tensor, weights: torch.Tensor) -> dict[str, float]:
+    """Bias mean, RMS over history classes and its bootstrap CI from the errors e ``[g, R]``,
+    the history classes ``onehot`` ``[g, R, C]`` and the Poisson weights ``[boot, g]``."""
+    groups, C = onehot.shape[0], onehot.shape[2]
+    n_c = onehot.sum(1)  # [g, C] per-group class counts
+    s1 = (onehot * e[..., None]).sum(1)  # [g, C] per-group class sums
+    parts = torch.stack([n_c, s1, s1 * s1, s1 * n_c, n_c * n_c])  # [5, g, C]
+    stats = _class_rms(parts.sum(1), groups)
+    wsum = (weights @ parts.permute(1, 0, 2).reshape(groups, -1)).view(weights.shape[0], 5, C)  # [boot, 5, C]
+    boots = [_class_rms(t, groups) for t in wsum]
+    ci_low, ci_high = percentile_interval(b[1] for b in boots)
+    return {"bias_mean": float(e.mean()), "bias_rms": stats[1], "ci_low": ci_low, "ci_high": ci_high}
 
 
 def _class_rms(t: torch.Tensor, groups: int) -> tuple[float, float]:

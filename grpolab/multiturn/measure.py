@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -117,61 +118,86 @@ def run_arith(cfg: MultiturnConfig, log=print) -> list[dict]:
     spec = DialogueSpec(cfg.stages, max_operand=cfg.max_operand, context=cfg.context)
     policy = load_policy(cfg.model)
     policy.model.eval()
-    D, R, K, H = cfg.dialogues, cfg.group_size, cfg.branches, cfg.stages
-    kw = {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature}
-    dialogues = make_dialogues(D, MEASURE_DIALOGUE_SEED + cfg.seed, spec)
-    rep = [d for d in dialogues for _ in range(R)]
+    dialogues = make_dialogues(cfg.dialogues, MEASURE_DIALOGUE_SEED + cfg.seed, spec)
     with torch.no_grad():
-        turns = play(
-            policy, rep, [None] * (D * R), 0, [(streams.DIALOGUE, cfg.seed, n) for n in range(D * R)], spec, **kw
-        )
-        r = turns.rewards  # [D*R, H]
-        log(f"dialogue rollouts: per-stage accuracy {[round(float(x), 3) for x in r.mean(0)]}")
-        # v(s_1) of each dialogue, twice (independent sets), and v(s_h) of every visited state, twice
-        v1a, var1a = branch_values(policy, dialogues, [None] * D, 0, K, (cfg.seed, 0, 0), spec, **kw)
-        v1b, var1b = branch_values(policy, dialogues, [None] * D, 0, K, (cfg.seed, 0, 1), spec, **kw)
-        va = [v1a.repeat_interleave(R)]
-        vara = [var1a.repeat_interleave(R)]
-        vb = [v1b.repeat_interleave(R)]
-        varb = [var1b.repeat_interleave(R)]
-        for h in range(1, H):
-            a, av = branch_values(policy, rep, turns.answers[h - 1], h, K, (cfg.seed, h, 0), spec, **kw)
-            b, bv = branch_values(policy, rep, turns.answers[h - 1], h, K, (cfg.seed, h, 1), spec, **kw)
-            va.append(a), vara.append(av), vb.append(b), varb.append(bv)
-            log(f"stage {h + 1}: values estimated ({D * R * K * 2} branches)")
-    v1 = v1a.repeat_interleave(R)
-    v1var = var1a.repeat_interleave(R)
-    cluster = torch.arange(D).repeat_interleave(R)
+        rewards, values = _measure_dialogues(policy, dialogues, cfg, spec, log)
+    cluster = torch.arange(cfg.dialogues).repeat_interleave(cfg.group_size)  # [D*R] each rollout's dialogue
     gen = torch.Generator().manual_seed(cfg.seed)
     rows = []
-    for h in range(H):
-        past = r[:, :h].sum(dim=1)  # [D*R]
-        if h == 0:  # s_1 is the initial state itself: leakage and mismatch are 0 by definition
-            mis, mis_noise = torch.zeros_like(past), torch.zeros_like(past)
-        else:
-            mis, mis_noise = va[h] - v1, vara[h] + v1var
-        parts = {
-            "grpo": (past, mis, mis_noise),
-            "rtg-group": (torch.zeros_like(past), mis, mis_noise),
-            "rtg-mc": (torch.zeros_like(past), va[h] - vb[h], vara[h] + varb[h]),
-        }
-        for est in STAGE_ADVANTAGES:
-            leak, m, noise = parts[est]
-            b = leak + m
-            rms, lo, hi = _rms_stats(b, noise, cluster, cfg.bootstrap, gen)
-            rows.append(
-                {
-                    "stage": h + 1,
-                    "estimator": est,
-                    "bias_mean": float(b.mean()),
-                    "bias_rms": rms,
-                    "ci_low": lo,
-                    "ci_high": hi,
-                    "leakage_rms": math.sqrt(float((leak * leak).mean())),
-                    "mismatch_rms": _corrected_rms(m, noise),
-                    "accuracy": float(r[:, h].mean()),
-                }
-            )
+    for h in range(cfg.stages):
+        rows += _stage_rows(h, rewards, values, cluster, cfg.bootstrap, gen)
+    return rows
+
+
+class _BranchValues(NamedTuple):
+    """Two independent branched estimates (a, b) of v(s_h) for every rollout's visited state and
+    their noise variances: per stage h = 1 .. H (index 0: s_1), a ``[D*R]`` tensor each."""
+
+    a: list[torch.Tensor]
+    var_a: list[torch.Tensor]
+    b: list[torch.Tensor]
+    var_b: list[torch.Tensor]
+
+
+def _measure_dialogues(
+    policy, dialogues: list, cfg: MultiturnConfig, spec: DialogueSpec, log
+) -> tuple[torch.Tensor, _BranchValues]:
+    """R rollouts of each dialogue, their rewards ``[D*R, H]``, and the branched values of their states."""
+    D, R, K = cfg.dialogues, cfg.group_size, cfg.branches
+    kw = {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature}
+    rep = [d for d in dialogues for _ in range(R)]
+    turns = play(policy, rep, [None] * (D * R), 0, [(streams.DIALOGUE, cfg.seed, n) for n in range(D * R)], spec, **kw)
+    r = turns.rewards  # [D*R, H]
+    log(f"dialogue rollouts: per-stage accuracy {[round(float(x), 3) for x in r.mean(0)]}")
+    # v(s_1) of each dialogue, twice (independent sets), and v(s_h) of every visited state, twice
+    v1a, var1a = branch_values(policy, dialogues, [None] * D, 0, K, (cfg.seed, 0, 0), spec, **kw)
+    v1b, var1b = branch_values(policy, dialogues, [None] * D, 0, K, (cfg.seed, 0, 1), spec, **kw)
+    values = _BranchValues(
+        [v1a.repeat_interleave(R)],
+        [var1a.repeat_interleave(R)],
+        [v1b.repeat_interleave(R)],
+        [var1b.repeat_interleave(R)],
+    )
+    for h in range(1, cfg.stages):
+        a, av = branch_values(policy, rep, turns.answers[h - 1], h, K, (cfg.seed, h, 0), spec, **kw)
+        b, bv = branch_values(policy, rep, turns.answers[h - 1], h, K, (cfg.seed, h, 1), spec, **kw)
+        values.a.append(a), values.var_a.append(av), values.b.append(b), values.var_b.append(bv)
+        log(f"stage {h + 1}: values estimated ({D * R * K * 2} branches)")
+    return r, values
+
+
+def _stage_rows(
+    h: int, r: torch.Tensor, v: _BranchValues, cluster: torch.Tensor, boot: int, gen: torch.Generator
+) -> list[dict]:
+    """The records of stage h + 1 (0-based h), one per estimator; rewards r ``[D*R, H]``."""
+    past = r[:, :h].sum(dim=1)  # [D*R]
+    if h == 0:  # s_1 is the initial state itself: leakage and mismatch are 0 by definition
+        mis, mis_noise = torch.zeros_like(past), torch.zeros_like(past)
+    else:  # the value mismatch v(s_h) - v(s_1): the noise of both estimates adds
+        mis, mis_noise = v.a[h] - v.a[0], v.var_a[h] + v.var_a[0]
+    parts = {  # (leakage, mismatch, noise variance of the mismatch)
+        "grpo": (past, mis, mis_noise),
+        "rtg-group": (torch.zeros_like(past), mis, mis_noise),
+        "rtg-mc": (torch.zeros_like(past), v.a[h] - v.b[h], v.var_a[h] + v.var_b[h]),
+    }
+    rows = []
+    for est in STAGE_ADVANTAGES:
+        leak, m, noise = parts[est]
+        b = leak + m
+        rms, lo, hi = _rms_stats(b, noise, cluster, boot, gen)
+        rows.append(
+            {
+                "stage": h + 1,
+                "estimator": est,
+                "bias_mean": float(b.mean()),
+                "bias_rms": rms,
+                "ci_low": lo,
+                "ci_high": hi,
+                "leakage_rms": math.sqrt(float((leak * leak).mean())),
+                "mismatch_rms": _corrected_rms(m, noise),
+                "accuracy": float(r[:, h].mean()),
+            }
+        )
     return rows
 
 

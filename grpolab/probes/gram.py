@@ -36,8 +36,8 @@ Psi = G G^T. The tests and ``rank --verify`` compare the two.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -251,6 +251,18 @@ class _GramAccumulator:
         self.covered.add(id(param))
         self.psi += gram.double().cpu()
 
+    def check_complete(self) -> None:
+        """Raise unless every chosen parameter was covered and every shared one got all its uses."""
+        missing = [name for pid, name in self.chosen.items() if pid not in self.covered]
+        if missing:
+            shown = ", ".join(missing[:5]) + (f", ... ({len(missing)} in all)" if len(missing) > 5 else "")
+            raise NotImplementedError(
+                f"score_gram has no per-rollout rule for {len(missing)} parameter(s): {shown}; "
+                "use score_gram_reference or restrict with include="
+            )
+        if self.pending:
+            raise RuntimeError("a shared parameter received fewer contributions than it has uses")
+
 
 @contextlib.contextmanager
 def _frozen(model: nn.Module):
@@ -286,6 +298,95 @@ def _linear_contribution(acc: _GramAccumulator, module: nn.Linear, a: torch.Tens
         acc.add_per_rollout(module.bias, b.sum(dim=1))  # [R, q]
 
 
+def _hooked_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules with a per-rollout rule (module docstring): Linear, Embedding, LayerNorm, RMSNorm."""
+    return [
+        m
+        for m in model.modules()
+        if isinstance(m, (nn.Linear, nn.Embedding)) or _is_rmsnorm(m) or isinstance(m, nn.LayerNorm)
+    ]
+
+
+def _count_uses(modules: list[nn.Module], chosen: dict[int, str]) -> dict[int, int]:
+    """id(param) -> number of ``modules`` using it (2 for tied input/output embeddings)."""
+    uses: dict[int, int] = {}
+    for m in modules:
+        for p in (getattr(m, "weight", None), getattr(m, "bias", None)):
+            if isinstance(p, nn.Parameter) and id(p) in chosen:
+                uses[id(p)] = uses.get(id(p), 0) + 1
+    return uses
+
+
+class _ScoreHooks:
+    """Forward hooks that keep each hooked module's input and route its output gradient to ``acc``.
+
+    An ``nn.Embedding``'s output is replaced by a fresh leaf (collected in ``targets``): the
+    backward pass ends there, and the leaf's gradient is the embedding's b. Every other
+    module gets a tensor hook on its output that adds the module's contribution once b arrives.
+    """
+
+    def __init__(self, acc: _GramAccumulator):
+        self.acc = acc
+        self.targets: list[torch.Tensor] = []  # the embedding outputs the backward pass targets
+
+    @contextlib.contextmanager
+    def installed(self, modules: list[nn.Module]):
+        """The forward hooks on ``modules`` for the duration of the block, removed even if it fails."""
+        handles = [m.register_forward_hook(self.forward_hook) for m in modules]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+    def forward_hook(self, mod: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor | None:
+        x = inputs[0]
+        if isinstance(mod, nn.Embedding):
+            return self._cut_at_embedding(mod, x, output)
+        if output.requires_grad:
+            output.register_hook(functools.partial(self._grad_hook, mod, x.detach()))
+        return None
+
+    def _cut_at_embedding(self, mod: nn.Embedding, ids: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        # The backward pass ends here: the output becomes a leaf whose gradient is b.
+        leaf = output.detach().requires_grad_(True)
+        leaf.register_hook(functools.partial(self._embedding_grad, mod, ids))
+        self.targets.append(leaf)
+        return leaf
+
+    def _embedding_grad(self, mod: nn.Embedding, ids: torch.Tensor, b: torch.Tensor) -> None:
+        """ids ``[R, L]``, b ``[R, L, d]``: rows of b scatter-added at the token ids (kept factored)."""
+        if id(mod.weight) not in self.acc.chosen:
+            return
+        b = b.float()
+        if mod.padding_idx is not None:  # nn.Embedding gives its padding row no gradient
+            b = b.masked_fill((ids == mod.padding_idx)[..., None], 0.0)
+        R, L = self.acc.R, ids.shape[1]
+        self.acc.add_factors(mod.weight, _Factors(_rows(R, L, b.device), b.reshape(R * L, -1), None, ids.reshape(-1)))
+
+    def _grad_hook(self, mod: nn.Module, saved: torch.Tensor, b: torch.Tensor) -> None:
+        """``mod``'s contribution from its saved input and its output gradient b (the row dim first: R)."""
+        if isinstance(mod, nn.Linear):
+            _linear_contribution(self.acc, mod, saved, b)
+        elif isinstance(mod, nn.LayerNorm):
+            self._layernorm_grad(mod, saved, b)
+        else:
+            self._rmsnorm_grad(mod, saved, b)
+
+    def _layernorm_grad(self, mod: nn.LayerNorm, saved: torch.Tensor, b: torch.Tensor) -> None:
+        """y = weight * xhat + bias: the gain's gradient is sum b * xhat, the bias's sum b."""
+        xhat = nn.functional.layer_norm(saved.float(), mod.normalized_shape, eps=mod.eps)
+        if mod.weight is not None and id(mod.weight) in self.acc.chosen:
+            self.acc.add_per_rollout(mod.weight, _per_rollout_sum(b.float() * xhat))
+        if mod.bias is not None and id(mod.bias) in self.acc.chosen:
+            self.acc.add_per_rollout(mod.bias, _per_rollout_sum(b.float()))
+
+    def _rmsnorm_grad(self, mod: nn.Module, saved: torch.Tensor, b: torch.Tensor) -> None:
+        """y = weight * xhat: the gain's gradient is sum b * xhat."""
+        if id(mod.weight) in self.acc.chosen:
+            self.acc.add_per_rollout(mod.weight, _per_rollout_sum(b.float() * _rms_hat(mod, saved)))
+
+
 def score_gram(
     model: nn.Module,
     batch: Batch,
@@ -306,81 +407,15 @@ def score_gram(
     """
     chosen = _select_params(model, include)
     R = batch.completion_ids.shape[0]
-    modules = [
-        m
-        for m in model.modules()
-        if isinstance(m, (nn.Linear, nn.Embedding)) or _is_rmsnorm(m) or isinstance(m, nn.LayerNorm)
-    ]
-    uses: dict[int, int] = {}
-    for m in modules:
-        for p in (getattr(m, "weight", None), getattr(m, "bias", None)):
-            if isinstance(p, nn.Parameter) and id(p) in chosen:
-                uses[id(p)] = uses.get(id(p), 0) + 1
-    acc = _GramAccumulator(R, chosen, uses, sketch_dim, sketch_seed)
-    handles = []
-    targets: list[torch.Tensor] = []
-
-    def hook_for(module: nn.Module) -> Callable:
-        def forward_hook(mod, inputs, output):
-            x = inputs[0]
-            if isinstance(mod, nn.Embedding):
-                # The backward pass ends here: the output becomes a leaf whose gradient is b.
-                leaf = output.detach().requires_grad_(True)
-                ids = x
-
-                def emb_grad(b):
-                    if id(mod.weight) in chosen:
-                        b = b.float()
-                        if mod.padding_idx is not None:  # nn.Embedding gives its padding row no gradient
-                            b = b.masked_fill((ids == mod.padding_idx)[..., None], 0.0)
-                        L = ids.shape[1]
-                        acc.add_factors(
-                            mod.weight, _Factors(_rows(R, L, b.device), b.reshape(R * L, -1), None, ids.reshape(-1))
-                        )
-
-                leaf.register_hook(emb_grad)
-                targets.append(leaf)
-                return leaf
-            saved = x.detach()
-
-            def grad_hook(b):
-                if isinstance(mod, nn.Linear):
-                    _linear_contribution(acc, mod, saved, b)
-                elif isinstance(mod, nn.LayerNorm):
-                    xhat = nn.functional.layer_norm(saved.float(), mod.normalized_shape, eps=mod.eps)
-                    if mod.weight is not None and id(mod.weight) in chosen:
-                        acc.add_per_rollout(mod.weight, _per_rollout_sum(b.float() * xhat))
-                    if mod.bias is not None and id(mod.bias) in chosen:
-                        acc.add_per_rollout(mod.bias, _per_rollout_sum(b.float()))
-                elif id(mod.weight) in chosen:  # RMSNorm: y = weight * xhat
-                    acc.add_per_rollout(mod.weight, _per_rollout_sum(b.float() * _rms_hat(mod, saved)))
-
-            if output.requires_grad:
-                output.register_hook(grad_hook)
-            return None
-
-        return forward_hook
-
-    for m in modules:
-        handles.append(m.register_forward_hook(hook_for(m)))
-    try:
-        with _frozen(model):
-            loss = _weighted_score_sum(model, batch, weights, temperature)
-            if not targets:
-                raise RuntimeError("score_gram needs a model whose inputs pass through an nn.Embedding")
-            torch.autograd.grad(loss, targets)
-    finally:
-        for h in handles:
-            h.remove()
-    missing = [name for pid, name in chosen.items() if pid not in acc.covered]
-    if missing:
-        shown = ", ".join(missing[:5]) + (f", ... ({len(missing)} in all)" if len(missing) > 5 else "")
-        raise NotImplementedError(
-            f"score_gram has no per-rollout rule for {len(missing)} parameter(s): {shown}; "
-            "use score_gram_reference or restrict with include="
-        )
-    if acc.pending:
-        raise RuntimeError("a shared parameter received fewer contributions than it has uses")
+    modules = _hooked_modules(model)
+    acc = _GramAccumulator(R, chosen, _count_uses(modules, chosen), sketch_dim, sketch_seed)
+    hooks = _ScoreHooks(acc)
+    with hooks.installed(modules), _frozen(model):
+        loss = _weighted_score_sum(model, batch, weights, temperature)
+        if not hooks.targets:
+            raise RuntimeError("score_gram needs a model whose inputs pass through an nn.Embedding")
+        torch.autograd.grad(loss, hooks.targets)  # the hooks add every layer's contribution to acc
+    acc.check_complete()
     return acc.result()
 
 

@@ -108,55 +108,92 @@ def collect_pool(
     chosen = _select_params(model, include)
     params = [p for p in model.parameters() if id(p) in chosen]
     D = sum(p.numel() for p in params)
-    if sketch_dim is None:
-        sketch_dim = 0 if len(records) * D <= EXACT_POOL_FLOATS else SKETCH_DIM
-        if sketch_dim and world.is_main:
-            log(
-                f"pool: {len(records)} gradients of {D / 1e6:.0f} M parameters would take {len(records) * D * 4 / 2**30:.1f} GB; "
-                f"their cross products come from a {sketch_dim}-dimensional CountSketch (unbiased)"
-            )
+    sketch_dim = _resolve_sketch_dim(sketch_dim, len(records), D, world, log)
+    sample_kw = {
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "format_weight": format_weight,
+        "overlong": overlong,
+    }
+    reduce = _PromptReducer(policy, n, seed, sample_kw, include, params, [chosen[id(p)] for p in params], sketch_dim)
     moments, vectors, means, stds = [], [], [], []
     mine = world.split(len(records))
     with progress_bar(label, len(mine), enabled=progress and world.is_main) as bar:
         for k in mine:  # global prompt index: the random stream does not depend on the process count
-            rec = records[k]
-            batch, rewards = sample_rollouts(
-                policy,
-                rec,
-                n,
-                (streams.POOL, seed, k),
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                format_weight=format_weight,
-                overlong=overlong,
-            )
-            # The plain score sum_t grad log pi (weight 1 per token): E[psi] = 0, so mu = E[r psi] is the
-            # true gradient. A length-normalised psi would not be a score and would not average to 0.
-            weights = batch.completion_mask.double()  # [n, T]
-            psi = score_gram(model, batch, weights, temperature=temperature, include=include)  # [n, n]
-            moments.append(prompt_moments(psi, rewards))
-            a = rloo_weights(rewards)  # [n]
-            if bool((rewards == rewards[0]).all()):  # equal rewards: every leave-one-out weight is 0, so is mu_hat
-                vectors.append(torch.zeros(sketch_dim or D))
-            else:
-                logp = completion_logprobs(model, batch, temperature)  # [n, T]
-                obj = (logp * (weights * a[:, None]).to(logp.dtype)).sum()
-                grads = torch.autograd.grad(obj, params, allow_unused=True)
-                blocks = [
-                    (g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, params)
-                ]
-                del grads
-                if sketch_dim:  # each parameter's block hashed with its own (name-keyed) buckets and signs
-                    vectors.append(
-                        sum(_count_sketch(b[None], chosen[id(p)], sketch_dim, seed)[0] for b, p in zip(blocks, params))
-                    )  # [k]
-                else:
-                    vectors.append(torch.cat(blocks))  # [D]
-                del blocks
+            moment, vector, rewards = reduce(k, records[k])
+            moments.append(moment)
+            vectors.append(vector)
             means.append(float(rewards.mean()))
             stds.append(float(rewards.std(unbiased=False)))
             bar.update(len(means), f"mean reward {sum(means) / len(means):.2f}")
-    width = sketch_dim or D
+    return _gather_pool(moments, vectors, means, stds, sketch_dim or D, world)
+
+
+def _resolve_sketch_dim(sketch_dim: int | None, M: int, D: int, world: World, log) -> int:
+    """``sketch_dim`` as given, or for None: 0 (exact) when the M vectors of D floats fit in
+    EXACT_POOL_FLOATS, else SKETCH_DIM (said once, on the main rank)."""
+    if sketch_dim is not None:
+        return sketch_dim
+    sketch_dim = 0 if M * D <= EXACT_POOL_FLOATS else SKETCH_DIM
+    if sketch_dim and world.is_main:
+        log(
+            f"pool: {M} gradients of {D / 1e6:.0f} M parameters would take {M * D * 4 / 2**30:.1f} GB; "
+            f"their cross products come from a {sketch_dim}-dimensional CountSketch (unbiased)"
+        )
+    return sketch_dim
+
+
+@dataclasses.dataclass
+class _PromptReducer:
+    """collect_pool's work on one prompt: n rollouts, reduced to their moments (from the exact
+    n x n Gram matrix) and the leave-one-out gradient mu_hat ``[D]`` (or its CountSketch ``[k]``)."""
+
+    policy: Policy
+    n: int
+    seed: int
+    sample_kw: dict  # sample_rollouts' max_new_tokens, temperature, format_weight, overlong
+    include: str | None
+    params: list[torch.nn.Parameter]  # the chosen parameters, in model order: the blocks of mu_hat
+    names: list[str]  # their names, which key each block's sketch hashes
+    sketch_dim: int  # 0: mu_hat kept whole
+
+    def __call__(self, k: int, record: dict) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
+        """Prompt k's moments, mu_hat and rewards ``[n]``; its rollouts draw from stream (POOL, seed, k)."""
+        batch, rewards = sample_rollouts(self.policy, record, self.n, (streams.POOL, self.seed, k), **self.sample_kw)
+        # The plain score sum_t grad log pi (weight 1 per token): E[psi] = 0, so mu = E[r psi] is the
+        # true gradient. A length-normalised psi would not be a score and would not average to 0.
+        weights = batch.completion_mask.double()  # [n, T]
+        temperature = self.sample_kw["temperature"]
+        psi = score_gram(self.policy.model, batch, weights, temperature=temperature, include=self.include)  # [n, n]
+        return prompt_moments(psi, rewards), self._loo_vector(batch, weights, rewards), rewards
+
+    def _loo_vector(self, batch: Batch, weights: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+        """mu_hat = sum_i a_i psi_i with the leave-one-out weights a ``[n]``: ``[D]``, or ``[k]`` sketched."""
+        a = rloo_weights(rewards)  # [n]
+        if bool((rewards == rewards[0]).all()):  # equal rewards: every leave-one-out weight is 0, so is mu_hat
+            return torch.zeros(self.sketch_dim or sum(p.numel() for p in self.params))
+        blocks = self._weighted_score_blocks(batch, weights * a[:, None])
+        if self.sketch_dim:  # each parameter's block hashed with its own (name-keyed) buckets and signs
+            return sum(
+                _count_sketch(b[None], name, self.sketch_dim, self.seed)[0] for b, name in zip(blocks, self.names)
+            )  # [k]
+        return torch.cat(blocks)  # [D]
+
+    def _weighted_score_blocks(self, batch: Batch, token_weights: torch.Tensor) -> list[torch.Tensor]:
+        """grad sum_{i,t} w_it log pi(o_it | ...) for token weights w ``[n, T]``: one flattened float32
+        block per parameter (zeros for a parameter the completions do not reach)."""
+        logp = completion_logprobs(self.policy.model, batch, self.sample_kw["temperature"])  # [n, T]
+        obj = (logp * token_weights.to(logp.dtype)).sum()
+        grads = torch.autograd.grad(obj, self.params, allow_unused=True)
+        return [(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, self.params)]
+
+
+def _gather_pool(moments: list, vectors: list, means: list, stds: list, width: int, world: World) -> Pool:
+    """This rank's per-prompt results and mu_hat vectors (each ``[width]``) gathered into the whole pool."""
     V = torch.stack(vectors).double() if vectors else torch.zeros(0, width, dtype=torch.float64)  # [M / P, D or k]
-    cat = lambda xs: distributed.gather_concat(xs, world)  # noqa: E731
-    return Pool(cat(moments), distributed.gram(V, world), cat(means), cat(stds))
+    # every rank makes the same collective calls in the same order
+    gathered_moments = distributed.gather_concat(moments, world)
+    cross = distributed.gram(V, world)  # [M, M]
+    return Pool(
+        gathered_moments, cross, distributed.gather_concat(means, world), distributed.gather_concat(stds, world)
+    )
