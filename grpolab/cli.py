@@ -301,7 +301,7 @@ def cmd_merge(args: list[str]) -> None:
     parser.add_argument("--model", default="", help="base model spec; default: the run's config.json")
     parser.add_argument("--gguf-file", default="", help="GGUF file of the base, when --model is a directory")
     ns = parser.parse_args(args)
-    from grpolab.models.lora import merge_checkpoint
+    from grpolab.merge import merge_checkpoint
 
     base = merge_checkpoint(ns.checkpoint, ns.out, ns.model, ns.gguf_file)
     print(f"merged {Path(ns.checkpoint)} into {base}: {ns.out}")

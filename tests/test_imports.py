@@ -87,7 +87,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_graph_sees_imports_inside_functions():
     g = import_graph()
-    assert "grpolab.multiturn.trainer" in g["grpolab.trainer"]  # imported inside train()
+    assert "grpolab.multiturn.trainer" in g["grpolab.recipe"]  # imported inside TrainRecipe._setup_trainer
     assert "grpolab.answers" in g["grpolab.rewards"]
 
 
