@@ -12,6 +12,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 from grpolab.runlog import read_metrics  # noqa: E402
 
 
+def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
+    """Lay ``fig`` out, write it to ``path`` and free it: how every figure of grpolab ends."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return Path(path)
+
+
 def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
     return [p[0] for p in pts], [p[1] for p in pts]
@@ -64,10 +72,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, title: str = ""
         ax.legend(loc="best", fontsize=8)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, dpi=100)
 
 
 def plot_sweep(report: dict, path: str | Path) -> Path:
@@ -95,10 +100,7 @@ def plot_sweep(report: dict, path: str | Path) -> Path:
     ax.set_title(f"{cfg['steps']} steps, {cfg['seeds']} seeds, mean and 95% CI (dotted: before)", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, dpi=110)
 
 
 def plot_compare(run_dirs: list[str | Path], keys: list[str], out: str | Path) -> Path:
@@ -124,7 +126,4 @@ def plot_compare(run_dirs: list[str | Path], keys: list[str], out: str | Path) -
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return Path(out)
+    return save_figure(fig, out, dpi=110)

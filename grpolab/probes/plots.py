@@ -9,6 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from grpolab.plotting import save_figure  # noqa: E402
+
 
 def plot_rank(results: list[dict], out_dir: str | Path) -> list[Path]:
     """Effective rank and top-1 fraction against training step per R [Foundations, Figures 1-2],
@@ -33,9 +35,7 @@ def plot_rank(results: list[dict], out_dir: str | Path) -> list[Path]:
         ax.set_title(title + "\n(mean over prompts with reward variance, 95% interval)", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(out_dir / name, dpi=100)
-        plt.close(fig)
+        save_figure(fig, out_dir / name, dpi=100)
         paths.append(out_dir / name)
     fig, ax = plt.subplots(figsize=(6, 4))
     for R in sorted({r["R"] for r in results}):
@@ -45,9 +45,7 @@ def plot_rank(results: list[dict], out_dir: str | Path) -> list[Path]:
     ax.set_title("mean within-group reward std", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "rank_reward_std.png", dpi=100)
-    plt.close(fig)
+    save_figure(fig, out_dir / "rank_reward_std.png", dpi=100)
     paths.append(out_dir / "rank_reward_std.png")
     return paths
 
@@ -78,10 +76,7 @@ def plot_mse(report: dict, path: str | Path) -> Path:
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("MSE of the gradient estimate (per prompt)")
     axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, dpi=110)
 
 
 def plot_groupsize(report: dict, path: str | Path) -> Path:
@@ -102,10 +97,7 @@ def plot_groupsize(report: dict, path: str | Path) -> Path:
     ax.set_ylabel("predicted MSE (rloo, minibatch)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, dpi=110)
 
 
 def plot_multiturn(rows: list[dict], path: str | Path, title: str = "") -> Path:
@@ -126,7 +118,4 @@ def plot_multiturn(rows: list[dict], path: str | Path, title: str = "") -> Path:
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, dpi=110)
