@@ -14,6 +14,7 @@ from typing import Literal
 
 from grpolab.advantages import ESTIMATORS, SCALES
 from grpolab.data.arithmetic import CATEGORIES
+from grpolab.data.dataset import DATA_FORMATS
 from grpolab.group_budget import SAMPLING_MODES
 from grpolab.loss import AGGREGATIONS, IMPORTANCE_SAMPLING, KL_ESTIMATORS
 from grpolab.multiturn.chain import STAGE_ADVANTAGES
@@ -98,13 +99,25 @@ class TrainConfig:
     """arith-multiturn, rtg-mc: continuations branched from each visited state to estimate its value."""
     dialogue_context: Literal["question", "dialogue"] = "question"
     """arith-multiturn: what the policy sees at a turn, 'question' or the whole 'dialogue'."""
-    format: Literal["gsm8k", "math"] = "gsm8k"
-    """Format of --data/--eval-data: gsm8k ({question, answer ending '#### n'}) or math ({problem, solution
-    with \\boxed{...}}, answers compared with math-verify)."""
+    format: Literal["auto", "prompt", "gsm8k", "math"] = "auto"
+    """How --data/--eval-data rows become records: prompt (the --prompt-column holds a string or a list of chat
+    messages; every other column reaches the reward functions), gsm8k ({question, answer ending '#### n'}), math
+    ({problem, solution with \\boxed{...}}, answers compared with math-verify), or auto: prompt when the rows have
+    the prompt column, else the preset whose fields they have (recorded resolved in config.json)."""
     data: str = ""
-    """Optional GSM8K-style JSONL file of training records; empty = generate arithmetic questions."""
+    """Training data: a .jsonl, .json, .csv or .parquet file, or a directory written by datasets' save_to_disk;
+    empty = generate arithmetic questions."""
+    data_split: str = ""
+    """The split of a saved DatasetDict given as --data (default: its only split)."""
     eval_data: str = ""
-    """Optional GSM8K-style JSONL file of held-out records; empty = the built-in test set."""
+    """Held-out data, in the same forms as --data; empty = --eval-fraction of --data, or the built-in test set."""
+    eval_split: str = ""
+    """The split of a saved DatasetDict given as --eval-data (default: its only split)."""
+    eval_fraction: float = 0.0
+    """Without --eval-data: hold out this fraction of --data's distinct prompts for evaluation (chosen by --seed;
+    no training prompt is among them). 0 = the built-in test set, for gsm8k/math data."""
+    prompt_column: str = "prompt"
+    """The column that holds each row's prompt (prompt-format data)."""
     max_operand: int = 99
     """Arithmetic: largest operand (two digits by default)."""
     mul_max: int = 9
@@ -151,6 +164,9 @@ class TrainConfig:
     lists). Each one's mean is logged as reward/<function name>; the first is also reward/accuracy."""
     reward_weights: tuple[float, ...] = ()
     """One weight per --reward-fn (default: all 1): r = sum_i w_i f_i + format_weight * format."""
+    eval_reward_fn: str = ""
+    """The reward whose mean is the held-out accuracy ('module:function' or 'file.py:function', either form);
+    default: the first --reward-fn for prompt data, the built-in answer check otherwise."""
 
     # --- objective ---
     estimator: Literal["vanilla", "grpo", "grpo_std", "rloo", "oracle"] = "grpo_std"
@@ -247,9 +263,21 @@ class TrainConfig:
         return self.prompts_per_step * self.group_size
 
     def resolved(self) -> TrainConfig:
-        """This config with every unset (None) field given its default for ``--model`` (MODEL_DEFAULTS)."""
+        """This config with every unset (None) field given its default for ``--model`` (MODEL_DEFAULTS), and
+        ``--format auto`` resolved from the data's columns (gsm8k for the built-in task)."""
         defaults = MODEL_DEFAULTS["builtin" if self.model == "builtin" else "other"]
-        return dataclasses.replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
+        fill = {k: v for k, v in defaults.items() if getattr(self, k) is None}
+        if self.format == "auto":
+            fill["format"] = self._data_format()
+        return dataclasses.replace(self, **fill)
+
+    def _data_format(self) -> str:
+        if not (self.data or self.eval_data):
+            return "gsm8k"
+        from grpolab.data.dataset import data_format
+
+        path, split = (self.data, self.data_split) if self.data else (self.eval_data, self.eval_split)
+        return data_format(path, split, self.prompt_column)
 
     @property
     def checked_for(self) -> int | None:
@@ -268,7 +296,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Refuse an inconsistent config with a :class:`ConfigError` naming the field (the first problem found)."""
-        if any(getattr(self, k) is None for k in MODEL_DEFAULTS["builtin"]):
+        if self.format == "auto" or any(getattr(self, k) is None for k in MODEL_DEFAULTS["builtin"]):
             return self.resolved().validate()
         self._validate_counts()
         self._validate_task()
@@ -302,9 +330,11 @@ class TrainConfig:
 
     def _validate_task(self) -> None:
         """The task, its data format and the multi-turn options."""
-        if self.format == "math" and not (self.data and self.eval_data):
+        self._validate_data()
+        if self.format == "math" and not (self.data and (self.eval_data or self.eval_fraction)):
             raise _bad(
-                "format", "math needs --data and --eval-data MATH-format JSONL files (the built-in task is numeric)"
+                "format",
+                "math needs --data and --eval-data (or --eval-fraction) in MATH format (the built-in task is numeric)",
             )
         if self.task not in ("arith", "arith-multiturn"):
             raise _bad("task", f"must be 'arith' or 'arith-multiturn', got {self.task!r}")
@@ -327,6 +357,22 @@ class TrainConfig:
             ):
                 if getattr(self, f) != off:
                     raise _bad(f, "is for single-turn tasks (--task arith)")
+
+    def _validate_data(self) -> None:
+        """Data files, their format, the held-out split."""
+        if self.format not in DATA_FORMATS:
+            raise _bad("format", f"must be one of {DATA_FORMATS}, got {self.format!r}")
+        if not 0 <= self.eval_fraction < 1:
+            raise _bad("eval_fraction", f"must be in [0, 1), got {self.eval_fraction:g}")
+        if self.eval_fraction and (self.eval_data or not self.data):
+            raise _bad("eval_fraction", "holds out part of --data: give --data, and no --eval-data")
+        if self.format == "prompt" and self.data and not (self.eval_data or self.eval_fraction):
+            raise _bad("eval_fraction", "prompt data needs --eval-data or --eval-fraction (the built-in test set asks "
+                       "arithmetic questions)")  # fmt: skip
+        if self.format == "prompt" and self.few_shot:
+            raise _bad("few_shot", "needs solved examples (question and answer): the built-in task or gsm8k/math data")
+        if self.format == "prompt" and not (self.data or self.eval_data):
+            raise _bad("format", "prompt needs --data or --eval-data")
 
     def _validate_estimator_and_sampling(self) -> None:
         """The advantage estimator and the --sampling mode it must fit."""

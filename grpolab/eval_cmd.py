@@ -53,12 +53,24 @@ class EvalConfig:
     """The system instruction of chat prompts (empty: the default for --format)."""
     few_shot: int | None = None
     """Solved examples before each question (from the training split, as in training)."""
-    format: Literal["gsm8k", "math"] | None = None
-    """Format of --eval-data: gsm8k or math."""
+    format: Literal["auto", "prompt", "gsm8k", "math"] | None = None
+    """How --eval-data rows become records: prompt, gsm8k, math, or auto (as in training)."""
     eval_data: str | None = None
-    """A JSONL file of held-out records instead of the built-in test set."""
+    """Held-out data (.jsonl, .json, .csv, .parquet or a save_to_disk directory) instead of the built-in test set."""
+    eval_split: str | None = None
+    """The split of a saved DatasetDict given as --eval-data."""
     data: str | None = None
-    """The training JSONL file (the few-shot examples come from it)."""
+    """The training data (the few-shot examples, and --eval-fraction's held-out prompts, come from it)."""
+    data_split: str | None = None
+    """The split of a saved DatasetDict given as --data."""
+    eval_fraction: float | None = None
+    """Evaluate the fraction of --data's prompts a run with this --eval-fraction held out (a run: its own)."""
+    prompt_column: str | None = None
+    """The column holding each row's prompt (prompt data)."""
+    reward_fn: tuple[str, ...] | None = None
+    """Prompt data: the run's reward functions; the first one's mean is the accuracy (a run: its own)."""
+    eval_reward_fn: str | None = None
+    """The reward whose mean is the accuracy, instead of the first --reward-fn (a run: its own)."""
     max_operand: int | None = None
     """Arithmetic: largest operand (default 99)."""
     mul_max: int | None = None
@@ -145,7 +157,11 @@ def _evaluate(cfg: EvalConfig, tcfg: TrainConfig, policy, held_out: list[dict]) 
 
     from grpolab.evaluate import evaluate
     from grpolab.progress import progress_bar
+    from grpolab.rewards import eval_reward, reward_functions
 
+    prompt_of = policy.chat_messages if policy.chat else policy.prompt_text
+    fns = reward_functions(tcfg.reward_fn, tcfg.reward_weights, 0.0, prompt_of=prompt_of, chat=policy.chat)
+    _, score = eval_reward(tcfg, fns, prompt_of, policy.chat)
     total = len(held_out) * (1 + cfg.samples)
     with torch.no_grad(), progress_bar("eval", total, enabled=cfg.progress, every=max(total // 10, 1)) as bar:
         return evaluate(
@@ -157,6 +173,7 @@ def _evaluate(cfg: EvalConfig, tcfg: TrainConfig, policy, held_out: list[dict]) 
             seed=tcfg.seed,
             batch_size=cfg.batch_size,
             progress=lambda done, _: bar.update(done),
+            score=score,
         )
 
 
@@ -214,6 +231,9 @@ def format_eval(report: dict, show: int = 3) -> str:
     for name, g, s, n in rows:
         lines.append(f"{name:<12} {n:>9}  {cell(g):<22}" + (f"  {cell(s)}" if sampled else ""))
     for ex in report["examples"][:show]:
-        mark = "right" if ex["correct"] else "wrong"
-        lines.append(f"  {ex['question']!r} -> {ex['completion'][:120]!r} ({mark}; truth {ex['ground_truth']})")
+        if "reward" in ex:  # scored by a reward function
+            outcome = f"reward {ex['reward']:g}"
+        else:
+            outcome = f"{'right' if ex['correct'] else 'wrong'}; truth {ex['ground_truth']}"
+        lines.append(f"  {ex['question']!r} -> {ex['completion'][:120]!r} ({outcome})")
     return "\n".join(lines)

@@ -11,11 +11,12 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from grpolab import streams
+from grpolab.data.records import question_of
 from grpolab.distributed import SINGLE, World, gather_concat
 from grpolab.policy import Policy
 from grpolab.rewards import accuracy_reward
 from grpolab.rollout import sample
-from grpolab.stats import clustered_accuracy_interval, wilson_interval
+from grpolab.stats import clustered_accuracy_interval, mean_ci, wilson_interval
 
 
 def _generate(policy: Policy, records: list[dict], keys, temperature, max_new_tokens, batch_size, tick) -> list[str]:
@@ -48,20 +49,28 @@ def accuracy_summary(
     ``eval/sampled_<cat>`` (+ bounds).
     """
     out: dict[str, float] = {}
+    # Rewards other than 0/1 (a reward function's mean): a normal interval of the mean, not a binomial one.
+    binary = all(v in (0, 1) for v in greedy_ok) and all(v in (0, 1) for s in sampled_ok or [] for v in s)
 
     def add(greedy_key: str, sampled_key: str, idx: list[int]) -> None:
         g = [greedy_ok[i] for i in idx]
         out[greedy_key] = sum(g) / len(g)
-        out[greedy_key + "_lo"], out[greedy_key + "_hi"] = wilson_interval(sum(g), len(g))
+        if binary:
+            out[greedy_key + "_lo"], out[greedy_key + "_hi"] = wilson_interval(sum(g), len(g))
+        else:
+            _, out[greedy_key + "_lo"], out[greedy_key + "_hi"] = mean_ci(g)
         if sampled_ok is not None:
             per_q = [sum(sampled_ok[i]) / len(sampled_ok[i]) for i in idx]
             out[sampled_key] = sum(per_q) / len(per_q)
             if len(per_q) > 1:
-                out[sampled_key + "_lo"], out[sampled_key + "_hi"] = clustered_accuracy_interval(per_q)
-            else:  # one question: its k samples are the only trials there are
+                interval = clustered_accuracy_interval(per_q) if binary else mean_ci(per_q)[1:]
+                out[sampled_key + "_lo"], out[sampled_key + "_hi"] = interval
+            elif binary:  # one question: its k samples are the only trials there are
                 out[sampled_key + "_lo"], out[sampled_key + "_hi"] = wilson_interval(
                     sum(sampled_ok[idx[0]]), len(sampled_ok[idx[0]])
                 )
+            else:
+                _, out[sampled_key + "_lo"], out[sampled_key + "_hi"] = mean_ci(sampled_ok[idx[0]])
 
     add("eval/accuracy_greedy", "eval/accuracy_sampled", list(range(len(greedy_ok))))
     by_cat: dict[str, list[int]] = defaultdict(list)
@@ -83,8 +92,9 @@ def evaluate(
     batch_size: int = 256,
     world: World = SINGLE,
     progress: Callable[[int, int], None] | None = None,
+    score: Callable[[list[str], list[dict]], list[float]] = accuracy_reward,
 ) -> tuple[dict[str, float], list[dict]]:
-    """Accuracy on ``records``.
+    """Accuracy on ``records``: the mean of ``score`` (default: the built-in answer check, 0 or 1).
 
     Returns ``(metrics, examples)``: the keys of :func:`accuracy_summary` (greedy, and sampled
     over ``samples`` draws per question at ``temperature``); ``examples`` holds each question
@@ -108,21 +118,22 @@ def evaluate(
 
     greedy_keys = [(streams.EVAL, seed, i) for i in mine]
     greedy = _generate(policy, own, greedy_keys, 0.0, max_new_tokens, batch_size, tick)
-    greedy, greedy_ok = gather_concat(greedy, world), gather_concat(accuracy_reward(greedy, own), world)
+    greedy, greedy_ok = gather_concat(greedy, world), gather_concat(score(greedy, own), world)
     sampled_ok = None
     if samples > 0:
         rep = [r for r in own for _ in range(samples)]
         keys = [(streams.EVAL, seed, i, j) for i in mine for j in range(samples)]
         sampled = _generate(policy, rep, keys, temperature, max_new_tokens, batch_size, tick)
-        flat = gather_concat(accuracy_reward(sampled, rep), world)  # question-major: block of `samples` per question
+        flat = gather_concat(score(sampled, rep), world)  # question-major: block of `samples` per question
         sampled_ok = [flat[i * samples : (i + 1) * samples] for i in range(len(records))]
     metrics = accuracy_summary(greedy_ok, sampled_ok, [r.get("category", "all") for r in records])
     examples = [
         {
-            "question": r["question"],
-            "ground_truth": r["ground_truth"],
+            "question": question_of(r),
+            "ground_truth": r.get("ground_truth"),
             "completion": c,
-            "correct": bool(ok),
+            "correct": bool(ok >= 1),
+            **({} if score is accuracy_reward else {"reward": ok}),
             **({"sampled_correct": sum(s) / samples} if sampled_ok is not None else {}),
         }
         for r, c, ok, s in zip(records, greedy, greedy_ok, sampled_ok or [None] * len(records))

@@ -9,6 +9,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpolab.data.jsonl import DataError
+from grpolab.data.records import prompt_of
+
 BUILTIN = "builtin"
 SYSTEM_PROMPT = (
     "Solve the arithmetic problem. Work step by step, one short line per step, "
@@ -41,17 +44,27 @@ class Policy:
         return self.eos_id if pad is None else pad
 
     def chat_messages(self, record: dict) -> list[dict]:
-        """System instruction, few-shot turns, then the question as the user turn."""
-        msgs = [{"role": "system", "content": self.system}]
+        """System instruction (when there is one), few-shot turns, then the question as the user turn. A record
+        whose prompt is already a chat is used as it is, the system instruction put first only when it has none."""
+        prompt = prompt_of(record)
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        if isinstance(prompt, list):
+            return (system if not any(m["role"] == "system" for m in prompt) else []) + list(prompt)
+        msgs = system
         for ex in self.few_shot:
             msgs += [{"role": "user", "content": ex["question"]}, {"role": "assistant", "content": ex["answer"]}]
-        return msgs + [{"role": "user", "content": record["question"]}]
+        return msgs + [{"role": "user", "content": prompt}]
 
     def prompt_text(self, record: dict) -> str:
         """The plain-text prompt (no chat template): the few-shot examples (question, newline,
         answer, blank line), the question, newline."""
+        prompt = prompt_of(record)
+        if not isinstance(prompt, str):
+            raise DataError(
+                f"a prompt given as chat messages needs a chat template: {self.source} has none, or --chat is off"
+            )
         shots = "".join(f"{ex['question']}\n{ex['answer']}\n\n" for ex in self.few_shot)
-        return shots + record["question"] + "\n"
+        return shots + prompt + "\n"
 
     def prompt_ids(self, record: dict) -> list[int]:
         """Chat models: the chat template with the generation prompt. Others: BOS and :meth:`prompt_text`."""
@@ -67,6 +80,14 @@ class Policy:
     def decode(self, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
         """Completion texts ``[N]`` from ids ``[N, T]``, special tokens removed."""
         return [self.tokenizer.decode(row[m.bool()].tolist(), skip_special_tokens=True) for row, m in zip(ids, mask)]
+
+
+def system_prompt_for(data_format: str, system_prompt: str = "") -> str:
+    """The system instruction of chat prompts: ``--system-prompt`` when given; else for MATH data the \\boxed{}
+    instruction, for prompt data none (the data's prompts say what they want), otherwise the '#### <answer>' one."""
+    if system_prompt:
+        return system_prompt
+    return {"math": MATH_SYSTEM_PROMPT, "prompt": ""}.get(data_format, SYSTEM_PROMPT)
 
 
 def _own_memory(model: torch.nn.Module) -> torch.nn.Module:

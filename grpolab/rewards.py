@@ -24,6 +24,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 
 from grpolab.answers import extract_final_number, math_equal, numbers_equal  # noqa: F401  (re-exported)
+from grpolab.data.records import prompt_of as prompt_of_record
 
 RewardFn = Callable[[list[str], list[dict]], Sequence[float]]
 
@@ -43,6 +44,9 @@ def accuracy_reward(completions: list[str], records: list[dict]) -> list[float]:
         else:
             out.append(float(numbers_equal(extract_final_number(c), str(r["ground_truth"]))))
     return out
+
+
+accuracy_reward.columns = ("ground_truth",)
 
 
 def format_reward(completions: list[str], records: list[dict]) -> list[float]:
@@ -98,7 +102,7 @@ def from_trl(fn: Callable, prompt_of: Callable[[dict], Any], chat: bool) -> Rewa
     (TRL's conversational format); otherwise both are plain strings. A ``None`` in the
     result means "does not apply" in TRL and counts as 0 here, not as an error.
     """
-    reserved = {"prompts", "completions"}
+    reserved = {"prompts", "completions", "prompt"}  # the prompt column arrives as ``prompts``, as in TRL
 
     def reward(completions: list[str], records: list[dict]) -> list[float]:
         prompts = [prompt_of(r) for r in records]
@@ -110,7 +114,46 @@ def from_trl(fn: Callable, prompt_of: Callable[[dict], Any], chat: bool) -> Rewa
         return [0.0 if v is None else v for v in values]
 
     reward.__name__ = getattr(fn, "__name__", "reward")
+    reward.columns = declared_columns(fn)
     return reward
+
+
+# Parameters TRL itself passes to a reward function: not data columns.
+TRL_ARGUMENTS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"}
+
+
+def declared_columns(fn: Callable) -> list[str]:
+    """The data columns a TRL-form reward function asks for by name (parameters without a default)."""
+    kinds = inspect.Parameter
+    params = inspect.signature(fn).parameters.values()
+    return [
+        p.name
+        for p in params
+        if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
+        and p.default is p.empty
+        and p.name not in TRL_ARGUMENTS
+    ]
+
+
+def check_columns(reward_fns: Sequence[tuple[str, RewardFn, float]], records: list[dict], source: str) -> None:
+    """A ConfigError naming the function and the column when a reward needs a column the records lack: a TRL-form
+    function's named parameters, the built-in accuracy reward's ``ground_truth``."""
+    from grpolab.config import ConfigError
+
+    columns = list(dict.fromkeys(k for r in records for k in r))
+    for name, fn, _ in reward_fns:
+        missing = [c for c in getattr(fn, "columns", ()) if c not in columns]
+        if not missing:
+            continue
+        what = (
+            "the built-in accuracy reward needs"
+            if fn is accuracy_reward
+            else f"--reward-fn {name} declares the column(s)"
+        )
+        raise ConfigError(
+            f"{what} {', '.join(map(repr, missing))}, which {source} lacks (columns: {', '.join(columns)})"
+            + ("; pass --reward-fn" if fn is accuracy_reward else "")
+        )
 
 
 def load_reward_fn(path: str) -> RewardFn:
@@ -151,7 +194,7 @@ def reward_functions(
     paths: Sequence[str],
     weights: Sequence[float],
     format_weight: float,
-    prompt_of: Callable[[dict], Any] = lambda r: r["question"],
+    prompt_of: Callable[[dict], Any] = prompt_of_record,
     chat: bool = False,
 ) -> list[tuple[str, RewardFn, float]]:
     """The ``(name, fn, weight)`` a run scores with.
@@ -184,6 +227,19 @@ def reward_functions(
         taken.add(name)
         out.append((name, fn, float(w)))
     return out + [("format", format_reward, format_weight)]
+
+
+def eval_reward(
+    cfg, reward_fns: Sequence[tuple[str, RewardFn, float]], prompt_of: Callable[[dict], Any], chat: bool
+) -> tuple[str, RewardFn]:
+    """``(name, fn)`` of the reward whose mean is a run's held-out accuracy: ``--eval-reward-fn``; for prompt data
+    (no built-in answer check) the first ``--reward-fn``; otherwise the built-in accuracy reward."""
+    if cfg.eval_reward_fn:
+        name, fn, _ = reward_functions((cfg.eval_reward_fn,), (), 0.0, prompt_of=prompt_of, chat=chat)[0]
+        return name, fn
+    if cfg.format == "prompt" and cfg.reward_fn:
+        return reward_fns[0][0], reward_fns[0][1]
+    return "accuracy", accuracy_reward
 
 
 class Scores(NamedTuple):

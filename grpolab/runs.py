@@ -28,6 +28,12 @@ TASK_FIELDS = (
     "categories",
     "max_new_tokens",
     "temperature",
+    "data_split",
+    "eval_split",
+    "eval_fraction",
+    "prompt_column",
+    "reward_fn",
+    "eval_reward_fn",
     "format_weight",
     "seed",
     "overlong_buffer",
@@ -134,17 +140,14 @@ def load_task_policy(target: Target, cfg: TrainConfig, *, device="cpu", dtype=No
     """The policy of ``target`` with ``cfg``'s prompt format (chat, system prompt, few-shot examples from
     ``sampler``, the training split, as in training)."""
     from grpolab.data.task import few_shot_examples
-    from grpolab.policy import MATH_SYSTEM_PROMPT, load_policy
+    from grpolab.policy import load_policy, system_prompt_for
 
     policy = load_policy(target.weights, dtype, gguf_file=cfg.gguf_file, chat=cfg.chat, device=device)
     if target.adapter:
         from grpolab.models.lora import load_lora
 
         policy.model = load_lora(policy.model, target.adapter, trainable=False)
-    if cfg.format == "math":
-        policy.system = MATH_SYSTEM_PROMPT
-    if cfg.system_prompt:
-        policy.system = cfg.system_prompt
+    policy.system = system_prompt_for(cfg.format, cfg.system_prompt)
     if sampler is not None:
         policy.few_shot = few_shot_examples(sampler, cfg.few_shot)
     return policy

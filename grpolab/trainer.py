@@ -26,6 +26,7 @@ from grpolab import distributed as dist_
 from grpolab.advantages import STD_EPS, batch_std, compute_advantages, estimator_for_scale, ragged_advantages
 from grpolab.collect import Collector, CollectSettings, StepRollouts
 from grpolab.config import TrainConfig
+from grpolab.data.records import question_of
 from grpolab.distributed import SINGLE, World
 from grpolab.engine import HFEngine, RolloutEngine
 from grpolab.group_budget import prompt_weights
@@ -138,7 +139,11 @@ class GRPOTrainer(TrainerBase):
         for k, (b, rec) in enumerate(zip(groups.prompt, groups.records)):
             first = starts[k]
             if position[b] < cfg.log_samples:
-                sample = {"question": rec["question"], "completion": texts[first], "reward": scores.total[first].item()}
+                sample = {
+                    "question": question_of(rec),
+                    "completion": texts[first],
+                    "reward": scores.total[first].item(),
+                }
                 local["samples"].append((position[b], sample))
             if cfg.log_rollouts:
                 local["rollouts"] += [
@@ -195,7 +200,7 @@ def _rollout_record(b, g, rec, texts, batch, scores, adv, row: int) -> dict:
     return {
         "prompt": b,
         "rollout": g,
-        "question": rec["question"],
+        "question": question_of(rec),
         "completion": texts[row],
         "tokens": int(batch.completion_mask[row].sum()),
         "reward": scores.total[row].item(),

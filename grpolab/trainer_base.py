@@ -23,8 +23,8 @@ from grpolab.data.task import few_shot_examples, task_data
 from grpolab.devices import parse_dtype, resolve_device
 from grpolab.distributed import SINGLE, World
 from grpolab.evaluate import evaluate, format_accuracy
-from grpolab.policy import MATH_SYSTEM_PROMPT, Policy, enable_activation_checkpointing, load_policy
-from grpolab.rewards import reward_functions
+from grpolab.policy import Policy, enable_activation_checkpointing, load_policy, system_prompt_for
+from grpolab.rewards import check_columns, eval_reward, reward_functions
 from grpolab.rollout import Batch
 from grpolab.train_forward import TrainModule
 from grpolab.update import Updater
@@ -77,10 +77,7 @@ class TrainerBase:
             f"loaded {self.policy.source}: {n_params / 1e6:.1f} M parameters, {next(self.policy.model.parameters()).dtype}"
             f" on {self.device}, in {time.perf_counter() - t0:.0f} s"
         )
-        if cfg.format == "math":
-            self.policy.system = MATH_SYSTEM_PROMPT
-        if cfg.system_prompt:
-            self.policy.system = cfg.system_prompt
+        self.policy.system = system_prompt_for(cfg.format, cfg.system_prompt)
         if cfg.gradient_checkpointing:  # on the base model, before LoRA wraps it (peft then makes inputs require grad)
             enable_activation_checkpointing(self.policy.model)
         if cfg.lora_rank:
@@ -145,6 +142,13 @@ class TrainerBase:
             prompt_of=policy.chat_messages if policy.chat else policy.prompt_text,
         )
         self.held_out, self.sampler = self._data()
+        prompt_of = policy.chat_messages if policy.chat else policy.prompt_text
+        self.eval_reward_name, self.eval_reward = eval_reward(cfg, self.reward_fns, prompt_of, policy.chat)
+        if cfg.data:  # a reward that needs a column the data lacks: one line now, not a zero reward every step
+            check_columns(self.reward_fns, self.sampler.records, f"--data {cfg.data}")
+        if cfg.data or cfg.eval_data:
+            where = f"--eval-data {cfg.eval_data}" if cfg.eval_data else "the held-out records"
+            check_columns([(self.eval_reward_name, self.eval_reward, 1.0)], self.held_out, where)
         self.rollouts_total = 0  # rollouts generated since step 1 (restored on resume)
         if cfg.few_shot and self.sampler is not None:  # solved examples from the training split
             self.policy.few_shot = few_shot_examples(self.sampler, cfg.few_shot)
@@ -170,6 +174,7 @@ class TrainerBase:
                 seed=cfg.seed,
                 world=self.world,
                 progress=lambda done, total: self.status(f"eval at step {step}: {done}/{total} completions"),
+                score=self.eval_reward,
             )
         metrics["time/eval_s"] = time.perf_counter() - t0
         self.log(

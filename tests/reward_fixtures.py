@@ -36,3 +36,19 @@ def code_sum_mod4(completions, records):
     """1 when the sum of the completion's character codes is divisible by 4, else 0: a pass rate near 1/4, so with
     G = 4 about a third of the groups have no reward variance (all 0) and the rest have some (for --sampling tests)."""
     return [float(sum(map(ord, c)) % 4 == 0) for c in completions]
+
+
+def digits_of_target(prompts, completions, target, bonus, **kwargs):
+    """TRL form, two declared columns: the share of ``target``'s characters that the completion contains, plus
+    ``bonus`` (a per-row column), so the reward depends on both columns of the row."""
+    return [sum(ch in c for ch in t) / len(t) + b for c, t, b in zip(completions, target, bonus)]
+
+
+def length_times_weight(completions, records):
+    """grpolab form: the completion's length in characters times the row's ``weight`` column, over 100."""
+    return [len(c) * r["weight"] / 100 for c, r in zip(completions, records)]
+
+
+def needs_missing_column(prompts, completions, no_such_column, **kwargs):
+    """TRL form, declaring a column that the test data does not have."""
+    return [0.0 for _ in completions]

@@ -41,25 +41,26 @@ def iter_json_objects(path: str | Path):
             yield where, obj
 
 
+def gsm8k_record(where: str, obj: dict) -> dict:
+    """A GSM8K row (``question``, ``answer`` ending in ``#### <number>``) as a task record; ``where`` names the row."""
+    for key in ("question", "answer"):
+        if not isinstance(obj.get(key), str):
+            raise DataError(f"{where}: field {key!r} missing or not a string")
+    if "####" not in obj["answer"]:
+        raise DataError(f"{where}: answer does not end with '#### <number>'")
+    truth = extract_final_number(obj["answer"].rsplit("####", 1)[1])
+    if truth is None:
+        raise DataError(f"{where}: no number after '####' in the answer")
+    return {
+        "question": obj["question"],
+        "answer": obj["answer"],
+        "ground_truth": truth,
+        "category": str(obj.get("category", "jsonl")),
+    }
+
+
 def load_gsm8k_jsonl(path: str | Path) -> list[dict]:
-    records = []
-    for where, obj in iter_json_objects(path):
-        for key in ("question", "answer"):
-            if not isinstance(obj.get(key), str):
-                raise DataError(f"{where}: field {key!r} missing or not a string")
-        if "####" not in obj["answer"]:
-            raise DataError(f"{where}: answer does not end with '#### <number>'")
-        truth = extract_final_number(obj["answer"].rsplit("####", 1)[1])
-        if truth is None:
-            raise DataError(f"{where}: no number after '####' in the answer")
-        records.append(
-            {
-                "question": obj["question"],
-                "answer": obj["answer"],
-                "ground_truth": truth,
-                "category": str(obj.get("category", "jsonl")),
-            }
-        )
+    records = [gsm8k_record(where, obj) for where, obj in iter_json_objects(path)]
     if not records:
         raise DataError(f"{path}: no records")
     return records

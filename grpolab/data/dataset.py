@@ -1,0 +1,163 @@
+"""Records from the files people keep data in: JSONL, JSON, CSV, Parquet, or a ``datasets`` directory.
+
+``.json``, ``.csv``, ``.parquet`` and directories written by ``Dataset.save_to_disk`` /
+``DatasetDict.save_to_disk`` are read through the ``datasets`` library. ``.jsonl`` is read a line
+at a time with :func:`grpolab.data.jsonl.iter_json_objects`, so that a malformed line is named by
+its line number and every value keeps its JSON type (Arrow would make one type of a column).
+
+Each row becomes a record (:mod:`grpolab.data.records`) under a format:
+
+- ``prompt``: the prompt column (``--prompt-column``, default ``prompt``) holds a string or a chat
+  (a list of ``{"role", "content"}`` messages); every other column is kept for the reward functions;
+- ``gsm8k`` and ``math``: presets that map ``question``/``answer`` (``#### n``) or
+  ``problem``/``solution`` (``\\boxed{}``) to a prompt and a ``ground_truth``;
+- ``auto``: ``prompt`` when the rows have the prompt column, else the preset whose fields they have.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from grpolab.data.jsonl import DataError, gsm8k_record, iter_json_objects
+from grpolab.data.math_format import math_record
+from grpolab.data.records import is_chat, question_of
+
+FILE_FORMATS = {".json": "json", ".csv": "csv", ".parquet": "parquet"}  # read by `datasets`; .jsonl by line
+DATA_FORMATS = ("auto", "prompt", "gsm8k", "math")
+PRESET_FIELDS = {"gsm8k": ("question", "answer"), "math": ("problem", "solution")}
+
+
+def read_rows(path: str | Path, split: str = "") -> Iterator[tuple[str, dict]]:
+    """``(where, row)`` for every row of a data file or ``save_to_disk`` directory; ``where`` names the row
+    (``file:line`` for JSONL, ``file: row N`` otherwise). ``split``: which split of a saved DatasetDict."""
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        yield from iter_json_objects(path)
+        return
+    for i, row in enumerate(_read_with_datasets(path, split)):
+        yield f"{path}: row {i + 1}", row
+
+
+def _read_with_datasets(path: Path, split: str) -> list[dict]:
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    if path.is_dir():
+        return _saved_split(path, split).to_list()
+    if not path.is_file():
+        raise DataError(f"{path}: no such file or directory")
+    kind = FILE_FORMATS.get(path.suffix)
+    if kind is None:
+        raise DataError(
+            f"{path}: file format {path.suffix or '(no suffix)'!r} not recognised; use .jsonl, .json, .csv, .parquet "
+            "or a directory written by datasets' save_to_disk"
+        )
+    try:
+        return datasets.load_dataset(kind, data_files=str(path), split="train").to_list()
+    except Exception as e:  # noqa: BLE001 - any reader failure is a bad file; say which, in one line
+        cause = e.__cause__ or e
+        message = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
+        raise DataError(f"{path}: could not be read as {kind.upper()} ({message})") from None
+
+
+def _saved_split(path: Path, split: str):
+    import datasets
+
+    try:
+        saved = datasets.load_from_disk(str(path))
+    except FileNotFoundError:
+        raise DataError(f"{path}: a directory, but not one written by datasets' save_to_disk") from None
+    if isinstance(saved, datasets.DatasetDict):
+        if not split and len(saved) == 1:
+            split = next(iter(saved))
+        if split not in saved:
+            what = f"split {split!r} not found" if split else "a DatasetDict: choose a split"
+            raise DataError(f"{path}: {what} (splits: {', '.join(saved)}); pass --data-split / --eval-split")
+        return saved[split]
+    if split:
+        raise DataError(f"{path}: a single Dataset, which has no splits; drop --data-split / --eval-split {split}")
+    return saved
+
+
+def load_records(path: str | Path, fmt: str = "auto", split: str = "", prompt_column: str = "prompt") -> list[dict]:
+    """Every row of ``path`` as a record under ``fmt`` (module docstring). A bad row is a DataError naming it."""
+    rows = list(read_rows(path, split))
+    if not rows:
+        raise DataError(f"{path}: no records")
+    columns = list(dict.fromkeys(k for _, row in rows for k in row))
+    if fmt == "auto":
+        fmt = detect_format(path, columns, prompt_column)
+    if fmt == "prompt":
+        if prompt_column not in columns:
+            raise DataError(
+                f"{path}: no {prompt_column!r} column (columns: {', '.join(columns)}); "
+                "name the prompt column with --prompt-column"
+            )
+        return [prompt_record(where, row, prompt_column) for where, row in rows]
+    to_record = gsm8k_record if fmt == "gsm8k" else math_record
+    return [to_record(where, row) for where, row in rows]
+
+
+def data_format(path: str | Path, split: str = "", prompt_column: str = "prompt") -> str:
+    """The format ``auto`` resolves to for the data at ``path`` (its first row's columns for JSONL, else the
+    data set's columns)."""
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        first = next(iter_json_objects(path), None)
+        columns = list(first[1]) if first else []
+    else:
+        columns = _columns(path, split)
+    if not columns:
+        raise DataError(f"{path}: no records")
+    return detect_format(path, columns, prompt_column)
+
+
+def _columns(path: Path, split: str) -> list[str]:
+    return list(dict.fromkeys(k for row in _read_with_datasets(path, split) for k in row))
+
+
+def detect_format(path, columns: list[str], prompt_column: str) -> str:
+    """``prompt`` when the prompt column is there, else the preset whose fields the rows have."""
+    if prompt_column in columns:
+        return "prompt"
+    for fmt, fields in PRESET_FIELDS.items():
+        if all(f in columns for f in fields):
+            return fmt
+    presets = "; ".join(f"{fmt}: {' and '.join(fields)}" for fmt, fields in PRESET_FIELDS.items())
+    raise DataError(
+        f"{path}: no {prompt_column!r} column (columns: {', '.join(columns)}); name the prompt column with "
+        f"--prompt-column, or give the fields of a preset ({presets})"
+    )
+
+
+def prompt_record(where: str, row: dict, prompt_column: str = "prompt") -> dict:
+    """A row as a prompt record: ``prompt`` (a string or a chat), then every other column as it is."""
+    prompt = row[prompt_column]
+    if isinstance(prompt, list):
+        if not is_chat(prompt):
+            raise DataError(
+                f"{where}: {prompt_column!r} is a list but not a chat: each message must be "
+                '{"role": str, "content": str} (and the list not empty)'
+            )
+        prompt = [{"role": m["role"], "content": m["content"]} for m in prompt]  # Arrow adds absent keys as None
+    elif not isinstance(prompt, str) or not prompt:
+        raise DataError(f"{where}: {prompt_column!r} must be a non-empty string or a chat, got {prompt!r}"[:300])
+    return {"prompt": prompt, **{k: v for k, v in row.items() if k != prompt_column}}
+
+
+def hold_out(records: list[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """``(train, held_out)``: ``round(fraction * U)`` of the U distinct prompts, with every record of them, held out.
+
+    Which prompts: the first in the order of a hash of ``(seed, prompt)``, so the split does not depend on the order
+    of the rows, and a prompt that appears twice is on one side only: no training prompt is in the held-out set.
+    """
+
+    def rank(question: str) -> bytes:
+        return hashlib.sha256(f"{seed}\n{question}".encode()).digest()
+
+    prompts = sorted({question_of(r) for r in records}, key=rank)
+    held = set(prompts[: round(fraction * len(prompts))])
+    return [r for r in records if question_of(r) not in held], [r for r in records if question_of(r) in held]

@@ -1,0 +1,41 @@
+"""What every record is, whatever file it came from: a prompt, and the fields the rewards read.
+
+Two shapes reach the trainer:
+
+- **prompt records** (any data set with a prompt column): ``prompt`` is a string or a chat (a list of
+  ``{"role", "content"}`` messages), and every other column of the row is kept as it is, for the
+  reward functions;
+- **task records** (the built-in arithmetic task and the GSM8K / MATH presets): ``question``, ``answer``,
+  ``ground_truth`` and ``category``.
+
+The two helpers below are the one place that tells them apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def prompt_of(record: dict) -> str | list[dict]:
+    """The prompt as the data gives it: a string, or a list of chat messages."""
+    return record["prompt"] if "prompt" in record else record["question"]
+
+
+def question_of(record: dict) -> str:
+    """The prompt as one text, for logs, samples and the train/held-out overlap check: the string itself, or a
+    chat's messages as ``role: content`` lines."""
+    prompt = prompt_of(record)
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
+
+
+def is_chat(prompt: Any) -> bool:
+    """Whether ``prompt`` is a list of ``{"role": str, "content": str}`` messages."""
+    return (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
+        )
+    )
