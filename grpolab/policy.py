@@ -158,10 +158,11 @@ def load_policy(
     ``chat``: ``"auto"`` uses the chat template when the tokenizer has one (instruct models)
     and the model is not the built-in one; ``"on"``/``"off"`` force it.
     """
-    from grpolab.devices import default_dtype
+    from grpolab.devices import default_dtype, prepare_device
     from grpolab.models.loading import load_gguf, resolve_gguf
 
     device = torch.device(device)
+    prepare_device(device)
     dtype = dtype or default_dtype(device)
     gguf = None if spec == BUILTIN else resolve_gguf(spec, gguf_file)
     if gguf is not None:
