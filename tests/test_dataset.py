@@ -157,6 +157,13 @@ def test_every_column_reaches_a_trl_form_and_a_grpolab_form_reward(tmp_path):
     # the held-out accuracy is the first reward function's mean, per category too
     evals = [m for m in read_metrics(out / "metrics.jsonl") if "eval/accuracy_greedy" in m]
     assert {"eval/greedy_even", "eval/greedy_odd"} <= set(evals[0]) and evals[0]["eval/accuracy_greedy"] > 0
+    # grpolab eval of the run asks the same held-out prompts, scored by the same reward
+    from grpolab.eval_cmd import EvalConfig, run_eval
+
+    report = run_eval(EvalConfig(model=str(out), questions=8, samples=1, progress=False), log=lambda *a: None)
+    assert report["questions"] == 8 and report["task"]["format"] == "prompt"
+    for key in ("eval/accuracy_greedy", "eval/accuracy_sampled", "eval/greedy_even"):
+        assert report["metrics"][key] == pytest.approx(evals[-1][key], abs=1e-9), key
 
 
 @pytest.mark.parametrize(
