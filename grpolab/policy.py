@@ -66,6 +66,11 @@ class Policy:
         shots = "".join(f"{ex['question']}\n{ex['answer']}\n\n" for ex in self.few_shot)
         return shots + prompt + "\n"
 
+    def shown_prompt(self, record: dict) -> str | list[dict]:
+        """The prompt as the model is shown it: the chat messages for chat models, else the plain text (what TRL-form
+        reward functions receive as ``prompts``)."""
+        return self.chat_messages(record) if self.chat else self.prompt_text(record)
+
     def prompt_ids(self, record: dict) -> list[int]:
         """Chat models: the chat template with the generation prompt. Others: BOS and :meth:`prompt_text`."""
         if self.chat:

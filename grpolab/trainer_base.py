@@ -135,15 +135,10 @@ class TrainerBase:
         """The reward functions, the held-out set and the training sampler (and --few-shot examples)."""
         cfg, policy = self.cfg, self.policy
         self.reward_fns = reward_functions(
-            cfg.reward_fn,
-            cfg.reward_weights,
-            cfg.format_weight,
-            chat=policy.chat,
-            prompt_of=policy.chat_messages if policy.chat else policy.prompt_text,
+            cfg.reward_fn, cfg.reward_weights, cfg.format_weight, chat=policy.chat, prompt_of=policy.shown_prompt
         )
         self.held_out, self.sampler = self._data()
-        prompt_of = policy.chat_messages if policy.chat else policy.prompt_text
-        self.eval_reward_name, self.eval_reward = eval_reward(cfg, self.reward_fns, prompt_of, policy.chat)
+        self.eval_reward_name, self.eval_reward = eval_reward(cfg, self.reward_fns, policy.shown_prompt, policy.chat)
         if cfg.data:  # a reward that needs a column the data lacks: one line now, not a zero reward every step
             check_columns(self.reward_fns, self.sampler.records, f"--data {cfg.data}")
         if cfg.data or cfg.eval_data:
