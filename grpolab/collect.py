@@ -78,6 +78,11 @@ class StepRollouts:
     time_generate: float
     time_score: float
 
+    @property
+    def positions(self) -> dict[int, int]:
+        """prompt index -> its group's place among the update's groups."""
+        return {b: k for k, b in enumerate(self.prompts)}
+
 
 def concat_batches(batches: list[Batch], pad_id: int) -> Batch:
     """Rows of several batches in one: prompts left-padded, completions right-padded to the widest."""

@@ -122,7 +122,7 @@ class GRPOTrainer(TrainerBase):
         sizes = [len(r) for r in roll.rewards]  # group sizes of the whole update (all ranks), in its order
         if not sizes or common_size(sizes) is not None:
             return adv
-        position = {b: k for k, b in enumerate(roll.prompts)}  # prompt -> its place among the update's groups
+        position = roll.positions
         factor = prompt_weights(sizes)
         groups = roll.groups
         w = torch.cat([torch.full((n,), factor[position[b]]) for b, n in zip(groups.prompt, groups.sizes)])
@@ -133,7 +133,7 @@ class GRPOTrainer(TrainerBase):
         rollout of the update's groups, in prompt order, on every rank."""
         cfg, groups = self.cfg, roll.groups
         batch, scores, texts = groups.rows.batch, groups.rows.scores, groups.rows.texts
-        position = {b: k for k, b in enumerate(roll.prompts)}
+        position = roll.positions
         starts = offsets(groups.sizes)
         local = {"samples": [], "rollouts": []}
         for k, (b, rec) in enumerate(zip(groups.prompt, groups.records)):
@@ -180,7 +180,7 @@ class GRPOTrainer(TrainerBase):
         groups with reward variance of the whole step."""
         cfg, groups, batch = self.cfg, roll.groups, roll.groups.rows.batch
         live = [k for k, r in enumerate(roll.rewards) if varies(r)][: cfg.probe_groups]  # positions in the update
-        position = {b: k for k, b in enumerate(roll.prompts)}
+        position = roll.positions
         starts = offsets(groups.sizes)
         out = []
         for k, b in enumerate(groups.prompt):

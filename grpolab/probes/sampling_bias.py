@@ -32,6 +32,7 @@ import torch
 
 from grpolab.advantages import compute_advantages, ragged_advantages
 from grpolab.group_budget import allocate_group_sizes, next_round_size, prompt_weights
+from grpolab.groups import varies
 from grpolab.stats import mean_ci
 
 
@@ -109,7 +110,7 @@ def simulate_step(
         rewards = torch.from_numpy(np.stack([r for _, r in draws]))  # [n, G]
         adv = compute_advantages(rewards, cfg.estimator).double().numpy()
         for i, m in enumerate(prompts):
-            if mode == "fixed" or len(set(draws[i][1].tolist())) > 1:
+            if mode == "fixed" or varies(draws[i][1].tolist()):
                 kept.append((m, _group_estimate(draws[i][0], adv[i], pi[m])))
         drawn += n
         rounds += 1
