@@ -209,6 +209,10 @@ class TrainConfig:
     """on: in the update (and the KL reference's forward), each group's prompt is encoded once and its G completions
     attend to that one copy; same log-probs and gradients as off, which encodes the prompt once per rollout. A model
     that cannot take a precomputed cache falls back to off with a one-line notice."""
+    keep_dropout: bool = False
+    """Keep the model's dropout active in training. Off by default (as TRL's disable_dropout): the sampler runs without
+    it, so with it the update sees a noisier distribution than the one that sampled (ratio off 1, a KL gradient at
+    the reference)."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of keeping them (transformers' activation
     checkpointing): less memory, about one more forward of time."""

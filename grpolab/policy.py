@@ -109,6 +109,23 @@ def _own_memory(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Turn off every dropout of ``model`` (its ``nn.Dropout`` modules, and the ``attention_dropout`` rate that Llama-
+    and Qwen-style attention applies functionally in training mode); returns how many were on.
+
+    Why: the sampler runs the model in eval mode, so with dropout on in training the trainer's log-probs are of
+    another, noisy distribution: the importance ratio is off 1 at mu = 1, and the KL gradient at the reference is
+    not 0 (TRL's ``disable_dropout`` does the same for its policy). transformers has no switch for it.
+    """
+    on = 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout) and m.p > 0:
+            m.p, on = 0.0, on + 1
+        if isinstance(getattr(m, "attention_dropout", None), float) and m.attention_dropout > 0:
+            m.attention_dropout, on = 0.0, on + 1
+    return on
+
+
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     """transformers' activation checkpointing of every decoder layer (non-reentrant), under its new name where the
     installed version has it. The shared-prefix update keeps its cache under it (grpolab.shared_prefix)."""

@@ -23,7 +23,7 @@ from grpolab.data.task import few_shot_examples, task_data
 from grpolab.devices import parse_dtype, resolve_device
 from grpolab.distributed import SINGLE, World
 from grpolab.evaluate import evaluate, format_accuracy
-from grpolab.policy import Policy, enable_activation_checkpointing, load_policy, system_prompt_for
+from grpolab.policy import Policy, disable_dropout, enable_activation_checkpointing, load_policy, system_prompt_for
 from grpolab.rewards import check_columns, eval_reward, reward_functions
 from grpolab.rollout import Batch
 from grpolab.train_forward import TrainModule
@@ -89,6 +89,8 @@ class TrainerBase:
                 if adapter_from
                 else add_lora(base, cfg.lora_rank, cfg.lora_alpha or 2.0 * cfg.lora_rank)
             )
+        if not cfg.keep_dropout:  # before the reference is copied from it
+            disable_dropout(self.policy.model)
         self.policy.model.train()
 
     def _setup_reference(self, reference: torch.nn.Module | None) -> None:

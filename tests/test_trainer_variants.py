@@ -110,3 +110,33 @@ def test_loss_token_mask_by_hand():
 def test_invalid_variant_settings_are_refused(tmp_path, over, message):
     with pytest.raises(ConfigError, match=message):
         _cfg(tmp_path / "x", **over).validate()
+
+
+# ---------------------------------------------------------------- dropout
+
+
+@pytest.fixture(scope="module")
+def gpt2_with_dropout(tmp_path_factory, char_tokenizer):
+    """A random GPT-2 layout model with dropout 0.1 everywhere (the layout's default), as a local directory."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    ids = dict(bos_token_id=char_tokenizer.bos_token_id, eos_token_id=char_tokenizer.eos_token_id)
+    cfg = GPT2Config(vocab_size=len(char_tokenizer), n_positions=128, n_embd=32, n_layer=2, n_head=2, **ids)
+    assert cfg.resid_pdrop == cfg.attn_pdrop == cfg.embd_pdrop == 0.1
+    path = tmp_path_factory.mktemp("gpt2-dropout")
+    GPT2LMHeadModel(cfg).save_pretrained(path)
+    char_tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("keep_dropout", [False, True])
+def test_dropout_is_off_in_training_unless_kept(gpt2_with_dropout, tmp_path, keep_dropout):
+    """Every advantage 0 (a constant reward) and a KL term at step 1, where the policy is the reference: the KL
+    gradient is exactly 0, so the whole gradient is 0, unless dropout makes the trainer's distribution another."""
+    cfg = _cfg(
+        tmp_path / "run", model=gpt2_with_dropout, steps=1, beta=0.04, keep_dropout=keep_dropout, eval_samples=0,
+        reward_fn=("reward_fixtures:constant_tenth",), shared_prefix="off",
+    )  # fmt: skip
+    norm = _metrics(train(cfg, log=_quiet))[1]["grad/norm"]
+    assert (norm > 1e-4) if keep_dropout else (norm < 1e-6), norm
