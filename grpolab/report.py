@@ -230,6 +230,8 @@ def _samples(run_dir: Path, limit: int = 4) -> str:
         if s is None:
             return ""
         mark = '<span class="ok">correct</span>' if s.get("correct") else '<span class="no">wrong</span>'
+        if "reward" in s:  # scored by a reward function (prompt data)
+            mark += f" · reward {s['reward']:g}"
         extra = f" · sampled pass rate {s['sampled_correct']:.2f}" if s.get("sampled_correct") is not None else ""
         return f"<pre>{_e(s.get('completion', ''))}</pre>{mark}{extra}"
 
@@ -237,7 +239,8 @@ def _samples(run_dir: Path, limit: int = 4) -> str:
     after = {s.get("question"): s for s in evals if s["step"] == last}
     body = [
         [
-            f"<pre>{_e(s.get('question', ''))}</pre>answer: {_e(s.get('ground_truth', '–'))}",
+            f"<pre>{_e(s.get('question', ''))}</pre>"
+            + (f"answer: {_e(s['ground_truth'])}" if s.get("ground_truth") is not None else ""),
             cell(s),
             cell(after.get(s.get("question"))),
         ]
