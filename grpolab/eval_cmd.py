@@ -157,10 +157,9 @@ def _evaluate(cfg: EvalConfig, tcfg: TrainConfig, policy, held_out: list[dict]) 
 
     from grpolab.evaluate import evaluate
     from grpolab.progress import progress_bar
-    from grpolab.rewards import eval_reward, reward_functions
+    from grpolab.rewards import eval_reward
 
-    fns = reward_functions(tcfg.reward_fn, tcfg.reward_weights, 0.0, prompt_of=policy.shown_prompt, chat=policy.chat)
-    _, score = eval_reward(tcfg, fns, policy.shown_prompt, policy.chat)
+    _, score = eval_reward(tcfg, policy.shown_prompt, policy.chat)
     total = len(held_out) * (1 + cfg.samples)
     with torch.no_grad(), progress_bar("eval", total, enabled=cfg.progress, every=max(total // 10, 1)) as bar:
         return evaluate(

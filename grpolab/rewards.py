@@ -230,16 +230,21 @@ def reward_functions(
 
 
 def eval_reward(
-    cfg, reward_fns: Sequence[tuple[str, RewardFn, float]], prompt_of: Callable[[dict], Any], chat: bool
+    cfg, prompt_of: Callable[[dict], Any], chat: bool, reward_fns: Sequence[tuple[str, RewardFn, float]] = ()
 ) -> tuple[str, RewardFn]:
     """``(name, fn)`` of the reward whose mean is a run's held-out accuracy: ``--eval-reward-fn``; for prompt data
-    (no built-in answer check) the first ``--reward-fn``; otherwise the built-in accuracy reward."""
+    (no built-in answer check) the first ``--reward-fn``; otherwise the built-in accuracy reward. ``reward_fns``: the
+    run's, when already loaded; a function is only loaded when it is the one needed."""
     if cfg.eval_reward_fn:
-        name, fn, _ = reward_functions((cfg.eval_reward_fn,), (), 0.0, prompt_of=prompt_of, chat=chat)[0]
-        return name, fn
-    if cfg.format == "prompt" and cfg.reward_fn:
-        return reward_fns[0][0], reward_fns[0][1]
-    return "accuracy", accuracy_reward
+        paths = (cfg.eval_reward_fn,)
+    elif cfg.format == "prompt" and cfg.reward_fn:
+        if reward_fns:
+            return reward_fns[0][0], reward_fns[0][1]
+        paths = tuple(cfg.reward_fn)[:1]
+    else:
+        return "accuracy", accuracy_reward
+    name, fn, _ = reward_functions(paths, (), 0.0, prompt_of=prompt_of, chat=chat)[0]
+    return name, fn
 
 
 class Scores(NamedTuple):

@@ -140,7 +140,7 @@ class TrainerBase:
             cfg.reward_fn, cfg.reward_weights, cfg.format_weight, chat=policy.chat, prompt_of=policy.shown_prompt
         )
         self.held_out, self.sampler = self._data()
-        self.eval_reward_name, self.eval_reward = eval_reward(cfg, self.reward_fns, policy.shown_prompt, policy.chat)
+        self.eval_reward_name, self.eval_reward = eval_reward(cfg, policy.shown_prompt, policy.chat, self.reward_fns)
         if cfg.data:  # a reward that needs a column the data lacks: one line now, not a zero reward every step
             check_columns(self.reward_fns, self.sampler.records, f"--data {cfg.data}")
         if cfg.data or cfg.eval_data:

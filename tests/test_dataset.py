@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import pytest
 from datasets import Dataset, DatasetDict
+from test_models import SIMPLE_TEMPLATE
 
 from grpolab.data.dataset import hold_out, load_records
 from grpolab.data.jsonl import DataError
 from grpolab.policy import Policy
 
-SIMPLE_TEMPLATE = (
-    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<assistant>{% endif %}"
-)
 ROWS = [
     {"prompt": "Reverse 'abc'.", "target": "cba", "bonus": 0.5, "category": "short"},
     {"prompt": "Reverse 'hello'.", "target": "olleh", "bonus": 0.0, "category": "long"},
@@ -202,4 +200,16 @@ def test_bad_data_is_one_line_naming_file_row_or_column(tmp_path, capsys, case, 
         main(args)
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert __import__("re").search(expected, err), err
+    assert re.search(expected, err), err
+
+
+def test_the_eval_reward_loads_only_the_function_it_needs():
+    from grpolab.config import TrainConfig
+    from grpolab.rewards import accuracy_reward, eval_reward
+
+    # a GSM8K run is scored by its answer check: its --reward-fn file need not exist any more when it is evaluated
+    gsm8k = TrainConfig(format="gsm8k", reward_fn=("gone/reward.py:f",))
+    assert eval_reward(gsm8k, str, False) == ("accuracy", accuracy_reward)
+    prompt = TrainConfig(format="prompt", reward_fn=("reward_fixtures:length_times_weight", "gone/reward.py:f"))
+    name, fn = eval_reward(prompt, str, False)  # the first function alone is loaded
+    assert name == "length_times_weight" and fn(["abcd"], [{"weight": 2}]) == [0.08]
