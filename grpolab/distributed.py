@@ -86,8 +86,9 @@ def init(device: str = "auto", timeout_s: float = 1800.0) -> World:
 
 
 def shutdown(synchronize: bool = False) -> None:
-    """Leave the process group. ``synchronize``: first wait until every rank is leaving too (a normal exit)."""
-    if dist.is_initialized():
+    """Leave the process group torchrun's launch formed. ``synchronize``: first wait until every rank is leaving too
+    (a normal exit). A single process has none of its own (an in-process vLLM engine forms and leaves its own)."""
+    if env_world_size() > 1 and dist.is_initialized():
         if synchronize:
             dist.barrier()
         dist.destroy_process_group()
@@ -126,6 +127,15 @@ def _reduce_int(value: int, op, world: World) -> int:
 
 def all_max(value: int, world: World) -> int:
     return _reduce_int(value, dist.ReduceOp.MAX, world)
+
+
+def all_max_float(value: float, world: World) -> float:
+    """The largest ``value`` of any rank (float64)."""
+    if not world.distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
 
 
 def all_true(flag: bool, world: World) -> bool:

@@ -12,28 +12,21 @@ prompt, the policy's weights and ``keys[n]``, never on the other rows of the cal
 is the same whichever batch or process produced it.
 
 :class:`HFEngine` is grpolab's own sampler (``grpolab.rollout``) over the policy's live
-transformers weights: it needs no sync.
+transformers weights: it needs no sync. :class:`grpolab.vllm_engine.VLLMEngine` is vLLM on a copy of
+them, pushed at each ``weights_changed``. :func:`build_engine` makes the one ``--rollout-engine`` names.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
-from grpolab.rollout import Sampled, sample_with_stats
+from grpolab.rollout import Sampled, SamplingSettings, sample_with_stats
 
-
-@dataclasses.dataclass(frozen=True)
-class SamplingSettings:
-    """How a rollout is sampled: the same for every row of a call."""
-
-    max_new_tokens: int
-    temperature: float
-    top_p: float = 1.0
+__all__ = ["HFEngine", "RolloutEngine", "SamplingSettings", "build_engine", "vllm_missing"]
 
 
 class RolloutEngine(Protocol):
@@ -86,3 +79,31 @@ class HFEngine:
 
     def weights_changed(self) -> None:
         """Nothing to do: it samples from the live weights."""
+
+
+def vllm_missing() -> str:
+    """Why the vllm engine cannot run here ('' when it can): vLLM is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        from grpolab.vllm_engine import INSTALL_HINT
+
+        return INSTALL_HINT
+    return ""
+
+
+def build_engine(cfg, policy, full_weights=contextlib.nullcontext) -> RolloutEngine:
+    """The rollout engine ``cfg.rollout_engine`` names, over ``policy``'s model (a resolved, validated config)."""
+    if cfg.rollout_engine == "hf":
+        return HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id, full_weights=full_weights)
+    from grpolab.vllm_engine import VLLMEngine, VLLMSettings
+
+    settings = VLLMSettings(cfg.vllm_max_len, not cfg.vllm_compile, cfg.vllm_memory, cfg.vllm_sleep)
+    return VLLMEngine(
+        policy.model,
+        eos_id=policy.eos_id,
+        pad_id=policy.pad_id,
+        seed=cfg.seed,
+        settings=settings,
+        full_weights=full_weights,
+    )

@@ -13,26 +13,35 @@ from collections.abc import Callable
 from grpolab import streams
 from grpolab.data.records import question_of
 from grpolab.distributed import SINGLE, World, gather_concat
+from grpolab.engine import SamplingSettings
 from grpolab.policy import Policy
 from grpolab.rewards import accuracy_reward
 from grpolab.rollout import sample
 from grpolab.stats import clustered_accuracy_interval, mean_ci, wilson_interval
 
 
-def _generate(policy: Policy, records: list[dict], keys, temperature, max_new_tokens, batch_size, tick) -> list[str]:
+def _generate(
+    policy: Policy, records: list[dict], keys, temperature, max_new_tokens, batch_size, tick, engine=None
+) -> list[str]:
+    """Completions of ``records`` (``keys`` seed them), in batches: grpolab's sampler on the policy's model, or
+    ``engine`` (a :class:`grpolab.engine.RolloutEngine`) when one is given."""
     texts: list[str] = []
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
-        batch = sample(
-            policy.model,
-            [policy.prompt_ids(r) for r in chunk],
-            keys[start : start + batch_size],
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=1.0,
-            eos_id=policy.eos_id,
-            pad_id=policy.pad_id,
-        )
+        prompts, chunk_keys = [policy.prompt_ids(r) for r in chunk], keys[start : start + batch_size]
+        if engine is not None:
+            batch = engine.generate(prompts, chunk_keys, SamplingSettings(max_new_tokens, temperature)).batch
+        else:
+            batch = sample(
+                policy.model,
+                prompts,
+                chunk_keys,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=1.0,
+                eos_id=policy.eos_id,
+                pad_id=policy.pad_id,
+            )
         texts += policy.decode(batch.completion_ids, batch.completion_mask)
         tick(len(chunk))
     return texts
@@ -93,6 +102,7 @@ def evaluate(
     world: World = SINGLE,
     progress: Callable[[int, int], None] | None = None,
     score: Callable[[list[str], list[dict]], list[float]] = accuracy_reward,
+    engine=None,
 ) -> tuple[dict[str, float], list[dict]]:
     """Accuracy on ``records``: the mean of ``score`` (default: the built-in answer check, 0 or 1).
 
@@ -102,7 +112,8 @@ def evaluate(
     ``seed`` and the question index only, so the same policy always gets the same score, on one
     process or split over ``world`` (each rank answers a block of the questions; every rank gets
     the totals). ``progress(done, total)`` is called after each generated batch with this
-    process's count of completions.
+    process's count of completions. ``engine``: a rollout engine to generate with (default: grpolab's sampler on
+    ``policy.model``).
     """
     was_training = policy.model.training
     policy.model.eval()
@@ -117,13 +128,13 @@ def evaluate(
             progress(done, total)
 
     greedy_keys = [(streams.EVAL, seed, i) for i in mine]
-    greedy = _generate(policy, own, greedy_keys, 0.0, max_new_tokens, batch_size, tick)
+    greedy = _generate(policy, own, greedy_keys, 0.0, max_new_tokens, batch_size, tick, engine)
     greedy, greedy_ok = gather_concat(greedy, world), gather_concat(score(greedy, own), world)
     sampled_ok = None
     if samples > 0:
         rep = [r for r in own for _ in range(samples)]
         keys = [(streams.EVAL, seed, i, j) for i in mine for j in range(samples)]
-        sampled = _generate(policy, rep, keys, temperature, max_new_tokens, batch_size, tick)
+        sampled = _generate(policy, rep, keys, temperature, max_new_tokens, batch_size, tick, engine)
         flat = gather_concat(score(sampled, rep), world)  # question-major: block of `samples` per question
         sampled_ok = [flat[i * samples : (i + 1) * samples] for i in range(len(records))]
     metrics = accuracy_summary(greedy_ok, sampled_ok, [r.get("category", "all") for r in records])

@@ -11,6 +11,7 @@ finished sequences cost nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import numpy as np
@@ -18,6 +19,15 @@ import torch
 from transformers import DynamicCache
 
 from grpolab.shared_prefix import distinct_prompts
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+    """How a rollout is sampled: the same for every row of a call."""
+
+    max_new_tokens: int
+    temperature: float
+    top_p: float = 1.0
 
 
 class Batch(NamedTuple):
@@ -88,6 +98,17 @@ def sampling_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.log_softmax(logits.float() / (temperature or 1.0), dim=-1)
 
 
+def nucleus_log_mass(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """log of the probability mass that top-p sampling keeps (the smallest prefix with mass >= top_p, :func:`_pick`'s
+    rule) at temperature T: ``[n, V] -> [n]``; 0 with top_p = 1. A kept token's log-prob under the distribution that
+    was sampled from is its log-prob at T minus this."""
+    if top_p >= 1.0 or temperature == 0.0:
+        return torch.zeros(logits.shape[0], device=logits.device)
+    sorted_p = torch.softmax(logits.double() / temperature, dim=-1).sort(dim=-1, descending=True).values
+    keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
+    return torch.log((sorted_p * keep).sum(-1)).float()
+
+
 def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Entropy (nats) of softmax(logits / T) over the last dimension: ``[..., V] -> [...]``
     (the full distribution at the sampling temperature, before any top-p truncation, as TRL logs it)."""
@@ -102,7 +123,7 @@ class Sampled(NamedTuple):
     """Sampled rollouts with what the sampler saw at each completion token (0 on padding)."""
 
     batch: Batch
-    logprobs: torch.Tensor  # [N, T] log pi_sampler(o_t | q, o_<t), from :func:`sampling_logprobs`
+    logprobs: torch.Tensor  # [N, T] log pi_sampler(o_t | q, o_<t): the distribution sampled from (top-p: renormalised)
     entropy: torch.Tensor  # [N, T] the sampling policy's entropy, nats
 
 
@@ -183,7 +204,7 @@ def _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pa
             ent[active, t] = _entropy(logp)
         tok = _pick(logits, u[active, t], temperature, top_p)  # [n]
         if want_stats:
-            lp[active, t] = logp.gather(1, tok[:, None]).squeeze(1)
+            lp[active, t] = logp.gather(1, tok[:, None]).squeeze(1) - nucleus_log_mass(logits, temperature, top_p)
         out_ids[active, t] = tok
         done = tok == eos_id
         lengths[active[done]] = t + 1

@@ -28,7 +28,7 @@ from grpolab.collect import Collector, CollectSettings, StepRollouts
 from grpolab.config import TrainConfig
 from grpolab.data.records import question_of
 from grpolab.distributed import SINGLE, World
-from grpolab.engine import HFEngine, RolloutEngine
+from grpolab.engine import RolloutEngine, build_engine
 from grpolab.group_budget import prompt_weights
 from grpolab.groups import common_size, offsets, varies
 from grpolab.probes.advantage_stats import advantage_stats
@@ -42,7 +42,7 @@ from grpolab.trainer_base import StepOutput, TrainerBase
 class GRPOTrainer(TrainerBase):
     """The single-turn trainer: a step samples groups (``grpolab.collect``) and updates on them.
 
-    ``engine``: the rollout engine (default: grpolab's sampler on the policy's own weights, ``HFEngine``).
+    ``engine``: the rollout engine (default: the one ``cfg.rollout_engine`` names, ``grpolab.engine.build_engine``).
     """
 
     def __init__(
@@ -56,9 +56,11 @@ class GRPOTrainer(TrainerBase):
     ):
         super().__init__(cfg, log=log, adapter_from=adapter_from, world=world, reference=reference)
         cfg, policy = self.cfg, self.policy
-        self.engine = engine or HFEngine(
-            policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id, full_weights=self.train_module.full_weights
-        )
+        t0 = time.perf_counter()
+        self.engine = engine or build_engine(cfg, policy, self.train_module.full_weights)
+        if engine is None and cfg.rollout_engine != "hf":
+            mode = "compiled" if cfg.vllm_compile else "eager"
+            log(f"rollout engine: {cfg.rollout_engine} ({mode}), started in {time.perf_counter() - t0:.0f} s")
         self.reward = Rewarder(self.reward_fns, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
         self.collector = Collector(
             self.engine,
@@ -84,17 +86,19 @@ class GRPOTrainer(TrainerBase):
         self.status(f"step {step}: update ({self.cfg.mu} x {roll.groups.rows.n} rollouts)")
         rows = roll.groups.rows
         if roll.rewards:
-            update = self._update(rows.batch, self._prompt_weighted(roll, adv), rows.entropy)
+            update = self._update(rows.batch, self._prompt_weighted(roll, adv), rows.entropy, rows.logprobs)
         else:  # no group entered the update (--sampling filter, every round all-equal)
             update = self.updater.skip()
-        self.engine.weights_changed()
+        t_sync = time.perf_counter()
+        self.engine.weights_changed()  # the vllm engine takes the new weights here
         t_end = time.perf_counter()
         # 5. the books
         self.rollouts_total += len(roll.generated["reward"])
         times = {
             "time/generate_s": roll.time_generate,
             "time/score_s": roll.time_score,
-            "time/update_s": t_end - t_score,
+            "time/update_s": t_sync - t_score,
+            "time/sync_s": t_end - t_sync,
             "time/step_s": t_end - t_step,
         }
         metrics = step_metrics(roll, self.rollouts_total, update, probe, times)
@@ -238,7 +242,8 @@ def step_metrics(roll: StepRollouts, rollouts_total: int, update: dict, probe: d
         "sampling/group_size_max": max(sizes, default=0),
         **update,
         **probe,
-        "policy/entropy": sum(gen["entropy_sum"]) / max(1.0, lengths.sum().item()),  # mean over generated tokens
+        # mean over generated tokens; None when the engine gives no entropies (vllm)
+        "policy/entropy": sum(gen["entropy_sum"]) / max(1.0, lengths.sum().item()) if gen["entropy_sum"] else None,
         "completion/len_mean": lengths.mean().item(),
         "completion/len_max": lengths.max().item(),
         "completion/truncated_frac": statistics.fmean(map(float, gen["truncated"])),

@@ -153,11 +153,23 @@ class TrainerBase:
     def _data(self):
         return task_data(self.cfg, self.log)
 
-    def _update(self, batch: Batch, adv: torch.Tensor, entropy: torch.Tensor | None = None) -> dict:
+    def _update(
+        self,
+        batch: Batch,
+        adv: torch.Tensor,
+        entropy: torch.Tensor | None = None,
+        sampler_logp: torch.Tensor | None = None,
+    ) -> dict:
         """mu optimizer steps on this rank's rows and advantages (``grpolab.update``)."""
-        return self.updater(batch, adv, entropy)
+        return self.updater(batch, adv, entropy, sampler_logp)
 
     # ------------------------------------------------------------------ evaluation
+    @property
+    def eval_engine(self):
+        """The rollout engine evaluations generate with: the run's vllm engine, or None (grpolab's sampler)."""
+        engine = getattr(self, "engine", None)
+        return engine if self.cfg.rollout_engine != "hf" else None
+
     def evaluate(self, step: int) -> tuple[dict, list[dict]]:
         t0 = time.perf_counter()
         cfg = self.cfg
@@ -172,6 +184,7 @@ class TrainerBase:
                 world=self.world,
                 progress=lambda done, total: self.status(f"eval at step {step}: {done}/{total} completions"),
                 score=self.eval_reward,
+                engine=self.eval_engine,
             )
         metrics["time/eval_s"] = time.perf_counter() - t0
         self.log(

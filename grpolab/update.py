@@ -27,6 +27,7 @@ import torch
 from grpolab import distributed as dist_
 from grpolab.config import TrainConfig
 from grpolab.distributed import World
+from grpolab.engine_correction import engine_weights, mismatch
 from grpolab.loss import entropy_threshold, high_entropy_mask, loss_token_mask, policy_loss
 from grpolab.rollout import Batch, select
 from grpolab.train_forward import TrainModule
@@ -61,12 +62,13 @@ class _Inputs(NamedTuple):
     entropy: torch.Tensor | None  # [n, T]
     threshold: torch.Tensor | None  # the entropy selection's threshold, or None
     old_logp: dict[int, torch.Tensor]  # pass -> [rows, T]
+    sampler_logp: torch.Tensor | None  # [n, T] the rollout engine's log-probs of the sampled tokens
     ref_logp: dict[int, torch.Tensor]
     num_seqs: int  # N, all ranks
     num_tokens: float  # loss-carrying tokens, all ranks
 
 
-SUMS = ("loss", "policy", "kl_tok", "clip_tok", "ratio_tok")
+SUMS = ("loss", "policy", "kl_tok", "clip_tok", "ratio_tok", "diff_sum", "diff_tok", "weight_tok")
 
 
 class Updater:
@@ -95,11 +97,19 @@ class Updater:
         return self.reference is not None or self.reference_is_base
 
     # ------------------------------------------------------------------ the update
-    def __call__(self, batch: Batch, adv: torch.Tensor, entropy: torch.Tensor | None = None) -> dict:
+    def __call__(
+        self,
+        batch: Batch,
+        adv: torch.Tensor,
+        entropy: torch.Tensor | None = None,
+        sampler_logp: torch.Tensor | None = None,
+    ) -> dict:
         """mu optimizer steps on this rank's rows; with P ranks, the sum of their gradients.
 
         batch, adv ``[n]``: this rank's n rows (rollouts; turns for the multi-turn trainer); n may be 0.
         ``entropy`` ``[n, T]``: the sampling policy's token entropies, for --top-entropy-quantile.
+        ``sampler_logp`` ``[n, T]``: the rollout engine's log-prob of each sampled token: the mismatch with the
+        trainer's is measured (``engine/*``) and, with --engine-correction, corrected.
         """
         cfg, world = self.cfg, self.world
         n = adv.shape[0]
@@ -113,15 +123,16 @@ class Updater:
         live = carries if cfg.beta > 0 else carries & (adv != 0)
         plan = plan_micro_batches(live.nonzero().squeeze(1), cfg.micro_batch or N, world)
         old_logp, ref_logp = self._old_and_ref_logprobs(batch, plan)
-        inputs = _Inputs(batch, adv, loss_mask, entropy, threshold, old_logp, ref_logp, N, num_tokens)
+        inputs = _Inputs(batch, adv, loss_mask, entropy, threshold, old_logp, sampler_logp, ref_logp, N, num_tokens)
         params = [p for p in self.policy.module.model.parameters() if p.requires_grad]
         sums = dict.fromkeys(SUMS, 0.0)
+        sums["diff_max"] = 0.0
         grad_norm, skipped = 0.0, 0
-        for _ in range(cfg.mu):
+        for it in range(cfg.mu):
             self.optimizer.zero_grad(set_to_none=True)
             finite = True
             for c_i, idx in enumerate(plan.chunks):
-                finite = self._loss_and_backward(inputs, plan, c_i, idx, sums) and finite
+                finite = self._loss_and_backward(inputs, plan, c_i, idx, sums, first=it == 0) and finite
             norm = self._optimizer_step(params, finite)
             if norm is None:
                 skipped += 1
@@ -184,8 +195,11 @@ class Updater:
                     ref_logp[c_i] = self.policy.logprobs(sub)
         return old_logp, ref_logp
 
-    def _loss_and_backward(self, x: _Inputs, plan: MicroBatchPlan, c_i: int, idx: torch.Tensor, sums: dict) -> bool:
-        """One pass: its loss, backward, and its share of the loss statistics. Returns whether the loss was finite."""
+    def _loss_and_backward(
+        self, x: _Inputs, plan: MicroBatchPlan, c_i: int, idx: torch.Tensor, sums: dict, first: bool
+    ) -> bool:
+        """One pass: its loss, backward, and its share of the loss statistics. Returns whether the loss was finite.
+        ``first``: the first of the mu optimizer steps (the engine mismatch is measured there)."""
         cfg, train = self.cfg, self.policy
         padding = c_i >= plan.real
         sub = select(x.batch, idx)
@@ -198,9 +212,14 @@ class Updater:
                     torch.zeros_like(logp) if padding else x.entropy[idx.cpu(), : sub_mask.shape[1]].to(sub_mask.device)
                 )
                 weights = high_entropy_mask(ent, sub_mask, x.threshold.to(ent.device))
+            old = x.old_logp.get(c_i, logp.detach())  # [n, T] the trainer's log-probs at sampling time
+            if x.sampler_logp is not None and not padding:
+                weights = self._engine_weights(old, x.sampler_logp[idx.cpu(), : sub_mask.shape[1]], sub_mask, weights)
+                if first:
+                    self._count_mismatch(old, x.sampler_logp[idx.cpu(), : sub_mask.shape[1]], sub_mask, sums)
             loss, st = policy_loss(
                 logp,
-                x.old_logp.get(c_i, logp.detach()),
+                old,
                 x.adv[idx],
                 sub_mask,
                 clip_low=cfg.clip_low,
@@ -230,6 +249,28 @@ class Updater:
             sums["ratio_tok"] += st["ratio_mean"].item() * n_tok / cfg.mu
         return finite
 
+    def _engine_weights(self, old: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, weights):
+        """--engine-correction: the policy term's weights pi_trainer / pi_sampler (truncated or masked) ``[n, T]``,
+        times any other token weights; unchanged with none."""
+        if self.cfg.engine_correction == "none":
+            return weights
+        w = engine_weights(
+            old, sampler_logp.to(old.device), mask, self.cfg.engine_correction, self.cfg.engine_correction_cap
+        )
+        return w if weights is None else weights * w
+
+    def _count_mismatch(self, old: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, sums: dict) -> None:
+        """Adds |trainer - sampler| log-prob differences over the pass's loss tokens to the step's sums."""
+        total, count, largest = mismatch(old, sampler_logp.to(old.device), mask)
+        sums["diff_sum"] += total
+        sums["diff_tok"] += count
+        sums["diff_max"] = max(sums["diff_max"], largest)
+        if self.cfg.engine_correction != "none":
+            w = engine_weights(
+                old, sampler_logp.to(old.device), mask, self.cfg.engine_correction, self.cfg.engine_correction_cap
+            )
+            sums["weight_tok"] += float(w.sum())
+
     def _optimizer_step(self, params: list[torch.Tensor], finite: bool) -> float | None:
         """Clip and step; the gradient norm, or None when the loss or the gradient was not finite on some rank
         (then the weights stay and the gradient is dropped). The schedule moves on either way."""
@@ -244,12 +285,26 @@ class Updater:
         self.scheduler.step()
         return norm if stepped else None
 
+    def _engine_metrics(self, totals: dict, diff_max: float) -> dict:
+        """engine/*: the sampler-trainer log-prob mismatch over the tokens the update scores (no sampler log-probs:
+        none), and the correction's mean weight."""
+        if not totals["diff_tok"]:
+            return {}
+        out = {
+            "engine/logprob_diff_mean": totals["diff_sum"] / totals["diff_tok"],
+            "engine/logprob_diff_max": dist_.all_max_float(diff_max, self.world),
+        }
+        if self.cfg.engine_correction != "none":
+            out["engine/correction_weight_mean"] = totals["weight_tok"] / totals["diff_tok"]
+        return out
+
     def _metrics(self, sums: dict, plan: MicroBatchPlan, loss_mask, N: int, grad_norm: float, skipped: int) -> dict:
         """Whole-step values: this rank's sums plus the others'."""
         local = [sums[k] for k in SUMS] + [plan.rows.numel(), float(loss_mask[plan.rows].sum())]
         totals = dict(zip([*SUMS, "active", "active_tok"], dist_.all_sum(local, self.world)))
         active_tokens = max(1.0, totals["active_tok"])
         return {
+            **self._engine_metrics(totals, sums["diff_max"]),
             "loss/total": totals["loss"],
             "loss/policy": totals["policy"],
             "loss/kl": totals["kl_tok"] / active_tokens if self.has_reference else None,

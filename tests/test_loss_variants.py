@@ -4,6 +4,8 @@ overlong punishment, the batch-std advantage scale, and the sampler's token entr
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -215,7 +217,13 @@ def test_sampler_entropies_and_logprobs_equal_a_teacher_forced_forward():
             expected = -(probs * torch.log(probs)).sum(-1)
             torch.testing.assert_close(ent[i, : len(c)].double(), expected, rtol=1e-4, atol=1e-4)
             assert (ent[i, len(c) :] == 0).all()
-            # the sampler's log-prob of each sampled token: softmax(logits / T) before the top-p cut
-            chosen = torch.log_softmax(logits, -1).gather(1, torch.tensor(c)[:, None]).squeeze(1)
-            torch.testing.assert_close(logp[i, : len(c)].double(), chosen, rtol=1e-4, atol=1e-4)
+            # the sampler's log-prob of each sampled token: under the distribution it sampled from, softmax(logits / T)
+            # cut to the top-p nucleus (the fewest most likely tokens holding >= 0.9) and renormalised
+            for t, tok in enumerate(c):
+                p_sorted, order = probs[t].sort(descending=True)
+                n_keep = int((p_sorted.cumsum(0) < 0.9).sum()) + 1
+                nucleus = order[:n_keep].tolist()
+                assert tok in nucleus
+                expected_lp = math.log(probs[t, tok] / p_sorted[:n_keep].sum())
+                assert float(logp[i, t]) == pytest.approx(expected_lp, abs=1e-4)
             assert (logp[i, len(c) :] == 0).all()
