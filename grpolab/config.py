@@ -515,6 +515,8 @@ class TrainConfig:
             raise _bad("rollout_engine", "vllm generates single-turn rollouts; arith-multiturn uses the hf engine")
         if self.top_entropy_quantile < 1:
             raise _bad("top_entropy_quantile", "needs the sampler's entropies, which vLLM does not return: use hf")
+        if self.temperature > 2:
+            raise _bad("temperature", f"vLLM samples at temperatures up to 2, got {self.temperature:g}")
         if not 0 < self.vllm_memory <= 1:
             raise _bad("vllm_memory", f"must be in (0, 1], got {self.vllm_memory:g}")
         if self.vllm_max_len < 2:

