@@ -2,7 +2,8 @@
 
     pip install -e ".[bench]"      # trl, an optional extra: never a runtime dependency
     python benchmarks/vs_trl.py --model smollm2-135m-instruct [--prompts 4 --group-size 8 --max-new-tokens 32 --steps 5
-                                [--few-shot K] [--reward task|parity] --threads 2]
+                                [--few-shot K] [--reward task|parity] --threads 2] [--rollout-engine hf,vllm]
+                                [--shapes 4x8x32,32x8x128]
 
 Each configuration runs in its own process (so none inherits another's allocator or
 threads): TRL with its default GRPOConfig (gradient checkpointing on), TRL with gradient
@@ -13,6 +14,14 @@ maximum completion length, mu = 1, beta = 0, temperature 1, top-p 1, fp32 on the
 process. Prints the median step time of each over the steps after the warm-up, its peak
 memory (max RSS of the process), the ratios, and, in grpolab's process, the sampling
 throughput of grpolab's sampler next to ``model.generate`` on the same batch.
+
+``--rollout-engine hf,vllm`` adds grpolab with the vllm rollout engine (``grpolab-vllm``: vLLM in
+the trainer's process, compiled unless ``--vllm-eager``; its start time is printed) and TRL with
+``use_vllm=True`` in colocate mode (``trl-vllm``; its error is printed if it fails). The
+``grpolab-vllm`` process also measures the new tokens/s of the vllm engine, grpolab's sampler and
+``model.generate`` on the same batch, and splits each step into generate / sync / update.
+``--shapes BxGxT,...`` runs the comparison for each shape in turn; ``--steps 0`` measures only the
+sampling throughputs (one pass each: for long completions a step costs minutes on a CPU).
 """
 
 from __future__ import annotations
@@ -25,7 +34,8 @@ import subprocess
 import sys
 import time
 
-CONFIGS = ("trl-default", "trl-no-ckpt", "grpolab", "grpolab-ckpt")
+CONFIGS = ("trl-default", "trl-no-ckpt", "trl-vllm", "grpolab", "grpolab-ckpt", "grpolab-vllm")
+VLLM_CONFIGS = ("trl-vllm", "grpolab-vllm")
 
 
 def parity_reward(completions: list[str], records: list[dict]) -> list[float]:
@@ -51,7 +61,7 @@ def _few_shot(k: int) -> list[dict]:
     ]
 
 
-def run_trl(args, checkpointing: bool) -> list[float]:
+def run_trl(args, checkpointing: bool, use_vllm: bool = False) -> list[float]:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -103,6 +113,7 @@ def run_trl(args, checkpointing: bool) -> list[float]:
         logging_steps=1000,
         learning_rate=5e-5,
         disable_tqdm=True,
+        **({"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False} if use_vllm else {}),
     )
     trainer = GRPOTrainer(
         model=policy.model,
@@ -117,7 +128,7 @@ def run_trl(args, checkpointing: bool) -> list[float]:
     return times
 
 
-def run_grpolab(args, checkpointing: bool) -> list[float]:
+def run_grpolab(args, checkpointing: bool, engine: str = "hf") -> list[float]:
     from grpolab.config import TrainConfig
     from grpolab.trainer import GRPOTrainer
 
@@ -137,30 +148,34 @@ def run_grpolab(args, checkpointing: bool) -> list[float]:
         progress=False,
         gradient_checkpointing=checkpointing,
         device="cpu",
+        rollout_engine=engine,
+        vllm_compile=not args.vllm_eager,
         **({"reward_fn": "vs_trl:parity_reward", "format_weight": 0.0} if args.reward == "parity" else {}),
     )
     trainer = GRPOTrainer(cfg, log=print)
     times = []
-    for step in range(1, args.steps + args.warmup + 1):
+    for step in range(1, args.steps + args.warmup + 1 if args.steps else 1):  # --steps 0: sampling only
         t0 = time.perf_counter()
         m = trainer.step(step).metrics
         times.append(time.perf_counter() - t0)
         print(
-            f"STEP {step} {times[-1]:.2f} s: generate {m['time/generate_s']:.2f} s, update {m['time/update_s']:.2f} s, "
-            f"rollouts with nonzero advantage {m['loss/active_frac']:.2f}",
+            f"STEP {step} {times[-1]:.2f} s: generate {m['time/generate_s']:.2f} s, sync {m['time/sync_s']:.2f} s, "
+            f"update {m['time/update_s']:.2f} s, rollouts with nonzero advantage {m['loss/active_frac']:.2f}",
             flush=True,
         )
     if not checkpointing:
-        sampling_throughput(trainer, step + 1)
+        sampling_throughput(trainer, args.steps + args.warmup + 1, 2 if args.steps else 1, args.skip_generate)
     return times
 
 
-def sampling_throughput(trainer, step: int) -> None:
-    """New tokens per second of grpolab's sampler and of ``model.generate`` on the same B x G prompts (both sample
-    at temperature 1 with the KV cache, up to the same length; generate's rows run until the longest ends)."""
+def sampling_throughput(trainer, step: int, repeats: int = 2, skip_generate: bool = False) -> None:
+    """New tokens per second of grpolab's sampler, of ``model.generate`` and (with the vllm engine) of vLLM on the
+    same B x G prompts (all sample at temperature 1 with a KV cache, up to the same length; generate's rows run until
+    the longest ends). ``repeats`` passes each; the last counts (warm caches)."""
     import torch
 
     from grpolab import streams
+    from grpolab.engine import SamplingSettings
     from grpolab.rollout import left_pad, sample
 
     cfg, policy = trainer.cfg, trainer.policy
@@ -170,9 +185,14 @@ def sampling_throughput(trainer, step: int) -> None:
     keys = [(streams.ROLLOUT, cfg.seed, step, i) for i in range(len(prompts))]
     policy.model.eval()
     rates = {}
-    for name in ("grpolab", "generate", "grpolab", "generate"):  # twice each, the second counts (warm caches)
+    names = ("vllm", "grpolab", "generate") if cfg.rollout_engine == "vllm" else ("grpolab", "generate")
+    names = tuple(n for n in names if not (skip_generate and n == "generate"))
+    for name in names * repeats:
         t0 = time.perf_counter()
-        if name == "grpolab":
+        if name == "vllm":
+            settings = SamplingSettings(cfg.max_new_tokens, 1.0, 1.0)
+            new = int(trainer.engine.generate(prompts, keys, settings).batch.completion_mask.sum())
+        elif name == "grpolab":
             new = int(
                 sample(
                     policy.model,
@@ -232,31 +252,86 @@ def main() -> None:
     p.add_argument(
         "--configs", default=",".join(CONFIGS), help=f"which of {', '.join(CONFIGS)} to run (comma-separated)"
     )
+    p.add_argument(
+        "--rollout-engine",
+        default="hf",
+        help="grpolab's rollout engines to compare, comma-separated: hf, vllm (vllm adds grpolab-vllm and trl-vllm)",
+    )
+    p.add_argument(
+        "--vllm-eager", action="store_true", help="grpolab-vllm: eager vLLM (starts in seconds, samples slower)"
+    )
+    p.add_argument("--skip-generate", action="store_true", help="leave model.generate out of the sampling throughputs")
+    p.add_argument("--shapes", default="", help="BxGxT,...: run everything for each (prompts x group x new tokens)")
     p.add_argument("--only", choices=CONFIGS, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.only:
-        import torch
-
-        torch.set_num_threads(args.threads)
-        if args.only.startswith("grpolab"):
-            times = run_grpolab(args, checkpointing=args.only == "grpolab-ckpt")
-        else:
-            times = run_trl(args, checkpointing=args.only == "trl-default")
-        import resource
-
-        print("TIMES " + json.dumps(times))
-        print("PEAK_MB " + str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))  # Linux: KiB
+        run_one(args)
         return
+    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",") if s] or [
+        (args.prompts, args.group_size, args.max_new_tokens)
+    ]
+    for args.prompts, args.group_size, args.max_new_tokens in shapes:
+        compare(args, _without_shapes(sys.argv[1:]))
+
+
+def _without_shapes(argv: list[str]) -> list[str]:
+    """argv without ``--shapes X`` / ``--shapes=X`` (each child process runs one shape)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--shapes":
+            skip = True
+        elif not a.startswith("--shapes="):
+            out.append(a)
+    return out
+
+
+def run_one(args) -> None:
+    """One configuration, in this process: prints its step times and peak memory."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    if args.only.startswith("grpolab"):
+        engine = "vllm" if args.only == "grpolab-vllm" else "hf"
+        times = run_grpolab(args, checkpointing=args.only == "grpolab-ckpt", engine=engine)
+    else:
+        times = run_trl(args, checkpointing=args.only == "trl-default", use_vllm=args.only == "trl-vllm")
+    import resource
+
+    print("TIMES " + json.dumps(times))
+    print("PEAK_MB " + str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))  # Linux: KiB
+
+
+def compare(args, argv: list[str]) -> None:
+    """Every selected configuration, each in its own process, then the ratios."""
     medians, peaks = {}, {}
-    configs = [c for c in CONFIGS if c in args.configs.split(",")]
+    engines = args.rollout_engine.split(",")
+    wanted = args.configs.split(",") + (list(VLLM_CONFIGS) if "vllm" in engines else [])
+    configs = [c for c in CONFIGS if c in wanted and (c not in VLLM_CONFIGS or "vllm" in engines)]
+    if "hf" not in engines:
+        configs = [c for c in configs if c not in ("grpolab", "grpolab-ckpt")]
+    if args.steps == 0:  # sampling throughput only: one grpolab process measures every sampler
+        configs = ["grpolab-vllm" if "vllm" in engines else "grpolab"]
+    shape = ["--prompts", str(args.prompts), "--group-size", str(args.group_size)]
+    shape += ["--max-new-tokens", str(args.max_new_tokens)]
     for name in configs:
-        cmd = [sys.executable, __file__, "--only", name] + sys.argv[1:]
+        cmd = [sys.executable, __file__, *argv, *shape, "--only", name]
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TQDM_DISABLE": "1"}
         res = subprocess.run(cmd, capture_output=True, text=True, env=env)
         line = next((ln for ln in res.stdout.splitlines() if ln.startswith("TIMES ")), None)
         if res.returncode != 0 or line is None:
+            if name == "trl-vllm":  # report TRL's own error and go on
+                err = [ln for ln in res.stderr.splitlines() if ln.strip() and not ln.startswith((" ", "WARNING"))]
+                print(f"trl-vllm      failed: {err[-1] if err else res.stderr[-500:]}", flush=True)
+                continue
             sys.exit(f"{name} failed:\n{res.stderr[-3000:]}")
         times = json.loads(line[6:])[args.warmup :]
+        if not times:  # --steps 0
+            for ln in res.stdout.splitlines():
+                if ln.startswith(("SAMPLING ", "rollout engine")):
+                    print(f"{name}: " + ln, flush=True)
+            continue
         medians[name] = statistics.median(times)
         peaks[name] = next((float(ln[8:]) for ln in res.stdout.splitlines() if ln.startswith("PEAK_MB ")), float("nan"))
         print(
@@ -265,20 +340,24 @@ def main() -> None:
             flush=True,
         )
         for ln in res.stdout.splitlines():
-            if ln.startswith(("STEP ", "SAMPLING ", "notice")):
+            if ln.startswith(("STEP ", "SAMPLING ", "notice", "rollout engine")):
                 print("    " + ln, flush=True)
     print(
         f"config: {args.model}, {args.prompts} prompts x {args.group_size} completions, max {args.max_new_tokens} new tokens, "
         f"few-shot {args.few_shot}, mu=1, beta=0, {args.threads} threads, reward {args.reward}"
     )
-    for ours in (
-        c for c in ("grpolab", "grpolab-ckpt") if c in medians and "trl-default" in medians and "trl-no-ckpt" in medians
-    ):
+    for ours in (c for c in ("grpolab", "grpolab-ckpt", "grpolab-vllm") if c in medians and "trl-default" in medians):
         print(
-            f"{ours}: TRL default / {ours} = {medians['trl-default'] / medians[ours]:.2f}x, "
-            f"TRL no checkpointing / {ours} = {medians['trl-no-ckpt'] / medians[ours]:.2f}x; "
-            f"peak memory {peaks[ours] / peaks['trl-default']:.2f} of TRL default's"
+            f"{ours}: TRL default / {ours} = {medians['trl-default'] / medians[ours]:.2f}x"
+            + (
+                f", TRL no checkpointing / {ours} = {medians['trl-no-ckpt'] / medians[ours]:.2f}x"
+                if "trl-no-ckpt" in medians
+                else ""
+            )
+            + f"; peak memory {peaks[ours] / peaks['trl-default']:.2f} of TRL default's"
         )
+    if "grpolab" in medians and "grpolab-vllm" in medians:
+        print(f"grpolab (hf) / grpolab-vllm step time = {medians['grpolab'] / medians['grpolab-vllm']:.2f}x")
 
 
 if __name__ == "__main__":

