@@ -153,7 +153,7 @@ class TrainConfig:
     tokens/s of eager mode, which starts in seconds."""
     vllm_memory: float = 0.3
     """vllm on CUDA: the share of GPU memory the engine takes (weights and KV cache). On the CPU the KV cache is
-    VLLM_CPU_KVCACHE_SPACE GiB (1 unless set)."""
+    VLLM_CPU_KVCACHE_SPACE GiB (2 unless set)."""
     vllm_sleep: bool = False
     """vllm on CUDA: free the engine's weights and KV cache while the trainer updates (vLLM's sleep mode)."""
     max_new_tokens: int = 48

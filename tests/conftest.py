@@ -19,6 +19,8 @@ from pathlib import Path
 
 # Before torch is imported anywhere: idle OpenMP workers must not spin on a shared 2-core CPU.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The vllm engine's KV cache (GiB, whole numbers only): the tests' models are tiny.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
