@@ -214,9 +214,12 @@ class Updater:
                 weights = high_entropy_mask(ent, sub_mask, x.threshold.to(ent.device))
             old = x.old_logp.get(c_i, logp.detach())  # [n, T] the trainer's log-probs at sampling time
             if x.sampler_logp is not None and not padding:
-                weights = self._engine_weights(old, x.sampler_logp[idx.cpu(), : sub_mask.shape[1]], sub_mask, weights)
+                sampler = x.sampler_logp[idx.cpu(), : sub_mask.shape[1]].to(old.device)  # [n, T]
+                correction = self._correction(old, sampler, sub_mask)
+                if correction is not None:
+                    weights = correction if weights is None else weights * correction
                 if first:
-                    self._count_mismatch(old, x.sampler_logp[idx.cpu(), : sub_mask.shape[1]], sub_mask, sums)
+                    self._count_mismatch(old, sampler, sub_mask, correction, sums)
             loss, st = policy_loss(
                 logp,
                 old,
@@ -249,27 +252,24 @@ class Updater:
             sums["ratio_tok"] += st["ratio_mean"].item() * n_tok / cfg.mu
         return finite
 
-    def _engine_weights(self, old: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, weights):
-        """--engine-correction: the policy term's weights pi_trainer / pi_sampler (truncated or masked) ``[n, T]``,
-        times any other token weights; unchanged with none."""
-        if self.cfg.engine_correction == "none":
-            return weights
-        w = engine_weights(
-            old, sampler_logp.to(old.device), mask, self.cfg.engine_correction, self.cfg.engine_correction_cap
-        )
-        return w if weights is None else weights * w
+    def _correction(self, old: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+        """--engine-correction: the policy term's weights pi_trainer / pi_sampler, truncated or masked ``[n, T]``
+        (None with none)."""
+        mode = self.cfg.engine_correction
+        if mode == "none":
+            return None
+        return engine_weights(old, sampler_logp, mask, mode, self.cfg.engine_correction_cap)
 
-    def _count_mismatch(self, old: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, sums: dict) -> None:
-        """Adds |trainer - sampler| log-prob differences over the pass's loss tokens to the step's sums."""
-        total, count, largest = mismatch(old, sampler_logp.to(old.device), mask)
+    @staticmethod
+    def _count_mismatch(old, sampler_logp, mask, correction: torch.Tensor | None, sums: dict) -> None:
+        """Adds the pass's |trainer - sampler| log-prob differences over its loss tokens (and the correction's
+        weights) to the step's sums."""
+        total, count, largest = mismatch(old, sampler_logp, mask)
         sums["diff_sum"] += total
         sums["diff_tok"] += count
         sums["diff_max"] = max(sums["diff_max"], largest)
-        if self.cfg.engine_correction != "none":
-            w = engine_weights(
-                old, sampler_logp.to(old.device), mask, self.cfg.engine_correction, self.cfg.engine_correction_cap
-            )
-            sums["weight_tok"] += float(w.sum())
+        if correction is not None:
+            sums["weight_tok"] += float(correction.sum())
 
     def _optimizer_step(self, params: list[torch.Tensor], finite: bool) -> float | None:
         """Clip and step; the gradient norm, or None when the loss or the gradient was not finite on some rank
