@@ -74,7 +74,7 @@ def _base_model(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def engine_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def served_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The weights vLLM serves, under transformers' names: with LoRA, each adapted layer's base weight plus
     the adapter's delta (a new tensor; the training weights are not touched). A tied weight is given under each
     of its names: vLLM's loader needs ``lm_head.weight`` even for a tied model."""
@@ -224,7 +224,7 @@ class VLLMEngine:
         if self._asleep:
             llm.wake_up(tags=["weights"])
         with torch.no_grad(), self.full_weights():
-            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(engine_weights(self.model))})
+            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(served_weights(self.model))})
         if self._asleep:
             llm.wake_up(tags=["kv_cache"])
             self._asleep = False
