@@ -180,10 +180,7 @@ def _save(
     tokenizer.save_pretrained(tmp)
     torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(
-        {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
-        tmp / "rng.pt",
-    )
+    torch.save(rng_state(), tmp / "rng.pt")
     with open(tmp / _DONE, "w") as f:
         json.dump({"step": step, **state}, f, indent=2)
         f.flush()
@@ -209,7 +206,7 @@ def load_training_state(ckpt: Path, optimizer, scheduler, model=None) -> dict:
     DDP) or by parameter name (gathered from FSDP shards). Either loads into a plain, DDP or FSDP
     optimizer (``model``: the optimizer's model, needed when names are involved), on any process count.
     """
-    saved = torch.load(ckpt / "optimizer.pt", weights_only=False)
+    saved = _load(ckpt / "optimizer.pt")
     by_name = any(isinstance(p, str) for g in saved.get("param_groups", []) for p in g["params"])
     if by_name or _is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
@@ -223,9 +220,63 @@ def load_training_state(ckpt: Path, optimizer, scheduler, model=None) -> dict:
         set_optimizer_state_dict(model, optimizer, saved, options=StateDictOptions(full_state_dict=True))
     else:
         optimizer.load_state_dict(saved)
-    scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=False))
-    rng = torch.load(ckpt / "rng.pt", weights_only=False)
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    torch.set_rng_state(rng["torch"])
+    scheduler.load_state_dict(_load(ckpt / "scheduler.pt"))
+    set_rng_state(_load(ckpt / "rng.pt"))
     return json.loads((ckpt / _DONE).read_text())
+
+
+# numpy's array reconstruction, for the rng.pt of checkpoints written before rng_state(): it builds arrays of plain
+# numbers and calls nothing else.
+_reconstruct = (getattr(np, "_core", None) or np.core).multiarray._reconstruct  # numpy 2 moved core to _core
+_NUMPY_ARRAY_GLOBALS = [
+    np.ndarray,
+    np.dtype,
+    np.dtypes.UInt32DType,
+    (_reconstruct, "numpy._core.multiarray._reconstruct"),
+    (_reconstruct, "numpy.core.multiarray._reconstruct"),
+]
+
+
+def _load(path: Path):
+    """A ``torch.save`` file of tensors and plain values (dict, list, tuple, str, int, float, bool, None), read with
+    torch's restricted unpickler (``weights_only=True``): a file holding any other Python object is refused with one
+    line, and nothing in it runs. (Unpickling an arbitrary object can run any code its author chose.)"""
+    import pickle
+
+    try:
+        with torch.serialization.safe_globals(_NUMPY_ARRAY_GLOBALS):
+            return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:
+        detail = str(e).split("\n")[0][:160]
+        raise CheckpointError(
+            f"{path}: refused: it holds Python objects other than tensors and plain values, and loading them could "
+            f"run code from the file ({detail})"
+        ) from None
+
+
+def rng_state() -> dict:
+    """Python's, numpy's and torch's global random states as tensors and plain values (loadable without pickle)."""
+    version, internal, gauss = random.getstate()
+    name, key, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": [version, list(internal), gauss],
+        "numpy": {
+            "name": name,
+            "key": torch.from_numpy(key.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },  # fmt: skip
+        "torch": torch.get_rng_state(),
+    }
+
+
+def set_rng_state(rng: dict) -> None:
+    """Restore :func:`rng_state` (or the tuples of a checkpoint written before it)."""
+    python, numpy_state = rng["python"], rng["numpy"]
+    random.setstate((python[0], tuple(python[1]), python[2]))
+    if isinstance(numpy_state, dict):
+        k = numpy_state
+        numpy_state = (k["name"], k["key"].numpy().astype(np.uint32), k["pos"], k["has_gauss"], k["cached_gaussian"])
+    np.random.set_state(numpy_state)
+    torch.set_rng_state(rng["torch"])

@@ -299,3 +299,65 @@ def test_a_second_signal_exits_at_once(tmp_path):
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGTERM  # killed by the signal itself: no graceful exit status
     assert checkpoint.checkpoint_dirs(tmp_path / "twice") == []  # it did not stay to save
+
+
+# ---------------------------------------------------------------- no pickled code
+
+
+class _RunsCode:
+    """Unpickled, this object would run ``code``: what a crafted checkpoint file can carry."""
+
+    def __init__(self, code: str):
+        self.code = code
+
+    def __reduce__(self):
+        return (exec, (self.code,))
+
+
+def test_a_checkpoint_file_that_would_run_code_is_refused_and_the_code_never_runs(reference, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    ckpt, marker = run / "checkpoints" / "step_4", tmp_path / "ran"
+    payload = {"state": {}, "param_groups": [], "x": _RunsCode(f"open({str(marker)!r}, 'w').write('ran')")}
+    torch.save(payload, ckpt / "optimizer.pt")
+    checkpoint.write_manifest(ckpt)  # a checksum says nothing of origin: the file is "intact"
+    torch.load(ckpt / "optimizer.pt", weights_only=False)  # the file is armed: a plain unpickling runs it
+    assert marker.read_text() == "ran"
+    marker.unlink()
+    with pytest.raises(CheckpointError, match=r"optimizer\.pt: refused: it holds Python objects"):
+        train(_cfg(run, steps=6, save_every=2, resume=True), log=lambda *a, **k: None)
+    res = run_cli(["train", "--out", str(run), "--steps", "6", "--save-every", "2", "--resume", *FLAGS], tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().count("\n") == 0 and "optimizer.pt: refused" in res.stderr
+    assert not marker.exists()
+
+
+def test_a_checkpoint_written_before_the_pickle_free_rng_state_still_resumes(reference, tmp_path):
+    """rng.pt used to hold Python's state as tuples and numpy's as an array: it loads through the restricted
+    unpickler (numpy's array reconstruction allowed, nothing else) and the resumed run equals the uninterrupted one."""
+    import numpy as np
+
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    shutil.rmtree(run / "checkpoints" / "step_4")
+    ckpt = run / "checkpoints" / "step_2"
+    new = torch.load(ckpt / "rng.pt", weights_only=True)
+    py, npy = new["python"], new["numpy"]
+    old = {
+        "python": (py[0], tuple(py[1]), py[2]),
+        "numpy": (
+            npy["name"],
+            npy["key"].numpy().astype(np.uint32),
+            npy["pos"],
+            npy["has_gauss"],
+            npy["cached_gaussian"],
+        ),
+        "torch": new["torch"],
+    }
+    torch.save(old, ckpt / "rng.pt")
+    checkpoint.write_manifest(ckpt)
+    with pytest.raises(Exception, match="Weights only load failed"):
+        torch.load(ckpt / "rng.pt", weights_only=True)  # the old format: not plain values
+    train(_cfg(run, steps=4, save_every=2, resume=True), log=lambda *a, **k: None)
+    assert _metrics(run) == _metrics(reference)
+    _assert_same_weights(run, reference, 4)
