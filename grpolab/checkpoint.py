@@ -266,7 +266,7 @@ def rng_state() -> dict:
             "pos": int(pos),
             "has_gauss": int(has_gauss),
             "cached_gaussian": float(cached),
-        },  # fmt: skip
+        },
         "torch": torch.get_rng_state(),
     }
 
