@@ -117,12 +117,17 @@ def all_sum(values: list[float], world: World) -> list[float]:
     return t.tolist()
 
 
-def _reduce_int(value: int, op, world: World) -> int:
+def _reduce(value, op, world: World, dtype: torch.dtype = torch.int64):
+    """``value`` reduced with ``op`` over ranks, as an int (int64) or a float (float64)."""
     if not world.distributed:
         return value
-    t = torch.tensor([value], dtype=torch.int64)
+    t = torch.tensor([value], dtype=dtype)
     dist.all_reduce(t, op=op)
-    return int(t.item())
+    return t.item()
+
+
+def _reduce_int(value: int, op, world: World) -> int:
+    return int(_reduce(value, op, world))
 
 
 def all_max(value: int, world: World) -> int:
@@ -131,11 +136,7 @@ def all_max(value: int, world: World) -> int:
 
 def all_max_float(value: float, world: World) -> float:
     """The largest ``value`` of any rank (float64)."""
-    if not world.distributed:
-        return value
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    return float(_reduce(value, dist.ReduceOp.MAX, world, torch.float64))
 
 
 def all_true(flag: bool, world: World) -> bool:

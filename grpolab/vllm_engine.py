@@ -33,7 +33,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import random
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -41,6 +40,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
+from grpolab.checkpoint import rng_state, set_rng_state
 from grpolab.rollout import Batch, Sampled, SamplingSettings, left_pad
 
 INSTALL_HINT = (
@@ -150,8 +150,7 @@ def _start(model: torch.nn.Module, dtype: torch.dtype, device: torch.device, see
     if device.type == "cuda":
         kwargs = {"gpu_memory_utilization": s.memory, "enable_sleep_mode": s.sleep}
     # vLLM reseeds the global generators and replaces torch.set_num_threads while it starts: keep the trainer's.
-    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
-    rng = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+    set_threads, threads, rng = torch.set_num_threads, torch.get_num_threads(), rng_state()
     try:
         llm = vllm.LLM(
             model=_config_dir(model, dtype),
@@ -174,9 +173,7 @@ def _start(model: torch.nn.Module, dtype: torch.dtype, device: torch.device, see
     finally:
         torch.set_num_threads = set_threads
         torch.set_num_threads(threads)
-        torch.set_rng_state(rng[0])
-        np.random.set_state(rng[1])
-        random.setstate(rng[2])
+        set_rng_state(rng)
     _STARTED[key] = _SharedLLM(llm)
     return _STARTED[key]
 
@@ -234,13 +231,18 @@ class VLLMEngine:
     def weights_changed(self) -> None:
         self.sync()
 
+    def _ready(self) -> None:
+        """Before the engine computes: it holds this engine's weights (another engine in this process may have
+        pushed its own since) and is awake (--vllm-sleep puts it to sleep after each generation)."""
+        if self._shared.owner is not self or self._asleep:
+            self.sync()
+
     # ------------------------------------------------------------------ sampling
     def generate(self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings) -> Sampled:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if self._shared.owner is not self:  # another engine in this process pushed its weights since
-            self.sync()
+        self._ready()
         params = [
             SamplingParams(
                 n=1,
@@ -266,8 +268,7 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if self._shared.owner is not self:
-            self.sync()
+        self._ready()
         seqs = []
         for pi, pm, ci, cm in zip(*(t.cpu() for t in batch)):
             seqs.append((pi[pm.bool()].tolist(), ci[cm.bool()].tolist()))
