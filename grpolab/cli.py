@@ -401,6 +401,7 @@ def main(argv: list[str] | None = None) -> None:
     from grpolab.checkpoint import CheckpointError
     from grpolab.config import ConfigError
     from grpolab.data.jsonl import DataError
+    from grpolab.sandbox import SandboxError
 
     hf_logging.disable_progress_bar()  # our own bars say what is happening; HF's per-load bars are noise
     import warnings
@@ -410,7 +411,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         COMMANDS[cmd](rest)
-    except (ConfigError, DataError, FileNotFoundError, CheckpointError) as e:
+    except (ConfigError, DataError, FileNotFoundError, CheckpointError, SandboxError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt:

@@ -70,7 +70,8 @@ class StepRollouts:
     """... and its rollouts' rewards."""
     generated: dict
     """Every rollout generated this step (all ranks): per-rollout lists ``reward``, ``accuracy``, ``format``,
-    ``length``, ``truncated``; ``errors`` (reward-function failures); ``zero_std`` (share of drawn groups
+    ``length``, ``truncated``; ``errors`` (reward-function failures); ``counts`` (what reward functions counted,
+    summed: the code reward's outcomes); ``zero_std`` (share of drawn groups
     whose rewards were all equal)."""
     rounds: int
     short: bool
@@ -111,7 +112,30 @@ def concat_scores(parts: list[Scores]) -> Scores:
         torch.cat([p.total for p in parts]),
         {k: torch.cat([p.components[k] for p in parts]) for k in names},
         sum(p.errors for p in parts),
+        _sum_counts([p.counts for p in parts]),
     )
+
+
+def _sum_counts(parts: list[dict]) -> dict:
+    out: dict = {}
+    for counts in parts:
+        for k, v in counts.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def merge_generated(parts: list[dict]) -> dict:
+    """Per-rollout lists concatenated; ``errors`` summed; ``counts`` (reward functions' own) summed key by key."""
+    return {
+        k: (
+            sum(p[k] for p in parts)
+            if k == "errors"
+            else _sum_counts([p[k] for p in parts])
+            if k == "counts"
+            else [x for p in parts for x in p[k]]
+        )
+        for k in parts[0]
+    }
 
 
 def _token_values(parts: list[Rows], field: str, idx: torch.Tensor, T: int, width: int) -> torch.Tensor | None:
@@ -243,14 +267,12 @@ class Collector:
             "length": b.completion_mask.sum(1).tolist() if b is not None else [],
             "truncated": (~(b.completion_ids == eos).any(dim=1)).tolist() if b is not None else [],  # no EOS in budget
             "errors": rows.scores.errors,
+            "counts": rows.scores.counts,
         }
 
     def _gather(self, local: dict) -> dict:
         """Per-rollout lists of every rank, concatenated in rank order (= prompt order within a call)."""
-        parts = dist_.gather(local, self.world)
-        out = {k: [x for p in parts for x in p[k]] for k in local if k != "errors"}
-        out["errors"] = sum(p["errors"] for p in parts)
-        return out
+        return merge_generated(dist_.gather(local, self.world))
 
     # ------------------------------------------------------------------ the modes
     def collect(self, step: int) -> StepRollouts:
@@ -279,8 +301,7 @@ class Collector:
             parts.append(rows)
             mine_groups += [(drawn + b, recs[b], len(parts) - 1, i * G) for i, b in enumerate(mine)]
             whole = self._gather(self._per_rollout(rows))
-            for k in whole:
-                generated[k] = generated.get(k, 0 if k == "errors" else []) + whole[k]
+            generated = merge_generated([generated, whole]) if generated else whole
             rewards = torch.tensor(whole["reward"]).view(n, G)  # [n, G], this round's, every rank's
             var = has_variance(rewards)
             zero_groups += int((~var).sum())
@@ -325,7 +346,7 @@ class Collector:
         # Every rank's extras in prompt order: prompt b's are the (sizes[b] - n0) after those of prompts < b.
         e_start = offsets([n - n0 for n in sizes])
         rewards = [pilot_rewards[b] + whole_extra["reward"][e_start[b] : e_start[b + 1]] for b in range(B)]
-        generated = {k: whole[k] + whole_extra[k] for k in whole}
+        generated = merge_generated([whole, whole_extra])
         generated["zero_std"] = sum(not varies(r) for r in rewards) / B
         # This rank's rows, group by group: its pilot rows (part 0), then its extra rows (part 1).
         mine_extra = offsets([sizes[b] - n0 for b in mine])

@@ -189,6 +189,24 @@ class TrainConfig:
     eval_reward_fn: str = ""
     """The reward whose mean is the held-out accuracy ('module:function' or 'file.py:function', either form);
     default: the first --reward-fn for prompt data, the built-in answer check otherwise."""
+    code_reward: Literal["fraction", "all"] = "fraction"
+    """grpolab.rewards:code_reward: the fraction of its tests a program passes, or all (1 if every test passes,
+    else 0). Its programs run in a sandbox (docs/code.md)."""
+    reward_workers: int = 0
+    """Code reward: programs run at once, each in its own sandboxed process (0 = one per CPU core)."""
+    code_timeout: float = 5.0
+    """Code reward: wall-clock seconds for a program and all its tests (its CPU seconds are capped alike)."""
+    code_memory_mb: int = 1024
+    """Code reward: address space of each of a program's processes, MiB."""
+    sandbox: Literal["auto", "bwrap", "unshare"] = "auto"
+    """Code reward: what isolates programs: bwrap (bubblewrap: no network, hidden filesystem, PID namespace),
+    unshare (no network, PID namespace; the filesystem is not hidden), or auto (the first of them that runs)."""
+    sandbox_command: str = ""
+    """Code reward: a stronger isolation of your own instead (a VM, gVisor, a container): a command run in a fresh
+    directory ({dir} in it is replaced by that directory) with 'harness.py' appended; it must run Python 3 on it."""
+    code_allow_network: bool = False
+    """Code reward: where no network namespace can be made (neither bwrap nor unshare runs), run programs anyway,
+    with resource limits alone: they can then reach the network and the filesystem. Off: refuse to start."""
 
     # --- objective ---
     estimator: Literal["vanilla", "grpo", "grpo_std", "rloo", "oracle"] = "grpo_std"
@@ -330,6 +348,7 @@ class TrainConfig:
         self._validate_objective()
         self._validate_rollouts()
         self._validate_arithmetic()
+        self._validate_code_reward()
 
     def _validate_counts(self) -> None:
         """Counts that must be positive or non-negative."""
@@ -521,6 +540,26 @@ class TrainConfig:
             raise _bad("vllm_memory", f"must be in (0, 1], got {self.vllm_memory:g}")
         if self.vllm_max_len < 2:
             raise _bad("vllm_max_len", f"must be >= 2, got {self.vllm_max_len}")
+
+    def _validate_code_reward(self) -> None:
+        if self.reward_workers < 0:
+            raise _bad("reward_workers", f"must be >= 0 (0 = one per CPU core), got {self.reward_workers}")
+        if not self.code_timeout > 0:
+            raise _bad("code_timeout", f"must be > 0 seconds, got {self.code_timeout}")
+        if self.code_memory_mb < 64:
+            raise _bad("code_memory_mb", f"must be >= 64 (Python itself needs about 30), got {self.code_memory_mb}")
+
+    def code_reward_settings(self):
+        """The code reward's settings (grpolab.code_reward) under this config."""
+        import math
+
+        from grpolab.code_reward import CodeRewardSettings
+        from grpolab.sandbox import Limits
+
+        limits = Limits(timeout_s=self.code_timeout, cpu_s=math.ceil(self.code_timeout), memory_mb=self.code_memory_mb)
+        return CodeRewardSettings(
+            self.code_reward, limits, self.reward_workers, self.sandbox, self.sandbox_command, self.code_allow_network
+        )
 
     def _validate_arithmetic(self) -> None:
         """The built-in task's question space."""

@@ -73,6 +73,20 @@ class EvalConfig:
     """Prompt data: the run's reward functions; the first one's mean is the accuracy (a run: its own)."""
     eval_reward_fn: str | None = None
     """The reward whose mean is the accuracy, instead of the first --reward-fn (a run: its own)."""
+    code_reward: Literal["fraction", "all"] | None = None
+    """grpolab.rewards:code_reward: the fraction of tests passed, or all (1 only if every test passes)."""
+    reward_workers: int | None = None
+    """Code reward: programs run at once, each in its own sandbox (0 = one per CPU core)."""
+    code_timeout: float | None = None
+    """Code reward: wall-clock seconds per program (default 5)."""
+    code_memory_mb: int | None = None
+    """Code reward: address space per process, MiB (default 1024)."""
+    sandbox: Literal["auto", "bwrap", "unshare"] | None = None
+    """Code reward: what isolates programs (auto: bubblewrap, else unshare; docs/code.md)."""
+    sandbox_command: str | None = None
+    """Code reward: your own isolation command instead ({dir} = the program's directory; 'harness.py' appended)."""
+    code_allow_network: bool | None = None
+    """Code reward: run programs even where no network namespace can be made (they can reach the network)."""
     max_operand: int | None = None
     """Arithmetic: largest operand (default 99)."""
     mul_max: int | None = None
@@ -109,7 +123,7 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
     policy = _load_policy(cfg, target, tcfg, dtype, sampler, len(held_out), log)
     engine = _start_engine(tcfg, policy, log)
     t0 = time.perf_counter()
-    metrics, examples = _evaluate(cfg, tcfg, policy, held_out, engine)
+    metrics, examples = _evaluate(cfg, tcfg, policy, held_out, engine, log)
     seconds = time.perf_counter() - t0
     report = _report(cfg, target, tcfg, policy, held_out, metrics, examples, seconds)
     if cfg.json:
@@ -167,15 +181,21 @@ def _start_engine(tcfg: TrainConfig, policy, log):
     return engine
 
 
-def _evaluate(cfg: EvalConfig, tcfg: TrainConfig, policy, held_out: list[dict], engine=None) -> tuple[dict, list[dict]]:
+def _evaluate(
+    cfg: EvalConfig, tcfg: TrainConfig, policy, held_out: list[dict], engine=None, log=print
+) -> tuple[dict, list[dict]]:
     """Greedy and sampled accuracy (metrics) and per-question outcomes (examples), under a progress bar."""
     import torch
 
+    from grpolab import code_reward
+    from grpolab.code_reward import runs_programs
     from grpolab.evaluate import evaluate
     from grpolab.progress import progress_bar
     from grpolab.rewards import eval_reward
 
     _, score = eval_reward(tcfg, policy.shown_prompt, policy.chat)
+    if runs_programs(score):
+        log(code_reward.configure(tcfg.code_reward_settings()).describe())
     batch_size = cfg.batch_size if engine is None else len(held_out) * max(1, cfg.samples)
     total = len(held_out) * (1 + cfg.samples)
     with torch.no_grad(), progress_bar("eval", total, enabled=cfg.progress, every=max(total // 10, 1)) as bar:

@@ -24,6 +24,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 
 from grpolab.answers import extract_final_number, math_equal, numbers_equal  # noqa: F401  (re-exported)
+from grpolab.code_reward import code_reward  # noqa: F401  (re-exported: ``from grpolab.rewards import code_reward``)
 from grpolab.data.records import prompt_of as prompt_of_record
 
 RewardFn = Callable[[list[str], list[dict]], Sequence[float]]
@@ -114,7 +115,11 @@ def from_trl(fn: Callable, prompt_of: Callable[[dict], Any], chat: bool) -> Rewa
         return [0.0 if v is None else v for v in values]
 
     reward.__name__ = getattr(fn, "__name__", "reward")
-    reward.columns = declared_columns(fn)
+    reward.columns = getattr(fn, "columns", None)
+    if reward.columns is None:
+        reward.columns = declared_columns(fn)
+    if callable(getattr(fn, "pop_counts", None)):
+        reward.pop_counts = fn.pop_counts
     return reward
 
 
@@ -254,6 +259,8 @@ class Scores(NamedTuple):
     """name -> ``[N]`` unweighted values (0 where the function failed)."""
     errors: int
     """Number of (rollout, function) evaluations that raised or were non-finite."""
+    counts: dict[str, float] = {}
+    """What reward functions counted while scoring (their ``pop_counts()``, e.g. the code reward's outcomes)."""
 
 
 def _call_safely(fn: RewardFn, completions: list[str], records: list[dict]) -> tuple[list[float], int]:
@@ -284,12 +291,19 @@ def score(completions: list[str], records: list[dict], reward_fns: Sequence[tupl
     total = torch.zeros(len(completions))
     components: dict[str, torch.Tensor] = {}
     errors = 0
+    counts: dict[str, float] = {}
     for name, fn, weight in reward_fns:
+        pop = getattr(fn, "pop_counts", None)
+        if callable(pop):
+            pop()  # counted outside a score (an evaluation's): not this call's
         values, err = _call_safely(fn, completions, records)
         components[name] = torch.tensor(values, dtype=torch.float32)
         total += weight * components[name]
         errors += err
-    return Scores(total, components, errors)
+        if callable(getattr(fn, "pop_counts", None)):
+            for k, v in fn.pop_counts().items():
+                counts[k] = counts.get(k, 0) + v
+    return Scores(total, components, errors, counts)
 
 
 def default_reward_fns(format_weight: float = 0.1, accuracy_fn: RewardFn = accuracy_reward):
@@ -331,4 +345,4 @@ class Rewarder:
         if not self.overlong_buffer:
             return scores
         pen = overlong_penalty(lengths, self.max_new_tokens, self.overlong_buffer, self.overlong_penalty)
-        return Scores(scores.total + pen, {**scores.components, "overlong": pen}, scores.errors)
+        return Scores(scores.total + pen, {**scores.components, "overlong": pen}, scores.errors, scores.counts)

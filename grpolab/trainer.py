@@ -231,6 +231,7 @@ def step_metrics(roll: StepRollouts, rollouts_total: int, update: dict, probe: d
         "reward/accuracy": statistics.fmean(gen["accuracy"]),
         "reward/format": statistics.fmean(gen["format"]),
         "reward/errors": gen["errors"],
+        **{f"reward/{k}": v for k, v in sorted(gen["counts"].items())},  # the code reward's outcomes
         **{k: statistics.fmean(v) for k, v in gen.items() if k.startswith("reward/")},  # each --reward-fn
         "sampling/rollouts": reward.numel(),
         "sampling/rollouts_total": rollouts_total,
