@@ -30,6 +30,7 @@ commands:
   train   GRPO training of a policy on verifiable rewards (every option: grpolab train --help)
   eval    held-out greedy and sampled accuracy of a model or a run's checkpoint, per category, with 95% intervals
   sft     supervised warm start of the built-in tiny Llama on worked solutions
+  code-task  write the generated code task (short functions to write, with tests) as train/test JSONL files
   plot    redraw a run directory's plot.png from its metrics.jsonl
   rank    spectrum of the per-rollout gradient matrix (effective rank, top-1 fraction) over checkpoints
   theory  Monte Carlo checks of the Foundations paper's closed forms: `theory hoeffding`, `theory advantages`
@@ -163,6 +164,28 @@ def cmd_sft(args: list[str]) -> None:
         f"saved to {cfg.out}: held-out accuracy greedy {metrics['eval/accuracy_greedy']:.3f}, "
         f"sampled {metrics.get('eval/accuracy_sampled', float('nan')):.3f} ({metrics['time/sft_s']:.0f} s)"
     )
+
+
+def cmd_code_task(args: list[str]) -> None:
+    import json
+    from collections import Counter
+
+    from grpolab.config import ConfigError
+    from grpolab.data.code_task import CodeTaskConfig, CodeTaskSpec, write_task
+
+    cfg = _parse(CodeTaskConfig, args, "grpolab code-task", CodeTaskConfig.__doc__.strip())
+    try:
+        spec = CodeTaskSpec(tuple(cfg.families), cfg.tests_per_problem)
+        paths = write_task(cfg.out, cfg.train, cfg.test, cfg.seed, spec)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for path in paths:
+        counts = Counter(json.loads(line)["category"] for line in path.open())
+        print(
+            f"wrote {path}: {sum(counts.values())} problems ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})"
+        )
+    train, test = paths
+    print(f"train on it: grpolab train --data {train} --eval-data {test} --reward-fn grpolab.rewards:code_reward")
 
 
 def cmd_demo(args: list[str]) -> None:
@@ -374,6 +397,7 @@ COMMANDS = {
     "train": cmd_train,
     "eval": cmd_eval,
     "sft": cmd_sft,
+    "code-task": cmd_code_task,
     "demo": cmd_demo,
     "plot": cmd_plot,
     "rank": cmd_rank,
