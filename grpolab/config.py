@@ -542,8 +542,8 @@ class TrainConfig:
             raise _bad("vllm_max_len", f"must be >= 2, got {self.vllm_max_len}")
 
     def _validate_code_reward(self) -> None:
-        if self.reward_workers < 0:
-            raise _bad("reward_workers", f"must be >= 0 (0 = one per CPU core), got {self.reward_workers}")
+        if not 0 <= self.reward_workers <= 256:
+            raise _bad("reward_workers", f"must be in [0, 256] (0 = one per CPU core), got {self.reward_workers}")
         if not self.code_timeout > 0:
             raise _bad("code_timeout", f"must be > 0 seconds, got {self.code_timeout}")
         if self.code_memory_mb < 64:

@@ -88,3 +88,25 @@ def test_through_the_trainers_scoring_a_record_without_tests_is_an_error_counted
     assert scores.total.tolist() == [1.0, 0.0]
     assert scores.errors == 1
     assert scores.counts["code_passed"] == 1  # the record that could run was counted
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("reward_workers", -1, "--reward-workers"),
+        ("code_timeout", 0.0, "--code-timeout"),
+        ("code_memory_mb", 8, "--code-memory-mb"),
+    ],
+)
+def test_bad_code_reward_settings_are_refused_at_start(field, value, message):
+    from grpolab.config import ConfigError, TrainConfig
+
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**{field: value}).validate()
+
+
+def test_the_configs_code_flags_reach_the_reward():
+    from grpolab.config import TrainConfig
+
+    s = TrainConfig(code_reward="all", reward_workers=3, code_timeout=2.5, code_memory_mb=256).code_reward_settings()
+    assert (s.mode, s.workers, s.limits.timeout_s, s.limits.cpu_s, s.limits.memory_mb) == ("all", 3, 2.5, 3, 256)

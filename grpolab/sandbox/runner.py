@@ -42,9 +42,11 @@ from typing import Literal
 
 HARNESS = Path(__file__).with_name("harness.py")
 ISOLATIONS = ("auto", "bwrap", "unshare")
-# User ids the harness takes when started as root, one per worker (the process limit counts per user id).
-# Chosen far above any real account's.
+# User ids the harness takes when started as root, one per worker of each trainer process (the process limit
+# counts per user id, so two workers, or two ranks on one machine, must not share one): UID_BASE + 256 * (pid mod
+# 2^16) + worker, far above any real account's.
 UID_BASE = 1_900_000_000
+MAX_WORKERS = 256
 STATUSES = ("passed", "failed", "timeout", "memory", "crashed")
 
 
@@ -203,6 +205,8 @@ class Sandbox:
             raise ValueError(f"sandbox isolation must be one of {ISOLATIONS}, got {isolation!r}")
         self.limits, self.command = limits, command
         self.workers = workers or os.cpu_count() or 1
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise ValueError(f"sandbox workers must be in [1, {MAX_WORKERS}], got {self.workers}")
         self.python = python or os.path.realpath(sys.executable)  # the base interpreter, not a venv's shim
         self.isolation = self._choose(isolation, allow_network)
         self.label = f"grpolab-sandbox-{uuid.uuid4().hex[:12]}"
@@ -265,7 +269,7 @@ class Sandbox:
         extra: dict = {"uid": None, "home": None}
         root = os.geteuid() == 0
         if self.isolation == "bwrap":
-            extra["uid"] = UID_BASE + slot if root else None
+            extra["uid"] = UID_BASE + MAX_WORKERS * (os.getpid() % 2**16) + slot if root else None
             return [*bwrap_command(self.limits, self.python), self.label], None, extra
         workdir = tempfile.mkdtemp(prefix="grpolab-sandbox-")
         shutil.copy(HARNESS, workdir)
