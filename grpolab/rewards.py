@@ -300,8 +300,8 @@ def score(completions: list[str], records: list[dict], reward_fns: Sequence[tupl
         components[name] = torch.tensor(values, dtype=torch.float32)
         total += weight * components[name]
         errors += err
-        if callable(getattr(fn, "pop_counts", None)):
-            for k, v in fn.pop_counts().items():
+        if callable(pop):
+            for k, v in pop().items():
                 counts[k] = counts.get(k, 0) + v
     return Scores(total, components, errors, counts)
 

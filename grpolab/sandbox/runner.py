@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -277,7 +278,9 @@ class Sandbox:
         if self.isolation == "unshare":
             return [*unshare_command(self.python, "harness.py"), self.label], workdir, extra
         # A process between the runner and the harness: the program's os.kill(os.getppid(), 9) kills it, not us.
-        inner = self.command.replace("{dir}", workdir).split() if self.command else [self.python, "-I"]
+        inner = (
+            [a.replace("{dir}", workdir) for a in shlex.split(self.command)] if self.command else [self.python, "-I"]
+        )
         return [self.python, "-I", "-c", INTERPOSE, *inner, "harness.py", self.label], workdir, extra
 
     def _process_limit(self, uid: int | None) -> int:
