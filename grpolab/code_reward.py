@@ -111,7 +111,7 @@ def job_of(completion: Any, tests: Any = None, io: Any = None, entry_point: str 
     if isinstance(completion, list):
         completion = completion[-1]["content"]
     program = extract_program(completion)
-    if tests is not None and not (isinstance(tests, float)):  # a missing CSV cell reads as NaN
+    if tests is not None and not isinstance(tests, float):  # a missing CSV cell reads as NaN
         return Job(program, tests=_tests_of(tests), entry_point=entry_point or None)
     if io is not None:
         return Job(program, io=_io_of(io))

@@ -119,8 +119,8 @@ def _top_level(path: str) -> list[str]:
     return ["--ro-bind", path, path] if os.path.isdir(path) else []
 
 
-def bwrap_command(limits: Limits, python: str) -> list[str]:
-    """The bubblewrap command line that runs the harness (``/harness.py``) under ``python``."""
+def bwrap_command(limits: Limits, argv: list[str]) -> list[str]:
+    """The bubblewrap command line that runs ``argv`` inside (the harness is at ``/harness.py`` there)."""
     prefix = sys.base_prefix
     cmd = ["bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     cmd += ["--die-with-parent", "--new-session", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin"]
@@ -137,13 +137,14 @@ def bwrap_command(limits: Limits, python: str) -> list[str]:
     cmd += ["--size", size, "--tmpfs", "/sandbox", "--size", size, "--tmpfs", "/tmp", "--chdir", "/sandbox"]
     if os.geteuid() == 0:  # the harness gives the tmpfs to its own user id, then becomes it
         cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN"]
-    return cmd + ["--", python, "-I", "/harness.py"]
+    return cmd + ["--", *argv]
 
 
-def unshare_command(python: str, harness: str) -> list[str]:
-    """util-linux's unshare: a network and a PID namespace (in a user namespace of its own when not root)."""
+def unshare_command(argv: list[str]) -> list[str]:
+    """util-linux's unshare running ``argv``: a network and a PID namespace (in a user namespace of its own when not
+    root)."""
     user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    return ["unshare", *user, "--net", "--pid", "--fork", "--kill-child", "--mount-proc", python, "-I", harness]
+    return ["unshare", *user, "--net", "--pid", "--fork", "--kill-child", "--mount-proc", *argv]
 
 
 def _works(cmd: list[str]) -> bool:
@@ -159,12 +160,11 @@ _PROBED: dict[str, bool] = {}
 def available(isolation: str, python: str) -> bool:
     """Whether ``isolation`` runs on this machine (tried once per process)."""
     if isolation not in _PROBED:
+        nothing = [python, "-I", "-c", "0"]
         if isolation == "bwrap":
-            ok = shutil.which("bwrap") is not None and _works(
-                bwrap_command(Limits(), python)[: -len([python, "-I", "/harness.py"])] + [python, "-I", "-c", "0"]
-            )
+            ok = shutil.which("bwrap") is not None and _works(bwrap_command(Limits(), nothing))
         else:
-            ok = shutil.which("unshare") is not None and _works(unshare_command(python, "-c")[:-1] + ["-c", "0"])
+            ok = shutil.which("unshare") is not None and _works(unshare_command(nothing))
         _PROBED[isolation] = ok
     return _PROBED[isolation]
 
@@ -271,12 +271,12 @@ class Sandbox:
         root = os.geteuid() == 0
         if self.isolation == "bwrap":
             extra["uid"] = UID_BASE + MAX_WORKERS * (os.getpid() % 2**16) + slot if root else None
-            return [*bwrap_command(self.limits, self.python), self.label], None, extra
+            return bwrap_command(self.limits, [self.python, "-I", "/harness.py", self.label]), None, extra
         workdir = tempfile.mkdtemp(prefix="grpolab-sandbox-")
         shutil.copy(HARNESS, workdir)
         extra["home"] = workdir
         if self.isolation == "unshare":
-            return [*unshare_command(self.python, "harness.py"), self.label], workdir, extra
+            return unshare_command([self.python, "-I", "harness.py", self.label]), workdir, extra
         # A process between the runner and the harness: the program's os.kill(os.getppid(), 9) kills it, not us.
         inner = (
             [a.replace("{dir}", workdir) for a in shlex.split(self.command)] if self.command else [self.python, "-I"]
