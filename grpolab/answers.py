@@ -29,6 +29,37 @@ def extract_final_number(text: str) -> str | None:
     return _clean(found[-1]) if found else None
 
 
+_FENCE = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
+
+
+def answer_spans(text: str) -> tuple[tuple[int, int] | None, list[tuple[int, int]]]:
+    """Where a completion's final answer lies: ``(answer, markers)``, character ranges ``[start, end)`` of ``text``.
+
+    The answer is what the rewards read: the number after the last ``####`` (as
+    :func:`extract_final_number`), else the contents of the last ``\\boxed{...}``, else the last
+    fenced code block, else the last number. ``markers`` are the format's own characters around it:
+    ``####`` and the space before the number, ``\\boxed{`` and its ``}``, the fence lines.
+    ``(None, [])`` when the text holds no answer.
+    """
+    if "####" in text:
+        p = text.rfind("####")
+        m = _NUMBER.search(text, p + 4)
+        if m is None:
+            return None, [(p, p + 4)]
+        return (m.start(), m.end()), [(p, m.start())]
+    start = text.rfind("\\boxed{")
+    inner = last_boxed(text) if start >= 0 else None
+    if inner is not None:
+        a = start + len("\\boxed{")
+        return (a, a + len(inner)), [(start, a), (a + len(inner), a + len(inner) + 1)]
+    fences = list(_FENCE.finditer(text))
+    if fences:
+        m = fences[-1]
+        return (m.start(1), m.end(1)), [(m.start(), m.start(1)), (m.end(1), m.end())]
+    found = list(_NUMBER.finditer(text))
+    return ((found[-1].start(), found[-1].end()) if found else None), []
+
+
 def numbers_equal(a: str | None, b: str | None) -> bool:
     """Exact numeric equality of two decimal strings (``"16"`` == ``"16.0"``)."""
     if a is None or b is None:

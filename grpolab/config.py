@@ -293,6 +293,13 @@ class TrainConfig:
     """Prompts (with their completions) written to samples.jsonl at each evaluation."""
     log_rollouts: bool = False
     """Write every rollout of every step (prompt index, question, completion, reward, advantage) to rollouts.jsonl."""
+    log_token_credit: int = 0
+    """Every step, record K rollouts (group by group, one with a positive and one with a negative advantage) token by
+    token in token_credit.jsonl: each token's advantage in the loss, importance ratio and clipping, entropy, sampler
+    and trainer log-probs, and the change of its log-prob that the step's update caused (one extra forward over the K
+    rollouts after the update); their aggregates as credit/* (shares of the change on the answer, reasoning and
+    format tokens, its correlation with the advantage's sign, its concentration). `grpolab tokens RUN` and
+    `grpolab report` show them. 0 = off. Rank 0 records its own rollouts."""
     tensorboard: bool = False
     """Also log to TensorBoard (needs the tensorboard package)."""
     wandb: bool = False
@@ -366,6 +373,7 @@ class TrainConfig:
             "threads",
             "keep_checkpoints",
             "log_samples",
+            "log_token_credit",
         ):
             if getattr(self, f) < 0:
                 raise _bad(f, f"must be >= 0, got {getattr(self, f)}")
@@ -392,6 +400,8 @@ class TrainConfig:
                 raise _bad("branches", f"rtg-mc needs >= 1 branch, got {self.branches}")
             if self.dialogue_context not in ("question", "dialogue"):
                 raise _bad("dialogue_context", f"must be 'question' or 'dialogue', got {self.dialogue_context!r}")
+            if self.log_token_credit:
+                raise _bad("log_token_credit", "is for single-turn tasks (--task arith)")
             if self.data or self.mu > 1 or self.beta > 0:
                 raise _bad("task", "arith-multiturn supports the built-in dialogues with mu = 1 and beta = 0 only")
             for f, off in (

@@ -58,6 +58,9 @@ REAL_MODEL_PRESET = dict(
     log_samples=8,
     threads=0,
 )
+# Both demos record 4 rollouts a step token by token (--log-token-credit): their reports show where each update
+# moved probability. One forward over 4 rollouts a step; it draws no random numbers, so the run is unchanged.
+DEMO_TOKEN_CREDIT = 4
 # LoRA trains far fewer parameters, from B = 0: a far larger step size (40x the full model's; the run in
 # docs/real-model.md).
 LORA_PRESET = dict(lr=2e-4)
@@ -124,6 +127,7 @@ def demo_train_config(cfg: DemoConfig, model: str | None = None) -> TrainConfig:
         progress=cfg.progress,
         lora_rank=cfg.lora_rank,
         rollout_engine=cfg.rollout_engine,
+        log_token_credit=DEMO_TOKEN_CREDIT,
     )
     if cfg.steps:
         train_cfg = dataclasses.replace(train_cfg, steps=cfg.steps)

@@ -172,9 +172,7 @@ def policy_loss(
         advantages = advantages[:, None]  # [N, 1]: the same credit for every token [Foundations, Thm 3.1]
     advantages = advantages.to(logp.dtype)
     ratio = importance_ratio(logp, old_logp, mask, importance_sampling)  # [N, T] or [N, 1]
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    unclipped = (ratio if clip_delta is None else torch.clamp(ratio, max=clip_delta)) * advantages
-    surrogate = torch.minimum(unclipped, clipped)  # [N, T]
+    surrogate, clipped_taken = clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_delta)  # [N, T]
     if token_weights is not None:
         surrogate = surrogate * token_weights.to(surrogate.dtype)
     per_token = -surrogate
@@ -188,7 +186,22 @@ def policy_loss(
     loss = aggregate(per_token, mask, aggregation, **norms)
     with torch.no_grad():
         policy = aggregate(-surrogate, mask, aggregation, **norms)
-        return loss, _token_stats(policy, kl_tok, clipped < unclipped, ratio, mask.to(logp.dtype))
+        return loss, _token_stats(policy, kl_tok, clipped_taken, ratio, mask.to(logp.dtype))
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    clip_delta: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's pessimistic surrogate ``min(r A, clip(r, 1 - clip_low, 1 + clip_high) A)`` (the unclipped ``r`` capped
+    at ``clip_delta`` if given) and where the clipped branch was taken (``clip(r) A < r A``). ``ratio`` ``[N, T]`` or
+    ``[N, 1]``, ``advantages`` ``[N, 1]`` or ``[N, T]``; both results broadcast to ``[N, T]``."""
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    unclipped = (ratio if clip_delta is None else torch.clamp(ratio, max=clip_delta)) * advantages
+    return torch.minimum(unclipped, clipped), clipped < unclipped
 
 
 def _check_shapes(**tensors: torch.Tensor) -> None:

@@ -1,5 +1,5 @@
 """The run directory's logs: ``metrics.jsonl`` (one object per step), ``samples.jsonl``,
-``rollouts.jsonl`` (with --log-rollouts) and optional TensorBoard / Weights & Biases sinks."""
+``rollouts.jsonl`` (with --log-rollouts), ``token_credit.jsonl`` (with --log-token-credit) and optional TensorBoard / Weights & Biases sinks."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class RunLogger:
         self.run_dir = Path(run_dir)
         self._metrics = open(self.run_dir / "metrics.jsonl", "a")
         self._samples = open(self.run_dir / "samples.jsonl", "a")
-        self._rollouts = None  # opened on first use
+        self._rollouts = self._credit = None  # opened on first use
         self._tb = self._wandb = None
         if tensorboard:
             try:
@@ -70,11 +70,20 @@ class RunLogger:
             self._rollouts.write(json.dumps({"step": step, **r}) + "\n")
         self._rollouts.flush()
 
+    def log_token_credit(self, step: int, records: list[dict]) -> None:
+        """One line per recorded rollout, its tokens' values as parallel lists (``grpolab.token_view`` reads them)."""
+        if self._credit is None:
+            self._credit = open(self.run_dir / "token_credit.jsonl", "a")
+        for r in records:
+            self._credit.write(json.dumps({"step": step, **r}, allow_nan=False) + "\n")
+        self._credit.flush()
+
     def close(self) -> None:
         self._metrics.close()
         self._samples.close()
-        if self._rollouts is not None:
-            self._rollouts.close()
+        for f in (self._rollouts, self._credit):
+            if f is not None:
+                f.close()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:

@@ -16,6 +16,7 @@ gathered per-rollout values, identically on every rank; rank 0 alone writes them
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from pathlib import Path
@@ -34,9 +35,11 @@ from grpolab.groups import common_size, offsets, varies
 from grpolab.probes.advantage_stats import advantage_stats
 from grpolab.probes.gram import score_gram, token_weights
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
+from grpolab.probes.token_credit import credit_aggregates, pick_rollouts, token_segments, token_spans
 from grpolab.rewards import Rewarder
 from grpolab.rollout import select
 from grpolab.trainer_base import StepOutput, TrainerBase
+from grpolab.utils import rng_untouched
 
 
 class GRPOTrainer(TrainerBase):
@@ -82,11 +85,15 @@ class GRPOTrainer(TrainerBase):
         adv = self._advantages(roll)  # [n]
         records = self._records(roll, adv)
         probe = self._probe(step, roll, adv)  # on the policy that sampled
-        # 4. loss and update
+        # 4. loss and update (--log-token-credit: the update keeps the watched rows' per-token values)
         self.status(f"step {step}: update ({self.cfg.mu} x {roll.groups.rows.n} rollouts)")
         rows = roll.groups.rows
+        watch = pick_rollouts(adv, roll.groups.sizes, self.cfg.log_token_credit) if self.cfg.log_token_credit else None
+        credit = ([], {})
         if roll.rewards:
-            update = self._update(rows.batch, self._prompt_weighted(roll, adv), rows.entropy, rows.logprobs)
+            update = self._update(rows.batch, self._prompt_weighted(roll, adv), rows.entropy, rows.logprobs, watch)
+            if watch is not None:  # what the update did to each watched token's log-prob
+                credit = self._token_credit(roll, adv)
         else:  # no group entered the update (--sampling filter, every round all-equal)
             update = self.updater.skip()
         t_sync = time.perf_counter()
@@ -101,8 +108,13 @@ class GRPOTrainer(TrainerBase):
             "time/sync_s": t_end - t_sync,
             "time/step_s": t_end - t_step,
         }
-        metrics = step_metrics(roll, self.rollouts_total, update, probe, times)
-        return StepOutput(metrics, records["samples"], records["rollouts"] if self.cfg.log_rollouts else None)
+        metrics = {**step_metrics(roll, self.rollouts_total, update, probe, times), **credit[1]}
+        return StepOutput(
+            metrics,
+            records["samples"],
+            records["rollouts"] if self.cfg.log_rollouts else None,
+            credit[0] if watch is not None else None,
+        )
 
     def _advantages(self, roll: StepRollouts) -> torch.Tensor:
         """``[n]`` this rank's advantages, group by group, under --estimator and --scale-rewards."""
@@ -157,6 +169,41 @@ class GRPOTrainer(TrainerBase):
         parts = dist_.gather(local, self.world)
         return {k: [x for _, x in sorted((x for p in parts for x in p[k]), key=lambda x: x[0])] for k in local}
 
+    def _token_credit(self, roll: StepRollouts, adv: torch.Tensor) -> tuple[list[dict], dict]:
+        """After the update: the watched rows' log-probs under the new weights (one forward, on every rank: FSDP's
+        forwards are collectives), their records token by token and the ``credit/*`` aggregates (rank 0's rows)."""
+        t0 = time.perf_counter()
+        watched, batch = self.updater.watched, roll.groups.rows.batch
+        with torch.no_grad(), rng_untouched(self.device):
+            sub = select(batch, torch.tensor(watched.rows or [0], dtype=torch.long, device=self.device))
+            after = self.train_module.logprobs(sub).to(torch.float64)  # [K, T']
+        if not self.world.is_main or not watched.rows:
+            return [], {}
+        groups, starts = roll.groups, offsets(roll.groups.sizes)
+        group_of = {starts[k] + g: (k, g) for k in range(len(groups.sizes)) for g in range(groups.sizes[k])}
+        out = []
+        for k, r in enumerate(watched.rows):
+            gk, g = group_of[r]
+            head = {
+                "prompt": groups.prompt[gk],
+                "rollout": g,
+                "question": question_of(groups.records[gk]),
+                "reward": groups.rows.scores.total[r].item(),
+                "advantage": adv[r].item(),
+            }
+            out.append({**head, **_credit_tokens(self.policy.tokenizer, groups.rows, r, k, watched, after)})
+        metrics = credit_aggregates(
+            torch.cat(
+                [after[k, : len(o["ids"])].cpu() - watched.logp[k, : len(o["ids"])].cpu() for k, o in enumerate(out)]
+            ),
+            torch.cat([watched.adv[k, : len(o["ids"])].cpu() for k, o in enumerate(out)]),
+            [s for o in out for s in o["segment"]],
+        )
+        metrics = {f"credit/{k}": v for k, v in metrics.items()}
+        metrics["credit/rollouts"] = len(out)
+        metrics["time/credit_s"] = time.perf_counter() - t0
+        return out, metrics
+
     def _probe(self, step: int, roll: StepRollouts, adv: torch.Tensor) -> dict:
         """Advantage statistics every step; the gradient spectrum every ``probe_every`` steps.
 
@@ -209,6 +256,32 @@ def _rollout_record(b, g, rec, texts, batch, scores, adv, row: int) -> dict:
         "tokens": int(batch.completion_mask[row].sum()),
         "reward": scores.total[row].item(),
         "advantage": adv[row].item(),
+    }
+
+
+def _credit_tokens(tokenizer, rows, r: int, k: int, watched, after: torch.Tensor) -> dict:
+    """The per-token part of one token_credit.jsonl line: row ``r`` of ``rows``, the ``k``-th watched row
+    (``after`` ``[K, T']``: the log-probs after the update)."""
+    T = int(rows.batch.completion_mask[r].sum())  # completions are right-padded: tokens 0..T-1 are real
+    ids = rows.batch.completion_ids[r, :T].tolist()
+    spans = token_spans(lambda i: tokenizer.decode(i, skip_special_tokens=True), ids)  # as Policy.decode
+    before = watched.logp[k, :T].cpu()
+
+    def floats(t: torch.Tensor | None) -> list | None:  # JSON has no NaN: a value that is not a number is null
+        return None if t is None else [v if math.isfinite(v) else None for v in t.double().tolist()]
+
+    return {
+        "completion": "".join(spans),
+        "tokens": spans,
+        "ids": ids,
+        "segment": token_segments(spans),
+        "dlogp": floats(after[k, :T].cpu() - before),
+        "logp": floats(before),
+        "logp_sampler": None if rows.logprobs is None else floats(rows.logprobs[r, :T]),
+        "entropy": None if rows.entropy is None else floats(rows.entropy[r, :T]),
+        "adv": floats(watched.adv[k, :T].cpu()),
+        "ratio": floats(watched.ratio[k, :T].cpu()),
+        "clipped": watched.clipped[k, :T].tolist(),
     }
 
 

@@ -38,6 +38,8 @@ class StepOutput:
     samples: list[dict]
     rollouts: list[dict] | None = None
     """Every rollout of the step, in (prompt, rollout) order, with --log-rollouts."""
+    token_credit: list[dict] | None = None
+    """The rollouts recorded token by token, with --log-token-credit (rank 0's)."""
 
 
 class TrainerBase:
@@ -162,9 +164,11 @@ class TrainerBase:
         adv: torch.Tensor,
         entropy: torch.Tensor | None = None,
         sampler_logp: torch.Tensor | None = None,
+        watch: list[int] | None = None,
     ) -> dict:
-        """mu optimizer steps on this rank's rows and advantages (``grpolab.update``)."""
-        return self.updater(batch, adv, entropy, sampler_logp)
+        """mu optimizer steps on this rank's rows and advantages (``grpolab.update``); ``watch``: rows whose
+        per-token values the update keeps (``self.updater.watched``)."""
+        return self.updater(batch, adv, entropy, sampler_logp, watch)
 
     # ------------------------------------------------------------------ evaluation
     @property

@@ -11,6 +11,10 @@ In order (:meth:`Updater.__call__`):
    when the loss or the gradient is not finite);
 5. the metrics, summed over ranks.
 
+With ``watch`` rows (``--log-token-credit``), the update also keeps, for those rows, each token's
+advantage, its log-prob under the weights before the update (the first pass's own forward) and
+its importance ratio and clipping at the last pass (:class:`WatchedTokens`).
+
 With P processes each rank holds its own rows; the normalisers are the whole step's (N rows
 over all ranks, their token count), so each rank's loss is its share of the single-process
 loss and the gradients, summed over ranks (``grpolab.train_forward``), are the single-process
@@ -19,6 +23,7 @@ gradient.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import NamedTuple
 
@@ -28,7 +33,14 @@ from grpolab import distributed as dist_
 from grpolab.config import TrainConfig
 from grpolab.distributed import World
 from grpolab.engine_correction import engine_weights, mismatch
-from grpolab.loss import entropy_threshold, high_entropy_mask, loss_token_mask, policy_loss
+from grpolab.loss import (
+    clipped_surrogate,
+    entropy_threshold,
+    high_entropy_mask,
+    importance_ratio,
+    loss_token_mask,
+    policy_loss,
+)
 from grpolab.rollout import Batch, select
 from grpolab.train_forward import TrainModule
 
@@ -53,6 +65,27 @@ def plan_micro_batches(rows: torch.Tensor, micro_batch: int, world: World) -> Mi
     return MicroBatchPlan(rows, chunks, real)
 
 
+@dataclasses.dataclass
+class WatchedTokens:
+    """Per-token values of the rows ``--log-token-credit`` records, as the update saw them; ``[K, T]`` each."""
+
+    rows: list[int]
+    """The K rows (of this rank's batch)."""
+    adv: torch.Tensor
+    """The advantage the loss gave each token: the rollout's, times the loss mask and the entropy selection."""
+    logp: torch.Tensor
+    """log pi(o_t) under the weights before the update: the first pass's forward (a forward of its own for a row that
+    carries no loss)."""
+    ratio: torch.Tensor
+    """pi / pi_old at the last of the mu passes (GSPO: the rollout's); NaN where the token carried no loss."""
+    clipped: torch.Tensor
+    """Whether the clipped branch was taken there."""
+
+    @property
+    def slot(self) -> dict[int, int]:
+        return {r: k for k, r in enumerate(self.rows)}
+
+
 class _Inputs(NamedTuple):
     """What every pass of an update reads."""
 
@@ -66,6 +99,7 @@ class _Inputs(NamedTuple):
     ref_logp: dict[int, torch.Tensor]
     num_seqs: int  # N, all ranks
     num_tokens: float  # loss-carrying tokens, all ranks
+    watched: WatchedTokens | None = None
 
 
 SUMS = ("loss", "policy", "kl_tok", "clip_tok", "ratio_tok", "diff_sum", "diff_tok", "weight_tok")
@@ -91,6 +125,8 @@ class Updater:
     ):
         self.cfg, self.policy, self.optimizer, self.scheduler, self.world = cfg, policy, optimizer, scheduler, world
         self.eos_id, self.reference, self.reference_is_base = eos_id, reference, reference_is_base
+        self.watched: WatchedTokens | None = None
+        """The last update's :class:`WatchedTokens` (None unless it was given ``watch`` rows)."""
 
     @property
     def has_reference(self) -> bool:
@@ -103,6 +139,7 @@ class Updater:
         adv: torch.Tensor,
         entropy: torch.Tensor | None = None,
         sampler_logp: torch.Tensor | None = None,
+        watch: list[int] | None = None,
     ) -> dict:
         """mu optimizer steps on this rank's rows; with P ranks, the sum of their gradients.
 
@@ -110,6 +147,8 @@ class Updater:
         ``entropy`` ``[n, T]``: the sampling policy's token entropies, for --top-entropy-quantile.
         ``sampler_logp`` ``[n, T]``: the rollout engine's log-prob of each sampled token: the mismatch with the
         trainer's is measured (``engine/*``) and, with --engine-correction, corrected.
+        ``watch``: rows whose per-token values to keep in :attr:`watched` (every rank passes its own; under FSDP the
+        extra forwards are collectives).
         """
         cfg, world = self.cfg, self.world
         n = adv.shape[0]
@@ -123,7 +162,10 @@ class Updater:
         live = carries if cfg.beta > 0 else carries & (adv != 0)
         plan = plan_micro_batches(live.nonzero().squeeze(1), cfg.micro_batch or N, world)
         old_logp, ref_logp = self._old_and_ref_logprobs(batch, plan)
-        inputs = _Inputs(batch, adv, loss_mask, entropy, threshold, old_logp, sampler_logp, ref_logp, N, num_tokens)
+        self.watched = None if watch is None else self._watch(watch, batch, adv, loss_mask, entropy, threshold, plan)
+        inputs = _Inputs(
+            batch, adv, loss_mask, entropy, threshold, old_logp, sampler_logp, ref_logp, N, num_tokens, self.watched
+        )
         params = [p for p in self.policy.module.model.parameters() if p.requires_grad]
         sums = dict.fromkeys(SUMS, 0.0)
         sums["diff_max"] = 0.0
@@ -220,6 +262,8 @@ class Updater:
                     weights = correction if weights is None else weights * correction
                 if first:
                     self._count_mismatch(old, sampler, sub_mask, correction, sums)
+            if x.watched is not None and not padding:
+                self._keep_watched(x.watched, idx, logp.detach(), old, x.adv[idx], sub_mask, first)
             loss, st = policy_loss(
                 logp,
                 old,
@@ -251,6 +295,48 @@ class Updater:
             sums["clip_tok"] += st["clip_frac"].item() * n_tok / cfg.mu
             sums["ratio_tok"] += st["ratio_mean"].item() * n_tok / cfg.mu
         return finite
+
+    @torch.no_grad()
+    def _watch(self, rows, batch, adv, loss_mask, entropy, threshold, plan: MicroBatchPlan) -> WatchedTokens:
+        """The watched rows' advantages per token, and the log-probs of those that run in no pass (a forward of their
+        own now, before any weight moves; on every rank when any rank has one, as FSDP's forwards are collectives)."""
+        rows = list(rows)
+        n, T = len(rows), loss_mask.shape[1]
+        idx = torch.tensor(rows, dtype=torch.long, device=loss_mask.device)
+        tok_adv = adv[idx, None].to(torch.float64) * loss_mask[idx].to(torch.float64)  # [K, T]
+        if threshold is not None and n:
+            ent = entropy[idx.cpu()].to(loss_mask.device)
+            tok_adv = tok_adv * high_entropy_mask(ent, loss_mask[idx], threshold.to(ent.device)).to(torch.float64)
+        nan = torch.full((n, T), math.nan, dtype=torch.float64, device=loss_mask.device)
+        watched = WatchedTokens(rows, tok_adv, nan.clone(), nan.clone(), torch.zeros(n, T, dtype=torch.bool))
+        running = set(plan.rows.tolist())
+        missing = [r for r in rows if r not in running]
+        if dist_.all_max(len(missing), self.world):
+            sub = select(batch, torch.tensor(missing or [0], dtype=torch.long, device=loss_mask.device))
+            logp = self.policy.logprobs(sub)  # [m, T']
+            for j, r in enumerate(missing):
+                watched.logp[watched.slot[r], : logp.shape[1]] = logp[j].to(torch.float64)
+        return watched
+
+    @torch.no_grad()
+    def _keep_watched(self, w: WatchedTokens, idx, logp, old, adv, mask, first: bool) -> None:
+        """A pass's values of the watched rows among ``idx``: log-probs at the first pass (the weights before the
+        update), the importance ratio and clipping at every pass (the last one stays)."""
+        cfg, slot = self.cfg, w.slot
+        for j, r in enumerate(idx.tolist()):
+            if r not in slot:
+                continue
+            k, T = slot[r], mask.shape[1]
+            m = mask[j : j + 1]  # [1, T]
+            if first:
+                w.logp[k, :T] = logp[j].to(torch.float64)
+            ratio = importance_ratio(logp[j : j + 1], old[j : j + 1], m, cfg.importance_sampling)
+            _, taken = clipped_surrogate(
+                ratio, adv[j : j + 1, None].to(ratio.dtype), cfg.clip_low, cfg.clip_high, cfg.clip_delta or None
+            )
+            on = m[0].bool()
+            w.ratio[k, :T] = torch.where(on, ratio.expand_as(m)[0].to(torch.float64), math.nan)
+            w.clipped[k, :T] = (taken.expand_as(m)[0] & on).cpu()
 
     def _correction(self, old: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
         """--engine-correction: the policy term's weights pi_trainer / pi_sampler, truncated or masked ``[n, T]``

@@ -48,3 +48,10 @@ def percentile_interval(values, level: float = 0.95) -> tuple[float, float]:
     v = sorted(values)
     n = len(v) - 1
     return v[int((1 - level) / 2 * n)], v[int((1 + level) / 2 * n)]
+
+
+def rng_untouched(device: torch.device | str):
+    """A context in which torch's random state (CPU and ``device``'s) is saved and restored, so that a forward done
+    only to look (with dropout on, it draws) leaves the run's later draws as they were."""
+    device = torch.device(device)
+    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type)

@@ -8,7 +8,7 @@ import pytest
 
 from grpolab.config import ConfigError, TrainConfig
 from grpolab.data.arithmetic import ArithmeticSpec, held_out_size, question_space
-from grpolab.demo import LORA_PRESET, REAL_MODEL_PRESET, DemoConfig, demo_train_config
+from grpolab.demo import DEMO_TOKEN_CREDIT, LORA_PRESET, REAL_MODEL_PRESET, DemoConfig, demo_train_config
 
 
 def test_real_model_preset_is_a_valid_config_with_enough_held_out_questions():
@@ -34,6 +34,8 @@ def test_lora_variant_and_step_override():
 
 def test_builtin_demo_is_trainings_defaults():
     cfg = demo_train_config(DemoConfig(out="o"))
-    assert dataclasses.replace(cfg, out="runs/train", progress=True) == TrainConfig().resolved()
+    # the defaults of `grpolab train`, recording 4 rollouts a step token by token for the report
+    assert cfg.log_token_credit == DEMO_TOKEN_CREDIT == 4
+    assert dataclasses.replace(cfg, out="runs/train", progress=True, log_token_credit=0) == TrainConfig().resolved()
     with pytest.raises(ConfigError, match="--lora-rank"):
         demo_train_config(DemoConfig(lora_rank=4))

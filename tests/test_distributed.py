@@ -44,7 +44,11 @@ BASE = [
     "cpu",
 ]
 # The KL reference, importance ratios (mu = 2), micro-batches and token-mean's global token count.
-KL_MU = ["--beta", "0.04", "--mu", "2", "--micro-batch", "2", "--estimator", "rloo", "--aggregation", "token-mean"]
+# Every run also records 2 rollouts a step token by token (rank 0's own: its block of the step's prompts).
+KL_MU = [
+    *("--beta", "0.04", "--mu", "2", "--micro-batch", "2", "--estimator", "rloo", "--aggregation", "token-mean"),
+    *("--log-token-credit", "2"),
+]
 REL_TOL = 1e-5
 
 
@@ -137,7 +141,8 @@ def _assert_same_metrics(a: Path, b: Path) -> None:
     )  # one row per step: rank 0 alone writes
     for x, y in zip(ra, rb):
         for k, v in x.items():
-            if k.startswith(("time/", "engine/")) or v is None:  # engine/*: float noise of differently batched forwards
+            # engine/*: float noise of differently batched forwards; credit/*: rank 0 records from its own prompts
+            if k.startswith(("time/", "engine/", "credit/")) or v is None:
                 continue
             assert y[k] == pytest.approx(v, rel=1e-4, abs=1e-6), (x["step"], k, v, y[k])
 
@@ -179,6 +184,31 @@ def test_two_processes_log_the_same_metrics_once(runs):
     assert saved["world_size"] == 2
 
 
+def _credit(run: Path) -> dict[tuple, dict]:
+    lines = (run / "token_credit.jsonl").read_text().splitlines()
+    return {(c["step"], c["prompt"], c["rollout"]): c for c in map(json.loads, lines)}
+
+
+def _assert_rank_0_records_its_own(one: Path, two: Path) -> None:
+    """Two ranks: rank 0 records 2 rollouts a step from its block (prompts 0-1 of 4); a rollout both runs recorded
+    has the same tokens, advantages and log-prob changes (to float noise)."""
+    a, b = _credit(one), _credit(two)
+    assert sorted({k[0] for k in b}) == [1, 2, 3] and len(b) == 6
+    assert all(k[1] in (0, 1) for k in b)
+    both = a.keys() & b.keys()
+    assert both, "the runs should record some rollout in common"
+    for k in both:
+        assert a[k]["tokens"] == b[k]["tokens"] and a[k]["adv"] == pytest.approx(b[k]["adv"], abs=1e-6)
+        assert a[k]["dlogp"] == pytest.approx(b[k]["dlogp"], abs=1e-5)
+
+
+def test_token_credit_is_recorded_by_rank_0(runs):
+    _, r = runs
+    _assert_rank_0_records_its_own(r["p1"], r["p2"])
+    rows = read_metrics(r["p2"] / "metrics.jsonl")[1:]
+    assert all(row["credit/rollouts"] == 2 and row["credit/abs_mean"] > 0 for row in rows)
+
+
 def test_lora_adapters_train_the_same_on_two_processes(runs):
     """peft adapters under DDP, with the KL reference the same model with the adapter disabled.
 
@@ -202,6 +232,7 @@ def test_fsdp_matches_one_process(runs):
     )  # the probe needs whole parameters; it changes no weight
     assert _rollouts(fsdp) == _rollouts(r["p1"])
     _assert_same_params(r["p1"], fsdp)
+    _assert_rank_0_records_its_own(r["p1"], fsdp)  # the forward after the update is a collective here
 
 
 def test_a_run_resumes_on_another_process_count(runs):
@@ -211,6 +242,8 @@ def test_a_run_resumes_on_another_process_count(runs):
     resumed = _train(tmp, "resumed", 3, *KL_MU, resume=True)
     assert _rollouts(resumed) == _rollouts(r["p1"])
     _assert_same_params(r["p1"], resumed)
+    steps = [json.loads(line)["step"] for line in (resumed / "token_credit.jsonl").read_text().splitlines()]
+    assert steps == [1, 1, 2, 2, 3, 3]  # cut back to the checkpoint, then written again
 
 
 def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(runs, monkeypatch):

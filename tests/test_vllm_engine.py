@@ -7,6 +7,7 @@ vLLM starts once per process for each model shape (``grpolab.vllm_engine``); the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -65,12 +66,19 @@ def test_engine_logprobs_equal_the_trainers_after_each_optimizer_step(tmp_path, 
 def test_sampled_logprobs_are_the_trainers_and_the_mismatch_is_logged(tmp_path):
     """fp32 on both sides: the engine's log-prob of each token it sampled equals the trainer's to ~1e-5, and the
     step's engine/* metrics say so."""
-    out = train(_vllm_cfg(tmp_path / "run", steps=2), log=_quiet)
+    out = train(dataclasses.replace(_vllm_cfg(tmp_path / "run", steps=2), log_token_credit=2), log=_quiet)
     for row in _metrics(out).values():
         if "engine/logprob_diff_max" in row:
             assert 0 <= row["engine/logprob_diff_mean"] <= row["engine/logprob_diff_max"] < 1e-3
             assert row["policy/entropy"] is None  # vLLM gives no entropies
     assert "engine/logprob_diff_max" in _metrics(out)[2]
+    # --log-token-credit with this engine: its log-probs beside the trainer's, per token; no entropies
+    credit = [json.loads(line) for line in (out / "token_credit.jsonl").read_text().splitlines()]
+    assert [c["step"] for c in credit] == [1, 1, 2, 2]
+    for c in credit:
+        assert c["entropy"] is None and len(c["logp_sampler"]) == len(c["ids"]) == len(c["dlogp"])
+        assert c["logp_sampler"] == pytest.approx(c["logp"], abs=1e-3)
+    assert any(abs(d) > 0 for d in credit[-1]["dlogp"])
 
 
 # ---------------------------------------------------------------- rollouts and their keys

@@ -1,0 +1,263 @@
+"""--log-token-credit: which rollouts are recorded, each token's span and segment, the credit/* aggregates, and, on
+the built-in model, that the recorded change of each token's log-prob is the step's update's."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+from grpolab.answers import answer_spans
+from grpolab.config import ConfigError, TrainConfig
+from grpolab.logprobs import completion_logprobs
+from grpolab.probes.token_credit import (
+    credit_aggregates,
+    half_mass_fraction,
+    pearson,
+    pick_rollouts,
+    token_segments,
+    token_spans,
+)
+from grpolab.recipe import train
+from grpolab.rollout import select
+from grpolab.trainer import GRPOTrainer
+
+# ---------------------------------------------------------------- which rollouts
+
+
+def test_pick_rollouts_takes_one_positive_and_one_negative_per_group_in_order():
+    adv = torch.tensor([0.0, -1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, -0.5, 0.5, 0.5, -0.5])  # groups of 4
+    assert pick_rollouts(adv, [4, 4, 4], 4) == [2, 1, 9, 8]
+    assert pick_rollouts(adv, [4, 4, 4], 2) == [2, 1]
+    # too few rollouts with credit: the rest in order
+    assert pick_rollouts(adv, [4, 4, 4], 7) == [2, 1, 9, 8, 0, 3, 4]
+    assert pick_rollouts(torch.zeros(3), [3], 2) == [0, 1]
+    assert pick_rollouts(torch.zeros(0), [], 4) == []
+
+
+# ---------------------------------------------------------------- spans and segments
+
+
+def test_spans_of_a_character_tokenizer_are_its_characters():
+    vocab = list("ab #12\n")
+
+    def decode(ids):
+        return "".join(vocab[i] for i in ids)
+
+    ids = [0, 1, 6, 3, 3, 3, 3, 2, 4, 5]
+    assert token_spans(decode, ids) == [vocab[i] for i in ids]
+
+
+def test_a_character_split_over_byte_tokens_goes_to_its_last_byte():
+    def decode(ids):  # a byte-level tokenizer: one token per byte
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    text = "x é€ y"
+    ids = list(text.encode())
+    spans = token_spans(decode, ids)
+    assert "".join(spans) == text and len(spans) == len(ids)
+    assert spans[:3] == ["x", " ", ""] and spans[3] == "é"  # é is two bytes
+    assert spans[4:7] == ["", "", "€"]  # € is three
+
+
+def test_a_decoder_that_rewrites_its_prefix_still_gives_the_whole_text():
+    words = ["▁Hello", "▁world", "!", "</s>"]
+
+    def decode(ids):  # sentencepiece-like: the leading space of the text is dropped; </s> is special
+        text = "".join(words[i] for i in ids if words[i] != "</s>").replace("▁", " ")
+        return text[1:] if text.startswith(" ") else text
+
+    spans = token_spans(decode, [0, 1, 2, 3])
+    assert spans == ["Hello", " world", "!", ""]
+
+
+@pytest.mark.parametrize(
+    "text,answer,markers",
+    [
+        ("3*4=12\n#### 12", "12", ["#### "]),
+        ("so \\boxed{\\frac{1}{2}} done", "\\frac{1}{2}", ["\\boxed{", "}"]),
+        ("Here:\n```python\ndef f():\n    return 1\n```\n", "def f():\n    return 1\n", ["```python\n", "```"]),
+        ("It is 7, not 8.", "8", []),
+        ("no answer here", None, []),
+        ("#### none", None, ["####"]),
+    ],
+)
+def test_answer_spans_find_what_the_rewards_read(text, answer, markers):
+    span, found = answer_spans(text)
+    assert (text[span[0] : span[1]] if span else None) == answer
+    assert [text[a:b] for a, b in found] == markers
+
+
+def test_segments_of_a_worked_solution():
+    text = "3*4=12\n#### 12"
+    spans = list(text) + [""]  # one token per character, then end-of-sequence
+    seg = token_segments(spans)
+    assert seg[:7] == ["reasoning"] * 7
+    assert seg[7:12] == ["format"] * 5  # "#### "
+    assert seg[12:14] == ["answer", "answer"] and seg[14] == "format"
+    # a token that holds both a marker and part of the answer counts as answer
+    assert token_segments(["x ", "#### 1", "2"]) == ["reasoning", "answer", "answer"]
+
+
+# ---------------------------------------------------------------- aggregates
+
+
+def test_half_mass_fraction_and_pearson_by_hand():
+    assert half_mass_fraction(torch.tensor([0.0, 3.0, -1.0, 1.0, 1.0])) == pytest.approx(1 / 5)  # 3 of 6
+    assert half_mass_fraction(torch.tensor([1.0, -1.0, 1.0, 1.0])) == pytest.approx(2 / 4)
+    assert half_mass_fraction(torch.zeros(3)) is None
+    # centred: x = (-1, 0, 1), y = (-13, -1, 14) / 6: sum xy = 4.5, sum x^2 = 2, sum y^2 = 61/6
+    assert pearson(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([2.0, 4.0, 6.5])) == pytest.approx(
+        4.5 / math.sqrt(2 * 61 / 6)
+    )
+    assert pearson(torch.tensor([1.0, 1.0]), torch.tensor([0.0, 1.0])) is None
+
+
+def test_credit_aggregates_by_hand():
+    dlogp = torch.tensor([0.1, -0.2, 0.3, -0.4, 0.0, 0.6])
+    adv = torch.tensor([1.0, 1.0, 0.0, -1.0, -1.0, 1.0])
+    seg = ["reasoning", "reasoning", "format", "answer", "answer", "answer"]
+    out = credit_aggregates(dlogp, adv, seg)
+    total = 1.6
+    assert out["answer_share"] == pytest.approx(1.0 / total)
+    assert out["reasoning_share"] == pytest.approx(0.3 / total)
+    assert out["format_share"] == pytest.approx(0.3 / total)
+    assert out["answer_token_frac"] == pytest.approx(0.5) and out["format_token_frac"] == pytest.approx(1 / 6)
+    carried = [0, 1, 3, 4, 5]  # adv != 0
+    expected = pearson(dlogp[carried], torch.tensor([1.0, 1.0, -1.0, -1.0, 1.0]))
+    assert out["sign_corr"] == pytest.approx(expected)
+    assert out["half_mass_frac"] == pytest.approx(2 / 6)  # 0.6 + 0.4 >= 0.8
+    assert out["abs_mean"] == pytest.approx(total / 6)
+    assert out["dlogp_pos"] == pytest.approx((0.1 - 0.2 + 0.6) / 3)
+    assert out["dlogp_neg"] == pytest.approx(-0.2)
+    assert out["tokens"] == 6
+
+
+def test_the_flag_is_validated():
+    with pytest.raises(ConfigError, match="log_token_credit|log-token-credit"):
+        TrainConfig(log_token_credit=-1).validate()
+    with pytest.raises(ConfigError, match="single-turn"):
+        TrainConfig(task="arith-multiturn", log_token_credit=2).validate()
+
+
+# ---------------------------------------------------------------- on the built-in model
+
+F64 = dict(
+    dtype="float64",
+    prompts_per_step=4,
+    group_size=4,
+    max_new_tokens=24,
+    warmup_steps=0,
+    lr=1e-3,
+    eval_questions=8,
+    eval_samples=1,
+    progress=False,
+    log_token_credit=4,
+)
+
+
+def _step_with_independent_forwards(cfg: TrainConfig, step: int = 1):
+    """One step of a trainer, with the policy's weights copied before it; returns (trainer, output, rollouts,
+    weights before)."""
+    trainer = GRPOTrainer(cfg.resolved(), log=lambda *a: None)
+    seen = {}
+    collect = trainer.collector.collect
+
+    def keep(step):
+        seen["roll"] = collect(step)
+        return seen["roll"]
+
+    trainer.collector.collect = keep
+    before = copy.deepcopy(trainer.policy.model)
+    out = trainer.step(step)
+    return trainer, out, seen["roll"], before
+
+
+@pytest.mark.parametrize("variant", [{}, {"mu": 2, "beta": 0.04, "micro_batch": 4}])
+def test_dlogp_is_the_difference_of_two_independent_forwards(tmp_path, variant):
+    cfg = dataclasses.replace(TrainConfig(), **F64, **variant, out=str(tmp_path))
+    trainer, out, roll, before = _step_with_independent_forwards(cfg)
+    records, watched = out.token_credit, trainer.updater.watched
+    assert len(records) == 4 and out.metrics["credit/rollouts"] == 4
+    sub = select(roll.groups.rows.batch, torch.tensor(watched.rows))
+    with torch.no_grad():
+        lp_before = completion_logprobs(before, sub, cfg.temperature)  # [K, T]
+        lp_after = completion_logprobs(trainer.policy.model, sub, cfg.temperature)
+    moved = 0.0
+    for k, rec in enumerate(records):
+        T = len(rec["ids"])
+        expected = (lp_after[k, :T] - lp_before[k, :T]).tolist()
+        assert rec["dlogp"] == pytest.approx(expected, abs=1e-10, rel=0)
+        assert rec["logp"] == pytest.approx(lp_before[k, :T].tolist(), abs=1e-10, rel=0)
+        assert rec["logp_sampler"] == pytest.approx(rec["logp"], abs=1e-6)  # the hf engine: the same model
+        moved = max(moved, max(abs(d) for d in rec["dlogp"]))
+        assert "".join(rec["tokens"]) == rec["completion"] == roll.groups.rows.texts[watched.rows[k]]
+        carried = [r is not None for r in rec["ratio"]]
+        assert all(carried)  # every token carries loss here
+        if cfg.mu == 1:  # one pass from the sampling weights: the ratio is 1, never clipped
+            assert rec["ratio"] == pytest.approx([1.0] * T, abs=1e-12) and not any(rec["clipped"])
+        else:  # the second pass's ratio: pi after the first optimizer step / pi at sampling
+            assert max(abs(r - 1.0) for r in rec["ratio"]) > 1e-6
+    assert moved > 1e-4, "the update should move some token's log-prob"
+    signs = {math.copysign(1, r["advantage"]) for r in records if r["advantage"]}
+    assert signs == {1.0, -1.0}, "positive and negative rollouts side by side"
+    assert out.metrics["credit/sign_corr"] is not None
+
+
+def test_masked_tokens_show_advantage_zero(tmp_path):
+    """--mask-truncated drops cut-off rollouts and --top-entropy-quantile keeps only the step's high-entropy tokens:
+    a token the loss does not use is recorded with advantage 0, and every other token with its rollout's."""
+    cfg = dataclasses.replace(
+        TrainConfig(),
+        **{**F64, "max_new_tokens": 20, "log_token_credit": 16},
+        mask_truncated=True,
+        top_entropy_quantile=0.5,
+        out=str(tmp_path),
+    )
+    trainer, out, roll, _ = _step_with_independent_forwards(cfg)
+    records = out.token_credit
+    assert len(records) == 16  # every rollout of the step
+    eos = trainer.policy.eos_id
+    kept_entropy, dropped_entropy = [], []
+    for rec in records:
+        truncated = eos not in rec["ids"]
+        for a, e, ratio in zip(rec["adv"], rec["entropy"], rec["ratio"]):
+            if truncated or rec["advantage"] == 0:  # not in the update at all: no loss, no ratio
+                assert a == 0.0 and ratio is None
+                continue
+            assert a in (0.0, pytest.approx(rec["advantage"], abs=1e-12)) and ratio is not None
+            (kept_entropy if a else dropped_entropy).append(e)
+    assert any(eos not in r["ids"] for r in records), "some rollout should be cut off at 20 tokens"
+    assert kept_entropy and dropped_entropy
+    assert min(kept_entropy) >= max(dropped_entropy)  # one threshold over the step's tokens
+
+
+def test_recorded_advantages_and_completions_equal_the_rollouts_log(tmp_path):
+    cfg = dataclasses.replace(
+        TrainConfig(), **{**F64, "dtype": "float32"}, steps=3, log_rollouts=True, out=str(tmp_path)
+    )
+    run = train(cfg, log=lambda *a: None)
+    rollouts = {
+        (r["step"], r["prompt"], r["rollout"]): r
+        for r in map(json.loads, (run / "rollouts.jsonl").read_text().splitlines())
+    }
+    credit = [json.loads(line) for line in (run / "token_credit.jsonl").read_text().splitlines()]
+    assert [c["step"] for c in credit] == [1] * 4 + [2] * 4 + [3] * 4
+    for c in credit:
+        r = rollouts[(c["step"], c["prompt"], c["rollout"])]
+        assert c["advantage"] == r["advantage"] and c["reward"] == r["reward"]
+        assert c["completion"] == r["completion"] and len(c["ids"]) == r["tokens"]
+        assert all(a == pytest.approx(r["advantage"]) for a in c["adv"])  # every token carries the rollout's
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    logged = [m for m in metrics if "credit/answer_share" in m]
+    assert [m["step"] for m in logged] == [1, 2, 3]
+    for m in logged:
+        shares = [m[f"credit/{s}_share"] for s in ("answer", "reasoning", "format")]
+        assert sum(shares) == pytest.approx(1.0)
+        assert 0 < m["credit/half_mass_frac"] <= 1.0 and m["credit/tokens"] == sum(
+            len(c["ids"]) for c in credit if c["step"] == m["step"]
+        )
