@@ -39,6 +39,7 @@ commands:
   multiturn  per-stage bias of GRPO's advantage in multi-turn tasks (chain: exact; arith: a dialogue on the policy)
   merge   fold a LoRA checkpoint's adapter into its base model and save a plain model directory
   report  one self-contained HTML page for a run: accuracy before/after with intervals, plots, samples, probe outputs
+  tokens  a run's recorded completions token by token, coloured by what the update did to each (--log-token-credit)
   sweep   budget-fixed GRPO runs over group sizes and seeds: accuracy per G [U-statistic, Table 2 / Figure 5]
 
 Run `grpolab COMMAND --help` for a command's options.
@@ -333,11 +334,14 @@ def cmd_merge(args: list[str]) -> None:
 def cmd_report(args: list[str]) -> None:
     import argparse
 
+    from grpolab.token_view import QUANTITIES
+
     parser = argparse.ArgumentParser(
         prog="grpolab report",
         description="Write one self-contained HTML page for a run: the before/after held-out "
         "accuracy (overall and per category, 95%% intervals), the metric plots, sample completions before and after, "
         "every probe output (rank, mse, groupsize, multiturn, sweep) found in the run directory or given with --probe, "
+        "where the update's credit landed token by token (runs trained with --log-token-credit K), "
         "and the configuration. Images are embedded; the page loads nothing from outside itself.",
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (grpolab train/demo --out)")
@@ -351,10 +355,59 @@ def cmd_report(args: list[str]) -> None:
         metavar="DIR",
         help="a probe output directory (or its .json) to include as well; repeatable",
     )
+    parser.add_argument(
+        "--quantity",
+        default="dlogp",
+        choices=list(QUANTITIES),
+        help="what colours the tokens of the 'Where the credit lands' section (runs with --log-token-credit)",
+    )
     ns = parser.parse_args(args)
     from grpolab.report import build_report
 
-    print(f"report: {build_report(ns.run_dir, ns.probe, ns.out or None)}")
+    print(f"report: {build_report(ns.run_dir, ns.probe, ns.out or None, quantity=ns.quantity)}")
+
+
+def _prompt_rollout(text: str) -> tuple[int, int]:
+    import argparse
+
+    try:
+        prompt, rollout = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected PROMPT:ROLLOUT (two integers, e.g. 0:2), got {text!r}") from None
+    return prompt, rollout
+
+
+def cmd_tokens(args: list[str]) -> None:
+    import argparse
+
+    from grpolab.token_view import QUANTITIES, read_token_credit, render_terminal
+
+    quantities = "\n".join(f"  {name:<13} {q.meaning}" for name, q in QUANTITIES.items())
+    parser = argparse.ArgumentParser(
+        prog="grpolab tokens",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Show a run's recorded rollouts token by token (RUN/token_credit.jsonl, written by\n"
+        "`grpolab train --log-token-credit K`), each token's background coloured by one quantity\n"
+        "on one scale shared by the rollouts shown (diverging ones: blue above the centre, red below).\n"
+        "When stdout is not a terminal (or with --plain), plain text is printed instead:\n"
+        "one line per token with its values.\n\nquantities (--quantity):\n" + quantities,
+    )
+    parser.add_argument("run_dir", metavar="RUN", help="a run directory trained with --log-token-credit K")
+    parser.add_argument(
+        "--step", type=int, default=None, help="the optimizer step to show (default: the last recorded)"
+    )
+    parser.add_argument("--quantity", default="dlogp", choices=list(QUANTITIES), help="what colours the tokens")
+    parser.add_argument(
+        "--rollout", type=_prompt_rollout, default=None, metavar="PROMPT:ROLLOUT", help="show this rollout only"
+    )
+    parser.add_argument("--plain", action="store_true", help="plain text with the values, even on a terminal")
+    ns = parser.parse_args(args)
+    records = read_token_credit(ns.run_dir, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+    try:
+        render_terminal(records, ns.step, ns.quantity, plain=True if ns.plain else None, rollout=ns.rollout)
+    except ValueError as e:  # an unknown step or rollout: say which were recorded
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def cmd_theory(args: list[str]) -> None:
@@ -408,6 +461,7 @@ COMMANDS = {
     "multiturn": cmd_multiturn,
     "merge": cmd_merge,
     "report": cmd_report,
+    "tokens": cmd_tokens,
 }
 
 

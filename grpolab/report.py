@@ -9,9 +9,11 @@ to a colleague as it is. Sections, in order:
 2. the metric plots (the run's plot.png, redrawn if missing, and a second figure of the
    optimisation metrics);
 3. sample completions on held-out questions at the first and last evaluation;
-4. every probe output found under the run directory or given with ``--probe``
+4. for a run trained with ``--log-token-credit K``, where the credit lands: recorded rollouts
+   token by token, coloured by what the update did to each (``grpolab.token_view``);
+5. every probe output found under the run directory or given with ``--probe``
    (rank, mse, groupsize, multiturn, sweep: a summary table and their plots);
-5. the full configuration.
+6. the full configuration.
 
 Written by hand because no library renders these run files; ``html.escape`` guards
 every value taken from the run.
@@ -29,6 +31,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from grpolab.runlog import read_metrics
+from grpolab.token_view.page import TOKEN_CSS, credit_section
 
 PROBE_FILES = ("rank.json", "mse.json", "groupsize.json", "multiturn.json", "sweep.json")
 
@@ -385,8 +388,11 @@ def _config_table(config: dict) -> str:
     return "<details><summary>every setting</summary>" + _table(["setting", "value"], body, left=2) + "</details>"
 
 
-def build_report(run_dir: str | Path, probes: Iterable[str | Path] = (), out: str | Path | None = None) -> Path:
-    """Write the run's report page (default ``RUN_DIR/report.html``) and return its path."""
+def build_report(
+    run_dir: str | Path, probes: Iterable[str | Path] = (), out: str | Path | None = None, quantity: str = "dlogp"
+) -> Path:
+    """Write the run's report page (default ``RUN_DIR/report.html``) and return its path; ``quantity`` colours the
+    tokens of the credit section (:data:`grpolab.token_view.QUANTITIES`)."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file() and not (run_dir / "metrics.jsonl").is_file():
         raise FileNotFoundError(f"{run_dir}: not a run directory (no config.json or metrics.jsonl)")
@@ -413,15 +419,18 @@ def build_report(run_dir: str | Path, probes: Iterable[str | Path] = (), out: st
         "<p>No probe outputs found. Run <code>grpolab rank --checkpoint RUN_DIR --out RUN_DIR/probes/rank</code> "
         "(or mse, groupsize, multiturn) and write the report again, or pass <code>--probe DIR</code>.</p>"
     )
+    credit = credit_section(run_dir, rows, quantity)
+    if credit:
+        credit = f'<h2 id="credit">Where the credit lands</h2>\n{credit}'
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>grpolab report: {_e(run_dir.name)}</title><style>{_CSS}</style></head>
+<title>grpolab report: {_e(run_dir.name)}</title><style>{_CSS}{TOKEN_CSS}</style></head>
 <body>
 <h1>grpolab run <code>{_e(run_dir.name)}</code></h1>
 <p class="sub">{_e(run_dir.resolve())} · report written {now}</p>
 <p class="nav"><a href="#eval">evaluation</a><a href="#plots">plots</a><a href="#samples">samples</a>
-<a href="#probes">probes</a><a href="#config">configuration</a></p>
+{'<a href="#credit">where the credit lands</a>' if credit else ""}<a href="#probes">probes</a><a href="#config">configuration</a></p>
 {fact_table}
 <h2 id="eval">Held-out accuracy, before and after</h2>
 {evaluation_table(rows)}{_all_evaluations(rows)}
@@ -429,6 +438,7 @@ def build_report(run_dir: str | Path, probes: Iterable[str | Path] = (), out: st
 {_plots(run_dir, rows)}
 <h2 id="samples">Sample completions</h2>
 {_samples(run_dir)}
+{credit}
 <h2 id="probes">Gradient probes</h2>
 {probe_html}
 <h2 id="config">Configuration</h2>
