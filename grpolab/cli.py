@@ -401,9 +401,21 @@ def cmd_tokens(args: list[str]) -> None:
         "--rollout", type=_prompt_rollout, default=None, metavar="PROMPT:ROLLOUT", help="show this rollout only"
     )
     parser.add_argument("--plain", action="store_true", help="plain text with the values, even on a terminal")
+    parser.add_argument(
+        "--png",
+        default="",
+        metavar="FILE",
+        help="draw the step's rollouts (2 with a positive, 2 with a negative advantage) as a picture instead",
+    )
     ns = parser.parse_args(args)
     records = read_token_credit(ns.run_dir, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
     try:
+        if ns.png:
+            from grpolab.token_view.figure import tokens_figure
+
+            Path(ns.png).write_bytes(tokens_figure(records, ns.step, ns.quantity))
+            print(f"tokens: {ns.png}")
+            return
         render_terminal(records, ns.step, ns.quantity, plain=True if ns.plain else None, rollout=ns.rollout)
     except ValueError as e:  # an unknown step or rollout: say which were recorded
         print(f"error: {e}", file=sys.stderr)

@@ -15,6 +15,7 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pytest
 from rich.cells import cell_len
 from rich.console import Console
@@ -356,3 +357,19 @@ def test_grpolab_tokens_says_what_is_wrong(run, tmp_path, capsys):
     assert e.value.code == 0
     help_text = capsys.readouterr().out
     assert "not a terminal" in help_text and all(q in help_text for q in tv.QUANTITIES)
+
+
+def test_grpolab_tokens_draws_a_picture_of_the_step(run, tmp_path, capsys):
+    from PIL import Image
+
+    from grpolab.cli import main
+
+    png = tmp_path / "tokens.png"
+    main(["tokens", str(run), "--step", "2", "--png", str(png)])
+    assert str(png) in capsys.readouterr().out
+    with Image.open(png) as image:
+        rgb = np.asarray(image.convert("RGB")).astype(int)  # [H, W, 3]
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    blue = int(((b > 150) & (r < 150)).sum())  # a positive change somewhere
+    red = int(((r > 150) & (b < 150) & (g < 150)).sum())  # a negative one
+    assert rgb.shape[1] > 800 and rgb.shape[0] > 200 and blue > 20 and red > 20
