@@ -407,9 +407,24 @@ def cmd_tokens(args: list[str]) -> None:
         metavar="FILE",
         help="draw the step's rollouts (2 with a positive, 2 with a negative advantage) as a picture instead",
     )
+    parser.add_argument(
+        "--summary",
+        type=int,
+        default=0,
+        metavar="PARTS",
+        help="instead: the credit aggregates (shares of the change on answer, reasoning, format and unsure tokens, "
+        "its concentration, its correlation with the advantage's sign) in PARTS spans of the run's steps, each a mean "
+        "over its steps with a 95%% interval",
+    )
     ns = parser.parse_args(args)
     records = read_token_credit(ns.run_dir, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
     try:
+        if ns.summary:
+            from grpolab.probes.token_credit import step_aggregates, summarise_credit
+            from grpolab.token_view.terminal import summary_table
+
+            print(summary_table(summarise_credit(step_aggregates(records), ns.summary)))
+            return
         if ns.png:
             from grpolab.token_view.figure import tokens_figure
 

@@ -198,6 +198,7 @@ class GRPOTrainer(TrainerBase):
             ),
             torch.cat([watched.adv[k, : len(o["ids"])].cpu() for k, o in enumerate(out)]),
             [s for o in out for s in o["segment"]],
+            torch.cat([watched.logp[k, : len(o["ids"])].cpu() for k, o in enumerate(out)]),
         )
         metrics = {f"credit/{k}": v for k, v in metrics.items()}
         metrics["credit/rollouts"] = len(out)

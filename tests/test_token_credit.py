@@ -19,6 +19,8 @@ from grpolab.probes.token_credit import (
     half_mass_fraction,
     pearson,
     pick_rollouts,
+    step_aggregates,
+    summarise_credit,
     token_segments,
     token_spans,
 )
@@ -261,3 +263,34 @@ def test_recorded_advantages_and_completions_equal_the_rollouts_log(tmp_path):
         assert 0 < m["credit/half_mass_frac"] <= 1.0 and m["credit/tokens"] == sum(
             len(c["ids"]) for c in credit if c["step"] == m["step"]
         )
+
+
+def test_low_probability_share_by_hand():
+    dlogp = torch.tensor([0.5, -0.1, 0.2, 0.2])
+    logp = torch.log(torch.tensor([0.3, 0.95, 0.5, 0.99]))  # tokens 0 and 2 were below 0.9
+    out = credit_aggregates(dlogp, torch.ones(4), ["reasoning"] * 4, logp)
+    assert out["low_p_share"] == pytest.approx(0.7 / 1.0) and out["low_p_token_frac"] == pytest.approx(0.5)
+    assert "low_p_share" not in credit_aggregates(dlogp, torch.ones(4), ["reasoning"] * 4)
+
+
+def _line(step, dlogp, adv, segment, logp):
+    return {"step": step, "dlogp": dlogp, "adv": adv, "segment": segment, "logp": logp}
+
+
+def test_step_aggregates_and_their_summary_over_spans_of_steps():
+    records = [
+        _line(1, [0.2, -0.2], [1.0, 1.0], ["answer", "format"], [-0.01, -2.0]),
+        _line(1, [0.0, 0.6], [-1.0, -1.0], ["reasoning", "answer"], [-0.5, -0.01]),
+        _line(2, [0.1, 0.3], [1.0, 0.0], ["answer", "reasoning"], [-3.0, None]),
+        _line(3, [0.4], [1.0], ["answer"], [-1.0]),
+    ]
+    per = step_aggregates(records)
+    assert [p["step"] for p in per] == [1, 2, 3]
+    assert per[0]["answer_share"] == pytest.approx(0.8 / 1.0) and per[0]["tokens"] == 4
+    assert per[1]["answer_share"] == pytest.approx(0.25) and per[2]["answer_share"] == 1.0
+    spans = summarise_credit(per, parts=2)
+    assert [(s["first"], s["last"], s["steps"]) for s in spans] == [(1, 2, 2), (3, 3, 1)]
+    mean, lo, hi = spans[0]["answer_share"]
+    sd = math.sqrt(((0.8 - 0.525) ** 2 + (0.25 - 0.525) ** 2) / 1)
+    assert mean == pytest.approx(0.525) and hi - mean == pytest.approx(1.96 * sd / math.sqrt(2))
+    assert spans[1]["answer_share"] == (1.0, 1.0, 1.0)

@@ -373,3 +373,13 @@ def test_grpolab_tokens_draws_a_picture_of_the_step(run, tmp_path, capsys):
     blue = int(((b > 150) & (r < 150)).sum())  # a positive change somewhere
     red = int(((r > 150) & (b < 150) & (g < 150)).sum())  # a negative one
     assert rgb.shape[1] > 800 and rgb.shape[0] > 200 and blue > 20 and red > 20
+
+
+def test_grpolab_tokens_summarises_the_aggregates_over_spans_of_steps(run, capsys):
+    from grpolab.cli import main
+
+    main(["tokens", str(run), "--summary", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "steps 1-2" in lines[0] and "steps 3-3" in lines[0]  # the fixture records steps 1, 2 and 3
+    shares = [line for line in lines if "share of |dlogp|" in line]
+    assert len(shares) == 4 and all("[" in line for line in shares)

@@ -104,15 +104,24 @@ def pearson(x: torch.Tensor, y: torch.Tensor) -> float | None:
     return float((x * y).sum()) / denom if denom > 0 else None
 
 
-def credit_aggregates(dlogp: torch.Tensor, adv: torch.Tensor, segment: Sequence[str]) -> dict[str, float | None]:
+LOW_P = 0.9
+"""A token the policy gave less than this probability before the update counts as one it was unsure of."""
+
+
+def credit_aggregates(
+    dlogp: torch.Tensor, adv: torch.Tensor, segment: Sequence[str], logp: torch.Tensor | None = None
+) -> dict[str, float | None]:
     """The step's ``credit/*`` metrics from its recorded tokens, ``[M]`` each (every real completion token of the
     recorded rollouts): ``dlogp`` the change of each token's log-prob, ``adv`` the advantage the loss gave it (0 where
-    masked), ``segment`` its segment.
+    masked), ``segment`` its segment, ``logp`` its log-prob before the update.
 
     - ``{seg}_share``: the share of the total |dlogp| on each segment; ``{seg}_token_frac``: the share of the tokens;
     - ``sign_corr``: Pearson correlation of dlogp with sign(adv), over the tokens that carried loss;
     - ``half_mass_frac``: :func:`half_mass_fraction` of dlogp;
-    - ``abs_mean``: mean |dlogp| per token; ``dlogp_pos``/``dlogp_neg``: mean dlogp over tokens with adv > 0 / < 0.
+    - ``abs_mean``: mean |dlogp| per token; ``dlogp_pos``/``dlogp_neg``: mean dlogp over tokens with adv > 0 / < 0;
+    - ``low_p_share``, ``low_p_token_frac`` (with ``logp``): the share of |dlogp| on, and the share of, the tokens the
+      policy gave less than :data:`LOW_P` before the update. The gradient of log pi(o_t) with respect to its own
+      logit is 1 - pi(o_t), so a token the policy was sure of barely moves whatever its advantage.
     """
     dlogp, adv = dlogp.double(), adv.double()
     mag = dlogp.abs()
@@ -128,5 +137,76 @@ def credit_aggregates(dlogp: torch.Tensor, adv: torch.Tensor, segment: Sequence[
     out["abs_mean"] = float(mag.mean()) if mag.numel() else None
     out["dlogp_pos"] = float(dlogp[adv > 0].mean()) if bool((adv > 0).any()) else None
     out["dlogp_neg"] = float(dlogp[adv < 0].mean()) if bool((adv < 0).any()) else None
+    if logp is not None:
+        low = logp.double() < math.log(LOW_P)
+        out["low_p_share"] = float(mag[low].sum()) / total if total > 0 else None
+        out["low_p_token_frac"] = float(low.double().mean()) if low.numel() else None
     out["tokens"] = int(dlogp.numel())
     return out
+
+
+SUMMARY_KEYS = (
+    "answer_share",
+    "answer_token_frac",
+    "reasoning_share",
+    "reasoning_token_frac",
+    "format_share",
+    "format_token_frac",
+    "sign_corr",
+    "half_mass_frac",
+    "low_p_share",
+    "low_p_token_frac",
+    "abs_mean",
+)
+
+
+def step_aggregates(records: Sequence[dict]) -> list[dict]:
+    """:func:`credit_aggregates` of each step's records (token_credit.jsonl lines), recomputed from the tokens, in
+    step order: ``{"step": s, **aggregates}``."""
+    by_step: dict[int, list[dict]] = {}
+    for r in records:
+        by_step.setdefault(r["step"], []).append(r)
+
+    def cat(recs: list[dict], key: str) -> torch.Tensor:
+        return torch.tensor([math.nan if v is None else v for r in recs for v in r[key]], dtype=torch.float64)
+
+    return [
+        {
+            "step": s,
+            **credit_aggregates(
+                cat(recs, "dlogp"), cat(recs, "adv"), [x for r in recs for x in r["segment"]], cat(recs, "logp")
+            ),
+        }
+        for s, recs in sorted(by_step.items())
+    ]
+
+
+def summarise_credit(per_step: Sequence[dict], parts: int = 4) -> list[dict]:
+    """Per-step aggregates (:func:`step_aggregates`) in ``parts`` consecutive spans of steps: per span and key, the
+    mean over its steps and a normal 95% interval of that mean, ``(mean, lo, hi)``.
+
+    The interval treats the steps as independent draws: each step records other rollouts, so it covers which
+    rollouts were recorded, not the variation between runs (seeds)."""
+    steps = [r for r in per_step if r.get("tokens")]
+    out = []
+    size = max(1, math.ceil(len(steps) / parts))
+    for i in range(0, len(steps), size):
+        span = steps[i : i + size]
+        entry: dict = {"first": span[0]["step"], "last": span[-1]["step"], "steps": len(span)}
+        for key in SUMMARY_KEYS:
+            entry[key] = _mean_interval([r[key] for r in span if r.get(key) is not None])
+        out.append(entry)
+    return out
+
+
+def _mean_interval(values: list[float]) -> tuple[float, float, float] | None:
+    """(mean, lo, hi): the mean and its normal 95% interval (None with no values; lo = hi = mean with one)."""
+    if not values:
+        return None
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, mean, mean
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = 1.96 * sd / math.sqrt(n)
+    return mean, mean - half, mean + half

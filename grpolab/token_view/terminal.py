@@ -186,3 +186,37 @@ def render_terminal(
         return
     for line in plain_lines(shown, quantity, width):
         console.out(line, highlight=False)
+
+
+SUMMARY_ROWS = (
+    ("answer_share", "answer: share of |dlogp|"),
+    ("answer_token_frac", "answer: share of tokens"),
+    ("reasoning_share", "reasoning: share of |dlogp|"),
+    ("reasoning_token_frac", "reasoning: share of tokens"),
+    ("format_share", "format: share of |dlogp|"),
+    ("format_token_frac", "format: share of tokens"),
+    ("low_p_share", "p_before < 0.9: share of |dlogp|"),
+    ("low_p_token_frac", "p_before < 0.9: share of tokens"),
+    ("half_mass_frac", "tokens holding half of |dlogp|"),
+    ("sign_corr", "corr(dlogp, sign of advantage)"),
+    ("abs_mean", "mean |dlogp| per token"),
+)
+
+
+def summary_table(spans: list[dict]) -> str:
+    """``grpolab tokens RUN --summary``: one column per span of steps, one row per aggregate, each ``mean [lo, hi]``
+    (:func:`grpolab.probes.token_credit.summarise_credit`), as plain text."""
+    head = ["aggregate (mean over steps, 95% interval)"] + [f"steps {s['first']}-{s['last']}" for s in spans]
+    body = []
+    for key, label in SUMMARY_ROWS:
+        cells = []
+        for s in spans:
+            v = s.get(key)
+            cells.append("–" if v is None else f"{v[0]:.3g} [{v[1]:.3g}, {v[2]:.3g}]")
+        body.append([label] + cells)
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in [head, *body]
+    ]
+    return "\n".join(lines)
