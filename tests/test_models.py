@@ -250,14 +250,22 @@ def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):
         out=str(tmp_path / "run"),
         progress=False,
         threads=2,
+        log_token_credit=8,
     )
     trainer = GRPOTrainer(cfg)
     assert trainer.policy.chat  # an instruct model: the chat template
     model = trainer.policy.model
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    metrics = [trainer.step(s).metrics for s in (1, 2)]
+    outputs = [trainer.step(s) for s in (1, 2)]
+    metrics = [o.metrics for o in outputs]
     for m in metrics:
         assert all(math.isfinite(m[k]) for k in ("reward/mean", "loss/policy", "grad/norm", "time/step_s"))
+    # --log-token-credit on a byte-level BPE tokenizer: every rollout's token spans rebuild its completion exactly
+    for o in outputs:
+        assert len(o.token_credit) == 8
+        for rec in o.token_credit:
+            assert "".join(rec["tokens"]) == rec["completion"] and len(rec["tokens"]) == len(rec["dlogp"])
+            assert rec["completion"] == trainer.policy.tokenizer.decode(rec["ids"], skip_special_tokens=True)
     changed = any(not torch.equal(before[n], p) for n, p in model.named_parameters())
     assert changed == any(m["loss/active_frac"] > 0 for m in metrics)
     # the dequantised GGUF model saves and reloads to identical logits

@@ -141,7 +141,8 @@ def credit_figure(rows: list[dict]) -> bytes | None:
     mean dlogp of positive- and negative-advantage rollouts; a light rolling mean over each."""
     from grpolab.plotting import plt
 
-    segs = (("answer", "tab:green"), ("reasoning", "tab:blue"), ("format", "tab:orange"))
+    # the three segments, and the tokens the policy gave < 0.9 before the update (credit/low_p_*)
+    segs = (("answer", "tab:green"), ("reasoning", "tab:blue"), ("format", "tab:orange"), ("low_p", "tab:gray"))
     panels = []
     if any(number(r.get(f"credit/{s}_share")) is not None for r in rows for s, _ in segs):
         panels.append("shares")
@@ -159,8 +160,9 @@ def credit_figure(rows: list[dict]) -> bytes | None:
     for ax, panel in zip(axes.flat, panels):
         if panel == "shares":
             for seg, colour in segs:
-                _smoothed(ax, rows, f"credit/{seg}_share", colour, f"{seg} |dlogp|")
-                _smoothed(ax, rows, f"credit/{seg}_token_frac", colour, f"{seg} tokens", ls="--")
+                name = "p < 0.9" if seg == "low_p" else seg
+                _smoothed(ax, rows, f"credit/{seg}_share", colour, f"{name} |dlogp|")
+                _smoothed(ax, rows, f"credit/{seg}_token_frac", colour, f"{name} tokens", ls="--")
             ax.set_title("share of |dlogp| by segment (dashed: of tokens)", fontsize=9)
             ax.set_ylim(-0.02, 1.02)
         elif panel == "sides":
