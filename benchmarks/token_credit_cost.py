@@ -4,7 +4,8 @@ Runs ``grpolab train`` as a user would, alternating the two settings (off, on, o
 that a drift in the machine's speed falls on both, and reads the per-step timings from
 metrics.jsonl. The recording draws no random numbers, so both runs train on the same rollouts
 to the same weights: the script checks that their rewards and losses are equal, so the
-difference in step time is the recording's alone.
+difference in step time is the recording's alone (and says so when they are not: a sampler
+that is not deterministic from run to run).
 
     python benchmarks/token_credit_cost.py [--preset builtin|smollm2] [--k 4] [--steps 20] [--repeats 2] \
         [--key value ...]
@@ -54,9 +55,14 @@ def run(out: Path, flags: list[str], steps: int) -> tuple[list[dict], float]:
     return read_metrics(out / "metrics.jsonl")[1:], time.perf_counter() - t0  # row 0: the step-0 evaluation
 
 
-def same_training(a: list[dict], b: list[dict]) -> bool:
+def first_difference(a: list[dict], b: list[dict]) -> str | None:
+    """Where two runs' training metrics first differ (None when they never do)."""
     keys = ("reward/mean", "loss/policy", "grad/norm", "completion/len_mean")
-    return all(x.get(k) == y.get(k) for x, y in zip(a, b) for k in keys) and len(a) == len(b)
+    for x, y in zip(a, b):
+        for k in keys:
+            if x.get(k) != y.get(k):
+                return f"step {x['step']}, {k}: {x.get(k)} against {y.get(k)}"
+    return None if len(a) == len(b) else "different numbers of steps"
 
 
 def main() -> None:
@@ -69,7 +75,7 @@ def main() -> None:
     args, extra = parser.parse_known_args()
     flags = preset_flags(args.preset) + extra
     steps = {"off": [], "on": []}
-    credit, update = [], {"off": [], "on": []}
+    credit, update, same = [], {"off": [], "on": []}, []
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
             rows = {}
@@ -82,11 +88,13 @@ def main() -> None:
                 print(
                     f"run {rep + 1} {name:>3}: {wall:.0f} s, median step {statistics.median(steps[name][-len(kept) :]):.3f} s"
                 )
-            if not same_training(rows["off"], rows["on"]):
-                raise SystemExit("the two settings trained differently: the recording changed the run")
+            differ = first_difference(rows["off"], rows["on"])
+            if differ:  # the step times then compare different work: say so
+                print(f"run {rep + 1}: the two settings trained differently from {differ}")
+            same.append(differ is None)
     off, on = statistics.median(steps["off"]), statistics.median(steps["on"])
     print(f"\npreset {args.preset}, K = {args.k}, {args.repeats} x {args.steps - args.warmup} steps per setting")
-    print("same rewards, losses and gradient norms with and without: yes")
+    print(f"same rewards, losses and gradient norms with and without: {sum(same)} of {len(same)} pairs of runs")
     print(f"median step, without:             {off:.3f} s  (update {statistics.median(update['off']):.3f} s)")
     print(f"median step, --log-token-credit:  {on:.3f} s  (update {statistics.median(update['on']):.3f} s)")
     print(f"ratio with / without:             {on / off:.3f}")

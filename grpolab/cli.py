@@ -405,7 +405,8 @@ def cmd_tokens(args: list[str]) -> None:
         "--png",
         default="",
         metavar="FILE",
-        help="draw the step's rollouts (2 with a positive, 2 with a negative advantage) as a picture instead",
+        help="draw the step's rollouts (2 with a positive, 2 with a negative advantage) as a picture instead; with "
+        "--summary, the aggregates against step",
     )
     parser.add_argument(
         "--summary",
@@ -423,7 +424,16 @@ def cmd_tokens(args: list[str]) -> None:
             from grpolab.probes.token_credit import step_aggregates, summarise_credit
             from grpolab.token_view.terminal import summary_table
 
-            print(summary_table(summarise_credit(step_aggregates(records), ns.summary)))
+            per_step = step_aggregates(records)
+            print(summary_table(summarise_credit(per_step, ns.summary)))
+            if ns.png:  # the aggregates against step, recomputed from the records as the table is
+                from grpolab.token_view.page import credit_figure
+
+                rows = [
+                    {"step": r["step"], **{f"credit/{k}": v for k, v in r.items() if k != "step"}} for r in per_step
+                ]
+                Path(ns.png).write_bytes(credit_figure(rows) or b"")
+                print(f"aggregates: {ns.png}")
             return
         if ns.png:
             from grpolab.token_view.figure import tokens_figure

@@ -383,3 +383,12 @@ def test_grpolab_tokens_summarises_the_aggregates_over_spans_of_steps(run, capsy
     assert "steps 1-2" in lines[0] and "steps 3-3" in lines[0]  # the fixture records steps 1, 2 and 3
     shares = [line for line in lines if "share of |dlogp|" in line]
     assert len(shares) == 4 and all("[" in line for line in shares)
+
+
+def test_grpolab_tokens_draws_the_aggregates_against_step(run, tmp_path, capsys):
+    from grpolab.cli import main
+
+    png = tmp_path / "aggregates.png"
+    main(["tokens", str(run), "--summary", "3", "--png", str(png)])
+    assert f"aggregates: {png}" in capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
