@@ -1,106 +1,79 @@
-"""What ``--log-token-credit K`` costs: step time with it against without, in one run of this script.
+"""What ``--log-token-credit K`` costs: step time with it against without, in one run.
 
-Runs ``grpolab train`` as a user would, alternating the two settings (off, on, off, on, ...) so
-that a drift in the machine's speed falls on both, and reads the per-step timings from
-metrics.jsonl. The recording draws no random numbers, so both runs train on the same rollouts
-to the same weights: the script checks that their rewards and losses are equal, so the
-difference in step time is the recording's alone (and says so when they are not: a sampler
-that is not deterministic from run to run).
+One training run in this process, recording on every other step: odd steps run without the
+recording, even steps with it. Both halves share the machine's state (a drift in its speed falls
+on both) and the run's rollouts come from the same policy. The recording draws no random
+numbers, so the run trains as it would without it (on the built-in model: the same metrics,
+rollouts and weights bit for bit, docs/token-credit.md); what differs between the halves is the
+recording's work: the K rows' values kept during the update, one forward over them after it,
+and their records.
 
-    python benchmarks/token_credit_cost.py [--preset builtin|smollm2] [--k 4] [--steps 20] [--repeats 2] \
+    python benchmarks/token_credit_cost.py [--preset builtin|smollm2] [--k 4] [--steps 40] [--warmup 2] \
         [--key value ...]
 
 ``--preset smollm2``: SmolLM2-135M-Instruct on the real-model demo's preset (grpolab.demo). Extra
-``--key value`` pairs go to ``grpolab train``.
+``--key value`` pairs are TrainConfig fields (e.g. --rollout-engine vllm).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import dataclasses
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
-from pathlib import Path
 
+from grpolab.config import TrainConfig
 from grpolab.demo import REAL_MODEL_PRESET
-from grpolab.runlog import read_metrics
+from grpolab.trainer import GRPOTrainer
 
-# The demo preset's fields that are not training ones here: evaluation happens once at each end, on few questions.
+# The demo preset's fields that are not training ones here.
 SKIP = {"steps", "eval_every", "eval_questions", "eval_samples", "save_every", "log_samples"}
 
 
-def preset_flags(name: str) -> list[str]:
-    if name == "builtin":
-        return []
-    flags = ["--model", "smollm2-135m-instruct"]
-    for key, value in REAL_MODEL_PRESET.items():
-        if key in SKIP:
-            continue
-        flags.append("--" + key.replace("_", "-"))
-        flags += [str(v) for v in value] if isinstance(value, tuple) else [str(value)]
-    return flags
-
-
-def run(out: Path, flags: list[str], steps: int) -> tuple[list[dict], float]:
-    cmd = [sys.executable, "-m", "grpolab", "train", "--out", str(out), "--steps", str(steps)]
-    cmd += ["--eval-every", "0", "--eval-questions", "8", "--eval-samples", "1", "--save-every", "0", "--no-progress"]
-    cmd += flags
-    t0 = time.perf_counter()
-    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
-    if res.returncode:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{res.stderr[-3000:]}")
-    return read_metrics(out / "metrics.jsonl")[1:], time.perf_counter() - t0  # row 0: the step-0 evaluation
-
-
-def first_difference(a: list[dict], b: list[dict]) -> str | None:
-    """Where two runs' training metrics first differ (None when they never do)."""
-    keys = ("reward/mean", "loss/policy", "grad/norm", "completion/len_mean")
-    for x, y in zip(a, b):
-        for k in keys:
-            if x.get(k) != y.get(k):
-                return f"step {x['step']}, {k}: {x.get(k)} against {y.get(k)}"
-    return None if len(a) == len(b) else "different numbers of steps"
+def config(preset: str, extra: list[str], out: str) -> TrainConfig:
+    fields = {} if preset == "builtin" else {k: v for k, v in REAL_MODEL_PRESET.items() if k not in SKIP}
+    if preset == "smollm2":
+        fields["model"] = "smollm2-135m-instruct"
+    types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+    for key, value in zip(extra[::2], extra[1::2]):
+        name = key.lstrip("-").replace("-", "_")
+        default = getattr(TrainConfig(), name)
+        fields[name] = type(default)(value) if default is not None and "str" not in str(types[name]) else value
+    return dataclasses.replace(TrainConfig(), **fields, out=out, progress=False).resolved()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=("builtin", "smollm2"), default="builtin")
     parser.add_argument("--k", type=int, default=4, help="rollouts recorded per step")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=2, help="first steps of each run left out of the medians")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each setting, alternated")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=2, help="first steps left out of the medians")
     args, extra = parser.parse_known_args()
-    flags = preset_flags(args.preset) + extra
-    steps = {"off": [], "on": []}
-    credit, update, same = [], {"off": [], "on": []}, []
     with tempfile.TemporaryDirectory() as tmp:
-        for rep in range(args.repeats):
-            rows = {}
-            for name, more in (("off", []), ("on", ["--log-token-credit", str(args.k)])):
-                rows[name], wall = run(Path(tmp) / f"{name}{rep}", flags + more, args.steps)
-                kept = rows[name][args.warmup :]
-                steps[name] += [r["time/step_s"] for r in kept]
-                update[name] += [r["time/update_s"] for r in kept]
-                credit += [r["time/credit_s"] for r in kept if "time/credit_s" in r]
-                print(
-                    f"run {rep + 1} {name:>3}: {wall:.0f} s, median step {statistics.median(steps[name][-len(kept) :]):.3f} s"
-                )
-            differ = first_difference(rows["off"], rows["on"])
-            if differ:  # the step times then compare different work: say so
-                print(f"run {rep + 1}: the two settings trained differently from {differ}")
-            same.append(differ is None)
-    off, on = statistics.median(steps["off"]), statistics.median(steps["on"])
-    print(f"\npreset {args.preset}, K = {args.k}, {args.repeats} x {args.steps - args.warmup} steps per setting")
-    print(f"same rewards, losses and gradient norms with and without: {sum(same)} of {len(same)} pairs of runs")
-    print(f"median step, without:             {off:.3f} s  (update {statistics.median(update['off']):.3f} s)")
-    print(f"median step, --log-token-credit:  {on:.3f} s  (update {statistics.median(update['on']):.3f} s)")
+        base = config(args.preset, extra, tmp)
+        trainer = GRPOTrainer(base, log=lambda *a: None)
+        times: dict[bool, list[dict]] = {False: [], True: []}
+        for step in range(1, args.steps + 1):
+            on = step % 2 == 0
+            trainer.cfg = dataclasses.replace(base, log_token_credit=args.k if on else 0)
+            metrics = trainer.step(step).metrics
+            if step > args.warmup:
+                times[on].append(metrics)
+            print(f"step {step:3d} {'with' if on else 'without':>7}: {metrics['time/step_s']:.3f} s", flush=True)
+
+    def median(on: bool, key: str) -> float:
+        return statistics.median(m[key] for m in times[on] if key in m)
+
+    off, on = median(False, "time/step_s"), median(True, "time/step_s")
+    print(f"\npreset {args.preset}, K = {args.k}; {len(times[False])} steps without, {len(times[True])} with")
+    print(f"median step, without:             {off:.3f} s  (update {median(False, 'time/update_s'):.3f} s)")
+    print(f"median step, --log-token-credit:  {on:.3f} s  (update {median(True, 'time/update_s'):.3f} s)")
     print(f"ratio with / without:             {on / off:.3f}")
+    active = [statistics.fmean(m["loss/active_frac"] for m in times[h]) for h in (False, True)]
+    print(f"rollouts the update ran (loss/active_frac), mean: {active[0]:.3f} without, {active[1]:.3f} with")
+    credit = median(True, "time/credit_s")
     print(
-        f"recording after the update (time/credit_s), median: {statistics.median(credit) * 1e3:.1f} ms"
-        f" = {statistics.median(credit) / off:.1%} of a step"
+        f"the forward after the update and the records (time/credit_s), median: {credit * 1e3:.1f} ms = {credit / off:.1%}"
     )
 
 
