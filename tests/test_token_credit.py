@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from test_token_view import _parse
 
 from grpolab.answers import answer_spans
 from grpolab.config import ConfigError, TrainConfig
@@ -25,6 +26,7 @@ from grpolab.probes.token_credit import (
     token_spans,
 )
 from grpolab.recipe import train
+from grpolab.report import build_report
 from grpolab.rollout import select
 from grpolab.trainer import GRPOTrainer
 
@@ -254,6 +256,14 @@ def test_recorded_advantages_and_completions_equal_the_rollouts_log(tmp_path):
         assert c["advantage"] == r["advantage"] and c["reward"] == r["reward"]
         assert c["completion"] == r["completion"] and len(c["ids"]) == r["tokens"]
         assert all(a == pytest.approx(r["advantage"]) for a in c["adv"])  # every token carries the rollout's
+    # the report's page: each shown rollout's token spans (markers aside) are its completion exactly
+    page = build_report(run).read_text(encoding="utf-8")
+    cards = _parse(page).cards
+    assert len(cards) >= 2
+    by_key = {(c["step"], c["prompt"], c["rollout"]): c for c in credit}
+    for card in cards:
+        rec = by_key[(card["step"], card["prompt"], card["rollout"])]
+        assert "".join(t["text"] for t in card["tokens"] if not t["mark"]) == rec["completion"]
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     logged = [m for m in metrics if "credit/answer_share" in m]
     assert [m["step"] for m in logged] == [1, 2, 3]
