@@ -22,6 +22,7 @@ import dataclasses
 import statistics
 import tempfile
 
+from grpolab.cli import _parse
 from grpolab.config import TrainConfig
 from grpolab.demo import REAL_MODEL_PRESET
 from grpolab.trainer import GRPOTrainer
@@ -31,15 +32,17 @@ SKIP = {"steps", "eval_every", "eval_questions", "eval_samples", "save_every", "
 
 
 def config(preset: str, extra: list[str], out: str) -> TrainConfig:
+    """The run's TrainConfig: the preset's fields, then ``extra`` parsed as `grpolab train` parses its flags."""
     fields = {} if preset == "builtin" else {k: v for k, v in REAL_MODEL_PRESET.items() if k not in SKIP}
     if preset == "smollm2":
         fields["model"] = "smollm2-135m-instruct"
-    types = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
-    for key, value in zip(extra[::2], extra[1::2]):
-        name = key.lstrip("-").replace("-", "_")
-        default = getattr(TrainConfig(), name)
-        fields[name] = type(default)(value) if default is not None and "str" not in str(types[name]) else value
-    return dataclasses.replace(TrainConfig(), **fields, out=out, progress=False).resolved()
+    flags = [a for k, v in fields.items() for a in ("--" + k.replace("_", "-"), *_values(v))]
+    cfg = _parse(TrainConfig, [*flags, *extra], "token_credit_cost", "")
+    return dataclasses.replace(cfg, out=out, progress=False).resolved()
+
+
+def _values(v) -> list[str]:
+    return [str(x) for x in v] if isinstance(v, tuple) else [str(v)]
 
 
 def main() -> None:

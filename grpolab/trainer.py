@@ -89,11 +89,11 @@ class GRPOTrainer(TrainerBase):
         self.status(f"step {step}: update ({self.cfg.mu} x {roll.groups.rows.n} rollouts)")
         rows = roll.groups.rows
         watch = pick_rollouts(adv, roll.groups.sizes, self.cfg.log_token_credit) if self.cfg.log_token_credit else None
-        credit = ([], {})
+        credit, credit_metrics = None, {}
         if roll.rewards:
             update = self._update(rows.batch, self._prompt_weighted(roll, adv), rows.entropy, rows.logprobs, watch)
             if watch is not None:  # what the update did to each watched token's log-prob
-                credit = self._token_credit(roll, adv)
+                credit, credit_metrics = self._token_credit(roll, adv)
         else:  # no group entered the update (--sampling filter, every round all-equal)
             update = self.updater.skip()
         t_sync = time.perf_counter()
@@ -108,12 +108,12 @@ class GRPOTrainer(TrainerBase):
             "time/sync_s": t_end - t_sync,
             "time/step_s": t_end - t_step,
         }
-        metrics = {**step_metrics(roll, self.rollouts_total, update, probe, times), **credit[1]}
+        metrics = {**step_metrics(roll, self.rollouts_total, update, probe, times), **credit_metrics}
         return StepOutput(
             metrics,
             records["samples"],
             records["rollouts"] if self.cfg.log_rollouts else None,
-            credit[0] if watch is not None else None,
+            credit,
         )
 
     def _advantages(self, roll: StepRollouts) -> torch.Tensor:
@@ -192,14 +192,13 @@ class GRPOTrainer(TrainerBase):
                 "advantage": adv[r].item(),
             }
             out.append({**head, **_credit_tokens(self.policy.tokenizer, groups.rows, r, k, watched, after)})
-        metrics = credit_aggregates(
-            torch.cat(
-                [after[k, : len(o["ids"])].cpu() - watched.logp[k, : len(o["ids"])].cpu() for k, o in enumerate(out)]
-            ),
-            torch.cat([watched.adv[k, : len(o["ids"])].cpu() for k, o in enumerate(out)]),
-            [s for o in out for s in o["segment"]],
-            torch.cat([watched.logp[k, : len(o["ids"])].cpu() for k, o in enumerate(out)]),
-        )
+
+        def recorded(t: torch.Tensor) -> torch.Tensor:  # [K, T] -> [M]: the recorded tokens, rollout after rollout
+            return torch.cat([t[k, : len(o["ids"])].cpu() for k, o in enumerate(out)])
+
+        before = recorded(watched.logp)
+        segments = [s for o in out for s in o["segment"]]
+        metrics = credit_aggregates(recorded(after) - before, recorded(watched.adv), segments, before)
         metrics = {f"credit/{k}": v for k, v in metrics.items()}
         metrics["credit/rollouts"] = len(out)
         metrics["time/credit_s"] = time.perf_counter() - t0
