@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import json
 import math
+from statistics import NormalDist
 
 import pytest
 import torch
@@ -302,5 +303,5 @@ def test_step_aggregates_and_their_summary_over_spans_of_steps():
     assert [(s["first"], s["last"], s["steps"]) for s in spans] == [(1, 2, 2), (3, 3, 1)]
     mean, lo, hi = spans[0]["answer_share"]
     sd = math.sqrt(((0.8 - 0.525) ** 2 + (0.25 - 0.525) ** 2) / 1)
-    assert mean == pytest.approx(0.525) and hi - mean == pytest.approx(1.96 * sd / math.sqrt(2))
+    assert mean == pytest.approx(0.525) and hi - mean == pytest.approx(NormalDist().inv_cdf(0.975) * sd / math.sqrt(2))
     assert spans[1]["answer_share"] == (1.0, 1.0, 1.0)

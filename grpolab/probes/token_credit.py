@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from grpolab.answers import answer_spans
+from grpolab.stats import mean_ci
 
 SEGMENTS = ("answer", "reasoning", "format")
 
@@ -200,13 +201,10 @@ def summarise_credit(per_step: Sequence[dict], parts: int = 4) -> list[dict]:
 
 
 def _mean_interval(values: list[float]) -> tuple[float, float, float] | None:
-    """(mean, lo, hi): the mean and its normal 95% interval (None with no values; lo = hi = mean with one)."""
+    """(mean, lo, hi): :func:`grpolab.stats.mean_ci` (None with no values; lo = hi = mean with one, a span of one
+    step)."""
     if not values:
         return None
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, mean, mean
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = 1.96 * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    return mean_ci(values)

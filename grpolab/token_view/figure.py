@@ -18,6 +18,7 @@ from grpolab.token_view.records import (
     hue,
     quantity_of,
     resolve_step,
+    rollout_head,
     split_by_advantage,
     token_values,
 )
@@ -39,13 +40,9 @@ def _cells(record: dict, scale: ColourScale, width: int) -> list[list[tuple[str,
     return lines
 
 
-def _head(record: dict, quantity: str) -> str:
-    values = [v for v in token_values(record, quantity) if v is not None]
-    mean = fmt(sum(values) / len(values), quantity_of(quantity).fmt) if values else "–"
-    return (
-        f"prompt {record['prompt']}:{record['rollout']}  reward {record['reward']:g}  advantage "
-        f"{record['advantage']:+.3f}  mean {quantity} {mean}"
-    )
+def _text_lines(record: dict, quantity: str, width: int) -> list[str]:
+    """The rollout's header (as the page and the terminal write it) and its question, wrapped to ``width``."""
+    return textwrap.wrap(rollout_head(record, quantity), width) + textwrap.wrap("Q: " + repr(record["question"]), width)
 
 
 def _column(split: AdvantageSplit, per_side: int) -> list[list[dict]]:
@@ -65,7 +62,7 @@ def tokens_figure(
     shown = [r for col in columns for r in col]
     scale = colour_scale([v for r in shown for v in token_values(r, quantity)], quantity)
     blocks = [[(r, _cells(r, scale, width)) for r in col] for col in columns]
-    rows = max(sum(3 + len(textwrap.wrap(repr(r["question"]), width)) + len(c) for r, c in col) for col in blocks)
+    rows = max(sum(2 + len(_text_lines(r, quantity, width)) + len(c) for r, c in col) for col in blocks)
     fig = plt.figure(figsize=(2 * width * 0.105 + 0.6, (rows + 5) * 0.2))
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_xlim(0, 2 * width + 4)
@@ -82,10 +79,8 @@ def tokens_figure(
         ax.text(x0, y, heading, fontsize=9, weight="bold", va="center")
         y += 1
         for record, lines in col:
-            ax.text(x0, y, _head(record, quantity), fontsize=7, va="center", color="#444")
-            y += 1
-            for line in textwrap.wrap("Q: " + repr(record["question"]), width):
-                ax.text(x0, y, line, fontsize=7, va="center", color="#666", family="monospace")
+            for line in _text_lines(record, quantity, width):
+                ax.text(x0, y, line, fontsize=7, va="center", color="#555", family="monospace")
                 y += 1
             for line in lines:
                 for i, (ch, level, marker) in enumerate(line):
