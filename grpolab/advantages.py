@@ -84,3 +84,77 @@ def batch_std(rewards: torch.Tensor) -> torch.Tensor:
     population form of its group option, [RLVR essay, Sec. 3.5].)"""
     r = rewards.double().flatten()
     return (r - r.mean()).pow(2).mean().sqrt().float()
+
+
+CREDITS = ("grpo", "rtg-group", "rtg-mc")
+"""``--advantage``: how an episode's turns share its credit [Foundations, Sec. 6]."""
+
+
+def turn_advantages(
+    rewards: torch.Tensor, turns: torch.Tensor, estimator: str, credit: str = "grpo", values: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Advantages ``[G, H]`` of each turn of a group's G episodes, from their per-turn rewards ``[G, H]`` (0 after an
+    episode's last turn) and turn counts ``turns`` ``[G]``; 0 after each episode's last turn.
+
+    - ``grpo``: every turn gets the episode's advantage under ``estimator`` (:func:`compute_advantages` of the
+      returns R_i = sum_h r_ih): uniform credit, the total return minus a baseline of the initial state
+      [Foundations, Eq. 22]. With one turn this is the single-turn advantage, exactly.
+    - ``rtg-group``: turn h gets its reward-to-go G_ih = sum_{h' >= h} r_ih' minus the estimator's baseline of the
+      initial state: none (vanilla), the group mean of returns (grpo, grpo_std) or the mean of the others' (rloo).
+      Past rewards no longer leak into a turn's credit; the value mismatch v(s_h) - v(s_1) of Eq. 23 stays.
+    - ``rtg-mc``: G_ih minus ``values`` ``[G, H]``, a Monte Carlo value of the state before turn h (both parts of
+      Eq. 23's bias removed, up to the values' noise).
+
+    ``grpo_std`` divides the reward-to-go credits by the population std of the group's reward-to-go values over all
+    its turns, plus 1e-4 (with one turn: the returns' std, as grpo_std itself). Not the returns' std: a group whose
+    returns are equal can still differ turn by turn, and that std would be 0.
+    """
+    if rewards.dim() != 2 or turns.shape != rewards.shape[:1]:
+        raise ValueError(f"rewards must be [G, H] and turns [G], got {tuple(rewards.shape)} and {tuple(turns.shape)}")
+    G, H = rewards.shape
+    live = torch.arange(H)[None, :] < turns[:, None]  # [G, H]
+    r = rewards.double() * live
+    rtg = r.flip(1).cumsum(1).flip(1)  # [G, H] reward-to-go
+    returns = rtg[:, 0]  # [G]
+    if credit == "grpo":
+        return compute_advantages(returns.float()[None, :], estimator)[0][:, None] * live  # [G, H]
+    if credit not in CREDITS:
+        raise ValueError(f"unknown --advantage {credit!r}; choose from {CREDITS}")
+    if credit == "rtg-mc":
+        if values is None or values.shape != rewards.shape:
+            raise ValueError("rtg-mc needs a Monte Carlo value [G, H] of the state before each turn")
+        base = values.double()
+    elif estimator == "vanilla":
+        base = torch.zeros(G, 1, dtype=torch.float64)
+    elif estimator in ("grpo", "grpo_std", "rloo"):
+        if G < 2:
+            raise ValueError(f"estimator {estimator!r} needs a group of at least 2 episodes, got G={G}")
+        if estimator == "rloo":
+            base = ((returns.sum() - returns) / (G - 1))[:, None]  # [G, 1] the others' mean
+        else:  # centred on the first: all-equal returns give exactly their value
+            base = (returns[0] + (returns - returns[0]).mean()).expand(G)[:, None]  # [G, 1]
+    else:
+        raise ValueError(f"estimator {estimator!r} has no reward-to-go form; use grpo, grpo_std, rloo or vanilla")
+    adv = (rtg - base) * live
+    if estimator == "grpo_std":
+        values_live = rtg[live]
+        mean = values_live[0] + (values_live - values_live[0]).mean()
+        std = (values_live - mean).pow(2).mean().sqrt()
+        adv = adv / (std + STD_EPS)
+    return adv.float()
+
+
+def token_advantages(turn_adv: list[torch.Tensor], turn: torch.Tensor, action: torch.Tensor, rows: list[int]):
+    """``[m, T]`` each policy token's advantage: its turn's, from ``turn_adv`` (one ``[H_i]`` per episode), for token
+    rows ``turn`` and ``action`` ``[m, T]`` where episode i holds ``rows[i]`` consecutive rows. 0 off the policy's
+    tokens."""
+    out = torch.zeros((sum(rows), turn.shape[1]), dtype=torch.float32)  # no rows: a stand-in row carries nothing
+    r = 0
+    for adv, k in zip(turn_adv, rows):
+        for _ in range(k):
+            t = turn[r].clamp(min=0).cpu()
+            on = action[r].bool().cpu() & (turn[r].cpu() >= 0)
+            if adv.numel():
+                out[r] = torch.where(on, adv.float()[t.clamp(max=adv.numel() - 1)], 0.0)
+            r += 1
+    return out

@@ -26,6 +26,7 @@ from grpolab import distributed as dist_
 from grpolab import streams
 from grpolab.distributed import SINGLE, World
 from grpolab.engine import RolloutEngine, SamplingSettings
+from grpolab.env.episodes import EpisodeRunner, episode_rows
 from grpolab.group_budget import allocate_group_sizes, next_round_size
 from grpolab.groups import has_variance, offsets, varies
 from grpolab.policy import Policy
@@ -35,20 +36,54 @@ from grpolab.rollout import Batch, select
 
 @dataclasses.dataclass(eq=False)
 class Rows:
-    """Sampled rollouts held by this rank, with their texts and scores."""
+    """Sampled rollouts held by this rank, with their texts and scores, and the token rows of the update.
+
+    A single-turn rollout is one token row. An episode (``episodes``) is one row, or one per segment when its
+    environment shows each turn only its latest messages; an episode's rows are contiguous, in episode order.
+    """
 
     batch: Batch | None
-    """``[n, ...]``; with n = 0, None or (a rank that keeps no group) one stand-in row that carries no loss."""
+    """``[m, ...]`` token rows; with n = 0, None or (a rank that keeps no group) one stand-in row that carries no
+    loss."""
     texts: list[str]
+    """``[n]`` each rollout's completion (an episode's: its last reply)."""
     scores: Scores
+    """``[n]``."""
     entropy: torch.Tensor | None = None
-    """``[n, T]`` the sampling policy's entropy at each completion token (0 on padding), aligned with ``batch``."""
+    """``[m, T]`` the sampling policy's entropy at each completion token (0 on padding), aligned with ``batch``."""
     logprobs: torch.Tensor | None = None
-    """``[n, T]`` the sampler's log-prob of each completion token (0 on padding), aligned with ``batch``."""
+    """``[m, T]`` the sampler's log-prob of each completion token (0 on padding), aligned with ``batch``."""
+    episodes: list | None = None
+    """``[n]`` the rollouts' :class:`grpolab.env.episodes.Episode` (environment tasks); None: single-turn rollouts."""
+    action: torch.Tensor | None = None
+    """``[m, T]`` (episodes) 1 on the policy's own tokens, 0 on the environment's and on padding."""
+    turn: torch.Tensor | None = None
+    """``[m, T]`` (episodes) the turn of each of the policy's tokens, -1 elsewhere."""
+    row_counts: list[int] | None = None
+    """``[n]`` (episodes) token rows of each rollout."""
 
     @property
     def n(self) -> int:
         return len(self.texts)
+
+    @property
+    def counts(self) -> list[int]:
+        """Token rows of each rollout (1 each for single-turn rollouts)."""
+        return self.row_counts if self.row_counts is not None else [1] * self.n
+
+    def rows_of(self, rollouts: list[int]) -> list[int]:
+        """The token rows of ``rollouts``, in order."""
+        if self.row_counts is None:
+            return list(rollouts)
+        start = offsets(self.row_counts)
+        return [r for i in rollouts for r in range(start[i], start[i + 1])]
+
+    @property
+    def loss_tokens(self) -> torch.Tensor | None:
+        """``[m, T]`` the tokens that are the policy's: ``action`` for episodes, else the completion mask."""
+        if self.batch is None:
+            return None
+        return self.action if self.action is not None else self.batch.completion_mask
 
 
 @dataclasses.dataclass
@@ -144,42 +179,128 @@ def _token_values(parts: list[Rows], field: str, idx: torch.Tensor, T: int, widt
     if any(getattr(p, field) is None for p in live):
         return None
     values = torch.cat([torch.nn.functional.pad(getattr(p, field), (0, T - getattr(p, field).shape[1])) for p in live])
-    return values[idx, :width]  # select trims the all-padding columns on the right
+    return values[idx.cpu(), :width]  # select trims the all-padding columns on the right
+
+
+def _stand_in(parts: list[Rows]) -> Rows:
+    """What a rank that keeps no group holds: one of its rows (with no advantage), so that it joins the update's
+    collectives, and no rollout."""
+    live = [p for p in parts if p.n]
+    empty = Scores(torch.zeros(0), {k: torch.zeros(0) for k in parts[0].scores.components}, 0)
+    if not live:
+        return Rows(None, [], empty)
+    first = live[0]
+    stand_in = select(first.batch, torch.zeros(1, dtype=torch.long, device=first.batch.prompt_ids.device))
+    width = stand_in.completion_ids.shape[1]
+
+    def row(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[:1, :width]
+
+    episodes = None if first.episodes is None else []
+    return Rows(
+        stand_in,
+        [],
+        empty,
+        row(first.entropy),
+        row(first.logprobs),
+        episodes,
+        row(first.action),
+        row(first.turn),
+        None if episodes is None else [],
+    )
 
 
 def take_rows(parts: list[Rows], order: list[tuple[int, int]], pad_id: int) -> Rows:
-    """The rows ``order`` = [(part, row), ...] of several :class:`Rows`, in that order."""
+    """The rollouts ``order`` = [(part, rollout), ...] of several :class:`Rows`, with their token rows, in that
+    order."""
     live = [i for i, p in enumerate(parts) if p.n]
     if len(live) == 1 and order == [(live[0], r) for r in range(parts[live[0]].n)]:
         return parts[live[0]]  # all rows of one sampling call, in order: the very tensors (fixed mode)
-    if not order:  # this rank keeps no group; one of its rows (with no advantage) lets it join the update's collectives
-        empty = Scores(torch.zeros(0), {k: torch.zeros(0) for k in parts[0].scores.components}, 0)
-        if not live:
-            return Rows(None, [], empty)
-        first = parts[live[0]]
-        stand_in = select(first.batch, torch.zeros(1, dtype=torch.long))
-        width = stand_in.completion_ids.shape[1]
-        return Rows(
-            stand_in,
-            [],
-            empty,
-            None if first.entropy is None else first.entropy[:1, :width],
-            None if first.logprobs is None else first.logprobs[:1, :width],
-        )
-    starts = offsets([p.n for p in parts])
-    batch = concat_batches([p.batch for p in parts if p.n], pad_id)
-    idx = torch.tensor([starts[i] + r for i, r in order], device=batch.prompt_ids.device)
+    if not order:
+        return _stand_in(parts)
+    live_parts = [p for p in parts if p.n]
+    row_start = offsets([sum(p.counts) for p in parts])
+    roll_start = offsets([p.n for p in parts])
+    batch = concat_batches([p.batch for p in live_parts], pad_id)
+    rows = [row_start[i] + r for i, k in order for r in parts[i].rows_of([k])]
+    idx = torch.tensor(rows, device=batch.prompt_ids.device)
+    picked = torch.tensor([roll_start[i] + k for i, k in order])  # rollouts
     scores = concat_scores([p.scores for p in parts])
     texts = [t for p in parts for t in p.texts]
     chosen = select(batch, idx)
     T, width = batch.completion_ids.shape[1], chosen.completion_ids.shape[1]
+    episodes = None if parts[live[0]].episodes is None else [e for p in parts for e in p.episodes or []]
     return Rows(
         chosen,
-        [texts[int(i)] for i in idx],
-        Scores(scores.total[idx.cpu()], {k: v[idx.cpu()] for k, v in scores.components.items()}, scores.errors),
+        [texts[int(i)] for i in picked],
+        Scores(scores.total[picked], {k: v[picked] for k, v in scores.components.items()}, scores.errors),
         _token_values(parts, "entropy", idx, T, width),
         _token_values(parts, "logprobs", idx, T, width),
+        None if episodes is None else [episodes[int(i)] for i in picked],
+        _token_values(parts, "action", idx, T, width),
+        _token_values(parts, "turn", idx, T, width),
+        None if episodes is None else [parts[i].counts[k] for i, k in order],
     )
+
+
+def _policy_tokens(episode) -> int:
+    return sum(sum(s.action) for s in episode.segments)
+
+
+def rollout_lengths(rows: Rows) -> list[int]:
+    """Each rollout's length: its completion's tokens, or the policy's tokens over an episode."""
+    if rows.batch is None:
+        return []
+    if rows.episodes is None:
+        return rows.batch.completion_mask.sum(1).tolist()
+    return [_policy_tokens(e) for e in rows.episodes]
+
+
+def _truncated(rows: Rows, eos_id: int) -> list[bool]:
+    """Each rollout: cut at the token limit (no end-of-sequence token), or an episode cut by a limit."""
+    if rows.batch is None:
+        return []
+    if rows.episodes is None:
+        return (~(rows.batch.completion_ids == eos_id).any(dim=1)).tolist()  # no EOS in budget
+    return [e.cut for e in rows.episodes]
+
+
+def _entropy_sums(rows: Rows) -> list[float]:
+    """Each rollout's sum of the sampler's entropies over its (policy) tokens."""
+    if rows.episodes is None:
+        return rows.entropy.sum(1).tolist()
+    per_row = (rows.entropy * rows.action.to(rows.entropy.dtype)).sum(1).tolist()
+    start = offsets(rows.counts)
+    return [sum(per_row[start[i] : start[i + 1]]) for i in range(rows.n)]
+
+
+def episode_facts(episodes: list) -> dict:
+    """Per-episode lists for the ``env/*`` metrics: turns, the environment's reward at each turn, tool calls and
+    errors (as the environment counted them), exceptions in ``step``."""
+    return {
+        "turns": [e.turns for e in episodes],
+        "turn_rewards": [list(e.rewards) for e in episodes],
+        "tool_calls": [e.counter("tool_calls") for e in episodes],
+        "tool_errors": [e.counter("tool_errors") for e in episodes],
+        "tool_truncated": [e.counter("tool_truncated") for e in episodes],
+        "env_errors": [int(bool(e.error)) for e in episodes],
+    }
+
+
+def max_return(env) -> float:
+    """The largest return of an environment's episode: its ``max_return`` (default 1)."""
+    value = getattr(env, "max_return", None)
+    return float(value) if value else 1.0
+
+
+def episode_rows_of(episodes: list, multi_turn: bool, pad_id: int, device) -> Rows:
+    """The :class:`Rows` of played episodes (scores still to come)."""
+    rows = episode_rows(episodes, pad_id, device)
+    texts = [e.text for e in episodes]
+    empty = Scores(torch.zeros(0), {}, 0)
+    if not multi_turn:  # single-turn rollouts: a row each, the completion mask is the policy's tokens
+        return Rows(rows.batch, texts, empty, rows.entropy, rows.logprobs)
+    return Rows(rows.batch, texts, empty, rows.entropy, rows.logprobs, episodes, rows.action, rows.turn, rows.rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,45 +351,82 @@ class Collector:
         settings: CollectSettings,
         world: World = SINGLE,
         status=lambda text: None,
+        runner: EpisodeRunner | None = None,
     ):
+        """``runner``: plays each rollout as an episode of an environment (default: single-turn rollouts)."""
         self.engine, self.sampler, self.policy, self.reward = engine, sampler, policy, reward
         self.settings, self.world, self.status = settings, world, status
+        self.runner = runner if runner is not None else EpisodeRunner(engine, policy)
 
     # ------------------------------------------------------------------ one sampling call
     def _generate(self, step: int, items: list[tuple[int, dict, range]]) -> tuple[Rows, float, float]:
         """Rollouts ``g in gs`` of prompts ``(b, record, gs)``; returns the rows and (generation, scoring) seconds."""
         recs = [rec for _, rec, gs in items for _ in gs]
         if not recs:
-            return Rows(None, [], self.reward([], [], torch.zeros(0, dtype=torch.long))), 0.0, 0.0
+            empty = Rows(None, [], self.reward([], [], torch.zeros(0, dtype=torch.long)))
+            return (dataclasses.replace(empty, episodes=[], row_counts=[]) if self.runner.multi_turn else empty), 0, 0
         t0 = time.perf_counter()
-        prompts = [self.policy.prompt_ids(rec) for rec in recs]
         seed = self.settings.seed
         keys = [(streams.ROLLOUT, seed, step, b, g) for b, _, gs in items for g in gs]  # global b: P-independent
-        out = self.engine.generate(prompts, keys, self.settings.sampling)
-        batch = out.batch
+        episodes = self.runner.play(recs, keys, self.settings.sampling)
         t1 = time.perf_counter()
-        texts = self.policy.decode(batch.completion_ids, batch.completion_mask)
-        scores = self.reward(texts, recs, batch.completion_mask.sum(1).cpu())
-        entropy = None if out.entropy is None else out.entropy.cpu()  # the vllm engine gives none
-        rows = Rows(batch, texts, scores, entropy, out.logprobs.cpu())
+        rows = episode_rows_of(episodes, self.runner.multi_turn, self.policy.pad_id, self.engine_device)
+        rows.scores = self._score(rows, recs)
         return rows, t1 - t0, time.perf_counter() - t1
 
+    @property
+    def engine_device(self):
+        return getattr(self.engine, "device", None) or next(self.policy.model.parameters()).device
+
+    def _score(self, rows: Rows, recs: list[dict]) -> Scores:
+        """The rollouts' rewards: the reward functions on each completion; an episode's also on its conversation,
+        plus the environment's return (component ``env``)."""
+        if rows.episodes is None:
+            return self.reward(rows.texts, recs, rows.batch.completion_mask.sum(1).cpu())
+        scores = self.final_scores(rows.episodes, recs)
+        returns = torch.tensor([sum(e.rewards) for e in rows.episodes], dtype=torch.float32)
+        return Scores(scores.total + returns, {"env": returns, **scores.components}, scores.errors, scores.counts)
+
+    def final_scores(self, episodes: list, recs: list[dict] | None = None) -> Scores:
+        """The reward functions on each episode's final conversation (its last reply the completion); each
+        episode's ``final_reward`` is set to their weighted sum."""
+        recs = [e.record for e in episodes] if recs is None else recs
+        lengths = torch.tensor([_policy_tokens(e) for e in episodes])
+        conversations = [(e.messages[: e.opening], e.messages[e.opening :]) for e in episodes]
+        scores = self.reward([e.text for e in episodes], recs, lengths, conversations)
+        for e, total in zip(episodes, scores.total.tolist()):
+            e.final_reward = total
+        return scores
+
     def _per_rollout(self, rows: Rows) -> dict:
-        eos = self.policy.eos_id
+        """Per-rollout lists for the step's metrics (every rank's are gathered)."""
         b = rows.batch
-        names = self.reward.names  # the first is the accuracy reward (grpolab.rewards)
         comp = rows.scores.components
-        return {
+        names = self.reward.names  # the first is the accuracy reward (grpolab.rewards)
+        out = {
             "reward": rows.scores.total.tolist(),
-            "accuracy": comp[names[0]].tolist(),
-            "format": comp["format"].tolist(),
+            "accuracy": self._accuracy(rows).tolist(),
+            **({"format": comp["format"].tolist()} if "format" in comp else {}),
             **{f"reward/{n}": comp[n].tolist() for n in names if n not in ("accuracy", "format")},
-            "entropy_sum": (rows.entropy.sum(1).tolist() if rows.entropy is not None and b is not None else []),
-            "length": b.completion_mask.sum(1).tolist() if b is not None else [],
-            "truncated": (~(b.completion_ids == eos).any(dim=1)).tolist() if b is not None else [],  # no EOS in budget
+            "entropy_sum": _entropy_sums(rows) if rows.entropy is not None and b is not None else [],
+            "length": rollout_lengths(rows),
+            "truncated": _truncated(rows, self.policy.eos_id),
             "errors": rows.scores.errors,
             "counts": rows.scores.counts,
         }
+        if rows.episodes is not None:
+            out["reward/env"] = comp["env"].tolist()  # the environment's return
+            out.update(episode_facts(rows.episodes))
+        return out
+
+    def _accuracy(self, rows: Rows) -> torch.Tensor:
+        """``[n]`` each rollout's accuracy: the first reward function's value; for an environment task without
+        reward functions, the return as a share of the environment's ``max_return``."""
+        names = self.reward.names
+        if names:
+            return rows.scores.components[names[0]]
+        best = torch.tensor([max_return(e.env) for e in rows.episodes], dtype=torch.float32)
+        return rows.scores.components["env"] / best
 
     def _gather(self, local: dict) -> dict:
         """Per-rollout lists of every rank, concatenated in rank order (= prompt order within a call)."""

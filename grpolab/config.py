@@ -12,12 +12,11 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from grpolab.advantages import ESTIMATORS, SCALES
+from grpolab.advantages import CREDITS, ESTIMATORS, SCALES
 from grpolab.data.arithmetic import CATEGORIES
 from grpolab.data.dataset import DATA_FORMATS
 from grpolab.group_budget import SAMPLING_MODES
 from grpolab.loss import AGGREGATIONS, IMPORTANCE_SAMPLING, KL_ESTIMATORS
-from grpolab.multiturn.chain import STAGE_ADVANTAGES
 
 GROUP_BASELINES = ("grpo", "grpo_std", "rloo")
 
@@ -89,21 +88,41 @@ class TrainConfig:
     lora_alpha: float = 0.0
     """LoRA scaling alpha; 0 = 2 x rank."""
     task: Literal["arith", "arith-multiturn"] = "arith"
-    """'arith' (the built-in single-turn arithmetic, [U-statistic, Sec. 5.1]) or 'arith-multiturn' (H-turn dialogues with per-turn rewards, [Foundations, Sec. 6])."""
+    """'arith' (the built-in single-turn arithmetic, [U-statistic, Sec. 5.1]) or 'arith-multiturn' (the built-in
+    H-turn dialogue with per-turn rewards, [Foundations, Sec. 6]: an environment, grpolab.env.arith)."""
+    env: str = ""
+    """An environment to play episodes in: 'path/to/file.py:Class' or 'module:Class', a class with reset(record) ->
+    messages and step(text) -> (messages, reward, done), constructed with no arguments for each episode; each row of
+    --data is one episode's record (docs/environments.md)."""
+    tools: tuple[str, ...] = ()
+    """Tools the model may call: 'path/to/file.py:function' or 'module:function', repeatable; plain functions with
+    type hints and a docstring. Each reply's tool calls run (in a worker process, --tool-timeout each) and their
+    results come back as tool messages; a reply with no tool call ends the episode, which --reward-fn scores."""
+    max_turns: int = 8
+    """Environments: the most replies of an episode; one that reaches it unfinished is cut (env/truncated)."""
+    max_episode_tokens: int = 1024
+    """Environments: the most tokens an episode adds after its opening prompt (replies, environment and tool
+    messages); one that runs out is cut (env/truncated). 0 = no bound."""
+    tool_timeout: float = 10.0
+    """--tools: wall-clock seconds a tool call may take; then its worker is killed and the call answers an error."""
+    tool_max_chars: int = 2000
+    """--tools: the longest tool result kept (characters); a longer one is cut and says so."""
     advantage: Literal["grpo", "rtg-group", "rtg-mc"] = "grpo"
-    """arith-multiturn: 'grpo' (total return - group mean, Eq. 22), 'rtg-group' (reward-to-go - group mean)
-    or 'rtg-mc' (reward-to-go - a Monte Carlo value of the turn's state from --branches continuations)."""
+    """How an episode's turns share credit (one turn: all the same): 'grpo' (every turn gets the episode's advantage,
+    [Foundations, Eq. 22]), 'rtg-group' (each turn's reward-to-go minus the --estimator's baseline of the initial
+    state) or 'rtg-mc' (reward-to-go minus a Monte Carlo value of the turn's state from --branches continuations)."""
     stages: int = 3
     """arith-multiturn: turns per dialogue."""
     branches: int = 4
-    """arith-multiturn, rtg-mc: continuations branched from each visited state to estimate its value."""
+    """rtg-mc: continuations branched from each visited state to estimate its value."""
     dialogue_context: Literal["question", "dialogue"] = "question"
     """arith-multiturn: what the policy sees at a turn, 'question' or the whole 'dialogue'."""
-    format: Literal["auto", "prompt", "gsm8k", "math"] = "auto"
+    format: Literal["auto", "prompt", "gsm8k", "math", "rows"] = "auto"
     """How --data/--eval-data rows become records: prompt (the --prompt-column holds a string or a list of chat
     messages; every other column reaches the reward functions), gsm8k ({question, answer ending '#### n'}), math
-    ({problem, solution with \\boxed{...}}, answers compared with math-verify), or auto: prompt when the rows have
-    the prompt column, else the preset whose fields they have (recorded resolved in config.json)."""
+    ({problem, solution with \\boxed{...}}, answers compared with math-verify), rows (every column as it is: an
+    --env's records), or auto: rows with --env, else prompt when the rows have the prompt column, else the preset
+    whose fields they have (recorded resolved in config.json)."""
     data: str = ""
     """Training data: a .jsonl, .json, .csv or .parquet file, or a directory written by datasets' save_to_disk;
     empty = generate arithmetic questions."""
@@ -310,6 +329,15 @@ class TrainConfig:
     """When stdout is not a terminal (a log file, a batch job): a plain progress line every N steps, and at each evaluation."""
 
     @property
+    def max_policy_tokens(self) -> int:
+        """The most tokens of the policy's in one rollout, the constant of Dr. GRPO's normaliser: --max-new-tokens,
+        or for an environment task an episode's (--max-turns x --max-new-tokens, at most --max-episode-tokens)."""
+        if not self.multi_turn:
+            return self.max_new_tokens
+        bound = (self.stages if self.task == "arith-multiturn" else self.max_turns) * self.max_new_tokens
+        return min(bound, self.max_episode_tokens) if self.max_episode_tokens else bound
+
+    @property
     def rollouts_per_step(self) -> int:
         return self.prompts_per_step * self.group_size
 
@@ -328,6 +356,8 @@ class TrainConfig:
         from grpolab.data.dataset import data_format
 
         path, split = (self.data, self.data_split) if self.data else (self.eval_data, self.eval_split)
+        if self.env:  # an environment's reset reads its record as the row is
+            return "rows"
         return data_format(path, split, self.prompt_column)
 
     @property
@@ -391,27 +421,52 @@ class TrainConfig:
             )
         if self.task not in ("arith", "arith-multiturn"):
             raise _bad("task", f"must be 'arith' or 'arith-multiturn', got {self.task!r}")
-        if self.advantage not in STAGE_ADVANTAGES:
-            raise _bad("advantage", f"must be one of {STAGE_ADVANTAGES}, got {self.advantage!r}")
+        if self.advantage not in CREDITS:
+            raise _bad("advantage", f"must be one of {CREDITS}, got {self.advantage!r}")
+        if self.multi_turn:
+            self._validate_episodes()
+        elif self.advantage != "grpo":
+            raise _bad(
+                "advantage",
+                f"{self.advantage} shares credit across an episode's turns; give --env, --tools or "
+                "--task arith-multiturn (a single-turn rollout has one turn: its credit is grpo's)",
+            )
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether rollouts are episodes of an environment (--env, --tools, --task arith-multiturn)."""
+        return bool(self.env or self.tools or self.task == "arith-multiturn")
+
+    def _validate_episodes(self) -> None:
+        """Environments, tools and their limits."""
+        given = [
+            f for f, on in (("task", self.task == "arith-multiturn"), ("env", self.env), ("tools", self.tools)) if on
+        ]
+        if len(given) > 1:
+            raise _bad(given[1], f"give one of --env, --tools and --task arith-multiturn, not {' and '.join(given)}")
         if self.task == "arith-multiturn":
+            if self.data or self.eval_data:
+                raise _bad("task", "arith-multiturn plays the built-in dialogues; --data is for --env and --tools")
             if self.stages < 1:
                 raise _bad("stages", f"must be >= 1, got {self.stages}")
-            if self.advantage == "rtg-mc" and self.branches < 1:
-                raise _bad("branches", f"rtg-mc needs >= 1 branch, got {self.branches}")
             if self.dialogue_context not in ("question", "dialogue"):
                 raise _bad("dialogue_context", f"must be 'question' or 'dialogue', got {self.dialogue_context!r}")
-            if self.log_token_credit:
-                raise _bad("log_token_credit", "is for single-turn tasks (--task arith)")
-            if self.data or self.mu > 1 or self.beta > 0:
-                raise _bad("task", "arith-multiturn supports the built-in dialogues with mu = 1 and beta = 0 only")
-            for f, off in (
-                ("mask_truncated", False),
-                ("overlong_buffer", 0),
-                ("top_entropy_quantile", 1.0),
-                ("scale_rewards", "group"),
-            ):
-                if getattr(self, f) != off:
-                    raise _bad(f, "is for single-turn tasks (--task arith)")
+        elif not self.data:
+            raise _bad(given[0], "needs --data: each row is one episode's record")
+        if self.advantage == "rtg-mc" and self.branches < 1:
+            raise _bad("branches", f"rtg-mc needs >= 1 branch, got {self.branches}")
+        if self.max_turns < 1:
+            raise _bad("max_turns", f"must be >= 1, got {self.max_turns}")
+        if self.max_episode_tokens < 0:
+            raise _bad("max_episode_tokens", f"must be >= 0 (0: no bound), got {self.max_episode_tokens}")
+        if not self.tool_timeout > 0:
+            raise _bad("tool_timeout", f"must be > 0 seconds, got {self.tool_timeout}")
+        if self.tool_max_chars < 1:
+            raise _bad("tool_max_chars", f"must be >= 1, got {self.tool_max_chars}")
+        if self.overlong_buffer:
+            raise _bad(
+                "overlong_buffer", "punishes one completion's length; an episode is bounded by --max-episode-tokens"
+            )
 
     def _validate_data(self) -> None:
         """Data files, their format, the held-out split."""
@@ -421,13 +476,15 @@ class TrainConfig:
             raise _bad("eval_fraction", f"must be in [0, 1), got {self.eval_fraction:g}")
         if self.eval_fraction and (self.eval_data or not self.data):
             raise _bad("eval_fraction", "holds out part of --data: give --data, and no --eval-data")
-        if self.format == "prompt" and self.data and not (self.eval_data or self.eval_fraction):
-            raise _bad("eval_fraction", "prompt data needs --eval-data or --eval-fraction (the built-in test set asks "
-                       "arithmetic questions)")  # fmt: skip
-        if self.format == "prompt" and self.few_shot:
+        if self.format in ("prompt", "rows") and self.data and not (self.eval_data or self.eval_fraction):
+            raise _bad("eval_fraction", f"{self.format} data needs --eval-data or --eval-fraction (the built-in test "
+                       "set asks arithmetic questions)")  # fmt: skip
+        if self.format in ("prompt", "rows") and self.few_shot:
             raise _bad("few_shot", "needs solved examples (question and answer): the built-in task or gsm8k/math data")
-        if self.format == "prompt" and not (self.data or self.eval_data):
-            raise _bad("format", "prompt needs --data or --eval-data")
+        if self.format in ("prompt", "rows") and not (self.data or self.eval_data):
+            raise _bad("format", f"{self.format} needs --data or --eval-data")
+        if self.format == "rows" and not self.env:
+            raise _bad("format", "rows (every column as it is) is for an --env, whose reset reads the row")
 
     def _validate_estimator_and_sampling(self) -> None:
         """The advantage estimator and the --sampling mode it must fit."""
@@ -446,8 +503,6 @@ class TrainConfig:
         if self.sampling not in SAMPLING_MODES:
             raise _bad("sampling", f"must be one of {SAMPLING_MODES}, got {self.sampling!r}")
         if self.sampling != "fixed":
-            if self.task != "arith":
-                raise _bad("sampling", f"{self.sampling!r} is for single-turn tasks; arith-multiturn uses fixed")
             if self.estimator not in GROUP_BASELINES:
                 raise _bad(
                     "sampling",
@@ -540,8 +595,6 @@ class TrainConfig:
 
         if missing := vllm_missing():
             raise _bad("rollout_engine", missing)
-        if self.task == "arith-multiturn":
-            raise _bad("rollout_engine", "vllm generates single-turn rollouts; arith-multiturn uses the hf engine")
         if self.top_entropy_quantile < 1:
             raise _bad("top_entropy_quantile", "needs the sampler's entropies, which vLLM does not return: use hf")
         if self.temperature > 2:

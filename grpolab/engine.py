@@ -48,7 +48,7 @@ class HFEngine:
 
     ``full_weights``: a context inside which every parameter is whole on this process (FSDP gathers its
     shards there; ``grpolab.train_forward.TrainModule.full_weights``). The model samples in eval mode
-    and is put back in training mode afterwards.
+    and is put back in the mode it was in afterwards.
     """
 
     def __init__(
@@ -62,6 +62,7 @@ class HFEngine:
         self.model, self.eos_id, self.pad_id, self.full_weights = model, eos_id, pad_id, full_weights
 
     def generate(self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings) -> Sampled:
+        was_training = self.model.training
         self.model.eval()
         with self.full_weights():
             out = sample_with_stats(
@@ -74,7 +75,7 @@ class HFEngine:
                 eos_id=self.eos_id,
                 pad_id=self.pad_id,
             )
-        self.model.train()
+        self.model.train(was_training)
         return out
 
     def weights_changed(self) -> None:

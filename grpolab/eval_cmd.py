@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from grpolab.config import ConfigError, TrainConfig
+from grpolab.env import environment
 from grpolab.runs import GRADIENT_FIELDS, TASK_FIELDS, Target, load_task_policy, resolve_target, task_config
 
 # The task settings a flag may override (the run's config.json supplies the rest, see grpolab.runs).
@@ -55,8 +56,8 @@ class EvalConfig:
     """The system instruction of chat prompts (empty: the default for --format)."""
     few_shot: int | None = None
     """Solved examples before each question (from the training split, as in training)."""
-    format: Literal["auto", "prompt", "gsm8k", "math"] | None = None
-    """How --eval-data rows become records: prompt, gsm8k, math, or auto (as in training)."""
+    format: Literal["auto", "prompt", "gsm8k", "math", "rows"] | None = None
+    """How --eval-data rows become records: prompt, gsm8k, math, rows (an --env's), or auto (as in training)."""
     eval_data: str | None = None
     """Held-out data (.jsonl, .json, .csv, .parquet or a save_to_disk directory) instead of the built-in test set."""
     eval_split: str | None = None
@@ -94,9 +95,28 @@ class EvalConfig:
     categories: tuple[str, ...] | None = None
     """Arithmetic: question categories (default all five)."""
     max_new_tokens: int | None = None
-    """Longest completion (default 48)."""
+    """Longest completion (default 48); an episode's: its longest reply."""
     seed: int | None = None
     """Seed of the sampled completions and of the few-shot draw (a run: its seed)."""
+    # --- episodes (a run: its own) ---
+    task: Literal["arith", "arith-multiturn"] | None = None
+    """'arith-multiturn': the built-in dialogues (one episode per held-out dialogue)."""
+    env: str | None = None
+    """An environment (FILE.py:Class or module:Class): each held-out record is one episode."""
+    tools: tuple[str, ...] | None = None
+    """Tools (FILE.py:function): each held-out prompt is one episode of the tool environment."""
+    max_turns: int | None = None
+    """The most replies of an episode (default 8)."""
+    max_episode_tokens: int | None = None
+    """The most tokens an episode adds after its opening prompt (default 1024)."""
+    tool_timeout: float | None = None
+    """Seconds a tool call may take (default 10)."""
+    tool_max_chars: int | None = None
+    """The longest tool result kept (default 2000)."""
+    stages: int | None = None
+    """arith-multiturn: turns per dialogue (default 3)."""
+    dialogue_context: Literal["question", "dialogue"] | None = None
+    """arith-multiturn: what the policy sees at a turn (default question)."""
     # --- machine ---
     device: str = "auto"
     """auto, cpu, cuda or cuda:N."""
@@ -122,8 +142,13 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
     dtype = parse_dtype(cfg.dtype)
     policy = _load_policy(cfg, target, tcfg, dtype, sampler, len(held_out), log)
     engine = _start_engine(tcfg, policy, log)
+    env = environment(tcfg, policy, held_out[0] if held_out else None)  # an environment task: episodes
     t0 = time.perf_counter()
-    metrics, examples = _evaluate(cfg, tcfg, policy, held_out, engine, log)
+    try:
+        metrics, examples = _evaluate(cfg, tcfg, policy, held_out, engine, log, env)
+    finally:
+        if env is not None:
+            env.close()
     seconds = time.perf_counter() - t0
     report = _report(cfg, target, tcfg, policy, held_out, metrics, examples, seconds)
     if cfg.json:
@@ -182,9 +207,10 @@ def _start_engine(tcfg: TrainConfig, policy, log):
 
 
 def _evaluate(
-    cfg: EvalConfig, tcfg: TrainConfig, policy, held_out: list[dict], engine=None, log=print
+    cfg: EvalConfig, tcfg: TrainConfig, policy, held_out: list[dict], engine=None, log=print, env=None
 ) -> tuple[dict, list[dict]]:
-    """Greedy and sampled accuracy (metrics) and per-question outcomes (examples), under a progress bar."""
+    """Greedy and sampled accuracy (metrics) and per-question outcomes (examples), under a progress bar; ``env``
+    (an :class:`grpolab.env.EnvSetup`): each question is one episode of it."""
     import torch
 
     from grpolab import code_reward
@@ -194,7 +220,12 @@ def _evaluate(
     from grpolab.rewards import eval_reward
 
     _, score = eval_reward(tcfg, policy.shown_prompt, policy.chat)
-    if runs_programs(score):
+    if env is not None:
+        from grpolab.engine import HFEngine
+
+        engine = engine or HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id)
+    runner = env.runner(engine, policy) if env is not None else None
+    if score is not None and runs_programs(score):
         log(code_reward.configure(tcfg.code_reward_settings()).describe())
     batch_size = cfg.batch_size if engine is None else len(held_out) * max(1, cfg.samples)
     total = len(held_out) * (1 + cfg.samples)
@@ -210,6 +241,7 @@ def _evaluate(
             progress=lambda done, _: bar.update(done),
             score=score,
             engine=engine,
+            runner=runner,
         )
 
 

@@ -3,6 +3,11 @@
 Each accuracy comes with a 95% interval (:mod:`grpolab.stats`): Wilson's for greedy (one
 Bernoulli trial per question), a clustered one for sampled (the question is the unit, its k
 samples are not independent draws from the task). Per-category accuracies get the same.
+
+Completions are generated the way training generates rollouts, through an
+:class:`grpolab.env.episodes.EpisodeRunner`: its rollout engine and, for an environment task, its environment
+(each question is then one episode, scored on its final conversation or by its return; the environment's reward
+at each turn is reported as ``eval/stage<h>_*``).
 """
 
 from __future__ import annotations
@@ -13,38 +18,35 @@ from collections.abc import Callable
 from grpolab import streams
 from grpolab.data.records import question_of
 from grpolab.distributed import SINGLE, World, gather_concat
-from grpolab.engine import SamplingSettings
+from grpolab.engine import HFEngine, SamplingSettings
+from grpolab.env.episodes import Episode, EpisodeRunner
 from grpolab.policy import Policy
 from grpolab.rewards import accuracy_reward
-from grpolab.rollout import sample
 from grpolab.stats import clustered_accuracy_interval, mean_ci, wilson_interval
 
 
-def _generate(
-    policy: Policy, records: list[dict], keys, temperature, max_new_tokens, batch_size, tick, engine=None
-) -> list[str]:
-    """Completions of ``records`` (``keys`` seed them), in batches: grpolab's sampler on the policy's model, or
-    ``engine`` (a :class:`grpolab.engine.RolloutEngine`) when one is given."""
-    texts: list[str] = []
+def _play(runner: EpisodeRunner, records: list[dict], keys, temperature, max_new_tokens, batch_size, tick):
+    """Episodes (single-turn: completions) of ``records`` (``keys`` seed them), in batches of ``batch_size``."""
+    episodes: list[Episode] = []
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
-        prompts, chunk_keys = [policy.prompt_ids(r) for r in chunk], keys[start : start + batch_size]
-        if engine is not None:
-            batch = engine.generate(prompts, chunk_keys, SamplingSettings(max_new_tokens, temperature)).batch
-        else:
-            batch = sample(
-                policy.model,
-                prompts,
-                chunk_keys,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_p=1.0,
-                eos_id=policy.eos_id,
-                pad_id=policy.pad_id,
-            )
-        texts += policy.decode(batch.completion_ids, batch.completion_mask)
+        episodes += runner.play(chunk, keys[start : start + batch_size], SamplingSettings(max_new_tokens, temperature))
         tick(len(chunk))
-    return texts
+    return episodes
+
+
+def episode_scores(episodes: list[Episode], records: list[dict], score) -> list[float]:
+    """Each episode's score: ``score`` (a reward function) on its completion (and, for an episode, its conversation:
+    TRL-form functions read it), or, with ``score`` None, its return as a share of its environment's ``max_return``."""
+    texts = [e.text for e in episodes]
+    if score is None:
+        from grpolab.collect import max_return
+
+        return [sum(e.rewards) / max_return(e.env) for e in episodes]
+    if episodes and episodes[0].env is not None and getattr(score, "takes_conversations", False):
+        conversations = [(e.messages[: e.opening], e.messages[e.opening :]) for e in episodes]
+        return list(score(texts, records, conversations=conversations))
+    return list(score(texts, records))
 
 
 def accuracy_summary(
@@ -90,6 +92,13 @@ def accuracy_summary(
     return out
 
 
+def stage_rewards(per_episode: list[list[float]], name: str) -> dict[str, float]:
+    """``eval/stage<h>_<name>``: the mean reward of turn h over episodes (0 for one that ended before it)."""
+    H = max((len(r) for r in per_episode), default=0)
+    n = max(len(per_episode), 1)
+    return {f"eval/stage{h + 1}_{name}": sum(r[h] for r in per_episode if len(r) > h) / n for h in range(H)}
+
+
 def evaluate(
     policy: Policy,
     records: list[dict],
@@ -101,8 +110,9 @@ def evaluate(
     batch_size: int = 256,
     world: World = SINGLE,
     progress: Callable[[int, int], None] | None = None,
-    score: Callable[[list[str], list[dict]], list[float]] = accuracy_reward,
+    score: Callable[[list[str], list[dict]], list[float]] | None = accuracy_reward,
     engine=None,
+    runner: EpisodeRunner | None = None,
 ) -> tuple[dict[str, float], list[dict]]:
     """Accuracy on ``records``: the mean of ``score`` (default: the built-in answer check, 0 or 1).
 
@@ -112,9 +122,12 @@ def evaluate(
     ``seed`` and the question index only, so the same policy always gets the same score, on one
     process or split over ``world`` (each rank answers a block of the questions; every rank gets
     the totals). ``progress(done, total)`` is called after each generated batch with this
-    process's count of completions. ``engine``: a rollout engine to generate with (default: grpolab's sampler on
-    ``policy.model``).
+    process's count of completions. ``runner``: plays the questions (an environment task's episodes); default:
+    single-turn completions from ``engine``, itself by default grpolab's sampler on ``policy.model``.
     """
+    if runner is None:
+        engine = engine or HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id)
+        runner = EpisodeRunner(engine, policy)
     was_training = policy.model.training
     policy.model.eval()
     mine = world.split(len(records))
@@ -128,29 +141,44 @@ def evaluate(
             progress(done, total)
 
     greedy_keys = [(streams.EVAL, seed, i) for i in mine]
-    greedy = _generate(policy, own, greedy_keys, 0.0, max_new_tokens, batch_size, tick, engine)
-    greedy, greedy_ok = gather_concat(greedy, world), gather_concat(score(greedy, own), world)
+    greedy = _play(runner, own, greedy_keys, 0.0, max_new_tokens, batch_size, tick)
+    greedy_ok = gather_concat(episode_scores(greedy, own, score), world)
+    stages = {"greedy": gather_concat([list(e.rewards) for e in greedy], world)}
     sampled_ok = None
     if samples > 0:
         rep = [r for r in own for _ in range(samples)]
         keys = [(streams.EVAL, seed, i, j) for i in mine for j in range(samples)]
-        sampled = _generate(policy, rep, keys, temperature, max_new_tokens, batch_size, tick, engine)
-        flat = gather_concat(score(sampled, rep), world)  # question-major: block of `samples` per question
+        sampled = _play(runner, rep, keys, temperature, max_new_tokens, batch_size, tick)
+        flat = gather_concat(episode_scores(sampled, rep, score), world)  # question-major: `samples` per question
         sampled_ok = [flat[i * samples : (i + 1) * samples] for i in range(len(records))]
+        stages["sampled"] = gather_concat([list(e.rewards) for e in sampled], world)
     metrics = accuracy_summary(greedy_ok, sampled_ok, [r.get("category", "all") for r in records])
-    examples = [
+    if runner.multi_turn:
+        for name, per_episode in stages.items():
+            metrics.update(stage_rewards(per_episode, name))
+    policy.model.train(was_training)
+    return metrics, _examples(records, gather_concat(_shown(greedy), world), greedy_ok, sampled_ok, score)
+
+
+def _shown(episodes: list[Episode]) -> list[dict]:
+    """What an example shows of each greedy episode: its completion, and an episode's conversation."""
+    return [{"completion": e.text, **({"conversation": e.messages} if e.env is not None else {})} for e in episodes]
+
+
+def _examples(records, greedy, greedy_ok, sampled_ok, score) -> list[dict]:
+    """Each question with its greedy completion (an episode: its conversation), outcome and sampled share."""
+    samples = len(sampled_ok[0]) if sampled_ok else 0
+    return [
         {
             "question": question_of(r),
             "ground_truth": r.get("ground_truth"),
-            "completion": c,
+            **g,
             "correct": bool(ok >= 1),
             **({} if score is accuracy_reward else {"reward": ok}),
             **({"sampled_correct": sum(s) / samples} if sampled_ok is not None else {}),
         }
-        for r, c, ok, s in zip(records, greedy, greedy_ok, sampled_ok or [None] * len(records))
+        for r, g, ok, s in zip(records, greedy, greedy_ok, sampled_ok or [None] * len(records))
     ]
-    policy.model.train(was_training)
-    return metrics, examples
 
 
 def format_accuracy(metrics: dict[str, float], prefix: str = "eval/accuracy_") -> str:

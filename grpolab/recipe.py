@@ -146,14 +146,7 @@ class TrainRecipe:
             cfg = dataclasses.replace(cfg, model=str(ckpt), gguf_file="")
             if cfg.beta > 0:
                 reference = _starting_model(self.saved)
-        if cfg.task == "arith-multiturn":
-            from grpolab.multiturn.trainer import MultiTurnTrainer
-
-            self.trainer = MultiTurnTrainer(cfg, log=self.log, adapter_from=adapter_from, world=self.world)
-        else:
-            self.trainer = GRPOTrainer(
-                cfg, log=self.log, adapter_from=adapter_from, world=self.world, reference=reference
-            )
+        self.trainer = GRPOTrainer(cfg, log=self.log, adapter_from=adapter_from, world=self.world, reference=reference)
         # What config.json records: the run's own model (not a checkpoint it resumed from) and the process count.
         model = self.saved["model"] if self.saved else cfg.model
         self.config_dict = {**dataclasses.asdict(cfg), "model": model, "world_size": self.world.size}
@@ -265,6 +258,8 @@ class TrainRecipe:
 
     # ------------------------------------------------------------------ cleanup
     def cleanup(self) -> None:
+        if getattr(self, "trainer", None) is not None:
+            self.trainer.close()
         if self.logger:
             self.logger.close()
 

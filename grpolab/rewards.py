@@ -12,13 +12,10 @@ raises, or returns a non-finite value, costs only the rollouts it failed on
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import inspect
 import math
 import re
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -105,16 +102,22 @@ def from_trl(fn: Callable, prompt_of: Callable[[dict], Any], chat: bool) -> Rewa
     """
     reserved = {"prompts", "completions", "prompt"}  # the prompt column arrives as ``prompts``, as in TRL
 
-    def reward(completions: list[str], records: list[dict]) -> list[float]:
-        prompts = [prompt_of(r) for r in records]
-        if chat:
-            completions = [[{"role": "assistant", "content": c}] for c in completions]
+    def reward(completions: list[str], records: list[dict], conversations: list | None = None) -> list[float]:
+        if conversations is not None:  # episodes: the opening messages, and every message after them
+            prompts = [opening for opening, _ in conversations]
+            if chat:
+                completions = [list(rest) for _, rest in conversations]
+        else:
+            prompts = [prompt_of(r) for r in records]
+            if chat:
+                completions = [[{"role": "assistant", "content": c}] for c in completions]
         keys = [k for k in dict.fromkeys(k for r in records for k in r) if k not in reserved]
         fields = {k: [r.get(k) for r in records] for k in keys}
         values = fn(prompts=prompts, completions=completions, **fields)
         return [0.0 if v is None else v for v in values]
 
     reward.__name__ = getattr(fn, "__name__", "reward")
+    reward.takes_conversations = True
     reward.columns = getattr(fn, "columns", None)
     if reward.columns is None:
         reward.columns = declared_columns(fn)
@@ -164,24 +167,9 @@ def check_columns(reward_fns: Sequence[tuple[str, RewardFn, float]], records: li
 def load_reward_fn(path: str) -> RewardFn:
     """Import ``"package.module:function"``; a clear error when it is not there."""
     from grpolab.config import ConfigError  # a ValueError: the CLI prints it as one line, not a traceback
+    from grpolab.loader import load_object
 
-    module_name, _, attr = path.rpartition(":") if path.count(":") > 1 else path.partition(":")  # C:\\x.py:fn
-    if not module_name or not attr:
-        raise ConfigError(
-            f"--reward-fn: must be given as 'module:function' or 'path/to/file.py:function', got {path!r}"
-        )
-    try:
-        if module_name.endswith(".py"):  # a file: no need to put its directory on PYTHONPATH
-            if not Path(module_name).is_file():
-                raise ImportError(f"no such file: {module_name}")
-            spec = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-        fn = getattr(module, attr)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"--reward-fn: cannot load {path!r}: {e}") from None
+    fn = load_object(path, "--reward-fn", "function")
     if not callable(fn):
         raise ConfigError(f"--reward-fn: {path!r} is not callable")
     try:
@@ -201,6 +189,7 @@ def reward_functions(
     format_weight: float,
     prompt_of: Callable[[dict], Any] = prompt_of_record,
     chat: bool = False,
+    episodes: bool = False,
 ) -> list[tuple[str, RewardFn, float]]:
     """The ``(name, fn, weight)`` a run scores with.
 
@@ -209,13 +198,15 @@ def reward_functions(
     + format_weight * format`` (weights default to 1). Each is named by its function name
     (made unique; never one of the built-in metric names, except ``accuracy`` for the first),
     and the first plays the accuracy reward's part in ``reward/accuracy``.
+    ``episodes`` (an environment task): the functions at ``paths`` only, no default and no format reward (the
+    environment's own rewards add to theirs).
     """
     from grpolab.config import ConfigError
 
     if isinstance(paths, str):  # one path given as a string (the API; the CLI gives a tuple)
         paths = (paths,) if paths else ()
     if not paths:
-        return default_reward_fns(format_weight)
+        return [] if episodes else default_reward_fns(format_weight)
     weights = list(weights) or [1.0] * len(paths)
     if len(weights) != len(paths):
         raise ConfigError(f"--reward-weights: {len(weights)} weight(s) for {len(paths)} --reward-fn")
@@ -231,7 +222,7 @@ def reward_functions(
             name, k = f"{base}_{k}", k + 1
         taken.add(name)
         out.append((name, fn, float(w)))
-    return out + [("format", format_reward, format_weight)]
+    return out if episodes else out + [("format", format_reward, format_weight)]
 
 
 def eval_reward(
@@ -239,13 +230,16 @@ def eval_reward(
 ) -> tuple[str, RewardFn]:
     """``(name, fn)`` of the reward whose mean is a run's held-out accuracy: ``--eval-reward-fn``; for prompt data
     (no built-in answer check) the first ``--reward-fn``; otherwise the built-in accuracy reward. ``reward_fns``: the
-    run's, when already loaded; a function is only loaded when it is the one needed."""
+    run's, when already loaded; a function is only loaded when it is the one needed. An environment task without
+    either has ``("env", None)``: its episodes' return, as a share of the environment's ``max_return``."""
     if cfg.eval_reward_fn:
         paths = (cfg.eval_reward_fn,)
-    elif cfg.format == "prompt" and cfg.reward_fn:
+    elif (cfg.format == "prompt" or cfg.multi_turn) and cfg.reward_fn:
         if reward_fns:
             return reward_fns[0][0], reward_fns[0][1]
         paths = tuple(cfg.reward_fn)[:1]
+    elif cfg.multi_turn:
+        return "env", None
     else:
         return "accuracy", accuracy_reward
     name, fn, _ = reward_functions(paths, (), 0.0, prompt_of=prompt_of, chat=chat)[0]
@@ -263,22 +257,32 @@ class Scores(NamedTuple):
     """What reward functions counted while scoring (their ``pop_counts()``, e.g. the code reward's outcomes)."""
 
 
-def _call_safely(fn: RewardFn, completions: list[str], records: list[dict]) -> tuple[list[float], int]:
+def _call_safely(
+    fn: RewardFn, completions: list[str], records: list[dict], conversations: list | None = None
+) -> tuple[list[float], int]:
     """Values of ``fn``, with failures replaced by 0 and counted.
 
     The whole batch is tried first (cheap); if it raises or has the wrong length,
     each rollout is scored alone so only the failing ones lose their reward.
+    ``conversations`` (episodes): each rollout's (opening messages, messages after them), for the functions that
+    take them (TRL's form: its ``prompts`` and, for chat runs, ``completions``).
     """
     n = len(completions)
+    takes = conversations is not None and getattr(fn, "takes_conversations", False)
+
+    def call(idx: list[int]) -> list:
+        args = ([completions[i] for i in idx], [records[i] for i in idx])
+        return fn(*args, conversations=[conversations[i] for i in idx]) if takes else fn(*args)
+
     try:
-        values = [float(v) for v in fn(completions, records)]
+        values = [float(v) for v in call(list(range(n)))]
         if len(values) != n:
             raise ValueError(f"returned {len(values)} values for {n} completions")
     except Exception:
         values = []
-        for c, r in zip(completions, records):
+        for i in range(n):
             try:
-                (v,) = fn([c], [r])
+                (v,) = call([i])
                 values.append(float(v))
             except Exception:
                 values.append(math.nan)
@@ -286,8 +290,14 @@ def _call_safely(fn: RewardFn, completions: list[str], records: list[dict]) -> t
     return [v if math.isfinite(v) else 0.0 for v in values], errors
 
 
-def score(completions: list[str], records: list[dict], reward_fns: Sequence[tuple[str, RewardFn, float]]) -> Scores:
-    """Score ``N`` completions with weighted reward functions ``(name, fn, weight)``."""
+def score(
+    completions: list[str],
+    records: list[dict],
+    reward_fns: Sequence[tuple[str, RewardFn, float]],
+    conversations: list | None = None,
+) -> Scores:
+    """Score ``N`` completions with weighted reward functions ``(name, fn, weight)`` (``conversations``: see
+    :func:`_call_safely`)."""
     total = torch.zeros(len(completions))
     components: dict[str, torch.Tensor] = {}
     errors = 0
@@ -296,7 +306,7 @@ def score(completions: list[str], records: list[dict], reward_fns: Sequence[tupl
         pop = getattr(fn, "pop_counts", None)
         if callable(pop):
             pop()  # counted outside a score (an evaluation's): not this call's
-        values, err = _call_safely(fn, completions, records)
+        values, err = _call_safely(fn, completions, records, conversations)
         components[name] = torch.tensor(values, dtype=torch.float32)
         total += weight * components[name]
         errors += err
@@ -339,9 +349,12 @@ class Rewarder:
         """Component names; the first plays the accuracy reward's part (``reward/accuracy``)."""
         return [name for name, _, _ in self.reward_fns] + (["overlong"] if self.overlong_buffer else [])
 
-    def __call__(self, completions: list[str], records: list[dict], lengths: torch.Tensor) -> Scores:
-        """Scores of ``N`` completions of ``lengths`` ``[N]`` tokens."""
-        scores = score(completions, records, self.reward_fns)
+    def __call__(
+        self, completions: list[str], records: list[dict], lengths: torch.Tensor, conversations: list | None = None
+    ) -> Scores:
+        """Scores of ``N`` completions of ``lengths`` ``[N]`` tokens (``conversations``: episodes', see
+        :func:`_call_safely`)."""
+        scores = score(completions, records, self.reward_fns, conversations)
         if not self.overlong_buffer:
             return scores
         pen = overlong_penalty(lengths, self.max_new_tokens, self.overlong_buffer, self.overlong_penalty)

@@ -47,6 +47,15 @@ TASK_FIELDS = (
     "overlong_penalty",
     "mask_truncated",
     "top_entropy_quantile",
+    "task",
+    "env",
+    "tools",
+    "max_turns",
+    "max_episode_tokens",
+    "tool_timeout",
+    "tool_max_chars",
+    "stages",
+    "dialogue_context",
 )
 # The probe options that change the gradient a probe measures; a run's own values are the defaults.
 GRADIENT_FIELDS = ("overlong_buffer", "overlong_penalty", "mask_truncated", "top_entropy_quantile")
@@ -164,6 +173,11 @@ def probe_records(cfg: TrainConfig, n: int) -> list[dict]:
     """The first ``n`` questions of the fixed probe set of ``cfg``'s arithmetic task (the 500 of [U-statistic, Sec. 5.1])."""
     from grpolab.data.arithmetic import ArithmeticSpec, probe_set
 
+    if cfg.multi_turn:
+        raise ConfigError(
+            "the gradient probes measure single-turn rollouts; this run played episodes of an environment "
+            "(grpolab multiturn measures those)"
+        )
     if cfg.data or cfg.eval_data:
         raise ConfigError("the probes measure the built-in arithmetic task; this run trained on JSONL data")
     return probe_set(n, ArithmeticSpec(cfg.max_operand, cfg.mul_max, tuple(cfg.categories)))

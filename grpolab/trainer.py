@@ -16,7 +16,6 @@ gathered per-rollout values, identically on every rank; rank 0 alone writes them
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from pathlib import Path
@@ -25,17 +24,19 @@ import torch
 
 from grpolab import distributed as dist_
 from grpolab.advantages import STD_EPS, batch_std, compute_advantages, estimator_for_scale, ragged_advantages
-from grpolab.collect import Collector, CollectSettings, StepRollouts
+from grpolab.collect import Collector, CollectSettings, StepRollouts, rollout_lengths
 from grpolab.config import TrainConfig
 from grpolab.data.records import question_of
 from grpolab.distributed import SINGLE, World
 from grpolab.engine import RolloutEngine, build_engine
+from grpolab.env.credit import episode_credit, mc_values, turn_rewards
+from grpolab.env.episodes import EpisodeRunner
 from grpolab.group_budget import prompt_weights
 from grpolab.groups import common_size, offsets, varies
 from grpolab.probes.advantage_stats import advantage_stats
 from grpolab.probes.gram import score_gram, token_weights
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
-from grpolab.probes.token_credit import credit_aggregates, pick_rollouts, token_segments, token_spans
+from grpolab.probes.token_credit import credit_row, join_credit_rows, pick_rollouts, record_aggregates
 from grpolab.rewards import Rewarder
 from grpolab.rollout import select
 from grpolab.trainer_base import StepOutput, TrainerBase
@@ -43,7 +44,8 @@ from grpolab.utils import rng_untouched
 
 
 class GRPOTrainer(TrainerBase):
-    """The single-turn trainer: a step samples groups (``grpolab.collect``) and updates on them.
+    """The trainer: a step samples groups of rollouts, single-turn or episodes of an environment
+    (``grpolab.collect``, ``grpolab.env``), and updates on them.
 
     ``engine``: the rollout engine (default: the one ``cfg.rollout_engine`` names, ``grpolab.engine.build_engine``).
     """
@@ -65,6 +67,8 @@ class GRPOTrainer(TrainerBase):
             mode = "compiled" if cfg.vllm_compile else "eager"
             log(f"rollout engine: {cfg.rollout_engine} ({mode}), started in {time.perf_counter() - t0:.0f} s")
         self.reward = Rewarder(self.reward_fns, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
+        # single-turn rollouts, or episodes of the run's environment; evaluation plays them too
+        self.runner = self.env.runner(self.engine, policy) if self.env else EpisodeRunner(self.engine, policy)
         self.collector = Collector(
             self.engine,
             self.sampler,
@@ -73,27 +77,37 @@ class GRPOTrainer(TrainerBase):
             CollectSettings.from_config(cfg),
             world,
             status=lambda text: self.status(text),  # self.status is re-pointed by the run
+            runner=self.runner,
         )
 
     # ------------------------------------------------------------------ one step
     def step(self, step: int) -> StepOutput:
         t_step = time.perf_counter()
-        # 1-2. rollouts and their rewards; --sampling decides how many of which prompts (grpolab.group_budget)
+        # 1-2. rollouts (episodes) and their rewards; --sampling decides how many of which prompts
         roll = self.collector.collect(step)
         t_score = time.perf_counter()
-        # 3. advantages: one scalar per rollout [Foundations, Thm 3.1]; groups are whole on this rank
-        adv = self._advantages(roll)  # [n]
+        # 3. advantages: one scalar per rollout [Foundations, Thm 3.1], or per turn of an episode (--advantage);
+        # groups are whole on this rank
+        adv, token_adv = self._advantages(roll, step)  # [n], [m, T] (episodes) or None
         records = self._records(roll, adv)
-        probe = self._probe(step, roll, adv)  # on the policy that sampled
+        probe = self._probe(step, roll, adv, token_adv)  # on the policy that sampled
         # 4. loss and update (--log-token-credit: the update keeps the watched rows' per-token values)
-        self.status(f"step {step}: update ({self.cfg.mu} x {roll.groups.rows.n} rollouts)")
         rows = roll.groups.rows
+        self.status(f"step {step}: update ({self.cfg.mu} x {rows.n} rollouts)")
         watch = pick_rollouts(adv, roll.groups.sizes, self.cfg.log_token_credit) if self.cfg.log_token_credit else None
         credit, credit_metrics = None, {}
         if roll.rewards:
-            update = self._update(rows.batch, self._prompt_weighted(roll, adv), rows.entropy, rows.logprobs, watch)
+            update = self._update(
+                rows.batch,
+                self._prompt_weighted(roll, adv if token_adv is None else token_adv),
+                rows.entropy,
+                rows.logprobs,
+                None if watch is None else rows.rows_of(watch),
+                action=rows.action,
+                cut=self._cut_rows(rows),
+            )
             if watch is not None:  # what the update did to each watched token's log-prob
-                credit, credit_metrics = self._token_credit(roll, adv)
+                credit, credit_metrics = self._token_credit(roll, adv, watch)
         else:  # no group entered the update (--sampling filter, every round all-equal)
             update = self.updater.skip()
         t_sync = time.perf_counter()
@@ -108,6 +122,8 @@ class GRPOTrainer(TrainerBase):
             "time/sync_s": t_end - t_sync,
             "time/step_s": t_end - t_step,
         }
+        if self.runner.multi_turn:
+            times["time/env_s"] = self.runner.pop_env_time()
         metrics = {**step_metrics(roll, self.rollouts_total, update, probe, times), **credit_metrics}
         return StepOutput(
             metrics,
@@ -116,11 +132,21 @@ class GRPOTrainer(TrainerBase):
             credit,
         )
 
-    def _advantages(self, roll: StepRollouts) -> torch.Tensor:
-        """``[n]`` this rank's advantages, group by group, under --estimator and --scale-rewards."""
+    def close(self) -> None:
+        """Stop what the run started (the tool worker)."""
+        if self.env is not None:
+            self.env.close()
+
+    def _advantages(self, roll: StepRollouts, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[n]`` this rank's advantages, group by group, under --estimator and --scale-rewards; for episodes also
+        ``[m, T]`` each policy token's, its turn's under --advantage (``[n]`` then holds each rollout's first
+        turn's)."""
         cfg, groups = self.cfg, roll.groups
         rewards = groups.rows.scores.total.to(self.device)  # [n]
         estimator = estimator_for_scale(cfg.estimator, cfg.scale_rewards)  # --scale-rewards batch|none: from grpo
+        self._turn_adv = None
+        if groups.rows.episodes is not None:
+            return self._episode_advantages(roll, estimator, step)
         G = common_size(groups.sizes)
         if not groups.sizes:
             adv = torch.zeros(0, device=self.device)
@@ -129,12 +155,45 @@ class GRPOTrainer(TrainerBase):
         else:
             adv = ragged_advantages(list(rewards.split(groups.sizes)), estimator)  # [n]
         if cfg.scale_rewards == "batch" and roll.rewards:  # the std of every reward in the update, all ranks
-            adv = adv / (batch_std(torch.tensor([r for g in roll.rewards for r in g])).to(adv.device) + STD_EPS)
-        return adv
+            adv = adv / (self._batch_std(roll) + STD_EPS)
+        return adv, None
+
+    def _batch_std(self, roll: StepRollouts) -> torch.Tensor:
+        return batch_std(torch.tensor([r for g in roll.rewards for r in g])).to(self.device)
+
+    def _episode_advantages(self, roll: StepRollouts, estimator: str, step: int):
+        """Episodes: each turn's advantage under --advantage (rtg-mc: with values from branched continuations)."""
+        cfg, groups = self.cfg, roll.groups
+        values = None
+        if cfg.advantage == "rtg-mc" and groups.sizes:
+            values = mc_values(
+                self.runner,
+                groups.rows,
+                groups.sizes,
+                cfg.branches,
+                self.collector.settings.sampling,
+                lambda eps: self.collector.final_scores(eps).total,
+                status=self.status,
+            )
+        credit = episode_credit(groups.rows, groups.sizes, estimator, cfg.advantage, values)
+        self._turn_adv = credit.turns  # for rollouts.jsonl
+        first, token = credit.first.to(self.device), credit.token
+        if cfg.scale_rewards == "batch" and roll.rewards:
+            scale = self._batch_std(roll) + STD_EPS
+            first, token = first / scale, (None if token is None else token / scale.cpu())
+        return first, (None if token is None else token.to(self.device))
+
+    def _cut_rows(self, rows) -> torch.Tensor | None:
+        """``[m]`` (episodes) whether each token row's episode was cut by a limit (--mask-truncated drops them)."""
+        if rows.episodes is None:
+            return None
+        cut = [e.cut for e, k in zip(rows.episodes, rows.counts) for _ in range(k)]
+        return torch.tensor(cut or [False] * (rows.batch.completion_ids.shape[0] if rows.batch is not None else 0))
 
     def _prompt_weighted(self, roll: StepRollouts, adv: torch.Tensor) -> torch.Tensor:
-        """The advantages the loss uses: with groups of different sizes (--sampling adaptive) each prompt still
-        weighs 1/B in the step's mean (``grpolab.group_budget.prompt_weights``); otherwise ``adv`` itself."""
+        """The advantages the loss uses (``[n]``, or ``[m, T]`` for episodes' token rows): with groups of different
+        sizes (--sampling adaptive) each prompt still weighs 1/B in the step's mean
+        (``grpolab.group_budget.prompt_weights``); otherwise ``adv`` itself."""
         sizes = [len(r) for r in roll.rewards]  # group sizes of the whole update (all ranks), in its order
         if not sizes or common_size(sizes) is not None:
             return adv
@@ -142,13 +201,17 @@ class GRPOTrainer(TrainerBase):
         factor = prompt_weights(sizes)
         groups = roll.groups
         w = torch.cat([torch.full((n,), factor[position[b]]) for b, n in zip(groups.prompt, groups.sizes)])
+        if adv.dim() == 2:  # token rows: each row takes its rollout's weight
+            w = torch.repeat_interleave(w, torch.tensor(groups.rows.counts))[:, None]
         return adv * w.to(adv.device, adv.dtype)
 
     def _records(self, roll: StepRollouts, adv: torch.Tensor) -> dict:
         """The step's samples (first completion of the first --log-samples prompts) and, with --log-rollouts, every
-        rollout of the update's groups, in prompt order, on every rank."""
+        rollout of the update's groups, in prompt order, on every rank. An episode's also show its conversation,
+        its turns' rewards and, with --log-rollouts, their advantages."""
         cfg, groups = self.cfg, roll.groups
-        batch, scores, texts = groups.rows.batch, groups.rows.scores, groups.rows.texts
+        rows = groups.rows
+        tokens = rollout_lengths(rows)
         position = roll.positions
         starts = offsets(groups.sizes)
         local = {"samples": [], "rollouts": []}
@@ -157,59 +220,60 @@ class GRPOTrainer(TrainerBase):
             if position[b] < cfg.log_samples:
                 sample = {
                     "question": question_of(rec),
-                    "completion": texts[first],
-                    "reward": scores.total[first].item(),
+                    "completion": rows.texts[first],
+                    "reward": rows.scores.total[first].item(),
+                    **_episode_fields(rows, first),
                 }
                 local["samples"].append((position[b], sample))
             if cfg.log_rollouts:
                 local["rollouts"] += [
-                    (position[b], _rollout_record(b, g, rec, texts, batch, scores, adv, first + g))
+                    (position[b], _rollout_record(b, g, rec, rows, tokens, adv, first + g, self._turn_adv))
                     for g in range(groups.sizes[k])
                 ]
         parts = dist_.gather(local, self.world)
         return {k: [x for _, x in sorted((x for p in parts for x in p[k]), key=lambda x: x[0])] for k in local}
 
-    def _token_credit(self, roll: StepRollouts, adv: torch.Tensor) -> tuple[list[dict], dict]:
-        """After the update: the watched rows' log-probs under the new weights (one forward, on every rank: FSDP's
-        forwards are collectives), their records token by token and the ``credit/*`` aggregates (rank 0's rows)."""
+    def _token_credit(self, roll: StepRollouts, adv: torch.Tensor, watch: list[int]) -> tuple[list[dict], dict]:
+        """After the update: the watched rollouts' log-probs under the new weights (one forward over their token rows,
+        on every rank: FSDP's forwards are collectives), their records token by token and the ``credit/*``
+        aggregates (rank 0's rollouts). An episode's record runs through its rows, the environment's tokens as
+        context with no values."""
         t0 = time.perf_counter()
-        watched, batch = self.updater.watched, roll.groups.rows.batch
+        watched, rows = self.updater.watched, roll.groups.rows
         with torch.no_grad(), rng_untouched(self.device):
-            sub = select(batch, torch.tensor(watched.rows or [0], dtype=torch.long, device=self.device))
+            sub = select(rows.batch, torch.tensor(watched.rows or [0], dtype=torch.long, device=self.device))
             after = self.train_module.logprobs(sub).to(torch.float64)  # [K, T']
         if not self.world.is_main or not watched.rows:
             return [], {}
         groups, starts = roll.groups, offsets(roll.groups.sizes)
         group_of = {starts[k] + g: (k, g) for k in range(len(groups.sizes)) for g in range(groups.sizes[k])}
+        slot = watched.slot
         out = []
-        for k, r in enumerate(watched.rows):
-            gk, g = group_of[r]
+        for i in watch:
+            gk, g = group_of[i]
             head = {
                 "prompt": groups.prompt[gk],
                 "rollout": g,
                 "question": question_of(groups.records[gk]),
-                "reward": groups.rows.scores.total[r].item(),
-                "advantage": adv[r].item(),
+                "reward": rows.scores.total[i].item(),
+                "advantage": adv[i].item(),
             }
-            out.append({**head, **_credit_tokens(self.policy.tokenizer, groups.rows, r, k, watched, after)})
-
-        def recorded(t: torch.Tensor) -> torch.Tensor:  # [K, T] -> [M]: the recorded tokens, rollout after rollout
-            return torch.cat([t[k, : len(o["ids"])].cpu() for k, o in enumerate(out)])
-
-        before = recorded(watched.logp)
-        segments = [s for o in out for s in o["segment"]]
-        metrics = credit_aggregates(recorded(after) - before, recorded(watched.adv), segments, before)
-        metrics = {f"credit/{k}": v for k, v in metrics.items()}
+            parts = [
+                credit_row(self.policy.tokenizer, rows, r, slot[r], watched, after, context_prompt=j > 0)
+                for j, r in enumerate(rows.rows_of([i]))
+            ]
+            out.append({**head, **join_credit_rows(parts)})
+        metrics = {f"credit/{k}": v for k, v in record_aggregates(out).items()}
         metrics["credit/rollouts"] = len(out)
         metrics["time/credit_s"] = time.perf_counter() - t0
         return out, metrics
 
-    def _probe(self, step: int, roll: StepRollouts, adv: torch.Tensor) -> dict:
+    def _probe(self, step: int, roll: StepRollouts, adv: torch.Tensor, token_adv: torch.Tensor | None) -> dict:
         """Advantage statistics every step; the gradient spectrum every ``probe_every`` steps.
 
-        ``roll.rewards``: every group of the update (all ranks, in order); ``roll.groups``, adv ``[n]``:
-        this rank's. The spectrum is measured on the first ``probe_groups`` groups with reward
-        variance of the whole step, each by the rank that holds it.
+        ``roll.rewards``: every group of the update (all ranks, in order); ``roll.groups``, adv ``[n]``
+        (``token_adv`` ``[m, T]`` for episodes): this rank's. The spectrum is measured on the first ``probe_groups``
+        groups with reward variance of the whole step, each by the rank that holds it.
         """
         cfg, rewards = self.cfg, roll.rewards
         out = {}
@@ -218,7 +282,7 @@ class GRPOTrainer(TrainerBase):
             out = {f"probe/adv_{k}": v for k, v in stats.items()}
         if cfg.probe_every and step % cfg.probe_every == 0:
             t0 = time.perf_counter()
-            spectra = dist_.gather_concat(self._spectra(roll, adv), self.world)
+            spectra = dist_.gather_concat(self._spectra(roll, adv, token_adv), self.world)
             metrics = [m for _, m in sorted(spectra, key=lambda x: x[0])]
             for key, name in (("effective_rank", "eff_rank"), ("top1_fraction", "top1_frac"), ("num_rank", "num_rank")):
                 out[f"probe/{name}"] = sum(m[key] for m in metrics) / len(metrics) if metrics else None
@@ -226,10 +290,11 @@ class GRPOTrainer(TrainerBase):
             out["time/probe_s"] = time.perf_counter() - t0
         return out
 
-    def _spectra(self, roll: StepRollouts, adv: torch.Tensor) -> list[tuple[int, dict]]:
+    def _spectra(self, roll: StepRollouts, adv: torch.Tensor, token_adv: torch.Tensor | None) -> list[tuple[int, dict]]:
         """(position in the update, spectrum metrics) of this rank's groups among the first ``probe_groups``
-        groups with reward variance of the whole step."""
-        cfg, groups, batch = self.cfg, roll.groups, roll.groups.rows.batch
+        groups with reward variance of the whole step. An episode's score vector sums its token rows', each token
+        weighted by its turn's advantage (the rows of G = diag(A) Psi^(1/2) generalised to per-turn credit)."""
+        cfg, groups, rows = self.cfg, roll.groups, roll.groups.rows
         live = [k for k, r in enumerate(roll.rewards) if varies(r)][: cfg.probe_groups]  # positions in the update
         position = roll.positions
         starts = offsets(groups.sizes)
@@ -238,50 +303,68 @@ class GRPOTrainer(TrainerBase):
             if position[b] not in live:
                 continue
             start, stop = starts[k], starts[k + 1]
-            sub = select(batch, torch.arange(start, stop, device=self.device))
-            weights = token_weights(sub.completion_mask, cfg.aggregation, cfg.max_new_tokens)
-            psi = score_gram(self.policy.model, sub, weights, temperature=cfg.temperature)
-            out.append((position[b], spectrum_metrics(singular_values_from_gram(psi, adv[start:stop].cpu()))))
+            idx = torch.tensor(rows.rows_of(list(range(start, stop))), device=self.device)
+            sub = select(rows.batch, idx)
+            weights = token_weights(
+                rows.loss_tokens[idx, : sub.completion_ids.shape[1]], cfg.aggregation, self._max_len
+            )
+            if token_adv is None:
+                psi, a = score_gram(self.policy.model, sub, weights, temperature=cfg.temperature), adv[start:stop].cpu()
+            else:  # per-turn credit folded into the weights; rows summed into their episode
+                weights = weights * token_adv[idx, : weights.shape[1]].to(weights)
+                psi = _rows_to_rollouts(
+                    score_gram(self.policy.model, sub, weights, temperature=cfg.temperature), rows.counts[start:stop]
+                )
+                a = torch.ones(stop - start, dtype=torch.float64)
+            out.append((position[b], spectrum_metrics(singular_values_from_gram(psi, a))))
         return out
+
+    @property
+    def _max_len(self) -> int:
+        """The constant length of Dr. GRPO's normaliser: --max-new-tokens, or an episode's token bound."""
+        return self.cfg.max_policy_tokens
+
+
+def _rows_to_rollouts(psi: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """The Gram matrix of rollouts ``[n, n]`` from that of their token rows ``[m, m]`` (rollout i's score vector is
+    the sum of its ``counts[i]`` rows'): S psi S^T."""
+    S = torch.zeros(len(counts), psi.shape[0], dtype=psi.dtype)
+    start = offsets(counts)
+    for i in range(len(counts)):
+        S[i, start[i] : start[i + 1]] = 1.0
+    return S @ psi @ S.T
 
 
 # ---------------------------------------------------------------------- the books
-def _rollout_record(b, g, rec, texts, batch, scores, adv, row: int) -> dict:
-    """One line of rollouts.jsonl."""
-    return {
+def _rollout_record(b, g, rec, rows, tokens: list[int], adv, i: int, turn_adv=None) -> dict:
+    """One line of rollouts.jsonl (rollout ``i`` of ``rows``)."""
+    out = {
         "prompt": b,
         "rollout": g,
         "question": question_of(rec),
-        "completion": texts[row],
-        "tokens": int(batch.completion_mask[row].sum()),
-        "reward": scores.total[row].item(),
-        "advantage": adv[row].item(),
+        "completion": rows.texts[i],
+        "tokens": int(tokens[i]),
+        "reward": rows.scores.total[i].item(),
+        "advantage": adv[i].item(),
     }
+    if rows.episodes is not None:
+        out.update(_episode_fields(rows, i))
+        if turn_adv is not None:
+            out["turn_advantages"] = [float(a) for a in turn_adv[i]]
+    return out
 
 
-def _credit_tokens(tokenizer, rows, r: int, k: int, watched, after: torch.Tensor) -> dict:
-    """The per-token part of one token_credit.jsonl line: row ``r`` of ``rows``, the ``k``-th watched row
-    (``after`` ``[K, T']``: the log-probs after the update)."""
-    T = int(rows.batch.completion_mask[r].sum())  # completions are right-padded: tokens 0..T-1 are real
-    ids = rows.batch.completion_ids[r, :T].tolist()
-    spans = token_spans(lambda i: tokenizer.decode(i, skip_special_tokens=True), ids)  # as Policy.decode
-    before = watched.logp[k, :T].cpu()
-
-    def floats(t: torch.Tensor | None) -> list | None:  # JSON has no NaN: a value that is not a number is null
-        return None if t is None else [v if math.isfinite(v) else None for v in t.double().tolist()]
-
+def _episode_fields(rows, i: int) -> dict:
+    """What a record shows of episode ``i`` (nothing for a single-turn rollout): its conversation, its turns'
+    rewards, whether a limit cut it."""
+    if rows.episodes is None:
+        return {}
+    e = rows.episodes[i]
     return {
-        "completion": "".join(spans),
-        "tokens": spans,
-        "ids": ids,
-        "segment": token_segments(spans),
-        "dlogp": floats(after[k, :T].cpu() - before),
-        "logp": floats(before),
-        "logp_sampler": None if rows.logprobs is None else floats(rows.logprobs[r, :T]),
-        "entropy": None if rows.entropy is None else floats(rows.entropy[r, :T]),
-        "adv": floats(watched.adv[k, :T].cpu()),
-        "ratio": floats(watched.ratio[k, :T].cpu()),
-        "clipped": watched.clipped[k, :T].tolist(),
+        "conversation": e.messages,
+        "turn_rewards": turn_rewards(e),
+        "cut": e.cut,
+        **({"error": e.error} if e.error else {}),
     }
 
 
@@ -302,7 +385,7 @@ def step_metrics(roll: StepRollouts, rollouts_total: int, update: dict, probe: d
         "reward/group_std_mean": group_std.mean().item() if sizes else None,
         "reward/frac_zero_std": statistics.fmean(not varies(r) for r in roll.rewards) if sizes else None,
         "reward/accuracy": statistics.fmean(gen["accuracy"]),
-        "reward/format": statistics.fmean(gen["format"]),
+        **({"reward/format": statistics.fmean(gen["format"])} if "format" in gen else {}),
         "reward/errors": gen["errors"],
         **{f"reward/{k}": v for k, v in sorted(gen["counts"].items())},  # the code reward's outcomes
         **{k: statistics.fmean(v) for k, v in gen.items() if k.startswith("reward/")},  # each --reward-fn
@@ -321,5 +404,23 @@ def step_metrics(roll: StepRollouts, rollouts_total: int, update: dict, probe: d
         "completion/len_mean": lengths.mean().item(),
         "completion/len_max": lengths.max().item(),
         "completion/truncated_frac": statistics.fmean(map(float, gen["truncated"])),
+        **(env_metrics(gen) if "turns" in gen else {}),
         **times,
+    }
+
+
+def env_metrics(gen: dict) -> dict:
+    """``env/*`` (and ``reward/stage<h>``) of a step's episodes, from their per-episode lists (all ranks)."""
+    n = max(len(gen["turns"]), 1)
+    H = max(gen["turns"], default=0)
+    return {
+        "env/turns_mean": sum(gen["turns"]) / n,
+        "env/turns_max": H,
+        "env/truncated": sum(map(float, gen["truncated"])) / n,
+        "env/tool_calls": sum(gen["tool_calls"]),
+        "env/tool_call_frac": sum(c > 0 for c in gen["tool_calls"]) / n,
+        "env/tool_errors": sum(gen["tool_errors"]),
+        "env/tool_truncated": sum(gen["tool_truncated"]),
+        "env/errors": sum(gen["env_errors"]),
+        **{f"reward/stage{h + 1}": sum(r[h] for r in gen["turn_rewards"] if len(r) > h) / n for h in range(H)},
     }

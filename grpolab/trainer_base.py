@@ -1,6 +1,6 @@
-"""What the single-turn and the multi-turn trainer share: the policy, its reference, the optimizer,
-the update, evaluation and checkpoints. Each trainer (``grpolab.trainer``,
-``grpolab.multiturn.trainer``) adds its own ``step``; this module imports neither.
+"""What a trainer owns besides its step: the policy, its reference, the optimizer, the update, the data, rewards and
+environment, evaluation and checkpoints. ``grpolab.trainer.GRPOTrainer`` adds the step; this module does not import
+it.
 
 Set-up runs in named steps (policy, reference, optimizer and update, data); the update itself
 lives in ``grpolab.update``.
@@ -23,6 +23,7 @@ from grpolab.config import TrainConfig
 from grpolab.data.task import few_shot_examples, task_data
 from grpolab.devices import parse_dtype, resolve_device
 from grpolab.distributed import SINGLE, World
+from grpolab.env import environment
 from grpolab.evaluate import evaluate, format_accuracy
 from grpolab.policy import Policy, disable_dropout, enable_activation_checkpointing, load_policy, system_prompt_for
 from grpolab.rewards import check_columns, eval_reward, reward_functions
@@ -140,16 +141,23 @@ class TrainerBase:
         """The reward functions, the held-out set and the training sampler (and --few-shot examples)."""
         cfg, policy = self.cfg, self.policy
         self.reward_fns = reward_functions(
-            cfg.reward_fn, cfg.reward_weights, cfg.format_weight, chat=policy.chat, prompt_of=policy.shown_prompt
+            cfg.reward_fn,
+            cfg.reward_weights,
+            cfg.format_weight,
+            chat=policy.chat,
+            prompt_of=policy.shown_prompt,
+            episodes=cfg.multi_turn,
         )
         self.held_out, self.sampler = self._data()
+        # an environment task: its environment, with one episode opened on a held-out record to check it now
+        self.env = environment(cfg, policy, self.held_out[0] if self.held_out else None)
         self.eval_reward_name, self.eval_reward = eval_reward(cfg, policy.shown_prompt, policy.chat, self.reward_fns)
         if cfg.data:  # a reward that needs a column the data lacks: one line now, not a zero reward every step
             check_columns(self.reward_fns, self.sampler.records, f"--data {cfg.data}")
-        if cfg.data or cfg.eval_data:
+        if (cfg.data or cfg.eval_data) and self.eval_reward is not None:
             where = f"--eval-data {cfg.eval_data}" if cfg.eval_data else "the held-out records"
             check_columns([(self.eval_reward_name, self.eval_reward, 1.0)], self.held_out, where)
-        if any(runs_programs(fn) for _, fn, _ in [*self.reward_fns, (None, self.eval_reward, None)]):
+        if any(runs_programs(fn) for _, fn, _ in [*self.reward_fns, (None, self.eval_reward, None)] if fn is not None):
             self.log(code_reward.configure(cfg.code_reward_settings()).describe())  # refuses here if unsafe
         self.rollouts_total = 0  # rollouts generated since step 1 (restored on resume)
         if cfg.few_shot and self.sampler is not None:  # solved examples from the training split
@@ -165,18 +173,15 @@ class TrainerBase:
         entropy: torch.Tensor | None = None,
         sampler_logp: torch.Tensor | None = None,
         watch: list[int] | None = None,
+        action: torch.Tensor | None = None,
+        cut: torch.Tensor | None = None,
     ) -> dict:
         """mu optimizer steps on this rank's rows and advantages (``grpolab.update``); ``watch``: rows whose
-        per-token values the update keeps (``self.updater.watched``)."""
-        return self.updater(batch, adv, entropy, sampler_logp, watch)
+        per-token values the update keeps (``self.updater.watched``); ``action``, ``cut``: an episode's tokens and
+        rows (see :class:`grpolab.update.Updater`)."""
+        return self.updater(batch, adv, entropy, sampler_logp, watch, action, cut)
 
     # ------------------------------------------------------------------ evaluation
-    @property
-    def eval_engine(self):
-        """The rollout engine evaluations generate with: the run's vllm engine, or None (grpolab's sampler)."""
-        engine = getattr(self, "engine", None)
-        return engine if self.cfg.rollout_engine != "hf" else None
-
     def evaluate(self, step: int) -> tuple[dict, list[dict]]:
         t0 = time.perf_counter()
         cfg = self.cfg
@@ -191,7 +196,7 @@ class TrainerBase:
                 world=self.world,
                 progress=lambda done, total: self.status(f"eval at step {step}: {done}/{total} completions"),
                 score=self.eval_reward,
-                engine=self.eval_engine,
+                runner=self.runner,  # the run's rollout engine and environment (set by the trainer)
             )
         metrics["time/eval_s"] = time.perf_counter() - t0
         self.log(

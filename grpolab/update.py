@@ -57,6 +57,15 @@ class MicroBatchPlan(NamedTuple):
     passes as the busiest one (DDP and FSDP pair up their collectives pass by pass) and adds nothing."""
 
 
+def _rows_adv(adv: torch.Tensor, idx: torch.Tensor, T: int) -> torch.Tensor:
+    """The advantages of rows ``idx``: ``[k]`` of per-row ones, or ``[k, T]`` of per-token ones (cut or padded to
+    ``T`` columns, the width of the rows' selected batch)."""
+    if adv.dim() == 1:
+        return adv[idx]
+    a = adv[idx.to(adv.device)]
+    return a[:, :T] if a.shape[1] >= T else torch.nn.functional.pad(a, (0, T - a.shape[1]))
+
+
 def plan_micro_batches(rows: torch.Tensor, micro_batch: int, world: World) -> MicroBatchPlan:
     """``rows`` in passes of ``micro_batch``, padded to the most passes of any rank."""
     chunks = [rows[i : i + micro_batch] for i in range(0, rows.numel(), micro_batch)]
@@ -90,7 +99,7 @@ class _Inputs(NamedTuple):
     """What every pass of an update reads."""
 
     batch: Batch
-    adv: torch.Tensor  # [n]
+    adv: torch.Tensor  # [n], or [n, T] per token (episodes)
     loss_mask: torch.Tensor  # [n, T]
     entropy: torch.Tensor | None  # [n, T]
     threshold: torch.Tensor | None  # the entropy selection's threshold, or None
@@ -140,26 +149,33 @@ class Updater:
         entropy: torch.Tensor | None = None,
         sampler_logp: torch.Tensor | None = None,
         watch: list[int] | None = None,
+        action: torch.Tensor | None = None,
+        cut: torch.Tensor | None = None,
     ) -> dict:
         """mu optimizer steps on this rank's rows; with P ranks, the sum of their gradients.
 
-        batch, adv ``[n]``: this rank's n rows (rollouts; turns for the multi-turn trainer); n may be 0.
+        batch, adv: this rank's n token rows (rollouts, or an episode's sequences) and their advantages, ``[n]`` (one
+        per row) or ``[n, T]`` (per token: an episode's turns); n may be 0.
         ``entropy`` ``[n, T]``: the sampling policy's token entropies, for --top-entropy-quantile.
         ``sampler_logp`` ``[n, T]``: the rollout engine's log-prob of each sampled token: the mismatch with the
         trainer's is measured (``engine/*``) and, with --engine-correction, corrected.
         ``watch``: rows whose per-token values to keep in :attr:`watched` (every rank passes its own; under FSDP the
         extra forwards are collectives).
+        ``action`` ``[n, T]``: the policy's own tokens (episodes: the environment's carry no loss); default: every
+        completion token. ``cut`` ``[n]``: rows of episodes cut by a limit (--mask-truncated drops them); default:
+        rows without an end-of-sequence token.
         """
         cfg, world = self.cfg, self.world
         n = adv.shape[0]
-        loss_mask, carries = self._loss_mask(batch, n)  # [n, T], [n]
+        loss_mask, carries = self._loss_mask(batch, n, action, cut)  # [n, T], [n]
         N, num_tokens = dist_.all_sum([float(n), float(loss_mask.sum())], world)
         N = int(N)
         threshold = self._entropy_threshold(entropy, loss_mask, n)
         # With no KL term, a rollout whose advantage is exactly 0 contributes exactly 0
         # to the loss and its gradient (every term is ratio * 0), so it is not run at all; nor is a
         # rollout with no loss-carrying token. Normalisers stay those of the whole batch, so the gradient is unchanged.
-        live = carries if cfg.beta > 0 else carries & (adv != 0)
+        credited = adv != 0 if adv.dim() == 1 else ((adv != 0) & loss_mask[:, : adv.shape[1]].bool()).any(dim=1)
+        live = carries if cfg.beta > 0 else carries & credited
         plan = plan_micro_batches(live.nonzero().squeeze(1), cfg.micro_batch or N, world)
         old_logp, ref_logp = self._old_and_ref_logprobs(batch, plan)
         self.watched = None if watch is None else self._watch(watch, batch, adv, loss_mask, entropy, threshold, plan)
@@ -200,12 +216,20 @@ class Updater:
         }
 
     # ------------------------------------------------------------------ its steps
-    def _loss_mask(self, batch: Batch, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _loss_mask(
+        self, batch: Batch, n: int, action: torch.Tensor | None = None, cut: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``[n, T]`` the tokens that carry loss, and ``[n]`` whether a row has any.
 
-        --mask-truncated drops completions with no end-of-sequence token (DAPO), by the rule the probes use.
+        --mask-truncated drops completions with no end-of-sequence token (DAPO), by the rule the probes use, or the
+        rows of episodes a limit cut (``cut``). ``action``: the policy's own tokens of an episode's rows.
         """
         mask = batch.completion_mask[:n]  # a rank with no rows of its own holds one stand-in row (collect.Rows)
+        if action is not None:
+            loss_mask = action[:n].to(mask.device, mask.dtype)  # [n, T]
+            if self.cfg.mask_truncated and cut is not None:
+                loss_mask = loss_mask * (~cut[:n].to(mask.device))[:, None].to(mask.dtype)
+            return loss_mask, loss_mask.bool().any(dim=1)
         loss_mask = loss_token_mask(
             batch.completion_ids[:n], mask, self.eos_id, mask_truncated=self.cfg.mask_truncated
         ).to(mask.dtype)  # [n, T]
@@ -262,12 +286,13 @@ class Updater:
                     weights = correction if weights is None else weights * correction
                 if first:
                     self._count_mismatch(old, sampler, sub_mask, correction, sums)
+            adv = _rows_adv(x.adv, idx, sub_mask.shape[1])  # [n] or [n, T]
             if x.watched is not None and not padding:
-                self._keep_watched(x.watched, idx, logp.detach(), old, x.adv[idx], sub_mask, first)
+                self._keep_watched(x.watched, idx, logp.detach(), old, adv, sub_mask, first)
             loss, st = policy_loss(
                 logp,
                 old,
-                x.adv[idx],
+                adv,
                 sub_mask,
                 clip_low=cfg.clip_low,
                 clip_high=cfg.clip_high,
@@ -275,7 +300,7 @@ class Updater:
                 beta=cfg.beta,
                 kl=cfg.kl,
                 aggregation=cfg.aggregation,
-                max_len=cfg.max_new_tokens,
+                max_len=cfg.max_policy_tokens,
                 num_seqs=x.num_seqs,
                 num_tokens=x.num_tokens,
                 importance_sampling=cfg.importance_sampling,
@@ -303,7 +328,9 @@ class Updater:
         rows = list(rows)
         n, T = len(rows), loss_mask.shape[1]
         idx = torch.tensor(rows, dtype=torch.long, device=loss_mask.device)
-        tok_adv = adv[idx, None].to(torch.float64) * loss_mask[idx].to(torch.float64)  # [K, T]
+        a = _rows_adv(adv, idx, T)
+        a = a[:, None] if a.dim() == 1 else a  # [K, 1] or [K, T]
+        tok_adv = a.to(torch.float64) * loss_mask[idx].to(torch.float64)  # [K, T]
         if threshold is not None and n:
             ent = entropy[idx.cpu()].to(loss_mask.device)
             tok_adv = tok_adv * high_entropy_mask(ent, loss_mask[idx], threshold.to(ent.device)).to(torch.float64)
@@ -331,9 +358,8 @@ class Updater:
             if first:
                 w.logp[k, :T] = logp[j].to(torch.float64)
             ratio = importance_ratio(logp[j : j + 1], old[j : j + 1], m, cfg.importance_sampling)
-            _, taken = clipped_surrogate(
-                ratio, adv[j : j + 1, None].to(ratio.dtype), cfg.clip_low, cfg.clip_high, cfg.clip_delta or None
-            )
+            a = adv[j : j + 1, None] if adv.dim() == 1 else adv[j : j + 1]  # [1, 1] or [1, T]
+            _, taken = clipped_surrogate(ratio, a.to(ratio.dtype), cfg.clip_low, cfg.clip_high, cfg.clip_delta or None)
             on = m[0].bool()
             w.ratio[k, :T] = torch.where(on, ratio.expand_as(m)[0].to(torch.float64), math.nan)
             w.clipped[k, :T] = (taken.expand_as(m)[0] & on).cpu()

@@ -194,7 +194,6 @@ def test_a_single_reward_fn_in_toml_is_a_tuple_of_one(tmp_path):
 @pytest.mark.parametrize(
     "changes, flag, words",
     [
-        (dict(task="arith-multiturn"), "--rollout-engine", "single-turn"),
         (dict(top_entropy_quantile=0.2), "--top-entropy-quantile", "entropies"),
         (dict(temperature=2.5), "--temperature", "up to 2"),
         (dict(vllm_memory=0.0), "--vllm-memory", "(0, 1]"),

@@ -142,7 +142,6 @@ def test_ragged_advantage_stats_pool_each_groups_own_theory():
         (dict(sampling="filter", estimator="vanilla"), "sampling"),
         (dict(sampling="adaptive", max_group_size=4), "max_group_size"),
         (dict(max_sampling_rounds=0), "max_sampling_rounds"),
-        (dict(sampling="filter", task="arith-multiturn"), "sampling"),
     ],
 )
 def test_invalid_sampling_configs_name_the_field(over, field):

@@ -11,8 +11,8 @@ import torch
 from cli_helpers import run_cli
 
 from grpolab.multiturn.chain import STAGE_ADVANTAGES, Chain, conditional_bias, exact_bias, monte_carlo_bias
-from grpolab.multiturn.dialogue import DialogueSpec, make_dialogues, question, rows_batch, stage_advantages
-from grpolab.rollout import Batch
+from grpolab.advantages import turn_advantages
+from grpolab.env.arith import DialogueSpec, make_dialogues, question
 
 
 def _run_cli(args, cwd, timeout=300):  # these CLI runs train or sample: allow longer
@@ -112,21 +112,21 @@ def test_chain_rejects_bad_parameters():
 # ---------------------------------------------------------------- per-stage advantages and the dialogue
 
 
-def test_stage_advantages_by_hand():
-    r = torch.tensor([[[1.0, 0.0, 1.0], [0.0, 0.0, 0.0]]], dtype=torch.float64)  # [B=1, G=2, H=3]
-    # totals 2 and 0, group mean 1
-    assert torch.equal(stage_advantages(r, "grpo"), torch.tensor([[[1.0, 1, 1], [-1, -1, -1]]], dtype=torch.float64))
-    assert torch.equal(
-        stage_advantages(r, "rtg-group"), torch.tensor([[[1.0, 0, 0], [-1, -1, -1]]], dtype=torch.float64)
-    )
+def test_turn_advantages_by_hand():
+    r = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 0.0]], dtype=torch.float64)  # [G=2, H=3]
+    turns = torch.tensor([3, 3])
+    # totals 2 and 0, group mean 1 [Foundations, Eq. 22]: the total minus the mean at every turn
+    assert torch.equal(turn_advantages(r, turns, "grpo"), torch.tensor([[1.0, 1, 1], [-1, -1, -1]]))
+    # reward-to-go (2, 1, 1) and (0, 0, 0) minus the group mean of totals
+    assert torch.equal(turn_advantages(r, turns, "grpo", "rtg-group"), torch.tensor([[1.0, 0, 0], [-1, -1, -1]]))
     v = torch.full_like(r, 0.5)
     assert torch.equal(
-        stage_advantages(r, "rtg-mc", v), torch.tensor([[[1.5, 0.5, 0.5], [-0.5, -0.5, -0.5]]], dtype=torch.float64)
+        turn_advantages(r, turns, "grpo", "rtg-mc", v), torch.tensor([[1.5, 0.5, 0.5], [-0.5, -0.5, -0.5]])
     )
     with pytest.raises(ValueError):
-        stage_advantages(r, "rtg-mc")
+        turn_advantages(r, turns, "grpo", "rtg-mc")
     with pytest.raises(ValueError):
-        stage_advantages(r, "nope")
+        turn_advantages(r, turns, "grpo", "nope")
 
 
 def test_dialogue_truths_follow_the_questions():
@@ -140,23 +140,6 @@ def test_dialogue_truths_follow_the_questions():
         # a wrong previous answer changes the next question, not the truth
         assert question(d, 1, "12345").startswith("12345")
     assert make_dialogues(3, 1, spec) == make_dialogues(3, 1, spec)
-
-
-def test_rows_batch_keeps_each_turn_as_sampled():
-    b1 = Batch(
-        torch.tensor([[0, 5, 6]]), torch.tensor([[0, 1, 1]]), torch.tensor([[7, 8, 2]]), torch.tensor([[1, 1, 1]])
-    )
-    b2 = Batch(
-        torch.tensor([[9, 9, 9, 9]]),
-        torch.tensor([[1, 1, 1, 1]]),
-        torch.tensor([[3, 2, 0, 0]]),
-        torch.tensor([[1, 1, 0, 0]]),
-    )
-    rows = rows_batch([b1, b2], pad_id=0)
-    assert rows.prompt_ids[0, rows.prompt_mask[0].bool()].tolist() == [5, 6]
-    assert rows.prompt_ids[1, rows.prompt_mask[1].bool()].tolist() == [9, 9, 9, 9]
-    assert rows.completion_ids[0, rows.completion_mask[0].bool()].tolist() == [7, 8, 2]
-    assert rows.completion_ids[1, rows.completion_mask[1].bool()].tolist() == [3, 2]
 
 
 # ---------------------------------------------------------------- commands and training
@@ -218,7 +201,7 @@ def test_arith_bias_measurement_smoke(tmp_path):
             env="arith",
             stages=2,
             group_size=2,
-            dialogues=2,
+            episodes=2,
             branches=2,
             bootstrap=20,
             max_new_tokens=24,
@@ -276,8 +259,10 @@ def test_multiturn_config_is_validated():
 
     with pytest.raises(ConfigError, match="--advantage"):
         TrainConfig(task="arith-multiturn", advantage="nope").validate()
-    with pytest.raises(ConfigError, match="--task"):
-        TrainConfig(task="arith-multiturn", beta=0.1).validate()
+    with pytest.raises(ConfigError, match="--stages"):
+        TrainConfig(task="arith-multiturn", stages=0).validate()
+    with pytest.raises(ConfigError, match="--advantage"):
+        TrainConfig(advantage="rtg-group").validate()  # a single-turn task has one turn
 
 
 def test_multiturn_lora_resume_continues_the_adapter(tmp_path):

@@ -145,8 +145,6 @@ def test_credit_aggregates_by_hand():
 def test_the_flag_is_validated():
     with pytest.raises(ConfigError, match="log_token_credit|log-token-credit"):
         TrainConfig(log_token_credit=-1).validate()
-    with pytest.raises(ConfigError, match="single-turn"):
-        TrainConfig(task="arith-multiturn", log_token_credit=2).validate()
 
 
 # ---------------------------------------------------------------- on the built-in model

@@ -103,8 +103,6 @@ def test_loss_token_mask_by_hand():
         (dict(clip_delta=1.1), "--clip-delta"),
         (dict(top_entropy_quantile=0.0), "--top-entropy-quantile"),
         (dict(overlong_buffer=48), "--overlong-buffer"),
-        (dict(task="arith-multiturn", mask_truncated=True), "--mask-truncated"),
-        (dict(task="arith-multiturn", scale_rewards="none"), "--scale-rewards"),
     ],
 )
 def test_invalid_variant_settings_are_refused(tmp_path, over, message):

@@ -11,7 +11,9 @@ Each row becomes a record (:mod:`grpolab.data.records`) under a format:
   (a list of ``{"role", "content"}`` messages); every other column is kept for the reward functions;
 - ``gsm8k`` and ``math``: presets that map ``question``/``answer`` (``#### n``) or
   ``problem``/``solution`` (``\\boxed{}``) to a prompt and a ``ground_truth``;
-- ``auto``: ``prompt`` when the rows have the prompt column, else the preset whose fields they have.
+- ``rows``: every row as it is, for an environment's ``reset`` (``--env``) to read;
+- ``auto``: ``prompt`` when the rows have the prompt column, else the preset whose fields they have (for an
+  environment task, else ``rows``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from grpolab.data.math_format import math_record
 from grpolab.data.records import is_chat, question_of
 
 FILE_FORMATS = {".json": "json", ".csv": "csv", ".parquet": "parquet"}  # read by `datasets`; .jsonl by line
-DATA_FORMATS = ("auto", "prompt", "gsm8k", "math")
+DATA_FORMATS = ("auto", "prompt", "gsm8k", "math", "rows")
 PRESET_FIELDS = {"gsm8k": ("question", "answer"), "math": ("problem", "solution")}
 
 
@@ -90,6 +92,8 @@ def load_records(path: str | Path, fmt: str = "auto", split: str = "", prompt_co
     columns = list(dict.fromkeys(k for _, row in rows for k in row))
     if fmt == "auto":
         fmt = detect_format(path, columns, prompt_column)
+    if fmt == "rows":
+        return [dict(row) for _, row in rows]
     if fmt == "prompt":
         if prompt_column not in columns:
             raise DataError(

@@ -13,6 +13,7 @@ The two helpers below are the one place that tells them apart.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 
@@ -23,7 +24,9 @@ def prompt_of(record: dict) -> str | list[dict]:
 
 def question_of(record: dict) -> str:
     """The prompt as one text, for logs, samples and the train/held-out overlap check: the string itself, or a
-    chat's messages as ``role: content`` lines."""
+    chat's messages as ``role: content`` lines; a row with neither (an environment's record) as its JSON."""
+    if "prompt" not in record and "question" not in record:
+        return json.dumps(record, sort_keys=True, default=str)
     prompt = prompt_of(record)
     if isinstance(prompt, str):
         return prompt

@@ -20,6 +20,13 @@ def task_data(cfg, log=print):
     warning), --eval-fraction holds out whole prompts, and built-in draws exclude the whole 500-question
     test set.
     """
+    if cfg.task == "arith-multiturn":  # the built-in dialogues (an environment's records)
+        from grpolab.env.arith import dialogue_task
+
+        held_out, sampler, _ = dialogue_task(
+            cfg.stages, cfg.max_operand, cfg.dialogue_context, cfg.eval_questions, cfg.seed
+        )
+        return held_out, sampler
     spec = ArithmeticSpec(cfg.max_operand, cfg.mul_max, tuple(cfg.categories))
     if not cfg.data:  # the built-in task, evaluated on its test set or on --eval-data
         held = _held_out_size(spec, 0 if cfg.eval_data else cfg.eval_questions)

@@ -1,4 +1,19 @@
-"""``grpolab multiturn``: GRPO's per-stage bias in multi-turn tasks, and what removes it [Foundations, Sec. 6]."""
+"""``grpolab multiturn``: GRPO's per-stage bias in multi-turn tasks, and what removes it [Foundations, Sec. 6].
+
+``chain`` is exact (dynamic programming, ``grpolab.multiturn.chain``). On a language model the bias is measured on
+the policy's own episodes, in any environment (``--env arith``, the built-in dialogue; ``--env FILE.py:Class``;
+``--tools``), played through the same episode runner as training (``grpolab.env.episodes``):
+
+1. R episodes of each of D records; their per-turn rewards (the reward functions' sum on the final conversation
+   counts as a reward of the last turn);
+2. the value of every visited state, twice, from two independent sets of K continuations branched from it
+   (:meth:`EpisodeRunner.branch`): the state before turn 1 is the record itself, the state before turn h the
+   episode's first h - 1 replies;
+3. per stage h, over the episodes that reached it: GRPO's bias given the history, past rewards ("leakage") plus
+   v(s_h) - v(s_1) ("value mismatch", Eq. 23), reward-to-go's (the mismatch alone) and rtg-mc's (v_a - v_b: 0 up
+   to noise); their root mean square over histories with each estimate's noise variance taken out of the squares,
+   and a 95% bootstrap interval over records.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +28,6 @@ import torch
 from grpolab import streams
 from grpolab.config import ConfigError
 from grpolab.multiturn.chain import STAGE_ADVANTAGES, Chain, exact_bias, monte_carlo_bias
-from grpolab.multiturn.dialogue import DialogueSpec, branch_values, make_dialogues, play
 from grpolab.utils import percentile_interval, set_threads
 
 MEASURE_DIALOGUE_SEED = 20_240_004  # dialogues of the bias measurement (not the held-out ones)
@@ -23,12 +37,25 @@ MEASURE_DIALOGUE_SEED = 20_240_004  # dialogues of the bias measurement (not the
 class MultiturnConfig:
     """Per-stage bias of GRPO's advantage (Eq. 22-23), split into past-reward leakage and value
     mismatch, next to reward-to-go with the group baseline (rtg-group) and reward-to-go minus a
-    Monte Carlo state value (rtg-mc)."""
+    Monte Carlo state value (rtg-mc): exactly on a chain, or measured on a policy's own episodes in an environment."""
 
     env: str = "chain"
-    """'chain' (tabular, exact by dynamic programming) or 'arith' (the dialogue on a language model)."""
+    """'chain' (tabular, exact by dynamic programming), 'arith' (the built-in arithmetic dialogue) or an
+    environment, 'path/to/file.py:Class' or 'module:Class' (its records from --data); empty with --tools or a
+    run's own environment (--policy RUN)."""
+    tools: tuple[str, ...] = ()
+    """Episodes of the --tools environment (these functions) on --data's prompts, as in training."""
+    policy: str = "builtin"
+    """The policy: 'builtin', a model directory or .gguf file, 'smollm2-135m-instruct', or a run directory (its
+    checkpoint at --step; its environment, data, prompt format and reward functions unless given here)."""
+    step: int | None = None
+    """With a run directory as --policy: the checkpoint to measure (0 = its start; default: the newest)."""
+    data: str = ""
+    """Records of --env/--tools episodes (a data file as --data takes); default: the run's held-out records."""
+    reward_fn: tuple[str, ...] = ()
+    """Reward functions on the final conversation, added to the last turn's reward (default: the run's)."""
     stages: int = 4
-    """H, the number of stages (turns)."""
+    """H: stages of the chain and the dialogue; for an environment, the most turns of an episode."""
     group_size: int = 8
     """R, rollouts per group."""
     q1: float = 0.8
@@ -37,20 +64,22 @@ class MultiturnConfig:
     """chain: success probability after a failure."""
     groups: int = 50_000
     """chain: Monte Carlo groups."""
-    model: str = "builtin"
-    """arith: the policy."""
     max_operand: int = 50
     """arith: largest operand of the dialogue's questions."""
-    dialogues: int = 16
-    """arith: dialogues measured (each with a group of R trajectories)."""
+    episodes: int = 16
+    """D: records measured (each with a group of R episodes)."""
     branches: int = 8
-    """Continuations branched from each visited state to estimate its value."""
-    max_new_tokens: int = 32
-    """arith: longest answer per turn."""
+    """K: continuations branched from each visited state (twice) to estimate its value."""
+    max_new_tokens: int | None = None
+    """Longest reply per turn (default: the run's, else training's, 48)."""
+    max_episode_tokens: int | None = None
+    """The most tokens an episode adds after its opening prompt (default: the run's, else 1024)."""
     temperature: float = 1.0
-    """arith: sampling temperature."""
+    """Sampling temperature."""
     context: str = "question"
-    """arith: what the policy sees at a turn: 'question' or the whole 'dialogue' (see grpolab/multiturn/dialogue.py)."""
+    """arith: what the policy sees at a turn: 'question' or the whole 'dialogue' (see grpolab/env/arith.py)."""
+    rollout_engine: str = "hf"
+    """What generates the episodes: 'hf' (grpolab's sampler) or 'vllm'."""
     bootstrap: int = 400
     """Bootstrap resamples for the 95% intervals."""
     out: str = "runs/multiturn"
@@ -63,8 +92,14 @@ class MultiturnConfig:
     """Torch intra-op threads."""
 
     def validate(self) -> None:
-        if self.env not in ("chain", "arith"):
-            raise ConfigError(f"--env must be 'chain' or 'arith', got {self.env!r}")
+        if not self.env and not self.tools and not _is_run(self.policy):
+            raise ConfigError(
+                "--env: give 'chain', 'arith', an environment FILE.py:Class, --tools, or a run as --policy"
+            )
+        if self.env and self.tools:
+            raise ConfigError("--env and --tools: give one")
+        if ":" not in self.env and self.env not in ("chain", "arith", ""):
+            raise ConfigError(f"--env must be 'chain', 'arith' or FILE.py:Class / module:Class, got {self.env!r}")
         if self.stages < 1:
             raise ConfigError(f"--stages must be >= 1, got {self.stages}")
         if self.group_size < 2:
@@ -73,8 +108,16 @@ class MultiturnConfig:
             raise ConfigError(f"--q0 and --q1 must lie in [0, 1], got {self.q0}, {self.q1}")
         if self.branches < 2:
             raise ConfigError(f"--branches must be >= 2 (the noise correction needs a variance), got {self.branches}")
+        if self.episodes < 1:
+            raise ConfigError(f"--episodes must be >= 1, got {self.episodes}")
         if self.context not in ("question", "dialogue"):
             raise ConfigError(f"--context must be 'question' or 'dialogue', got {self.context!r}")
+        if self.rollout_engine not in ("hf", "vllm"):
+            raise ConfigError(f"--rollout-engine must be 'hf' or 'vllm', got {self.rollout_engine!r}")
+
+
+def _is_run(spec: str) -> bool:
+    return (Path(spec) / "config.json").is_file()
 
 
 def run_chain(cfg: MultiturnConfig) -> list[dict]:
@@ -94,13 +137,15 @@ def _corrected_rms(b: torch.Tensor, noise: torch.Tensor, w: torch.Tensor | None 
     """RMS of per-history bias estimates ``b`` with their noise variances ``noise`` taken out of the squares
     (``w``: weights of the histories, e.g. bootstrap counts)."""
     w = torch.ones_like(b) if w is None else w
+    if float(w.sum()) == 0:
+        return 0.0
     return math.sqrt(max(float((w * (b * b - noise)).sum()) / float(w.sum()), 0.0))
 
 
 def _rms_stats(
     b: torch.Tensor, noise: torch.Tensor, cluster: torch.Tensor, boot: int, gen: torch.Generator
 ) -> tuple[float, float, float]:
-    """``_corrected_rms`` and its 95% bootstrap interval, resampling clusters (dialogues)."""
+    """``_corrected_rms`` and its 95% bootstrap interval, resampling clusters (records)."""
     ids = torch.unique(cluster)
     onehot = (cluster[None, :] == ids[:, None]).double()  # [C, n]
     vals = []
@@ -110,28 +155,86 @@ def _rms_stats(
     return (_corrected_rms(b, noise), *percentile_interval(vals))
 
 
-def run_arith(cfg: MultiturnConfig, log=print) -> list[dict]:
-    """Bias per stage on the dialogue, from branched Monte Carlo values of the visited states."""
-    from grpolab.policy import load_policy
+# ---------------------------------------------------------------------- a policy's episodes
+class _Task(NamedTuple):
+    """What episodes are measured: the runner (engine, policy, environment), the records, the reward functions'
+    sum on a list of episodes' final conversations, and the sampling settings."""
 
-    set_threads(cfg.threads)
-    spec = DialogueSpec(cfg.stages, max_operand=cfg.max_operand, context=cfg.context)
-    policy = load_policy(cfg.model)
+    runner: object
+    records: list[dict]
+    final_rewards: object
+    settings: object
+    close: object
+
+
+def _task(cfg: MultiturnConfig, log) -> _Task:
+    """The policy, its environment and the records to measure, as training would play them."""
+    from grpolab.env import environment
+    from grpolab.env.arith import make_dialogues
+    from grpolab.rewards import Rewarder, reward_functions
+    from grpolab.rollout import SamplingSettings
+    from grpolab.runs import load_task_policy, resolve_target, task_config
+
+    target = resolve_target(cfg.policy, cfg.step)
+    given = {"max_new_tokens": cfg.max_new_tokens, "max_episode_tokens": cfg.max_episode_tokens, "seed": cfg.seed}
+    given["temperature"] = cfg.temperature
+    if cfg.env == "arith":
+        given.update(task="arith-multiturn", env="", tools=(), stages=cfg.stages, dialogue_context=cfg.context)
+        given.update(max_operand=cfg.max_operand)
+    elif cfg.env or cfg.tools:
+        given.update(task="arith", env=cfg.env, tools=tuple(cfg.tools), max_turns=cfg.stages)
+    if cfg.data:
+        given.update(data=cfg.data, eval_data=cfg.data, eval_fraction=0.0)
+    if cfg.reward_fn:
+        given["reward_fn"] = tuple(cfg.reward_fn)
+    tcfg = task_config(target, **given)
+    if not tcfg.multi_turn:
+        raise ConfigError(f"--policy {cfg.policy}: its run trained single-turn; give --env or --tools")
+    policy = load_task_policy(target, tcfg)
     policy.model.eval()
-    dialogues = make_dialogues(cfg.dialogues, MEASURE_DIALOGUE_SEED + cfg.seed, spec)
-    with torch.no_grad():
-        rewards, values = _measure_dialogues(policy, dialogues, cfg, spec, log)
-    cluster = torch.arange(cfg.dialogues).repeat_interleave(cfg.group_size)  # [D*R] each rollout's dialogue
-    gen = torch.Generator().manual_seed(cfg.seed)
-    rows = []
-    for h in range(cfg.stages):
-        rows += _stage_rows(h, rewards, values, cluster, cfg.bootstrap, gen)
-    return rows
+    if tcfg.task == "arith-multiturn":
+        records = make_dialogues(cfg.episodes, MEASURE_DIALOGUE_SEED + cfg.seed, _spec(tcfg))
+    else:
+        from grpolab.data.task import task_data
+
+        records = task_data(dataclasses.replace(tcfg, eval_questions=max(cfg.episodes, 1)), log=lambda *a: None)[0]
+        records = records[: cfg.episodes]
+    env = environment(tcfg, policy, records[0])
+    engine = _engine(tcfg, cfg.rollout_engine, policy, log)
+    fns = reward_functions(tcfg.reward_fn, tcfg.reward_weights, 0.0, policy.shown_prompt, policy.chat, episodes=True)
+    reward = Rewarder(fns)
+
+    def final_rewards(episodes) -> list[float]:
+        if not fns:
+            return [0.0] * len(episodes)
+        convs = [(e.messages[: e.opening], e.messages[e.opening :]) for e in episodes]
+        lengths = torch.zeros(len(episodes), dtype=torch.long)
+        return reward([e.text for e in episodes], [e.record for e in episodes], lengths, convs).total.tolist()
+
+    settings = SamplingSettings(tcfg.max_new_tokens, tcfg.temperature, tcfg.top_p)
+    log(f"measuring {policy.source} on {env.name}: {len(records)} records x {cfg.group_size} episodes")
+    return _Task(env.runner(engine, policy), records, final_rewards, settings, env.close)
 
 
-class _BranchValues(NamedTuple):
-    """Two independent branched estimates (a, b) of v(s_h) for every rollout's visited state and
-    their noise variances: per stage h = 1 .. H (index 0: s_1), a ``[D*R]`` tensor each."""
+def _spec(tcfg):
+    from grpolab.env.arith import DialogueSpec
+
+    return DialogueSpec(tcfg.stages, max_operand=min(tcfg.max_operand, 50), context=tcfg.dialogue_context)
+
+
+def _engine(tcfg, kind: str, policy, log):
+    from grpolab.engine import HFEngine, build_engine
+
+    if kind == "hf":
+        return HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id)
+    engine = build_engine(dataclasses.replace(tcfg, rollout_engine=kind), policy)
+    log(f"rollout engine: {kind}")
+    return engine
+
+
+class _Values(NamedTuple):
+    """Two independent branched estimates (a, b) of v(s_h) for every episode's visited state and their noise
+    variances: per stage h = 1 .. H (index 0: s_1), a ``[N]`` tensor each (0 where the episode did not reach h)."""
 
     a: list[torch.Tensor]
     var_a: list[torch.Tensor]
@@ -139,38 +242,76 @@ class _BranchValues(NamedTuple):
     var_b: list[torch.Tensor]
 
 
-def _measure_dialogues(
-    policy, dialogues: list, cfg: MultiturnConfig, spec: DialogueSpec, log
-) -> tuple[torch.Tensor, _BranchValues]:
-    """R rollouts of each dialogue, their rewards ``[D*R, H]``, and the branched values of their states."""
-    D, R, K = cfg.dialogues, cfg.group_size, cfg.branches
-    kw = {"max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature}
-    rep = [d for d in dialogues for _ in range(R)]
-    turns = play(policy, rep, [None] * (D * R), 0, [(streams.DIALOGUE, cfg.seed, n) for n in range(D * R)], spec, **kw)
-    r = turns.rewards  # [D*R, H]
-    log(f"dialogue rollouts: per-stage accuracy {[round(float(x), 3) for x in r.mean(0)]}")
-    # v(s_1) of each dialogue, twice (independent sets), and v(s_h) of every visited state, twice
-    v1a, var1a = branch_values(policy, dialogues, [None] * D, 0, K, (cfg.seed, 0, 0), spec, **kw)
-    v1b, var1b = branch_values(policy, dialogues, [None] * D, 0, K, (cfg.seed, 0, 1), spec, **kw)
-    values = _BranchValues(
-        [v1a.repeat_interleave(R)],
-        [var1a.repeat_interleave(R)],
-        [v1b.repeat_interleave(R)],
-        [var1b.repeat_interleave(R)],
-    )
-    for h in range(1, cfg.stages):
-        a, av = branch_values(policy, rep, turns.answers[h - 1], h, K, (cfg.seed, h, 0), spec, **kw)
-        b, bv = branch_values(policy, rep, turns.answers[h - 1], h, K, (cfg.seed, h, 1), spec, **kw)
-        values.a.append(a), values.var_a.append(av), values.b.append(b), values.var_b.append(bv)
-        log(f"stage {h + 1}: values estimated ({D * R * K * 2} branches)")
-    return r, values
+def _turn_table(episodes, finals: list[float], H: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, H]`` per-turn rewards (the final reward on the last turn) and ``[N]`` turns."""
+    r = torch.zeros(len(episodes), H, dtype=torch.float64)
+    for i, (e, f) in enumerate(zip(episodes, finals)):
+        rewards = list(e.rewards) or [0.0]
+        rewards[-1] += f
+        r[i, : len(rewards)] = torch.tensor(rewards[:H], dtype=torch.float64)
+    return r, torch.tensor([e.turns for e in episodes])
+
+
+def _reward_to_go(branched, finals: list[float], h: int, K: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean ``[M]`` and variance of the mean ``[M]`` of the reward-to-go from turn h of K continuations each."""
+    g = torch.tensor([sum(e.rewards[h:]) + f for e, f in zip(branched, finals)], dtype=torch.float64).view(-1, K)
+    return g.mean(dim=1), g.var(dim=1, unbiased=True) / K
+
+
+def _measure_episodes(task: _Task, cfg: MultiturnConfig, log) -> tuple[torch.Tensor, torch.Tensor, _Values]:
+    """R episodes of each record, their rewards ``[N, H]``, turns ``[N]`` and the branched values of their states."""
+    D, R, K, H = len(task.records), cfg.group_size, cfg.branches, cfg.stages
+    rep = [rec for rec in task.records for _ in range(R)]
+    with torch.no_grad():
+        eps = task.runner.play(rep, [(streams.DIALOGUE, cfg.seed, n) for n in range(D * R)], task.settings)
+        rewards, turns = _turn_table(eps, task.final_rewards(eps), H)
+        log(f"episodes: mean reward per stage {[round(float(x), 3) for x in rewards.mean(0)]}")
+        values = _Values([], [], [], [])
+        for s in range(2):  # v(s_1) of each record: fresh episodes
+            keys = [(streams.BRANCH, cfg.seed, 0, s, d, k) for d in range(D) for k in range(K)]
+            fresh = task.runner.play([rec for rec in task.records for _ in range(K)], keys, task.settings)
+            v, var = _reward_to_go(fresh, task.final_rewards(fresh), 0, K)
+            (values.a if s == 0 else values.b).append(v.repeat_interleave(R))
+            (values.var_a if s == 0 else values.var_b).append(var.repeat_interleave(R))
+        for h in range(1, H):
+            alive = [i for i, e in enumerate(eps) if e.turns > h]
+            for s in range(2):
+                full, var_full = torch.zeros(D * R, dtype=torch.float64), torch.zeros(D * R, dtype=torch.float64)
+                if alive:
+                    keys = [(streams.BRANCH, cfg.seed, h, s, i, k) for i in alive for k in range(K)]
+                    branched = task.runner.branch([eps[i] for i in alive for _ in range(K)], h, keys, task.settings)
+                    v, var = _reward_to_go(branched, task.final_rewards(branched), h, K)
+                    full[alive], var_full[alive] = v, var
+                (values.a if s == 0 else values.b).append(full)
+                (values.var_a if s == 0 else values.var_b).append(var_full)
+            log(f"stage {h + 1}: {len(alive)} episodes reached it, values from {len(alive) * K * 2} branches")
+    return rewards, turns, values
+
+
+def run_episodes(cfg: MultiturnConfig, log=print) -> list[dict]:
+    """Bias per stage on a policy's episodes, from branched Monte Carlo values of the visited states."""
+    set_threads(cfg.threads)
+    task = _task(cfg, log)
+    try:
+        rewards, turns, values = _measure_episodes(task, cfg, log)
+    finally:
+        task.close()
+    cluster = torch.arange(len(task.records)).repeat_interleave(cfg.group_size)  # [N] each episode's record
+    gen = torch.Generator().manual_seed(cfg.seed)
+    rows = []
+    for h in range(cfg.stages):
+        alive = turns > h
+        if alive.any():
+            rows += _stage_rows(h, rewards, values, cluster, alive, cfg.bootstrap, gen)
+    return rows
 
 
 def _stage_rows(
-    h: int, r: torch.Tensor, v: _BranchValues, cluster: torch.Tensor, boot: int, gen: torch.Generator
+    h: int, r: torch.Tensor, v: _Values, cluster: torch.Tensor, alive: torch.Tensor, boot: int, gen: torch.Generator
 ) -> list[dict]:
-    """The records of stage h + 1 (0-based h), one per estimator; rewards r ``[D*R, H]``."""
-    past = r[:, :h].sum(dim=1)  # [D*R]
+    """The records of stage h + 1 (0-based h), one per estimator, over the episodes that reached it; rewards r
+    ``[N, H]``."""
+    past = r[:, :h].sum(dim=1)  # [N]
     if h == 0:  # s_1 is the initial state itself: leakage and mismatch are 0 by definition
         mis, mis_noise = torch.zeros_like(past), torch.zeros_like(past)
     else:  # the value mismatch v(s_h) - v(s_1): the noise of both estimates adds
@@ -182,20 +323,21 @@ def _stage_rows(
     }
     rows = []
     for est in STAGE_ADVANTAGES:
-        leak, m, noise = parts[est]
+        leak, m, noise = (t[alive] for t in parts[est])
         b = leak + m
-        rms, lo, hi = _rms_stats(b, noise, cluster, boot, gen)
+        rms, lo, hi = _rms_stats(b, noise, cluster[alive], boot, gen)
         rows.append(
             {
                 "stage": h + 1,
                 "estimator": est,
+                "episodes": int(alive.sum()),
                 "bias_mean": float(b.mean()),
                 "bias_rms": rms,
                 "ci_low": lo,
                 "ci_high": hi,
                 "leakage_rms": math.sqrt(float((leak * leak).mean())),
                 "mismatch_rms": _corrected_rms(m, noise),
-                "accuracy": float(r[:, h].mean()),
+                "reward": float(r[alive, h].mean()),
             }
         )
     return rows
@@ -205,14 +347,15 @@ def run_multiturn(cfg: MultiturnConfig, log=print) -> list[dict]:
     cfg.validate()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = run_chain(cfg) if cfg.env == "chain" else run_arith(cfg, log=log)
+    rows = run_chain(cfg) if cfg.env == "chain" else run_episodes(cfg, log=log)
     (out / "multiturn.json").write_text(json.dumps({"config": dataclasses.asdict(cfg), "records": rows}, indent=2))
     if cfg.json:
         Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.json).write_text(json.dumps(rows, indent=2))
     from grpolab.probes.plots import plot_multiturn
 
-    plot_multiturn(rows, out / "multiturn.png", title=f"{cfg.env}, H = {cfg.stages}, R = {cfg.group_size}")
+    where = cfg.env or ("tools" if cfg.tools else cfg.policy)
+    plot_multiturn(rows, out / "multiturn.png", title=f"{where}, H = {cfg.stages}, R = {cfg.group_size}")
     return rows
 
 
@@ -221,11 +364,12 @@ def format_multiturn(rows: list[dict]) -> str:
     head = f"{'stage':>5} {'estimator':<10} {'bias mean':>10} {'bias RMS [95% CI]':>28}" + (
         f" {'exact RMS':>10}" if exact else ""
     )
-    lines = [head + f" {'leakage RMS':>12} {'mismatch RMS':>13}"]
+    lines = [head + f" {'leakage RMS':>12} {'mismatch RMS':>13}" + ("" if exact else f" {'episodes':>9}")]
     for r in rows:
         line = f"{r['stage']:>5} {r['estimator']:<10} {r['bias_mean']:>10.4f} {r['bias_rms']:>10.4f} [{r['ci_low']:.4f}, {r['ci_high']:.4f}]"
         if exact:
             inside = r["ci_low"] <= r["bias_rms_exact"] <= r["ci_high"]
             line += f" {r['bias_rms_exact']:>10.4f}{'' if inside else ' (outside)'}"
-        lines.append(line + f" {r['leakage_rms']:>12.4f} {r['mismatch_rms']:>13.4f}")
+        line += f" {r['leakage_rms']:>12.4f} {r['mismatch_rms']:>13.4f}"
+        lines.append(line + ("" if exact else f" {r['episodes']:>9}"))
     return "\n".join(lines)

@@ -19,6 +19,8 @@ from grpolab.answers import answer_spans
 from grpolab.stats import mean_ci
 
 SEGMENTS = ("answer", "reasoning", "format")
+CONTEXT = "context"
+"""The segment of an episode's environment tokens: shown, never credited."""
 
 
 def pick_rollouts(adv: torch.Tensor, sizes: Sequence[int], k: int) -> list[int]:
@@ -110,7 +112,11 @@ LOW_P = 0.9
 
 
 def credit_aggregates(
-    dlogp: torch.Tensor, adv: torch.Tensor, segment: Sequence[str], logp: torch.Tensor | None = None
+    dlogp: torch.Tensor,
+    adv: torch.Tensor,
+    segment: Sequence[str],
+    logp: torch.Tensor | None = None,
+    turns: Sequence[int] | None = None,
 ) -> dict[str, float | None]:
     """The step's ``credit/*`` metrics from its recorded tokens, ``[M]`` each (every real completion token of the
     recorded rollouts): ``dlogp`` the change of each token's log-prob, ``adv`` the advantage the loss gave it (0 where
@@ -122,7 +128,8 @@ def credit_aggregates(
     - ``abs_mean``: mean |dlogp| per token; ``dlogp_pos``/``dlogp_neg``: mean dlogp over tokens with adv > 0 / < 0;
     - ``low_p_share``, ``low_p_token_frac`` (with ``logp``): the share of |dlogp| on, and the share of, the tokens the
       policy gave less than :data:`LOW_P` before the update. The gradient of log pi(o_t) with respect to its own
-      logit is 1 - pi(o_t), so a token the policy was sure of barely moves whatever its advantage.
+      logit is 1 - pi(o_t), so a token the policy was sure of barely moves whatever its advantage;
+    - ``turn{h}_share`` (with ``turns``, episodes): the share of |dlogp| on the replies of turn h (from 1).
     """
     dlogp, adv = dlogp.double(), adv.double()
     mag = dlogp.abs()
@@ -142,6 +149,10 @@ def credit_aggregates(
         low = logp.double() < math.log(LOW_P)
         out["low_p_share"] = float(mag[low].sum()) / total if total > 0 else None
         out["low_p_token_frac"] = float(low.double().mean()) if low.numel() else None
+    if turns is not None:
+        t = torch.tensor(list(turns))
+        for h in sorted(set(t.tolist())):
+            out[f"turn{h + 1}_share"] = float(mag[t == h].sum()) / total if total > 0 else None
     out["tokens"] = int(dlogp.numel())
     return out
 
@@ -161,25 +172,111 @@ SUMMARY_KEYS = (
 )
 
 
+def record_aggregates(records: Sequence[dict]) -> dict[str, float | None]:
+    """:func:`credit_aggregates` of token_credit.jsonl records (one step's), from their tokens: the policy's tokens
+    only (an episode's environment tokens are ``context``), with each turn's share of |dlogp| for episodes."""
+    keep = [(r, i) for r in records for i, seg in enumerate(r["segment"]) if seg != CONTEXT]
+
+    def cat(key: str) -> torch.Tensor:
+        return torch.tensor([math.nan if r[key][i] is None else r[key][i] for r, i in keep], dtype=torch.float64)
+
+    turns = [r["turn"][i] for r, i in keep] if all("turn" in r for r in records) and records else None
+    return credit_aggregates(cat("dlogp"), cat("adv"), [r["segment"][i] for r, i in keep], cat("logp"), turns)
+
+
 def step_aggregates(records: Sequence[dict]) -> list[dict]:
-    """:func:`credit_aggregates` of each step's records (token_credit.jsonl lines), recomputed from the tokens, in
-    step order: ``{"step": s, **aggregates}``."""
+    """:func:`record_aggregates` of each step's records (token_credit.jsonl lines), in step order:
+    ``{"step": s, **aggregates}``."""
     by_step: dict[int, list[dict]] = {}
     for r in records:
         by_step.setdefault(r["step"], []).append(r)
+    return [{"step": s, **record_aggregates(recs)} for s, recs in sorted(by_step.items())]
 
-    def cat(recs: list[dict], key: str) -> torch.Tensor:
-        return torch.tensor([math.nan if v is None else v for r in recs for v in r[key]], dtype=torch.float64)
 
-    return [
-        {
-            "step": s,
-            **credit_aggregates(
-                cat(recs, "dlogp"), cat(recs, "adv"), [x for r in recs for x in r["segment"]], cat(recs, "logp")
-            ),
-        }
-        for s, recs in sorted(by_step.items())
-    ]
+# ---------------------------------------------------------------------- a recorded rollout, token by token
+def _floats(t: torch.Tensor | None, on: torch.Tensor | None = None) -> list | None:
+    """JSON has no NaN: a value that is not a number (or not the policy's, ``on`` False) is null."""
+    if t is None:
+        return None
+    values = t.double().tolist()
+    keep = [True] * len(values) if on is None else on.tolist()
+    return [v if k and math.isfinite(v) else None for v, k in zip(values, keep)]
+
+
+def _turn_segments(spans: list[str], turns: list[int]) -> list[str]:
+    """Each token's segment: :func:`token_segments` of each turn's reply on its own; ``context`` off the policy's
+    tokens."""
+    out = [CONTEXT] * len(spans)
+    i = 0
+    while i < len(spans):
+        if turns[i] < 0:
+            i += 1
+            continue
+        j = i
+        while j < len(spans) and turns[j] == turns[i]:
+            j += 1
+        out[i:j] = token_segments(spans[i:j])
+        i = j
+    return out
+
+
+def credit_row(tokenizer, rows, r: int, k: int, watched, after: torch.Tensor, context_prompt: bool = False) -> dict:
+    """The per-token part of a token_credit.jsonl line for token row ``r`` of ``rows`` (a
+    :class:`grpolab.collect.Rows`), the ``k``-th row the update watched (``watched``: its
+    :class:`grpolab.update.WatchedTokens`; ``after`` ``[K, T']``: the log-probs after the update). An episode's
+    environment tokens are context: segment ``context``, no values. ``context_prompt``: the row's prompt goes first,
+    as context (an episode's later turn that starts a sequence of its own)."""
+    T = int(rows.batch.completion_mask[r].sum())  # completions are right-padded: tokens 0..T-1 are real
+    ids = rows.batch.completion_ids[r, :T].tolist()
+    episode = rows.action is not None
+    on = rows.action[r, :T].bool().cpu() if episode else None
+    turns = rows.turn[r, :T].tolist() if episode else [0] * T
+    spans = token_spans(lambda i: tokenizer.decode(i, skip_special_tokens=True), ids)  # as Policy.decode
+    before = watched.logp[k, :T].cpu()
+    out = {
+        "completion": "".join(spans),
+        "tokens": spans,
+        "ids": ids,
+        "segment": _turn_segments(spans, turns) if episode else token_segments(spans),
+        "dlogp": _floats(after[k, :T].cpu() - before, on),
+        "logp": _floats(before, on),
+        "logp_sampler": None if rows.logprobs is None else _floats(rows.logprobs[r, :T], on),
+        "entropy": None if rows.entropy is None else _floats(rows.entropy[r, :T], on),
+        "adv": _floats(watched.adv[k, :T].cpu(), on),
+        "ratio": _floats(watched.ratio[k, :T].cpu(), on),
+        "clipped": watched.clipped[k, :T].tolist(),
+    }
+    if episode:
+        out["turn"] = [t if o else -1 for t, o in zip(turns, on.tolist())]
+    if context_prompt:
+        out = join_credit_rows([_context_tokens(tokenizer, rows.batch, r, out), out])
+    return out
+
+
+def _context_tokens(tokenizer, batch, r: int, like: dict) -> dict:
+    """Row ``r``'s prompt as a record part of context tokens (the keys of ``like``)."""
+    ids = batch.prompt_ids[r][batch.prompt_mask[r].bool()].tolist()
+    spans = token_spans(lambda i: tokenizer.decode(i, skip_special_tokens=True), ids)
+    n = len(ids)
+    none = [None] * n
+    part = {"completion": "".join(spans), "tokens": spans, "ids": ids, "segment": [CONTEXT] * n, "clipped": [False] * n}
+    for key in ("dlogp", "logp", "logp_sampler", "entropy", "adv", "ratio"):
+        part[key] = None if like[key] is None else list(none)
+    if "turn" in like:
+        part["turn"] = [-1] * n
+    return part
+
+
+def join_credit_rows(parts: list[dict]) -> dict:
+    """One record of several (an episode's token rows, in order): texts joined, per-token lists concatenated."""
+    if len(parts) == 1:
+        return parts[0]
+    out = {"completion": "".join(p["completion"] for p in parts)}
+    for key in parts[0]:
+        if key == "completion":
+            continue
+        out[key] = None if any(p[key] is None for p in parts) else [v for p in parts for v in p[key]]
+    return out
 
 
 def summarise_credit(per_step: Sequence[dict], parts: int = 4) -> list[dict]:

@@ -1,0 +1,74 @@
+"""Environments: multi-turn episodes, tools, and the built-in dialogue.
+
+- ``protocol``: what an environment is (``reset``/``step``), loading ``--env`` and the checks on what it returns;
+- ``render``: chat messages -> the token ids of one sequence, turn by turn;
+- ``episodes``: the policy and an environment taking turns through a rollout engine; episodes as token rows;
+- ``tools``, ``tool_worker``, ``tool_env``: ``--tools`` functions, their schemas and calls, run in a worker process;
+- ``arith``: the multi-turn arithmetic dialogue (``--task arith-multiturn``).
+
+:func:`environment` makes what a run's configuration asks for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+from grpolab.env.episodes import EpisodeLimits, EpisodeRunner
+from grpolab.env.protocol import EnvError, Environment, check_reset, load_env_class
+from grpolab.env.render import Renderer
+
+__all__ = ["EnvError", "EnvSetup", "Environment", "EpisodeLimits", "EpisodeRunner", "Renderer", "environment"]
+
+
+@dataclasses.dataclass
+class EnvSetup:
+    """A run's environment: what makes each episode's, how its messages become tokens, its limits."""
+
+    factory: Callable
+    """Makes one episode's environment."""
+    renderer: Renderer
+    limits: EpisodeLimits
+    name: str
+    """What config.json and the logs call it."""
+    tool_runner: object | None = None
+    """The tool worker of --tools (closed with the run)."""
+
+    def runner(self, engine, policy) -> EpisodeRunner:
+        return EpisodeRunner(engine, policy, self.factory, self.renderer, self.limits)
+
+    def close(self) -> None:
+        if self.tool_runner is not None:
+            self.tool_runner.close()
+
+
+def environment(cfg, policy, first_record: dict | None = None) -> EnvSetup | None:
+    """The environment ``cfg`` (a resolved :class:`grpolab.config.TrainConfig`) asks for, for ``policy``; None for a
+    single-turn task. ``first_record``: a record to open one episode on now, so that a ``reset`` that fails or
+    returns the wrong shape stops the run at its start, not at its first step."""
+    limits = EpisodeLimits(cfg.max_turns, cfg.max_episode_tokens)
+    tool_runner = None
+    if cfg.task == "arith-multiturn":
+        from grpolab.env.arith import ArithDialogue, DialogueSpec
+
+        spec = DialogueSpec(cfg.stages, max_operand=min(cfg.max_operand, 50), context=cfg.dialogue_context)
+        factory, renderer, name = functools.partial(ArithDialogue, spec), Renderer(policy), "arith-multiturn"
+        limits = EpisodeLimits(cfg.stages, cfg.max_episode_tokens)
+    elif cfg.env:
+        factory, name = load_env_class(cfg.env), cfg.env
+        renderer = Renderer(policy)
+    elif cfg.tools:
+        from grpolab.env.tool_env import ToolEnvironment
+        from grpolab.env.tools import ToolRunner, load_tools
+
+        schemas = load_tools(cfg.tools)
+        tool_runner = ToolRunner(list(cfg.tools), cfg.tool_timeout, cfg.tool_max_chars)
+        factory = functools.partial(ToolEnvironment, tool_runner, schemas)
+        renderer, name = Renderer(policy, schemas), "tools: " + ", ".join(cfg.tools)
+    else:
+        return None
+    if first_record is not None:
+        env = factory()
+        renderer.opening(check_reset(env.reset(first_record), env))
+    return EnvSetup(factory, renderer, limits, name, tool_runner)

@@ -1,0 +1,105 @@
+"""Credit across an episode's turns (``--advantage``): per-turn rewards -> per-turn advantages -> the advantage of
+each of the policy's tokens, and the Monte Carlo state values ``rtg-mc`` subtracts [Foundations, Sec. 6].
+
+The math is :func:`grpolab.advantages.turn_advantages` and :func:`grpolab.advantages.token_advantages`; this module
+lays a step's episodes out for them. A turn's reward is what the environment's ``step`` gave it; the reward
+functions (``--reward-fn``) score the final conversation, and their weighted sum counts as a reward of the last
+turn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from grpolab import streams
+from grpolab.advantages import token_advantages, turn_advantages
+from grpolab.groups import offsets
+
+
+def turn_rewards(episode) -> list[float]:
+    """The episode's reward at each turn, the reward functions' sum on its final conversation added to the last."""
+    r = list(episode.rewards) + [0.0] * (episode.turns - len(episode.rewards))
+    if r:
+        r[-1] += episode.final_reward
+    return r
+
+
+def _group_table(episodes: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[G, H]`` per-turn rewards (0 after an episode's end) and ``[G]`` turns of one group's episodes."""
+    H = max([1, *(e.turns for e in episodes)])
+    rewards = torch.zeros(len(episodes), H, dtype=torch.float64)
+    for i, e in enumerate(episodes):
+        r = turn_rewards(e)
+        rewards[i, : len(r)] = torch.tensor(r, dtype=torch.float64)
+    return rewards, torch.tensor([e.turns for e in episodes])
+
+
+@dataclasses.dataclass
+class EpisodeCredit:
+    turns: list[torch.Tensor]
+    """``[n]`` each rollout's advantage at each of its turns (``[H_i]``)."""
+    token: torch.Tensor
+    """``[m, T]`` the advantage of each of the policy's tokens in the rollouts' token rows (0 elsewhere)."""
+
+    @property
+    def first(self) -> torch.Tensor:
+        """``[n]`` each rollout's advantage at its first turn (all turns', under ``grpo``)."""
+        return torch.tensor([float(a[0]) if a.numel() else 0.0 for a in self.turns])
+
+
+def episode_credit(rows, sizes: list[int], estimator: str, credit: str, values: list | None = None) -> EpisodeCredit:
+    """The credit of this rank's groups: ``rows`` (:class:`grpolab.collect.Rows` of episodes, group k's
+    ``sizes[k]`` rollouts contiguous), ``values`` (rtg-mc: one ``[G, H]`` per group, :func:`mc_values`)."""
+    turns: list[torch.Tensor] = []
+    start = offsets(sizes)
+    for k in range(len(sizes)):
+        group = rows.episodes[start[k] : start[k + 1]]
+        rewards, n_turns = _group_table(group)
+        v = None if values is None else values[k]
+        adv = turn_advantages(rewards, n_turns, estimator, credit, v)  # [G, H]
+        turns += [adv[i, : e.turns] for i, e in enumerate(group)]
+    token = token_advantages(turns, rows.turn, rows.action, rows.counts) if rows.batch is not None else None
+    return EpisodeCredit(turns, token)
+
+
+def mc_values(
+    runner,
+    rows,
+    sizes: list[int],
+    branches: int,
+    settings,
+    final_rewards: Callable[[list], torch.Tensor],
+    status=lambda text: None,
+) -> list[torch.Tensor]:
+    """rtg-mc's state values, one ``[G, H]`` per group: before turn 1, the mean return of the group's *other*
+    episodes; before turn h >= 1, the mean reward-to-go of ``branches`` continuations of the episode from there
+    (:meth:`grpolab.env.episodes.EpisodeRunner.branch`; 0 where the episode ended before h). ``final_rewards``:
+    the reward functions' weighted sum on each of a list of episodes."""
+    episodes = rows.episodes
+    start = offsets(sizes)
+    H = max([1, *(e.turns for e in episodes)])
+    values = []
+    for k, G in enumerate(sizes):
+        v = torch.zeros(G, H, dtype=torch.float64)
+        returns = torch.tensor([sum(turn_rewards(e)) for e in episodes[start[k] : start[k + 1]]], dtype=torch.float64)
+        v[:, 0] = (returns.sum() - returns) / max(G - 1, 1)  # s_1: the rest of the group
+        values.append(v)
+    for h in range(1, H):
+        alive = [i for i, e in enumerate(episodes) if e.turns > h]
+        if not alive:
+            break
+        status(f"rtg-mc: {len(alive) * branches} continuations from turn {h + 1}")
+        reps = [episodes[i] for i in alive for _ in range(branches)]
+        keys = [(streams.BRANCH, *episodes[i].key[1:], h, b) for i in alive for b in range(branches)]
+        branched = runner.branch(reps, h, keys, settings)
+        finals = final_rewards(branched)
+        rtg = torch.tensor([sum(b.rewards[h:]) + float(f) for b, f in zip(branched, finals)], dtype=torch.float64).view(
+            len(alive), branches
+        )
+        for j, i in enumerate(alive):
+            k = next(k for k in range(len(sizes)) if start[k] <= i < start[k + 1])
+            values[k][i - start[k], h] = rtg[j].mean()
+    return values
