@@ -10,9 +10,9 @@ import pytest
 import torch
 from cli_helpers import run_cli
 
-from grpolab.multiturn.chain import STAGE_ADVANTAGES, Chain, conditional_bias, exact_bias, monte_carlo_bias
 from grpolab.advantages import turn_advantages
 from grpolab.env.arith import DialogueSpec, make_dialogues, question
+from grpolab.multiturn.chain import STAGE_ADVANTAGES, Chain, conditional_bias, exact_bias, monte_carlo_bias
 
 
 def _run_cli(args, cwd, timeout=300):  # these CLI runs train or sample: allow longer

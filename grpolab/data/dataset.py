@@ -24,7 +24,7 @@ from pathlib import Path
 
 from grpolab.data.jsonl import DataError, gsm8k_record, iter_json_objects
 from grpolab.data.math_format import math_record
-from grpolab.data.records import is_chat, question_of
+from grpolab.data.records import identity_of, is_chat
 
 FILE_FORMATS = {".json": "json", ".csv": "csv", ".parquet": "parquet"}  # read by `datasets`; .jsonl by line
 DATA_FORMATS = ("auto", "prompt", "gsm8k", "math", "rows")
@@ -152,8 +152,9 @@ def prompt_record(where: str, row: dict, prompt_column: str = "prompt") -> dict:
     return {"prompt": prompt, **{k: v for k, v in row.items() if k != prompt_column}}
 
 
-def hold_out(records: list[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """``(train, held_out)``: ``round(fraction * U)`` of the U distinct prompts, with every record of them, held out.
+def hold_out(records: list[dict], fraction: float, seed: int, fmt: str = "") -> tuple[list[dict], list[dict]]:
+    """``(train, held_out)``: ``round(fraction * U)`` of the U distinct prompts, with every record of them, held out
+    (``fmt`` ``rows``, an environment's records: distinct rows).
 
     Which prompts: the first in the order of a hash of ``(seed, prompt)``, so the split does not depend on the order
     of the rows, and a prompt that appears twice is on one side only: no training prompt is in the held-out set.
@@ -162,6 +163,7 @@ def hold_out(records: list[dict], fraction: float, seed: int) -> tuple[list[dict
     def rank(question: str) -> bytes:
         return hashlib.sha256(f"{seed}\n{question}".encode()).digest()
 
-    prompts = sorted({question_of(r) for r in records}, key=rank)
+    key = [identity_of(r, fmt) for r in records]
+    prompts = sorted(set(key), key=rank)
     held = set(prompts[: round(fraction * len(prompts))])
-    return [r for r in records if question_of(r) not in held], [r for r in records if question_of(r) in held]
+    return [r for r, k in zip(records, key) if k not in held], [r for r, k in zip(records, key) if k in held]

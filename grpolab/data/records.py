@@ -42,3 +42,11 @@ def is_chat(prompt: Any) -> bool:
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
         )
     )
+
+
+def identity_of(record: dict, fmt: str = "") -> str:
+    """What makes two records the same task, for the train/held-out split and overlap check: the prompt
+    (:func:`question_of`), or for an environment's rows (format ``rows``) the whole row."""
+    if fmt == "rows":
+        return json.dumps(record, sort_keys=True, default=str)
+    return question_of(record)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from grpolab.data.arithmetic import ArithmeticSpec, TrainSampler, held_out_size, test_set
 from grpolab.data.dataset import hold_out, load_records
 from grpolab.data.jsonl import DataError, ListSampler
-from grpolab.data.records import question_of
+from grpolab.data.records import identity_of
 
 
 def task_data(cfg, log=print):
@@ -41,7 +41,7 @@ def task_data(cfg, log=print):
     if cfg.eval_data:
         held_out = load_records(cfg.eval_data, cfg.format, cfg.eval_split, cfg.prompt_column)
     elif cfg.eval_fraction:
-        train_records, held_out = hold_out(train_records, cfg.eval_fraction, cfg.seed)
+        train_records, held_out = hold_out(train_records, cfg.eval_fraction, cfg.seed, cfg.format)
         if not held_out or not train_records:
             raise DataError(
                 f"--eval-fraction {cfg.eval_fraction:g} of --data {cfg.data} leaves {len(train_records)} training and "
@@ -51,11 +51,11 @@ def task_data(cfg, log=print):
         _held_out_size(spec, cfg.eval_questions)
         held_out = test_set(cfg.eval_questions, spec)
     held_out = held_out[: cfg.eval_questions]
-    test_q = {question_of(r) for r in held_out}
-    leaked = sum(question_of(r) in test_q for r in train_records)
+    test_q = {identity_of(r, cfg.format) for r in held_out}
+    leaked = sum(identity_of(r, cfg.format) in test_q for r in train_records)
     if leaked:
         log(f"warning: {leaked} training record(s) in {cfg.data} repeat held-out questions; they are dropped")
-        train_records = [r for r in train_records if question_of(r) not in test_q]
+        train_records = [r for r in train_records if identity_of(r, cfg.format) not in test_q]
     if not train_records:
         raise DataError(
             f"--data {cfg.data}: every record is also in --eval-data {cfg.eval_data}; nothing left to train on"

@@ -21,7 +21,6 @@ kinds), which the environment counts in ``env/tool_errors``.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import os
 import re
@@ -29,10 +28,12 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_CHARS = 2000
+STARTUP_S = 60.0  # the most a worker may take to load the tools
 ERRORS = ("unknown tool", "bad arguments", "raised", "timeout", "worker died", "unparsable call")
 
 _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
@@ -129,33 +130,7 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     return calls
 
 
-def check_arguments(fn, arguments: dict) -> str:
-    """'' if ``fn`` can be called with ``arguments`` as keywords, else why not (one line)."""
-    try:
-        inspect.signature(fn).bind(**arguments)
-    except TypeError as e:
-        return f"bad arguments: {e}"
-    return ""
-
-
 # ---------------------------------------------------------------------- running them
-def capped(text: str, max_chars: int) -> str:
-    """``text`` cut to ``max_chars`` characters, saying how long it was."""
-    if len(text) <= max_chars:
-        return text
-    return text[:max_chars] + f"\n[... truncated: {len(text):,} characters, the first {max_chars:,} kept]"
-
-
-def as_text(value) -> str:
-    """A tool's result as the text of its message: a string as it is, anything else as JSON (or its str)."""
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError):
-        return str(value)
-
-
 @dataclasses.dataclass
 class ToolResult:
     text: str
@@ -166,7 +141,7 @@ class ToolResult:
 
 
 class ToolRunner:
-    """Runs tool calls in a worker process (``python -m grpolab.env.tool_worker SPEC ...``), one at a time.
+    """Runs tool calls in a worker process (``python -m grpolab.tool_worker SPEC ...``), one at a time.
 
     ``specs``: the tools' ``module:function`` or ``file.py:function`` names (the worker loads them itself);
     ``timeout_s``: wall-clock seconds per call; ``max_chars``: the longest result kept.
@@ -177,21 +152,35 @@ class ToolRunner:
         self._proc: subprocess.Popen | None = None
 
     def _start(self) -> subprocess.Popen:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        cmd = [sys.executable, "-m", "grpolab.env.tool_worker", str(self.max_chars), *self.specs]
-        return subprocess.Popen(
+        """A new worker, once it has loaded the tools (its start does not count against a call's timeout)."""
+        # the trainer's import path, so that the worker finds every module the trainer found the tools in
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        cmd = [sys.executable, "-m", "grpolab.tool_worker", str(self.max_chars), *self.specs]
+        errors = tempfile.TemporaryFile()  # what the tools print, and why a worker did not start
+        proc = subprocess.Popen(
             cmd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=errors,
             env=env,
             start_new_session=True,  # its own process group: a timeout kills whatever the tool started too
         )
+        self._proc = proc
+        if self._read_line(proc, time.monotonic() + max(STARTUP_S, self.timeout_s)) != b"ready\n":
+            self._kill()
+            errors.seek(0)
+            lines = errors.read().decode(errors="replace").strip().splitlines()
+            raise RuntimeError(f"the tool worker did not start: {lines[-1] if lines else 'no output'}")
+        errors.close()  # the file stays open in the worker; unlinked, it takes no name
+        return proc
 
     def call(self, name: str, arguments: dict) -> ToolResult:
         """Run one call; never raises for what the tool does."""
         if self._proc is None or self._proc.poll() is not None:
-            self._proc = self._start()
+            try:
+                self._start()
+            except RuntimeError as e:
+                return ToolResult(f"error: {e}", "worker died")
         proc = self._proc
         try:
             proc.stdin.write((json.dumps({"name": name, "arguments": arguments}) + "\n").encode())

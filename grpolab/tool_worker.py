@@ -1,16 +1,44 @@
-"""The tool worker: ``python -m grpolab.env.tool_worker MAX_CHARS SPEC ...`` runs tool calls for
-:class:`grpolab.env.tools.ToolRunner`, one JSON line in (``{"name", "arguments"}``), one JSON line out
-(``{"text", "error", "truncated"}``).
+"""The tool worker: ``python -m grpolab.tool_worker MAX_CHARS SPEC ...`` runs tool calls for
+:class:`grpolab.env.tools.ToolRunner`: it says ``ready`` once its tools are loaded, then answers one JSON line in
+(``{"name", "arguments"}``) with one JSON line out (``{"text", "error", "truncated"}``).
 
 Its own process, so that a tool that hangs, crashes or exits costs the trainer nothing but that call. The replies go
-out on a private copy of stdout; what the tools print goes to stderr (discarded by the runner).
+out on a private copy of stdout; what the tools print goes to stderr (discarded by the runner). It imports nothing
+of grpolab's but the loader (no torch): it starts in a fraction of a second.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
+
+
+def capped(text: str, max_chars: int) -> str:
+    """``text`` cut to ``max_chars`` characters, saying how long it was."""
+    if len(text) <= max_chars:
+        return text
+    return text[:max_chars] + f"\n[... truncated: {len(text):,} characters, the first {max_chars:,} kept]"
+
+
+def as_text(value) -> str:
+    """A tool's result as the text of its message: a string as it is, anything else as JSON (or its str)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def check_arguments(fn, arguments: dict) -> str:
+    """'' if ``fn`` can be called with ``arguments`` as keywords, else why not (one line)."""
+    try:
+        inspect.signature(fn).bind(**arguments)
+    except TypeError as e:
+        return f"bad arguments: {e}"
+    return ""
 
 
 def _one_line(e: BaseException, limit: int = 300) -> str:
@@ -21,8 +49,6 @@ def _one_line(e: BaseException, limit: int = 300) -> str:
 
 def answer(tools: dict, request: dict, max_chars: int) -> dict:
     """The reply to one request (never raises for what the tool does)."""
-    from grpolab.env.tools import as_text, capped, check_arguments
-
     name, arguments = request.get("name"), request.get("arguments", {})
     fn = tools.get(name)
     if fn is None:
@@ -50,6 +76,8 @@ def main(argv: list[str]) -> None:
     for spec in specs:
         fn = load_object(spec, "--tools", "function")
         tools[getattr(fn, "__name__", spec)] = fn
+    replies.write("ready\n")
+    replies.flush()
     for line in sys.stdin:
         if not line.strip():
             continue
