@@ -107,6 +107,9 @@ class TrainConfig:
     """--tools: wall-clock seconds a tool call may take; then its worker is killed and the call answers an error."""
     tool_max_chars: int = 2000
     """--tools: the longest tool result kept (characters); a longer one is cut and says so."""
+    tool_reward: float = 0.0
+    """--tools: the environment's reward at a turn whose tool calls all returned a result (a shaping reward for
+    calling tools well; --reward-fn scores the final answer). 0 = none."""
     advantage: Literal["grpo", "rtg-group", "rtg-mc"] = "grpo"
     """How an episode's turns share credit (one turn: all the same): 'grpo' (every turn gets the episode's advantage,
     [Foundations, Eq. 22]), 'rtg-group' (each turn's reward-to-go minus the --estimator's baseline of the initial

@@ -113,6 +113,8 @@ class EvalConfig:
     """Seconds a tool call may take (default 10)."""
     tool_max_chars: int | None = None
     """The longest tool result kept (default 2000)."""
+    tool_reward: float | None = None
+    """The environment's reward at a turn whose tool calls all returned a result (default 0)."""
     stages: int | None = None
     """arith-multiturn: turns per dialogue (default 3)."""
     dialogue_context: Literal["question", "dialogue"] | None = None

@@ -54,6 +54,7 @@ TASK_FIELDS = (
     "max_episode_tokens",
     "tool_timeout",
     "tool_max_chars",
+    "tool_reward",
     "stages",
     "dialogue_context",
 )

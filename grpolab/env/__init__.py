@@ -64,7 +64,7 @@ def environment(cfg, policy, first_record: dict | None = None) -> EnvSetup | Non
 
         schemas = load_tools(cfg.tools)
         tool_runner = ToolRunner(list(cfg.tools), cfg.tool_timeout, cfg.tool_max_chars)
-        factory = functools.partial(ToolEnvironment, tool_runner, schemas)
+        factory = functools.partial(ToolEnvironment, tool_runner, schemas, cfg.tool_reward)
         renderer, name = Renderer(policy, schemas), "tools: " + ", ".join(cfg.tools)
     else:
         return None
