@@ -377,10 +377,10 @@ def _prompt_rollout(text: str) -> tuple[int, int]:
     return prompt, rollout
 
 
-def cmd_tokens(args: list[str]) -> None:
+def _tokens_parser():
     import argparse
 
-    from grpolab.token_view import QUANTITIES, read_token_credit, render_terminal
+    from grpolab.token_view import QUANTITIES
 
     quantities = "\n".join(f"  {name:<13} {q.meaning}" for name, q in QUANTITIES.items())
     parser = argparse.ArgumentParser(
@@ -417,7 +417,13 @@ def cmd_tokens(args: list[str]) -> None:
         "its concentration, its correlation with the advantage's sign) in PARTS spans of the run's steps, each a mean "
         "over its steps with a 95%% interval",
     )
-    ns = parser.parse_args(args)
+    return parser
+
+
+def cmd_tokens(args: list[str]) -> None:
+    from grpolab.token_view import read_token_credit, render_terminal
+
+    ns = _tokens_parser().parse_args(args)
     records = read_token_credit(ns.run_dir, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
     try:
         if ns.summary:

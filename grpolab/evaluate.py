@@ -162,7 +162,11 @@ def evaluate(
 
 def _shown(episodes: list[Episode]) -> list[dict]:
     """What an example shows of each greedy episode: its completion, and an episode's conversation."""
-    return [{"completion": e.text, **({"conversation": e.messages} if e.env is not None else {})} for e in episodes]
+    return [{"completion": e.text, **(_episode_shown(e) if e.env is not None else {})} for e in episodes]
+
+
+def _episode_shown(e: Episode) -> dict:
+    return {"conversation": e.messages, "opening": e.opening, "turn_rewards": list(e.rewards)}
 
 
 def _examples(records, greedy, greedy_ok, sampled_ok, score) -> list[dict]:

@@ -50,6 +50,8 @@ pre { background: #f6f8fa; padding: .5em .7em; white-space: pre-wrap; word-break
 details summary { cursor: pointer; color: #0969da; } .grid { display: grid; grid-template-columns: 1fr 1fr; gap: 1em; }
 .nav a { margin-right: 1em; } .imgs { display: flex; flex-wrap: wrap; gap: .5em; align-items: flex-start; }
 .imgs img { max-width: calc(50% - .5em); } .imgs img:only-child { max-width: 100%; }
+.episode .msg { margin: 0 0 .3em; } .episode .role { font-size: .78em; color: #57606a; font-weight: 600; }
+.episode .msg-assistant pre { background: #ddf4ff; } .episode .msg-tool pre { background: #fff8c5; }
 """
 
 
@@ -236,20 +238,46 @@ def _samples(run_dir: Path, limit: int = 4) -> str:
         if "reward" in s:  # scored by a reward function (prompt data)
             mark += f" · reward {s['reward']:g}"
         extra = f" · sampled pass rate {s['sampled_correct']:.2f}" if s.get("sampled_correct") is not None else ""
+        if "conversation" in s:  # an episode: turn by turn
+            return episode_html(s["conversation"][s.get("opening", 1) :], s.get("turn_rewards")) + mark + extra
         return f"<pre>{_e(s.get('completion', ''))}</pre>{mark}{extra}"
+
+    def question(s: dict) -> str:
+        if "conversation" in s:
+            return episode_html(s["conversation"][: s.get("opening", 1)])
+        return f"<pre>{_e(s.get('question', ''))}</pre>"
 
     before = [s for s in evals if s["step"] == first][:limit]
     after = {s.get("question"): s for s in evals if s["step"] == last}
     body = [
         [
-            f"<pre>{_e(s.get('question', ''))}</pre>"
-            + (f"answer: {_e(s['ground_truth'])}" if s.get("ground_truth") is not None else ""),
+            question(s) + (f"answer: {_e(s['ground_truth'])}" if s.get("ground_truth") is not None else ""),
             cell(s),
             cell(after.get(s.get("question"))),
         ]
         for s in before
     ]
     return _table(["held-out question", f"greedy at step {first}", f"greedy at step {last}"], body, left=3)
+
+
+def episode_html(messages: list[dict], turn_rewards: list[float] | None = None) -> str:
+    """An episode's messages turn by turn: each with its role, the policy's replies numbered with their turn's
+    reward from the environment."""
+    parts, turn = [], 0
+    for m in messages:
+        role = m.get("role", "?")
+        label = role
+        if role == "assistant":
+            turn += 1
+            label = f"turn {turn}"
+            if turn_rewards is not None and turn <= len(turn_rewards):
+                label += f" · reward {turn_rewards[turn - 1]:g}"
+        name = f" ({_e(m['name'])})" if m.get("name") else ""
+        parts.append(
+            f'<div class="msg msg-{_e(role)}"><span class="role">{_e(label)}{name}</span>'
+            f"<pre>{_e(m.get('content', ''))}</pre></div>"
+        )
+    return f'<div class="episode">{"".join(parts)}</div>'
 
 
 # ---------------------------------------------------------------- probes
@@ -388,6 +416,23 @@ def _config_table(config: dict) -> str:
     return "<details><summary>every setting</summary>" + _table(["setting", "value"], body, left=2) + "</details>"
 
 
+def _facts_html(config: dict, rows: list[dict]) -> str:
+    """The run at a glance: model, task (an environment's episodes and their credit), sizes, optimiser, code."""
+    env = config.get("env") or (", ".join(config.get("tools") or []) and "tools: " + ", ".join(config["tools"]))
+    facts = [
+        ("model", config.get("model", "?")),
+        ("task", config.get("task", "?")),
+        *([("environment", env), ("credit across turns", config.get("advantage", "grpo"))] if env else []),
+        ("steps", max((r["step"] for r in rows), default=0)),
+        ("prompts × group size", f"{config.get('prompts_per_step', '?')} × {config.get('group_size', '?')}"),
+        ("estimator", config.get("estimator", "?")),
+        ("learning rate", config.get("lr", "?")),
+        ("processes", config.get("world_size", 1)),
+        ("code", config.get("code_version", "?")),
+    ]
+    return _table(None, [[_e(k), _e(v)] for k, v in facts], left=2)
+
+
 def build_report(
     run_dir: str | Path, probes: Iterable[str | Path] = (), out: str | Path | None = None, quantity: str = "dlogp"
 ) -> Path:
@@ -401,19 +446,7 @@ def build_report(
             raise FileNotFoundError(f"--probe {p}: no such file or directory")
     config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else {}
     rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
-    steps = max((r["step"] for r in rows), default=0)
-    model = config.get("model", "?")
-    facts = [
-        ("model", model),
-        ("task", config.get("task", "?")),
-        ("steps", steps),
-        ("prompts × group size", f"{config.get('prompts_per_step', '?')} × {config.get('group_size', '?')}"),
-        ("estimator", config.get("estimator", "?")),
-        ("learning rate", config.get("lr", "?")),
-        ("processes", config.get("world_size", 1)),
-        ("code", config.get("code_version", "?")),
-    ]
-    fact_table = _table(None, [[_e(k), _e(v)] for k, v in facts], left=2)
+    fact_table = _facts_html(config, rows)
     probe_files = find_probe_outputs(run_dir, probes)
     probe_html = "".join(_probe_section(p, run_dir) for p in probe_files) or (
         "<p>No probe outputs found. Run <code>grpolab rank --checkpoint RUN_DIR --out RUN_DIR/probes/rank</code> "

@@ -395,3 +395,29 @@ def test_the_cli_names_a_bad_environment_or_tool_in_one_line(tmp_path):
         err = res.stderr.strip().splitlines()
         assert res.returncode == 2 and err and err[-1].startswith("error: ") and words in err[-1], (args, res.stderr)
         assert "Traceback" not in res.stderr
+
+
+def test_the_report_renders_an_episode_turn_by_turn(tmp_path):
+    from grpolab.report import build_report
+
+    conv = [
+        {"role": "user", "content": "What is 2 * 3?"},
+        {"role": "assistant", "content": '<tool_call>{"name": "calculator"}</tool_call>'},
+        {"role": "tool", "name": "calculator", "content": "6 & <b>"},
+        {"role": "assistant", "content": "2 * 3 = 6"},
+    ]
+    sample = {"kind": "eval", "question": "q", "completion": "2 * 3 = 6", "correct": True, "reward": 1.0}
+    lines = [{"step": s, **sample, "conversation": conv, "opening": 1, "turn_rewards": [0.2, 0.0]} for s in (0, 5)]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (tmp_path / "config.json").write_text(json.dumps({"tools": ["calc.py:calculator"], "advantage": "rtg-group"}))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy_greedy": 0.5}) + "\n")
+    page = build_report(tmp_path).read_text()
+    for part in (
+        '<span class="role">user</span><pre>What is 2 * 3?</pre>',
+        '<span class="role">turn 1 · reward 0.2</span>',
+        '<span class="role">tool (calculator)</span><pre>6 &amp; &lt;b&gt;</pre>',  # escaped: a tool's text is data
+        '<span class="role">turn 2 · reward 0</span><pre>2 * 3 = 6</pre>',
+        "tools: calc.py:calculator",
+        "rtg-group",
+    ):
+        assert part in page, part

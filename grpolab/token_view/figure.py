@@ -16,6 +16,7 @@ from grpolab.token_view.records import (
     colour_scale,
     fmt,
     hue,
+    is_context,
     quantity_of,
     resolve_step,
     rollout_head,
@@ -27,7 +28,9 @@ from grpolab.token_view.records import (
 def _cells(record: dict, scale: ColourScale, width: int) -> list[list[tuple[str, float | None, bool]]]:
     """The completion as lines of ``width`` cells: (character, level, marker?)."""
     lines: list[list] = [[]]
-    for span, v in zip(record["tokens"], token_values(record, scale.quantity)):
+    for i, (span, v) in enumerate(zip(record["tokens"], token_values(record, scale.quantity))):
+        if is_context(record, i) and not span:  # a chat template's marker in an episode's environment tokens
+            continue
         level = scale.level(v)
         for ch in span or "∅":
             if ch == "\n":

@@ -16,6 +16,7 @@ from grpolab.token_view.records import (
     colour_scale,
     css_background,
     fmt,
+    is_context,
     number,
     quantity_of,
     read_jsonl,
@@ -38,6 +39,7 @@ TOKEN_CSS = """
 .tc-text { font: 13px/1.7 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; white-space: pre-wrap;
            word-break: break-word; }
 .tok { border-radius: 2px; } .tok .nl::before { content: "↵"; color: #8c959f; }
+.tok.ctx { color: #8c959f; background: #f6f8fa; }
 .tok-mark { font-size: .72em; color: #57606a; border: 1px dashed #8c959f; border-radius: 3px; padding: 0 .25em;
             margin: 0 .15em; user-select: none; }
 .tc-bar { display: inline-flex; vertical-align: middle; margin: 0 .4em; border: 1px solid #d0d7de; }
@@ -54,6 +56,9 @@ def _token_spans_html(record: dict, scale: ColourScale, values: list[float | Non
     no text is a ``tok-mark`` box that is not part of it."""
     parts, last = [], len(record["tokens"]) - 1
     for i, tok in enumerate(record["tokens"]):
+        context = is_context(record, i)  # an episode's environment tokens: muted, and no box for a template's marker
+        if context and tok == "":
+            continue
         style = css_background(scale, scale.level(values[i]))
         attrs = f' style="{style}"' if style else ""
         title = _e(token_title(record, i))
@@ -61,7 +66,7 @@ def _token_spans_html(record: dict, scale: ColourScale, values: list[float | Non
             parts.append(f'<span class="tok-mark"{attrs} title="{title}">{"eos" if i == last else "∅"}</span>')
         else:
             text = _e(tok).replace("\n", '<span class="nl">\n</span>')  # the CSS draws a ↵ before each newline
-            parts.append(f'<span class="tok"{attrs} title="{title}">{text}</span>')
+            parts.append(f'<span class="tok{" ctx" if context else ""}"{attrs} title="{title}">{text}</span>')
     return "".join(parts)
 
 

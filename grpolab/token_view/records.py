@@ -18,6 +18,7 @@ POSITIVE_RGB = (31, 111, 235)  # blue: above the quantity's centre
 NEGATIVE_RGB = (207, 34, 46)  # red: below it
 SEQUENTIAL_RGB = (130, 80, 223)  # purple: distance from the centre, one direction
 NEWLINE_MARK = "↵"  # drawn before each newline of a token's span, in its colour (on the page, by the CSS)
+CONTEXT = "context"  # the segment of an episode's environment tokens: shown muted, never coloured
 TERMINAL_MARKS = ("⟨eos⟩", "⟨∅⟩")  # a token with no text: the last one (end of sequence), any other
 
 
@@ -116,6 +117,11 @@ def number(v) -> float | None:
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
         return None
     return float(v)
+
+
+def is_context(record: dict, i: int) -> bool:
+    """Whether token ``i`` is an episode's environment token (context, with no values)."""
+    return value_at(record, "segment", i) == CONTEXT
 
 
 def value_at(record: dict, key: str, i: int):

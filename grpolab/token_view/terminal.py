@@ -16,6 +16,7 @@ from grpolab.token_view.records import (
     colour_scale,
     fmt,
     hue,
+    is_context,
     quantity_of,
     resolve_step,
     rollout_head,
@@ -41,7 +42,10 @@ def _styled_chars(record: dict, scale: ColourScale) -> list[tuple[str, str]]:
     a token with no text is a marker (``⟨eos⟩`` at the end, ``⟨∅⟩`` elsewhere)."""
     out, values, last = [], token_values(record, scale.quantity), len(record["tokens"]) - 1
     for i, tok in enumerate(record["tokens"]):
-        style = terminal_style(scale, scale.level(values[i]))
+        context = is_context(record, i)  # an episode's environment tokens: dim, and no marker for a template's token
+        if context and tok == "":
+            continue
+        style = "dim" if context else terminal_style(scale, scale.level(values[i]))
         if tok == "":
             out += [(c, f"{style} italic" if style else "dim italic") for c in TERMINAL_MARKS[i != last]]
         for ch in tok:
