@@ -281,3 +281,36 @@ def test_the_attack_battery_inside_a_training_run(tmp_path, listener, monkeypatc
     time.sleep(0.2)
     assert survivors(marker, cr.sandbox().label) == []
     assert seconds < 120
+
+
+@needs_bwrap
+def test_the_attack_battery_through_the_code_interpreter_tool(listener, tmp_path, monkeypatch):
+    """Every attack as the model-written argument of ``grpolab.sandbox.tool:python``, called as a tool (in the tool
+    worker, which runs it in its sandbox): the call answers within the sandbox's timeout, and nothing is harmed."""
+    from grpolab.env.tools import ToolRunner
+
+    port, connections = listener
+    monkeypatch.setenv("GRPOLAB_TEST_SECRET", "hunter2")
+    monkeypatch.setenv("GRPOLAB_TOOL_TIMEOUT", str(TIMEOUT))
+    monkeypatch.setenv("GRPOLAB_TOOL_MEMORY_MB", "512")
+    run = tmp_path / "run"
+    run.mkdir()
+    before = sorted(p.name for p in Path.home().iterdir())
+    tools = ToolRunner(["grpolab.sandbox.tool:python"], timeout_s=TIMEOUT + 10, max_chars=2000)
+    try:
+        assert tools.call("python", {"code": "print(6 * 7)"}).text == "42\n"  # the tool works at all
+        for attack in sorted(ATTACKS):
+            marker = f"grpolab-attack-{uuid.uuid4().hex}"
+            code = program(attack, str(run), str(Path.home()), port, marker)
+            t0 = time.perf_counter()
+            result = tools.call("python", {"code": code})
+            assert not result.error, (attack, result)  # the tool itself returned: the sandbox ended the program
+            assert time.perf_counter() - t0 < TIMEOUT + MARGIN + 1.0, attack
+            assert "hunter2" not in result.text and len(result.text) < 2100, attack
+            assert connections() == 0, attack
+            assert list(run.iterdir()) == [], attack
+            assert sorted(p.name for p in Path.home().iterdir()) == before, attack
+            time.sleep(0.2)  # the kernel reaps a PID namespace's processes asynchronously
+            assert survivors(marker) == [], attack
+    finally:
+        tools.close()

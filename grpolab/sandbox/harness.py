@@ -4,10 +4,12 @@ This file runs *in* the sandbox (``grpolab.sandbox.runner`` starts it there), on
 so that no grpolab or torch import reaches the untrusted side. It reads one job as JSON on stdin::
 
     {"program": str, "tests": [str] | null, "io": [[stdin, stdout], ...] | null, "entry_point": str | null,
-     "limits": {"cpu_s", "memory_mb", "file_mb", "open_files", "processes"}, "uid": int | null, "home": str}
+     "capture": int, "limits": {"cpu_s", "memory_mb", "file_mb", "open_files", "processes"}, "uid": int | null,
+     "home": str}
 
 and writes one JSON line per test to its stdout as it goes (``{"test": i, "ok": bool, "error": str}``), then
-``{"done": true, "memory": bool}``. The program's own stdout and stderr go to ``output.log`` in its
+``{"done": true, "memory": bool}``. With ``capture`` > 0 there are no tests: the program runs as a script and
+``{"output": str}`` (what it printed, at most ``capture`` characters) comes before its one test line. The program's own stdout and stderr go to ``output.log`` in its
 working directory (capped by the file-size limit), never into that report.
 
 A determined program runs in this very interpreter and can forge the report (write lines to the report's
@@ -119,9 +121,29 @@ def run_io(code, pairs: list[list[str]], output_cap: int) -> bool:
     return memory
 
 
+def run_script(code, cap: int, log: int) -> bool:
+    """The program as a script, its prints (and an uncaught exception's last line) in output.log (open as ``log``);
+    then up to ``cap`` characters of that log reported back; one test: it ran to its end. True if a MemoryError was
+    seen."""
+    error, memory = "", False
+    try:
+        exec(code, {"__name__": "__main__"})
+    except SystemExit as e:
+        error = "" if e.code in (None, 0) else f"exit status {e.code}"
+    except BaseException as e:  # noqa: BLE001 - what the program raises is part of its output
+        error, memory = describe(e), isinstance(e, MemoryError)
+        print(error, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    text = os.pread(log, 4 * cap + 4, 0).decode("utf-8", errors="replace")  # read through the fd: the file is root's
+    report(output=text if len(text) <= cap else text[:cap] + "\n[... output cut]")
+    report(test=0, ok=not error, error=error)
+    return memory
+
+
 def main() -> None:
     job = json.loads(sys.stdin.buffer.read())
-    log = os.open("output.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    log = os.open("output.log", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(log, 1)  # the program's prints, and tracebacks, land here, not in the report
     os.dup2(log, 2)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -136,10 +158,14 @@ def main() -> None:
     except (SyntaxError, ValueError) as e:
         code, err = None, describe(e)
     if code is None:
-        n = len(job.get("tests") or job.get("io") or [])
+        n = 1 if job.get("capture") else len(job.get("tests") or job.get("io") or [])
+        if job.get("capture"):
+            report(output=err)
         for i in range(n):
             report(test=i, ok=False, error=err)
         memory = False
+    elif job.get("capture"):
+        memory = run_script(code, int(job["capture"]), log)
     elif job.get("io") is not None:
         memory = run_io(code, job["io"], job["limits"]["file_mb"] << 20)
     else:

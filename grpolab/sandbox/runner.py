@@ -83,15 +83,21 @@ class Limits:
 @dataclasses.dataclass(frozen=True)
 class Job:
     """A program and its tests: ``tests`` (Python statements run after it, each an ``assert``; or one
-    HumanEval-style ``def check(candidate)`` with ``entry_point``) or ``io`` ((stdin, expected stdout) pairs)."""
+    HumanEval-style ``def check(candidate)`` with ``entry_point``) or ``io`` ((stdin, expected stdout) pairs); or,
+    with ``capture`` > 0, no tests: the program runs as a script and what it printed (stdout and stderr, an
+    uncaught exception's last line included) comes back in :attr:`Outcome.output`, at most ``capture`` characters
+    (its one test: it ran to its end)."""
 
     program: str
     tests: tuple[str, ...] | None = None
     io: tuple[tuple[str, str], ...] | None = None
     entry_point: str | None = None
+    capture: int = 0
 
     @property
     def n_tests(self) -> int:
+        if self.capture:
+            return 1
         return len(self.tests if self.tests is not None else self.io or ())
 
 
@@ -106,6 +112,8 @@ class Outcome:
     """Wall-clock seconds from start to the end of the sandbox."""
     error: str = ""
     """The first failing test's error, or why the sandbox ended."""
+    output: str = ""
+    """A ``capture`` job's printed output."""
 
     @property
     def fraction(self) -> float:
@@ -298,6 +306,7 @@ class Sandbox:
             "tests": list(job.tests) if job.tests is not None else None,
             "io": [list(p) for p in job.io] if job.io is not None else None,
             "entry_point": job.entry_point,
+            "capture": job.capture,
             "limits": limits,
             **extra,
         }
@@ -369,6 +378,7 @@ def _outcome(
     sandbox's first process reports a signal death as exit status 128 + N (bubblewrap, the interposed process)."""
     results: dict[int, tuple[bool, str]] = {}
     done = memory = False
+    output = ""
     for raw in lines:
         try:
             line = json.loads(raw)
@@ -376,7 +386,9 @@ def _outcome(
             continue
         if not isinstance(line, dict):
             continue
-        if line.get("done"):
+        if isinstance(line.get("output"), str):
+            output = line["output"]
+        elif line.get("done"):
             done, memory = True, bool(line.get("memory"))
         elif isinstance(line.get("test"), int) and 0 <= line["test"] < n and line["test"] not in results:
             results[line["test"]] = (line.get("ok") is True, str(line.get("error", ""))[:300])
@@ -396,4 +408,4 @@ def _outcome(
         status, error = "crashed", f"ended without a report ({why})"
     else:
         status, error = ("passed" if passed == n else "failed"), first_error
-    return Outcome(status, passed, n, seconds, error)
+    return Outcome(status, passed, n, seconds, error, output)
