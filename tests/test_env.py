@@ -421,3 +421,23 @@ def test_the_report_renders_an_episode_turn_by_turn(tmp_path):
         "rtg-group",
     ):
         assert part in page, part
+
+
+def test_the_guessing_game_example_answers_each_guess(chat_policy):
+    """examples/guess: the feedback follows the policy's guesses, the rewards their consistency, the game ends at the
+    number or after four guesses; its accuracy reward reads the environment's last words."""
+    from grpolab.loader import load_object
+
+    root = Path(__file__).parents[1] / "examples" / "guess"
+    Guess = load_env_class(f"{root / 'env.py'}:Guess")
+    found = load_object(f"{root / 'reward.py'}:found", "--reward-fn")
+    guesses = {0: ["10", "15", "13"], 1: ["5", "I guess 3", "no idea", "20"]}
+    engine = TurnEngine(chat_policy.tokenizer, lambda g, h: guesses[g][h])
+    runner = EpisodeRunner(engine, chat_policy, Guess, Renderer(chat_policy), EpisodeLimits(8, 0))
+    keys = [(streams.ROLLOUT, 0, 1, 0, g) for g in range(2)]
+    a, b = runner.play([{"secret": 13}] * 2, keys, SamplingSettings(8, 1.0))
+    assert a.rewards == [0.1, 0.1, 1.0] and a.done and not a.cut
+    assert [m["content"] for m in a.messages[2::2]] == ["Higher. 3 guesses left.", "Lower. 2 guesses left.", "Correct!"]
+    assert b.rewards == [0.1, 0.0, 0.0, 0.1] and b.done  # 3 is below what "higher" left; no number; 20 is in 6..20
+    assert b.messages[-1]["content"] == "Lower. No guesses left: it was 13."
+    assert found(None, [e.messages[e.opening :] for e in (a, b)]) == [1.0, 0.0]

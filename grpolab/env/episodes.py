@@ -82,7 +82,8 @@ class Episode:
     key: tuple
     env: Any
     messages: list[dict]
-    """The conversation: the opening (``opening`` messages), then each reply and the environment's answer."""
+    """The conversation: the opening (``opening`` messages), then each reply and the environment's answer (its last
+    words too, which no reply follows and no token sequence holds)."""
     opening: int
     segments: list[Segment]
     rewards: list[float] = dataclasses.field(default_factory=list)
@@ -220,11 +221,9 @@ class EpisodeRunner:
         self.time_env += time.perf_counter() - t0
         messages, reward, done = check_step(result, e.env)
         e.rewards.append(reward)
-        if done:
-            e.finished = e.done = True
-            return
-        if h + 1 >= self.limits.max_turns:
-            e.finished = e.cut = True
+        if done or h + 1 >= self.limits.max_turns:  # its last words join the conversation (reward functions read
+            e.messages += messages  # it), not the token sequence: no reply follows them
+            e.finished, e.done, e.cut = True, done, not done
             return
         self._continue(e, messages)
 
@@ -238,10 +237,10 @@ class EpisodeRunner:
             shown = e.messages + messages if history else _system(e.messages[: e.opening]) + messages
             ids = self.renderer.opening(shown)
         budget = self.limits.max_episode_tokens
+        e.messages += messages
         if budget and e.used + len(ids) >= budget:  # no room for the next reply: cut before it
             e.finished = e.cut = True
             return
-        e.messages += messages
         e.used += len(ids)
         if new_segment:
             e.segments.append(Segment(ids, entropy=[] if e.segments[-1].entropy is not None else None))
