@@ -354,9 +354,19 @@ class Collector:
         runner: EpisodeRunner | None = None,
     ):
         """``runner``: plays each rollout as an episode of an environment (default: single-turn rollouts)."""
-        self.engine, self.sampler, self.policy, self.reward = engine, sampler, policy, reward
+        self.sampler, self.policy, self.reward = sampler, policy, reward
         self.settings, self.world, self.status = settings, world, status
         self.runner = runner if runner is not None else EpisodeRunner(engine, policy)
+        self.engine = engine
+
+    @property
+    def engine(self) -> RolloutEngine:
+        """The rollout engine, the runner's (set one, and the runner generates with it)."""
+        return self.runner.engine
+
+    @engine.setter
+    def engine(self, engine: RolloutEngine) -> None:
+        self.runner.engine = engine
 
     # ------------------------------------------------------------------ one sampling call
     def _generate(self, step: int, items: list[tuple[int, dict, range]]) -> tuple[Rows, float, float]:

@@ -277,29 +277,29 @@ def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(runs, monk
             assert torch.equal(p1[k], start[k]), f"{k}: a skipped update changed the weights"
 
 
-def test_multi_turn_training_matches_one_process(runs):
-    """The multi-turn trainer on 2 processes, with per-stage Monte Carlo baselines (branched
-    continuations, whose streams are keyed by the trajectory's global index too)."""
+EPISODES = {
+    # the built-in dialogue with per-stage Monte Carlo baselines (branched continuations, keyed by the rollout's
+    # global prompt index too), each turn its own sequence
+    "dialogue": ["--task", "arith-multiturn", "--stages", "2", "--advantage", "rtg-mc", "--branches", "2"],
+    # a user's environment (the guessing game), the whole game one sequence, reward-to-go credit
+    "game": ["--env", "GUESS", "--advantage", "rtg-group", "--max-turns", "2", "--max-new-tokens", "8"],
+}
+
+
+@pytest.mark.parametrize("task", sorted(EPISODES))
+def test_episodes_on_two_processes_match_one_process(runs, task):
+    """Episodes of an environment on 2 processes: the same rollouts, turn by turn, and the same update."""
     tmp, _ = runs
-    mt = [
-        "--task",
-        "arith-multiturn",
-        "--stages",
-        "2",
-        "--advantage",
-        "rtg-mc",
-        "--branches",
-        "2",
-        "--prompts-per-step",
-        "4",
-        "--group-size",
-        "4",
-        "--eval-questions",
-        "6",
-        "--warmup-steps",
-        "0",
-        "--no-progress",
-    ]
+    root = Path(__file__).parents[1] / "examples" / "guess"
+    data = tmp / "guess"
+    if not data.is_dir():
+        res = subprocess.run([sys.executable, str(root / "make_data.py"), "--out", str(data), "--train", "64"])
+        assert res.returncode == 0
+    args = [a.replace("GUESS", f"{root / 'env.py'}:Guess") for a in EPISODES[task]]
+    if task == "game":
+        args += ["--data", str(data / "train.jsonl"), "--eval-data", str(data / "test.jsonl")]
+    mt = [*args, "--prompts-per-step", "4", "--group-size", "4", "--eval-questions", "6", "--warmup-steps", "0"]
+    mt += ["--log-rollouts", "--no-progress", "--lr", "1e-3"]
 
     def run(name, *extra):
         out = tmp / name
@@ -307,7 +307,9 @@ def test_multi_turn_training_matches_one_process(runs):
         assert res.returncode == 0, res.stderr[-3000:]
         return out
 
-    one, two = run("mt1"), run("mt2", "--nproc", "2")
+    one, two = run(f"{task}1"), run(f"{task}2", "--nproc", "2")
+    assert _rollouts(one) == _rollouts(two)  # every episode's conversation and rewards, turn by turn
+    assert max(len(r["turn_rewards"]) for r in _rollouts(one)) == 2  # episodes of two turns were played
     _assert_same_metrics(one, two)  # rewards per stage, losses, held-out accuracy per stage
     _assert_same_params(one, two)
     assert json.loads((two / "config.json").read_text())["world_size"] == 2

@@ -265,7 +265,7 @@ def test_multiturn_config_is_validated():
         TrainConfig(advantage="rtg-group").validate()  # a single-turn task has one turn
 
 
-def test_multiturn_lora_resume_continues_the_adapter(tmp_path):
+def test_multiturn_lora_resume_continues_with_the_episodes_of_the_uninterrupted_run(tmp_path):
     import shutil
 
     from grpolab.config import TrainConfig
@@ -289,6 +289,7 @@ def test_multiturn_lora_resume_continues_the_adapter(tmp_path):
             save_every=1,
             out=str(out),
             progress=False,
+            log_rollouts=True,
             **kw,
         )
 
@@ -301,3 +302,6 @@ def test_multiturn_lora_resume_continues_the_adapter(tmp_path):
     assert [strip(r) for r in read_metrics(full / "metrics.jsonl")] == [
         strip(r) for r in read_metrics(tmp_path / "resumed" / "metrics.jsonl")
     ]
+    # the resumed run played step 2's episodes as the uninterrupted one did, turn by turn
+    episodes = (full / "rollouts.jsonl").read_text()
+    assert episodes == (tmp_path / "resumed" / "rollouts.jsonl").read_text() and '"turn_rewards"' in episodes

@@ -204,3 +204,31 @@ def test_grpolab_eval_through_the_engine_agrees_with_the_hf_sampler():
     for kind in ("greedy", "sampled"):
         key = f"eval/accuracy_{kind}"
         assert m[key + "_lo"] <= n[key] <= m[key + "_hi"] and n[key + "_lo"] <= m[key] <= n[key + "_hi"], kind
+
+
+def test_episodes_through_the_engine_score_as_the_trainer_scores_them(tmp_path):
+    """Multi-turn episodes sampled by vLLM, each turn's prompt the whole dialogue so far: the engine's log-prob of
+    every reply token equals the trainer's on the episode's one sequence (a misplaced environment token would move
+    every later one), and the token records carry the engine's log-probs for the replies only."""
+    cfg = _vllm_cfg(
+        tmp_path / "run",
+        steps=2,
+        task="arith-multiturn",
+        stages=2,
+        dialogue_context="dialogue",
+        log_rollouts=True,
+        log_token_credit=2,
+        max_new_tokens=16,
+    )
+    out = train(cfg, log=_quiet)
+    rows = _metrics(out)
+    for step in (1, 2):
+        assert rows[step]["env/turns_mean"] == 2 and rows[step]["engine/logprob_diff_max"] < 1e-3
+    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert {len(r["conversation"]) for r in rollouts} <= {3, 4} and all(len(r["turn_rewards"]) == 2 for r in rollouts)
+    credit = [json.loads(line) for line in (out / "token_credit.jsonl").read_text().splitlines()]
+    for c in credit:
+        replies = [i for i, s in enumerate(c["segment"]) if s != "context"]
+        assert {c["turn"][i] for i in replies} == {0, 1}
+        assert all(c["logp_sampler"][i] is None for i, s in enumerate(c["segment"]) if s == "context")
+        assert [c["logp_sampler"][i] for i in replies] == pytest.approx([c["logp"][i] for i in replies], abs=1e-3)
