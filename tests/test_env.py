@@ -441,3 +441,35 @@ def test_the_guessing_game_example_answers_each_guess(chat_policy):
     assert b.rewards == [0.1, 0.0, 0.0, 0.1] and b.done  # 3 is below what "higher" left; no number; 20 is in 6..20
     assert b.messages[-1]["content"] == "Lower. No guesses left: it was 13."
     assert found(None, [e.messages[e.opening :] for e in (a, b)]) == [1.0, 0.0]
+
+
+def test_smollm2_episode_tokens_are_its_template_tokens():
+    """On SmolLM2's byte-level BPE tokenizer and ChatML template (which adds a system prompt of its own): an episode's
+    sequence (opening, each reply's own ids, the continuations) is exactly the tokenization of the template's
+    rendering of the whole conversation, tools described in a system message; a tool result arrives as a tool turn."""
+    from transformers import AutoTokenizer
+
+    from grpolab.env.tools import load_tools
+    from grpolab.models.loading import resolve_gguf
+
+    directory, name = resolve_gguf("smollm2-135m-instruct", "")
+    tok = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    policy = Policy(torch.nn.Linear(1, 1), tok, "smollm2", chat=True, system="")
+    schemas = load_tools([f"{Path(__file__).parents[1] / 'examples' / 'calculator' / 'tools.py'}:calculator"])
+    renderer = Renderer(policy, schemas)
+    assert not renderer.native_tools and renderer.tool_role == "tool"
+    conversation = [{"role": "user", "content": "What is 347 * 582? Use the calculator tool."}]
+    ids = renderer.opening(conversation)
+    replies = ['<tool_call>{"name": "calculator", "arguments": {"expression": "347 * 582"}}</tool_call>', "201954."]
+    answers = [[{"role": "tool", "content": "201954"}], [{"role": "user", "content": "Thanks! And 2+2?"}]]
+    for reply, answer in zip(replies, answers):
+        ids += tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]  # as sampled: EOS last
+        conversation.append({"role": "assistant", "content": reply})
+        ids += renderer.continuation(conversation, True, answer)
+        conversation += answer
+    whole = tok.apply_chat_template(
+        renderer.template_messages(conversation), tokenize=False, add_generation_prompt=True
+    )
+    assert tok.decode(ids) == whole
+    assert ids == tok(whole, add_special_tokens=False)["input_ids"]
+    assert "<|im_start|>tool\n201954<|im_end|>" in whole and whole.count("You can use these tools:") == 1
