@@ -373,6 +373,15 @@ def test_a_trainer_step_updates_on_episodes(tmp_path, char_tokenizer, advantage)
         assert ctx and all(rec["dlogp"][i] is None and rec["adv"][i] is None and rec["turn"][i] == -1 for i in ctx)
         assert "".join(rec["tokens"]) == rec["completion"]
     assert {"credit/turn1_share", "credit/turn2_share"} <= set(m)
+    assert m["credit/turn1_share"] + m["credit/turn2_share"] == pytest.approx(1.0)
+    # grpolab tokens --summary recomputes them from the records, one row per turn
+    from grpolab.probes.token_credit import step_aggregates, summarise_credit
+    from grpolab.token_view.terminal import summary_table
+
+    (agg,) = step_aggregates([{"step": 1, **r} for r in out.token_credit])
+    assert agg["turn1_share"] == pytest.approx(m["credit/turn1_share"])
+    table = summary_table(summarise_credit([agg], 1))
+    assert "turn 1: share of |dlogp|" in table and "turn 2: share of |dlogp|" in table
     trainer.close()
 
 

@@ -286,15 +286,22 @@ def summarise_credit(per_step: Sequence[dict], parts: int = 4) -> list[dict]:
     The interval treats the steps as independent draws: each step records other rollouts, so it covers which
     rollouts were recorded, not the variation between runs (seeds)."""
     steps = [r for r in per_step if r.get("tokens")]
+    keys = [*SUMMARY_KEYS, *turn_share_keys(steps)]  # an episode's turns, when the records have them
     out = []
     size = max(1, math.ceil(len(steps) / parts))
     for i in range(0, len(steps), size):
         span = steps[i : i + size]
         entry: dict = {"first": span[0]["step"], "last": span[-1]["step"], "steps": len(span)}
-        for key in SUMMARY_KEYS:
+        for key in keys:
             entry[key] = _mean_interval([r[key] for r in span if r.get(key) is not None])
         out.append(entry)
     return out
+
+
+def turn_share_keys(rows: Sequence[dict]) -> list[str]:
+    """The ``turn{h}_share`` keys that occur in ``rows``, in turn order."""
+    found = {k for r in rows for k in r if k.startswith("turn") and k.endswith("_share")}
+    return sorted(found, key=lambda k: int(k[4:-6]))
 
 
 def _mean_interval(values: list[float]) -> tuple[float, float, float] | None:

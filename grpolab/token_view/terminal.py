@@ -8,6 +8,7 @@ import textwrap
 import unicodedata
 from collections.abc import Sequence
 
+from grpolab.probes.token_credit import turn_share_keys
 from grpolab.token_view.records import (
     NEWLINE_MARK,
     QUANTITIES,
@@ -212,7 +213,8 @@ def summary_table(spans: list[dict]) -> str:
     (:func:`grpolab.probes.token_credit.summarise_credit`), as plain text."""
     head = ["aggregate (mean over steps, 95% interval)"] + [f"steps {s['first']}-{s['last']}" for s in spans]
     body = []
-    for key, label in SUMMARY_ROWS:
+    turns = [(k, f"turn {k[4:-6]}: share of |dlogp|") for k in turn_share_keys(spans)]  # episodes
+    for key, label in [*SUMMARY_ROWS, *turns]:
         cells = []
         for s in spans:
             v = s.get(key)
