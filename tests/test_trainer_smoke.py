@@ -488,8 +488,8 @@ def test_sft_smoke(tmp_path):
 
 
 def test_update_normalises_by_the_rows_it_is_given(tmp_path):
-    """The multi-turn trainer hands the update H * B * G turn rows, not B * G rollouts: the
-    loss's normaliser is the number of rows given (summed over ranks), whatever the config's B * G."""
+    """An episode of an environment that shows each turn alone is several token rows: the loss's normaliser is the
+    number of rows given (summed over ranks), whatever the config's B * G."""
     from grpolab.logprobs import completion_logprobs
     from grpolab.loss import policy_loss
     from grpolab.rollout import sample
