@@ -11,8 +11,11 @@ identically on every rank.
 
 The collector is given its collaborators, not the trainer: a rollout engine that generates
 (``grpolab.engine``), the task's prompt sampler, the policy's prompt formatting and tokenizer,
-the reward, the process world and the settings it needs. Any of them can be replaced, e.g. a
-second rollout engine, or a stand-in engine in a test.
+the reward, the process world, the settings it needs, and an episode runner (``grpolab.env.episodes``)
+that plays each rollout: a single-turn completion, or an episode of an environment, whose later
+replies draw from ``(streams.TURN, *the rollout's key, turn)``. Any of them can be replaced, e.g. a
+second rollout engine, or a stand-in engine or environment in a test. What a sampling call holds is a
+:class:`grpolab.rows.Rows`.
 """
 
 from __future__ import annotations
@@ -26,64 +29,12 @@ from grpolab import distributed as dist_
 from grpolab import streams
 from grpolab.distributed import SINGLE, World
 from grpolab.engine import RolloutEngine, SamplingSettings
-from grpolab.env.episodes import EpisodeRunner, episode_rows
+from grpolab.env.episodes import EpisodeRunner, episode_facts, max_return, policy_tokens
 from grpolab.group_budget import allocate_group_sizes, next_round_size
 from grpolab.groups import has_variance, offsets, varies
 from grpolab.policy import Policy
 from grpolab.rewards import Rewarder, Scores
-from grpolab.rollout import Batch, select
-
-
-@dataclasses.dataclass(eq=False)
-class Rows:
-    """Sampled rollouts held by this rank, with their texts and scores, and the token rows of the update.
-
-    A single-turn rollout is one token row. An episode (``episodes``) is one row, or one per segment when its
-    environment shows each turn only its latest messages; an episode's rows are contiguous, in episode order.
-    """
-
-    batch: Batch | None
-    """``[m, ...]`` token rows; with n = 0, None or (a rank that keeps no group) one stand-in row that carries no
-    loss."""
-    texts: list[str]
-    """``[n]`` each rollout's completion (an episode's: its last reply)."""
-    scores: Scores
-    """``[n]``."""
-    entropy: torch.Tensor | None = None
-    """``[m, T]`` the sampling policy's entropy at each completion token (0 on padding), aligned with ``batch``."""
-    logprobs: torch.Tensor | None = None
-    """``[m, T]`` the sampler's log-prob of each completion token (0 on padding), aligned with ``batch``."""
-    episodes: list | None = None
-    """``[n]`` the rollouts' :class:`grpolab.env.episodes.Episode` (environment tasks); None: single-turn rollouts."""
-    action: torch.Tensor | None = None
-    """``[m, T]`` (episodes) 1 on the policy's own tokens, 0 on the environment's and on padding."""
-    turn: torch.Tensor | None = None
-    """``[m, T]`` (episodes) the turn of each of the policy's tokens, -1 elsewhere."""
-    row_counts: list[int] | None = None
-    """``[n]`` (episodes) token rows of each rollout."""
-
-    @property
-    def n(self) -> int:
-        return len(self.texts)
-
-    @property
-    def counts(self) -> list[int]:
-        """Token rows of each rollout (1 each for single-turn rollouts)."""
-        return self.row_counts if self.row_counts is not None else [1] * self.n
-
-    def rows_of(self, rollouts: list[int]) -> list[int]:
-        """The token rows of ``rollouts``, in order."""
-        if self.row_counts is None:
-            return list(rollouts)
-        start = offsets(self.row_counts)
-        return [r for i in rollouts for r in range(start[i], start[i + 1])]
-
-    @property
-    def loss_tokens(self) -> torch.Tensor | None:
-        """``[m, T]`` the tokens that are the policy's: ``action`` for episodes, else the completion mask."""
-        if self.batch is None:
-            return None
-        return self.action if self.action is not None else self.batch.completion_mask
+from grpolab.rows import Rows, entropy_sums, episode_rows_of, rollout_lengths, sum_counts, take_rows, truncated_flags
 
 
 @dataclasses.dataclass
@@ -120,187 +71,18 @@ class StepRollouts:
         return {b: k for k, b in enumerate(self.prompts)}
 
 
-def concat_batches(batches: list[Batch], pad_id: int) -> Batch:
-    """Rows of several batches in one: prompts left-padded, completions right-padded to the widest."""
-    if len(batches) == 1:
-        return batches[0]
-    P = max(b.prompt_ids.shape[1] for b in batches)
-    T = max(b.completion_ids.shape[1] for b in batches)
-
-    def pad(t: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor:
-        extra = width - t.shape[1]
-        return torch.nn.functional.pad(t, (extra, 0) if left else (0, extra), value=value)
-
-    return Batch(
-        torch.cat([pad(b.prompt_ids, P, pad_id, True) for b in batches]),
-        torch.cat([pad(b.prompt_mask, P, 0, True) for b in batches]),
-        torch.cat([pad(b.completion_ids, T, pad_id, False) for b in batches]),
-        torch.cat([pad(b.completion_mask, T, 0, False) for b in batches]),
-    )
-
-
-def concat_scores(parts: list[Scores]) -> Scores:
-    if len(parts) == 1:
-        return parts[0]
-    names = parts[0].components
-    return Scores(
-        torch.cat([p.total for p in parts]),
-        {k: torch.cat([p.components[k] for p in parts]) for k in names},
-        sum(p.errors for p in parts),
-        _sum_counts([p.counts for p in parts]),
-    )
-
-
-def _sum_counts(parts: list[dict]) -> dict:
-    out: dict = {}
-    for counts in parts:
-        for k, v in counts.items():
-            out[k] = out.get(k, 0) + v
-    return out
-
-
 def merge_generated(parts: list[dict]) -> dict:
     """Per-rollout lists concatenated; ``errors`` summed; ``counts`` (reward functions' own) summed key by key."""
     return {
         k: (
             sum(p[k] for p in parts)
             if k == "errors"
-            else _sum_counts([p[k] for p in parts])
+            else sum_counts([p[k] for p in parts])
             if k == "counts"
             else [x for p in parts for x in p[k]]
         )
         for k in parts[0]
     }
-
-
-def _token_values(parts: list[Rows], field: str, idx: torch.Tensor, T: int, width: int) -> torch.Tensor | None:
-    """Per-token values ``field`` ``[n, width]`` of the rows ``idx`` of the parts' concatenation (padded to ``T``)."""
-    live = [p for p in parts if p.n]
-    if any(getattr(p, field) is None for p in live):
-        return None
-    values = torch.cat([torch.nn.functional.pad(getattr(p, field), (0, T - getattr(p, field).shape[1])) for p in live])
-    return values[idx.cpu(), :width]  # select trims the all-padding columns on the right
-
-
-def _stand_in(parts: list[Rows]) -> Rows:
-    """What a rank that keeps no group holds: one of its rows (with no advantage), so that it joins the update's
-    collectives, and no rollout."""
-    live = [p for p in parts if p.n]
-    empty = Scores(torch.zeros(0), {k: torch.zeros(0) for k in parts[0].scores.components}, 0)
-    if not live:
-        return Rows(None, [], empty)
-    first = live[0]
-    stand_in = select(first.batch, torch.zeros(1, dtype=torch.long, device=first.batch.prompt_ids.device))
-    width = stand_in.completion_ids.shape[1]
-
-    def row(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t[:1, :width]
-
-    episodes = None if first.episodes is None else []
-    return Rows(
-        stand_in,
-        [],
-        empty,
-        row(first.entropy),
-        row(first.logprobs),
-        episodes,
-        row(first.action),
-        row(first.turn),
-        None if episodes is None else [],
-    )
-
-
-def take_rows(parts: list[Rows], order: list[tuple[int, int]], pad_id: int) -> Rows:
-    """The rollouts ``order`` = [(part, rollout), ...] of several :class:`Rows`, with their token rows, in that
-    order."""
-    live = [i for i, p in enumerate(parts) if p.n]
-    if len(live) == 1 and order == [(live[0], r) for r in range(parts[live[0]].n)]:
-        return parts[live[0]]  # all rows of one sampling call, in order: the very tensors (fixed mode)
-    if not order:
-        return _stand_in(parts)
-    live_parts = [p for p in parts if p.n]
-    row_start = offsets([sum(p.counts) for p in parts])
-    roll_start = offsets([p.n for p in parts])
-    batch = concat_batches([p.batch for p in live_parts], pad_id)
-    rows = [row_start[i] + r for i, k in order for r in parts[i].rows_of([k])]
-    idx = torch.tensor(rows, device=batch.prompt_ids.device)
-    picked = torch.tensor([roll_start[i] + k for i, k in order])  # rollouts
-    scores = concat_scores([p.scores for p in parts])
-    texts = [t for p in parts for t in p.texts]
-    chosen = select(batch, idx)
-    T, width = batch.completion_ids.shape[1], chosen.completion_ids.shape[1]
-    episodes = None if parts[live[0]].episodes is None else [e for p in parts for e in p.episodes or []]
-    return Rows(
-        chosen,
-        [texts[int(i)] for i in picked],
-        Scores(scores.total[picked], {k: v[picked] for k, v in scores.components.items()}, scores.errors),
-        _token_values(parts, "entropy", idx, T, width),
-        _token_values(parts, "logprobs", idx, T, width),
-        None if episodes is None else [episodes[int(i)] for i in picked],
-        _token_values(parts, "action", idx, T, width),
-        _token_values(parts, "turn", idx, T, width),
-        None if episodes is None else [parts[i].counts[k] for i, k in order],
-    )
-
-
-def _policy_tokens(episode) -> int:
-    return sum(sum(s.action) for s in episode.segments)
-
-
-def rollout_lengths(rows: Rows) -> list[int]:
-    """Each rollout's length: its completion's tokens, or the policy's tokens over an episode."""
-    if rows.batch is None:
-        return []
-    if rows.episodes is None:
-        return rows.batch.completion_mask.sum(1).tolist()
-    return [_policy_tokens(e) for e in rows.episodes]
-
-
-def _truncated(rows: Rows, eos_id: int) -> list[bool]:
-    """Each rollout: cut at the token limit (no end-of-sequence token), or an episode cut by a limit."""
-    if rows.batch is None:
-        return []
-    if rows.episodes is None:
-        return (~(rows.batch.completion_ids == eos_id).any(dim=1)).tolist()  # no EOS in budget
-    return [e.cut for e in rows.episodes]
-
-
-def _entropy_sums(rows: Rows) -> list[float]:
-    """Each rollout's sum of the sampler's entropies over its (policy) tokens."""
-    if rows.episodes is None:
-        return rows.entropy.sum(1).tolist()
-    per_row = (rows.entropy * rows.action.to(rows.entropy.dtype)).sum(1).tolist()
-    start = offsets(rows.counts)
-    return [sum(per_row[start[i] : start[i + 1]]) for i in range(rows.n)]
-
-
-def episode_facts(episodes: list) -> dict:
-    """Per-episode lists for the ``env/*`` metrics: turns, the environment's reward at each turn, tool calls and
-    errors (as the environment counted them), exceptions in ``step``."""
-    return {
-        "turns": [e.turns for e in episodes],
-        "turn_rewards": [list(e.rewards) for e in episodes],
-        "tool_calls": [e.counter("tool_calls") for e in episodes],
-        "tool_errors": [e.counter("tool_errors") for e in episodes],
-        "tool_truncated": [e.counter("tool_truncated") for e in episodes],
-        "env_errors": [int(bool(e.error)) for e in episodes],
-    }
-
-
-def max_return(env) -> float:
-    """The largest return of an environment's episode: its ``max_return`` (default 1)."""
-    value = getattr(env, "max_return", None)
-    return float(value) if value else 1.0
-
-
-def episode_rows_of(episodes: list, multi_turn: bool, pad_id: int, device) -> Rows:
-    """The :class:`Rows` of played episodes (scores still to come)."""
-    rows = episode_rows(episodes, pad_id, device)
-    texts = [e.text for e in episodes]
-    empty = Scores(torch.zeros(0), {}, 0)
-    if not multi_turn:  # single-turn rollouts: a row each, the completion mask is the policy's tokens
-        return Rows(rows.batch, texts, empty, rows.entropy, rows.logprobs)
-    return Rows(rows.batch, texts, empty, rows.entropy, rows.logprobs, episodes, rows.action, rows.turn, rows.rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -401,7 +183,7 @@ class Collector:
         """The reward functions on each episode's final conversation (its last reply the completion); each
         episode's ``final_reward`` is set to their weighted sum."""
         recs = [e.record for e in episodes] if recs is None else recs
-        lengths = torch.tensor([_policy_tokens(e) for e in episodes])
+        lengths = torch.tensor([policy_tokens(e) for e in episodes])
         conversations = [(e.messages[: e.opening], e.messages[e.opening :]) for e in episodes]
         scores = self.reward([e.text for e in episodes], recs, lengths, conversations)
         for e, total in zip(episodes, scores.total.tolist()):
@@ -418,9 +200,9 @@ class Collector:
             "accuracy": self._accuracy(rows).tolist(),
             **({"format": comp["format"].tolist()} if "format" in comp else {}),
             **{f"reward/{n}": comp[n].tolist() for n in names if n not in ("accuracy", "format")},
-            "entropy_sum": _entropy_sums(rows) if rows.entropy is not None and b is not None else [],
+            "entropy_sum": entropy_sums(rows) if rows.entropy is not None and b is not None else [],
             "length": rollout_lengths(rows),
-            "truncated": _truncated(rows, self.policy.eos_id),
+            "truncated": truncated_flags(rows, self.policy.eos_id),
             "errors": rows.scores.errors,
             "counts": rows.scores.counts,
         }

@@ -40,7 +40,7 @@ def episode_scores(episodes: list[Episode], records: list[dict], score) -> list[
     TRL-form functions read it), or, with ``score`` None, its return as a share of its environment's ``max_return``."""
     texts = [e.text for e in episodes]
     if score is None:
-        from grpolab.collect import max_return
+        from grpolab.env.episodes import max_return
 
         return [sum(e.rewards) / max_return(e.env) for e in episodes]
     if episodes and episodes[0].env is not None and getattr(score, "takes_conversations", False):

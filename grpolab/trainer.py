@@ -4,7 +4,7 @@ The math lives in ``advantages``, ``loss``, ``rewards`` and ``group_budget``; sa
 in ``collect`` (through a rollout engine, ``engine``); the update in ``update``; the shared
 machinery (policy, reference, optimizer, evaluation, checkpoints) in ``trainer_base``; the run
 around the steps in ``recipe``. This file calls them in order; the books (per-step metrics and
-records) are kept apart, at the end of the file.
+records) are kept apart, in ``books``.
 
 On P processes (torchrun) each rank takes a contiguous block of the step's prompts with all
 their rollouts (a group never spans ranks, so its baseline needs no communication); rollout
@@ -16,7 +16,6 @@ gathered per-rollout values, identically on every rank; rank 0 alone writes them
 
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
 
@@ -24,12 +23,13 @@ import torch
 
 from grpolab import distributed as dist_
 from grpolab.advantages import STD_EPS, batch_std, compute_advantages, estimator_for_scale, ragged_advantages
-from grpolab.collect import Collector, CollectSettings, StepRollouts, rollout_lengths
+from grpolab.books import episode_fields, rollout_record, step_metrics
+from grpolab.collect import Collector, CollectSettings, StepRollouts
 from grpolab.config import TrainConfig
 from grpolab.data.records import question_of
 from grpolab.distributed import SINGLE, World
 from grpolab.engine import RolloutEngine, build_engine
-from grpolab.env.credit import episode_credit, mc_values, turn_rewards
+from grpolab.env.credit import episode_credit, mc_values
 from grpolab.env.episodes import EpisodeRunner
 from grpolab.group_budget import prompt_weights
 from grpolab.groups import common_size, offsets, varies
@@ -39,6 +39,7 @@ from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
 from grpolab.probes.token_credit import credit_row, join_credit_rows, pick_rollouts, record_aggregates
 from grpolab.rewards import Rewarder
 from grpolab.rollout import select
+from grpolab.rows import rollout_lengths
 from grpolab.trainer_base import StepOutput, TrainerBase
 from grpolab.utils import rng_untouched
 
@@ -222,12 +223,12 @@ class GRPOTrainer(TrainerBase):
                     "question": question_of(rec),
                     "completion": rows.texts[first],
                     "reward": rows.scores.total[first].item(),
-                    **_episode_fields(rows, first),
+                    **episode_fields(rows, first),
                 }
                 local["samples"].append((position[b], sample))
             if cfg.log_rollouts:
                 local["rollouts"] += [
-                    (position[b], _rollout_record(b, g, rec, rows, tokens, adv, first + g, self._turn_adv))
+                    (position[b], rollout_record(b, g, rec, rows, tokens, adv, first + g, self._turn_adv))
                     for g in range(groups.sizes[k])
                 ]
         parts = dist_.gather(local, self.world)
@@ -333,94 +334,3 @@ def _rows_to_rollouts(psi: torch.Tensor, counts: list[int]) -> torch.Tensor:
     for i in range(len(counts)):
         S[i, start[i] : start[i + 1]] = 1.0
     return S @ psi @ S.T
-
-
-# ---------------------------------------------------------------------- the books
-def _rollout_record(b, g, rec, rows, tokens: list[int], adv, i: int, turn_adv=None) -> dict:
-    """One line of rollouts.jsonl (rollout ``i`` of ``rows``)."""
-    out = {
-        "prompt": b,
-        "rollout": g,
-        "question": question_of(rec),
-        "completion": rows.texts[i],
-        "tokens": int(tokens[i]),
-        "reward": rows.scores.total[i].item(),
-        "advantage": adv[i].item(),
-    }
-    if rows.episodes is not None:
-        out.update(_episode_fields(rows, i))
-        if turn_adv is not None:
-            out["turn_advantages"] = [float(a) for a in turn_adv[i]]
-    return out
-
-
-def _episode_fields(rows, i: int) -> dict:
-    """What a record shows of episode ``i`` (nothing for a single-turn rollout): its conversation, its turns'
-    rewards, whether a limit cut it."""
-    if rows.episodes is None:
-        return {}
-    e = rows.episodes[i]
-    return {
-        "conversation": e.messages,
-        "turn_rewards": turn_rewards(e),
-        "cut": e.cut,
-        **({"error": e.error} if e.error else {}),
-    }
-
-
-def step_metrics(roll: StepRollouts, rollouts_total: int, update: dict, probe: dict, times: dict) -> dict:
-    """One step's metrics: rewards and sampling over every rollout generated (all ranks), then the update's, the
-    probes', the completions' and the times."""
-    gen = roll.generated
-    sizes = [len(r) for r in roll.rewards]
-    lengths = torch.tensor(gen["length"], dtype=torch.float)  # [every rollout generated]
-    reward = torch.tensor(gen["reward"])  # [every rollout generated]
-    if common_size(sizes) is not None:
-        group_std = torch.tensor(roll.rewards).std(dim=1, unbiased=False)  # [groups]
-    else:
-        group_std = torch.stack([torch.tensor(r).std(unbiased=False) for r in roll.rewards]) if sizes else None
-    return {
-        "reward/mean": reward.mean().item(),
-        "reward/std": reward.std(unbiased=False).item(),
-        "reward/group_std_mean": group_std.mean().item() if sizes else None,
-        "reward/frac_zero_std": statistics.fmean(not varies(r) for r in roll.rewards) if sizes else None,
-        "reward/accuracy": statistics.fmean(gen["accuracy"]),
-        **({"reward/format": statistics.fmean(gen["format"])} if "format" in gen else {}),
-        "reward/errors": gen["errors"],
-        **{f"reward/{k}": v for k, v in sorted(gen["counts"].items())},  # the code reward's outcomes
-        **{k: statistics.fmean(v) for k, v in gen.items() if k.startswith("reward/")},  # each --reward-fn
-        "sampling/rollouts": reward.numel(),
-        "sampling/rollouts_total": rollouts_total,
-        "sampling/rounds": roll.rounds,
-        "sampling/kept_groups": len(sizes),
-        "sampling/short": int(roll.short),
-        "sampling/frac_zero_std_drawn": gen["zero_std"],
-        "sampling/group_size_mean": statistics.fmean(sizes) if sizes else 0.0,
-        "sampling/group_size_max": max(sizes, default=0),
-        **update,
-        **probe,
-        # mean over generated tokens; None when the engine gives no entropies (vllm)
-        "policy/entropy": sum(gen["entropy_sum"]) / max(1.0, lengths.sum().item()) if gen["entropy_sum"] else None,
-        "completion/len_mean": lengths.mean().item(),
-        "completion/len_max": lengths.max().item(),
-        "completion/truncated_frac": statistics.fmean(map(float, gen["truncated"])),
-        **(env_metrics(gen) if "turns" in gen else {}),
-        **times,
-    }
-
-
-def env_metrics(gen: dict) -> dict:
-    """``env/*`` (and ``reward/stage<h>``) of a step's episodes, from their per-episode lists (all ranks)."""
-    n = max(len(gen["turns"]), 1)
-    H = max(gen["turns"], default=0)
-    return {
-        "env/turns_mean": sum(gen["turns"]) / n,
-        "env/turns_max": H,
-        "env/truncated": sum(map(float, gen["truncated"])) / n,
-        "env/tool_calls": sum(gen["tool_calls"]),
-        "env/tool_call_frac": sum(c > 0 for c in gen["tool_calls"]) / n,
-        "env/tool_errors": sum(gen["tool_errors"]),
-        "env/tool_truncated": sum(gen["tool_truncated"]),
-        "env/errors": sum(gen["env_errors"]),
-        **{f"reward/stage{h + 1}": sum(r[h] for r in gen["turn_rewards"] if len(r) > h) / n for h in range(H)},
-    }

@@ -224,7 +224,7 @@ class Updater:
         --mask-truncated drops completions with no end-of-sequence token (DAPO), by the rule the probes use, or the
         rows of episodes a limit cut (``cut``). ``action``: the policy's own tokens of an episode's rows.
         """
-        mask = batch.completion_mask[:n]  # a rank with no rows of its own holds one stand-in row (collect.Rows)
+        mask = batch.completion_mask[:n]  # a rank with no rows of its own holds one stand-in row (rows.Rows)
         if action is not None:
             loss_mask = action[:n].to(mask.device, mask.dtype)  # [n, T]
             if self.cfg.mask_truncated and cut is not None:

@@ -346,8 +346,8 @@ def test_bandit_adaptive_is_fixed_for_one_prompt_and_shrinks_extreme_prompts_oth
 
 
 def test_concat_batches_pads_prompts_left_and_completions_right():
-    from grpolab.collect import concat_batches
     from grpolab.rollout import Batch
+    from grpolab.rows import concat_batches
 
     a = Batch(torch.tensor([[5, 6]]), torch.tensor([[1, 1]]), torch.tensor([[7]]), torch.tensor([[1]]))
     b = Batch(torch.tensor([[0, 1, 2]]), torch.tensor([[0, 1, 1]]), torch.tensor([[3, 4]]), torch.tensor([[1, 1]]))

@@ -51,7 +51,7 @@ class EpisodeCredit:
 
 
 def episode_credit(rows, sizes: list[int], estimator: str, credit: str, values: list | None = None) -> EpisodeCredit:
-    """The credit of this rank's groups: ``rows`` (:class:`grpolab.collect.Rows` of episodes, group k's
+    """The credit of this rank's groups: ``rows`` (:class:`grpolab.rows.Rows` of episodes, group k's
     ``sizes[k]`` rollouts contiguous), ``values`` (rtg-mc: one ``[G, H]`` per group, :func:`mc_values`)."""
     turns: list[torch.Tensor] = []
     start = offsets(sizes)

@@ -388,3 +388,28 @@ def episode_rows(episodes: list[Episode], pad_id: int, device=None) -> EpisodeRo
         entropy,
         [len(e.segments) for e in episodes],
     )
+
+
+# ---------------------------------------------------------------------- facts of played episodes
+def policy_tokens(episode) -> int:
+    """The policy's tokens over the episode (its replies)."""
+    return sum(sum(s.action) for s in episode.segments)
+
+
+def episode_facts(episodes: list) -> dict:
+    """Per-episode lists for the ``env/*`` metrics: turns, the environment's reward at each turn, tool calls and
+    errors (as the environment counted them), exceptions in ``step``."""
+    return {
+        "turns": [e.turns for e in episodes],
+        "turn_rewards": [list(e.rewards) for e in episodes],
+        "tool_calls": [e.counter("tool_calls") for e in episodes],
+        "tool_errors": [e.counter("tool_errors") for e in episodes],
+        "tool_truncated": [e.counter("tool_truncated") for e in episodes],
+        "env_errors": [int(bool(e.error)) for e in episodes],
+    }
+
+
+def max_return(env) -> float:
+    """The largest return of an environment's episode: its ``max_return`` (default 1)."""
+    value = getattr(env, "max_return", None)
+    return float(value) if value else 1.0

@@ -222,7 +222,7 @@ def _turn_segments(spans: list[str], turns: list[int]) -> list[str]:
 
 def credit_row(tokenizer, rows, r: int, k: int, watched, after: torch.Tensor, context_prompt: bool = False) -> dict:
     """The per-token part of a token_credit.jsonl line for token row ``r`` of ``rows`` (a
-    :class:`grpolab.collect.Rows`), the ``k``-th row the update watched (``watched``: its
+    :class:`grpolab.rows.Rows`), the ``k``-th row the update watched (``watched``: its
     :class:`grpolab.update.WatchedTokens`; ``after`` ``[K, T']``: the log-probs after the update). An episode's
     environment tokens are context: segment ``context``, no values. ``context_prompt``: the row's prompt goes first,
     as context (an episode's later turn that starts a sequence of its own)."""
