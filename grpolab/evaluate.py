@@ -92,11 +92,20 @@ def accuracy_summary(
     return out
 
 
-def stage_rewards(per_episode: list[list[float]], name: str) -> dict[str, float]:
-    """``eval/stage<h>_<name>``: the mean reward of turn h over episodes (0 for one that ended before it)."""
-    H = max((len(r) for r in per_episode), default=0)
+def episode_metrics(per_episode: list[tuple[list[float], int]], name: str) -> dict[str, float]:
+    """An evaluation's episodes, from each one's (rewards per turn, tool calls): ``eval/stage<h>_<name>``, the mean
+    reward of turn h (0 for an episode that ended before it); ``eval/turns_<name>``, the mean number of replies;
+    ``eval/tool_call_frac_<name>``, the share of episodes that called a tool."""
+    H = max((len(r) for r, _ in per_episode), default=0)
     n = max(len(per_episode), 1)
-    return {f"eval/stage{h + 1}_{name}": sum(r[h] for r in per_episode if len(r) > h) / n for h in range(H)}
+    out = {f"eval/stage{h + 1}_{name}": sum(r[h] for r, _ in per_episode if len(r) > h) / n for h in range(H)}
+    out[f"eval/turns_{name}"] = sum(len(r) for r, _ in per_episode) / n
+    out[f"eval/tool_call_frac_{name}"] = sum(calls > 0 for _, calls in per_episode) / n
+    return out
+
+
+def _facts(episodes: list[Episode]) -> list[tuple[list[float], int]]:
+    return [(list(e.rewards), e.counter("tool_calls")) for e in episodes]
 
 
 def evaluate(
@@ -143,7 +152,7 @@ def evaluate(
     greedy_keys = [(streams.EVAL, seed, i) for i in mine]
     greedy = _play(runner, own, greedy_keys, 0.0, max_new_tokens, batch_size, tick)
     greedy_ok = gather_concat(episode_scores(greedy, own, score), world)
-    stages = {"greedy": gather_concat([list(e.rewards) for e in greedy], world)}
+    stages = {"greedy": gather_concat(_facts(greedy), world)}
     sampled_ok = None
     if samples > 0:
         rep = [r for r in own for _ in range(samples)]
@@ -151,11 +160,11 @@ def evaluate(
         sampled = _play(runner, rep, keys, temperature, max_new_tokens, batch_size, tick)
         flat = gather_concat(episode_scores(sampled, rep, score), world)  # question-major: `samples` per question
         sampled_ok = [flat[i * samples : (i + 1) * samples] for i in range(len(records))]
-        stages["sampled"] = gather_concat([list(e.rewards) for e in sampled], world)
+        stages["sampled"] = gather_concat(_facts(sampled), world)
     metrics = accuracy_summary(greedy_ok, sampled_ok, [r.get("category", "all") for r in records])
     if runner.multi_turn:
         for name, per_episode in stages.items():
-            metrics.update(stage_rewards(per_episode, name))
+            metrics.update(episode_metrics(per_episode, name))
     policy.model.train(was_training)
     return metrics, _examples(records, gather_concat(_shown(greedy), world), greedy_ok, sampled_ok, score)
 

@@ -170,7 +170,15 @@ def test_a_trainer_step_with_tools_counts_calls_and_errors(tmp_path, char_tokeni
     engine = TurnEngine(char_tokenizer, lambda g, h: REPLIES[g][h])
     trainer = GRPOTrainer(cfg, log=lambda *a: None, engine=engine)
     m = trainer.step(1).metrics
+    # evaluation plays the same episodes: the held-out question's greedy episode (scripted as rollout 0) calls the
+    # tool once and answers 5
+    ev, examples = trainer.evaluate(1)
     trainer.close()
+    assert ev["eval/tool_call_frac_greedy"] == 1.0 and ev["eval/turns_greedy"] == 2.0
+    assert ev["eval/accuracy_greedy"] == 1.0 and [m["role"] for m in examples[0]["conversation"]][-2:] == [
+        "tool",
+        "assistant",
+    ]
     # rollouts 0 and 3 answer 5 (right), 1 and 2 answer 6 and 7; three calls, two of them errors
     assert m["env/tool_calls"] == 3 and m["env/tool_errors"] == 2 and m["env/tool_call_frac"] == 0.75
     assert m["reward/right"] == 0.5 and m["env/turns_mean"] == 1.75 and m["loss/active_frac"] == 1.0
