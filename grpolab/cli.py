@@ -27,7 +27,8 @@ GRPO training and gradient diagnostics for causal language models.
 commands:
   demo    GRPO on the built-in task from the shipped warm start, or a preset real-model run (--model smollm2-135m-instruct):
           before/after accuracy with intervals, samples and a plot
-  train   GRPO training of a policy on verifiable rewards (every option: grpolab train --help)
+  train   GRPO training of a policy on verifiable rewards, single-turn or over episodes of an environment
+          (--env FILE.py:Class, --tools FILE.py:fn); every option: grpolab train --help
   eval    held-out greedy and sampled accuracy of a model or a run's checkpoint, per category, with 95% intervals
   sft     supervised warm start of the built-in tiny Llama on worked solutions
   code-task  write the generated code task (short functions to write, with tests) as train/test JSONL files
@@ -36,7 +37,8 @@ commands:
   theory  Monte Carlo checks of the Foundations paper's closed forms: `theory hoeffding`, `theory advantages`
   mse     MSE of the vanilla/grpo/rloo/oracle gradient estimators against G [U-statistic], or the exact bandit check
   groupsize  the three MSE constants and the best group size under a fixed budget B*G [U-statistic, Thm 7]
-  multiturn  per-stage bias of GRPO's advantage in multi-turn tasks (chain: exact; arith: a dialogue on the policy)
+  multiturn  per-stage bias of GRPO's advantage in multi-turn tasks (chain: exact; an environment's episodes on a
+             policy: --env arith, --env FILE.py:Class, --tools FILE.py:fn)
   merge   fold a LoRA checkpoint's adapter into its base model and save a plain model directory
   report  one self-contained HTML page for a run: accuracy before/after with intervals, plots, samples, probe outputs
   tokens  a run's recorded completions token by token, coloured by what the update did to each (--log-token-credit)

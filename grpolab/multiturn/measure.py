@@ -39,10 +39,10 @@ class MultiturnConfig:
     mismatch, next to reward-to-go with the group baseline (rtg-group) and reward-to-go minus a
     Monte Carlo state value (rtg-mc): exactly on a chain, or measured on a policy's own episodes in an environment."""
 
-    env: str = "chain"
+    env: str = ""
     """'chain' (tabular, exact by dynamic programming), 'arith' (the built-in arithmetic dialogue) or an
-    environment, 'path/to/file.py:Class' or 'module:Class' (its records from --data); empty with --tools or a
-    run's own environment (--policy RUN)."""
+    environment, 'path/to/file.py:Class' or 'module:Class' (its records from --data). Default: a run's own
+    environment (--policy RUN), the --tools environment with --tools, else chain."""
     tools: tuple[str, ...] = ()
     """Episodes of the --tools environment (these functions) on --data's prompts, as in training."""
     policy: str = "builtin"
@@ -74,8 +74,8 @@ class MultiturnConfig:
     """Longest reply per turn (default: the run's, else training's, 48)."""
     max_episode_tokens: int | None = None
     """The most tokens an episode adds after its opening prompt (default: the run's, else 1024)."""
-    temperature: float = 1.0
-    """Sampling temperature."""
+    temperature: float | None = None
+    """Sampling temperature (default: the run's, else 1)."""
     context: str = "question"
     """arith: what the policy sees at a turn: 'question' or the whole 'dialogue' (see grpolab/env/arith.py)."""
     rollout_engine: str = "hf"
@@ -91,11 +91,14 @@ class MultiturnConfig:
     threads: int = 1
     """Torch intra-op threads."""
 
+    @property
+    def kind(self) -> str:
+        """What is measured: 'chain', or 'episodes' of an environment (arith, a class, --tools, a run's own)."""
+        if self.env == "chain" or not (self.env or self.tools or _is_run(self.policy)):
+            return "chain"
+        return "episodes"
+
     def validate(self) -> None:
-        if not self.env and not self.tools and not _is_run(self.policy):
-            raise ConfigError(
-                "--env: give 'chain', 'arith', an environment FILE.py:Class, --tools, or a run as --policy"
-            )
         if self.env and self.tools:
             raise ConfigError("--env and --tools: give one")
         if ":" not in self.env and self.env not in ("chain", "arith", ""):
@@ -347,14 +350,14 @@ def run_multiturn(cfg: MultiturnConfig, log=print) -> list[dict]:
     cfg.validate()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = run_chain(cfg) if cfg.env == "chain" else run_episodes(cfg, log=log)
+    rows = run_chain(cfg) if cfg.kind == "chain" else run_episodes(cfg, log=log)
     (out / "multiturn.json").write_text(json.dumps({"config": dataclasses.asdict(cfg), "records": rows}, indent=2))
     if cfg.json:
         Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.json).write_text(json.dumps(rows, indent=2))
     from grpolab.probes.plots import plot_multiturn
 
-    where = cfg.env or ("tools" if cfg.tools else cfg.policy)
+    where = "chain" if cfg.kind == "chain" else cfg.env or ("tools" if cfg.tools else cfg.policy)
     plot_multiturn(rows, out / "multiturn.png", title=f"{where}, H = {cfg.stages}, R = {cfg.group_size}")
     return rows
 
