@@ -305,3 +305,21 @@ def test_multiturn_lora_resume_continues_with_the_episodes_of_the_uninterrupted_
     # the resumed run played step 2's episodes as the uninterrupted one did, turn by turn
     episodes = (full / "rollouts.jsonl").read_text()
     assert episodes == (tmp_path / "resumed" / "rollouts.jsonl").read_text() and '"turn_rewards"' in episodes
+
+
+def test_a_stage_reached_from_one_record_has_no_interval(tmp_path):
+    """Bootstrapping over records cannot vary a stage whose episodes all come from one record: no interval (None),
+    printed and plotted as such, rather than a degenerate [x, x]."""
+    from grpolab.multiturn.measure import _rms_stats, format_multiturn
+    from grpolab.probes.plots import plot_multiturn
+
+    gen = torch.Generator().manual_seed(0)
+    b, noise = torch.tensor([0.3, -0.1, 0.2]), torch.zeros(3)
+    rms, lo, hi = _rms_stats(b, noise, torch.zeros(3, dtype=torch.long), 50, gen)
+    assert rms == pytest.approx(math.sqrt((0.09 + 0.01 + 0.04) / 3)) and lo is None and hi is None
+    rms2, lo2, hi2 = _rms_stats(b, noise, torch.tensor([0, 1, 1]), 50, gen)
+    assert rms2 == rms and lo2 <= rms2 <= hi2
+    row = {"stage": 3, "estimator": "grpo", "episodes": 3, "bias_mean": 0.13, "bias_rms": rms, "ci_low": None,
+           "ci_high": None, "leakage_rms": 0.0, "mismatch_rms": rms}  # fmt: skip
+    assert "one record" in format_multiturn([row])
+    assert plot_multiturn([row], tmp_path / "m.png").is_file()

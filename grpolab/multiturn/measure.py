@@ -148,8 +148,11 @@ def _corrected_rms(b: torch.Tensor, noise: torch.Tensor, w: torch.Tensor | None 
 def _rms_stats(
     b: torch.Tensor, noise: torch.Tensor, cluster: torch.Tensor, boot: int, gen: torch.Generator
 ) -> tuple[float, float, float]:
-    """``_corrected_rms`` and its 95% bootstrap interval, resampling clusters (records)."""
+    """``_corrected_rms`` and its 95% bootstrap interval, resampling clusters (records); no interval (None, None)
+    when the episodes come from fewer than two records, where resampling records cannot vary anything."""
     ids = torch.unique(cluster)
+    if len(ids) < 2:
+        return _corrected_rms(b, noise), None, None
     onehot = (cluster[None, :] == ids[:, None]).double()  # [C, n]
     vals = []
     for _ in range(boot):
@@ -369,9 +372,10 @@ def format_multiturn(rows: list[dict]) -> str:
     )
     lines = [head + f" {'leakage RMS':>12} {'mismatch RMS':>13}" + ("" if exact else f" {'episodes':>9}")]
     for r in rows:
-        line = f"{r['stage']:>5} {r['estimator']:<10} {r['bias_mean']:>10.4f} {r['bias_rms']:>10.4f} [{r['ci_low']:.4f}, {r['ci_high']:.4f}]"
+        ci = "[ one record: none ]" if r["ci_low"] is None else f"[{r['ci_low']:.4f}, {r['ci_high']:.4f}]"
+        line = f"{r['stage']:>5} {r['estimator']:<10} {r['bias_mean']:>10.4f} {r['bias_rms']:>10.4f} {ci:>17}"
         if exact:
-            inside = r["ci_low"] <= r["bias_rms_exact"] <= r["ci_high"]
+            inside = r["ci_low"] is not None and r["ci_low"] <= r["bias_rms_exact"] <= r["ci_high"]
             line += f" {r['bias_rms_exact']:>10.4f}{'' if inside else ' (outside)'}"
         line += f" {r['leakage_rms']:>12.4f} {r['mismatch_rms']:>13.4f}"
         lines.append(line + ("" if exact else f" {r['episodes']:>9}"))

@@ -108,7 +108,11 @@ def plot_multiturn(rows: list[dict], path: str | Path, title: str = "") -> Path:
         rs = sorted((r for r in rows if r["estimator"] == est), key=lambda r: r["stage"])
         h = [r["stage"] for r in rs]
         rms = [r["bias_rms"] for r in rs]
-        err = [[m - r["ci_low"] for m, r in zip(rms, rs)], [r["ci_high"] - m for m, r in zip(rms, rs)]]
+        # a stage with no interval (its episodes from one record) gets no error bar
+        err = [
+            [0.0 if r["ci_low"] is None else m - r["ci_low"] for m, r in zip(rms, rs)],
+            [0.0 if r["ci_high"] is None else r["ci_high"] - m for m, r in zip(rms, rs)],
+        ]
         ax.errorbar(h, rms, yerr=err, marker="o", capsize=3, color=colour, label=f"{est} (Monte Carlo, 95% CI)")
         if rs and "bias_rms_exact" in rs[0]:
             ax.plot(h, [r["bias_rms_exact"] for r in rs], ls="--", color=colour, alpha=0.7, label=f"{est} (exact)")
