@@ -147,7 +147,7 @@ def _corrected_rms(b: torch.Tensor, noise: torch.Tensor, w: torch.Tensor | None 
 
 def _rms_stats(
     b: torch.Tensor, noise: torch.Tensor, cluster: torch.Tensor, boot: int, gen: torch.Generator
-) -> tuple[float, float, float]:
+) -> tuple[float, float | None, float | None]:
     """``_corrected_rms`` and its 95% bootstrap interval, resampling clusters (records); no interval (None, None)
     when the episodes come from fewer than two records, where resampling records cannot vary anything."""
     ids = torch.unique(cluster)
