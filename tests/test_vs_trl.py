@@ -1,4 +1,5 @@
-"""grpolab's policy_loss against TRL's GRPO loss on the same tensors (needs the `bench` extra: trl).
+"""grpolab's policy_loss against TRL's GRPO loss on the same tensors (trl is in the `test` extra: this runs, never
+skips, in `make test`).
 
 TRL's `grpo` is `seq-mean-token-mean`, `bnpo` is `token-mean`, `dr_grpo` is
 `seq-mean-token-sum-norm`. Both losses and their gradients must agree within 1e-5.
@@ -9,12 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-trl = pytest.importorskip("trl")
-
-from grpolab.logprobs import completion_logprobs  # noqa: E402
-from grpolab.loss import policy_loss  # noqa: E402
-from grpolab.policy import load_policy  # noqa: E402
-from grpolab.rollout import sample  # noqa: E402
+from grpolab.logprobs import completion_logprobs
+from grpolab.loss import policy_loss
+from grpolab.policy import load_policy
+from grpolab.rollout import sample
 
 PAIRS = [("grpo", "seq-mean-token-mean"), ("bnpo", "token-mean"), ("dr_grpo", "seq-mean-token-sum-norm")]
 
