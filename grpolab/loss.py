@@ -81,6 +81,35 @@ def aggregate(
     raise ValueError(f"unknown aggregation {mode!r}; choose from {AGGREGATIONS}")
 
 
+def aggregation_weights(
+    mask: torch.Tensor,
+    mode: str,
+    *,
+    max_len: int | None = None,
+    num_seqs: int | None = None,
+    num_tokens: float | None = None,
+) -> torch.Tensor:
+    """The per-token weights ``[N, T]`` (float64) that :func:`aggregate` puts on each value:
+    ``aggregate(v, mask, mode, ...) == (v * aggregation_weights(mask, mode, ...)).sum()`` (up to rounding).
+
+    The loss's gradient is ``sum_it w_it grad(term_it)``, so these are also the weights of each token's score
+    in the gradient (``grpolab.probes.gram`` builds its per-rollout scores from them). ``num_seqs=1`` and
+    ``num_tokens=1`` give the per-rollout scale, without the batch-wide constant; ``"sum"`` weighs every
+    real token 1 (the plain trajectory score sum_t grad log pi, [Foundations, Eq. 17]).
+    """
+    m = mask.double()
+    n = m.shape[0] if num_seqs is None else num_seqs
+    if mode == "seq-mean-token-mean":
+        return m / m.sum(dim=1, keepdim=True).clamp(min=1.0) / n
+    if mode == "token-mean":
+        return m / max(float(m.sum() if num_tokens is None else num_tokens), 1.0)
+    if mode == "seq-mean-token-sum-norm":
+        return m / float(n * (max_len or mask.shape[1]))
+    if mode == "sum":
+        return m
+    raise ValueError(f"unknown aggregation {mode!r}; choose from {AGGREGATIONS}")
+
+
 IMPORTANCE_SAMPLING = ("token", "sequence")
 
 
@@ -148,6 +177,7 @@ def policy_loss(
     importance_sampling: str = "token",
     clip_delta: float | None = None,
     token_weights: torch.Tensor | None = None,
+    token_values: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO loss (and the variants of the module docstring).
 
@@ -160,12 +190,17 @@ def policy_loss(
         importance_sampling: ``"token"`` or ``"sequence"`` (GSPO).
         clip_delta: cap on the unclipped ratio (two-sided clipping); None = off.
         token_weights: ``[N, T]`` factors of the per-token policy term; None = all 1.
+        token_values: also return the per-token values the loss used (below).
 
     Returns:
         ``(loss, stats)``; ``stats`` has ``policy`` (the clipped surrogate part),
         ``kl`` (mean per-token KL), ``clip_frac`` (share of tokens where the
         clipped branch was taken) and ``ratio_mean``. All stats are token means
-        over unmasked tokens of this batch, detached.
+        over unmasked tokens of this batch, detached. With ``token_values``, also
+        ``[N, T]`` (detached, 0 / False on masked tokens): ``token_ratio`` (the
+        importance ratio, GSPO's broadcast per rollout), ``token_clipped`` (the
+        clipped branch taken), ``token_advantage`` (the advantage each token was
+        credited) and ``token_weight`` (``token_weights``, 1 without them).
     """
     _check_shapes(logp=logp, old_logp=old_logp, mask=mask)
     if advantages.dim() == 1:
@@ -186,7 +221,23 @@ def policy_loss(
     loss = aggregate(per_token, mask, aggregation, **norms)
     with torch.no_grad():
         policy = aggregate(-surrogate, mask, aggregation, **norms)
-        return loss, _token_stats(policy, kl_tok, clipped_taken, ratio, mask.to(logp.dtype))
+        stats = _token_stats(policy, kl_tok, clipped_taken, ratio, mask.to(logp.dtype))
+        if token_values:
+            stats.update(_token_values(ratio, clipped_taken, advantages, token_weights, mask))
+        return loss, stats
+
+
+def _token_values(ratio, clipped_taken, advantages, token_weights, mask) -> dict[str, torch.Tensor]:
+    """The loss's own per-token values ``[N, T]``, 0 (False) off ``mask`` (see :func:`policy_loss`)."""
+    on = mask.bool()
+    m = mask.to(ratio.dtype)
+    weight = torch.ones_like(m) if token_weights is None else token_weights.to(ratio.dtype)
+    return {
+        "token_ratio": ratio.expand_as(m) * m,
+        "token_clipped": clipped_taken.expand_as(on) & on,
+        "token_advantage": advantages.expand_as(m) * m,
+        "token_weight": weight * m,
+    }
 
 
 def clipped_surrogate(

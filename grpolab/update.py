@@ -34,10 +34,8 @@ from grpolab.config import TrainConfig
 from grpolab.distributed import World
 from grpolab.engine_correction import engine_weights, mismatch
 from grpolab.loss import (
-    clipped_surrogate,
     entropy_threshold,
     high_entropy_mask,
-    importance_ratio,
     loss_token_mask,
     policy_loss,
 )
@@ -272,12 +270,12 @@ class Updater:
         with train.sync(c_i == len(plan.chunks) - 1):  # reduce over ranks once, after the last pass
             logp = train.logprobs(sub)  # [n, T]
             sub_mask = sub.completion_mask if padding else x.loss_mask[idx, : sub.completion_mask.shape[1]]
-            weights = None
+            weights = selection = None
             if x.threshold is not None:
                 ent = (
                     torch.zeros_like(logp) if padding else x.entropy[idx.cpu(), : sub_mask.shape[1]].to(sub_mask.device)
                 )
-                weights = high_entropy_mask(ent, sub_mask, x.threshold.to(ent.device))
+                weights = selection = high_entropy_mask(ent, sub_mask, x.threshold.to(ent.device))
             old = x.old_logp.get(c_i, logp.detach())  # [n, T] the trainer's log-probs at sampling time
             if x.sampler_logp is not None and not padding:
                 sampler = x.sampler_logp[idx.cpu(), : sub_mask.shape[1]].to(old.device)  # [n, T]
@@ -287,8 +285,7 @@ class Updater:
                 if first:
                     self._count_mismatch(old, sampler, sub_mask, correction, sums)
             adv = _rows_adv(x.adv, idx, sub_mask.shape[1])  # [n] or [n, T]
-            if x.watched is not None and not padding:
-                self._keep_watched(x.watched, idx, logp.detach(), old, adv, sub_mask, first)
+            watching = x.watched is not None and not padding
             loss, st = policy_loss(
                 logp,
                 old,
@@ -306,7 +303,10 @@ class Updater:
                 importance_sampling=cfg.importance_sampling,
                 clip_delta=cfg.clip_delta or None,
                 token_weights=weights,
+                token_values=watching,  # --log-token-credit records the loss's own per-token values
             )
+            if watching:
+                self._keep_watched(x.watched, idx, logp.detach(), st, sub_mask, selection, first)
             if padding:
                 loss = loss * 0.0
             # A non-finite loss still runs backward: the ranks stay in step, and the update is skipped.
@@ -346,23 +346,21 @@ class Updater:
         return watched
 
     @torch.no_grad()
-    def _keep_watched(self, w: WatchedTokens, idx, logp, old, adv, mask, first: bool) -> None:
-        """A pass's values of the watched rows among ``idx``: log-probs at the first pass (the weights before the
-        update), the importance ratio and clipping at every pass (the last one stays)."""
-        cfg, slot = self.cfg, w.slot
+    def _keep_watched(self, w: WatchedTokens, idx, logp, st: dict, mask, selection, first: bool) -> None:
+        """A pass's values of the watched rows among ``idx``, taken from the loss (``st``: its ``token_values``):
+        log-probs at the first pass (the weights before the update); the advantage the loss credited (times the
+        entropy ``selection``, if any), importance ratio and clipping at every pass (the last one stays)."""
+        slot, T = w.slot, mask.shape[1]
+        adv = st["token_advantage"] if selection is None else st["token_advantage"] * selection.to(logp.dtype)
         for j, r in enumerate(idx.tolist()):
             if r not in slot:
                 continue
-            k, T = slot[r], mask.shape[1]
-            m = mask[j : j + 1]  # [1, T]
+            k = slot[r]
             if first:
                 w.logp[k, :T] = logp[j].to(torch.float64)
-            ratio = importance_ratio(logp[j : j + 1], old[j : j + 1], m, cfg.importance_sampling)
-            a = adv[j : j + 1, None] if adv.dim() == 1 else adv[j : j + 1]  # [1, 1] or [1, T]
-            _, taken = clipped_surrogate(ratio, a.to(ratio.dtype), cfg.clip_low, cfg.clip_high, cfg.clip_delta or None)
-            on = m[0].bool()
-            w.ratio[k, :T] = torch.where(on, ratio.expand_as(m)[0].to(torch.float64), math.nan)
-            w.clipped[k, :T] = (taken.expand_as(m)[0] & on).cpu()
+            w.adv[k, :T] = adv[j].to(torch.float64)
+            w.ratio[k, :T] = torch.where(mask[j].bool(), st["token_ratio"][j].to(torch.float64), math.nan)
+            w.clipped[k, :T] = st["token_clipped"][j].cpu()
 
     def _correction(self, old: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
         """--engine-correction: the policy term's weights pi_trainer / pi_sampler, truncated or masked ``[n, T]``

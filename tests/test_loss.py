@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grpolab.loss import AGGREGATIONS, aggregate, kl_penalty, policy_loss
+from grpolab.loss import AGGREGATIONS, aggregate, aggregation_weights, kl_penalty, policy_loss
 
 # A 2x3 example with padding: row 0 has 2 tokens, row 1 has 1.
 VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
@@ -49,6 +49,20 @@ def test_padding_values_do_not_count(mode):
     assert aggregate(junk, MASK, mode, max_len=5).item() == pytest.approx(
         aggregate(VALUES, MASK, mode, max_len=5).item()
     )
+
+
+@pytest.mark.parametrize("mode", AGGREGATIONS)
+@pytest.mark.parametrize("whole", [{}, {"max_len": 9, "num_seqs": 7, "num_tokens": 23.0}])
+def test_aggregation_weights_are_the_weights_aggregate_puts_on_each_token(mode, whole):
+    """One truth for the loss's per-token weights: aggregate(v) == sum(v * w), with this batch's or the whole
+    batch's normalisers (a micro-batch); the gradient probes take their weights from the same function."""
+    g = torch.Generator().manual_seed(3)
+    values = torch.randn(5, 6, generator=g, dtype=torch.float64)
+    mask = (torch.rand(5, 6, generator=g) < 0.7).double()
+    mask[2] = 0.0  # a rollout with no tokens contributes nothing
+    w = aggregation_weights(mask, mode, **whole)
+    assert float((values * w).sum()) == pytest.approx(float(aggregate(values, mask, mode, **whole)), rel=1e-14)
+    assert (w[mask == 0] == 0).all()
 
 
 def test_unknown_aggregation_raises():

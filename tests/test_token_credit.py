@@ -303,3 +303,66 @@ def test_step_aggregates_and_their_summary_over_spans_of_steps():
     sd = math.sqrt(((0.8 - 0.525) ** 2 + (0.25 - 0.525) ** 2) / 1)
     assert mean == pytest.approx(0.525) and hi - mean == pytest.approx(NormalDist().inv_cdf(0.975) * sd / math.sqrt(2))
     assert spans[1]["answer_share"] == (1.0, 1.0, 1.0)
+
+
+CLIPS = {
+    "token-0.2": dict(importance_sampling="token"),
+    "token-tight-delta": dict(importance_sampling="token", clip_low=1e-3, clip_high=2e-3, clip_delta=1.01),
+    "sequence-gspo": dict(importance_sampling="sequence", clip_low=3e-4, clip_high=4e-4),
+}
+
+
+@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("clip", list(CLIPS))
+def test_recorded_ratio_clipping_and_advantage_are_the_losss_own(tmp_path, monkeypatch, clip, aggregation):
+    """The record's per-token ratio, clipping and advantage equal (float64, exactly) what ``policy_loss`` computed on
+    the last of the mu passes, for every importance-sampling level, clip setting and aggregation; and they agree with
+    the textbook formulas written out here."""
+    import grpolab.update
+
+    calls = []
+    real = grpolab.update.policy_loss
+
+    def spy(logp, old, adv, mask, **kw):
+        calls.append((logp.detach().clone(), old.clone(), adv.clone(), mask.clone(), dict(kw)))
+        return real(logp, old, adv, mask, **kw)
+
+    plans = []
+    plan_real = grpolab.update.plan_micro_batches
+    monkeypatch.setattr(grpolab.update, "policy_loss", spy)
+    monkeypatch.setattr(grpolab.update, "plan_micro_batches", lambda *a: plans.append(plan_real(*a)) or plans[-1])
+    cfg = dataclasses.replace(
+        TrainConfig(), **{**F64, "log_token_credit": 16}, mu=2, micro_batch=16, aggregation=aggregation,
+        **CLIPS[clip], out=str(tmp_path),
+    )  # fmt: skip
+    trainer, out, _, _ = _step_with_independent_forwards(cfg)
+    assert len(calls) == 2  # mu = 2 passes over one micro-batch of the rows with credit
+    pos = {r: i for i, r in enumerate(plans[-1].rows.tolist())}  # a row's place in the pass
+    logp, old, adv, mask, kw = calls[-1]
+    _, st = real(logp, old, adv, mask, **{**kw, "token_values": True})
+    # the formulas: GSPO's ratio per rollout, PPO's clip with the optional cap on the unclipped ratio
+    m = mask.double()
+    if cfg.importance_sampling == "token":
+        ratio = torch.exp(logp - old)
+    else:
+        ratio = torch.exp(((logp - old) * m).sum(1, keepdim=True) / m.sum(1, keepdim=True)).expand_as(logp)
+    A = adv[:, None].double().expand_as(logp)
+    capped = ratio if not cfg.clip_delta else torch.clamp(ratio, max=cfg.clip_delta)
+    clipped = (torch.clamp(ratio, 1 - cfg.clip_low, 1 + cfg.clip_high) * A < capped * A) & mask.bool()
+    watched = trainer.updater.watched
+    assert len(out.token_credit) == 16
+    n_clipped = 0
+    for k, rec in enumerate(out.token_credit):
+        if watched.rows[k] not in pos:  # no credit, no pass: nothing the loss computed
+            assert rec["advantage"] == 0 and all(a == 0 for a in rec["adv"])
+            continue
+        r, T = pos[watched.rows[k]], len(rec["ids"])
+        assert rec["ratio"] == st["token_ratio"][r, :T].tolist()  # exact
+        assert rec["clipped"] == st["token_clipped"][r, :T].tolist()
+        assert rec["adv"] == st["token_advantage"][r, :T].tolist()
+        assert rec["ratio"] == pytest.approx(ratio[r, :T].tolist(), abs=1e-12, rel=0)
+        assert rec["clipped"] == clipped[r, :T].tolist()
+        assert rec["adv"] == (A * m)[r, :T].tolist()
+        n_clipped += sum(rec["clipped"])
+    if clip != "token-0.2":  # tight clips: the second pass clips some tokens, so the check has teeth
+        assert n_clipped > 0

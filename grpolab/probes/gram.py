@@ -44,27 +44,22 @@ import torch
 from torch import nn
 
 from grpolab.logprobs import completion_logprobs
+from grpolab.loss import aggregation_weights
 from grpolab.rollout import Batch
 
 
 def token_weights(
     mask: torch.Tensor, aggregation: str = "seq-mean-token-mean", max_len: int | None = None
 ) -> torch.Tensor:
-    """Per-token weights ``[R, T]`` that make psi_i the score of rollout i as the loss weighs it.
+    """Per-token weights ``[R, T]`` that make psi_i the score of rollout i as the loss weighs it: the loss's own
+    aggregation weights (:func:`grpolab.loss.aggregation_weights`) at the per-rollout scale.
 
     ``seq-mean-token-mean``: 1/|o_i| (GRPO); ``token-mean`` and ``sum``: 1 (the plain
     trajectory score sum_t grad log pi, [Foundations, Eq. 17]); ``seq-mean-token-sum-norm``:
-    1/max_len (Dr. GRPO). A constant factor common to all rollouts scales Psi and not
-    the spectrum's shape.
+    1/max_len (Dr. GRPO). The constant factor common to all rollouts (1/N, 1/tokens) is left
+    out: it scales Psi and not the spectrum's shape.
     """
-    m = mask.double()
-    if aggregation == "seq-mean-token-mean":
-        return m / m.sum(dim=1, keepdim=True).clamp(min=1.0)
-    if aggregation in ("token-mean", "sum"):
-        return m
-    if aggregation == "seq-mean-token-sum-norm":
-        return m / float(max_len or mask.shape[1])
-    raise ValueError(f"unknown aggregation {aggregation!r}")
+    return aggregation_weights(mask, aggregation, max_len=max_len, num_seqs=1, num_tokens=1)
 
 
 def _weighted_score_sum(model, batch: Batch, weights: torch.Tensor, temperature: float) -> torch.Tensor:
