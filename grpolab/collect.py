@@ -71,6 +71,45 @@ class StepRollouts:
         return {b: k for k, b in enumerate(self.prompts)}
 
 
+def sample_and_score(
+    runner: EpisodeRunner, reward: Rewarder, records: list[dict], keys: list[tuple], settings: SamplingSettings, device
+) -> tuple[Rows, float, float]:
+    """The one way rollouts are drawn and scored: ``runner`` plays ``records`` (row n from ``keys[n]``) through its
+    rollout engine (and an environment task's environment), and ``reward`` scores them. Training's collector and the
+    gradient probes both call this. Returns the rows (on ``device``) and the (generation, scoring) seconds."""
+    if not records:
+        empty = Rows(None, [], reward([], [], torch.zeros(0, dtype=torch.long)))
+        return (dataclasses.replace(empty, episodes=[], row_counts=[]) if runner.multi_turn else empty), 0, 0
+    t0 = time.perf_counter()
+    episodes = runner.play(records, keys, settings)
+    t1 = time.perf_counter()
+    rows = episode_rows_of(episodes, runner.multi_turn, runner.policy.pad_id, device)
+    rows.scores = score_rows(reward, rows, records)
+    return rows, t1 - t0, time.perf_counter() - t1
+
+
+def score_rows(reward: Rewarder, rows: Rows, records: list[dict]) -> Scores:
+    """The rollouts' rewards: the reward functions on each completion; an episode's also on its conversation,
+    plus the environment's return (component ``env``)."""
+    if rows.episodes is None:
+        return reward(rows.texts, records, rows.batch.completion_mask.sum(1).cpu())
+    scores = final_scores(reward, rows.episodes, records)
+    returns = torch.tensor([sum(e.rewards) for e in rows.episodes], dtype=torch.float32)
+    return Scores(scores.total + returns, {"env": returns, **scores.components}, scores.errors, scores.counts)
+
+
+def final_scores(reward: Rewarder, episodes: list, recs: list[dict] | None = None) -> Scores:
+    """The reward functions on each episode's final conversation (its last reply the completion); each
+    episode's ``final_reward`` is set to their weighted sum."""
+    recs = [e.record for e in episodes] if recs is None else recs
+    lengths = torch.tensor([policy_tokens(e) for e in episodes])
+    conversations = [(e.messages[: e.opening], e.messages[e.opening :]) for e in episodes]
+    scores = reward([e.text for e in episodes], recs, lengths, conversations)
+    for e, total in zip(episodes, scores.total.tolist()):
+        e.final_reward = total
+    return scores
+
+
 def merge_generated(parts: list[dict]) -> dict:
     """Per-rollout lists concatenated; ``errors`` summed; ``counts`` (reward functions' own) summed key by key."""
     return {
@@ -154,41 +193,17 @@ class Collector:
     def _generate(self, step: int, items: list[tuple[int, dict, range]]) -> tuple[Rows, float, float]:
         """Rollouts ``g in gs`` of prompts ``(b, record, gs)``; returns the rows and (generation, scoring) seconds."""
         recs = [rec for _, rec, gs in items for _ in gs]
-        if not recs:
-            empty = Rows(None, [], self.reward([], [], torch.zeros(0, dtype=torch.long)))
-            return (dataclasses.replace(empty, episodes=[], row_counts=[]) if self.runner.multi_turn else empty), 0, 0
-        t0 = time.perf_counter()
         seed = self.settings.seed
         keys = [(streams.ROLLOUT, seed, step, b, g) for b, _, gs in items for g in gs]  # global b: P-independent
-        episodes = self.runner.play(recs, keys, self.settings.sampling)
-        t1 = time.perf_counter()
-        rows = episode_rows_of(episodes, self.runner.multi_turn, self.policy.pad_id, self.engine_device)
-        rows.scores = self._score(rows, recs)
-        return rows, t1 - t0, time.perf_counter() - t1
+        return sample_and_score(self.runner, self.reward, recs, keys, self.settings.sampling, self.engine_device)
 
     @property
     def engine_device(self):
         return getattr(self.engine, "device", None) or next(self.policy.model.parameters()).device
 
-    def _score(self, rows: Rows, recs: list[dict]) -> Scores:
-        """The rollouts' rewards: the reward functions on each completion; an episode's also on its conversation,
-        plus the environment's return (component ``env``)."""
-        if rows.episodes is None:
-            return self.reward(rows.texts, recs, rows.batch.completion_mask.sum(1).cpu())
-        scores = self.final_scores(rows.episodes, recs)
-        returns = torch.tensor([sum(e.rewards) for e in rows.episodes], dtype=torch.float32)
-        return Scores(scores.total + returns, {"env": returns, **scores.components}, scores.errors, scores.counts)
-
     def final_scores(self, episodes: list, recs: list[dict] | None = None) -> Scores:
-        """The reward functions on each episode's final conversation (its last reply the completion); each
-        episode's ``final_reward`` is set to their weighted sum."""
-        recs = [e.record for e in episodes] if recs is None else recs
-        lengths = torch.tensor([policy_tokens(e) for e in episodes])
-        conversations = [(e.messages[: e.opening], e.messages[e.opening :]) for e in episodes]
-        scores = self.reward([e.text for e in episodes], recs, lengths, conversations)
-        for e, total in zip(episodes, scores.total.tolist()):
-            e.final_reward = total
-        return scores
+        """:func:`final_scores` with the run's reward."""
+        return final_scores(self.reward, episodes, recs)
 
     def _per_rollout(self, rows: Rows) -> dict:
         """Per-rollout lists for the step's metrics (every rank's are gathered)."""

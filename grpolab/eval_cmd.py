@@ -21,7 +21,7 @@ from grpolab.env import environment
 from grpolab.runs import GRADIENT_FIELDS, TASK_FIELDS, Target, load_task_policy, resolve_target, task_config
 
 # The task settings a flag may override (the run's config.json supplies the rest, see grpolab.runs).
-EVAL_TASK_FLAGS = tuple(f for f in TASK_FIELDS if f not in ("format_weight", *GRADIENT_FIELDS))
+EVAL_TASK_FLAGS = tuple(f for f in TASK_FIELDS if f not in ("format_weight", "reward_weights", *GRADIENT_FIELDS))
 
 
 @dataclasses.dataclass

@@ -83,3 +83,23 @@ def _token_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: flo
     if temperature != 1.0:
         logits = logits / temperature
     return logits.gather(-1, target.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+@torch.no_grad()
+def completion_entropy(model, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+    """``[N, T]`` the entropy (nats) of pi(. | q, o_<t) at each completion position, at ``temperature`` (0 where
+    masked): what grpolab's sampler records as it samples, from one forward, for rollouts of an engine that gives
+    none (vLLM). One row at a time, so the ``[T, V]`` logits of a single rollout are the most held at once."""
+    from grpolab.rollout import token_entropy
+
+    N, T = batch.completion_ids.shape
+    head = model.get_output_embeddings()
+    out = torch.zeros(N, T, device=batch.completion_ids.device)
+    for i in range(N):
+        ids = torch.cat([batch.prompt_ids[i : i + 1], batch.completion_ids[i : i + 1]], dim=1)  # [1, P + T]
+        attn = torch.cat([batch.prompt_mask[i : i + 1], batch.completion_mask[i : i + 1]], dim=1)
+        position = (attn.cumsum(-1) - 1).clamp(min=0)
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=position).last_hidden_state
+        logits = head(hidden[:, -(T + 1) : -1])  # [1, T, V]: position P-1+t predicts completion token t
+        out[i] = token_entropy(logits.float(), temperature)[0] * batch.completion_mask[i]
+    return out

@@ -359,3 +359,18 @@ class Rewarder:
             return scores
         pen = overlong_penalty(lengths, self.max_new_tokens, self.overlong_buffer, self.overlong_penalty)
         return Scores(scores.total + pen, {**scores.components, "overlong": pen}, scores.errors, scores.counts)
+
+
+def rewarder_for(cfg, policy) -> Rewarder:
+    """A run's reward from its config (a resolved :class:`grpolab.config.TrainConfig`): its ``--reward-fn``
+    functions and weights (TRL-form ones see prompts as ``policy`` shows them), the format reward and DAPO's
+    overlong penalty. Training and the gradient probes both score with it."""
+    fns = reward_functions(
+        cfg.reward_fn,
+        cfg.reward_weights,
+        cfg.format_weight,
+        chat=policy.chat,
+        prompt_of=policy.shown_prompt,
+        episodes=cfg.multi_turn,
+    )
+    return Rewarder(fns, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty)

@@ -33,6 +33,7 @@ TASK_FIELDS = (
     "eval_fraction",
     "prompt_column",
     "reward_fn",
+    "reward_weights",
     "eval_reward_fn",
     "code_reward",
     "reward_workers",
@@ -170,8 +171,10 @@ def load_task_policy(target: Target, cfg: TrainConfig, *, device="cpu", dtype=No
     return policy
 
 
-def probe_records(cfg: TrainConfig, n: int) -> list[dict]:
-    """The first ``n`` questions of the fixed probe set of ``cfg``'s arithmetic task (the 500 of [U-statistic, Sec. 5.1])."""
+def probe_records(cfg: TrainConfig, n: int, split: str = "held-out", held_out=None, sampler=None) -> list[dict]:
+    """The ``n`` prompts a probe measures on ``cfg``'s task: the built-in arithmetic task's fixed probe set (the 500
+    of [U-statistic, Sec. 5.1]) or, for a run on data, the first ``n`` of its held-out records (``held_out``) or of
+    its training records (``split="train"``: ``sampler.records``)."""
     from grpolab.data.arithmetic import ArithmeticSpec, probe_set
 
     if cfg.multi_turn:
@@ -179,9 +182,18 @@ def probe_records(cfg: TrainConfig, n: int) -> list[dict]:
             "the gradient probes measure single-turn rollouts; this run played episodes of an environment "
             "(grpolab multiturn measures those)"
         )
-    if cfg.data or cfg.eval_data:
-        raise ConfigError("the probes measure the built-in arithmetic task; this run trained on JSONL data")
-    return probe_set(n, ArithmeticSpec(cfg.max_operand, cfg.mul_max, tuple(cfg.categories)))
+    if split not in ("held-out", "train"):
+        raise ConfigError(f"--probe-split must be 'held-out' or 'train', got {split!r}")
+    if split == "train" and not cfg.data:
+        raise ConfigError("--probe-split train: the built-in task draws fresh training questions each step; probe it "
+                          "on its fixed probe set (held-out) or give --data")  # fmt: skip
+    if not cfg.data and not cfg.eval_data:
+        return probe_set(n, ArithmeticSpec(cfg.max_operand, cfg.mul_max, tuple(cfg.categories)))
+    source = held_out if split == "held-out" else sampler.records
+    what = cfg.eval_data or cfg.data
+    if len(source) < n:
+        raise ConfigError(f"--prompts {n}: the {split} prompts of {what} number {len(source)}; ask for at most that")
+    return list(source[:n])
 
 
 def probe_task(target: Target, probe_cfg):
@@ -189,16 +201,36 @@ def probe_task(target: Target, probe_cfg):
 
     ``cfg`` is the task of ``target``'s run (or the built-in one) with the probe's own
     ``max_new_tokens``, ``temperature`` and ``format_weight`` (and the gradient options of
-    ``GRADIENT_FIELDS`` the probe has) on top where set; the returned ``probe_cfg`` has those
-    filled in from it; ``records`` are the first ``probe_cfg.prompts``
-    probe questions of that task and ``sampler`` gives its few-shot examples.
+    ``GRADIENT_FIELDS`` the probe has), and its ``--reward-fn`` / ``--reward-weights``, on top
+    where set; the returned ``probe_cfg`` has those filled in from it. ``records`` are the first
+    ``probe_cfg.prompts`` probe prompts of that task (:func:`probe_records`; with the probe's own
+    ``--data``, that file's first records) and ``sampler`` gives its few-shot examples.
     """
+    from grpolab.data.dataset import load_records
     from grpolab.data.task import task_data
 
     keys = ("max_new_tokens", "temperature", "format_weight") + tuple(
         k for k in GRADIENT_FIELDS if hasattr(probe_cfg, k)
     )
-    cfg = task_config(target, **{k: getattr(probe_cfg, k) for k in keys})
-    _, sampler = task_data(cfg, log=lambda *a, **k: None)
+    given = {k: getattr(probe_cfg, k) for k in keys}
+    if getattr(probe_cfg, "reward_fn", ()):
+        given["reward_fn"] = tuple(probe_cfg.reward_fn)
+    if getattr(probe_cfg, "reward_weights", ()):
+        given["reward_weights"] = tuple(probe_cfg.reward_weights)
+    data = getattr(probe_cfg, "data", "")
+    if data:  # the probe's own prompts: the file's records as they are, no held-out split
+        given.update(data=data, eval_data="", eval_fraction=0.0)
+    cfg = task_config(target, **given)
+    if data:
+        if cfg.few_shot:
+            raise ConfigError("--data: this run shows --few-shot examples from its own training data; probe it there")
+        records, sampler = load_records(cfg.data, cfg.format, cfg.data_split, cfg.prompt_column), None
+        if len(records) < probe_cfg.prompts:
+            raise ConfigError(f"--prompts {probe_cfg.prompts}: {data} has {len(records)} records; ask for at most that")
+        records = records[: probe_cfg.prompts]
+    else:
+        held_out, sampler = task_data(cfg, log=lambda *a, **k: None)
+        split = getattr(probe_cfg, "probe_split", "held-out")
+        records = probe_records(cfg, probe_cfg.prompts, split, held_out, sampler)
     probe_cfg = dataclasses.replace(probe_cfg, **{k: getattr(cfg, k) for k in keys})
-    return probe_cfg, cfg, probe_records(cfg, probe_cfg.prompts), sampler
+    return probe_cfg, cfg, records, sampler

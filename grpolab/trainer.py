@@ -37,7 +37,6 @@ from grpolab.probes.advantage_stats import advantage_stats
 from grpolab.probes.gram import score_gram, token_weights
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
 from grpolab.probes.token_credit import credit_row, join_credit_rows, pick_rollouts, record_aggregates
-from grpolab.rewards import Rewarder
 from grpolab.rollout import select
 from grpolab.rows import rollout_lengths
 from grpolab.trainer_base import StepOutput, TrainerBase
@@ -67,7 +66,6 @@ class GRPOTrainer(TrainerBase):
         if engine is None and cfg.rollout_engine != "hf":
             mode = "compiled" if cfg.vllm_compile else "eager"
             log(f"rollout engine: {cfg.rollout_engine} ({mode}), started in {time.perf_counter() - t0:.0f} s")
-        self.reward = Rewarder(self.reward_fns, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
         # single-turn rollouts, or episodes of the run's environment; evaluation plays them too
         self.runner = self.env.runner(self.engine, policy) if self.env else EpisodeRunner(self.engine, policy)
         self.collector = Collector(

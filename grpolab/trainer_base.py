@@ -26,7 +26,7 @@ from grpolab.distributed import SINGLE, World
 from grpolab.env import environment
 from grpolab.evaluate import evaluate, format_accuracy
 from grpolab.policy import Policy, disable_dropout, enable_activation_checkpointing, load_policy, system_prompt_for
-from grpolab.rewards import check_columns, eval_reward, reward_functions
+from grpolab.rewards import check_columns, eval_reward, rewarder_for
 from grpolab.rollout import Batch
 from grpolab.train_forward import TrainModule
 from grpolab.update import Updater
@@ -140,14 +140,8 @@ class TrainerBase:
     def _setup_data(self) -> None:
         """The reward functions, the held-out set and the training sampler (and --few-shot examples)."""
         cfg, policy = self.cfg, self.policy
-        self.reward_fns = reward_functions(
-            cfg.reward_fn,
-            cfg.reward_weights,
-            cfg.format_weight,
-            chat=policy.chat,
-            prompt_of=policy.shown_prompt,
-            episodes=cfg.multi_turn,
-        )
+        self.reward = rewarder_for(cfg, policy)
+        self.reward_fns = self.reward.reward_fns
         self.held_out, self.sampler = self._data()
         # an environment task: its environment, with one episode opened on a held-out record to check it now
         self.env = environment(cfg, policy, self.held_out[0] if self.held_out else None)

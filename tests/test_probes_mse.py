@@ -237,23 +237,34 @@ def test_optimal_group_size_is_the_argmin_and_budget_free():
 # ---------------------------------------------------------------- the LM pool
 
 
+def _sampler(policy, max_new_tokens: int, format_weight: float = 0.1):
+    """The probes' sampler on ``policy`` with the built-in reward (accuracy + format_weight * format)."""
+    from grpolab.engine import HFEngine, SamplingSettings
+    from grpolab.env.episodes import EpisodeRunner
+    from grpolab.probes.pool import ProbeSampler
+    from grpolab.rewards import Rewarder, default_reward_fns
+
+    engine = HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id)
+    reward = Rewarder(default_reward_fns(format_weight), max_new_tokens)
+    return ProbeSampler(EpisodeRunner(engine, policy), reward, SamplingSettings(max_new_tokens, 1.0), "cpu")
+
+
 def test_lm_pool_cross_diagonal_is_the_quadratic_form(tiny_model, char_tokenizer):
     from grpolab import streams
     from grpolab.data.arithmetic import probe_set
     from grpolab.policy import Policy
     from grpolab.probes.gram import score_gram
-    from grpolab.probes.pool import collect_pool, sample_rollouts
+    from grpolab.probes.pool import collect_pool
 
     policy = Policy(tiny_model, char_tokenizer, "tiny")
     records = probe_set(500)[:3]
-    pool = collect_pool(policy, records, 5, seed=3, max_new_tokens=8, progress=False)
+    sampler = _sampler(policy, max_new_tokens=8)
+    pool = collect_pool(policy, records, 5, sampler, seed=3, progress=False)
     assert len(pool.moments) == 3 and pool.cross.shape == (3, 3)
     assert torch.allclose(pool.cross, pool.cross.T)
     # the explicit vector mu_hat(x) and the Gram quadratic form a^T Psi a agree
     for k, rec in enumerate(records):
-        batch, rewards = sample_rollouts(
-            policy, rec, 5, (streams.POOL, 3, k), max_new_tokens=8, temperature=1.0, format_weight=0.1
-        )
+        batch, rewards, _ = sampler(rec, 5, (streams.POOL, 3, k))
         psi = score_gram(tiny_model, batch, batch.completion_mask.double())
         a = rloo_weights(rewards)
         assert float(pool.cross[k, k]) == pytest.approx(float(a @ psi @ a), rel=1e-4, abs=1e-9)
@@ -268,18 +279,19 @@ def test_lm_pool_sketched_cross_products_are_close_to_exact():
 
     policy = load_policy("builtin")  # the warm start: rewards with variance, so nonzero leave-one-out vectors
     records = probe_set(500)[:4]
-    kw = dict(seed=1, max_new_tokens=48, progress=False)
-    exact = collect_pool(policy, records, 6, **kw, sketch_dim=0)
+    kw = dict(seed=1, progress=False)
+    sampler = _sampler(policy, max_new_tokens=48)
+    exact = collect_pool(policy, records, 6, sampler, **kw, sketch_dim=0)
     assert (exact.cross.diagonal() > 0).sum() >= 2
     k = 2**14
-    sketched = collect_pool(policy, records, 6, **kw, sketch_dim=k)
+    sketched = collect_pool(policy, records, 6, sampler, **kw, sketch_dim=k)
     assert sketched.moments == exact.moments  # per-prompt moments never use the sketch
     norms = exact.cross.diagonal().clamp_min(0).sqrt()
     bound = 4 * math.sqrt(2 / k) * torch.outer(norms, norms)  # 4 standard deviations of a CountSketch entry
     err = (sketched.cross - exact.cross).abs()
     assert (err <= bound + 1e-12).all(), (err / bound).max()
     assert err.max() > 0  # it did sketch
-    other = collect_pool(policy, records, 6, **kw, sketch_dim=8)
+    other = collect_pool(policy, records, 6, sampler, **kw, sketch_dim=8)
     assert not torch.allclose(other.cross, exact.cross, rtol=1e-3)  # a tiny sketch is visibly noisy: the test can fail
 
 

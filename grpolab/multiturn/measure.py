@@ -175,9 +175,10 @@ class _Task(NamedTuple):
 
 def _task(cfg: MultiturnConfig, log) -> _Task:
     """The policy, its environment and the records to measure, as training would play them."""
+    from grpolab.collect import final_scores
     from grpolab.env import environment
     from grpolab.env.arith import make_dialogues
-    from grpolab.rewards import Rewarder, reward_functions
+    from grpolab.rewards import rewarder_for
     from grpolab.rollout import SamplingSettings
     from grpolab.runs import load_task_policy, resolve_target, task_config
 
@@ -207,15 +208,12 @@ def _task(cfg: MultiturnConfig, log) -> _Task:
         records = records[: cfg.episodes]
     env = environment(tcfg, policy, records[0])
     engine = _engine(tcfg, cfg.rollout_engine, policy, log)
-    fns = reward_functions(tcfg.reward_fn, tcfg.reward_weights, 0.0, policy.shown_prompt, policy.chat, episodes=True)
-    reward = Rewarder(fns)
+    reward = rewarder_for(tcfg, policy)  # the run's reward functions, scored as training scores an episode
 
     def final_rewards(episodes) -> list[float]:
-        if not fns:
+        if not reward.reward_fns:
             return [0.0] * len(episodes)
-        convs = [(e.messages[: e.opening], e.messages[e.opening :]) for e in episodes]
-        lengths = torch.zeros(len(episodes), dtype=torch.long)
-        return reward([e.text for e in episodes], [e.record for e in episodes], lengths, convs).total.tolist()
+        return final_scores(reward, episodes).total.tolist()
 
     settings = SamplingSettings(tcfg.max_new_tokens, tcfg.temperature, tcfg.top_p)
     log(f"measuring {policy.source} on {env.name}: {len(records)} records x {cfg.group_size} episodes")

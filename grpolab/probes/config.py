@@ -1,12 +1,14 @@
 """What every gradient probe command (``rank``, ``mse``, ``groupsize``) is configured with.
 
-Each probe samples rollouts of the policy it measures and scores them as training does; unset
-(None) options take the measured run's values (its config.json), else training's defaults.
+Each probe samples rollouts of the policy it measures and scores them as training does (the same
+engine path and the run's own reward functions); unset (None, empty) options take the measured
+run's values (its config.json), else training's defaults.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 
 @dataclasses.dataclass
@@ -20,6 +22,20 @@ class ProbeConfig:
     format_weight: float | None = None
     """lambda in the reward r = accuracy + lambda * format (default: the run's, else training's default for the
     model)."""
+    probe_split: Literal["held-out", "train"] = "held-out"
+    """Which prompts of a run's data file are probed: 'held-out' (its --eval-data, or the split it held out) or
+    'train' (its training records); the first --prompts of them. The built-in task: its fixed probe set."""
+    data: str = ""
+    """A data file (any form --data takes) whose first --prompts records are the probe prompts: for a bare model, or
+    instead of a run's own data."""
+    reward_fn: tuple[str, ...] = ()
+    """Reward functions (module:function or file.py:function, as --reward-fn in training; default: the run's, else
+    the built-in answer check)."""
+    reward_weights: tuple[float, ...] = ()
+    """Weights of --reward-fn (default: the run's, else 1 each)."""
+    rollout_engine: Literal["hf", "vllm"] = "hf"
+    """What samples the probe's rollouts: 'hf' (grpolab's sampler) or 'vllm'. The gradients always come from the
+    transformers model; the rank probe's entropy selection, without vLLM entropies, from one forward."""
     include: str = ""
     """Regex restricting psi to matching parameter names (e.g. 'layers\\.0\\.'); empty = all."""
     overlong_buffer: int | None = None

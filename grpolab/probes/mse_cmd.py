@@ -24,7 +24,7 @@ from grpolab.probes.mse import (
     optimal_group_size,
     predicted_mse,
 )
-from grpolab.probes.pool import collect_pool
+from grpolab.probes.pool import collect_pool, probe_sampler
 from grpolab.probes.sampling_bias import BanditStep, measure
 from grpolab.runs import load_task_policy, probe_task, resolve_target
 from grpolab.utils import percentile_interval, set_threads
@@ -192,7 +192,7 @@ def run_mse(cfg: MseConfig, log=print) -> dict:
     report = {"config": dataclasses.asdict(cfg), "policies": []}
     for spec, target in zip(cfg.policy, targets):
         policy = load_task_policy(target, tcfg, sampler=sampler)
-        pool = _pool(cfg, policy, records, world, log, label=f"pool {spec}")
+        pool = _pool(cfg, tcfg, policy, records, world, log, label=f"pool {spec}")
         entry = {
             "policy": spec,
             "reward_mean": statistics.fmean(pool.reward_mean),
@@ -283,23 +283,21 @@ def _interval(values: list[float]) -> list[float]:
     return list(percentile_interval(finite))
 
 
-def _pool(cfg: MseConfig | GroupsizeConfig, policy, records, world, log, label: str = "pool"):
-    """The probe's pool of ``cfg.pool`` rollouts per prompt, with their score Gram moments (``grpolab.probes.pool``)."""
+def _pool(cfg: MseConfig | GroupsizeConfig, tcfg, policy, records, world, log, label: str = "pool"):
+    """The probe's pool of ``cfg.pool`` rollouts per prompt, drawn and scored as the run of ``tcfg`` draws and scores
+    them, with their score Gram moments (``grpolab.probes.pool``)."""
     return collect_pool(
         policy,
         records,
         cfg.pool,
+        probe_sampler(policy, tcfg, cfg.rollout_engine, log, records),
         seed=cfg.seed,
-        max_new_tokens=cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        format_weight=cfg.format_weight,
         include=cfg.include or None,
         progress=cfg.progress,
         label=label,
         world=world,
         sketch_dim=cfg.sketch_dim,
         log=log,
-        overlong=(cfg.overlong_buffer, cfg.overlong_penalty),
     )
 
 
@@ -311,7 +309,7 @@ def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:
     target = resolve_target(cfg.policy, cfg.step)
     cfg, tcfg, records, sampler = probe_task(target, cfg)
     policy = load_task_policy(target, tcfg, sampler=sampler)
-    pool = _pool(cfg, policy, records, world, log)
+    pool = _pool(cfg, tcfg, policy, records, world, log)
     consts = groupsize_constants(pool.moments, pool.cross)
     gen = torch.Generator().manual_seed(cfg.seed)
     M = len(pool.moments)

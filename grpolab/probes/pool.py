@@ -19,52 +19,56 @@ import dataclasses
 import torch
 
 from grpolab import distributed, streams
+from grpolab.collect import sample_and_score
 from grpolab.distributed import SINGLE, World
+from grpolab.engine import SamplingSettings, build_engine
+from grpolab.env.episodes import EpisodeRunner
 from grpolab.logprobs import completion_logprobs
 from grpolab.policy import Policy
 from grpolab.probes.gram import _count_sketch, _select_params, score_gram
 from grpolab.probes.mse import prompt_moments, rloo_weights
 from grpolab.progress import progress_bar
-from grpolab.rewards import default_reward_fns, overlong_penalty, score
-from grpolab.rollout import Batch, sample_with_stats
+from grpolab.rewards import Rewarder, check_columns, rewarder_for
+from grpolab.rollout import Batch
 
 EXACT_POOL_FLOATS = 2**28  # 1 GB of float32 leave-one-out vectors; beyond it they are sketched
 SKETCH_DIM = 2**22
 
 
-def sample_rollouts(
-    policy: Policy,
-    record: dict,
-    n: int,
-    key: tuple,
-    *,
-    max_new_tokens: int,
-    temperature: float,
-    format_weight: float,
-    overlong: tuple[int, float] = (0, 1.0),
-    entropy: list | None = None,
-) -> tuple[Batch, torch.Tensor]:
-    """n rollouts of one prompt and their rewards ``[n]``; rollout i draws from stream (*key, i).
+@dataclasses.dataclass
+class ProbeSampler:
+    """How a probe draws and scores rollouts: training's own path (:func:`grpolab.collect.sample_and_score`), through
+    the run's rollout engine and scored by the run's :class:`grpolab.rewards.Rewarder` (its reward functions, weights
+    and columns), so a probe measures the gradient of the reward the run trained on."""
 
-    ``overlong``: (buffer, penalty) of DAPO's length penalty, added to the reward as in training.
-    ``entropy``: a list that receives the rollouts' token entropies ``[n, T]``."""
-    batch, _, ent = sample_with_stats(
-        policy.model,
-        [policy.prompt_ids(record)] * n,
-        [(*key, i) for i in range(n)],
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=1.0,
-        eos_id=policy.eos_id,
-        pad_id=policy.pad_id,
-    )
-    if entropy is not None:
-        entropy.append(ent)
-    texts = policy.decode(batch.completion_ids, batch.completion_mask)
-    rewards = score(texts, [record] * n, default_reward_fns(format_weight)).total
-    if overlong[0]:
-        rewards = rewards + overlong_penalty(batch.completion_mask.sum(1).cpu(), max_new_tokens, *overlong)
-    return batch, rewards
+    runner: EpisodeRunner
+    reward: Rewarder
+    settings: SamplingSettings
+    device: torch.device
+
+    def __call__(self, record: dict, n: int, key: tuple) -> tuple[Batch, torch.Tensor, torch.Tensor | None]:
+        """n rollouts of one prompt, their rewards ``[n]`` and the sampler's token entropies ``[n, T]`` (None from an
+        engine that gives none: vLLM); rollout i draws from stream (*key, i)."""
+        keys = [(*key, i) for i in range(n)]
+        rows, _, _ = sample_and_score(self.runner, self.reward, [record] * n, keys, self.settings, self.device)
+        return rows.batch, rows.scores.total, rows.entropy
+
+
+def probe_sampler(policy: Policy, cfg, engine: str = "hf", log=print, records: list[dict] = ()) -> ProbeSampler:
+    """The :class:`ProbeSampler` of ``policy`` on the task of ``cfg`` (a resolved TrainConfig: the run's, with the
+    probe's sampling settings on top) through the rollout engine ``engine`` ('hf' or 'vllm'). A reward function
+    that needs a column ``records`` lack is named now, in one line, not scored 0 on every rollout."""
+    from grpolab import code_reward
+    from grpolab.code_reward import runs_programs
+
+    reward = rewarder_for(cfg, policy)
+    if records and (cfg.data or cfg.eval_data):
+        check_columns(reward.reward_fns, records, f"the probe prompts of {cfg.eval_data or cfg.data}")
+    if any(runs_programs(fn) for _, fn, _ in reward.reward_fns):
+        log(code_reward.configure(cfg.code_reward_settings()).describe())  # refuses here if unsafe
+    runner = EpisodeRunner(build_engine(dataclasses.replace(cfg, rollout_engine=engine), policy), policy)
+    settings = SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_p)
+    return ProbeSampler(runner, reward, settings, next(policy.model.parameters()).device)
 
 
 @dataclasses.dataclass
@@ -79,20 +83,17 @@ def collect_pool(
     policy: Policy,
     records: list[dict],
     n: int,
+    sampler: ProbeSampler,
     *,
     seed: int = 0,
-    max_new_tokens: int = 48,
-    temperature: float = 1.0,
-    format_weight: float = 0.1,
     include: str | None = None,
     progress: bool = True,
     label: str = "pool",
     world: World = SINGLE,
     sketch_dim: int | None = None,
     log=print,
-    overlong: tuple[int, float] = (0, 1.0),
 ) -> Pool:
-    """Sample n rollouts for each record and reduce them (module docstring); over ``world``, each
+    """Sample n rollouts for each record with ``sampler`` and reduce them (module docstring); over ``world``, each
     rank takes its block of the records and all get the whole pool.
 
     ``sketch_dim``: 0 keeps the M leave-one-out vectors whole (exact cross products); k > 0 keeps a
@@ -109,13 +110,7 @@ def collect_pool(
     params = [p for p in model.parameters() if id(p) in chosen]
     D = sum(p.numel() for p in params)
     sketch_dim = _resolve_sketch_dim(sketch_dim, len(records), D, world, log)
-    sample_kw = {
-        "max_new_tokens": max_new_tokens,
-        "temperature": temperature,
-        "format_weight": format_weight,
-        "overlong": overlong,
-    }
-    reduce = _PromptReducer(policy, n, seed, sample_kw, include, params, [chosen[id(p)] for p in params], sketch_dim)
+    reduce = _PromptReducer(policy, n, seed, sampler, include, params, [chosen[id(p)] for p in params], sketch_dim)
     moments, vectors, means, stds = [], [], [], []
     mine = world.split(len(records))
     with progress_bar(label, len(mine), enabled=progress and world.is_main) as bar:
@@ -151,7 +146,7 @@ class _PromptReducer:
     policy: Policy
     n: int
     seed: int
-    sample_kw: dict  # sample_rollouts' max_new_tokens, temperature, format_weight, overlong
+    sampler: ProbeSampler
     include: str | None
     params: list[torch.nn.Parameter]  # the chosen parameters, in model order: the blocks of mu_hat
     names: list[str]  # their names, which key each block's sketch hashes
@@ -159,11 +154,11 @@ class _PromptReducer:
 
     def __call__(self, k: int, record: dict) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
         """Prompt k's moments, mu_hat and rewards ``[n]``; its rollouts draw from stream (POOL, seed, k)."""
-        batch, rewards = sample_rollouts(self.policy, record, self.n, (streams.POOL, self.seed, k), **self.sample_kw)
+        batch, rewards, _ = self.sampler(record, self.n, (streams.POOL, self.seed, k))
         # The plain score sum_t grad log pi (weight 1 per token): E[psi] = 0, so mu = E[r psi] is the
         # true gradient. A length-normalised psi would not be a score and would not average to 0.
         weights = batch.completion_mask.double()  # [n, T]
-        temperature = self.sample_kw["temperature"]
+        temperature = self.sampler.settings.temperature
         psi = score_gram(self.policy.model, batch, weights, temperature=temperature, include=self.include)  # [n, n]
         return prompt_moments(psi, rewards), self._loo_vector(batch, weights, rewards), rewards
 
@@ -182,7 +177,7 @@ class _PromptReducer:
     def _weighted_score_blocks(self, batch: Batch, token_weights: torch.Tensor) -> list[torch.Tensor]:
         """grad sum_{i,t} w_it log pi(o_it | ...) for token weights w ``[n, T]``: one flattened float32
         block per parameter (zeros for a parameter the completions do not reach)."""
-        logp = completion_logprobs(self.policy.model, batch, self.sample_kw["temperature"])  # [n, T]
+        logp = completion_logprobs(self.policy.model, batch, self.sampler.settings.temperature)  # [n, T]
         obj = (logp * token_weights.to(logp.dtype)).sum()
         grads = torch.autograd.grad(obj, self.params, allow_unused=True)
         return [(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, self.params)]

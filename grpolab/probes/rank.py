@@ -28,12 +28,12 @@ import torch
 from grpolab import distributed, streams
 from grpolab.advantages import compute_advantages
 from grpolab.config import ConfigError
-from grpolab.logprobs import completion_logprobs
+from grpolab.logprobs import completion_entropy, completion_logprobs
 from grpolab.loss import loss_token_mask
 from grpolab.policy import Policy
 from grpolab.probes.config import ProbeConfig
 from grpolab.probes.gram import gram_relative_error, score_gram, score_gram_reference, token_weights
-from grpolab.probes.pool import sample_rollouts
+from grpolab.probes.pool import ProbeSampler, probe_sampler
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
 from grpolab.progress import progress_bar
 from grpolab.rollout import Batch
@@ -83,20 +83,12 @@ def _plain_forward_backward_s(model, batch: Batch, weights: torch.Tensor, temper
     return elapsed
 
 
-def measure_prompt(policy: Policy, record: dict, R: int, key: tuple, cfg: RankConfig) -> dict:
-    """Spectrum metrics of one prompt's R rollouts (and, with verify, the reference check)."""
-    ent: list = []
-    batch, rewards = sample_rollouts(
-        policy,
-        record,
-        R,
-        key,
-        max_new_tokens=cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        format_weight=cfg.format_weight,
-        overlong=(cfg.overlong_buffer, cfg.overlong_penalty),
-        entropy=ent,
-    )
+def measure_prompt(policy: Policy, sampler: ProbeSampler, record: dict, R: int, key: tuple, cfg: RankConfig) -> dict:
+    """Spectrum metrics of one prompt's R rollouts, drawn and scored by ``sampler`` (and, with verify, the reference
+    check)."""
+    batch, rewards, entropy = sampler(record, R, key)
+    if entropy is None and cfg.top_entropy_quantile < 1:  # an engine without entropies (vLLM): one forward
+        entropy = completion_entropy(policy.model, batch, cfg.temperature)
     adv = compute_advantages(rewards[None, :], cfg.estimator)[0]  # [R]
     row = {
         "reward_std": float(rewards.std(unbiased=False)),
@@ -112,7 +104,7 @@ def measure_prompt(policy: Policy, record: dict, R: int, key: tuple, cfg: RankCo
         batch.completion_mask,
         policy.eos_id,
         mask_truncated=cfg.mask_truncated,
-        entropy=ent[0],
+        entropy=entropy,
         top_entropy_quantile=cfg.top_entropy_quantile,
     )
     t0 = time.perf_counter()
@@ -194,10 +186,11 @@ def run_rank(cfg: RankConfig, log=print) -> dict:
             path = target.adapter or target.weights
             policy = load_task_policy(target, tcfg, sampler=sampler)
             policy.model.eval()  # no dropout in the probe; gradients still flow
+            draw = probe_sampler(policy, tcfg, cfg.rollout_engine, log, records)
             for R in cfg.group_sizes:
                 rows = []
                 for k in mine:  # global prompt index k keys the rollouts: P-independent
-                    rows.append(measure_prompt(policy, records[k], R, (streams.PROBE, cfg.seed, step, k), cfg))
+                    rows.append(measure_prompt(policy, draw, records[k], R, (streams.PROBE, cfg.seed, step, k), cfg))
                     done += 1
                     bar.update(done, f"step {step} R={R}")
                 rows = distributed.gather_concat(rows, world)  # every prompt's row, in prompt order
