@@ -202,7 +202,8 @@ def probe_task(target: Target, probe_cfg):
     ``cfg`` is the task of ``target``'s run (or the built-in one) with the probe's own
     ``max_new_tokens``, ``temperature`` and ``format_weight`` (and the gradient options of
     ``GRADIENT_FIELDS`` the probe has), and its ``--reward-fn`` / ``--reward-weights``, on top
-    where set; the returned ``probe_cfg`` has those filled in from it. ``records`` are the first
+    where set; the returned ``probe_cfg`` has those (and the reward functions) filled in from it.
+    ``records`` are the first
     ``probe_cfg.prompts`` probe prompts of that task (:func:`probe_records`; with the probe's own
     ``--data``, that file's first records) and ``sampler`` gives its few-shot examples.
     """
@@ -232,5 +233,7 @@ def probe_task(target: Target, probe_cfg):
         held_out, sampler = task_data(cfg, log=lambda *a, **k: None)
         split = getattr(probe_cfg, "probe_split", "held-out")
         records = probe_records(cfg, probe_cfg.prompts, split, held_out, sampler)
-    probe_cfg = dataclasses.replace(probe_cfg, **{k: getattr(cfg, k) for k in keys})
+    # the probe's report says what it measured with: the run's sampling settings and reward functions
+    filled = keys + tuple(k for k in ("reward_fn", "reward_weights") if hasattr(probe_cfg, k))
+    probe_cfg = dataclasses.replace(probe_cfg, **{k: getattr(cfg, k) for k in filled})
     return probe_cfg, cfg, records, sampler
