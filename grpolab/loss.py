@@ -196,11 +196,8 @@ def policy_loss(
         ``(loss, stats)``; ``stats`` has ``policy`` (the clipped surrogate part),
         ``kl`` (mean per-token KL), ``clip_frac`` (share of tokens where the
         clipped branch was taken) and ``ratio_mean``. All stats are token means
-        over unmasked tokens of this batch, detached. With ``token_values``, also
-        ``[N, T]`` (detached, 0 / False on masked tokens): ``token_ratio`` (the
-        importance ratio, GSPO's broadcast per rollout), ``token_clipped`` (the
-        clipped branch taken), ``token_advantage`` (the advantage each token was
-        credited) and ``token_weight`` (``token_weights``, 1 without them).
+        over unmasked tokens of this batch, detached. With ``token_values``, also the
+        ``[N, T]`` values the loss used per token (:func:`_token_values`).
     """
     _check_shapes(logp=logp, old_logp=old_logp, mask=mask)
     if advantages.dim() == 1:
@@ -210,25 +207,26 @@ def policy_loss(
     surrogate, clipped_taken = clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_delta)  # [N, T]
     if token_weights is not None:
         surrogate = surrogate * token_weights.to(surrogate.dtype)
-    per_token = -surrogate
-    kl_tok = None
-    if beta != 0.0:
-        if ref_logp is None:
-            raise ValueError("beta > 0 needs ref_logp")
-        kl_tok = kl_penalty(logp, ref_logp, kl)
-        per_token = per_token + beta * kl_tok
+    kl_tok = _kl_term(logp, ref_logp, kl) if beta != 0.0 else None  # [N, T]
+    per_token = -surrogate if kl_tok is None else -surrogate + beta * kl_tok
     norms = dict(max_len=max_len, num_seqs=num_seqs, num_tokens=num_tokens)
     loss = aggregate(per_token, mask, aggregation, **norms)
     with torch.no_grad():
         policy = aggregate(-surrogate, mask, aggregation, **norms)
-        stats = _token_stats(policy, kl_tok, clipped_taken, ratio, mask.to(logp.dtype))
-        if token_values:
-            stats.update(_token_values(ratio, clipped_taken, advantages, token_weights, mask))
-        return loss, stats
+        values = _token_values(ratio, clipped_taken, advantages, token_weights, mask) if token_values else {}
+        return loss, _token_stats(policy, kl_tok, clipped_taken, ratio, mask.to(logp.dtype)) | values
+
+
+def _kl_term(logp: torch.Tensor, ref_logp: torch.Tensor | None, kind: str) -> torch.Tensor:
+    if ref_logp is None:
+        raise ValueError("beta > 0 needs ref_logp")
+    return kl_penalty(logp, ref_logp, kind)
 
 
 def _token_values(ratio, clipped_taken, advantages, token_weights, mask) -> dict[str, torch.Tensor]:
-    """The loss's own per-token values ``[N, T]``, 0 (False) off ``mask`` (see :func:`policy_loss`)."""
+    """The loss's own per-token values ``[N, T]``, detached, 0 (False) off ``mask``: ``token_ratio`` (the importance
+    ratio; GSPO's, broadcast per rollout), ``token_clipped`` (the clipped branch taken), ``token_advantage`` (the
+    advantage each token was credited) and ``token_weight`` (``token_weights``; 1 without them)."""
     on = mask.bool()
     m = mask.to(ratio.dtype)
     weight = torch.ones_like(m) if token_weights is None else token_weights.to(ratio.dtype)

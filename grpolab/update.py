@@ -313,13 +313,17 @@ class Updater:
             finite = bool(torch.isfinite(loss))
             (loss * train.loss_scale).backward()
         if not padding:
-            n_tok = float(sub_mask.sum())
-            sums["loss"] += loss.item() / cfg.mu
-            sums["policy"] += st["policy"].item() / cfg.mu
-            sums["kl_tok"] += st["kl"].item() * n_tok / cfg.mu
-            sums["clip_tok"] += st["clip_frac"].item() * n_tok / cfg.mu
-            sums["ratio_tok"] += st["ratio_mean"].item() * n_tok / cfg.mu
+            self._add_stats(sums, loss, st, float(sub_mask.sum()))
         return finite
+
+    def _add_stats(self, sums: dict, loss: torch.Tensor, st: dict, n_tok: float) -> None:
+        """A pass's share of the step's loss statistics (means over the mu passes; token sums for token means)."""
+        mu = self.cfg.mu
+        sums["loss"] += loss.item() / mu
+        sums["policy"] += st["policy"].item() / mu
+        sums["kl_tok"] += st["kl"].item() * n_tok / mu
+        sums["clip_tok"] += st["clip_frac"].item() * n_tok / mu
+        sums["ratio_tok"] += st["ratio_mean"].item() * n_tok / mu
 
     @torch.no_grad()
     def _watch(self, rows, batch, adv, loss_mask, entropy, threshold, plan: MicroBatchPlan) -> WatchedTokens:
