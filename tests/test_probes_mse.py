@@ -257,6 +257,8 @@ def test_lm_pool_cross_diagonal_is_the_quadratic_form(tiny_model, char_tokenizer
     from grpolab.probes.pool import collect_pool
 
     policy = Policy(tiny_model, char_tokenizer, "tiny")
+    for p in tiny_model.parameters():  # the session's model: an earlier test in this process may have left grads
+        p.grad = None
     records = probe_set(500)[:3]
     sampler = _sampler(policy, max_new_tokens=8)
     pool = collect_pool(policy, records, 5, sampler, seed=3, progress=False)
