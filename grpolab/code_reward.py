@@ -75,6 +75,14 @@ def runs_programs(fn) -> bool:
     return getattr(fn, "pop_counts", None) is pop_counts
 
 
+def configure_for(fns, cfg, log=print) -> None:
+    """When any of the reward functions ``fns`` (None entries ignored) runs programs: configure the sandbox from
+    ``cfg`` (a TrainConfig; refuses here, in one line, if unsafe) and log how programs will run. Training and the
+    gradient probes both call this before they score."""
+    if any(runs_programs(fn) for fn in fns if fn is not None):
+        log(configure(cfg.code_reward_settings()).describe())
+
+
 def pop_counts() -> dict[str, float]:
     """Outcomes since the last call: ``code_passed``, ``code_failed``, ``code_timeout``, ``code_memory``,
     ``code_crashed`` (programs) and ``code_s`` (their summed run time, seconds)."""

@@ -216,7 +216,6 @@ def _evaluate(
     import torch
 
     from grpolab import code_reward
-    from grpolab.code_reward import runs_programs
     from grpolab.evaluate import evaluate
     from grpolab.progress import progress_bar
     from grpolab.rewards import eval_reward
@@ -227,8 +226,7 @@ def _evaluate(
 
         engine = engine or HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id)
     runner = env.runner(engine, policy) if env is not None else None
-    if score is not None and runs_programs(score):
-        log(code_reward.configure(tcfg.code_reward_settings()).describe())
+    code_reward.configure_for([score], tcfg, log)
     batch_size = cfg.batch_size if engine is None else len(held_out) * max(1, cfg.samples)
     total = len(held_out) * (1 + cfg.samples)
     with torch.no_grad(), progress_bar("eval", total, enabled=cfg.progress, every=max(total // 10, 1)) as bar:

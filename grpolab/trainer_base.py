@@ -18,7 +18,6 @@ from transformers import get_scheduler
 
 from grpolab import checkpoint, code_reward
 from grpolab import distributed as dist_
-from grpolab.code_reward import runs_programs
 from grpolab.config import TrainConfig
 from grpolab.data.task import few_shot_examples, task_data
 from grpolab.devices import parse_dtype, resolve_device
@@ -151,8 +150,7 @@ class TrainerBase:
         if (cfg.data or cfg.eval_data) and self.eval_reward is not None:
             where = f"--eval-data {cfg.eval_data}" if cfg.eval_data else "the held-out records"
             check_columns([(self.eval_reward_name, self.eval_reward, 1.0)], self.held_out, where)
-        if any(runs_programs(fn) for _, fn, _ in [*self.reward_fns, (None, self.eval_reward, None)] if fn is not None):
-            self.log(code_reward.configure(cfg.code_reward_settings()).describe())  # refuses here if unsafe
+        code_reward.configure_for([fn for _, fn, _ in self.reward_fns] + [self.eval_reward], cfg, self.log)
         self.rollouts_total = 0  # rollouts generated since step 1 (restored on resume)
         if cfg.few_shot and self.sampler is not None:  # solved examples from the training split
             self.policy.few_shot = few_shot_examples(self.sampler, cfg.few_shot)

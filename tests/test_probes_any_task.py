@@ -207,3 +207,21 @@ def test_evaluation_draws_through_the_engine_the_trainer_was_given(tmp_path):
     assert {k: v for k, v in metrics.items() if not k.startswith("time/")} == {
         k: v for k, v in expected.items() if not k.startswith("time/")
     }
+
+
+def test_a_probe_of_a_code_run_scores_programs_in_the_sandbox(tmp_path):
+    """The code reward through the probe's path: the sandbox is configured (and said) before scoring, as in
+    training, and a written program really runs against the record's tests."""
+    from grpolab.policy import load_policy
+    from grpolab.runs import Target, task_config
+
+    fixture = "tests/fixtures/code_problems.jsonl"
+    cfg = task_config(Target("builtin"), data=fixture, reward_fn=("grpolab.rewards:code_reward",))
+    said = []
+    draw = probe_sampler(load_policy("builtin"), cfg, "hf", log=said.append)
+    assert len(said) == 1 and "bubblewrap" in said[0]  # the sandbox, said as training says it
+    record = json.loads(open(fixture).readline())
+    scores = draw.reward([record["solution"], record["wrong"]], [record] * 2, torch.tensor([20, 20]))
+    right, wrong = scores.components["code_reward"].tolist()
+    assert right == 1.0 and wrong < 1.0
+    assert scores.counts["code_passed"] == 1 and scores.counts["code_failed"] == 1  # both programs really ran

@@ -59,13 +59,11 @@ def probe_sampler(policy: Policy, cfg, engine: str = "hf", log=print, records: l
     probe's sampling settings on top) through the rollout engine ``engine`` ('hf' or 'vllm'). A reward function
     that needs a column ``records`` lack is named now, in one line, not scored 0 on every rollout."""
     from grpolab import code_reward
-    from grpolab.code_reward import runs_programs
 
     reward = rewarder_for(cfg, policy)
     if records and (cfg.data or cfg.eval_data):
         check_columns(reward.reward_fns, records, f"the probe prompts of {cfg.eval_data or cfg.data}")
-    if any(runs_programs(fn) for _, fn, _ in reward.reward_fns):
-        log(code_reward.configure(cfg.code_reward_settings()).describe())  # refuses here if unsafe
+    code_reward.configure_for([fn for _, fn, _ in reward.reward_fns], cfg, log)
     runner = EpisodeRunner(build_engine(dataclasses.replace(cfg, rollout_engine=engine), policy), policy)
     settings = SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_p)
     return ProbeSampler(runner, reward, settings, next(policy.model.parameters()).device)
