@@ -213,7 +213,7 @@ def policy_loss(
     loss = aggregate(per_token, mask, aggregation, **norms)
     with torch.no_grad():
         policy = aggregate(-surrogate, mask, aggregation, **norms)
-        values = _token_values(ratio, clipped_taken, advantages, token_weights, mask) if token_values else {}
+        values = _token_values(ratio, clipped_taken, advantages, mask) if token_values else {}
         return loss, _token_stats(policy, kl_tok, clipped_taken, ratio, mask.to(logp.dtype)) | values
 
 
@@ -223,18 +223,16 @@ def _kl_term(logp: torch.Tensor, ref_logp: torch.Tensor | None, kind: str) -> to
     return kl_penalty(logp, ref_logp, kind)
 
 
-def _token_values(ratio, clipped_taken, advantages, token_weights, mask) -> dict[str, torch.Tensor]:
+def _token_values(ratio, clipped_taken, advantages, mask) -> dict[str, torch.Tensor]:
     """The loss's own per-token values ``[N, T]``, detached, 0 (False) off ``mask``: ``token_ratio`` (the importance
-    ratio; GSPO's, broadcast per rollout), ``token_clipped`` (the clipped branch taken), ``token_advantage`` (the
-    advantage each token was credited) and ``token_weight`` (``token_weights``; 1 without them)."""
+    ratio; GSPO's, broadcast per rollout), ``token_clipped`` (the clipped branch taken) and ``token_advantage`` (the
+    advantage each token was credited)."""
     on = mask.bool()
     m = mask.to(ratio.dtype)
-    weight = torch.ones_like(m) if token_weights is None else token_weights.to(ratio.dtype)
     return {
         "token_ratio": ratio.expand_as(m) * m,
         "token_clipped": clipped_taken.expand_as(on) & on,
         "token_advantage": advantages.expand_as(m) * m,
-        "token_weight": weight * m,
     }
 
 

@@ -176,7 +176,7 @@ class Updater:
         live = carries if cfg.beta > 0 else carries & credited
         plan = plan_micro_batches(live.nonzero().squeeze(1), cfg.micro_batch or N, world)
         old_logp, ref_logp = self._old_and_ref_logprobs(batch, plan)
-        self.watched = None if watch is None else self._watch(watch, batch, adv, loss_mask, entropy, threshold, plan)
+        self.watched = None if watch is None else self._watch(watch, batch, loss_mask, plan)
         inputs = _Inputs(
             batch, adv, loss_mask, entropy, threshold, old_logp, sampler_logp, ref_logp, N, num_tokens, self.watched
         )
@@ -326,20 +326,16 @@ class Updater:
         sums["ratio_tok"] += st["ratio_mean"].item() * n_tok / mu
 
     @torch.no_grad()
-    def _watch(self, rows, batch, adv, loss_mask, entropy, threshold, plan: MicroBatchPlan) -> WatchedTokens:
-        """The watched rows' advantages per token, and the log-probs of those that run in no pass (a forward of their
-        own now, before any weight moves; on every rank when any rank has one, as FSDP's forwards are collectives)."""
+    def _watch(self, rows, batch, loss_mask, plan: MicroBatchPlan) -> WatchedTokens:
+        """The watched rows' records, to be filled by the passes from the loss's own values (:meth:`_keep_watched`),
+        and the log-probs of the rows that run in no pass (a forward of their own now, before any weight moves; on
+        every rank when any rank has one, as FSDP's forwards are collectives). A row runs in no pass only when no
+        token of it carries both loss and credit, so its advantage stays 0 throughout."""
         rows = list(rows)
         n, T = len(rows), loss_mask.shape[1]
-        idx = torch.tensor(rows, dtype=torch.long, device=loss_mask.device)
-        a = _rows_adv(adv, idx, T)
-        a = a[:, None] if a.dim() == 1 else a  # [K, 1] or [K, T]
-        tok_adv = a.to(torch.float64) * loss_mask[idx].to(torch.float64)  # [K, T]
-        if threshold is not None and n:
-            ent = entropy[idx.cpu()].to(loss_mask.device)
-            tok_adv = tok_adv * high_entropy_mask(ent, loss_mask[idx], threshold.to(ent.device)).to(torch.float64)
+        zeros = torch.zeros(n, T, dtype=torch.float64, device=loss_mask.device)
         nan = torch.full((n, T), math.nan, dtype=torch.float64, device=loss_mask.device)
-        watched = WatchedTokens(rows, tok_adv, nan.clone(), nan.clone(), torch.zeros(n, T, dtype=torch.bool))
+        watched = WatchedTokens(rows, zeros, nan.clone(), nan.clone(), torch.zeros(n, T, dtype=torch.bool))
         running = set(plan.rows.tolist())
         missing = [r for r in rows if r not in running]
         if dist_.all_max(len(missing), self.world):
