@@ -44,15 +44,25 @@ def completion_logprobs(
             return first * batch.completion_mask
         rest = _head_logprobs(head, hidden, target[:, 1:], temperature, chunk_rows)  # [N, T - 1]
         return torch.cat([first, rest], dim=1) * batch.completion_mask
+    if not chunk_rows or chunk_rows >= N:
+        logits = model(**_model_inputs(batch), logits_to_keep=T + 1).logits
+        return _token_logprobs(logits[:, :-1], target, temperature) * batch.completion_mask
+    hidden = _completion_hidden(model, batch)  # [N, T, d]
+    return _head_logprobs(head, hidden, target, temperature, chunk_rows) * batch.completion_mask
+
+
+def _model_inputs(batch: Batch) -> dict[str, torch.Tensor]:
+    """Prompt and completion as one left-padded sequence ``[N, P + T]``, with its attention mask and positions."""
     ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # [N, P + T]
     attn = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
-    position = (attn.cumsum(-1) - 1).clamp(min=0)
-    if not chunk_rows or chunk_rows >= N:
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=position, logits_to_keep=T + 1).logits
-        return _token_logprobs(logits[:, :-1], target, temperature) * batch.completion_mask
-    hidden = model.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=position).last_hidden_state
-    hidden = hidden[:, -(T + 1) : -1]  # [N, T, d]: position P-1+t predicts completion token t
-    return _head_logprobs(head, hidden, target, temperature, chunk_rows) * batch.completion_mask
+    return {"input_ids": ids, "attention_mask": attn, "position_ids": (attn.cumsum(-1) - 1).clamp(min=0)}
+
+
+def _completion_hidden(model, batch: Batch) -> torch.Tensor:
+    """``[N, T, d]`` the decoder's last hidden states that predict the completion tokens (position P-1+t predicts
+    completion token t)."""
+    T = batch.completion_ids.shape[1]
+    return model.get_decoder()(**_model_inputs(batch)).last_hidden_state[:, -(T + 1) : -1]
 
 
 def _head_logprobs(
@@ -92,14 +102,10 @@ def completion_entropy(model, batch: Batch, temperature: float = 1.0) -> torch.T
     none (vLLM). One row at a time, so the ``[T, V]`` logits of a single rollout are the most held at once."""
     from grpolab.rollout import token_entropy
 
-    N, T = batch.completion_ids.shape
     head = model.get_output_embeddings()
-    out = torch.zeros(N, T, device=batch.completion_ids.device)
-    for i in range(N):
-        ids = torch.cat([batch.prompt_ids[i : i + 1], batch.completion_ids[i : i + 1]], dim=1)  # [1, P + T]
-        attn = torch.cat([batch.prompt_mask[i : i + 1], batch.completion_mask[i : i + 1]], dim=1)
-        position = (attn.cumsum(-1) - 1).clamp(min=0)
-        hidden = model.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=position).last_hidden_state
-        logits = head(hidden[:, -(T + 1) : -1])  # [1, T, V]: position P-1+t predicts completion token t
-        out[i] = token_entropy(logits.float(), temperature)[0] * batch.completion_mask[i]
-    return out
+    rows = []
+    for i in range(batch.completion_ids.shape[0]):
+        row = Batch(*(t[i : i + 1] for t in batch))  # one rollout, its padding kept
+        logits = head(_completion_hidden(model, row))  # [1, T, V]
+        rows.append(token_entropy(logits.float(), temperature)[0] * row.completion_mask[0])
+    return torch.stack(rows) if rows else torch.zeros(batch.completion_ids.shape)
