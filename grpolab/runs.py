@@ -190,10 +190,14 @@ def probe_records(cfg: TrainConfig, n: int, split: str = "held-out", held_out=No
     if not cfg.data and not cfg.eval_data:
         return probe_set(n, ArithmeticSpec(cfg.max_operand, cfg.mul_max, tuple(cfg.categories)))
     source = held_out if split == "held-out" else sampler.records
-    what = cfg.eval_data or cfg.data
-    if len(source) < n:
-        raise ConfigError(f"--prompts {n}: the {split} prompts of {what} number {len(source)}; ask for at most that")
-    return list(source[:n])
+    return _first_prompts(source, n, f"the {split} prompts of {cfg.eval_data or cfg.data}")
+
+
+def _first_prompts(records: list[dict], n: int, what: str) -> list[dict]:
+    """The first ``n`` of ``records`` (``what`` names them), or a one-line error when there are fewer."""
+    if len(records) < n:
+        raise ConfigError(f"--prompts {n}: {what} number {len(records)}; ask for at most that")
+    return list(records[:n])
 
 
 def probe_task(target: Target, probe_cfg):
@@ -225,10 +229,8 @@ def probe_task(target: Target, probe_cfg):
     if data:
         if cfg.few_shot:
             raise ConfigError("--data: this run shows --few-shot examples from its own training data; probe it there")
-        records, sampler = load_records(cfg.data, cfg.format, cfg.data_split, cfg.prompt_column), None
-        if len(records) < probe_cfg.prompts:
-            raise ConfigError(f"--prompts {probe_cfg.prompts}: {data} has {len(records)} records; ask for at most that")
-        records = records[: probe_cfg.prompts]
+        records = load_records(cfg.data, cfg.format, cfg.data_split, cfg.prompt_column)
+        records, sampler = _first_prompts(records, probe_cfg.prompts, f"the records of {data}"), None
     else:
         held_out, sampler = task_data(cfg, log=lambda *a, **k: None)
         split = getattr(probe_cfg, "probe_split", "held-out")

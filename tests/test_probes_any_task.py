@@ -161,6 +161,8 @@ def test_probe_split_and_a_bare_model_with_data(data, data_run):
     cfg, tcfg, records, _ = probe_task(resolve_target("builtin"), bare)
     assert [r["prompt"] for r in records] == [r["prompt"] for r in _rows(48)[40:43]]
     assert tcfg.reward_fn == REWARDS[:1] and tcfg.format == "prompt"
+    with pytest.raises(ConfigError, match="--prompts 9: the records of .*test.parquet number 8"):
+        probe_task(resolve_target("builtin"), dataclasses.replace(bare, prompts=9))
     with pytest.raises(ConfigError, match="built-in task draws fresh training questions"):
         probe_task(resolve_target("builtin"), RankConfig(prompts=3, probe_split="train"))
 
