@@ -225,6 +225,29 @@ def load_training_state(ckpt: Path, optimizer, scheduler, model=None) -> dict:
     return json.loads((ckpt / _DONE).read_text())
 
 
+def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
+    """Copy a checkpoint's weights (``model.safetensors``, or the shards its index lists) into ``model`` in place.
+    Every tensor of the file must be one of the model's; the model's own that the file lacks must be tied to one it
+    has (``save_pretrained`` writes a tied output embedding once)."""
+    from safetensors.torch import load_file
+
+    index = ckpt / "model.safetensors.index.json"
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    )
+    state: dict = {}
+    for name in files:
+        state.update(load_file(ckpt / name))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    stored = {t.data_ptr() for n, t in model.state_dict().items() if n in state}
+    untied = [n for n in missing if model.state_dict()[n].data_ptr() not in stored]
+    if unexpected or untied:
+        raise CheckpointError(
+            f"{ckpt}: its weights do not fit the model object ({len(unexpected)} unknown tensors, e.g. "
+            f"{(unexpected or ['-'])[0]}; {len(untied)} missing, e.g. {(untied or ['-'])[0]})"
+        )
+
+
 # numpy's array reconstruction, for the rng.pt of checkpoints written before rng_state(): it builds arrays of plain
 # numbers and calls nothing else.
 _reconstruct = (getattr(np, "_core", None) or np.core).multiarray._reconstruct  # numpy 2 moved core to _core

@@ -103,10 +103,12 @@ def _merge_repeated(args: list[str], cls) -> list[str]:
 def _parse(cls, args: list[str], prog: str, description: str):
     import tyro
 
+    from grpolab import options
     from grpolab.config import load_toml
 
     path, rest = _split_config_flag(args)
     rest = _merge_repeated(_split_number_lists(rest), cls)
+    options.check_flags(cls, rest, prog.removeprefix("grpolab "))  # one line for a wrong flag, as the API's
     default = load_toml(path, cls) if path else cls()
     return tyro.cli(
         cls,
@@ -118,9 +120,10 @@ def _parse(cls, args: list[str], prog: str, description: str):
 
 
 def cmd_train(args: list[str]) -> None:
+    from grpolab import api
     from grpolab.config import TrainConfig
     from grpolab.plotting import plot_run
-    from grpolab.recipe import TrainingInterrupted, train
+    from grpolab.recipe import TrainingInterrupted
 
     cfg = _parse(
         TrainConfig,
@@ -135,7 +138,7 @@ def cmd_train(args: list[str]) -> None:
         cfg.validate_world(cfg.nproc)
     with launch.processes(cfg, ["train", *args]) as main_rank:
         try:
-            out = train(cfg)
+            out = api.train(config=cfg).dir
         except TrainingInterrupted as e:  # SIGTERM/SIGINT: the checkpoint is written; the conventional status
             status = 128 + e.signum
         else:
@@ -147,10 +150,11 @@ def cmd_train(args: list[str]) -> None:
 
 
 def cmd_eval(args: list[str]) -> None:
-    from grpolab.eval_cmd import EvalConfig, format_eval, run_eval
+    from grpolab import api
+    from grpolab.eval_cmd import EvalConfig, format_eval
 
     cfg = _parse(EvalConfig, args, "grpolab eval", EvalConfig.__doc__.strip())
-    report = run_eval(cfg)
+    report = api.evaluate(config=cfg)
     print(format_eval(report, cfg.show))
     if cfg.json:
         print(f"wrote {cfg.json}")
@@ -228,7 +232,8 @@ def cmd_plot(args: list[str]) -> None:
 
 
 def cmd_rank(args: list[str]) -> None:
-    from grpolab.probes.rank import RankConfig, run_rank, table1, table_by_step
+    from grpolab import api
+    from grpolab.probes.rank import RankConfig, table1, table_by_step
 
     cfg = _parse(
         RankConfig,
@@ -237,7 +242,7 @@ def cmd_rank(args: list[str]) -> None:
         "Effective rank and top-1 energy of GRPO's per-rollout gradient matrix [Foundations, Sec. 7].",
     )
     with launch.processes(cfg, ["rank", *args]) as main_rank:
-        report = run_rank(cfg)
+        report = api.rank(config=cfg)
     if not main_rank:
         return
     print(table_by_step(report["results"]))
@@ -253,7 +258,8 @@ def cmd_rank(args: list[str]) -> None:
 
 
 def cmd_mse(args: list[str]) -> None:
-    from grpolab.probes.mse_cmd import MseConfig, format_bandit, format_mse, run_bandit, run_mse, run_sampling_bias
+    from grpolab import api
+    from grpolab.probes.mse_cmd import MseConfig, format_bandit, format_mse, run_bandit, run_sampling_bias
     from grpolab.probes.sampling_bias import format_sampling_bias
 
     cfg = _parse(MseConfig, args, "grpolab mse", MseConfig.__doc__.strip().split("\n\n")[0])
@@ -275,7 +281,7 @@ def cmd_mse(args: list[str]) -> None:
             print(f"wrote {cfg.json}")
         return
     with launch.processes(cfg, ["mse", *args]) as main_rank:
-        report = run_mse(cfg)
+        report = api.mse(config=cfg)
     if not main_rank:
         return
     print(format_mse(report))
@@ -283,12 +289,13 @@ def cmd_mse(args: list[str]) -> None:
 
 
 def cmd_groupsize(args: list[str]) -> None:
-    from grpolab.probes.mse_cmd import GroupsizeConfig, format_groupsize, run_groupsize
+    from grpolab import api
+    from grpolab.probes.mse_cmd import GroupsizeConfig, format_groupsize
 
     cfg = _parse(GroupsizeConfig, args, "grpolab groupsize", GroupsizeConfig.__doc__.strip().split("\n\n")[0])
     cfg.validate()
     with launch.processes(cfg, ["groupsize", *args]) as main_rank:
-        report = run_groupsize(cfg)
+        report = api.groupsize(config=cfg)
     if main_rank:
         print(format_groupsize(report))
         print(f"wrote {cfg.out}/groupsize.json and groupsize.png")
@@ -304,11 +311,12 @@ def cmd_sweep(args: list[str]) -> None:
 
 
 def cmd_multiturn(args: list[str]) -> None:
-    from grpolab.multiturn.measure import MultiturnConfig, format_multiturn, run_multiturn
+    from grpolab import api
+    from grpolab.multiturn.measure import MultiturnConfig, format_multiturn
 
     cfg = _parse(MultiturnConfig, args, "grpolab multiturn", MultiturnConfig.__doc__.strip())
     cfg.validate()
-    print(format_multiturn(run_multiturn(cfg)))
+    print(format_multiturn(api.multiturn_bias(config=cfg)))
     print(f"wrote {cfg.out}/multiturn.json and multiturn.png" + (f" and {cfg.json}" if cfg.json else ""))
 
 

@@ -1,7 +1,8 @@
 """Loading what a user names on the command line: ``module:name`` or ``path/to/file.py:name``.
 
 Reward functions (``--reward-fn``), environments (``--env``) and tools (``--tools``) are all named this way; a
-name that cannot be loaded is one line naming the flag and the reason (a :class:`grpolab.config.ConfigError`).
+name that cannot be loaded is one line naming the flag and the reason (a :class:`grpolab.config.ConfigError`). The
+Python API's objects are found under the names it gave them (:mod:`grpolab.objects`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ def load_object(spec: str, flag: str, what: str = "object") -> object:
     A file is imported under its own module name (its stem) without putting its directory on the path (a tool's
     worker process loads it again from the same spec).
     """
+    from grpolab import objects
     from grpolab.config import ConfigError  # a ValueError: the CLI prints it as one line
 
+    live = objects.lookup(spec, flag)  # an object given to the Python API under this name
+    if live is not None:
+        return live
     module_name, attr = split_spec(spec)
     if not module_name or not attr:
         raise ConfigError(f"{flag}: must be given as 'module:{what}' or 'path/to/file.py:{what}', got {spec!r}")

@@ -176,24 +176,31 @@ def load_policy(
 ) -> Policy:
     """Model and tokenizer from ``spec`` (see :mod:`grpolab.models.loading`), the model on ``device``.
 
-    ``dtype`` None: :func:`grpolab.devices.default_dtype` of the device (bf16 on a capable GPU, else fp32).
+    ``dtype`` None: :func:`grpolab.devices.default_dtype` of the device (bf16 on a capable GPU, else fp32); a model
+    object given to the Python API keeps its own dtype. Such an object is moved to ``device`` in place.
     ``chat``: ``"auto"`` uses the chat template when the tokenizer has one (instruct models)
     and the model is not the built-in one; ``"on"``/``"off"`` force it.
     """
+    from grpolab import objects
     from grpolab.devices import default_dtype, prepare_device
     from grpolab.models.loading import load_gguf, resolve_gguf
 
     device = torch.device(device)
     prepare_device(device)
-    dtype = dtype or default_dtype(device)
-    gguf = None if spec == BUILTIN else resolve_gguf(spec, gguf_file)
-    if gguf is not None:
+    live = objects.lookup(spec, "--model")  # a model object given to the Python API: itself, not a copy
+    gguf = None if spec == BUILTIN or live is not None else resolve_gguf(spec, gguf_file)
+    if live is not None:
+        model, tokenizer = live
+        model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+        source = spec
+    elif gguf is not None:
+        dtype = dtype or default_dtype(device)
         model, tokenizer = load_gguf(*gguf, dtype=dtype)
         source = str(gguf[0] / gguf[1])
     else:
         path = resolve_model_path(spec)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or default_dtype(device))
         source = str(path)
     model = _own_memory(model.to(device))
     from grpolab.config import ConfigError

@@ -16,6 +16,7 @@ current step, save it and stop (:class:`TrainingInterrupted`).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from grpolab import checkpoint
+from grpolab import checkpoint, objects
 from grpolab import distributed as dist_
 from grpolab.config import ConfigError, TrainConfig
 from grpolab.policy import load_policy
@@ -140,8 +141,14 @@ class TrainRecipe:
         """On resume the weights come from the checkpoint (with LoRA: the base as configured, the adapter from the
         checkpoint), and the KL reference is the run's *starting* model, not the checkpoint."""
         cfg, ckpt, adapter_from, reference = self.cfg, self.ckpt, None, None
+        live = objects.lookup(cfg.model, "--model")  # a model object given to the Python API
+        fingerprint = self.saved.get("model_fingerprint") if self.saved else None
+        if live is not None and ckpt is None:
+            fingerprint = objects.weights_fingerprint(live[0])  # its starting weights, for a resume to recognise
         if ckpt is not None and cfg.lora_rank:
             adapter_from = ckpt
+        elif ckpt is not None and live is not None:
+            reference = _resume_object(live[0], ckpt, fingerprint, cfg.beta, self.log)
         elif ckpt is not None:
             cfg = dataclasses.replace(cfg, model=str(ckpt), gguf_file="")
             if cfg.beta > 0:
@@ -150,6 +157,8 @@ class TrainRecipe:
         # What config.json records: the run's own model (not a checkpoint it resumed from) and the process count.
         model = self.saved["model"] if self.saved else cfg.model
         self.config_dict = {**dataclasses.asdict(cfg), "model": model, "world_size": self.world.size}
+        if fingerprint is not None:
+            self.config_dict["model_fingerprint"] = fingerprint
 
     def _setup_state(self) -> None:
         """Resume: optimizer, schedule, random state, the rollout count, and the logs cut back to the checkpoint.
@@ -264,14 +273,20 @@ class TrainRecipe:
             self.logger.close()
 
 
-def train(cfg: TrainConfig, log=print) -> Path:
-    """Run GRPO as configured; returns the run directory."""
+def run_training(cfg: TrainConfig, log=print) -> TrainRecipe:
+    """Run GRPO as configured; returns the finished recipe (its ``out`` directory, its ``trainer.policy``)."""
     recipe = TrainRecipe(cfg, log)
     recipe.setup()
     try:
-        return recipe.train()
+        recipe.train()
     finally:
         recipe.cleanup()
+    return recipe
+
+
+def train(cfg: TrainConfig, log=print) -> Path:
+    """Run GRPO as configured; returns the run directory."""
+    return run_training(cfg, log).out
 
 
 def _status_line(metrics: dict) -> str:
@@ -286,6 +301,7 @@ def _read_resumable(out: Path, cfg: TrainConfig) -> dict:
     if not checkpoint.checkpoint_dirs(out):
         raise ConfigError(f"--resume: no complete checkpoint in {out / 'checkpoints'}")
     saved = json.loads((out / "config.json").read_text())
+    _check_objects(saved, cfg)
     for key, default in RESUME_MUST_MATCH.items():
         if saved.get(key, default) != getattr(cfg, key):
             flag = key.replace("_", "-")
@@ -293,6 +309,37 @@ def _read_resumable(out: Path, cfg: TrainConfig) -> dict:
                 f"--resume: --{flag} is {getattr(cfg, key)!r} but the run was started with {saved.get(key)!r}"
             )
     return saved
+
+
+def _resume_object(model: torch.nn.Module, ckpt: Path, start: str | None, beta: float, log) -> torch.nn.Module | None:
+    """Resume into a model object given to the Python API: the checkpoint's weights are loaded into it (it is what
+    trains). Returns the KL reference (beta > 0): a frozen copy of the object as given, which must then hold the run's
+    starting weights (their fingerprint in config.json), not trained ones."""
+    reference = None
+    if beta > 0:
+        if objects.weights_fingerprint(model) != start:
+            raise ConfigError(
+                "--resume: the KL reference (--beta) is the run's starting model, and the model object given holds "
+                "other weights (trained ones?); pass the model as it was when the run started"
+            )
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    checkpoint.load_weights(model, ckpt)
+    log(f"loaded the weights of {ckpt} into the model object")
+    return reference
+
+
+def _check_objects(saved: dict, cfg: TrainConfig) -> None:
+    """A run started with Python objects (their descriptions in config.json) resumes only with objects described
+    alike: one line naming the first that is missing or different."""
+    for key, flag in (("model", "--model"), ("data", "--data"), ("eval_data", "--eval-data"),
+                      ("reward_fn", "--reward-fn"), ("eval_reward_fn", "--eval-reward-fn"), ("env", "--env"),
+                      ("tools", "--tools")):  # fmt: skip
+        was, now = saved.get(key), getattr(cfg, key)
+        was = list(was) if isinstance(was, list | tuple) else [was]
+        now = list(now) if isinstance(now, list | tuple) else [now]
+        for i, w in enumerate(was):
+            if objects.is_description(w) and (i >= len(now) or now[i] != w):
+                raise ConfigError(f"--resume: the run was started with {w}; {objects.pass_again(flag)}")
 
 
 def _starting_model(saved: dict) -> torch.nn.Module:

@@ -20,6 +20,7 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
+from grpolab import objects
 from grpolab.answers import extract_final_number, math_equal, numbers_equal  # noqa: F401  (re-exported)
 from grpolab.code_reward import code_reward  # noqa: F401  (re-exported: ``from grpolab.rewards import code_reward``)
 from grpolab.data.records import prompt_of as prompt_of_record
@@ -216,7 +217,7 @@ def reward_functions(
         fn = load_reward_fn(path)
         if reward_form(fn) == "trl":
             fn = from_trl(fn, prompt_of, chat)
-        base = path.rpartition(":")[2]
+        base = objects.object_name(path)
         name, k = base, 2
         while name in taken or (name in _RESERVED and not (i == 0 and name == "accuracy")):
             name, k = f"{base}_{k}", k + 1

@@ -22,6 +22,7 @@ import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from grpolab import objects
 from grpolab.data.jsonl import DataError, gsm8k_record, iter_json_objects
 from grpolab.data.math_format import math_record
 from grpolab.data.records import identity_of, is_chat
@@ -33,7 +34,12 @@ PRESET_FIELDS = {"gsm8k": ("question", "answer"), "math": ("problem", "solution"
 
 def read_rows(path: str | Path, split: str = "") -> Iterator[tuple[str, dict]]:
     """``(where, row)`` for every row of a data file or ``save_to_disk`` directory; ``where`` names the row
-    (``file:line`` for JSONL, ``file: row N`` otherwise). ``split``: which split of a saved DatasetDict."""
+    (``file:line`` for JSONL, ``file: row N`` otherwise). ``split``: which split of a saved DatasetDict. Rows given
+    to the Python API in memory are found under their description (:mod:`grpolab.objects`)."""
+    live = objects.lookup(str(path), "--data/--eval-data")
+    if live is not None:
+        yield from ((f"{path}: row {i + 1}", row) for i, row in enumerate(live))
+        return
     path = Path(path)
     if path.suffix == ".jsonl":
         yield from iter_json_objects(path)
@@ -108,6 +114,9 @@ def load_records(path: str | Path, fmt: str = "auto", split: str = "", prompt_co
 def data_format(path: str | Path, split: str = "", prompt_column: str = "prompt") -> str:
     """The format ``auto`` resolves to for the data at ``path`` (its first row's columns for JSONL, else the
     data set's columns)."""
+    live = objects.lookup(str(path), "--data/--eval-data")
+    if live is not None:
+        return detect_format(path, list(dict.fromkeys(k for row in live for k in row)), prompt_column)
     path = Path(path)
     if path.suffix == ".jsonl":
         first = next(iter_json_objects(path), None)
