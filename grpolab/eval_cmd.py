@@ -216,7 +216,7 @@ def _evaluate(
     import torch
 
     from grpolab import code_reward
-    from grpolab.evaluate import evaluate
+    from grpolab.evaluation import evaluate
     from grpolab.progress import progress_bar
     from grpolab.rewards import eval_reward
 

@@ -17,7 +17,7 @@ import torch
 from transformers import get_scheduler
 
 from grpolab.data.arithmetic import ArithmeticSpec, TrainSampler, test_set
-from grpolab.evaluate import evaluate
+from grpolab.evaluation import evaluate
 from grpolab.models.builtin import TinyLlamaSpec, build_char_tokenizer, build_tiny_llama
 from grpolab.policy import Policy
 from grpolab.progress import progress_bar

@@ -23,7 +23,7 @@ from grpolab.data.task import few_shot_examples, task_data
 from grpolab.devices import parse_dtype, resolve_device
 from grpolab.distributed import SINGLE, World
 from grpolab.env import environment
-from grpolab.evaluate import evaluate, format_accuracy
+from grpolab.evaluation import evaluate, format_accuracy
 from grpolab.policy import Policy, disable_dropout, enable_activation_checkpointing, load_policy, system_prompt_for
 from grpolab.rewards import check_columns, eval_reward, rewarder_for
 from grpolab.rollout import Batch
