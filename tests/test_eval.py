@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from cli_helpers import run_cli
 
-from grpolab.evaluate import accuracy_summary
+from grpolab.evaluation import accuracy_summary
 from grpolab.runlog import read_metrics
 from grpolab.stats import Z95, clustered_accuracy_interval, wilson_interval
 
