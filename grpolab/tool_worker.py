@@ -74,7 +74,13 @@ def main(argv: list[str]) -> None:
 
     tools = {}
     for spec in specs:
-        fn = load_object(spec, "--tools", "function")
+        if spec.startswith("pickled:"):  # a function the trainer pickled by value into its own file (ToolRunner)
+            import pickle
+
+            with open(spec.removeprefix("pickled:"), "rb") as f:
+                fn = pickle.load(f)
+        else:
+            fn = load_object(spec, "--tools", "function")
         tools[getattr(fn, "__name__", spec)] = fn
     replies.write("ready\n")
     replies.flush()

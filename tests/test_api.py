@@ -103,7 +103,9 @@ def test_a_python_run_equals_the_cli_run_on_files(tmp_path):
                             out=str(run.dir), resume=True, threads=1, **SMALL)  # fmt: skip
     assert [m["step"] for m in resumed.metrics] == [0, 1, 2, 3]
     # evaluating the run on its own task needs its objects too
-    with pytest.raises(grpolab.ConfigError, match=r"data in memory: 60 rows.*: a Python object, not saved with the run"):
+    with pytest.raises(
+        grpolab.ConfigError, match=r"data in memory: 60 rows.*: a Python object, not saved with the run"
+    ):
         grpolab.evaluate(model=run.dir, questions=4, samples=0, log=lambda *a: None)
     report = grpolab.evaluate(model=run.dir, train_dataset=_rows(), reward_funcs=[correct], questions=4, samples=0,
                               log=lambda *a: None)  # fmt: skip
@@ -283,3 +285,30 @@ def test_the_probes_take_objects_as_the_flags_take_names(tmp_path):
     assert named == local and len(named) > 0
     recorded = json.loads((tmp_path / "m2" / "multiturn.json").read_text())["config"]["env"]
     assert recorded.startswith("environment defined in Python: ") and recorded.endswith("<locals>.LocalEcho")
+
+
+def test_a_tool_defined_in_python_runs_in_the_worker_process():
+    """A closure no module can import reaches the tool worker (pickled by value), and answers there."""
+    from grpolab import objects
+    from grpolab.env.tools import ToolRunner, load_tools
+
+    offset = 7
+
+    def shifted(x: int) -> int:
+        """Add the offset.
+
+        Args:
+            x: a number
+        """
+        return x + offset
+
+    with objects.registered():
+        spec = objects.callable_spec(shifted, "tool", "--tools")
+        (schema,) = load_tools([spec])
+        runner = ToolRunner([spec], timeout_s=20.0)
+    try:
+        assert spec.startswith("tool defined in Python: ") and schema["function"]["name"] == "shifted"
+        result = runner.call("shifted", {"x": 5})  # after the call's objects are forgotten: the worker has its own
+        assert (result.text, result.error) == ("12", "")
+    finally:
+        runner.close()

@@ -59,18 +59,9 @@ def environment(cfg, policy, first_record: dict | None = None) -> EnvSetup | Non
         factory, name = load_env_class(cfg.env), cfg.env
         renderer = Renderer(policy)
     elif cfg.tools:
-        from grpolab import objects
         from grpolab.env.tool_env import ToolEnvironment
         from grpolab.env.tools import ToolRunner, load_tools
 
-        for spec in cfg.tools:  # the worker process imports each tool by its name; an object in memory has none
-            if objects.is_description(spec):
-                from grpolab.config import ConfigError
-
-                raise ConfigError(
-                    f"--tools: {spec}: tools run in a worker process, which can only import them; define it in a "
-                    "file or module and pass it from there (or its 'file.py:function' name)"
-                )
         schemas = load_tools(cfg.tools)
         tool_runner = ToolRunner(list(cfg.tools), cfg.tool_timeout, cfg.tool_max_chars)
         factory = functools.partial(ToolEnvironment, tool_runner, schemas, cfg.tool_reward)

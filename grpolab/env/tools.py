@@ -150,12 +150,30 @@ class ToolRunner:
     def __init__(self, specs: list[str], timeout_s: float = DEFAULT_TIMEOUT_S, max_chars: int = DEFAULT_MAX_CHARS):
         self.specs, self.timeout_s, self.max_chars = list(specs), timeout_s, max_chars
         self._proc: subprocess.Popen | None = None
+        self._pickled = tempfile.TemporaryDirectory(prefix="grpolab-tools-")
+        self._worker_specs = [self._worker_spec(s, i) for i, s in enumerate(self.specs)]
+
+    def _worker_spec(self, spec: str, i: int) -> str:
+        """What the worker loads for ``spec``: the name itself, or for a function given to the Python API that no
+        module can import (defined in a notebook, a closure) the function pickled by value into a file of this
+        runner's own (cloudpickle: the standard pickle stores a function by its importable name only)."""
+        from grpolab import objects
+
+        fn = objects.lookup(spec, "--tools")
+        if fn is None:
+            return spec
+        import cloudpickle
+
+        path = os.path.join(self._pickled.name, f"tool_{i}.pkl")
+        with open(path, "wb") as f:
+            cloudpickle.dump(fn, f)
+        return "pickled:" + path
 
     def _start(self) -> subprocess.Popen:
         """A new worker, once it has loaded the tools (its start does not count against a call's timeout)."""
         # the trainer's import path, so that the worker finds every module the trainer found the tools in
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        cmd = [sys.executable, "-m", "grpolab.tool_worker", str(self.max_chars), *self.specs]
+        cmd = [sys.executable, "-m", "grpolab.tool_worker", str(self.max_chars), *self._worker_specs]
         errors = tempfile.TemporaryFile()  # what the tools print, and why a worker did not start
         proc = subprocess.Popen(
             cmd,
@@ -230,6 +248,7 @@ class ToolRunner:
 
     def close(self) -> None:
         self._kill()
+        self._pickled.cleanup()
 
     def __del__(self):  # a runner that goes away takes its worker with it
         try:
