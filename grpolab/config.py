@@ -15,14 +15,11 @@ from typing import Literal
 from grpolab.advantages import CREDITS, ESTIMATORS, SCALES
 from grpolab.data.arithmetic import CATEGORIES
 from grpolab.data.dataset import DATA_FORMATS
+from grpolab.errors import ConfigError
 from grpolab.group_budget import SAMPLING_MODES
 from grpolab.loss import AGGREGATIONS, IMPORTANCE_SAMPLING, KL_ESTIMATORS
 
 GROUP_BASELINES = ("grpo", "grpo_std", "rloo")
-
-
-class ConfigError(ValueError):
-    """An invalid configuration; the message names the field."""
 
 
 def _bad(field: str, msg: str) -> ConfigError:

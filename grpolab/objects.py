@@ -12,7 +12,7 @@ such a string:
 The loaders that read a flag's string (:func:`grpolab.loader.load_object`, :func:`grpolab.data.dataset.read_rows`,
 :func:`grpolab.policy.load_policy`) look the string up here first, so an object takes the very code path that its
 file or module would, and the object itself (not a copy) is what is used. A description whose object was not given
-again (a resumed run, a probe of the run) is a one-line :class:`grpolab.config.ConfigError` saying to pass it.
+again (a resumed run, a probe of the run) is a one-line :class:`grpolab.errors.ConfigError` saying to pass it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import hashlib
 import importlib
 import json
 from collections.abc import Iterator
+
+from grpolab.errors import ConfigError
 
 # What each flag's object is passed as in the Python API (for the message that asks for it again).
 KEYWORDS = {
@@ -65,8 +67,6 @@ def lookup(spec: object, flag: str) -> object | None:
     if spec in _LIVE:
         return _LIVE[spec]
     if is_description(spec):
-        from grpolab.config import ConfigError
-
         raise ConfigError(f"{flag}: {spec}: a Python object, not saved with the run; {pass_again(flag)}")
     return None
 
@@ -105,8 +105,6 @@ def callable_spec(obj: object, kind: str, flag: str) -> str:
     if isinstance(obj, str):
         return obj
     if not callable(obj):
-        from grpolab.config import ConfigError
-
         raise ConfigError(f"{flag}: expected a {kind} or a 'module:name' string, got {obj!r}")
     spec = importable_name(obj)
     if spec is not None:
@@ -129,8 +127,6 @@ def object_name(spec: str) -> str:
 def data_rows(data: object, keyword: str) -> list[dict]:
     """The rows of in-memory data: a ``datasets.Dataset`` (or a DatasetDict of one split), a list of dicts."""
     import datasets
-
-    from grpolab.config import ConfigError
 
     if isinstance(data, datasets.DatasetDict):
         splits = list(data.keys())
@@ -166,14 +162,11 @@ def data_spec(data: object, keyword: str) -> str:
 def model_spec(model: object, tokenizer: object | None) -> str:
     """The string ``--model`` takes for ``model``: a path or name as it is; a loaded transformers model (or a
     :class:`grpolab.policy.Policy`, e.g. a finished run's) registered with its tokenizer."""
-    from grpolab.config import ConfigError
-    from grpolab.policy import Policy
-
     if isinstance(model, str) or hasattr(model, "__fspath__"):
         if tokenizer is not None:
             raise ConfigError("tokenizer: only with a loaded model object (a path brings its own tokenizer)")
         return str(model)
-    if isinstance(model, Policy):
+    if hasattr(model, "tokenizer") and hasattr(model, "model") and not hasattr(model, "parameters"):  # a Policy
         tokenizer, model = tokenizer or model.tokenizer, model.model
     if not hasattr(model, "parameters") or not callable(model):
         raise ConfigError(f"model: expected a path, a name or a loaded model, got {type(model).__name__}")
