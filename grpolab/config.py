@@ -38,7 +38,13 @@ MODEL_DEFAULTS = {
 
 @dataclasses.dataclass
 class TrainConfig:
-    """GRPO training of a causal LM on verifiable rewards."""
+    """GRPO training of a causal LM on verifiable rewards.
+
+    Every field is a ``grpolab train`` flag and a keyword of :func:`grpolab.train`; a whole config can be passed too::
+
+        cfg = grpolab.TrainConfig(steps=50, group_size=8, out="runs/x")
+        run = grpolab.train(config=cfg)
+    """
 
     # --- run ---
     out: str = "runs/train"

@@ -14,6 +14,7 @@ for CUDA tensors when the build has both (``"cpu:gloo,cuda:nccl"``); on a CPU-on
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import os
@@ -82,6 +83,9 @@ def init(device: str = "auto", timeout_s: float = 1800.0) -> World:
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
         dist.init_process_group(backend=backend(), timeout=datetime.timedelta(seconds=timeout_s))
+        # A script calling the Python API (grpolab.train under torchrun) keeps the group for its later calls; it is
+        # left at exit, as torch asks. The CLI leaves it itself first (launch.processes), which makes this a no-op.
+        atexit.register(shutdown)
     return World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=local_rank)
 
 

@@ -3,4 +3,10 @@ without importing the config. ``grpolab.config.ConfigError`` and ``grpolab.Confi
 
 
 class ConfigError(ValueError):
-    """An invalid configuration; the message names the field."""
+    """An invalid configuration; the message names the field, in one line::
+
+    try:
+        grpolab.train(group_size="eight")
+    except grpolab.ConfigError as e:
+        print(e)  # --group-size: expected an integer, got 'eight'
+    """
