@@ -44,13 +44,13 @@ def _rows(n: int = 60) -> list[dict]:
     ]
 
 
-def _same_run(a, b, exact: bool = True) -> None:
-    """Two run directories hold the same metrics (times aside), rollouts and final weights."""
+def _same_run(a, b, exact: bool = True, skip: tuple[str, ...] = ("time/", "memory/")) -> None:
+    """Two run directories hold the same metrics (times and ``skip`` aside), rollouts and final weights."""
     ma, mb = read_metrics(a / "metrics.jsonl"), read_metrics(b / "metrics.jsonl")
     assert [m["step"] for m in ma] == [m["step"] for m in mb] and len(ma) >= 3
     for x, y in zip(ma, mb):
-        keys = {k for k in x if not k.startswith(("time/", "memory/"))}
-        assert keys == {k for k in y if not k.startswith(("time/", "memory/"))}
+        keys = {k for k in x if not k.startswith(skip)}
+        assert keys == {k for k in y if not k.startswith(skip)}
         for k in keys:
             close = exact or not isinstance(x[k], float)
             assert x[k] == y[k] if close else x[k] == pytest.approx(y[k], rel=1e-4, abs=1e-6), (x["step"], k)
@@ -142,6 +142,24 @@ def test_a_loaded_model_object_is_what_trains(tmp_path):
 
     with pytest.raises(grpolab.ConfigError, match=r"^tokenizer: a loaded model needs its tokenizer"):
         grpolab.train(model=model, steps=1, out=str(tmp_path / "no-tok"))
+
+
+def test_a_run_of_a_model_object_resumes_into_the_object(tmp_path):
+    """Resume loads the checkpoint into the object given; with a KL term its reference must be the starting weights
+    (checked by their fingerprint), so the trained object itself is refused and a fresh load is taken."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def fresh():
+        return AutoModelForCausalLM.from_pretrained(ASSET_DIR)
+
+    tokenizer = AutoTokenizer.from_pretrained(ASSET_DIR)
+    common = dict(tokenizer=tokenizer, threads=1, beta=0.04, lr=1e-3, log_rollouts=True, log=lambda *a: None, **SMALL)
+    whole = grpolab.train(model=fresh(), steps=3, out=str(tmp_path / "whole"), **common)
+    trained = grpolab.train(model=fresh(), steps=2, out=str(tmp_path / "cut"), **common).policy.model
+    with pytest.raises(grpolab.ConfigError, match=r"^--resume: the KL reference \(--beta\) is the run's starting"):
+        grpolab.train(model=trained, steps=3, resume=True, out=str(tmp_path / "cut"), **common)
+    resumed = grpolab.train(model=fresh(), steps=3, resume=True, out=str(tmp_path / "cut"), **common)
+    _same_run(whole.dir, resumed.dir, skip=("time/", "memory/", "eval/"))  # the cut run evaluated its last step
 
 
 CHAT_TEMPLATE = (
