@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,8 @@ def _fields(cls, command: str, model_field: str, model, tokenizer, given: dict) 
         fields[name] = value
     if model is not None:
         spec = objects.model_spec(model, tokenizer)
-        fields[model_field] = (spec,) if model_field == "policy" and cls.__name__ == "MseConfig" else spec
+        several = typing.get_origin(options.field_types(cls)[model_field]) is tuple  # mse: --policy A --policy B
+        fields[model_field] = (spec,) if several else spec
     elif tokenizer is not None:
         raise ConfigError("tokenizer: only with model=<a loaded model> (a path brings its own tokenizer)")
     for name, to_spec in _OBJECT_FIELDS.items():
@@ -224,15 +226,13 @@ def evaluate(
         return run_eval(_config(EvalConfig, "eval", "model", model, tokenizer, config, given), log)
 
 
-def _probe(command: str, cls_path: str, run_path: str, model_field: str, model, tokenizer, config, log, given):
-    """A probe command's ``run_*`` on its config built from the keywords."""
-    import importlib
-
-    module, _, cls_name = cls_path.rpartition(".")
-    cls = getattr(importlib.import_module(module), cls_name)
-    run = getattr(importlib.import_module(run_path.rpartition(".")[0]), run_path.rpartition(".")[2])
+def _probe(command: str, cls, run, model_field: str, model, tokenizer, config, log, given: dict):
+    """A probe command's ``run`` on its config ``cls`` built from the keywords."""
     with objects.registered():
-        return run(_config(cls, command, model_field, model, tokenizer, config, given), log)
+        cfg = _config(cls, command, model_field, model, tokenizer, config, given)
+        if hasattr(cfg, "validate"):  # the command's own checks, before anything loads
+            cfg.validate()
+        return run(cfg, log)
 
 
 def rank(model=None, data=None, reward_funcs=None, *, tokenizer=None, config=None, log=print, **fields) -> dict:
@@ -245,9 +245,10 @@ def rank(model=None, data=None, reward_funcs=None, *, tokenizer=None, config=Non
 
         report = grpolab.rank(model=run.dir, group_sizes=[4, 8], prompts=8, out="runs/x-rank")
     """
+    from grpolab.probes.rank import RankConfig, run_rank
+
     given = dict(data=data, reward_funcs=reward_funcs, **fields)
-    return _probe("rank", "grpolab.probes.rank.RankConfig", "grpolab.probes.rank.run_rank", "checkpoint", model,
-                  tokenizer, config, log, given)  # fmt: skip
+    return _probe("rank", RankConfig, run_rank, "checkpoint", model, tokenizer, config, log, given)
 
 
 def mse(model=None, data=None, reward_funcs=None, *, tokenizer=None, config=None, log=print, **fields) -> dict:
@@ -257,9 +258,10 @@ def mse(model=None, data=None, reward_funcs=None, *, tokenizer=None, config=None
 
         report = grpolab.mse(model=model, tokenizer=tok, data=ds, reward_funcs=[last_letter], prompts=8, pool=8)
     """
+    from grpolab.probes.mse_cmd import MseConfig, run_mse
+
     given = dict(data=data, reward_funcs=reward_funcs, **fields)
-    return _probe("mse", "grpolab.probes.mse_cmd.MseConfig", "grpolab.probes.mse_cmd.run_mse", "policy", model,
-                  tokenizer, config, log, given)  # fmt: skip
+    return _probe("mse", MseConfig, run_mse, "policy", model, tokenizer, config, log, given)
 
 
 def groupsize(model=None, data=None, reward_funcs=None, *, tokenizer=None, config=None, log=print, **fields) -> dict:
@@ -269,9 +271,10 @@ def groupsize(model=None, data=None, reward_funcs=None, *, tokenizer=None, confi
 
         report = grpolab.groupsize(model=run.dir, prompts=8, pool=8, budget=32)
     """
+    from grpolab.probes.mse_cmd import GroupsizeConfig, run_groupsize
+
     given = dict(data=data, reward_funcs=reward_funcs, **fields)
-    return _probe("groupsize", "grpolab.probes.mse_cmd.GroupsizeConfig", "grpolab.probes.mse_cmd.run_groupsize",
-                  "policy", model, tokenizer, config, log, given)  # fmt: skip
+    return _probe("groupsize", GroupsizeConfig, run_groupsize, "policy", model, tokenizer, config, log, given)
 
 
 def multiturn_bias(
@@ -284,6 +287,7 @@ def multiturn_bias(
 
         rows = grpolab.multiturn_bias(model=model, tokenizer=tok, env=MyEnv, data=records, episodes=8, branches=4)
     """
+    from grpolab.multiturn.measure import MultiturnConfig, run_multiturn
+
     given = dict(data=data, reward_funcs=reward_funcs, env=env, tools=tools, **fields)
-    return _probe("multiturn", "grpolab.multiturn.measure.MultiturnConfig", "grpolab.multiturn.measure.run_multiturn",
-                  "policy", model, tokenizer, config, log, given)  # fmt: skip
+    return _probe("multiturn", MultiturnConfig, run_multiturn, "policy", model, tokenizer, config, log, given)
