@@ -25,6 +25,16 @@ from collections.abc import Iterator
 
 from grpolab.errors import ConfigError
 
+# The config fields that may name an object, by their flag.
+OBJECT_FLAGS = {
+    "model": "--model",
+    "data": "--data",
+    "eval_data": "--eval-data",
+    "reward_fn": "--reward-fn",
+    "eval_reward_fn": "--eval-reward-fn",
+    "env": "--env",
+    "tools": "--tools",
+}
 # What each flag's object is passed as in the Python API (for the message that asks for it again).
 KEYWORDS = {
     "--model": "model",

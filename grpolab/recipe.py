@@ -331,9 +331,7 @@ def _resume_object(model: torch.nn.Module, ckpt: Path, start: str | None, beta: 
 def _check_objects(saved: dict, cfg: TrainConfig) -> None:
     """A run started with Python objects (their descriptions in config.json) resumes only with objects described
     alike: one line naming the first that is missing or different."""
-    for key, flag in (("model", "--model"), ("data", "--data"), ("eval_data", "--eval-data"),
-                      ("reward_fn", "--reward-fn"), ("eval_reward_fn", "--eval-reward-fn"), ("env", "--env"),
-                      ("tools", "--tools")):  # fmt: skip
+    for key, flag in objects.OBJECT_FLAGS.items():
         was, now = saved.get(key), getattr(cfg, key)
         was = list(was) if isinstance(was, list | tuple) else [was]
         now = list(now) if isinstance(now, list | tuple) else [now]
