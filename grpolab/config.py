@@ -270,6 +270,11 @@ class TrainConfig:
     """Updates per batch; for mu > 1 the sampling-time log-probs give the importance ratio."""
     micro_batch: int = 0
     """Rollouts per forward/backward; 0 = the whole batch. Must divide B*G."""
+    micro_batch_tokens: int = 0
+    """Instead of --micro-batch: passes of at most this many tokens each, counted with padding (rows x (longest prompt
+    + longest completion) of the pass); rows are taken longest first, so rows of like length share a pass. A row
+    longer than the budget runs alone. Same gradient as the whole batch; bounds the update's memory when completion
+    lengths vary. 0 = off."""
     shared_prefix: Literal["on", "off"] = "on"
     """on: in the update (and the KL reference's forward), each group's prompt is encoded once and its G completions
     attend to that one copy; same log-probs and gradients as off, which encodes the prompt once per rollout. A model
@@ -404,6 +409,7 @@ class TrainConfig:
             "eval_every",
             "save_every",
             "micro_batch",
+            "micro_batch_tokens",
             "eval_samples",
             "warmup_steps",
             "threads",
@@ -560,6 +566,8 @@ class TrainConfig:
                 "micro_batch",
                 f"prompts_per_step * group_size = {self.rollouts_per_step} must be divisible by micro_batch = {self.micro_batch}",
             )
+        if self.micro_batch and self.micro_batch_tokens:
+            raise _bad("micro_batch_tokens", "plans the passes by tokens; give it or --micro-batch, not both")
         if self.shared_prefix not in ("on", "off"):
             raise _bad("shared_prefix", f"must be 'on' or 'off', got {self.shared_prefix!r}")
 

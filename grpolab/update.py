@@ -4,8 +4,8 @@ In order (:meth:`Updater.__call__`):
 
 1. the loss mask: the tokens that carry loss (``--mask-truncated``; the entropy selection's
    threshold over every rank's tokens);
-2. the micro-batch plan: which rows run, in passes of ``--micro-batch`` rows, the same number
-   of passes on every rank;
+2. the micro-batch plan: which rows run, in passes of ``--micro-batch`` rows (or of at most
+   ``--micro-batch-tokens`` padded tokens), the same number of passes on every rank;
 3. the sampling-time (old) and reference log-probs, once, before any weight moves;
 4. mu times: loss and backward per micro-batch, then the optimizer step (skipped, and counted,
    when the loss or the gradient is not finite);
@@ -64,9 +64,38 @@ def _rows_adv(adv: torch.Tensor, idx: torch.Tensor, T: int) -> torch.Tensor:
     return a[:, :T] if a.shape[1] >= T else torch.nn.functional.pad(a, (0, T - a.shape[1]))
 
 
-def plan_micro_batches(rows: torch.Tensor, micro_batch: int, world: World) -> MicroBatchPlan:
-    """``rows`` in passes of ``micro_batch``, padded to the most passes of any rank."""
-    chunks = [rows[i : i + micro_batch] for i in range(0, rows.numel(), micro_batch)]
+def token_budget_chunks(
+    rows: torch.Tensor, prompt_lens: torch.Tensor, completion_lens: torch.Tensor, budget: int
+) -> list[torch.Tensor]:
+    """``rows`` in passes of at most ``budget`` padded tokens each (--micro-batch-tokens).
+
+    A pass over k rows is padded to its longest prompt plus its longest completion (:func:`grpolab.rollout.select`),
+    so it costs k x (max prompt + max completion) tokens. Rows are taken longest first, so that rows of like length
+    share a pass and little of it is padding, and each is added to the current pass while the pass stays within the
+    budget; a row longer than the budget runs alone. The loss's normalisers are the whole step's, so any partition
+    gives the whole batch's gradient (to float rounding).
+    """
+    order = sorted(rows.tolist(), key=lambda r: -int(prompt_lens[r] + completion_lens[r]))
+    chunks: list[list[int]] = []
+    p_max = c_max = 0
+    for r in order:
+        p, c = max(p_max, int(prompt_lens[r])), max(c_max, int(completion_lens[r]))
+        if chunks and (len(chunks[-1]) + 1) * (p + c) <= budget:
+            chunks[-1].append(r)
+            p_max, c_max = p, c
+        else:
+            chunks.append([r])
+            p_max, c_max = int(prompt_lens[r]), int(completion_lens[r])
+    return [torch.tensor(sorted(c), dtype=torch.long, device=rows.device) for c in chunks]
+
+
+def plan_micro_batches(
+    rows: torch.Tensor, micro_batch: int, world: World, chunks: list[torch.Tensor] | None = None
+) -> MicroBatchPlan:
+    """``rows`` in passes of ``micro_batch`` (or the passes ``chunks`` given, e.g. by :func:`token_budget_chunks`),
+    padded to the most passes of any rank."""
+    if chunks is None:
+        chunks = [rows[i : i + micro_batch] for i in range(0, rows.numel(), micro_batch)]
     real = len(chunks)
     chunks += [torch.zeros(1, dtype=torch.long, device=rows.device)] * (dist_.all_max(real, world) - real)
     return MicroBatchPlan(rows, chunks, real)
@@ -174,7 +203,7 @@ class Updater:
         # rollout with no loss-carrying token. Normalisers stay those of the whole batch, so the gradient is unchanged.
         credited = adv != 0 if adv.dim() == 1 else ((adv != 0) & loss_mask[:, : adv.shape[1]].bool()).any(dim=1)
         live = carries if cfg.beta > 0 else carries & credited
-        plan = plan_micro_batches(live.nonzero().squeeze(1), cfg.micro_batch or N, world)
+        plan = self._plan(batch, live.nonzero().squeeze(1), N)
         old_logp, ref_logp = self._old_and_ref_logprobs(batch, plan)
         self.watched = None if watch is None else self._watch(watch, batch, loss_mask, plan)
         inputs = _Inputs(
@@ -214,6 +243,14 @@ class Updater:
         }
 
     # ------------------------------------------------------------------ its steps
+    def _plan(self, batch: Batch, rows: torch.Tensor, N: int) -> MicroBatchPlan:
+        """The passes over ``rows``: --micro-batch rows each, or --micro-batch-tokens padded tokens each."""
+        budget = self.cfg.micro_batch_tokens
+        if not budget:
+            return plan_micro_batches(rows, self.cfg.micro_batch or N, self.world)
+        p_lens, c_lens = batch.prompt_mask.sum(1).cpu(), batch.completion_mask.sum(1).cpu()  # [n], [n]
+        return plan_micro_batches(rows, 0, self.world, token_budget_chunks(rows, p_lens, c_lens, budget))
+
     def _loss_mask(
         self, batch: Batch, n: int, action: torch.Tensor | None = None, cut: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,6 +36,8 @@ def test_default_config_is_valid():
         (dict(kl="k9"), "--kl"),
         (dict(categories=("pow",)), "--categories"),
         (dict(micro_batch=-1), "--micro-batch"),
+        (dict(micro_batch_tokens=-1), "--micro-batch-tokens"),
+        (dict(micro_batch=4, micro_batch_tokens=512), "--micro-batch-tokens"),
         (dict(rollout_engine="sglang"), "--rollout-engine"),
         (dict(engine_correction="clip"), "--engine-correction"),
         (dict(engine_correction="token-mask", engine_correction_cap=1.0), "--engine-correction-cap"),
