@@ -88,10 +88,10 @@ def test_chunked_logprobs_and_gradients_equal_the_whole_head(tiny_model, char_to
         pad_id=pol.pad_id,
     )
     params = [p for p in tiny_model.parameters()]
-    whole = completion_logprobs(tiny_model, batch, chunk_rows=0)
+    whole = completion_logprobs(tiny_model, batch, chunk_tokens=0)
     g_whole = torch.autograd.grad((whole * torch.arange(1.0, whole.shape[1] + 1)).sum(), params, allow_unused=True)
-    for rows in (1, 2, 3):
-        chunked = completion_logprobs(tiny_model, batch, chunk_rows=rows)
+    for tokens in (1, 7, 13):
+        chunked = completion_logprobs(tiny_model, batch, chunk_tokens=tokens)
         assert torch.allclose(chunked, whole, atol=1e-6)
         g = torch.autograd.grad((chunked * torch.arange(1.0, whole.shape[1] + 1)).sum(), params, allow_unused=True)
         for a, b in zip(g, g_whole):
@@ -113,7 +113,7 @@ def test_large_vocabulary_chunks_automatically(tiny_model, char_tokenizer, monke
         eos_id=pol.eos_id,
         pad_id=pol.pad_id,
     )
-    whole = completion_logprobs(tiny_model, batch, chunk_rows=0)
+    whole = completion_logprobs(tiny_model, batch, chunk_tokens=0)
     calls = []
     monkeypatch.setattr(logprobs, "LOGITS_BUDGET", 8 * char_tokenizer.vocab_size)  # a budget of ~1 rollout's logits
     real = torch.utils.checkpoint.checkpoint

@@ -96,15 +96,15 @@ def test_distinct_prompts_finds_each_prompt_once_and_maps_every_row():
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
-@pytest.mark.parametrize("chunk_rows", [0, 5])
-def test_shared_logprobs_and_gradients_equal_the_plain_path(arch, chunk_rows, group_batch, char_tokenizer):
+@pytest.mark.parametrize("chunk_tokens", [0, 5])
+def test_shared_logprobs_and_gradients_equal_the_plain_path(arch, chunk_tokens, group_batch, char_tokenizer):
     torch.manual_seed(0)
     model = ARCHS[arch](char_tokenizer).train()
     params = [p for p in model.parameters()]
     weights = torch.randn(group_batch.completion_ids.shape)  # a loss that weighs every token differently
     out = {}
     for shared in (False, True):
-        logp = completion_logprobs(model, group_batch, chunk_rows=chunk_rows, shared_prefix=shared)  # [N, T]
+        logp = completion_logprobs(model, group_batch, chunk_tokens=chunk_tokens, shared_prefix=shared)  # [N, T]
         out[shared] = (logp, torch.autograd.grad((logp * weights).sum(), params, allow_unused=True))
     assert torch.allclose(out[True][0], out[False][0], atol=1e-5, rtol=0)
     assert (out[True][0] != 0).sum() == group_batch.completion_mask.sum()  # every real token scored, padding 0
@@ -113,6 +113,28 @@ def test_shared_logprobs_and_gradients_equal_the_plain_path(arch, chunk_rows, gr
             assert g_shared is None
             continue
         assert float((g_shared - g_plain).norm() / g_plain.norm().clamp(min=1e-12)) < REL_TOL
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("shared", [False, True])
+def test_token_chunked_logprobs_equal_the_whole_head_in_float64(arch, shared, group_batch, char_tokenizer):
+    """The LM head over the real tokens only, a few at a time under checkpointing, against the head over every
+    position at once: log-probs and gradients equal within 1e-10, in float64."""
+    torch.manual_seed(0)
+    model = ARCHS[arch](char_tokenizer).double().train()
+    params = [p for p in model.parameters()]
+    weights = torch.randn(group_batch.completion_ids.shape, dtype=torch.float64)
+    out = {}
+    for chunk in (0, 3):
+        logp = completion_logprobs(model, group_batch, chunk_tokens=chunk, shared_prefix=shared)  # [N, T]
+        out[chunk] = (logp, torch.autograd.grad((logp * weights).sum(), params, allow_unused=True))
+    torch.testing.assert_close(out[3][0], out[0][0], rtol=0, atol=1e-10)
+    assert (out[3][0] != 0).sum() == group_batch.completion_mask.sum() > 6  # every real token, more than 2 chunks
+    for g_chunked, g_whole in zip(out[3][1], out[0][1]):
+        if g_whole is None:
+            assert g_chunked is None
+            continue
+        assert float((g_chunked - g_whole).norm()) <= 1e-10 * max(float(g_whole.norm()), 1e-30)
 
 
 def test_shared_prefill_samples_the_same_tokens_as_one_prompt_at_a_time(char_tokenizer):

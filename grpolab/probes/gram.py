@@ -63,7 +63,7 @@ def token_weights(
 
 
 def _weighted_score_sum(model, batch: Batch, weights: torch.Tensor, temperature: float) -> torch.Tensor:
-    logp = completion_logprobs(model, batch, temperature, chunk_rows=0)  # [R, T]; the head once: hooks count its uses
+    logp = completion_logprobs(model, batch, temperature, chunk_tokens=0)  # [R, T]; the head once: hooks count its uses
     return (logp * weights.to(logp.dtype)).sum()
 
 
