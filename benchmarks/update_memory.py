@@ -1,0 +1,68 @@
+"""Peak memory and time of the update's forward+backward on long completions, as the update runs it.
+
+    python benchmarks/update_memory.py --rows 8 --tokens 1024 [--micro-batch-tokens 2048] [--gradient-checkpointing]
+
+SmolLM2-135M-Instruct (``--model``), ``--rows`` completions of one prompt whose lengths vary (``--tokens``, then 37
+fewer each row), random token ids: one forward and backward of the completion log-probs over the passes the update
+would plan (the whole batch, or ``--micro-batch-tokens``), with the shared prompt prefix as in training. Prints the
+time, the process's peak memory (max RSS) before and after, and the log-probs' sum (equal across plans up to float
+rounding). Run one configuration per process: max RSS only grows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--rows", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=1024, help="the longest completion; each next row 37 fewer")
+    p.add_argument("--micro-batch-tokens", type=int, default=0, help="plan passes by this token budget (0: one pass)")
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+
+    import torch
+
+    from grpolab.logprobs import completion_logprobs
+    from grpolab.policy import enable_activation_checkpointing, load_policy
+    from grpolab.rollout import Batch, left_pad, select
+    from grpolab.update import token_budget_chunks
+
+    torch.set_num_threads(args.threads)
+    policy = load_policy(args.model)
+    policy.model.train()
+    if args.gradient_checkpointing:
+        enable_activation_checkpointing(policy.model)
+    N, T = args.rows, args.tokens
+    prompt_ids, prompt_mask = left_pad([policy.prompt_ids({"prompt": "What is 12 + 30?"})] * N, policy.pad_id)
+    lengths = torch.tensor([max(1, T - 37 * i) for i in range(N)])
+    completion_mask = (torch.arange(T)[None] < lengths[:, None]).long()  # [N, T]
+    ids = torch.randint(100, 40000, (N, T), generator=torch.Generator().manual_seed(0)) * completion_mask
+    batch = Batch(prompt_ids, prompt_mask, ids, completion_mask)
+    rows = torch.arange(N)
+    budget = args.micro_batch_tokens
+    passes = token_budget_chunks(rows, prompt_mask.sum(1), lengths, budget) if budget else [rows]
+
+    loaded_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    t0 = time.perf_counter()
+    total = 0.0
+    for idx in passes:
+        logp = completion_logprobs(policy.model, select(batch, idx), shared_prefix=True)  # [n, T']
+        (logp.sum() / completion_mask.sum()).backward()
+        total += float(logp.detach().sum())
+    seconds = time.perf_counter() - t0
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        f"rows {N}, tokens {T} (real {int(lengths.sum())}), micro-batch-tokens {budget} ({len(passes)} passes), "
+        f"checkpointing {args.gradient_checkpointing}: {seconds:.1f} s, peak {peak_mb:.0f} MB "
+        f"(+{peak_mb - loaded_mb:.0f} MB over the loaded model), log-prob sum {total:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
