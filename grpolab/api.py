@@ -76,23 +76,18 @@ class Run:
 
 
 # The fields that name an object, and how an object given in their place is named (grpolab.objects).
-def _reward_specs(fns) -> tuple[str, ...]:
-    fns = list(fns) if isinstance(fns, list | tuple) else [fns]
-    return tuple(objects.callable_spec(f, "reward function", "--reward-fn") for f in fns)
-
-
-def _tool_specs(fns) -> tuple[str, ...]:
-    fns = list(fns) if isinstance(fns, list | tuple) else [fns]
-    return tuple(objects.callable_spec(f, "tool", "--tools") for f in fns)
+def _callable_specs(fns, kind: str, flag: str) -> tuple[str, ...]:
+    """One callable or a list of them (or of names) as the names a repeatable flag takes."""
+    return tuple(objects.callable_spec(f, kind, flag) for f in (fns if isinstance(fns, list | tuple) else [fns]))
 
 
 _OBJECT_FIELDS: dict[str, Callable[[Any], Any]] = {
     "data": lambda d: objects.data_spec(d, "train_dataset"),
     "eval_data": lambda d: objects.data_spec(d, "eval_dataset"),
-    "reward_fn": _reward_specs,
+    "reward_fn": lambda fns: _callable_specs(fns, "reward function", "--reward-fn"),
     "eval_reward_fn": lambda f: objects.callable_spec(f, "reward function", "--eval-reward-fn"),
     "env": lambda c: objects.callable_spec(c, "environment", "--env"),
-    "tools": _tool_specs,
+    "tools": lambda fns: _callable_specs(fns, "tool", "--tools"),
 }
 # TRL's keyword for a field -> the field.
 _ALIASES = {
@@ -103,7 +98,7 @@ _ALIASES = {
 }
 
 
-def _fields(cls, command: str, model_field: str, model, tokenizer, given: dict) -> dict:
+def _fields(cls, model_field: str, model, tokenizer, given: dict) -> dict:
     """The config fields of ``given`` (TRL's keywords renamed, objects replaced by the names the flags take)."""
     fields: dict = {}
     for key, value in given.items():
@@ -120,7 +115,7 @@ def _fields(cls, command: str, model_field: str, model, tokenizer, given: dict) 
     elif tokenizer is not None:
         raise ConfigError("tokenizer: only with model=<a loaded model> (a path brings its own tokenizer)")
     for name, to_spec in _OBJECT_FIELDS.items():
-        if name in fields and fields[name] is not None and name in options.field_types(cls):
+        if name in fields and name in options.field_types(cls):
             fields[name] = to_spec(fields[name])
     return fields
 
@@ -131,7 +126,7 @@ def _config(cls, command: str, model_field: str, model, tokenizer, config, given
         if model is not None or tokenizer is not None or any(v is not None for v in given.values()):
             raise ConfigError("config: give the options either as a config object or as keywords, not both")
         return config
-    return options.config_from(cls, _fields(cls, command, model_field, model, tokenizer, given), command)
+    return options.config_from(cls, _fields(cls, model_field, model, tokenizer, given), command)
 
 
 def train(

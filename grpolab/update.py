@@ -89,13 +89,8 @@ def token_budget_chunks(
     return [torch.tensor(sorted(c), dtype=torch.long, device=rows.device) for c in chunks]
 
 
-def plan_micro_batches(
-    rows: torch.Tensor, micro_batch: int, world: World, chunks: list[torch.Tensor] | None = None
-) -> MicroBatchPlan:
-    """``rows`` in passes of ``micro_batch`` (or the passes ``chunks`` given, e.g. by :func:`token_budget_chunks`),
-    padded to the most passes of any rank."""
-    if chunks is None:
-        chunks = [rows[i : i + micro_batch] for i in range(0, rows.numel(), micro_batch)]
+def plan_micro_batches(rows: torch.Tensor, chunks: list[torch.Tensor], world: World) -> MicroBatchPlan:
+    """The passes ``chunks`` over ``rows``, padded to the most passes of any rank."""
     real = len(chunks)
     chunks += [torch.zeros(1, dtype=torch.long, device=rows.device)] * (dist_.all_max(real, world) - real)
     return MicroBatchPlan(rows, chunks, real)
@@ -245,11 +240,13 @@ class Updater:
     # ------------------------------------------------------------------ its steps
     def _plan(self, batch: Batch, rows: torch.Tensor, N: int) -> MicroBatchPlan:
         """The passes over ``rows``: --micro-batch rows each, or --micro-batch-tokens padded tokens each."""
-        budget = self.cfg.micro_batch_tokens
-        if not budget:
-            return plan_micro_batches(rows, self.cfg.micro_batch or N, self.world)
-        p_lens, c_lens = batch.prompt_mask.sum(1).cpu(), batch.completion_mask.sum(1).cpu()  # [n], [n]
-        return plan_micro_batches(rows, 0, self.world, token_budget_chunks(rows, p_lens, c_lens, budget))
+        budget, size = self.cfg.micro_batch_tokens, self.cfg.micro_batch or N
+        if budget:
+            p_lens, c_lens = batch.prompt_mask.sum(1).cpu(), batch.completion_mask.sum(1).cpu()  # [n], [n]
+            chunks = token_budget_chunks(rows, p_lens, c_lens, budget)
+        else:
+            chunks = [rows[i : i + size] for i in range(0, rows.numel(), size)]
+        return plan_micro_batches(rows, chunks, self.world)
 
     def _loss_mask(
         self, batch: Batch, n: int, action: torch.Tensor | None = None, cut: torch.Tensor | None = None

@@ -150,7 +150,7 @@ class ToolRunner:
     def __init__(self, specs: list[str], timeout_s: float = DEFAULT_TIMEOUT_S, max_chars: int = DEFAULT_MAX_CHARS):
         self.specs, self.timeout_s, self.max_chars = list(specs), timeout_s, max_chars
         self._proc: subprocess.Popen | None = None
-        self._pickled = tempfile.TemporaryDirectory(prefix="grpolab-tools-")
+        self._pickled: tempfile.TemporaryDirectory | None = None  # made for the first function to pickle
         self._worker_specs = [self._worker_spec(s, i) for i, s in enumerate(self.specs)]
 
     def _worker_spec(self, spec: str, i: int) -> str:
@@ -164,6 +164,8 @@ class ToolRunner:
             return spec
         import cloudpickle
 
+        if self._pickled is None:
+            self._pickled = tempfile.TemporaryDirectory(prefix="grpolab-tools-")
         path = os.path.join(self._pickled.name, f"tool_{i}.pkl")
         with open(path, "wb") as f:
             cloudpickle.dump(fn, f)
@@ -248,7 +250,8 @@ class ToolRunner:
 
     def close(self) -> None:
         self._kill()
-        self._pickled.cleanup()
+        if self._pickled is not None:
+            self._pickled.cleanup()
 
     def __del__(self):  # a runner that goes away takes its worker with it
         try:
