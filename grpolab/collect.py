@@ -147,7 +147,7 @@ class CollectSettings:
             cfg.prompts_per_step,
             cfg.group_size,
             cfg.seed,
-            SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_p),
+            SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.ignore_eos),
             cfg.max_sampling_rounds,
             cfg.pilot_size,
             cfg.max_group_size,

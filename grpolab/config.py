@@ -183,6 +183,9 @@ class TrainConfig:
     """vllm on CUDA: free the engine's weights and KV cache while the trainer updates (vLLM's sleep mode)."""
     max_new_tokens: int = 48
     """Longest completion."""
+    ignore_eos: bool = False
+    """Sample every completion to --max-new-tokens: the end-of-sequence token does not stop it (it is kept as a token
+    like any other). For measuring cost at a fixed length; a task's rewards rarely want it."""
     sampling: Literal["fixed", "filter", "adaptive"] = "fixed"
     """Which rollouts a step generates (grpolab.group_budget). fixed: B prompts x G. filter (DAPO's dynamic sampling):
     draw more prompts until B groups have reward variance, at most --max-sampling-rounds rounds. adaptive: a pilot of
@@ -272,9 +275,15 @@ class TrainConfig:
     """Rollouts per forward/backward; 0 = the whole batch. Must divide B*G."""
     micro_batch_tokens: int = 0
     """Instead of --micro-batch: passes of at most this many tokens each, counted with padding (rows x (longest prompt
-    + longest completion) of the pass); rows are taken longest first, so rows of like length share a pass. A row
+    + longest completion) of the pass; with --packing, the rows' own tokens); rows are taken longest first, so rows of like length share a pass. A row
     longer than the budget runs alone. Same gradient as the whole batch; bounds the update's memory when completion
     lengths vary. 0 = off."""
+    packing: bool = False
+    """Run each update pass's rows as one sequence without padding (position ids restart per row, attention stays
+    within a row): same log-probs and gradients as padded rows, and no compute or memory spent on padding. With
+    flash-attention (GPU) attention is per row too; with sdpa (CPU) it runs over the packed length under a
+    block-diagonal mask, which costs more than it saves when rows are long and of like length. Replaces
+    --shared-prefix. A model that cannot take packed rows falls back to padding with a one-line notice."""
     shared_prefix: Literal["on", "off"] = "on"
     """on: in the update (and the KL reference's forward), each group's prompt is encoded once and its G completions
     attend to that one copy; same log-probs and gradients as off, which encodes the prompt once per rollout. A model

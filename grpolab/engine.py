@@ -72,7 +72,7 @@ class HFEngine:
                 max_new_tokens=settings.max_new_tokens,
                 temperature=settings.temperature,
                 top_p=settings.top_p,
-                eos_id=self.eos_id,
+                eos_id=-1 if settings.ignore_eos else self.eos_id,  # no token is -1: no row stops early
                 pad_id=self.pad_id,
             )
         self.model.train(was_training)

@@ -17,7 +17,12 @@ LOGITS_BUDGET = 2**25  # floats of logits held at once before the LM head is chu
 
 
 def completion_logprobs(
-    model, batch: Batch, temperature: float = 1.0, chunk_tokens: int | None = None, shared_prefix: bool = False
+    model,
+    batch: Batch,
+    temperature: float = 1.0,
+    chunk_tokens: int | None = None,
+    shared_prefix: bool = False,
+    packed: bool = False,
 ) -> torch.Tensor:
     """``[N, T]`` log pi(o_t | q, o_<t) of each completion token (0 where masked).
 
@@ -30,6 +35,7 @@ def completion_logprobs(
 
     ``shared_prefix``: rows with the same prompt (a group) share one prompt pass
     (:mod:`grpolab.shared_prefix`): same log-probs and gradients, the prompt's cost paid once.
+    ``packed``: the rows' real tokens run as one sequence without padding (:func:`_packed_logprobs`).
     """
     N, T = batch.completion_ids.shape
     head = model.get_output_embeddings()
@@ -37,6 +43,8 @@ def completion_logprobs(
     if chunk_tokens is None:
         chunk_tokens = 0 if N * (T + 1) * V <= LOGITS_BUDGET else max(1, LOGITS_BUDGET // V)
     target, mask = batch.completion_ids, batch.completion_mask  # [N, T]
+    if packed:
+        return _packed_logprobs(model, head, batch, temperature, chunk_tokens)
     if shared_prefix:
         first_logits, hidden = shared_prefix_hidden(model, *batch)  # [N, V], [N, T - 1, d] or None
         first = _token_logprobs(first_logits[:, None], target[:, :1], temperature)  # [N, 1]
@@ -74,7 +82,16 @@ def _head_logprobs(
     if not chunk_tokens:
         return _token_logprobs(head(hidden), target, temperature)
     keep = mask.bool()  # [N, T]
-    h, tgt = hidden[keep], target[keep]  # [M, d], [M]: the real tokens, row after row
+    logp = _tokens_logprobs(head, hidden[keep], target[keep], temperature, chunk_tokens)  # [M]: real tokens in order
+    return hidden.new_zeros(target.shape, dtype=logp.dtype).index_put((keep,), logp)  # [N, T]
+
+
+def _tokens_logprobs(head, h: torch.Tensor, tgt: torch.Tensor, temperature: float, chunk_tokens: int) -> torch.Tensor:
+    """``[M]`` log-probs of tokens ``tgt`` ``[M]`` from their hidden states ``[M, d]``: all at once when
+    ``chunk_tokens`` is 0 (or M fits in it), else ``chunk_tokens`` at a time under activation checkpointing, so a
+    chunk's ``[chunk, V]`` logits exist only while its log-probs are computed (forward, and again in backward)."""
+    if not chunk_tokens or h.shape[0] <= chunk_tokens:
+        return _token_logprobs(head(h), tgt, temperature)
 
     def chunk_logp(h_c: torch.Tensor, tgt_c: torch.Tensor) -> torch.Tensor:
         return _token_logprobs(head(h_c), tgt_c, temperature)  # [c, V] logits -> [c]
@@ -85,8 +102,33 @@ def _head_logprobs(
         )  # fmt: skip
         for i in range(0, h.shape[0], chunk_tokens)
     ]
-    out = hidden.new_zeros(target.shape, dtype=parts[0].dtype if parts else torch.float32)  # [N, T]
-    return out.index_put((keep,), torch.cat(parts)) if parts else out
+    return torch.cat(parts)
+
+
+def _packed_logprobs(model, head, batch: Batch, temperature: float, chunk_tokens: int) -> torch.Tensor:
+    """``[N, T]`` completion log-probs with the rows packed: padding-free.
+
+    Each row's real tokens (prompt, then completion; where the masks are 1) are laid end to end in one sequence
+    ``[1, L]``, L = the batch's real tokens, with position ids restarting at 0 for each row. Given position ids that
+    restart and no attention mask, transformers attends within each row only (``find_packed_sequence_indices``: a
+    block-diagonal causal mask for sdpa and eager attention, variable-length kernels for flash-attention). So each
+    token sees what it sees in the padded forward, at the same position: the same log-probs to float rounding, and
+    no padding token is computed. The LM head runs at the M completion tokens' predictors only.
+    """
+    attn = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).bool()  # [N, P + T]
+    ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)[attn]  # [L]: real tokens, row after row
+    lengths = attn.sum(1)  # [N]
+    starts = (lengths.cumsum(0) - lengths).repeat_interleave(lengths)  # [L] where each token's row begins
+    position = torch.arange(ids.shape[0], device=ids.device) - starts  # [L] 0, 1, ... within each row
+    # use_cache=False: transformers looks for packed rows only when there is no cache (and no attention mask)
+    hidden = model.get_decoder()(input_ids=ids[None], position_ids=position[None], use_cache=False)  # [1, L, d]
+    hidden = hidden.last_hidden_state[0]  # [L, d]
+    keep = batch.completion_mask.bool()  # [N, T]
+    at = torch.cat([torch.zeros_like(batch.prompt_mask, dtype=torch.bool), keep], dim=1)[attn].nonzero()[:, 0]  # [M]
+    # Completion token k sits at packed index at[k]; the token before it (same row: a prompt has >= 1 token)
+    # predicts it. Row-major order, the order of ``completion_ids[keep]``.
+    logp = _tokens_logprobs(head, hidden[at - 1], ids[at], temperature, chunk_tokens)  # [M]
+    return hidden.new_zeros(keep.shape, dtype=logp.dtype).index_put((keep,), logp)  # [N, T]
 
 
 def _token_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:

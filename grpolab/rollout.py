@@ -28,6 +28,7 @@ class SamplingSettings:
     max_new_tokens: int
     temperature: float
     top_p: float = 1.0
+    ignore_eos: bool = False  # every row runs to max_new_tokens; an end-of-sequence token sampled on the way is kept
 
 
 class Batch(NamedTuple):

@@ -28,17 +28,21 @@ class LogProbs(nn.Module):
     """``[N, T]`` log-probs of a batch's completion tokens under ``model``, as a module.
 
     ``shared_prefix``: rows with the same prompt share one prompt pass (grpolab.shared_prefix).
+    ``packed``: the rows run as one padding-free sequence (grpolab.logprobs).
     """
 
-    def __init__(self, model: nn.Module, temperature: float = 1.0, shared_prefix: bool = False):
+    def __init__(self, model: nn.Module, temperature: float = 1.0, shared_prefix: bool = False, packed: bool = False):
         super().__init__()
         self.model = model
         self.temperature = temperature
         self.shared_prefix = shared_prefix
+        self.packed = packed
 
     def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
         batch = Batch(prompt_ids, prompt_mask, completion_ids, completion_mask)
-        return completion_logprobs(self.model, batch, self.temperature, shared_prefix=self.shared_prefix)
+        return completion_logprobs(
+            self.model, batch, self.temperature, shared_prefix=self.shared_prefix, packed=self.packed
+        )
 
 
 def _layer_modules(model: nn.Module) -> list[nn.Module]:
@@ -80,22 +84,27 @@ class TrainModule:
         world: World = SINGLE,
         fsdp: bool = False,
         shared_prefix: bool = False,
+        packing: bool = False,
         log=print,
     ):
         """``shared_prefix``: encode each group's prompt once in the update, if the model can (checked here on a tiny
-        batch against the plain path, on the whole model before any wrapper; if not, ``log`` says why, one line)."""
+        batch against the plain path, on the whole model before any wrapper; if not, ``log`` says why, one line).
+        ``packing``: run each pass's rows as one padding-free sequence, if the model can (checked the same way); it
+        replaces the shared prefix."""
         self.world, self.fsdp = world, fsdp and world.distributed
-        if shared_prefix:
-            reason = unsupported_reason(
-                model, lambda m, b, on: completion_logprobs(m, Batch(*b), temperature, shared_prefix=on)
+        if packing:
+            packing = self._supported(
+                model, "--packing", lambda m, b, on: completion_logprobs(m, Batch(*b), temperature, packed=on), log
             )
-            if reason:
-                log(
-                    f"notice: --shared-prefix: {type(model).__name__} cannot take a shared prompt cache ({reason}); "
-                    "each rollout's prompt is encoded in the update (as with --shared-prefix off)"
-                )
-                shared_prefix = False
-        self.module = LogProbs(model, temperature, shared_prefix)
+            shared_prefix = shared_prefix and not packing
+        if shared_prefix:
+            shared_prefix = self._supported(
+                model,
+                "--shared-prefix",
+                lambda m, b, on: completion_logprobs(m, Batch(*b), temperature, shared_prefix=on),
+                log,
+            )
+        self.module = LogProbs(model, temperature, shared_prefix, packing)
         self.wrapped: nn.Module = self.module
         device = next(model.parameters()).device
         if self.fsdp:
@@ -116,6 +125,23 @@ class TrainModule:
             # CPU: no device_ids; CUDA: this process's GPU. Buffers (rotary tables) are equal on every rank: not re-synced.
             ids = [device.index] if device.type == "cuda" else None
             self.wrapped = DDP(self.module, device_ids=ids, forward_sync_buffers=False)
+
+    @staticmethod
+    def _supported(model: nn.Module, flag: str, logprobs_fn, log) -> bool:
+        """Whether ``model`` runs ``logprobs_fn``'s variant path and matches the plain one; if not, ``log`` says why."""
+        reason = unsupported_reason(model, logprobs_fn)
+        if reason:
+            what, instead = {
+                "--shared-prefix": ("a shared prompt cache", "each rollout's prompt is encoded in the update"),
+                "--packing": ("packed rows", "the update pads its rows"),
+            }[flag]
+            log(f"notice: {flag}: {type(model).__name__} cannot take {what} ({reason}); {instead} (as with {flag} off)")
+        return not reason
+
+    @property
+    def packing(self) -> bool:
+        """Whether the update runs each pass's rows packed, without padding (False after a fallback)."""
+        return self.module.packed
 
     @property
     def shared_prefix(self) -> bool:

@@ -109,7 +109,9 @@ class TrainerBase:
     def _train_module(self, model: torch.nn.Module) -> TrainModule:
         cfg = self.cfg
         shared = cfg.shared_prefix == "on"
-        return TrainModule(model, cfg.temperature, self.world, fsdp=cfg.fsdp, shared_prefix=shared, log=self.log)
+        return TrainModule(
+            model, cfg.temperature, self.world, fsdp=cfg.fsdp, shared_prefix=shared, packing=cfg.packing, log=self.log
+        )
 
     def _setup_optimizer(self) -> None:
         """The policy's training forward, AdamW, the schedule and the update that uses them."""

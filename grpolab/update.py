@@ -65,27 +65,29 @@ def _rows_adv(adv: torch.Tensor, idx: torch.Tensor, T: int) -> torch.Tensor:
 
 
 def token_budget_chunks(
-    rows: torch.Tensor, prompt_lens: torch.Tensor, completion_lens: torch.Tensor, budget: int
+    rows: torch.Tensor, prompt_lens: torch.Tensor, completion_lens: torch.Tensor, budget: int, packed: bool = False
 ) -> list[torch.Tensor]:
-    """``rows`` in passes of at most ``budget`` padded tokens each (--micro-batch-tokens).
+    """``rows`` in passes of at most ``budget`` tokens each (--micro-batch-tokens).
 
     A pass over k rows is padded to its longest prompt plus its longest completion (:func:`grpolab.rollout.select`),
-    so it costs k x (max prompt + max completion) tokens. Rows are taken longest first, so that rows of like length
+    so it costs k x (max prompt + max completion) tokens; ``packed`` (--packing): the sum of its rows' lengths. Rows are taken longest first, so that rows of like length
     share a pass and little of it is padding, and each is added to the current pass while the pass stays within the
     budget; a row longer than the budget runs alone. The loss's normalisers are the whole step's, so any partition
     gives the whole batch's gradient (to float rounding).
     """
     order = sorted(rows.tolist(), key=lambda r: -int(prompt_lens[r] + completion_lens[r]))
     chunks: list[list[int]] = []
-    p_max = c_max = 0
+    p_max = c_max = total = 0
     for r in order:
-        p, c = max(p_max, int(prompt_lens[r])), max(c_max, int(completion_lens[r]))
-        if chunks and (len(chunks[-1]) + 1) * (p + c) <= budget:
+        p_r, c_r = int(prompt_lens[r]), int(completion_lens[r])
+        p, c = max(p_max, p_r), max(c_max, c_r)
+        cost = total + p_r + c_r if packed else (len(chunks[-1]) + 1 if chunks else 1) * (p + c)
+        if chunks and cost <= budget:
             chunks[-1].append(r)
-            p_max, c_max = p, c
+            p_max, c_max, total = p, c, total + p_r + c_r
         else:
             chunks.append([r])
-            p_max, c_max = int(prompt_lens[r]), int(completion_lens[r])
+            p_max, c_max, total = p_r, c_r, p_r + c_r
     return [torch.tensor(sorted(c), dtype=torch.long, device=rows.device) for c in chunks]
 
 
@@ -239,11 +241,11 @@ class Updater:
 
     # ------------------------------------------------------------------ its steps
     def _plan(self, batch: Batch, rows: torch.Tensor, N: int) -> MicroBatchPlan:
-        """The passes over ``rows``: --micro-batch rows each, or --micro-batch-tokens padded tokens each."""
+        """The passes over ``rows``: --micro-batch rows each, or --micro-batch-tokens tokens each."""
         budget, size = self.cfg.micro_batch_tokens, self.cfg.micro_batch or N
         if budget:
             p_lens, c_lens = batch.prompt_mask.sum(1).cpu(), batch.completion_mask.sum(1).cpu()  # [n], [n]
-            chunks = token_budget_chunks(rows, p_lens, c_lens, budget)
+            chunks = token_budget_chunks(rows, p_lens, c_lens, budget, packed=self.policy.packing)
         else:
             chunks = [rows[i : i + size] for i in range(0, rows.numel(), size)]
         return plan_micro_batches(rows, chunks, self.world)

@@ -251,7 +251,8 @@ class VLLMEngine:
                 max_tokens=settings.max_new_tokens,
                 seed=rollout_seed(k) if settings.temperature > 0 else None,
                 logprobs=0,  # the sampled token's own log-prob
-                stop_token_ids=[self.eos_id],
+                stop_token_ids=[] if settings.ignore_eos else [self.eos_id],
+                ignore_eos=settings.ignore_eos,
                 detokenize=False,
             )
             for k in keys

@@ -235,6 +235,18 @@ def test_fsdp_matches_one_process(runs):
     _assert_rank_0_records_its_own(r["p1"], fsdp)  # the forward after the update is a collective here
 
 
+def test_packing_on_two_processes_matches_one_process(runs):
+    """--packing with passes planned by a token budget (1-3 rollouts each, a different number per rank) on two
+    processes: the rollouts, metrics and weights of the padded run on one."""
+    tmp, r = runs
+    i = REF.index("--micro-batch")  # instead of 2 rows a pass
+    packed_args = [*REF[:i], *REF[i + 2 :], "--packing", "--micro-batch-tokens", "64"]
+    packed = _train(tmp, "packed2", 3, *packed_args, "--nproc", "2")
+    assert _rollouts(packed) == _rollouts(r["p1"])
+    _assert_same_params(r["p1"], packed)
+    _assert_same_metrics(r["p1"], packed)
+
+
 def test_a_run_resumes_on_another_process_count(runs):
     """Two steps sharded over 2 processes, the third on 1: the uninterrupted single-process run."""
     tmp, r = runs

@@ -360,12 +360,17 @@ def test_token_budget_chunks_cover_every_row_once_within_the_budget():
         assert cost <= budget or len(c) == 1  # row 6 (48 tokens) runs alone
     # longest first (48 | 11, 9 | 7, 7, 6 tokens): a pass grows while rows x (longest prompt + completion) <= 30
     assert [c.tolist() for c in chunks] == [[6], [2, 3], [0, 5, 7]]
+    # --packing: a pass costs its rows' own tokens (11 + 9 + 7 = 27 <= 30; + 7 would be 34)
+    packed = token_budget_chunks(rows, p_lens, c_lens, budget, packed=True)
+    assert [c.tolist() for c in packed] == [[6], [0, 2, 3], [5, 7]]
 
 
+@pytest.mark.parametrize("packing", [False, True])
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
-def test_a_token_budget_plan_gives_the_whole_batch_gradient(aggregation):
-    """The update planned by --micro-batch-tokens (passes of different sizes, rows out of order) and the update of
-    the whole batch in one pass leave the same gradient, in float64."""
+def test_a_token_budget_plan_gives_the_whole_batch_gradient(aggregation, packing):
+    """The update planned by --micro-batch-tokens (passes of different sizes, rows out of order; with --packing each
+    pass packed without padding) and the update of the whole padded batch in one pass leave the same gradient, in
+    float64."""
     import copy
 
     from transformers import get_scheduler
@@ -379,18 +384,21 @@ def test_a_token_budget_plan_gives_the_whole_batch_gradient(aggregation):
     model = model.double()
     adv = torch.tensor([1.0, -0.5, 0.25, -1.5, 0.8, -0.1], dtype=torch.float64)
 
-    def gradient(**plan) -> dict[str, torch.Tensor]:
+    def gradient(packing: bool = False, **plan) -> dict[str, torch.Tensor]:
         m = copy.deepcopy(model)
         cfg = TrainConfig(aggregation=aggregation, beta=0.04, max_grad_norm=0.0, **plan)
         opt = torch.optim.SGD(m.parameters(), lr=0.0)
         sched = get_scheduler("constant", opt)
-        ref = TrainModule(copy.deepcopy(model).eval().requires_grad_(False), 1.0)
-        Updater(cfg, TrainModule(m, 1.0), opt, sched, SINGLE, eos_id=2, reference=ref)(batch, adv)
+        ref = TrainModule(copy.deepcopy(model).eval().requires_grad_(False), 1.0, packing=packing)
+        policy = TrainModule(m, 1.0, packing=packing)
+        assert policy.packing == packing
+        Updater(cfg, policy, opt, sched, SINGLE, eos_id=2, reference=ref)(batch, adv)
         return {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
 
     lens = (batch.prompt_mask.sum(1), batch.completion_mask.sum(1))
-    assert [c.tolist() for c in token_budget_chunks(torch.arange(6), *lens, 20)] == [[2], [0, 3], [4, 5], [1]]
-    whole, budgeted = gradient(), gradient(micro_batch_tokens=20)
+    plan = token_budget_chunks(torch.arange(6), *lens, 20, packed=packing)
+    assert [c.tolist() for c in plan] == ([[2, 3], [0, 4], [1, 5]] if packing else [[2], [0, 3], [4, 5], [1]])
+    whole, budgeted = gradient(), gradient(packing, micro_batch_tokens=20)
     assert whole.keys() == budgeted.keys() and len(whole) > 0
     for name in whole:
         torch.testing.assert_close(budgeted[name], whole[name], rtol=1e-10, atol=1e-13, msg=name)

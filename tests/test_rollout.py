@@ -108,6 +108,26 @@ def test_completions_stop_at_eos(eos_model, char_tokenizer):
     assert ended >= 3 and truncated >= 3  # both cases are exercised
 
 
+def test_ignore_eos_runs_every_completion_to_the_end_and_keeps_the_tokens_before_eos(eos_model, char_tokenizer):
+    """--ignore-eos: every row has max_new_tokens tokens, an EOS sampled on the way stays in it, and up to the
+    first EOS the tokens are those of the run that stops there (the same uniforms draw them)."""
+    from grpolab.engine import HFEngine, SamplingSettings
+
+    tok = char_tokenizer
+    prompts = _prompts(tok, QUESTIONS) * 2
+    keys = [(0, i) for i in range(len(prompts))]
+    engine = HFEngine(eos_model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    stop = engine.generate(prompts, keys, SamplingSettings(20, 1.0)).batch
+    full = engine.generate(prompts, keys, SamplingSettings(20, 1.0, ignore_eos=True)).batch
+    assert full.completion_ids.shape == (16, 20) and bool(full.completion_mask.all())
+    inside = 0
+    for i in range(16):
+        L = int(stop.completion_mask[i].sum())
+        assert full.completion_ids[i, :L].tolist() == stop.completion_ids[i, :L].tolist()
+        inside += int(tok.eos_token_id in full.completion_ids[i, :-1].tolist())
+    assert inside >= 3  # EOS sampled mid-completion and generation went on
+
+
 def test_same_key_same_completion_regardless_of_batch(eos_model, char_tokenizer):
     tok = char_tokenizer
     p = _prompts(tok, ["12+7", "45-(12+7)", "3*4"])

@@ -1,8 +1,8 @@
-"""Each group's prompt encoded once (grpolab.shared_prefix), activation checkpointing, and the --device flag.
+"""Each group's prompt encoded once (grpolab.shared_prefix), packed rows, activation checkpointing, and --device.
 
-Unit tier: distinct prompts, log-probs and gradients of the shared path against the plain one on
+Unit tier: distinct prompts, log-probs and gradients of the shared and the packed path against the padded one on
 three architectures (Llama, GPT-2 with learned absolute positions, Qwen2), the fallback notice.
-Smoke tier: 2 GRPO steps with --shared-prefix on and off (KL reference, mu = 2, micro-batches
+Smoke tier: 2 GRPO steps with --shared-prefix on and off and with --packing (KL reference, mu = 2, micro-batches
 that split groups) reach the same parameters on each architecture, saved as local directories.
 """
 
@@ -137,6 +137,44 @@ def test_token_chunked_logprobs_equal_the_whole_head_in_float64(arch, shared, gr
         assert float((g_chunked - g_whole).norm()) <= 1e-10 * max(float(g_whole.norm()), 1e-30)
 
 
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("chunk", [0, 3])
+def test_packed_logprobs_and_gradients_equal_the_padded_ones_in_float64(arch, chunk, group_batch, char_tokenizer):
+    """The rows' real tokens as one sequence without padding (position ids restarting per row) against the padded
+    batch: log-probs and gradients equal within 1e-10, in float64; with the head whole and in chunks of 3 tokens."""
+    torch.manual_seed(0)
+    model = ARCHS[arch](char_tokenizer).double().train()
+    params = [p for p in model.parameters()]
+    weights = torch.randn(group_batch.completion_ids.shape, dtype=torch.float64)
+    assert (group_batch.prompt_mask == 0).any() and (group_batch.completion_mask == 0).any()  # padding on both sides
+    out = {}
+    for packed in (False, True):
+        logp = completion_logprobs(model, group_batch, chunk_tokens=chunk, packed=packed)  # [N, T]
+        out[packed] = (logp, torch.autograd.grad((logp * weights).sum(), params, allow_unused=True))
+    torch.testing.assert_close(out[True][0], out[False][0], rtol=0, atol=1e-10)
+    assert (out[True][0] != 0).sum() == group_batch.completion_mask.sum()  # every real token scored, padding 0
+    for g_packed, g_padded in zip(out[True][1], out[False][1]):
+        if g_padded is None:
+            assert g_packed is None
+            continue
+        assert float((g_packed - g_padded).norm()) <= 1e-10 * max(float(g_padded.norm()), 1e-30)
+
+
+def test_packing_runs_one_sequence_with_no_padding_token(group_batch, char_tokenizer):
+    """What --packing gives the decoder: one row of the batch's real tokens, positions restarting at each rollout."""
+    model = _builtin().train()
+    seen = []
+    hook = model.get_decoder().register_forward_pre_hook(lambda m, a, kw: seen.append(kw), with_kwargs=True)
+    with torch.no_grad():
+        completion_logprobs(model, group_batch, packed=True)
+    hook.remove()
+    (kw,) = seen
+    lengths = (group_batch.prompt_mask.sum(1) + group_batch.completion_mask.sum(1)).tolist()
+    assert kw["input_ids"].shape == (1, sum(lengths)) and kw.get("attention_mask") is None
+    assert kw["position_ids"][0].tolist() == [i for n in lengths for i in range(n)]
+    assert (kw["input_ids"] != char_tokenizer.pad_token_id).all()
+
+
 def test_shared_prefill_samples_the_same_tokens_as_one_prompt_at_a_time(char_tokenizer):
     from grpolab.policy import Policy
 
@@ -243,7 +281,7 @@ def _run(out, model: str, **over) -> dict[str, torch.Tensor]:
     """
     # odd_code_sum reward: nearly every group has reward variance, so the update is not zero; G = 3 and micro-batches of 4
     # rows split groups across micro-batches; beta > 0 runs the (shared) reference forward, mu = 2 the old log-probs.
-    cfg = TrainConfig(
+    fields = dict(
         out=str(out),
         model=model,
         steps=2,
@@ -262,8 +300,8 @@ def _run(out, model: str, **over) -> dict[str, torch.Tensor]:
         device="cpu",
         progress=False,
         dtype="float64",
-        **over,
     )
+    cfg = TrainConfig(**{**fields, **over})
     train(cfg, log=lambda *a: None)
     ckpt = out / "checkpoints" / "step_2"
     if cfg.lora_rank:
@@ -289,12 +327,17 @@ def _without_key_bias(state: dict) -> dict:
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
-def test_two_steps_with_shared_prefix_on_and_off_reach_the_same_parameters(arch, model_dirs, tmp_path):
-    on = _without_key_bias(_run(tmp_path / "on", model_dirs[arch], shared_prefix="on"))
+def test_two_steps_with_shared_prefix_or_packing_reach_the_padded_runs_parameters(arch, model_dirs, tmp_path):
     off = _without_key_bias(_run(tmp_path / "off", model_dirs[arch], shared_prefix="off"))
+    on = _without_key_bias(_run(tmp_path / "on", model_dirs[arch], shared_prefix="on"))
+    # packed passes planned by a token budget (1-3 rows each) instead of 4 rows each
+    packed = _without_key_bias(
+        _run(tmp_path / "pk", model_dirs[arch], packing=True, micro_batch=0, micro_batch_tokens=80)
+    )
     start = _without_key_bias(AutoModelForCausalLM.from_pretrained(model_dirs[arch], dtype=torch.float64).state_dict())
     assert _max_rel_diff(start, off) > 1e-4  # the runs trained: the comparison is not vacuous
     assert _max_rel_diff(off, on) < REL_TOL
+    assert _max_rel_diff(off, packed) < REL_TOL
 
 
 def test_gradient_checkpointing_keeps_the_shared_update_exact(model_dirs, tmp_path):

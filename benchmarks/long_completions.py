@@ -1,0 +1,294 @@
+"""Step time and memory of grpolab against TRL's GRPOTrainer as completions grow long.
+
+    pip install -e ".[bench]"      # trl, an optional extra
+    python benchmarks/long_completions.py [--shapes 2x4x128,2x4x512,2x4x1024] [--steps 2] [--warmup 1]
+                                          [--configs trl-default,grpolab,grpolab-vllm] [--threads 2]
+                                          [--micro-batch-tokens 2048] [--plot docs/img/long_completions.png]
+
+SmolLM2-135M-Instruct (``--model``), B prompts x G rollouts of T new tokens each (``--shapes BxGxT,...``). Every
+completion runs to T: a parity reward (1 for an odd number of characters, so about half of each group scores 1 and
+every rollout carries gradient), and the end-of-sequence token cannot stop a completion in either tool (TRL:
+``generation_kwargs={"min_new_tokens": T}``; grpolab: ``--ignore-eos``). mu = 1, beta = 0, temperature 1, fp32 on
+the CPU, one process per configuration (none inherits another's allocator or threads), ``--threads`` threads each:
+
+- ``trl-default``: TRL's GRPOConfig defaults (gradient checkpointing on) but fp32 (its bf16 default is off on a CPU);
+- ``grpolab``: grpolab's hf engine with ``--micro-batch-tokens`` (the update in passes of that many tokens; 0: one
+  pass) and ``--gradient-checkpointing`` unless ``--no-checkpointing``;
+- ``grpolab-vllm``: the same with the vllm rollout engine in the trainer's process (eager; its KV cache
+  ``VLLM_CPU_KVCACHE_SPACE`` = 1 GiB, enough for 20k tokens).
+
+Prints, per configuration and T: the median step time over the steps after the warm-up, split into generation and
+update (grpolab's own timers; TRL: the time in its ``_generate``, and the rest of the step), and the process's peak
+memory (max RSS). Then one line per T and engine:
+``T=1024: TRL default / grpolab step 2.73x, memory 0.41 (grpolab / TRL)``. ``--json`` writes every figure,
+``--plot`` draws time and memory against T.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+CONFIGS = ("trl-default", "grpolab", "grpolab-vllm")
+
+
+def run_trl(args) -> list[dict]:
+    """TRL's GRPOTrainer on the shape; per step its time and the time spent in generation."""
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+    from vs_trl import _prompts, parity_reward
+
+    from grpolab.policy import load_policy
+
+    policy = load_policy(args.model)
+    records = _prompts(args.prompts * (args.steps + args.warmup))
+    dataset = Dataset.from_list([{"prompt": policy.chat_messages(r)} for r in records])
+
+    def reward(completions, **_):
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+        return parity_reward(texts, [{}] * len(texts))
+
+    steps: list[dict] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.t0, self.gen0 = time.perf_counter(), generating[0]
+
+        def on_step_end(self, *a, **k):
+            total = time.perf_counter() - self.t0
+            gen = generating[0] - self.gen0
+            steps.append({"step": total, "generate": gen, "update": total - gen})
+            print(f"STEP {len(steps)} {total:.2f} s: generate {gen:.2f} s, rest {total - gen:.2f} s", flush=True)
+
+    cfg = GRPOConfig(
+        output_dir="/tmp/grpolab-trl-long",
+        per_device_train_batch_size=args.prompts * args.group_size,
+        num_generations=args.group_size,
+        max_completion_length=args.max_new_tokens,
+        generation_kwargs={"min_new_tokens": args.max_new_tokens},
+        max_steps=args.steps + args.warmup,
+        num_iterations=1,
+        beta=0.0,
+        temperature=1.0,
+        top_p=1.0,
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=1000,
+        learning_rate=1e-6,
+        disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(
+        model=policy.model,
+        reward_funcs=reward,
+        args=cfg,
+        train_dataset=dataset,
+        processing_class=policy.tokenizer,
+        callbacks=[Timer()],
+    )
+    generating = [0.0]
+    inner = trainer._generate
+
+    def timed_generate(*a, **k):
+        t0 = time.perf_counter()
+        out = inner(*a, **k)
+        generating[0] += time.perf_counter() - t0
+        lengths = [len(c) for c in out[1]] if isinstance(out, tuple) and len(out) > 1 else []
+        if lengths:
+            print(f"LENGTHS {min(lengths)}-{max(lengths)}", flush=True)
+        return out
+
+    trainer._generate = timed_generate
+    torch.manual_seed(0)
+    trainer.train()
+    return steps
+
+
+def run_grpolab(args, engine: str) -> list[dict]:
+    """grpolab's trainer on the shape; per step its time, generation and update (its own timers)."""
+    from grpolab.config import TrainConfig
+    from grpolab.trainer import GRPOTrainer
+
+    cfg = TrainConfig(
+        model=args.model,
+        prompts_per_step=args.prompts,
+        group_size=args.group_size,
+        max_new_tokens=args.max_new_tokens,
+        ignore_eos=True,
+        mu=1,
+        beta=0.0,
+        temperature=1.0,
+        top_p=1.0,
+        lr=1e-6,
+        threads=args.threads,
+        steps=args.steps + args.warmup,
+        out="/tmp/grpolab-long-run",
+        progress=False,
+        gradient_checkpointing=not args.no_checkpointing,
+        micro_batch_tokens=args.micro_batch_tokens,
+        device="cpu",
+        rollout_engine=engine,
+        vllm_max_len=args.max_new_tokens + 256,
+        reward_fn="vs_trl:parity_reward",
+        format_weight=0.0,
+        eval_every=0,
+        save_every=0,
+    )
+    trainer = GRPOTrainer(cfg, log=print)
+    steps = []
+    for step in range(1, args.steps + args.warmup + 1):
+        t0 = time.perf_counter()
+        m = trainer.step(step).metrics
+        total = time.perf_counter() - t0
+        steps.append({"step": total, "generate": m["time/generate_s"], "update": m["time/update_s"]})
+        print(
+            f"STEP {step} {total:.2f} s: generate {m['time/generate_s']:.2f} s, sync {m['time/sync_s']:.2f} s, "
+            f"update {m['time/update_s']:.2f} s, completion tokens {m['completion/len_mean']:.0f}",
+            flush=True,
+        )
+    return steps
+
+
+def run_one(args) -> None:
+    """One configuration in this process: its steps and peak memory as two lines the parent reads."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    if args.only == "trl-default":
+        steps = run_trl(args)
+    else:
+        steps = run_grpolab(args, "vllm" if args.only == "grpolab-vllm" else "hf")
+    print("STEPS " + json.dumps(steps))
+    print("PEAK_MB " + str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))  # Linux: KiB
+
+
+def measure(args, name: str, argv: list[str]) -> dict:
+    """Runs configuration ``name`` in a child process; its median step, generation and update, and peak memory."""
+    shape = ["--prompts", str(args.prompts), "--group-size", str(args.group_size), "--tokens", str(args.max_new_tokens)]
+    cmd = [sys.executable, __file__, *argv, *shape, "--only", name]
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TQDM_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [os.path.dirname(os.path.abspath(__file__)), env.get("PYTHONPATH")])
+    )
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("STEPS ")), None)
+    if res.returncode != 0 or line is None:
+        sys.exit(f"{name} at T={args.max_new_tokens} failed:\n{res.stderr[-3000:]}")
+    steps = json.loads(line[6:])[args.warmup :]
+    out = {k: statistics.median(s[k] for s in steps) for k in ("step", "generate", "update")}
+    out["peak_mb"] = next(float(ln[8:]) for ln in res.stdout.splitlines() if ln.startswith("PEAK_MB "))
+    out["steps"] = [round(s["step"], 2) for s in steps]
+    print(
+        f"T={args.max_new_tokens:<5} {name:<13} median step {out['step']:7.2f} s (generate {out['generate']:6.2f} s, "
+        f"update {out['update']:6.2f} s) over {len(steps)} steps {out['steps']}; peak memory {out['peak_mb']:,.0f} MB",
+        flush=True,
+    )
+    for ln in res.stdout.splitlines():
+        if ln.startswith(("STEP ", "LENGTHS", "notice")):
+            print("    " + ln, flush=True)
+    return out
+
+
+def ratio_lines(results: dict[int, dict[str, dict]]) -> list[str]:
+    """``T=1024: TRL default / grpolab step 2.73x, memory 0.41 (grpolab / TRL)``, per T and engine, hf first."""
+    lines = []
+    for T, by in sorted(results.items()):
+        trl = by.get("trl-default")
+        for ours in ("grpolab", "grpolab-vllm"):
+            if trl and ours in by:
+                lines.append(
+                    f"T={T}: TRL default / {ours} step {trl['step'] / by[ours]['step']:.2f}x, "
+                    f"memory {by[ours]['peak_mb'] / trl['peak_mb']:.2f} ({ours} / TRL)"
+                )
+    return lines
+
+
+def plot(results: dict[int, dict[str, dict]], path: str) -> None:
+    """Step time (generation hatched under update) and peak memory against T, one line per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))
+    names = [n for n in CONFIGS if any(n in by for by in results.values())]
+    for name in names:
+        Ts = sorted(T for T, by in results.items() if name in by)
+        ax_t.plot(Ts, [results[T][name]["step"] for T in Ts], marker="o", label=f"{name} step")
+        ax_t.plot(Ts, [results[T][name]["generate"] for T in Ts], ls="--", marker=".", label=f"{name} generation")
+        ax_m.plot(Ts, [results[T][name]["peak_mb"] / 1024 for T in Ts], marker="o", label=name)
+    ax_t.set(xlabel="new tokens per completion (T)", ylabel="median step time (s)", title="Time per step")
+    ax_m.set(xlabel="new tokens per completion (T)", ylabel="peak memory, max RSS (GB)", title="Peak memory")
+    for ax in (ax_t, ax_m):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--shapes", default="2x4x128,2x4x512,2x4x1024", help="BxGxT,...: prompts x group x new tokens")
+    p.add_argument("--steps", type=int, default=2, help="measured steps per configuration and shape")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"which of {', '.join(CONFIGS)} (comma-separated)")
+    p.add_argument("--micro-batch-tokens", type=int, default=2048, help="grpolab's update passes (0: one pass)")
+    p.add_argument("--no-checkpointing", action="store_true", help="grpolab without activation checkpointing")
+    p.add_argument("--json", default="", help="write every figure here")
+    p.add_argument("--plot", default="", help="draw time and memory against T here (PNG)")
+    p.add_argument("--only", choices=CONFIGS, help=argparse.SUPPRESS)
+    p.add_argument("--prompts", type=int, default=2, help=argparse.SUPPRESS)
+    p.add_argument("--group-size", type=int, default=4, help=argparse.SUPPRESS)
+    p.add_argument("--tokens", dest="max_new_tokens", type=int, default=128, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.only:
+        run_one(args)
+        return
+    argv = [a for a in _without(sys.argv[1:], ("--shapes", "--json", "--plot", "--configs"))]
+    results: dict[int, dict[str, dict]] = {}
+    for shape in args.shapes.split(","):
+        args.prompts, args.group_size, args.max_new_tokens = map(int, shape.split("x"))
+        for name in (c for c in CONFIGS if c in args.configs.split(",")):
+            results.setdefault(args.max_new_tokens, {})[name] = measure(args, name, argv)
+    print(
+        f"config: {args.model}, B x G = {args.prompts} x {args.group_size}, every completion runs to T (EOS ignored), "
+        f"parity reward, mu=1, beta=0, fp32, {args.threads} threads; grpolab: --micro-batch-tokens "
+        f"{args.micro_batch_tokens}, checkpointing {'off' if args.no_checkpointing else 'on'}"
+    )
+    for line in ratio_lines(results):
+        print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({str(T): by for T, by in results.items()}, f, indent=1)
+    if args.plot:
+        plot(results, args.plot)
+
+
+def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """argv without ``--opt X`` / ``--opt=X`` for each of ``options`` (a child runs one shape and configuration)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in options:
+            skip = True
+        elif not a.startswith(tuple(o + "=" for o in options)):
+            out.append(a)
+    return out
+
+
+if __name__ == "__main__":
+    main()
