@@ -183,6 +183,7 @@ def load_policy(
     """
     from grpolab import objects
     from grpolab.devices import default_dtype, prepare_device
+    from grpolab.models.attention import use_grouped_sdpa
     from grpolab.models.loading import load_gguf, resolve_gguf
 
     device = torch.device(device)
@@ -203,6 +204,7 @@ def load_policy(
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or default_dtype(device))
         source = str(path)
     model = _own_memory(model.to(device))
+    use_grouped_sdpa(model)  # grouped heads without copying the keys and values under a mask (CPU)
     from grpolab.config import ConfigError
 
     if chat not in ("auto", "on", "off"):

@@ -321,3 +321,63 @@ def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):
 def test_cli_chat_on_without_a_template_is_a_one_line_error(tmp_path):
     res = run_cli(["train", "--chat", "on", "--steps", "1", "--out", "r"], tmp_path)
     assert res.returncode == 2 and "--chat on" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def _grouped_pair(dtype=torch.float64):
+    """A Qwen2-layout model with grouped heads (4 query heads, 2 key/value heads) and a copy on grpolab's attention."""
+    import copy
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpolab.models.attention import use_grouped_sdpa
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    plain = Qwen2ForCausalLM(cfg).to(dtype).train()
+    grouped = copy.deepcopy(plain)
+    assert use_grouped_sdpa(grouped) and grouped.config._attn_implementation == "grpolab_sdpa"
+    return plain, grouped
+
+
+def test_grouped_heads_under_a_mask_give_sdpas_log_probs_and_gradients():
+    """Grouped heads passed to PyTorch's kernel as they are (no repeated keys and values): the same log-probs bit for
+    bit on a left- and right-padded batch, gradients within float64 rounding."""
+    from grpolab.rollout import Batch
+
+    plain, grouped = _grouped_pair()
+    g = torch.Generator().manual_seed(1)
+    pm, cm = torch.ones(6, 7, dtype=torch.long), torch.ones(6, 9, dtype=torch.long)
+    pm[:3, :2], cm[1, 5:] = 0, 0
+    batch = Batch(torch.randint(0, 64, (6, 7), generator=g), pm, torch.randint(0, 64, (6, 9), generator=g), cm)
+    out = []
+    for model in (plain, grouped):
+        logp = completion_logprobs(model, batch)
+        out.append((logp, torch.autograd.grad(logp.sum(), list(model.parameters()))))
+    assert torch.equal(out[0][0], out[1][0])
+    for a, b in zip(out[0][1], out[1][1]):
+        assert float((a - b).norm()) <= 1e-12 * max(float(a.norm()), 1e-30)
+
+
+def test_grouped_heads_sample_the_same_tokens():
+    """While sampling every step has a mask (prompts of two lengths): the same tokens as transformers' sdpa path."""
+    plain, grouped = (m.float().eval() for m in _grouped_pair())
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12]] * 4
+    kw = dict(max_new_tokens=24, temperature=1.0, top_p=1.0, eos_id=-1, pad_id=0)
+    keys = [(3, i) for i in range(8)]
+    a, b = sample(plain, prompts, keys, **kw), sample(grouped, prompts, keys, **kw)
+    assert torch.equal(a.completion_ids, b.completion_ids) and a.completion_ids.shape == (8, 24)
+
+
+def test_only_grouped_sdpa_models_switch():
+    from grpolab.models.attention import use_grouped_sdpa
+
+    builtin = load_policy("builtin").model  # as many key/value heads as query heads
+    assert builtin.config._attn_implementation == "sdpa" and not use_grouped_sdpa(builtin)
