@@ -17,6 +17,9 @@ the CPU, one process per configuration (none inherits another's allocator or thr
 - ``grpolab-vllm``: the same with the vllm rollout engine in the trainer's process (eager; its KV cache
   ``VLLM_CPU_KVCACHE_SPACE`` = 1 GiB, enough for 20k tokens).
 
+Both tools train the same model object, loaded by grpolab, so TRL's generation also runs on grpolab's grouped-query
+attention (``grpolab/models/attention.py``): the comparison is of the trainers, not of that kernel.
+
 Prints, per configuration and T: the median step time over the steps after the warm-up, split into generation and
 update (grpolab's own timers; TRL: the time in its ``_generate``, and the rest of the step), and the process's peak
 memory (max RSS). Then one line per T and engine:
@@ -43,8 +46,8 @@ def run_trl(args) -> list[dict]:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-    from vs_trl import _prompts, parity_reward
+    from trl import GRPOTrainer
+    from vs_trl import _prompts, parity_reward, trl_config
 
     from grpolab.policy import load_policy
 
@@ -68,24 +71,11 @@ def run_trl(args) -> list[dict]:
             steps.append({"step": total, "generate": gen, "update": total - gen})
             print(f"STEP {len(steps)} {total:.2f} s: generate {gen:.2f} s, rest {total - gen:.2f} s", flush=True)
 
-    cfg = GRPOConfig(
-        output_dir="/tmp/grpolab-trl-long",
-        per_device_train_batch_size=args.prompts * args.group_size,
-        num_generations=args.group_size,
-        max_completion_length=args.max_new_tokens,
-        generation_kwargs={"min_new_tokens": args.max_new_tokens},
-        max_steps=args.steps + args.warmup,
-        num_iterations=1,
-        beta=0.0,
-        temperature=1.0,
-        top_p=1.0,
-        use_cpu=True,
-        bf16=False,
-        save_strategy="no",
-        report_to="none",
-        logging_steps=1000,
+    cfg = trl_config(
+        args,
+        "/tmp/grpolab-trl-long",
+        generation_kwargs={"min_new_tokens": args.max_new_tokens},  # EOS cannot end a completion before T
         learning_rate=1e-6,
-        disable_tqdm=True,
     )
     trainer = GRPOTrainer(
         model=policy.model,
@@ -152,7 +142,8 @@ def run_grpolab(args, engine: str) -> list[dict]:
         steps.append({"step": total, "generate": m["time/generate_s"], "update": m["time/update_s"]})
         print(
             f"STEP {step} {total:.2f} s: generate {m['time/generate_s']:.2f} s, sync {m['time/sync_s']:.2f} s, "
-            f"update {m['time/update_s']:.2f} s, completion tokens {m['completion/len_mean']:.0f}",
+            f"update {m['time/update_s']:.2f} s, completion tokens {m['completion/len_mean']:.0f}, "
+            f"rollouts with nonzero advantage {m['loss/active_frac']:.2f}",
             flush=True,
         )
     return steps

@@ -65,7 +65,7 @@ def run_trl(args, checkpointing: bool, use_vllm: bool = False) -> list[float]:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from grpolab.policy import load_policy
     from grpolab.rewards import accuracy_reward, format_reward
@@ -95,24 +95,11 @@ def run_trl(args, checkpointing: bool, use_vllm: bool = False) -> list[float]:
         def on_step_end(self, *a, **k):
             times.append(time.perf_counter() - self.t0)
 
-    cfg = GRPOConfig(
-        output_dir="/tmp/grpolab-trl-bench",
-        per_device_train_batch_size=args.prompts * args.group_size,
-        num_generations=args.group_size,
-        max_completion_length=args.max_new_tokens,
-        max_steps=args.steps + args.warmup,
-        num_iterations=1,
-        beta=0.0,
-        temperature=1.0,
-        top_p=1.0,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=checkpointing,
-        save_strategy="no",
-        report_to="none",
-        logging_steps=1000,
+    cfg = trl_config(
+        args,
+        "/tmp/grpolab-trl-bench",
         learning_rate=5e-5,
-        disable_tqdm=True,
+        gradient_checkpointing=checkpointing,
         **({"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False} if use_vllm else {}),
     )
     trainer = GRPOTrainer(
@@ -126,6 +113,31 @@ def run_trl(args, checkpointing: bool, use_vllm: bool = False) -> list[float]:
     torch.manual_seed(0)
     trainer.train()
     return times
+
+
+def trl_config(args, output_dir: str, **over):
+    """TRL's GRPOConfig as the benchmarks run it: its defaults but fp32 on the CPU, mu = 1, beta = 0, temperature 1,
+    top-p 1, the shape and step count of ``args``; ``over``: anything else."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=output_dir,
+        per_device_train_batch_size=args.prompts * args.group_size,
+        num_generations=args.group_size,
+        max_completion_length=args.max_new_tokens,
+        max_steps=args.steps + args.warmup,
+        num_iterations=1,
+        beta=0.0,
+        temperature=1.0,
+        top_p=1.0,
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=1000,
+        disable_tqdm=True,
+        **over,
+    )
 
 
 def run_grpolab(args, checkpointing: bool, engine: str = "hf") -> list[float]:

@@ -327,21 +327,12 @@ def _grouped_pair(dtype=torch.float64):
     """A Qwen2-layout model with grouped heads (4 query heads, 2 key/value heads) and a copy on grpolab's attention."""
     import copy
 
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from test_shared_prefix import _qwen2
 
     from grpolab.models.attention import use_grouped_sdpa
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    plain = Qwen2ForCausalLM(cfg).to(dtype).train()
+    plain = _qwen2(64).to(dtype).train()
     grouped = copy.deepcopy(plain)
     assert use_grouped_sdpa(grouped) and grouped.config._attn_implementation == "grpolab_sdpa"
     return plain, grouped

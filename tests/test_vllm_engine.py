@@ -99,6 +99,12 @@ def test_a_rollout_depends_on_its_key_not_on_its_batch(tmp_path):
             assert int(other.batch.completion_mask[row].sum()) == n
             assert torch.equal(other.batch.completion_ids[row, :n], batched.batch.completion_ids[i, :n])
             assert torch.allclose(other.logprobs[row, :n], batched.logprobs[i, :n], atol=1e-5)
+    # --ignore-eos: every row runs to the end, EOS kept as a token, the same tokens up to where the stopping run ended
+    full = trainer.engine.generate(prompts, keys, dataclasses.replace(settings, ignore_eos=True))
+    assert full.batch.completion_ids.shape == (6, 24) and bool(full.batch.completion_mask.all())
+    for i in range(6):
+        n = int(batched.batch.completion_mask[i].sum())
+        assert torch.equal(full.batch.completion_ids[i, :n], batched.batch.completion_ids[i, :n])
     # another key: another rollout of the same prompt (hot, so that the trained model's favourites do not repeat)
     hot = trainer.engine.generate(prompts, keys, SamplingSettings(max_new_tokens=24, temperature=2.0))
     assert len({tuple(hot.batch.completion_ids[i].tolist()) for i in range(6)}) == 6
