@@ -275,9 +275,9 @@ class TrainConfig:
     """Rollouts per forward/backward; 0 = the whole batch. Must divide B*G."""
     micro_batch_tokens: int = 0
     """Instead of --micro-batch: passes of at most this many tokens each, counted with padding (rows x (longest prompt
-    + longest completion) of the pass; with --packing, the rows' own tokens); rows are taken longest first, so rows of like length share a pass. A row
-    longer than the budget runs alone. Same gradient as the whole batch; bounds the update's memory when completion
-    lengths vary. 0 = off."""
+    + longest completion) of the pass; with --packing, the rows' own tokens); rows are taken longest first, so rows of
+    like length share a pass. A row longer than the budget runs alone. Same gradient as the whole batch; bounds the
+    update's memory when completion lengths vary. 0 = off."""
     packing: bool = False
     """Run each update pass's rows as one sequence without padding (position ids restart per row, attention stays
     within a row): same log-probs and gradients as padded rows, and no compute or memory spent on padding. With

@@ -70,6 +70,23 @@ def shard(module: LogProbs) -> LogProbs:
     return module
 
 
+# completion_logprobs' keyword for a variant of the update's forward -> its flag, what a model must take, the fallback
+_VARIANTS = {
+    "shared_prefix": ("--shared-prefix", "a shared prompt cache", "each rollout's prompt is encoded in the update"),
+    "packed": ("--packing", "packed rows", "the update pads its rows"),
+}
+
+
+def _supported(model: nn.Module, temperature: float, variant: str, log) -> bool:
+    """Whether ``model`` runs the update's forward with ``variant`` on (a keyword of :func:`completion_logprobs`) and
+    matches the plain path (grpolab.shared_prefix.unsupported_reason); if not, ``log`` says why, one line."""
+    reason = unsupported_reason(model, lambda m, b, on: completion_logprobs(m, Batch(*b), temperature, **{variant: on}))
+    if reason:
+        flag, what, instead = _VARIANTS[variant]
+        log(f"notice: {flag}: {type(model).__name__} cannot take {what} ({reason}); {instead} (as with {flag} off)")
+    return not reason
+
+
 class TrainModule:
     """The policy as the update sees it: log-probs, gradient synchronisation, full weights for sampling.
 
@@ -93,17 +110,10 @@ class TrainModule:
         replaces the shared prefix."""
         self.world, self.fsdp = world, fsdp and world.distributed
         if packing:
-            packing = self._supported(
-                model, "--packing", lambda m, b, on: completion_logprobs(m, Batch(*b), temperature, packed=on), log
-            )
+            packing = _supported(model, temperature, "packed", log)
             shared_prefix = shared_prefix and not packing
         if shared_prefix:
-            shared_prefix = self._supported(
-                model,
-                "--shared-prefix",
-                lambda m, b, on: completion_logprobs(m, Batch(*b), temperature, shared_prefix=on),
-                log,
-            )
+            shared_prefix = _supported(model, temperature, "shared_prefix", log)
         self.module = LogProbs(model, temperature, shared_prefix, packing)
         self.wrapped: nn.Module = self.module
         device = next(model.parameters()).device
@@ -125,18 +135,6 @@ class TrainModule:
             # CPU: no device_ids; CUDA: this process's GPU. Buffers (rotary tables) are equal on every rank: not re-synced.
             ids = [device.index] if device.type == "cuda" else None
             self.wrapped = DDP(self.module, device_ids=ids, forward_sync_buffers=False)
-
-    @staticmethod
-    def _supported(model: nn.Module, flag: str, logprobs_fn, log) -> bool:
-        """Whether ``model`` runs ``logprobs_fn``'s variant path and matches the plain one; if not, ``log`` says why."""
-        reason = unsupported_reason(model, logprobs_fn)
-        if reason:
-            what, instead = {
-                "--shared-prefix": ("a shared prompt cache", "each rollout's prompt is encoded in the update"),
-                "--packing": ("packed rows", "the update pads its rows"),
-            }[flag]
-            log(f"notice: {flag}: {type(model).__name__} cannot take {what} ({reason}); {instead} (as with {flag} off)")
-        return not reason
 
     @property
     def packing(self) -> bool:

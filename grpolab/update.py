@@ -70,9 +70,9 @@ def token_budget_chunks(
     """``rows`` in passes of at most ``budget`` tokens each (--micro-batch-tokens).
 
     A pass over k rows is padded to its longest prompt plus its longest completion (:func:`grpolab.rollout.select`),
-    so it costs k x (max prompt + max completion) tokens; ``packed`` (--packing): the sum of its rows' lengths. Rows are taken longest first, so that rows of like length
-    share a pass and little of it is padding, and each is added to the current pass while the pass stays within the
-    budget; a row longer than the budget runs alone. The loss's normalisers are the whole step's, so any partition
+    so it costs k x (max prompt + max completion) tokens; ``packed`` (--packing): the sum of its rows' lengths. Rows
+    are taken longest first, so that rows of like length share a pass and little of it is padding, and each is added
+    to the current pass while the pass stays within the budget; a row longer than the budget runs alone. The loss's normalisers are the whole step's, so any partition
     gives the whole batch's gradient (to float rounding).
     """
     order = sorted(rows.tolist(), key=lambda r: -int(prompt_lens[r] + completion_lens[r]))
