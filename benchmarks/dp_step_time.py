@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from grpolab.runlog import read_metrics
+from grpolab.training.runlog import read_metrics
 
 
 def run(out: Path, extra: list[str], steps: int) -> tuple[list[dict], float]:

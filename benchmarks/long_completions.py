@@ -49,7 +49,7 @@ def run_trl(args) -> list[dict]:
     from trl import GRPOTrainer
     from vs_trl import _prompts, parity_reward, trl_config
 
-    from grpolab.policy import load_policy
+    from grpolab.models.policy import load_policy
 
     policy = load_policy(args.model)
     records = _prompts(args.prompts * (args.steps + args.warmup))
@@ -105,8 +105,8 @@ def run_trl(args) -> list[dict]:
 
 def run_grpolab(args, engine: str) -> list[dict]:
     """grpolab's trainer on the shape; per step its time, generation and update (its own timers)."""
-    from grpolab.config import TrainConfig
-    from grpolab.trainer import GRPOTrainer
+    from grpolab.config.train import TrainConfig
+    from grpolab.training.trainer import GRPOTrainer
 
     cfg = TrainConfig(
         model=args.model,

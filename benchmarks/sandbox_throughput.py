@@ -6,7 +6,7 @@ Each program busy-waits ``--seconds`` of CPU and is checked by one test. Rows:
 
 - ``bare subprocess``: ``python -I -c program`` per program, one after another (no harness, no isolation, no
   limits): what running the programs costs at all;
-- ``sandbox, W worker(s)``: the same programs through ``grpolab.rewards.code_reward``'s sandbox.
+- ``sandbox, W worker(s)``: the same programs through ``grpolab.rewards.rewarder.code_reward``'s sandbox.
 
 The overhead per program is (sandbox with 1 worker - bare) / N; the speed-up of 2 workers is the ratio of the
 two sandbox rows. A trivial program (no busy wait) gives the fixed cost alone. Figures are one run's, on this

@@ -27,11 +27,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 from grpolab import streams  # noqa: E402
-from grpolab.cli import _parse  # noqa: E402
-from grpolab.config import TrainConfig  # noqa: E402
-from grpolab.logprobs import completion_logprobs  # noqa: E402
-from grpolab.rollout import sample  # noqa: E402
-from grpolab.trainer import GRPOTrainer  # noqa: E402
+from grpolab.commands.cli import _parse  # noqa: E402
+from grpolab.config.train import TrainConfig  # noqa: E402
+from grpolab.models.logprobs import completion_logprobs  # noqa: E402
+from grpolab.rollout.sampler import sample  # noqa: E402
+from grpolab.training.trainer import GRPOTrainer  # noqa: E402
 
 
 def plain_forward_backward(trainer: GRPOTrainer, step: int) -> float:

@@ -11,7 +11,7 @@ and their records.
     python benchmarks/token_credit_cost.py [--preset builtin|smollm2] [--k 4] [--steps 40] [--warmup 2] \
         [--key value ...]
 
-``--preset smollm2``: SmolLM2-135M-Instruct on the real-model demo's preset (grpolab.demo). Extra
+``--preset smollm2``: SmolLM2-135M-Instruct on the real-model demo's preset (grpolab.commands.demo). Extra
 ``--key value`` pairs are TrainConfig fields (e.g. --rollout-engine vllm).
 """
 
@@ -22,10 +22,10 @@ import dataclasses
 import statistics
 import tempfile
 
-from grpolab.cli import _parse
-from grpolab.config import TrainConfig
-from grpolab.demo import REAL_MODEL_PRESET
-from grpolab.trainer import GRPOTrainer
+from grpolab.commands.cli import _parse
+from grpolab.commands.demo import REAL_MODEL_PRESET
+from grpolab.config.train import TrainConfig
+from grpolab.training.trainer import GRPOTrainer
 
 # The demo preset's fields that are not training ones here.
 SKIP = {"steps", "eval_every", "eval_questions", "eval_samples", "save_every", "log_samples"}

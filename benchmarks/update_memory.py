@@ -28,10 +28,10 @@ def main() -> None:
 
     import torch
 
-    from grpolab.logprobs import completion_logprobs
-    from grpolab.policy import enable_activation_checkpointing, load_policy
-    from grpolab.rollout import Batch, left_pad, select
-    from grpolab.update import token_budget_chunks
+    from grpolab.common.batch import Batch, left_pad, select
+    from grpolab.models.logprobs import completion_logprobs
+    from grpolab.models.policy import enable_activation_checkpointing, load_policy
+    from grpolab.training.update import token_budget_chunks
 
     torch.set_num_threads(args.threads)
     policy = load_policy(args.model)

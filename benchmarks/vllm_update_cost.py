@@ -45,11 +45,11 @@ def main() -> None:
 
     import torch
 
-    from grpolab.engine import SamplingSettings
-    from grpolab.logprobs import completion_logprobs
-    from grpolab.policy import load_policy
-    from grpolab.rollout import Batch
-    from grpolab.vllm_engine import VLLMEngine, VLLMSettings
+    from grpolab.common.batch import Batch
+    from grpolab.models.logprobs import completion_logprobs
+    from grpolab.models.policy import load_policy
+    from grpolab.rollout.engine import SamplingSettings
+    from grpolab.rollout.vllm_engine import VLLMEngine, VLLMSettings
 
     torch.set_num_threads(args.threads)
     policy = load_policy(args.model)

@@ -67,8 +67,8 @@ def run_trl(args, checkpointing: bool, use_vllm: bool = False) -> list[float]:
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    from grpolab.policy import load_policy
-    from grpolab.rewards import accuracy_reward, format_reward
+    from grpolab.models.policy import load_policy
+    from grpolab.rewards.builtin import accuracy_reward, format_reward
 
     policy = load_policy(args.model, few_shot=_few_shot(args.few_shot))
     records = _prompts(args.prompts * (args.steps + args.warmup))
@@ -141,8 +141,8 @@ def trl_config(args, output_dir: str, **over):
 
 
 def run_grpolab(args, checkpointing: bool, engine: str = "hf") -> list[float]:
-    from grpolab.config import TrainConfig
-    from grpolab.trainer import GRPOTrainer
+    from grpolab.config.train import TrainConfig
+    from grpolab.training.trainer import GRPOTrainer
 
     cfg = TrainConfig(
         model=args.model,
@@ -186,9 +186,10 @@ def sampling_throughput(trainer, step: int, repeats: int = 2, skip_generate: boo
     the longest ends). ``repeats`` passes each; the last counts (warm caches)."""
     import torch
 
-    from grpolab import streams
-    from grpolab.engine import SamplingSettings
-    from grpolab.rollout import left_pad, sample
+    from grpolab.common import streams
+    from grpolab.common.batch import left_pad
+    from grpolab.rollout.engine import SamplingSettings
+    from grpolab.rollout.sampler import sample
 
     cfg, policy = trainer.cfg, trainer.policy
     prompts = [

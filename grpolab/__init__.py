@@ -1,6 +1,6 @@
 """grpolab: GRPO done right, and a look at what its gradient is doing.
 
-From Python (objects in, a run out; :mod:`grpolab.api`)::
+From Python (objects in, a run out; :mod:`grpolab.commands.api`)::
 
     import grpolab
 
@@ -20,7 +20,7 @@ def __getattr__(name: str):
     # Imported on first use: `import grpolab` (and the CLI, which sets OpenMP's environment before torch loads)
     # does not pull in torch and transformers.
     if name in ("Run", "train", "evaluate", "rank", "mse", "groupsize", "multiturn_bias"):
-        from grpolab import api
+        from grpolab.commands import api
 
         return getattr(api, name)
     if name in ("ConfigError", "TrainConfig"):

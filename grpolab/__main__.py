@@ -1,3 +1,3 @@
-from grpolab.cli import main
+from grpolab.commands.cli import main
 
 main()

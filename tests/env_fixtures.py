@@ -11,8 +11,9 @@ import time
 
 import torch
 
-from grpolab import streams
-from grpolab.rollout import Batch, Sampled, left_pad
+from grpolab.common import streams
+from grpolab.common.batch import Batch, left_pad
+from grpolab.rollout.sampler import Sampled
 
 
 class Echo:

@@ -18,7 +18,7 @@ def overflow_when_correct_muldiv(completions, records):
     """3e38 for a correct answer to a multiplication or division question, else 0: finite rewards
     whose per-token loss terms overflow float32 when summed over a completion, so the loss is
     non-finite on a rank that holds such a rollout and finite on one that does not."""
-    from grpolab.rewards import accuracy_reward
+    from grpolab.rewards.builtin import accuracy_reward
 
     return [
         3e38 * ok * any(op in r["question"] for op in "*/")

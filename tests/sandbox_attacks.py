@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import textwrap
 
-from grpolab import code_reward as code_reward_module
-from grpolab.code_reward import code_reward
+from grpolab.rewards import code as code_reward_module
+from grpolab.rewards.code import code_reward
 
 ATTACKS = {
     "infinite_loop": "while True:\n    pass\n",

@@ -1,4 +1,4 @@
-"""Unit tests of grpolab.advantages.compute_advantages against hand-computed values."""
+"""Unit tests of grpolab.algo.advantages.compute_advantages against hand-computed values."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grpolab.advantages import STD_EPS, compute_advantages
+from grpolab.algo.advantages import STD_EPS, compute_advantages
 
 # Two prompts, four rollouts each.
 #   row 0: [1, 0, 0, 1]  mean 0.5, centred [0.5, -0.5, -0.5, 0.5],

@@ -19,16 +19,16 @@ from cli_helpers import run_cli
 from safetensors.torch import load_file
 
 import grpolab
-from grpolab.answers import extract_final_number, numbers_equal
 from grpolab.data import arithmetic
-from grpolab.policy import ASSET_DIR
-from grpolab.runlog import read_metrics
+from grpolab.data.answers import extract_final_number, numbers_equal
+from grpolab.models.policy import ASSET_DIR
+from grpolab.training.runlog import read_metrics
 
 SMALL = dict(prompts_per_step=4, group_size=4, eval_questions=8, eval_samples=1, warmup_steps=0, progress=False)
 SMALL_FLAGS = ["--prompts-per-step", "4", "--group-size", "4", "--eval-questions", "8", "--eval-samples", "1",
                "--warmup-steps", "0", "--no-progress"]  # fmt: skip
 REWARD_SOURCE = """
-from grpolab.answers import extract_final_number, numbers_equal
+from grpolab.data.answers import extract_final_number, numbers_equal
 
 
 def correct(completions, answer, **kwargs):
@@ -209,7 +209,7 @@ def test_a_dataset_with_chat_prompts_and_extra_columns_reaches_trl_rewards(tmp_p
     ],
 )
 def test_a_bad_keyword_or_type_is_the_flags_one_line(keywords, flags, tmp_path, capsys):
-    from grpolab.cli import main
+    from grpolab.commands.cli import main
 
     with pytest.raises(SystemExit):
         main(["train", *flags, "--out", str(tmp_path / "cli")])
@@ -262,7 +262,8 @@ def test_torchrun_of_a_script_equals_one_process(tmp_path):
     )  # fmt: skip
     assert two.returncode == 0, two.stderr[-2000:]
     assert json.loads((tmp_path / "p2" / "config.json").read_text())["world_size"] == 2
-    _same_run(tmp_path / "p1", tmp_path / "p2", exact=False)
+    # engine/*: the sampler-trainer mismatch is float rounding, which depends on how the batch is split
+    _same_run(tmp_path / "p1", tmp_path / "p2", exact=False, skip=("time/", "memory/", "engine/"))
 
 
 def test_the_probes_take_objects_as_the_flags_take_names(tmp_path):
@@ -307,7 +308,7 @@ def test_the_probes_take_objects_as_the_flags_take_names(tmp_path):
 
 def test_a_tool_defined_in_python_runs_in_the_worker_process():
     """A closure no module can import reaches the tool worker (pickled by value), and answers there."""
-    from grpolab import objects
+    from grpolab.commands import objects
     from grpolab.env.tools import ToolRunner, load_tools
 
     offset = 7

@@ -22,11 +22,11 @@ from cli_helpers import run_cli
 from safetensors.torch import load_file
 from test_trainer_smoke import _cfg
 
-from grpolab import checkpoint
-from grpolab.checkpoint import CheckpointError, verify
-from grpolab.config import ConfigError
-from grpolab.recipe import train
-from grpolab.runlog import read_metrics
+from grpolab.config.train import ConfigError
+from grpolab.models import checkpoint
+from grpolab.models.checkpoint import CheckpointError, verify
+from grpolab.training.recipe import train
+from grpolab.training.runlog import read_metrics
 
 FLAGS = [
     "--prompts-per-step",
@@ -174,13 +174,13 @@ def test_a_save_that_fails_leaves_the_previous_checkpoint_and_stops_with_one_lin
     assert not list((run / "checkpoints").glob(".tmp_*"))  # nothing half-written left behind
     # through the command line: one line on stderr, no traceback (the same fault, injected before main runs)
     code = (
-        "import errno, os, sys, grpolab.checkpoint as c\n"
+        "import errno, os, sys, grpolab.models.checkpoint as c\n"
         "real = c.torch.save\n"
         "def full(obj, path, *a, **k):\n"
         "    if 'step_2' in str(path): raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))\n"
         "    return real(obj, path, *a, **k)\n"
         "c.torch.save = full\n"
-        "from grpolab.cli import main\n"
+        "from grpolab.commands.cli import main\n"
         "main(sys.argv[1:])\n"
     )
     res = subprocess.run(

@@ -8,9 +8,10 @@ import pytest
 from conftest import FIXTURES
 from test_sandbox import needs_bwrap
 
-from grpolab import code_reward as cr
-from grpolab.code_reward import extract_program, job_of
-from grpolab.rewards import code_reward, from_trl, score
+from grpolab.rewards import code as cr
+from grpolab.rewards.code import code_reward, extract_program, job_of
+from grpolab.rewards.forms import from_trl
+from grpolab.rewards.rewarder import score
 from grpolab.sandbox import Limits
 
 FIXTURE_PROBLEMS = [json.loads(line) for line in (FIXTURES / "code_problems.jsonl").read_text().splitlines()]
@@ -99,14 +100,14 @@ def test_through_the_trainers_scoring_a_record_without_tests_is_an_error_counted
     ],
 )
 def test_bad_code_reward_settings_are_refused_at_start(field, value, message):
-    from grpolab.config import ConfigError, TrainConfig
+    from grpolab.config.train import ConfigError, TrainConfig
 
     with pytest.raises(ConfigError, match=message):
         TrainConfig(**{field: value}).validate()
 
 
 def test_the_configs_code_flags_reach_the_reward():
-    from grpolab.config import TrainConfig
+    from grpolab.config.train import TrainConfig
 
     s = TrainConfig(code_reward="all", reward_workers=3, code_timeout=2.5, code_memory_mb=256).code_reward_settings()
     assert (s.mode, s.workers, s.limits.timeout_s, s.limits.cpu_s, s.limits.memory_mb) == ("all", 3, 2.5, 3, 256)

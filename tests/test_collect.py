@@ -2,7 +2,7 @@
 
 ``ScriptedEngine`` is a real rollout engine, not a mock of the model: it returns completions chosen by
 each row's rollout key (even rollouts answer right, odd ones wrong), with per-token log-probs and
-entropies, exactly as the :class:`grpolab.engine.RolloutEngine` contract asks. The tests check what
+entropies, exactly as the :class:`grpolab.rollout.engine.RolloutEngine` contract asks. The tests check what
 the collector makes of it: the keys it asks for, the groups, texts and rewards it returns, the
 filter mode's rounds, and a trainer step that updates on its rollouts and tells it the weights changed.
 """
@@ -12,12 +12,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpolab import streams
-from grpolab.collect import Collector, CollectSettings
-from grpolab.engine import SamplingSettings
-from grpolab.policy import Policy
-from grpolab.rewards import Rewarder, default_reward_fns
-from grpolab.rollout import Batch, Sampled, left_pad
+from grpolab.common import streams
+from grpolab.common.batch import Batch, left_pad
+from grpolab.models.policy import Policy
+from grpolab.rewards.builtin import default_reward_fns
+from grpolab.rewards.rewarder import Rewarder
+from grpolab.rollout.collect import Collector, CollectSettings
+from grpolab.rollout.engine import SamplingSettings
+from grpolab.rollout.sampler import Sampled
 
 RIGHT, WRONG = "#### 7", "#### 0"
 
@@ -98,8 +100,8 @@ def test_filter_draws_more_rounds_until_groups_vary(policy, char_tokenizer):
 
 
 def test_a_trainer_step_updates_on_the_engines_rollouts(tmp_path, char_tokenizer):
-    from grpolab.config import TrainConfig
-    from grpolab.trainer import GRPOTrainer
+    from grpolab.config.train import TrainConfig
+    from grpolab.training.trainer import GRPOTrainer
 
     cfg = TrainConfig(
         out=str(tmp_path), prompts_per_step=2, group_size=4, eval_questions=1, log_rollouts=True, warmup_steps=0

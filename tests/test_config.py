@@ -1,4 +1,4 @@
-"""Tests of grpolab.config (validation, TOML) and the CLI's argument handling."""
+"""Tests of grpolab.config.train (validation, TOML) and the CLI's argument handling."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 from cli_helpers import run_cli as _run_cli
 
-from grpolab.cli import _parse
-from grpolab.config import ConfigError, TrainConfig, load_toml
+from grpolab.commands.cli import _parse
+from grpolab.config.train import ConfigError, TrainConfig, load_toml
 
 
 def test_default_config_is_valid():
@@ -113,8 +113,8 @@ def test_parse_flags():
 
 
 def test_parse_accepts_comma_separated_number_lists():
-    from grpolab.probes.rank import RankConfig
-    from grpolab.probes.theory import HoeffdingConfig
+    from grpolab.analysis.rank import RankConfig
+    from grpolab.analysis.theory import HoeffdingConfig
 
     assert _parse(RankConfig, ["--group-sizes", "2,4,8"], "prog", "desc").group_sizes == (2, 4, 8)
     assert _parse(RankConfig, ["--group-sizes", "2", "16"], "prog", "desc").group_sizes == (2, 16)
@@ -124,7 +124,7 @@ def test_parse_accepts_comma_separated_number_lists():
 
 
 def test_parse_merges_a_repeated_list_flag():
-    from grpolab.probes.mse_cmd import MseConfig
+    from grpolab.analysis.mse_cmd import MseConfig
 
     cfg = _parse(
         MseConfig, ["--policy", "a", "--group-sizes", "2,4", "--policy", "b", "c", "--pool", "5"], "prog", "desc"
@@ -168,7 +168,7 @@ def test_cli_unknown_command_exits_2(tmp_path):
 
 
 def test_model_dependent_defaults_and_explicit_values_win():
-    from grpolab.config import MODEL_DEFAULTS
+    from grpolab.config.train import MODEL_DEFAULTS
 
     builtin = TrainConfig().resolved()
     real = TrainConfig(model="smollm2-135m-instruct").resolved()
@@ -185,7 +185,7 @@ def test_model_dependent_defaults_and_explicit_values_win():
 
 
 def test_a_single_reward_fn_in_toml_is_a_tuple_of_one(tmp_path):
-    from grpolab.config import load_toml
+    from grpolab.config.train import load_toml
 
     path = tmp_path / "c.toml"
     path.write_text('reward_fn = "grpolab.rewards:accuracy_reward"\nreward_weights = [2.0]\n')

@@ -13,7 +13,7 @@ from test_models import SIMPLE_TEMPLATE
 
 from grpolab.data.dataset import hold_out, load_records
 from grpolab.data.jsonl import DataError
-from grpolab.policy import Policy
+from grpolab.models.policy import Policy
 
 ROWS = [
     {"prompt": "Reverse 'abc'.", "target": "cba", "bonus": 0.5, "category": "short"},
@@ -128,9 +128,9 @@ def _reverse_rows(n: int) -> list[dict]:
 
 
 def test_every_column_reaches_a_trl_form_and_a_grpolab_form_reward(tmp_path):
-    from grpolab.config import TrainConfig
-    from grpolab.recipe import train
-    from grpolab.runlog import read_metrics
+    from grpolab.config.train import TrainConfig
+    from grpolab.training.recipe import train
+    from grpolab.training.runlog import read_metrics
 
     rows = _reverse_rows(40)
     data = tmp_path / "reverse.parquet"
@@ -156,7 +156,7 @@ def test_every_column_reaches_a_trl_form_and_a_grpolab_form_reward(tmp_path):
     evals = [m for m in read_metrics(out / "metrics.jsonl") if "eval/accuracy_greedy" in m]
     assert {"eval/greedy_even", "eval/greedy_odd"} <= set(evals[0]) and evals[0]["eval/accuracy_greedy"] > 0
     # grpolab eval of the run asks the same held-out prompts, scored by the same reward
-    from grpolab.eval_cmd import EvalConfig, run_eval
+    from grpolab.commands.eval import EvalConfig, run_eval
 
     report = run_eval(EvalConfig(model=str(out), questions=8, samples=1, progress=False), log=lambda *a: None)
     assert report["questions"] == 8 and report["task"]["format"] == "prompt"
@@ -176,7 +176,7 @@ def test_every_column_reaches_a_trl_form_and_a_grpolab_form_reward(tmp_path):
     ],
 )  # fmt: skip
 def test_bad_data_is_one_line_naming_file_row_or_column(tmp_path, capsys, case, expected):
-    from grpolab.cli import main
+    from grpolab.commands.cli import main
 
     good = tmp_path / "data.jsonl"
     good.write_text("".join(json.dumps({"prompt": f"q{i}", "target": "x"}) + "\n" for i in range(8)))
@@ -204,8 +204,9 @@ def test_bad_data_is_one_line_naming_file_row_or_column(tmp_path, capsys, case, 
 
 
 def test_the_eval_reward_loads_only_the_function_it_needs():
-    from grpolab.config import TrainConfig
-    from grpolab.rewards import accuracy_reward, eval_reward
+    from grpolab.config.train import TrainConfig
+    from grpolab.rewards.builtin import accuracy_reward
+    from grpolab.rewards.rewarder import eval_reward
 
     # a GSM8K run is scored by its answer check: its --reward-fn file need not exist any more when it is evaluated
     gsm8k = TrainConfig(format="gsm8k", reward_fn=("gone/reward.py:f",))

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from grpolab.config import ConfigError, TrainConfig
+from grpolab.commands.demo import DEMO_TOKEN_CREDIT, LORA_PRESET, REAL_MODEL_PRESET, DemoConfig, demo_train_config
+from grpolab.config.train import ConfigError, TrainConfig
 from grpolab.data.arithmetic import ArithmeticSpec, held_out_size, question_space
-from grpolab.demo import DEMO_TOKEN_CREDIT, LORA_PRESET, REAL_MODEL_PRESET, DemoConfig, demo_train_config
 
 
 def test_real_model_preset_is_a_valid_config_with_enough_held_out_questions():

@@ -21,11 +21,11 @@ import torch
 from cli_helpers import run_cli
 from safetensors.torch import load_file
 
-from grpolab.config import ConfigError, TrainConfig
-from grpolab.distributed import World, backend
-from grpolab.launch import drop_flag
-from grpolab.policy import ASSET_DIR
-from grpolab.runlog import read_metrics
+from grpolab.common.distributed import World, backend
+from grpolab.config.train import ConfigError, TrainConfig
+from grpolab.models.policy import ASSET_DIR
+from grpolab.training.launch import drop_flag
+from grpolab.training.runlog import read_metrics
 
 BASE = [
     "--prompts-per-step",

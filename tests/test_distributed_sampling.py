@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_distributed import KL_MU, _assert_same_metrics, _assert_same_params, _rollouts, _train
 
-from grpolab.runlog import read_metrics
+from grpolab.training.runlog import read_metrics
 
 
 def _one_and_two_processes_agree(tmp_path: Path, args: list[str]) -> list[dict]:

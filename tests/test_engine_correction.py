@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grpolab.engine_correction import CORRECTIONS, engine_weights, mismatch
+from grpolab.algo.engine_correction import CORRECTIONS, engine_weights, mismatch
 
 
 def _expected(trainer, engine, mask, mode: str, cap: float) -> list[list[float]]:

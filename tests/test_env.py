@@ -12,16 +12,16 @@ import pytest
 import torch
 from env_fixtures import Echo, EchoLast, Forever, TurnEngine
 
-from grpolab import streams
-from grpolab.collect import Collector, CollectSettings
-from grpolab.config import ConfigError, TrainConfig
-from grpolab.engine import SamplingSettings
-from grpolab.env import EnvError, EpisodeLimits, EpisodeRunner, Renderer
+from grpolab.common import streams
+from grpolab.config.train import ConfigError, TrainConfig
+from grpolab.env import EnvError, EpisodeLimits, Renderer
 from grpolab.env.credit import episode_credit
-from grpolab.env.episodes import turn_key
 from grpolab.env.protocol import check_env_class, check_step, load_env_class
-from grpolab.policy import Policy
-from grpolab.rewards import Rewarder
+from grpolab.models.policy import Policy
+from grpolab.rewards.rewarder import Rewarder
+from grpolab.rollout.collect import Collector, CollectSettings
+from grpolab.rollout.engine import SamplingSettings
+from grpolab.rollout.episodes import EpisodeRunner, turn_key
 
 TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<eos>\n{% endfor %}"
@@ -167,7 +167,7 @@ def test_max_turns_and_max_episode_tokens_cut_episodes_and_count_them(chat_polic
 
 
 def _turn_batch(prompt: list[int], reply: list[int]):
-    from grpolab.rollout import Batch
+    from grpolab.common.batch import Batch
 
     one = lambda n: torch.ones(1, n, dtype=torch.long)  # noqa: E731
     return Batch(torch.tensor([prompt]), one(len(prompt)), torch.tensor([reply]), one(len(reply)))
@@ -190,9 +190,9 @@ def gpt2_float64(char_tokenizer):
 def test_an_episode_scores_like_its_turns_in_their_contexts(chat_policy, gpt2_float64, layout):
     """The log-probs, loss and gradient of an episode's one sequence equal those of its replies scored one by one,
     each with the conversation before it as its prompt: float64, 1e-10 (GPT-2), 1e-7 (Llama, float32 norms)."""
-    from grpolab.logprobs import completion_logprobs
-    from grpolab.loss import policy_loss
-    from grpolab.rollout import Batch
+    from grpolab.algo.loss import policy_loss
+    from grpolab.common.batch import Batch
+    from grpolab.models.logprobs import completion_logprobs
 
     roll, _ = _collect(chat_policy, Echo)
     model = gpt2_float64 if layout == "gpt2" else chat_policy.model.double()
@@ -329,7 +329,7 @@ def _episode_data(tmp_path) -> tuple[str, str]:
 
 @pytest.mark.parametrize("advantage", ["grpo", "rtg-group", "rtg-mc"])
 def test_a_trainer_step_updates_on_episodes(tmp_path, char_tokenizer, advantage):
-    from grpolab.trainer import GRPOTrainer
+    from grpolab.training.trainer import GRPOTrainer
 
     train, test = _episode_data(tmp_path)
     cfg = TrainConfig(
@@ -376,7 +376,7 @@ def test_a_trainer_step_updates_on_episodes(tmp_path, char_tokenizer, advantage)
     assert m["credit/turn1_share"] + m["credit/turn2_share"] == pytest.approx(1.0)
     # grpolab tokens --summary recomputes them from the records, one row per turn
     from grpolab.probes.token_credit import step_aggregates, summarise_credit
-    from grpolab.token_view.terminal import summary_table
+    from grpolab.report.token_view.terminal import summary_table
 
     (agg,) = step_aggregates([{"step": 1, **r} for r in out.token_credit])
     assert agg["turn1_share"] == pytest.approx(m["credit/turn1_share"])
@@ -407,7 +407,7 @@ def test_the_cli_names_a_bad_environment_or_tool_in_one_line(tmp_path):
 
 
 def test_the_report_renders_an_episode_turn_by_turn(tmp_path):
-    from grpolab.report import build_report
+    from grpolab.report.page import build_report
 
     conv = [
         {"role": "user", "content": "What is 2 * 3?"},
@@ -435,7 +435,7 @@ def test_the_report_renders_an_episode_turn_by_turn(tmp_path):
 def test_the_guessing_game_example_answers_each_guess(chat_policy):
     """examples/guess: the feedback follows the policy's guesses, the rewards their consistency, the game ends at the
     number or after four guesses; its accuracy reward reads the environment's last words."""
-    from grpolab.loader import load_object
+    from grpolab.common.loader import load_object
 
     root = Path(__file__).parents[1] / "examples" / "guess"
     Guess = load_env_class(f"{root / 'env.py'}:Guess")

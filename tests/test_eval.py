@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from cli_helpers import run_cli
 
-from grpolab.evaluation import accuracy_summary
-from grpolab.runlog import read_metrics
-from grpolab.stats import Z95, clustered_accuracy_interval, wilson_interval
+from grpolab.common.stats import Z95, clustered_accuracy_interval, wilson_interval
+from grpolab.eval.accuracy import accuracy_summary
+from grpolab.training.runlog import read_metrics
 
 
 def _wilson_by_bisection(k: int, n: int) -> tuple[float, float]:
@@ -92,14 +92,14 @@ def test_eval_cli_on_builtin(tmp_path):
 
 
 def _eval(**kw) -> dict:
-    from grpolab.eval_cmd import EvalConfig, run_eval
+    from grpolab.commands.eval import EvalConfig, run_eval
 
     return run_eval(EvalConfig(threads=1, progress=False, **kw), log=lambda *a, **k: None)
 
 
 def test_eval_reproduces_a_runs_own_evaluation(tmp_path):
-    from grpolab.config import TrainConfig
-    from grpolab.recipe import train
+    from grpolab.config.train import TrainConfig
+    from grpolab.training.recipe import train
 
     run = tmp_path / "run"
     train(
@@ -137,8 +137,8 @@ def test_eval_reproduces_a_runs_own_evaluation(tmp_path):
 
 
 def test_eval_of_a_lora_run_puts_the_adapter_on_the_base(tmp_path):
-    from grpolab.config import TrainConfig
-    from grpolab.recipe import train
+    from grpolab.config.train import TrainConfig
+    from grpolab.training.recipe import train
 
     run = tmp_path / "lora"
     train(

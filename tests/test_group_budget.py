@@ -11,13 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpolab.advantages import compute_advantages, ragged_advantages
-from grpolab.config import ConfigError, TrainConfig
-from grpolab.group_budget import allocate_group_sizes, next_round_size, prompt_weights, sample_variance
-from grpolab.groups import has_variance
+from grpolab.algo.advantages import compute_advantages, ragged_advantages
+from grpolab.algo.group_budget import allocate_group_sizes, next_round_size, prompt_weights, sample_variance
+from grpolab.algo.groups import has_variance
+from grpolab.config.train import ConfigError, TrainConfig
 from grpolab.probes.advantage_stats import advantage_stats
-from grpolab.recipe import train
-from grpolab.runlog import read_metrics
+from grpolab.training.recipe import train
+from grpolab.training.runlog import read_metrics
 
 # ---------------------------------------------------------------- the allocation rule
 
@@ -306,7 +306,7 @@ def test_bandit_fixed_rloo_is_unbiased_and_filter_only_lengthens_the_step():
     and prompt m is kept in proportion to q_m; so E g = grad J * P(any group kept) / mean_m q_m, the same
     c for every prompt: a longer step in the true direction. A filter that normalised by the drawn groups, or
     kept zero-variance ones, would miss this c."""
-    from grpolab.probes.sampling_bias import BanditStep, measure
+    from grpolab.analysis.sampling_bias import BanditStep, measure
 
     rates = (0.1, 0.5, 0.8)
     step = BanditStep(B=4, G=4, pilot_size=2, max_rounds=2)
@@ -330,7 +330,7 @@ def test_bandit_adaptive_is_fixed_for_one_prompt_and_shrinks_extreme_prompts_oth
     its n0 rollouts and its estimate is 0, where fixed's further rollouts would have found the rare other
     outcome; so prompts with extreme pass rates have their gradient shrunk (c well below 1), and more than
     prompts at J = 1/2: a biased direction (docs/sampling.md)."""
-    from grpolab.probes.sampling_bias import BanditStep, measure
+    from grpolab.analysis.sampling_bias import BanditStep, measure
 
     rates = (0.1, 0.5, 0.9)
     (one,) = measure(("adaptive",), rates, BanditStep(B=1, G=6, pilot_size=2), trials=4000, seed=2)
@@ -346,8 +346,8 @@ def test_bandit_adaptive_is_fixed_for_one_prompt_and_shrinks_extreme_prompts_oth
 
 
 def test_concat_batches_pads_prompts_left_and_completions_right():
-    from grpolab.rollout import Batch
-    from grpolab.rows import concat_batches
+    from grpolab.common.batch import Batch
+    from grpolab.rollout.rows import concat_batches
 
     a = Batch(torch.tensor([[5, 6]]), torch.tensor([[1, 1]]), torch.tensor([[7]]), torch.tensor([[1]]))
     b = Batch(torch.tensor([[0, 1, 2]]), torch.tensor([[0, 1, 1]]), torch.tensor([[3, 4]]), torch.tensor([[1, 1]]))

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grpolab.loss import AGGREGATIONS, aggregate, aggregation_weights, kl_penalty, policy_loss
+from grpolab.algo.loss import AGGREGATIONS, aggregate, aggregation_weights, kl_penalty, policy_loss
 
 # A 2x3 example with padding: row 0 has 2 tokens, row 1 has 1.
 VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
@@ -272,8 +272,8 @@ def test_micro_batches_sum_to_the_whole_batch_gradient(aggregation, beta):
 
 
 def _model_and_batch():
+    from grpolab.common.batch import Batch, left_pad
     from grpolab.models.builtin import TinyLlamaSpec, build_char_tokenizer, build_tiny_llama
-    from grpolab.rollout import Batch, left_pad
 
     tok = build_char_tokenizer()
     torch.manual_seed(7)
@@ -295,8 +295,8 @@ def _model_and_batch():
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 def test_micro_batches_through_a_real_model_give_the_whole_batch_gradient(aggregation, beta):
-    from grpolab.logprobs import completion_logprobs
-    from grpolab.rollout import select
+    from grpolab.common.batch import select
+    from grpolab.models.logprobs import completion_logprobs
 
     model, batch = _model_and_batch()
     N, max_len = batch.completion_ids.shape[0], 8
@@ -347,7 +347,7 @@ def test_micro_batches_through_a_real_model_give_the_whole_batch_gradient(aggreg
 
 
 def test_token_budget_chunks_cover_every_row_once_within_the_budget():
-    from grpolab.update import token_budget_chunks
+    from grpolab.training.update import token_budget_chunks
 
     rows = torch.tensor([0, 2, 3, 5, 6, 7])
     p_lens = torch.tensor([3, 9, 5, 6, 1, 2, 8, 4])
@@ -375,10 +375,10 @@ def test_a_token_budget_plan_gives_the_whole_batch_gradient(aggregation, packing
 
     from transformers import get_scheduler
 
-    from grpolab.config import TrainConfig
-    from grpolab.distributed import SINGLE
-    from grpolab.train_forward import TrainModule
-    from grpolab.update import Updater, token_budget_chunks
+    from grpolab.common.distributed import SINGLE
+    from grpolab.config.train import TrainConfig
+    from grpolab.training.forward import TrainModule
+    from grpolab.training.update import Updater, token_budget_chunks
 
     model, batch = _model_and_batch()
     model = model.double()

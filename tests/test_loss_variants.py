@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from grpolab.advantages import STD_EPS, batch_std, compute_advantages, estimator_for_scale
-from grpolab.loss import AGGREGATIONS, entropy_threshold, high_entropy_mask, policy_loss, sequence_log_ratio
-from grpolab.rewards import overlong_penalty
+from grpolab.algo.advantages import STD_EPS, batch_std, compute_advantages, estimator_for_scale
+from grpolab.algo.loss import AGGREGATIONS, entropy_threshold, high_entropy_mask, policy_loss, sequence_log_ratio
+from grpolab.rewards.builtin import overlong_penalty
 
 
 def _random(seed: int, N: int = 6, T: int = 7):
@@ -198,8 +198,8 @@ def test_scale_rewards_group_batch_none():
 
 
 def test_sampler_entropies_and_logprobs_equal_a_teacher_forced_forward():
-    from grpolab.policy import load_policy
-    from grpolab.rollout import sample, sample_with_stats
+    from grpolab.models.policy import load_policy
+    from grpolab.rollout.sampler import sample, sample_with_stats
 
     policy = load_policy("builtin")
     prompts = [policy.prompt_ids({"question": q}) for q in ("12+7", "3*(4+5)")] * 2

@@ -9,9 +9,9 @@ import pytest
 import torch
 from cli_helpers import run_cli
 
-from grpolab.logprobs import completion_logprobs
-from grpolab.policy import Policy, load_policy
-from grpolab.rollout import sample
+from grpolab.models.logprobs import completion_logprobs
+from grpolab.models.policy import Policy, load_policy
+from grpolab.rollout.sampler import sample
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SIMPLE_TEMPLATE = (
@@ -100,7 +100,7 @@ def test_chunked_logprobs_and_gradients_equal_the_whole_head(tiny_model, char_to
 
 
 def test_large_vocabulary_chunks_automatically(tiny_model, char_tokenizer, monkeypatch):
-    from grpolab import logprobs
+    from grpolab.models import logprobs
 
     pol = Policy(tiny_model, char_tokenizer, "tiny")
     batch = sample(
@@ -126,7 +126,7 @@ def test_large_vocabulary_chunks_automatically(tiny_model, char_tokenizer, monke
 
 
 def _lora_cfg(tmp_path, **kw):
-    from grpolab.config import TrainConfig
+    from grpolab.config.train import TrainConfig
 
     base = dict(
         model="builtin",
@@ -147,7 +147,7 @@ def _lora_cfg(tmp_path, **kw):
 
 
 def test_lora_trains_only_the_adapter_and_reference_is_the_base(tmp_path):
-    from grpolab.trainer import GRPOTrainer
+    from grpolab.training.trainer import GRPOTrainer
 
     trainer = GRPOTrainer(_lora_cfg(tmp_path, beta=0.04))
     model = trainer.policy.model
@@ -164,10 +164,10 @@ def test_lora_trains_only_the_adapter_and_reference_is_the_base(tmp_path):
 
 
 def test_lora_checkpoint_resume_and_merge(tmp_path):
-    from grpolab.cli import main
+    from grpolab.commands.cli import main
     from grpolab.models.lora import load_lora
-    from grpolab.recipe import train
-    from grpolab.runlog import read_metrics
+    from grpolab.training.recipe import train
+    from grpolab.training.runlog import read_metrics
 
     out = train(_lora_cfg(tmp_path, steps=3, save_every=1))
     ckpt = out / "checkpoints" / "step_3"
@@ -197,7 +197,7 @@ def test_lora_checkpoint_resume_and_merge(tmp_path):
 
 def test_math_loader_and_math_verify_reward():
     from grpolab.data.math_format import last_boxed, load_math_jsonl
-    from grpolab.rewards import accuracy_reward, format_reward
+    from grpolab.rewards.builtin import accuracy_reward, format_reward
 
     recs = load_math_jsonl(FIXTURES / "math_small.jsonl")
     assert [r["ground_truth"] for r in recs] == ["\\frac{3}{4}", "21", "2\\sqrt{2}", "3"]
@@ -218,7 +218,7 @@ def test_math_loader_names_the_bad_line():
 
 
 def test_math_format_needs_math_files():
-    from grpolab.config import ConfigError, TrainConfig
+    from grpolab.config.train import ConfigError, TrainConfig
 
     with pytest.raises(ConfigError, match="--format"):
         TrainConfig(format="math").validate()
@@ -232,10 +232,10 @@ def test_math_format_needs_math_files():
 
 @pytest.mark.slow
 def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):
-    from grpolab import checkpoint
-    from grpolab.config import TrainConfig
-    from grpolab.probes.rank import RankConfig, run_rank
-    from grpolab.trainer import GRPOTrainer
+    from grpolab.analysis.rank import RankConfig, run_rank
+    from grpolab.config.train import TrainConfig
+    from grpolab.models import checkpoint
+    from grpolab.training.trainer import GRPOTrainer
 
     cfg = TrainConfig(
         model="smollm2-135m-instruct",
@@ -341,7 +341,7 @@ def _grouped_pair(dtype=torch.float64):
 def test_grouped_heads_under_a_mask_give_sdpas_log_probs_and_gradients():
     """Grouped heads passed to PyTorch's kernel as they are (no repeated keys and values): the same log-probs bit for
     bit on a left- and right-padded batch, gradients within float64 rounding."""
-    from grpolab.rollout import Batch
+    from grpolab.common.batch import Batch
 
     plain, grouped = _grouped_pair()
     g = torch.Generator().manual_seed(1)

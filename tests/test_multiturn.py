@@ -10,9 +10,9 @@ import pytest
 import torch
 from cli_helpers import run_cli
 
-from grpolab.advantages import turn_advantages
-from grpolab.env.arith import DialogueSpec, make_dialogues, question
-from grpolab.multiturn.chain import STAGE_ADVANTAGES, Chain, conditional_bias, exact_bias, monte_carlo_bias
+from grpolab.algo.advantages import turn_advantages
+from grpolab.analysis.multiturn_chain import STAGE_ADVANTAGES, Chain, conditional_bias, exact_bias, monte_carlo_bias
+from grpolab.data.dialogues import DialogueSpec, make_dialogues, question
 
 
 def _run_cli(args, cwd, timeout=300):  # these CLI runs train or sample: allow longer
@@ -194,7 +194,7 @@ def test_cli_multiturn_bad_config(tmp_path, args, flag):
 
 
 def test_arith_bias_measurement_smoke(tmp_path):
-    from grpolab.multiturn.measure import MultiturnConfig, run_multiturn
+    from grpolab.analysis.multiturn import MultiturnConfig, run_multiturn
 
     rows = run_multiturn(
         MultiturnConfig(
@@ -221,10 +221,10 @@ def test_arith_bias_measurement_smoke(tmp_path):
 
 @pytest.mark.parametrize("advantage", ["grpo", "rtg-group", "rtg-mc"])
 def test_multiturn_training_smoke(tmp_path, advantage):
-    from grpolab.config import TrainConfig
-    from grpolab.policy import load_policy
-    from grpolab.recipe import train
-    from grpolab.runlog import read_metrics
+    from grpolab.config.train import TrainConfig
+    from grpolab.models.policy import load_policy
+    from grpolab.training.recipe import train
+    from grpolab.training.runlog import read_metrics
 
     before = {n: p.detach().clone() for n, p in load_policy("builtin").model.named_parameters()}
     cfg = TrainConfig(
@@ -255,7 +255,7 @@ def test_multiturn_training_smoke(tmp_path, advantage):
 
 
 def test_multiturn_config_is_validated():
-    from grpolab.config import ConfigError, TrainConfig
+    from grpolab.config.train import ConfigError, TrainConfig
 
     with pytest.raises(ConfigError, match="--advantage"):
         TrainConfig(task="arith-multiturn", advantage="nope").validate()
@@ -268,9 +268,9 @@ def test_multiturn_config_is_validated():
 def test_multiturn_lora_resume_continues_with_the_episodes_of_the_uninterrupted_run(tmp_path):
     import shutil
 
-    from grpolab.config import TrainConfig
-    from grpolab.recipe import train
-    from grpolab.runlog import read_metrics
+    from grpolab.config.train import TrainConfig
+    from grpolab.training.recipe import train
+    from grpolab.training.runlog import read_metrics
 
     def cfg(out, **kw):
         return TrainConfig(
@@ -310,8 +310,8 @@ def test_multiturn_lora_resume_continues_with_the_episodes_of_the_uninterrupted_
 def test_a_stage_reached_from_one_record_has_no_interval(tmp_path):
     """Bootstrapping over records cannot vary a stage whose episodes all come from one record: no interval (None),
     printed and plotted as such, rather than a degenerate [x, x]."""
-    from grpolab.multiturn.measure import _rms_stats, format_multiturn
-    from grpolab.probes.plots import plot_multiturn
+    from grpolab.analysis.multiturn import _rms_stats, format_multiturn
+    from grpolab.analysis.plots import plot_multiturn
 
     gen = torch.Generator().manual_seed(0)
     b, noise = torch.tensor([0.3, -0.1, 0.2]), torch.zeros(3)

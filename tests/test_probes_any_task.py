@@ -12,19 +12,19 @@ import pytest
 import torch
 from datasets import Dataset
 
-from grpolab import streams
-from grpolab.advantages import compute_advantages
-from grpolab.config import ConfigError, TrainConfig
-from grpolab.engine import HFEngine
-from grpolab.logprobs import completion_entropy, completion_logprobs
-from grpolab.loss import policy_loss
+from grpolab.algo.advantages import compute_advantages
+from grpolab.algo.loss import policy_loss
+from grpolab.analysis.pool import probe_sampler
+from grpolab.analysis.rank import RankConfig, run_rank
+from grpolab.common import streams
+from grpolab.config.train import ConfigError, TrainConfig
+from grpolab.eval.runs import probe_task, resolve_target
+from grpolab.models.logprobs import completion_entropy, completion_logprobs
 from grpolab.probes.gram import score_gram, token_weights
-from grpolab.probes.pool import probe_sampler
-from grpolab.probes.rank import RankConfig, run_rank
-from grpolab.recipe import train
-from grpolab.rollout import sample_with_stats
-from grpolab.runs import probe_task, resolve_target
-from grpolab.trainer import GRPOTrainer
+from grpolab.rollout.engine import HFEngine
+from grpolab.rollout.sampler import sample_with_stats
+from grpolab.training.recipe import train
+from grpolab.training.trainer import GRPOTrainer
 
 # a TRL-form reward of two columns, a grpolab-form one of a third, and one that varies whatever the tiny model writes
 REWARDS = ("reward_fixtures:digits_of_target", "reward_fixtures:length_times_weight", "reward_fixtures:odd_code_sum")
@@ -129,7 +129,7 @@ def test_the_probes_gradient_on_a_data_run_is_the_updates_own(data, tmp_path):
 
 
 def test_rank_mse_and_groupsize_on_a_data_run_use_its_prompts_and_reward(data_run, tmp_path):
-    from grpolab.probes.mse_cmd import GroupsizeConfig, MseConfig, run_groupsize, run_mse
+    from grpolab.analysis.mse_cmd import GroupsizeConfig, MseConfig, run_groupsize, run_mse
 
     rank = run_rank(
         RankConfig(checkpoint=str(data_run), group_sizes=(4,), prompts=3, verify=True, progress=False,
@@ -169,7 +169,7 @@ def test_probe_split_and_a_bare_model_with_data(data, data_run):
 
 def test_entropies_from_one_forward_equal_the_samplers(tiny_model, char_tokenizer):
     """For an engine that gives none (vLLM), the rank probe's entropy selection computes them with one forward."""
-    from grpolab.policy import Policy
+    from grpolab.models.policy import Policy
 
     policy = Policy(tiny_model, char_tokenizer, "tiny")
     out = sample_with_stats(
@@ -214,8 +214,8 @@ def test_evaluation_draws_through_the_engine_the_trainer_was_given(tmp_path):
 def test_a_probe_of_a_code_run_scores_programs_in_the_sandbox(tmp_path):
     """The code reward through the probe's path: the sandbox is configured (and said) before scoring, as in
     training, and a written program really runs against the record's tests."""
-    from grpolab.policy import load_policy
-    from grpolab.runs import Target, task_config
+    from grpolab.eval.runs import Target, task_config
+    from grpolab.models.policy import load_policy
 
     fixture = "tests/fixtures/code_problems.jsonl"
     cfg = task_config(Target("builtin"), data=fixture, reward_fn=("grpolab.rewards:code_reward",))

@@ -20,9 +20,9 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 import grpolab.probes.gram as gram
+from grpolab.common.batch import Batch, left_pad
 from grpolab.models.builtin import TinyLlamaSpec, build_tiny_llama
 from grpolab.probes.gram import gram_relative_error, score_gram, score_gram_reference, token_weights
-from grpolab.rollout import Batch, left_pad
 
 TOL = 1e-5
 PAD, BOS, EOS = 0, 1, 2

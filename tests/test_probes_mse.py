@@ -10,7 +10,7 @@ import pytest
 import torch
 from cli_helpers import run_cli
 
-from grpolab.probes.mse import (
+from grpolab.analysis.mse import (
     MSE_ESTIMATORS,
     bandit_estimates,
     bandit_moments,
@@ -24,7 +24,7 @@ from grpolab.probes.mse import (
     prompt_moments,
     rloo_weights,
 )
-from grpolab.probes.mse_cmd import MseConfig, run_bandit
+from grpolab.analysis.mse_cmd import MseConfig, run_bandit
 
 P = torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64)
 THETA = torch.tensor([0.0, 0.5, -0.5], dtype=torch.float64)
@@ -239,10 +239,11 @@ def test_optimal_group_size_is_the_argmin_and_budget_free():
 
 def _sampler(policy, max_new_tokens: int, format_weight: float = 0.1):
     """The probes' sampler on ``policy`` with the built-in reward (accuracy + format_weight * format)."""
-    from grpolab.engine import HFEngine, SamplingSettings
-    from grpolab.env.episodes import EpisodeRunner
-    from grpolab.probes.pool import ProbeSampler
-    from grpolab.rewards import Rewarder, default_reward_fns
+    from grpolab.analysis.pool import ProbeSampler
+    from grpolab.rewards.builtin import default_reward_fns
+    from grpolab.rewards.rewarder import Rewarder
+    from grpolab.rollout.engine import HFEngine, SamplingSettings
+    from grpolab.rollout.episodes import EpisodeRunner
 
     engine = HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id)
     reward = Rewarder(default_reward_fns(format_weight), max_new_tokens)
@@ -250,11 +251,11 @@ def _sampler(policy, max_new_tokens: int, format_weight: float = 0.1):
 
 
 def test_lm_pool_cross_diagonal_is_the_quadratic_form(tiny_model, char_tokenizer):
-    from grpolab import streams
+    from grpolab.analysis.pool import collect_pool
+    from grpolab.common import streams
     from grpolab.data.arithmetic import probe_set
-    from grpolab.policy import Policy
+    from grpolab.models.policy import Policy
     from grpolab.probes.gram import score_gram
-    from grpolab.probes.pool import collect_pool
 
     policy = Policy(tiny_model, char_tokenizer, "tiny")
     for p in tiny_model.parameters():  # the session's model: an earlier test in this process may have left grads
@@ -275,9 +276,9 @@ def test_lm_pool_cross_diagonal_is_the_quadratic_form(tiny_model, char_tokenizer
 
 
 def test_lm_pool_sketched_cross_products_are_close_to_exact():
+    from grpolab.analysis.pool import collect_pool
     from grpolab.data.arithmetic import probe_set
-    from grpolab.policy import load_policy
-    from grpolab.probes.pool import collect_pool
+    from grpolab.models.policy import load_policy
 
     policy = load_policy("builtin")  # the warm start: rewards with variance, so nonzero leave-one-out vectors
     records = probe_set(500)[:4]
@@ -398,8 +399,8 @@ def test_cli_mse_and_groupsize_on_the_builtin_policy(tmp_path):
 
 
 def test_sweep_validates_and_runs_end_to_end(tmp_path):
-    from grpolab.config import ConfigError
-    from grpolab.sweep import SweepConfig, mean_ci_t, run_sweep
+    from grpolab.analysis.sweep import SweepConfig, mean_ci_t, run_sweep
+    from grpolab.config.train import ConfigError
 
     with pytest.raises(ConfigError, match="divide"):
         SweepConfig(budget=64, group_sizes=(3,)).validate()
@@ -427,9 +428,9 @@ def test_sweep_validates_and_runs_end_to_end(tmp_path):
 
 
 def test_groupsize_step_picks_a_checkpoint_of_a_run(tmp_path):
-    from grpolab.config import TrainConfig
-    from grpolab.probes.mse_cmd import GroupsizeConfig, run_groupsize
-    from grpolab.recipe import train
+    from grpolab.analysis.mse_cmd import GroupsizeConfig, run_groupsize
+    from grpolab.config.train import TrainConfig
+    from grpolab.training.recipe import train
 
     run = tmp_path / "run"
     train(

@@ -16,11 +16,11 @@ import sys
 import pytest
 import torch
 
-from grpolab.config import ConfigError, TrainConfig
-from grpolab.probes.rank import RankConfig, run_rank, select_steps, table1, table_by_step
-from grpolab.recipe import train
-from grpolab.runlog import read_metrics
-from grpolab.runs import run_targets
+from grpolab.analysis.rank import RankConfig, run_rank, select_steps, table1, table_by_step
+from grpolab.config.train import ConfigError, TrainConfig
+from grpolab.eval.runs import run_targets
+from grpolab.training.recipe import train
+from grpolab.training.runlog import read_metrics
 
 PNG = b"\x89PNG\r\n\x1a\n"
 PLOTS = ("rank_effective.png", "rank_top1.png", "rank_reward_std.png")
@@ -173,8 +173,8 @@ def test_table1_has_a_line_per_group_size(run_report):
 
 
 def test_distinct_active_rollouts_counts_different_completions_with_nonzero_advantage():
-    from grpolab.probes.rank import distinct_active_rollouts
-    from grpolab.rollout import Batch
+    from grpolab.analysis.rank import distinct_active_rollouts
+    from grpolab.common.batch import Batch
 
     ids = torch.tensor([[5, 6, 2, 0], [5, 6, 2, 0], [5, 7, 2, 0], [5, 6, 6, 2], [9, 2, 0, 0]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]])

@@ -1,4 +1,4 @@
-"""Tests of grpolab.probes.theory and ``grpolab theory``: the Foundations paper's App. A.2 Hoeffding
+"""Tests of grpolab.analysis.theory and ``grpolab theory``: the Foundations paper's App. A.2 Hoeffding
 table and Thm 4.1, Monte Carlo next to closed forms.
 
 Unit: the bound and the exact binomial tail against values computed here by hand or in
@@ -15,7 +15,7 @@ from fractions import Fraction
 import pytest
 from cli_helpers import run_cli as _run_cli
 
-from grpolab.probes.theory import AdvantagesConfig, HoeffdingConfig, advantages_check, hoeffding_rows
+from grpolab.analysis.theory import AdvantagesConfig, HoeffdingConfig, advantages_check, hoeffding_rows
 
 GRID = [(R, eps) for R in (2, 4, 8, 16) for eps in (0.3, 0.2, 0.1)]  # App. A.2's table
 

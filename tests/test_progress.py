@@ -3,8 +3,8 @@ status changes at most every PLAIN_INTERVAL_S seconds."""
 
 from __future__ import annotations
 
-import grpolab.progress as progress
-from grpolab.progress import _PlainBar
+import grpolab.common.progress as progress
+from grpolab.common.progress import _PlainBar
 
 
 def test_plain_lines_every_n_counts_at_the_end_and_throttled_status(monkeypatch):

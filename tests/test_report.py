@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import run_cli
 
-from grpolab.runlog import read_metrics
+from grpolab.training.runlog import read_metrics
 
 
 @pytest.fixture(scope="module")

@@ -7,18 +7,10 @@ import math
 import pytest
 import torch
 
-from grpolab.rewards import (
-    accuracy_reward,
-    default_reward_fns,
-    extract_final_number,
-    format_reward,
-    from_trl,
-    load_reward_fn,
-    numbers_equal,
-    reward_form,
-    reward_functions,
-    score,
-)
+from grpolab.data.answers import extract_final_number, numbers_equal
+from grpolab.rewards.builtin import accuracy_reward, default_reward_fns, format_reward
+from grpolab.rewards.forms import from_trl, load_reward_fn, reward_form
+from grpolab.rewards.rewarder import reward_functions, score
 
 # ---------------------------------------------------------------- extract_final_number
 
@@ -179,12 +171,12 @@ def test_load_reward_fn_imports_module_function():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("grpolab.rewards", "module:function"),
+        ("grpolab.rewards.rewarder", "module:function"),
         (":accuracy_reward", "module:function"),
         ("grpolab.rewards:", "module:function"),
         ("no_such_module_xyz:fn", "cannot load"),
         ("grpolab.rewards:no_such_fn", "cannot load"),
-        ("grpolab.rewards:math", "not callable"),
+        ("grpolab.rewards:__all__", "not callable"),
     ],
 )
 def test_load_reward_fn_errors_clearly(spec, message):

@@ -1,4 +1,4 @@
-"""Tests of grpolab.rollout and the built-in character tokenizer.
+"""Tests of grpolab.rollout.sampler and the built-in character tokenizer.
 
 Unit: EOS handling, batch-independence of keyed sampling, greedy decoding and
 log-probs against naive per-sequence computations on a tiny random Llama.
@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from grpolab.logprobs import completion_logprobs
+from grpolab.common.batch import left_pad
 from grpolab.models.builtin import TinyLlamaSpec, build_tiny_llama
-from grpolab.rollout import _pick, left_pad, rollout_uniforms, sample
+from grpolab.models.logprobs import completion_logprobs
+from grpolab.rollout.sampler import _pick, rollout_uniforms, sample
 
 # ---------------------------------------------------------------- tokenizer
 
@@ -111,7 +112,7 @@ def test_completions_stop_at_eos(eos_model, char_tokenizer):
 def test_ignore_eos_runs_every_completion_to_the_end_and_keeps_the_tokens_before_eos(eos_model, char_tokenizer):
     """--ignore-eos: every row has max_new_tokens tokens, an EOS sampled on the way stays in it, and up to the
     first EOS the tokens are those of the run that stops there (the same uniforms draw them)."""
-    from grpolab.engine import HFEngine, SamplingSettings
+    from grpolab.rollout.engine import HFEngine, SamplingSettings
 
     tok = char_tokenizer
     prompts = _prompts(tok, QUESTIONS) * 2

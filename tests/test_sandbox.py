@@ -1,6 +1,6 @@
 """The code reward's sandbox against programs that attack the machine, and the isolation it falls back to.
 
-Every attack runs through the code reward itself (``grpolab.rewards.code_reward``), and once more inside a
+Every attack runs through the code reward itself (``grpolab.rewards.rewarder.code_reward``), and once more inside a
 training run (``test_the_attack_battery_inside_a_training_run``). For each: its reward is 0 (or the result of
 its test), this process lives on, the listener saw no connection, nothing was written outside the program's
 own directory, no process of it is left, and it ended within the timeout plus a small margin.
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from sandbox_attacks import ATTACKS, program
 
-from grpolab import code_reward as cr
-from grpolab.rewards import code_reward
+from grpolab.rewards import code as cr
+from grpolab.rewards.code import code_reward
 from grpolab.sandbox import Job, Limits, Sandbox, SandboxError, runner
 
 TIMEOUT = 3.0
@@ -227,8 +227,8 @@ def test_a_command_of_the_users_own_runs_the_harness(tmp_path):
 @pytest.mark.slow
 def test_the_attack_battery_inside_a_training_run(tmp_path, listener, monkeypatch):
     """One training step of the built-in model whose reward runs every attack (twice: groups of 2)."""
-    from grpolab.config import TrainConfig
-    from grpolab.recipe import train
+    from grpolab.config.train import TrainConfig
+    from grpolab.training.recipe import train
 
     port, connections = listener
     marker = f"grpolab-attack-{uuid.uuid4().hex}"

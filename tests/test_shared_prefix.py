@@ -1,4 +1,4 @@
-"""Each group's prompt encoded once (grpolab.shared_prefix), packed rows, activation checkpointing, and --device.
+"""Each group's prompt encoded once (grpolab.models.shared_prefix), packed rows, activation checkpointing, and --device.
 
 Unit tier: distinct prompts, log-probs and gradients of the shared and the packed path against the padded one on
 three architectures (Llama, GPT-2 with learned absolute positions, Qwen2), the fallback notice.
@@ -14,14 +14,14 @@ from cli_helpers import run_cli
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
-from grpolab.config import ConfigError, TrainConfig
-from grpolab.devices import DeviceError, default_dtype, resolve_device
-from grpolab.logprobs import completion_logprobs
-from grpolab.policy import ASSET_DIR, enable_activation_checkpointing, load_policy
-from grpolab.recipe import train
-from grpolab.rollout import sample
-from grpolab.shared_prefix import distinct_prompts
-from grpolab.train_forward import TrainModule
+from grpolab.common.devices import DeviceError, default_dtype, resolve_device
+from grpolab.config.train import ConfigError, TrainConfig
+from grpolab.models.logprobs import completion_logprobs
+from grpolab.models.policy import ASSET_DIR, enable_activation_checkpointing, load_policy
+from grpolab.models.shared_prefix import distinct_prompts
+from grpolab.rollout.sampler import sample
+from grpolab.training.forward import TrainModule
+from grpolab.training.recipe import train
 
 REL_TOL = 1e-5
 
@@ -67,7 +67,7 @@ ARCHS = {"llama": lambda tok: _builtin(), "gpt2": lambda tok: _gpt2(len(tok)), "
 @pytest.fixture(scope="module")
 def group_batch(char_tokenizer):
     """3 prompts of different lengths x 4 rollouts, sampled from the built-in model (some completions end early)."""
-    from grpolab.policy import Policy
+    from grpolab.models.policy import Policy
 
     pol = Policy(_builtin().eval(), char_tokenizer, "builtin")
     prompts = [pol.prompt_ids({"question": q}) for q in ("12+7", "3*45", "99-1+2")]
@@ -176,7 +176,7 @@ def test_packing_runs_one_sequence_with_no_padding_token(group_batch, char_token
 
 
 def test_shared_prefill_samples_the_same_tokens_as_one_prompt_at_a_time(char_tokenizer):
-    from grpolab.policy import Policy
+    from grpolab.models.policy import Policy
 
     pol = Policy(_builtin().eval(), char_tokenizer, "builtin")
     prompts = [pol.prompt_ids({"question": q}) for q in ("12+7", "3*45")]
@@ -199,7 +199,7 @@ def test_a_model_that_drops_the_cache_falls_back_with_a_notice(char_tokenizer):
     module = TrainModule(gpt2, 1.0, shared_prefix=True, log=logs.append)
     assert not module.shared_prefix
     assert len(logs) == 1 and "GPT2LMHeadModel cannot take a shared prompt cache" in logs[0]
-    # Qwen2's layers keep it (grpolab.shared_prefix marks them as safe to checkpoint with this cache): no fallback.
+    # Qwen2's layers keep it (grpolab.models.shared_prefix marks them as safe to checkpoint with this cache): no fallback.
     qwen = _qwen2(len(char_tokenizer)).train()
     enable_activation_checkpointing(qwen)
     logs = []

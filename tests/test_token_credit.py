@@ -13,9 +13,10 @@ import pytest
 import torch
 from test_token_view import _parse
 
-from grpolab.answers import answer_spans
-from grpolab.config import ConfigError, TrainConfig
-from grpolab.logprobs import completion_logprobs
+from grpolab.common.batch import select
+from grpolab.config.train import ConfigError, TrainConfig
+from grpolab.data.answers import answer_spans
+from grpolab.models.logprobs import completion_logprobs
 from grpolab.probes.token_credit import (
     credit_aggregates,
     half_mass_fraction,
@@ -26,10 +27,9 @@ from grpolab.probes.token_credit import (
     token_segments,
     token_spans,
 )
-from grpolab.recipe import train
-from grpolab.report import build_report
-from grpolab.rollout import select
-from grpolab.trainer import GRPOTrainer
+from grpolab.report.page import build_report
+from grpolab.training.recipe import train
+from grpolab.training.trainer import GRPOTrainer
 
 # ---------------------------------------------------------------- which rollouts
 
@@ -318,19 +318,21 @@ def test_recorded_ratio_clipping_and_advantage_are_the_losss_own(tmp_path, monke
     """The record's per-token ratio, clipping and advantage equal (float64, exactly) what ``policy_loss`` computed on
     the last of the mu passes, for every importance-sampling level, clip setting and aggregation; and they agree with
     the textbook formulas written out here."""
-    import grpolab.update
+    import grpolab.training.update
 
     calls = []
-    real = grpolab.update.policy_loss
+    real = grpolab.training.update.policy_loss
 
     def spy(logp, old, adv, mask, **kw):
         calls.append((logp.detach().clone(), old.clone(), adv.clone(), mask.clone(), dict(kw)))
         return real(logp, old, adv, mask, **kw)
 
     plans = []
-    plan_real = grpolab.update.plan_micro_batches
-    monkeypatch.setattr(grpolab.update, "policy_loss", spy)
-    monkeypatch.setattr(grpolab.update, "plan_micro_batches", lambda *a: plans.append(plan_real(*a)) or plans[-1])
+    plan_real = grpolab.training.update.plan_micro_batches
+    monkeypatch.setattr(grpolab.training.update, "policy_loss", spy)
+    monkeypatch.setattr(
+        grpolab.training.update, "plan_micro_batches", lambda *a: plans.append(plan_real(*a)) or plans[-1]
+    )
     cfg = dataclasses.replace(
         TrainConfig(), **{**F64, "log_token_credit": 16}, mu=2, micro_batch=16, aggregation=aggregation,
         **CLIPS[clip], out=str(tmp_path),

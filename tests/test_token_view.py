@@ -20,7 +20,7 @@ import pytest
 from rich.cells import cell_len
 from rich.console import Console
 
-from grpolab import token_view as tv
+from grpolab.report import token_view as tv
 
 COMPLETIONS = {
     (0, 0): ["The", " answer", " is", " ", "84", ""],
@@ -265,7 +265,7 @@ def test_positive_and_negative_changes_differ_in_hue_and_zero_is_uncoloured(run)
 
 
 def test_a_report_of_the_run_has_the_section(run):
-    from grpolab.report import build_report
+    from grpolab.report.page import build_report
 
     page = build_report(run, quantity="entropy").read_text()
     assert '<h2 id="credit">Where the credit lands</h2>' in page and 'href="#credit"' in page
@@ -331,7 +331,7 @@ def test_the_plain_view_has_one_line_per_token_with_its_values(records):
 
 
 def test_grpolab_tokens_prints_a_step(run, capsys):
-    from grpolab.cli import main
+    from grpolab.commands.cli import main
 
     main(["tokens", str(run), "--step", "2"])
     out = capsys.readouterr().out
@@ -343,7 +343,7 @@ def test_grpolab_tokens_prints_a_step(run, capsys):
 
 
 def test_grpolab_tokens_says_what_is_wrong(run, tmp_path, capsys):
-    from grpolab.cli import main
+    from grpolab.commands.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["tokens", str(run), "--step", "5"])
@@ -362,7 +362,7 @@ def test_grpolab_tokens_says_what_is_wrong(run, tmp_path, capsys):
 def test_grpolab_tokens_draws_a_picture_of_the_step(run, tmp_path, capsys):
     from PIL import Image
 
-    from grpolab.cli import main
+    from grpolab.commands.cli import main
 
     png = tmp_path / "tokens.png"
     main(["tokens", str(run), "--step", "2", "--png", str(png)])
@@ -376,7 +376,7 @@ def test_grpolab_tokens_draws_a_picture_of_the_step(run, tmp_path, capsys):
 
 
 def test_grpolab_tokens_summarises_the_aggregates_over_spans_of_steps(run, capsys):
-    from grpolab.cli import main
+    from grpolab.commands.cli import main
 
     main(["tokens", str(run), "--summary", "2"])
     lines = capsys.readouterr().out.splitlines()
@@ -386,7 +386,7 @@ def test_grpolab_tokens_summarises_the_aggregates_over_spans_of_steps(run, capsy
 
 
 def test_grpolab_tokens_draws_the_aggregates_against_step(run, tmp_path, capsys):
-    from grpolab.cli import main
+    from grpolab.commands.cli import main
 
     png = tmp_path / "aggregates.png"
     main(["tokens", str(run), "--summary", "3", "--png", str(png)])

@@ -11,13 +11,14 @@ import pytest
 import torch
 from env_fixtures import TurnEngine
 
-from grpolab import streams
-from grpolab.config import ConfigError
-from grpolab.engine import SamplingSettings
-from grpolab.env import EpisodeLimits, EpisodeRunner, Renderer
+from grpolab.common import streams
+from grpolab.config.train import ConfigError
+from grpolab.env import EpisodeLimits, Renderer
 from grpolab.env.tool_env import ToolEnvironment
 from grpolab.env.tools import ToolRunner, load_tools, parse_tool_calls, tool_instructions
-from grpolab.policy import Policy
+from grpolab.models.policy import Policy
+from grpolab.rollout.engine import SamplingSettings
+from grpolab.rollout.episodes import EpisodeRunner
 
 SPECS = ["env_fixtures:add", "env_fixtures:divide", "env_fixtures:sleepy", "env_fixtures:huge", "env_fixtures:shout"]
 
@@ -146,7 +147,7 @@ def test_a_template_that_shows_tools_gets_them(chat_policy):
 
 
 def test_a_trainer_step_with_tools_counts_calls_and_errors(tmp_path, char_tokenizer):
-    from grpolab.trainer import GRPOTrainer
+    from grpolab.training.trainer import GRPOTrainer
 
     train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
     train.write_text("".join(json.dumps({"prompt": f"2+3? ({i})", "answer": "5"}) + "\n" for i in range(8)))
@@ -157,7 +158,7 @@ def test_a_trainer_step_with_tools_counts_calls_and_errors(tmp_path, char_tokeni
         "    last = [c if isinstance(c, str) else c[-1]['content'] for c in completions]  # plain runs: the text\n"
         "    return [float(t.strip() == a) for t, a in zip(last, answer)]\n"
     )
-    from grpolab.config import TrainConfig
+    from grpolab.config.train import TrainConfig
 
     cfg = TrainConfig(
         out=str(tmp_path / "run"),

@@ -16,11 +16,11 @@ import torch
 from cli_helpers import run_cli
 from transformers import AutoModelForCausalLM
 
-from grpolab import checkpoint
-from grpolab.config import ConfigError, TrainConfig
-from grpolab.policy import ASSET_DIR
-from grpolab.recipe import train
-from grpolab.runlog import read_metrics
+from grpolab.config.train import ConfigError, TrainConfig
+from grpolab.models import checkpoint
+from grpolab.models.policy import ASSET_DIR
+from grpolab.training.recipe import train
+from grpolab.training.runlog import read_metrics
 
 STEP_KEYS = {
     "step",
@@ -402,7 +402,7 @@ def test_one_step_with_a_trl_style_function_and_two_weighted_functions(tmp_path)
         0.5 * row["reward/concise"] + 2 * acc + 0.1 * row["reward/format"], abs=1e-6
     )
     # per rollout, recomputed here from the logged completions and the task's ground truth
-    from grpolab.rewards import accuracy_reward, format_reward
+    from grpolab.rewards.builtin import accuracy_reward, format_reward
 
     rolls = [json.loads(line) for line in (tmp_path / "two" / "rollouts.jsonl").read_text().splitlines()]
     rolls = [r for entry in rolls for r in (entry["rollouts"] if "rollouts" in entry else [entry])]
@@ -455,7 +455,7 @@ def test_cli_demo_help(tmp_path):
 
 
 def test_cli_plot_redraws_the_plot(base_run, tmp_path, capsys):
-    from grpolab.cli import main
+    from grpolab.commands.cli import main
 
     _, out = base_run
     png = out / "plot.png"
@@ -466,7 +466,7 @@ def test_cli_plot_redraws_the_plot(base_run, tmp_path, capsys):
 
 def test_sft_smoke(tmp_path):
     from grpolab.models.builtin import TinyLlamaSpec
-    from grpolab.sft import SFTConfig, run_sft
+    from grpolab.training.sft import SFTConfig, run_sft
 
     out = tmp_path / "sft"
     cfg = SFTConfig(
@@ -490,10 +490,10 @@ def test_sft_smoke(tmp_path):
 def test_update_normalises_by_the_rows_it_is_given(tmp_path):
     """An episode of an environment that shows each turn alone is several token rows: the loss's normaliser is the
     number of rows given (summed over ranks), whatever the config's B * G."""
-    from grpolab.logprobs import completion_logprobs
-    from grpolab.loss import policy_loss
-    from grpolab.rollout import sample
-    from grpolab.trainer import GRPOTrainer
+    from grpolab.algo.loss import policy_loss
+    from grpolab.models.logprobs import completion_logprobs
+    from grpolab.rollout.sampler import sample
+    from grpolab.training.trainer import GRPOTrainer
 
     trainer = GRPOTrainer(_cfg(tmp_path / "u", steps=1, warmup_steps=0), log=_quiet)
     cfg, policy = trainer.cfg, trainer.policy
@@ -518,7 +518,7 @@ def test_update_normalises_by_the_rows_it_is_given(tmp_path):
 
 
 def test_few_shot_prompts_on_the_built_in_task(tmp_path):
-    from grpolab.trainer import GRPOTrainer
+    from grpolab.training.trainer import GRPOTrainer
 
     trainer = GRPOTrainer(_cfg(tmp_path / "fs", steps=1, few_shot=2), log=_quiet)
     shots = trainer.policy.few_shot

@@ -7,11 +7,11 @@ import pytest
 import torch
 from test_trainer_smoke import _by_step, _cfg, _quiet, _state_dict
 
-from grpolab.config import ConfigError
-from grpolab.loss import entropy_threshold, loss_token_mask
-from grpolab.policy import ASSET_DIR
-from grpolab.recipe import train
-from grpolab.runlog import read_metrics
+from grpolab.algo.loss import entropy_threshold, loss_token_mask
+from grpolab.config.train import ConfigError
+from grpolab.models.policy import ASSET_DIR
+from grpolab.training.recipe import train
+from grpolab.training.runlog import read_metrics
 
 TIMING = ("time/",)
 

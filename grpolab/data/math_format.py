@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpolab.answers import last_boxed, math_equal  # noqa: F401  (math_equal: re-exported)
+from grpolab.data.answers import last_boxed, math_equal  # noqa: F401  (math_equal: re-exported)
 from grpolab.data.jsonl import DataError, iter_json_objects
 
 

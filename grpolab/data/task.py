@@ -13,7 +13,7 @@ from grpolab.data.records import identity_of
 
 
 def task_data(cfg, log=print):
-    """``(held_out, sampler)`` for a :class:`grpolab.config.TrainConfig` (resolved: ``eval_questions`` and
+    """``(held_out, sampler)`` for a :class:`grpolab.config.train.TrainConfig` (resolved: ``eval_questions`` and
     ``format`` set).
 
     Training questions never repeat a held-out one: records of --data that do are dropped (with a
@@ -21,7 +21,7 @@ def task_data(cfg, log=print):
     test set.
     """
     if cfg.task == "arith-multiturn":  # the built-in dialogues (an environment's records)
-        from grpolab.env.arith import dialogue_task
+        from grpolab.data.dialogues import dialogue_task
 
         held_out, sampler, _ = dialogue_task(
             cfg.stages, cfg.max_operand, cfg.dialogue_context, cfg.eval_questions, cfg.seed

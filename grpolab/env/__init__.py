@@ -15,11 +15,10 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
-from grpolab.env.episodes import EpisodeLimits, EpisodeRunner
-from grpolab.env.protocol import EnvError, Environment, check_reset, load_env_class
+from grpolab.env.protocol import EnvError, Environment, EpisodeLimits, check_reset, load_env_class
 from grpolab.env.render import Renderer
 
-__all__ = ["EnvError", "EnvSetup", "Environment", "EpisodeLimits", "EpisodeRunner", "Renderer", "environment"]
+__all__ = ["EnvError", "EnvSetup", "Environment", "EpisodeLimits", "Renderer", "environment"]
 
 
 @dataclasses.dataclass
@@ -35,7 +34,9 @@ class EnvSetup:
     tool_runner: object | None = None
     """The tool worker of --tools (closed with the run)."""
 
-    def runner(self, engine, policy) -> EpisodeRunner:
+    def runner(self, engine, policy):
+        from grpolab.rollout.episodes import EpisodeRunner
+
         return EpisodeRunner(engine, policy, self.factory, self.renderer, self.limits)
 
     def close(self) -> None:
@@ -44,13 +45,14 @@ class EnvSetup:
 
 
 def environment(cfg, policy, first_record: dict | None = None) -> EnvSetup | None:
-    """The environment ``cfg`` (a resolved :class:`grpolab.config.TrainConfig`) asks for, for ``policy``; None for a
+    """The environment ``cfg`` (a resolved :class:`grpolab.config.train.TrainConfig`) asks for, for ``policy``; None for a
     single-turn task. ``first_record``: a record to open one episode on now, so that a ``reset`` that fails or
     returns the wrong shape stops the run at its start, not at its first step."""
     limits = EpisodeLimits(cfg.max_turns, cfg.max_episode_tokens)
     tool_runner = None
     if cfg.task == "arith-multiturn":
-        from grpolab.env.arith import ArithDialogue, DialogueSpec
+        from grpolab.data.dialogues import DialogueSpec
+        from grpolab.env.arith import ArithDialogue
 
         spec = DialogueSpec(cfg.stages, max_operand=min(cfg.max_operand, 50), context=cfg.dialogue_context)
         factory, renderer, name = functools.partial(ArithDialogue, spec), Renderer(policy), "arith-multiturn"

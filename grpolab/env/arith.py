@@ -4,7 +4,7 @@ A dialogue has H turns. Turn 1 asks a two-step question ``a+b-c`` (the built-in 
 h > 1 asks ``<previous answer>+d-e``: the first operand is the answer the *policy* gave at turn h-1. Each turn's
 reward is 1 if its answer equals the true running value of the chain, else 0. So a wrong turn changes the states
 that follow: the next question starts from a wrong number and its true answer is out of reach, the value of every
-later state drops (the ``chain`` environment of ``grpolab.multiturn.chain`` with q0 near 0).
+later state drops (the ``chain`` environment of ``grpolab.analysis.multiturn_chain`` with q0 near 0).
 
 What the policy sees at a turn (``context``): ``"question"`` (default) shows the turn's question alone, which
 carries the previous result, so it is the Markov state of the task (the environment's ``history`` is False: each
@@ -16,67 +16,15 @@ LLM can take ``"dialogue"``.
 
 from __future__ import annotations
 
-import dataclasses
-import zlib
-
-import numpy as np
-
-from grpolab.answers import extract_final_number, numbers_equal
-
-EVAL_DIALOGUE_SEED = 20_240_003  # the held-out dialogues
-N_EVAL_DIALOGUES = 100
-
-
-@dataclasses.dataclass(frozen=True)
-class DialogueSpec:
-    stages: int = 3
-    max_operand: int = 50
-    context: str = "question"
-
-    def __post_init__(self):
-        if self.stages < 1:
-            raise ValueError(f"--stages must be >= 1, got {self.stages}")
-        if self.context not in ("question", "dialogue"):
-            raise ValueError(f"--context must be 'question' or 'dialogue', got {self.context!r}")
-
-
-def make_dialogues(n: int, seed: int, spec: DialogueSpec) -> list[dict]:
-    """n dialogues: the operands of every turn and the true running values (``question``: the first turn's, for
-    logs)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        steps, truths = [], []
-        value = None
-        for h in range(spec.stages):
-            ops = rng.choice(["+", "-"], size=2).tolist()
-            nums = rng.integers(1, spec.max_operand + 1, size=3 if h == 0 else 2).tolist()
-            if h == 0:
-                value = nums[0]
-                nums_after = nums[1:]
-            else:
-                nums_after = nums
-            for op, x in zip(ops, nums_after):
-                value = value + x if op == "+" else value - x
-            steps.append({"first": nums[0] if h == 0 else None, "ops": ops, "nums": nums_after})
-            truths.append(value)
-        dialogue = {"steps": steps, "truths": truths, "category": "dialogue"}
-        out.append({**dialogue, "question": question(dialogue, 0, None)})
-    return out
-
-
-def question(dialogue: dict, h: int, prev: str | None) -> str:
-    """Turn h's question (h counts from 0 here); ``prev`` is the policy's answer at turn h-1."""
-    st = dialogue["steps"][h]
-    first = str(st["first"]) if h == 0 else (prev if prev is not None else "?")
-    return first + "".join(f"{op}{x}" for op, x in zip(st["ops"], st["nums"]))
+from grpolab.data.answers import extract_final_number, numbers_equal
+from grpolab.data.dialogues import DialogueSpec, question
 
 
 class ArithDialogue:
-    """One dialogue (a record of :func:`make_dialogues`) played turn by turn; reward 1 per right answer."""
+    """One dialogue (a record of :func:`grpolab.data.dialogues.make_dialogues`) played turn by turn; reward 1 per right answer."""
 
-    def __init__(self, spec: DialogueSpec = DialogueSpec()):
-        self.spec = spec
+    def __init__(self, spec: DialogueSpec | None = None):
+        self.spec = spec = spec or DialogueSpec()
         self.history = spec.context == "dialogue"
         self.max_return = float(spec.stages)  # accuracy: the share of turns answered right
 
@@ -91,25 +39,3 @@ class ArithDialogue:
         if self.h >= self.spec.stages:
             return [], reward, True
         return [{"role": "user", "content": question(self.dialogue, self.h, answer)}], reward, False
-
-
-class DialogueSampler:
-    """Training dialogues of a step, keyed by (seed, step) (so a resumed run draws the same), none of them held
-    out."""
-
-    def __init__(self, spec: DialogueSpec, seed: int, held_out: list[dict]):
-        self.spec, self.seed = spec, seed
-        self.held = {str(d["steps"]) for d in held_out}
-
-    def draw(self, step: int, n: int, round: int = 0) -> list[dict]:
-        key = f"dialogues/{self.seed}/{step}" + (f"/{round}" if round else "")
-        drawn = make_dialogues(n * 2, zlib.crc32(key.encode()), self.spec)
-        return [d for d in drawn if str(d["steps"]) not in self.held][:n]
-
-
-def dialogue_task(stages: int, max_operand: int, context: str, eval_questions: int, seed: int):
-    """``(held_out, sampler, spec)`` of ``--task arith-multiturn``. Operands stay at most 50 (the single-turn default
-    of 99 makes later turns' numbers too large for the built-in model); a smaller --max-operand makes them smaller."""
-    spec = DialogueSpec(stages, max_operand=min(max_operand, 50), context=context)
-    held_out = make_dialogues(min(eval_questions, N_EVAL_DIALOGUES), EVAL_DIALOGUE_SEED, spec)
-    return held_out, DialogueSampler(spec, seed, held_out), spec

@@ -1,7 +1,7 @@
 """Credit across an episode's turns (``--advantage``): per-turn rewards -> per-turn advantages -> the advantage of
 each of the policy's tokens, and the Monte Carlo state values ``rtg-mc`` subtracts [Foundations, Sec. 6].
 
-The math is :func:`grpolab.advantages.turn_advantages` and :func:`grpolab.advantages.token_advantages`; this module
+The math is :func:`grpolab.algo.advantages.turn_advantages` and :func:`grpolab.algo.advantages.token_advantages`; this module
 lays a step's episodes out for them. A turn's reward is what the environment's ``step`` gave it; the reward
 functions (``--reward-fn``) score the final conversation, and their weighted sum counts as a reward of the last
 turn.
@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import torch
 
-from grpolab import streams
-from grpolab.advantages import token_advantages, turn_advantages
-from grpolab.groups import offsets
+from grpolab.algo.advantages import token_advantages, turn_advantages
+from grpolab.algo.groups import offsets
+from grpolab.common import streams
 
 
 def turn_rewards(episode) -> list[float]:
@@ -51,7 +51,7 @@ class EpisodeCredit:
 
 
 def episode_credit(rows, sizes: list[int], estimator: str, credit: str, values: list | None = None) -> EpisodeCredit:
-    """The credit of this rank's groups: ``rows`` (:class:`grpolab.rows.Rows` of episodes, group k's
+    """The credit of this rank's groups: ``rows`` (:class:`grpolab.rollout.rows.Rows` of episodes, group k's
     ``sizes[k]`` rollouts contiguous), ``values`` (rtg-mc: one ``[G, H]`` per group, :func:`mc_values`)."""
     turns: list[torch.Tensor] = []
     start = offsets(sizes)
@@ -76,7 +76,7 @@ def mc_values(
 ) -> list[torch.Tensor]:
     """rtg-mc's state values, one ``[G, H]`` per group: before turn 1, the mean return of the group's *other*
     episodes; before turn h >= 1, the mean reward-to-go of ``branches`` continuations of the episode from there
-    (:meth:`grpolab.env.episodes.EpisodeRunner.branch`; 0 where the episode ended before h). ``final_rewards``:
+    (:meth:`grpolab.rollout.episodes.EpisodeRunner.branch`; 0 where the episode ended before h). ``final_rewards``:
     the reward functions' weighted sum on each of a list of episodes."""
     episodes = rows.episodes
     start = offsets(sizes)

@@ -30,12 +30,13 @@ naming the class, what it returned and what was expected. An exception raised in
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from grpolab.config import ConfigError
+from grpolab.config.train import ConfigError
 
 ROLES_FROM_ENV = ("user", "tool", "system")
 """The roles an environment may speak in."""
@@ -87,7 +88,7 @@ def check_env_class(cls: Any, spec: str) -> type:
 
 def load_env_class(spec: str) -> type:
     """The environment class ``--env`` names (``file.py:Class`` or ``module:Class``), checked."""
-    from grpolab.loader import load_object
+    from grpolab.common.loader import load_object
 
     return check_env_class(load_object(spec, "--env", "Class"), spec)
 
@@ -143,3 +144,11 @@ def _short(value: Any, limit: int = 120) -> str:
 
 EnvFactory = Callable[[], Any]
 """What makes one episode's environment: the class itself, or a closure for grpolab's own environments."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int = 1
+    """Replies per episode; the last one ends it."""
+    max_episode_tokens: int = 0
+    """Tokens an episode may add after its opening prompt (replies and environment messages); 0 = no bound."""

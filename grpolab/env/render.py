@@ -28,7 +28,7 @@ PLACEHOLDER = "grpolabreplyplaceholder"
 
 
 class Renderer:
-    """Messages to token ids for ``policy`` (a :class:`grpolab.policy.Policy`); ``tools``: JSON schemas the model
+    """Messages to token ids for ``policy`` (a :class:`grpolab.models.policy.Policy`); ``tools``: JSON schemas the model
     may call (``grpolab.env.tools.tool_schemas``)."""
 
     def __init__(self, policy, tools: list[dict] | None = None):
@@ -43,7 +43,7 @@ class Renderer:
     # ------------------------------------------------------------------ what the template sees
     def template_messages(self, messages: list[dict]) -> list[dict]:
         """The messages as given to the template: the run's system prompt first when they have none
-        (:meth:`grpolab.policy.Policy.chat_messages`), the tools' description when the template does not show
+        (:meth:`grpolab.models.policy.Policy.chat_messages`), the tools' description when the template does not show
         tools, tool results as user messages for a template that has no tool role."""
         msgs = self.policy.chat_messages({"prompt": list(messages)}) if self.chat else list(messages)
         if self.tools and not self.native_tools:

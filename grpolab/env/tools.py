@@ -45,7 +45,7 @@ def tool_schema(fn, spec: str = "") -> dict:
     ConfigError naming ``spec`` when the hints or the docstring are missing."""
     from transformers.utils import get_json_schema
 
-    from grpolab.config import ConfigError
+    from grpolab.config.train import ConfigError
 
     try:
         return get_json_schema(fn)
@@ -59,8 +59,8 @@ def tool_schema(fn, spec: str = "") -> dict:
 def load_tools(specs) -> list[dict]:
     """The JSON schemas of the ``--tools`` functions (loaded here only to describe them; calls run in the worker);
     a ConfigError naming the spec when one cannot be loaded or described, or two share a name."""
-    from grpolab.config import ConfigError
-    from grpolab.loader import load_object
+    from grpolab.common.loader import load_object
+    from grpolab.config.train import ConfigError
 
     schemas = []
     for spec in specs:
@@ -141,7 +141,7 @@ class ToolResult:
 
 
 class ToolRunner:
-    """Runs tool calls in a worker process (``python -m grpolab.tool_worker SPEC ...``), one at a time.
+    """Runs tool calls in a worker process (``python -m grpolab.env.tool_worker SPEC ...``), one at a time.
 
     ``specs``: the tools' ``module:function`` or ``file.py:function`` names (the worker loads them itself);
     ``timeout_s``: wall-clock seconds per call; ``max_chars``: the longest result kept.
@@ -157,7 +157,7 @@ class ToolRunner:
         """What the worker loads for ``spec``: the name itself, or for a function given to the Python API that no
         module can import (defined in a notebook, a closure) the function pickled by value into a file of this
         runner's own (cloudpickle: the standard pickle stores a function by its importable name only)."""
-        from grpolab import objects
+        from grpolab.commands import objects
 
         fn = objects.lookup(spec, "--tools")
         if fn is None:
@@ -175,7 +175,7 @@ class ToolRunner:
         """A new worker, once it has loaded the tools (its start does not count against a call's timeout)."""
         # the trainer's import path, so that the worker finds every module the trainer found the tools in
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        cmd = [sys.executable, "-m", "grpolab.tool_worker", str(self.max_chars), *self._worker_specs]
+        cmd = [sys.executable, "-m", "grpolab.env.tool_worker", str(self.max_chars), *self._worker_specs]
         errors = tempfile.TemporaryFile()  # what the tools print, and why a worker did not start
         proc = subprocess.Popen(
             cmd,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from grpolab.advantages import compute_advantages
+from grpolab.algo.advantages import compute_advantages
 
 
 def advantage_stats(

@@ -43,16 +43,16 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from grpolab.logprobs import completion_logprobs
-from grpolab.loss import aggregation_weights
-from grpolab.rollout import Batch
+from grpolab.algo.loss import aggregation_weights
+from grpolab.common.batch import Batch
+from grpolab.models.logprobs import completion_logprobs
 
 
 def token_weights(
     mask: torch.Tensor, aggregation: str = "seq-mean-token-mean", max_len: int | None = None
 ) -> torch.Tensor:
     """Per-token weights ``[R, T]`` that make psi_i the score of rollout i as the loss weighs it: the loss's own
-    aggregation weights (:func:`grpolab.loss.aggregation_weights`) at the per-rollout scale.
+    aggregation weights (:func:`grpolab.algo.loss.aggregation_weights`) at the per-rollout scale.
 
     ``seq-mean-token-mean``: 1/|o_i| (GRPO); ``token-mean`` and ``sum``: 1 (the plain
     trajectory score sum_t grad log pi, [Foundations, Eq. 17]); ``seq-mean-token-sum-norm``:

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from grpolab.answers import answer_spans
-from grpolab.stats import mean_ci
+from grpolab.common.stats import mean_ci
+from grpolab.data.answers import answer_spans
 
 SEGMENTS = ("answer", "reasoning", "format")
 CONTEXT = "context"
@@ -68,7 +68,7 @@ def token_spans(decode: Callable[[list[int]], str], ids: Sequence[int]) -> list[
 
 def token_segments(spans: Sequence[str]) -> list[str]:
     """Each token's segment of the completion ``"".join(spans)``: ``answer`` (it touches the final answer,
-    :func:`grpolab.answers.answer_spans`), ``format`` (its text lies in the format's markers, or it has none: an
+    :func:`grpolab.data.answers.answer_spans`), ``format`` (its text lies in the format's markers, or it has none: an
     end-of-sequence token) or ``reasoning`` (the rest)."""
     text = "".join(spans)
     answer, markers = answer_spans(text)
@@ -222,8 +222,8 @@ def _turn_segments(spans: list[str], turns: list[int]) -> list[str]:
 
 def credit_row(tokenizer, rows, r: int, k: int, watched, after: torch.Tensor, context_prompt: bool = False) -> dict:
     """The per-token part of a token_credit.jsonl line for token row ``r`` of ``rows`` (a
-    :class:`grpolab.rows.Rows`), the ``k``-th row the update watched (``watched``: its
-    :class:`grpolab.update.WatchedTokens`; ``after`` ``[K, T']``: the log-probs after the update). An episode's
+    :class:`grpolab.rollout.rows.Rows`), the ``k``-th row the update watched (``watched``: its
+    :class:`grpolab.training.update.WatchedTokens`; ``after`` ``[K, T']``: the log-probs after the update). An episode's
     environment tokens are context: segment ``context``, no values. ``context_prompt``: the row's prompt goes first,
     as context (an episode's later turn that starts a sequence of its own)."""
     T = int(rows.batch.completion_mask[r].sum())  # completions are right-padded: tokens 0..T-1 are real
@@ -305,7 +305,7 @@ def turn_share_keys(rows: Sequence[dict]) -> list[str]:
 
 
 def _mean_interval(values: list[float]) -> tuple[float, float, float] | None:
-    """(mean, lo, hi): :func:`grpolab.stats.mean_ci` (None with no values; lo = hi = mean with one, a span of one
+    """(mean, lo, hi): :func:`grpolab.common.stats.mean_ci` (None with no values; lo = hi = mean with one, a span of one
     step)."""
     if not values:
         return None

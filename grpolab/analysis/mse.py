@@ -1,0 +1,279 @@
+"""Estimator MSE in Gram space: the U-statistic view of GRPO [U-statistic, Sec. 4.1].
+
+For one prompt, rollouts z_i = (o_i, r_i) are i.i.d. from the policy, psi_i is the
+rollout's score (sum over its tokens of grad log pi; E[psi] = 0) and the true
+gradient is mu = E[r psi]. With G rollouts the four estimators are
+
+    vanilla  g = (1/G) sum_i r_i psi_i
+    oracle   g = (1/G) sum_i (r_i - v) psi_i                 v = E[r], the true value
+    rloo     g = (1/G) sum_i (r_i - mean_{j != i} r_j) psi_i  [U-statistic, Eq. 4]
+    grpo     g = (1/G) sum_i (r_i - mean_j r_j) psi_i = (G-1)/G * rloo   [Foundations, Eq. 15]
+
+The derivation, written out in full ([U-statistic, Sec. 4.1] states the results):
+
+rloo is a second-order U-statistic (Lemma 1). Summing (r_i - r_j) psi_i over
+ordered pairs and pairing (i, j) with (j, i),
+
+    g_rloo = 1/(G(G-1)) sum_{i != j} (r_i - r_j) psi_i = C(G,2)^-1 sum_{i<j} h(z_i, z_j),
+    h(z, z') = (r - r') (psi - psi') / 2,      E h = mu.
+
+Hoeffding's decomposition: h_1(z) = E[h(z, Z')] - mu = ((r - v) psi - mu) / 2, so
+zeta_1 = Var h_1 = sigma_O^2 / 4 with sigma_O^2 = E||(r - v) psi||^2 - ||mu||^2 the
+oracle's per-rollout variance; zeta_2 = Var h = E||h||^2 - ||mu||^2. The variance of a
+U-statistic of order 2 is (4 (G-2) zeta_1 + 2 zeta_2) / (G (G-1)); with
+tau^2 = zeta_2 - 2 zeta_1 (the second-order term's E||h_2||^2) this is
+
+    MSE_rloo(G)    = sigma_O^2 / G + 2 tau^2 / (G (G-1))        (Thm 2: oracle + residual)
+    MSE_oracle(G)  = sigma_O^2 / G
+    MSE_vanilla(G) = (E||r psi||^2 - ||mu||^2) / G
+    MSE_grpo(G)    = c^2 MSE_rloo(G) + (1 - c)^2 ||mu||^2,   c = (G-1)/G  (biased by the factor c)
+
+exactly, not just as bounds: every MSE is a fixed linear combination of four
+per-prompt moments,
+
+    A2 = E[r^2 Psi_ii]                              (vanilla's second moment)
+    O2 = E[(r - v)^2 Psi_ii]                        (oracle's, sigma_O^2 = O2 - mu2)
+    H2 = E||h||^2 = E[(r_i - r_j)^2 (Psi_ii - 2 Psi_ij + Psi_jj)] / 4,  i != j
+    mu2 = ||mu||^2
+
+with Psi_ij = <psi_i, psi_j> (:mod:`grpolab.probes.gram`). ``prompt_moments``
+estimates each without bias from a pool of N >= 3 rollouts of the prompt, averaging
+over *all* index tuples (a full U-statistic, which is what resampling groups from the
+pool converges to, without the resampling noise):
+
+    A2:  mean_i r_i^2 Psi_ii
+    O2:  mean_i Psi_ii * q_i,  q_i = mean over distinct j, k != i of (r_i - r_j)(r_i - r_k);
+         given z_i, E[(r_i - r_j)(r_i - r_k)] = (r_i - v)^2 because j, k are independent
+         of i and of each other: the oracle value comes from rollouts disjoint from i.
+    H2:  mean over i != j of (r_i - r_j)^2 (Psi_ii - 2 Psi_ij + Psi_jj) / 4
+    mu2: mean over i != j of (r_i - b_ij)(r_j - b_ij) Psi_ij, b_ij the mean reward of the
+         other N - 2 rollouts. Given b_ij, (r_i - b_ij) psi_i and (r_j - b_ij) psi_j are
+         independent with mean mu (E psi = 0), so the product has mean ||mu||^2. Never
+         i = j, which would add the variance.
+
+Hence each estimator's MSE estimate is unbiased. Minibatch (Prop. 3): B prompts drawn
+i.i.d., G rollouts each, rloo:
+
+    MSE(B, G) = (1/B) [ sigma_P^2 + sigma_O^2 / G + 2 tau^2 / (G (G-1)) ]
+
+(sigma_O^2 and tau^2 averaged over prompts), where sigma_P^2 = E_x ||mu(x) - grad J||^2
+is the prompt-sampling variance; ``groupsize_constants`` estimates it as
+mean_x mu2(x) - mean_{x != x'} <mu_hat(x), mu_hat(x')>, using independent unbiased
+per-prompt gradient estimates for the cross pairs. Under a budget n = B G,
+
+    MSE(G) = (G / n) sigma_P^2 + sigma_O^2 / n + 2 tau^2 / (n (G - 1)),
+
+minimised at G* = 1 + sqrt(2 tau^2 / sigma_P^2), whatever n (Thm 7's universality).
+(Writing the residual as c / G^2, as a bound does, gives G* = sqrt(c / sigma_P^2); the
+exact G (G - 1) form moves it by about one.)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from grpolab.algo.advantages import ESTIMATORS
+from grpolab.common.stats import mean_ci  # noqa: F401  (re-exported: the probes summarise per-prompt values with it)
+
+# The training estimators whose MSE is a closed form in the pooled moments; grpo_std divides by a random std
+# and has none.
+MSE_ESTIMATORS = tuple(e for e in ESTIMATORS if e != "grpo_std")  # vanilla, grpo, rloo, oracle
+
+
+# ---------------------------------------------------------------- moments -> MSE
+
+
+def mse_from_moments(m: dict[str, float], estimator: str, G: int) -> float:
+    """Exact MSE of one prompt's G-rollout estimator from its four moments (module docstring)."""
+    if estimator not in MSE_ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; choose from {MSE_ESTIMATORS}")
+    min_g = 2 if estimator in ("grpo", "rloo") else 1
+    if G < min_g:
+        raise ValueError(f"estimator {estimator!r} needs G >= {min_g}, got {G}")
+    mu2 = m["mu2"]
+    sigma_o = m["O2"] - mu2
+    if estimator == "vanilla":
+        return (m["A2"] - mu2) / G
+    if estimator == "oracle":
+        return sigma_o / G
+    tau2 = m["H2"] - mu2 - sigma_o / 2
+    rloo = sigma_o / G + 2 * tau2 / (G * (G - 1))
+    if estimator == "rloo":
+        return rloo
+    c = (G - 1) / G
+    return c * c * rloo + (1 - c) ** 2 * mu2
+
+
+def derived_constants(m: dict[str, float]) -> dict[str, float]:
+    """sigma_O^2 and tau^2 of one prompt from its moments."""
+    sigma_o = m["O2"] - m["mu2"]
+    return {"sigma_oracle": sigma_o, "tau2": m["H2"] - m["mu2"] - sigma_o / 2}
+
+
+# ---------------------------------------------------------------- unbiased moments from a pool
+
+
+def prompt_moments(psi: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]:
+    """Unbiased estimates of A2, O2, H2, mu2 from one prompt's pool.
+
+    psi: ``[N, N]`` Gram matrix of the rollouts' scores; rewards: ``[N]``; N >= 3.
+    """
+    N = rewards.shape[0]
+    if N < 3:
+        raise ValueError(f"a pool needs N >= 3 rollouts per prompt, got {N}")
+    P = psi.double()
+    r = rewards.double()
+    d = torch.diagonal(P)  # [N] Psi_ii
+    off = ~torch.eye(N, dtype=torch.bool)  # [N, N] i != j
+    A2 = (r * r * d).mean()
+    diff = r[:, None] - r[None, :]  # [N, N] r_i - r_j
+    # q_i: mean over ordered distinct (j, k), both != i, of (r_i - r_j)(r_i - r_k)
+    s1 = diff.sum(dim=1)  # sum_{j != i} (r_i - r_j) (the j = i term is 0)
+    s2 = (diff * diff).sum(dim=1)
+    q = (s1 * s1 - s2) / ((N - 1) * (N - 2))
+    O2 = (d * q).mean()
+    H2 = ((diff * diff) * (d[:, None] - 2 * P + d[None, :]) / 4)[off].mean()
+    b = (r.sum() - r[:, None] - r[None, :]) / (N - 2)  # [N, N] mean of the other N-2 rewards
+    mu2 = ((r[:, None] - b) * (r[None, :] - b) * P)[off].mean()
+    return {"A2": float(A2), "O2": float(O2), "H2": float(H2), "mu2": float(mu2)}
+
+
+def rloo_weights(rewards: torch.Tensor) -> torch.Tensor:
+    """``[N]`` coefficients a_n of mu_hat = sum_n a_n psi_n, the leave-one-out estimate over the pool."""
+    N = rewards.shape[0]
+    r = rewards.double()
+    return (r - (r.sum() - r) / (N - 1)) / N
+
+
+# ---------------------------------------------------------------- summaries over prompts
+
+
+def mse_table(moments: list[dict[str, float]], group_sizes: list[int], estimators=MSE_ESTIMATORS) -> list[dict]:
+    """Per estimator and G: the mean over prompts of the per-prompt MSE, with a 95% CI over prompts."""
+    rows = []
+    for est in estimators:
+        for G in group_sizes:
+            if est in ("grpo", "rloo") and G < 2:
+                continue
+            mean, lo, hi = mean_ci([mse_from_moments(m, est, G) for m in moments])
+            rows.append({"estimator": est, "G": G, "mse": mean, "ci_low": lo, "ci_high": hi})
+    return rows
+
+
+# ---------------------------------------------------------------- group size under a budget
+
+
+def groupsize_constants(
+    moments: list[dict[str, float]], cross: torch.Tensor, idx: torch.Tensor | None = None
+) -> dict[str, float]:
+    """sigma_P^2, mean sigma_O^2 and mean tau^2 over prompts (module docstring).
+
+    cross: ``[M, M]`` inner products <mu_hat(x), mu_hat(x')> of independent per-prompt
+    gradient estimates (only x != x' is used). ``idx``: a resample of prompt indices
+    (bootstrap); pairs of the same original prompt are left out of the cross mean.
+    """
+    M = len(moments)
+    idx = torch.arange(M) if idx is None else idx
+    mu2 = torch.tensor([moments[i]["mu2"] for i in idx.tolist()], dtype=torch.float64)
+    dc = [derived_constants(moments[i]) for i in idx.tolist()]
+    pair = idx[:, None] != idx[None, :]
+    if not pair.any():
+        raise ValueError("sigma_P^2 needs at least two different prompts")
+    grad_sq = cross.double()[idx][:, idx][pair].mean()  # ||grad J||^2, unbiased
+    return {
+        "sigma_prompt": float(mu2.mean() - grad_sq),
+        "sigma_oracle": sum(c["sigma_oracle"] for c in dc) / len(dc),
+        "tau2": sum(c["tau2"] for c in dc) / len(dc),
+        "grad_norm_sq": float(grad_sq),
+    }
+
+
+def predicted_mse(c: dict[str, float], G: int, budget: int) -> float:
+    """rloo minibatch MSE at G rollouts per prompt and B = budget / G prompts (Prop. 3)."""
+    if G < 2:
+        raise ValueError(f"G must be >= 2, got {G}")
+    return (G * c["sigma_prompt"] + c["sigma_oracle"] + 2 * c["tau2"] / (G - 1)) / budget
+
+
+def optimal_group_size(c: dict[str, float]) -> float:
+    """G* = 1 + sqrt(2 tau^2 / sigma_P^2); inf when sigma_P^2 <= 0 (no prompt-sampling cost to balance)."""
+    if c["sigma_prompt"] <= 0:
+        return math.inf
+    return 1.0 + math.sqrt(max(c["tau2"], 0.0) * 2 / c["sigma_prompt"])
+
+
+# ---------------------------------------------------------------- the softmax bandit: exact answers
+
+
+def bandit_moments(arm_probs: torch.Tensor, logits: torch.Tensor) -> dict[str, float]:
+    """Exact A2, O2, H2, mu2 for a softmax policy over K arms with Bernoulli(p_k) rewards.
+
+    psi(a) = e_a - pi, so ||psi(a)||^2 = 1 - 2 pi_a + ||pi||^2 and ||psi(a) - psi(a')||^2 = 2 [a != a'].
+    """
+    p = arm_probs.double()
+    pi = torch.softmax(logits.double(), dim=0)
+    J = float((pi * p).sum())
+    mu = pi * (p - J)
+    psi_sq = 1 - 2 * pi + (pi * pi).sum()  # [K]
+    A2 = (pi * p * psi_sq).sum()
+    O2 = (pi * (p * (1 - J) ** 2 + (1 - p) * J**2) * psi_sq).sum()
+    differ = p[:, None] * (1 - p[None, :]) + p[None, :] * (1 - p[:, None])  # P(r != r' | a, a')
+    not_same = 1.0 - torch.eye(p.shape[0], dtype=torch.float64)
+    H2 = (pi[:, None] * pi[None, :] * differ * 2 * not_same).sum() / 4
+    return {"A2": float(A2), "O2": float(O2), "H2": float(H2), "mu2": float((mu * mu).sum())}
+
+
+def bandit_true_gradient(arm_probs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """grad J = pi * (p - J)."""
+    p = arm_probs.double()
+    pi = torch.softmax(logits.double(), dim=0)
+    return pi * (p - (pi * p).sum())
+
+
+def bandit_estimates(
+    arms: torch.Tensor, rewards: torch.Tensor, pi: torch.Tensor, J: float, estimator: str
+) -> torch.Tensor:
+    """``[trials, K]`` estimates from ``arms``/``rewards`` ``[trials, G]``: the estimator formed directly, not from moments."""
+    K = pi.shape[0]
+    G = arms.shape[1]
+    psi = torch.nn.functional.one_hot(arms, K).double() - pi  # [trials, G, K]
+    r = rewards.double()
+    if estimator == "vanilla":
+        a = r
+    elif estimator == "oracle":
+        a = r - J
+    elif estimator == "grpo":
+        a = r - r.mean(dim=1, keepdim=True)
+    elif estimator == "rloo":
+        a = r - (r.sum(dim=1, keepdim=True) - r) / (G - 1)
+    else:
+        raise ValueError(f"unknown estimator {estimator!r}")
+    return (a[..., None] * psi).mean(dim=1)
+
+
+def bandit_mse_mc(
+    arm_probs: torch.Tensor, logits: torch.Tensor, G: int, trials: int, seed: int, estimators=MSE_ESTIMATORS
+) -> dict[str, tuple[float, float, float]]:
+    """Monte Carlo MSE and its 95% CI per estimator, all estimators on the same draws."""
+    gen = torch.Generator().manual_seed(seed)
+    pi = torch.softmax(logits.double(), dim=0)
+    J = float((pi * arm_probs.double()).sum())
+    arms = torch.multinomial(pi.expand(trials, -1), G, replacement=True, generator=gen)  # [trials, G]
+    rewards = torch.bernoulli(arm_probs.double()[arms], generator=gen)  # [trials, G]
+    grad = bandit_true_gradient(arm_probs, logits)
+    out = {}
+    for est in estimators:
+        if est in ("grpo", "rloo") and G < 2:
+            continue
+        err = ((bandit_estimates(arms, rewards, pi, J, est) - grad) ** 2).sum(dim=1)  # [trials]
+        out[est] = mean_ci(err)
+    return out
+
+
+def bandit_pool_gram(arms: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
+    """Psi ``[N, N]`` of a bandit pool: <e_a - pi, e_b - pi> = [a = b] - pi_a - pi_b + ||pi||^2."""
+    pid = pi.double()
+    pa = pid[arms]
+    return (arms[:, None] == arms[None, :]).double() - pa[:, None] - pa[None, :] + (pid * pid).sum()

@@ -1,0 +1,193 @@
+"""A pool of rollouts from a policy, reduced to what the MSE and group-size probes need.
+
+For each of M prompts: N rollouts, their rewards, the N x N Gram matrix of their score
+vectors (one forward + one backward, :func:`grpolab.probes.gram.score_gram`), and one
+D-dimensional leave-one-out gradient estimate mu_hat(x) whose cross inner products
+<mu_hat(x), mu_hat(x')> (x != x') estimate ||grad J||^2 without bias. Only the M x M
+matrix of those products is kept; the vectors are held long enough to form it.
+
+On P processes each rank takes a block of the prompts (prompt k's rollouts draw from the
+stream keyed by its global index k, so they do not depend on P) and the per-prompt results
+and the M x M products are gathered (grpolab.common.distributed.gram): every rank ends with the
+single-process pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from grpolab.analysis.mse import prompt_moments, rloo_weights
+from grpolab.common import distributed, streams
+from grpolab.common.batch import Batch
+from grpolab.common.distributed import SINGLE, World
+from grpolab.common.progress import progress_bar
+from grpolab.models.logprobs import completion_logprobs
+from grpolab.models.policy import Policy
+from grpolab.probes.gram import _count_sketch, _select_params, score_gram
+from grpolab.rewards.forms import check_columns
+from grpolab.rewards.rewarder import Rewarder, rewarder_for
+from grpolab.rollout.collect import sample_and_score
+from grpolab.rollout.engine import SamplingSettings, build_engine
+from grpolab.rollout.episodes import EpisodeRunner
+
+EXACT_POOL_FLOATS = 2**28  # 1 GB of float32 leave-one-out vectors; beyond it they are sketched
+SKETCH_DIM = 2**22
+
+
+@dataclasses.dataclass
+class ProbeSampler:
+    """How a probe draws and scores rollouts: training's own path (:func:`grpolab.rollout.collect.sample_and_score`), through
+    the run's rollout engine and scored by the run's :class:`grpolab.rewards.rewarder.Rewarder` (its reward functions, weights
+    and columns), so a probe measures the gradient of the reward the run trained on."""
+
+    runner: EpisodeRunner
+    reward: Rewarder
+    settings: SamplingSettings
+    device: torch.device
+
+    def __call__(self, record: dict, n: int, key: tuple) -> tuple[Batch, torch.Tensor, torch.Tensor | None]:
+        """n rollouts of one prompt, their rewards ``[n]`` and the sampler's token entropies ``[n, T]`` (None from an
+        engine that gives none: vLLM); rollout i draws from stream (*key, i)."""
+        keys = [(*key, i) for i in range(n)]
+        rows, _, _ = sample_and_score(self.runner, self.reward, [record] * n, keys, self.settings, self.device)
+        return rows.batch, rows.scores.total, rows.entropy
+
+
+def probe_sampler(policy: Policy, cfg, engine: str = "hf", log=print, records: list[dict] = ()) -> ProbeSampler:
+    """The :class:`ProbeSampler` of ``policy`` on the task of ``cfg`` (a resolved TrainConfig: the run's, with the
+    probe's sampling settings on top) through the rollout engine ``engine`` ('hf' or 'vllm'). A reward function
+    that needs a column ``records`` lack is named now, in one line, not scored 0 on every rollout."""
+    from grpolab.rewards import code as code_reward
+
+    reward = rewarder_for(cfg, policy)
+    if records and (cfg.data or cfg.eval_data):
+        check_columns(reward.reward_fns, records, f"the probe prompts of {cfg.eval_data or cfg.data}")
+    code_reward.configure_for([fn for _, fn, _ in reward.reward_fns], cfg, log)
+    runner = EpisodeRunner(build_engine(dataclasses.replace(cfg, rollout_engine=engine), policy), policy)
+    settings = SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_p)
+    return ProbeSampler(runner, reward, settings, next(policy.model.parameters()).device)
+
+
+@dataclasses.dataclass
+class Pool:
+    moments: list[dict[str, float]]  # per prompt: A2, O2, H2, mu2 (grpolab.analysis.mse)
+    cross: torch.Tensor  # [M, M] <mu_hat(x), mu_hat(x')>
+    reward_mean: list[float]  # per prompt
+    reward_std: list[float]
+
+
+def collect_pool(
+    policy: Policy,
+    records: list[dict],
+    n: int,
+    sampler: ProbeSampler,
+    *,
+    seed: int = 0,
+    include: str | None = None,
+    progress: bool = True,
+    label: str = "pool",
+    world: World = SINGLE,
+    sketch_dim: int | None = None,
+    log=print,
+) -> Pool:
+    """Sample n rollouts for each record with ``sampler`` and reduce them (module docstring); over ``world``, each
+    rank takes its block of the records and all get the whole pool.
+
+    ``sketch_dim``: 0 keeps the M leave-one-out vectors whole (exact cross products); k > 0 keeps a
+    k-dimensional CountSketch of each (unbiased cross products, entry error at most
+    sqrt(2/k) ||a|| ||b||); None = exact when the M vectors fit in EXACT_POOL_FLOATS floats, else
+    SKETCH_DIM (a real model's M x D floats would not fit in memory: 32 x 135 M x 4 bytes = 17 GB).
+    The per-prompt Gram matrices (and so every per-prompt moment) are always exact.
+    """
+    if n < 3:
+        raise ValueError(f"--pool must be >= 3 rollouts per prompt, got {n}")
+    model = policy.model
+    model.eval()
+    chosen = _select_params(model, include)
+    params = [p for p in model.parameters() if id(p) in chosen]
+    D = sum(p.numel() for p in params)
+    sketch_dim = _resolve_sketch_dim(sketch_dim, len(records), D, world, log)
+    reduce = _PromptReducer(policy, n, seed, sampler, include, params, [chosen[id(p)] for p in params], sketch_dim)
+    moments, vectors, means, stds = [], [], [], []
+    mine = world.split(len(records))
+    with progress_bar(label, len(mine), enabled=progress and world.is_main) as bar:
+        for k in mine:  # global prompt index: the random stream does not depend on the process count
+            moment, vector, rewards = reduce(k, records[k])
+            moments.append(moment)
+            vectors.append(vector)
+            means.append(float(rewards.mean()))
+            stds.append(float(rewards.std(unbiased=False)))
+            bar.update(len(means), f"mean reward {sum(means) / len(means):.2f}")
+    return _gather_pool(moments, vectors, means, stds, sketch_dim or D, world)
+
+
+def _resolve_sketch_dim(sketch_dim: int | None, M: int, D: int, world: World, log) -> int:
+    """``sketch_dim`` as given, or for None: 0 (exact) when the M vectors of D floats fit in
+    EXACT_POOL_FLOATS, else SKETCH_DIM (said once, on the main rank)."""
+    if sketch_dim is not None:
+        return sketch_dim
+    sketch_dim = 0 if M * D <= EXACT_POOL_FLOATS else SKETCH_DIM
+    if sketch_dim and world.is_main:
+        log(
+            f"pool: {M} gradients of {D / 1e6:.0f} M parameters would take {M * D * 4 / 2**30:.1f} GB; "
+            f"their cross products come from a {sketch_dim}-dimensional CountSketch (unbiased)"
+        )
+    return sketch_dim
+
+
+@dataclasses.dataclass
+class _PromptReducer:
+    """collect_pool's work on one prompt: n rollouts, reduced to their moments (from the exact
+    n x n Gram matrix) and the leave-one-out gradient mu_hat ``[D]`` (or its CountSketch ``[k]``)."""
+
+    policy: Policy
+    n: int
+    seed: int
+    sampler: ProbeSampler
+    include: str | None
+    params: list[torch.nn.Parameter]  # the chosen parameters, in model order: the blocks of mu_hat
+    names: list[str]  # their names, which key each block's sketch hashes
+    sketch_dim: int  # 0: mu_hat kept whole
+
+    def __call__(self, k: int, record: dict) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
+        """Prompt k's moments, mu_hat and rewards ``[n]``; its rollouts draw from stream (POOL, seed, k)."""
+        batch, rewards, _ = self.sampler(record, self.n, (streams.POOL, self.seed, k))
+        # The plain score sum_t grad log pi (weight 1 per token): E[psi] = 0, so mu = E[r psi] is the
+        # true gradient. A length-normalised psi would not be a score and would not average to 0.
+        weights = batch.completion_mask.double()  # [n, T]
+        temperature = self.sampler.settings.temperature
+        psi = score_gram(self.policy.model, batch, weights, temperature=temperature, include=self.include)  # [n, n]
+        return prompt_moments(psi, rewards), self._loo_vector(batch, weights, rewards), rewards
+
+    def _loo_vector(self, batch: Batch, weights: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+        """mu_hat = sum_i a_i psi_i with the leave-one-out weights a ``[n]``: ``[D]``, or ``[k]`` sketched."""
+        a = rloo_weights(rewards)  # [n]
+        if bool((rewards == rewards[0]).all()):  # equal rewards: every leave-one-out weight is 0, so is mu_hat
+            return torch.zeros(self.sketch_dim or sum(p.numel() for p in self.params))
+        blocks = self._weighted_score_blocks(batch, weights * a[:, None])
+        if self.sketch_dim:  # each parameter's block hashed with its own (name-keyed) buckets and signs
+            return sum(
+                _count_sketch(b[None], name, self.sketch_dim, self.seed)[0] for b, name in zip(blocks, self.names)
+            )  # [k]
+        return torch.cat(blocks)  # [D]
+
+    def _weighted_score_blocks(self, batch: Batch, token_weights: torch.Tensor) -> list[torch.Tensor]:
+        """grad sum_{i,t} w_it log pi(o_it | ...) for token weights w ``[n, T]``: one flattened float32
+        block per parameter (zeros for a parameter the completions do not reach)."""
+        logp = completion_logprobs(self.policy.model, batch, self.sampler.settings.temperature)  # [n, T]
+        obj = (logp * token_weights.to(logp.dtype)).sum()
+        grads = torch.autograd.grad(obj, self.params, allow_unused=True)
+        return [(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, self.params)]
+
+
+def _gather_pool(moments: list, vectors: list, means: list, stds: list, width: int, world: World) -> Pool:
+    """This rank's per-prompt results and mu_hat vectors (each ``[width]``) gathered into the whole pool."""
+    V = torch.stack(vectors).double() if vectors else torch.zeros(0, width, dtype=torch.float64)  # [M / P, D or k]
+    # every rank makes the same collective calls in the same order
+    gathered_moments = distributed.gather_concat(moments, world)
+    cross = distributed.gram(V, world)  # [M, M]
+    return Pool(
+        gathered_moments, cross, distributed.gather_concat(means, world), distributed.gather_concat(stds, world)
+    )

@@ -1,0 +1,273 @@
+"""``grpolab rank``: the spectrum of GRPO's per-rollout gradient matrix over a run's checkpoints.
+
+For each checkpoint and group size R, each probe prompt gets R rollouts; their
+advantages A and score Gram matrix Psi give K = diag(A) Psi diag(A), whose
+eigenvalues are the squared singular values of G (rows A_i psi_i, [Foundations, Sec. 7]).
+
+Largest possible rank: G = diag(A) Psi_rows has rank at most the number of
+rollouts with a non-zero advantage, <= R (and <= D). The Foundations paper's Table 1 gives
+R - 1, but the zero-sum constraint sum_i A_i = 0 removes no row: for R = 2,
+A = (a, -a) and the rows a psi_1 and -a psi_2 are independent whenever psi_1 and
+psi_2 are. (R - 1 is the rank bound of the *centred* scores psi_i - mean psi,
+not of G.) The effective rank can never exceed the numerical rank, so the
+paper's "effective rank ~2 for R = 2 with max rank 1" cannot both hold; we
+report what the matrix measured allows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from grpolab.algo.advantages import compute_advantages
+from grpolab.algo.loss import loss_token_mask
+from grpolab.analysis.config import ProbeConfig
+from grpolab.analysis.pool import ProbeSampler, probe_sampler
+from grpolab.common import distributed, streams
+from grpolab.common.batch import Batch
+from grpolab.common.progress import progress_bar
+from grpolab.common.rng import set_threads
+from grpolab.common.stats import mean_ci
+from grpolab.config.train import ConfigError
+from grpolab.eval.runs import check_intact, load_task_policy, probe_task, run_targets
+from grpolab.models.logprobs import completion_entropy, completion_logprobs
+from grpolab.models.policy import Policy
+from grpolab.probes.gram import gram_relative_error, score_gram, score_gram_reference, token_weights
+from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
+
+
+@dataclasses.dataclass
+class RankConfig(ProbeConfig):
+    """Spectrum of the per-rollout gradient matrix (effective rank, top-1 fraction) over checkpoints."""
+
+    checkpoint: str = "builtin"
+    """A run directory (every checkpoint in it, plus its starting model as step 0), or one model ('builtin',
+    smollm2-135m-instruct, a directory, a checkpoint). A run's task and prompt format are used."""
+    out: str = "runs/rank"
+    """Output directory: rank.json and PNG plots."""
+    steps: tuple[int, ...] = ()
+    """With a run directory: only these steps (0 = its starting model); empty = all of them."""
+    group_sizes: tuple[int, ...] = (2, 4, 8)
+    """Group sizes R to measure."""
+    prompts: int = 32
+    """Probe prompts per checkpoint (the first of the task's fixed 500-question probe set)."""
+    estimator: str = "grpo"
+    """Advantage estimator for A (the Foundations paper analyses the group mean, 'grpo')."""
+    aggregation: str = "seq-mean-token-mean"
+    """Per-token weights of psi, as in the loss (1/|o_i| for GRPO)."""
+    mask_truncated: bool | None = None
+    """Give completions cut at --max-new-tokens no weight, as --mask-truncated in training (default: the run's)."""
+    top_entropy_quantile: float | None = None
+    """Only the highest-entropy q-fraction of each prompt's R rollouts' tokens carries weight, as in training
+    (default: the run's, else 1)."""
+    sketch_dim: int = 0
+    """If > 0, estimate Psi from a k-dimensional CountSketch of the per-rollout gradients instead of
+    exactly (for models where the exact path is too slow). Its error: measured against the exact
+    reference with --verify (gram_max_rel_err), otherwise about sqrt(2/k) per entry on the cosine scale."""
+    verify: bool = False
+    """Also run the R-backward reference path: gram_max_rel_err and time ratios."""
+
+
+def _plain_forward_backward_s(model, batch: Batch, weights: torch.Tensor, temperature: float) -> float:
+    model.zero_grad(set_to_none=True)
+    t0 = time.perf_counter()
+    (completion_logprobs(model, batch, temperature) * weights.float()).sum().backward()
+    elapsed = time.perf_counter() - t0
+    model.zero_grad(set_to_none=True)
+    return elapsed
+
+
+def measure_prompt(policy: Policy, sampler: ProbeSampler, record: dict, R: int, key: tuple, cfg: RankConfig) -> dict:
+    """Spectrum metrics of one prompt's R rollouts, drawn and scored by ``sampler`` (and, with verify, the reference
+    check)."""
+    batch, rewards, entropy = sampler(record, R, key)
+    if entropy is None and cfg.top_entropy_quantile < 1:  # an engine without entropies (vLLM): one forward
+        entropy = completion_entropy(policy.model, batch, cfg.temperature)
+    adv = compute_advantages(rewards[None, :], cfg.estimator)[0]  # [R]
+    row = {
+        "reward_std": float(rewards.std(unbiased=False)),
+        "zero_var": bool((rewards == rewards[0]).all()),
+        "distinct_active": distinct_active_rollouts(batch, adv),
+    }
+    if not adv.any() and not cfg.verify:
+        row.update(spectrum_metrics(torch.zeros(R)))
+        return row
+    # the loss's per-token weights, times the tokens that carry loss (--mask-truncated, --top-entropy-quantile)
+    weights = token_weights(batch.completion_mask, cfg.aggregation, cfg.max_new_tokens) * loss_token_mask(
+        batch.completion_ids,
+        batch.completion_mask,
+        policy.eos_id,
+        mask_truncated=cfg.mask_truncated,
+        entropy=entropy,
+        top_entropy_quantile=cfg.top_entropy_quantile,
+    )
+    t0 = time.perf_counter()
+    psi = score_gram(
+        policy.model,
+        batch,
+        weights,
+        temperature=cfg.temperature,
+        include=cfg.include or None,
+        sketch_dim=cfg.sketch_dim,
+        sketch_seed=cfg.seed,
+    )
+    t_gram = time.perf_counter() - t0
+    row.update(spectrum_metrics(singular_values_from_gram(psi, adv)))
+    if cfg.verify:
+        t0 = time.perf_counter()
+        ref = score_gram_reference(
+            policy.model, batch, weights, temperature=cfg.temperature, include=cfg.include or None
+        )
+        t_ref = time.perf_counter() - t0
+        t_plain = _plain_forward_backward_s(policy.model, batch, weights, cfg.temperature)
+        row.update(gram_rel_err=gram_relative_error(psi, ref), t_gram=t_gram, t_ref=t_ref, t_plain=t_plain)
+    return row
+
+
+def distinct_active_rollouts(batch: Batch, adv: torch.Tensor) -> int:
+    """How many different completions have a nonzero advantage: the rank G can reach for this prompt.
+
+    Rows A_i psi_i of equal completions are parallel and rows with A_i = 0 vanish, so
+    rank(G) <= this count (<= R); a sharpening policy repeats itself and the bound falls.
+    """
+    seqs = {
+        tuple(ids[m].tolist()) for ids, m, a in zip(batch.completion_ids, batch.completion_mask.bool(), adv) if a != 0
+    }
+    return len(seqs)
+
+
+def _summary(rows: list[dict], key: str) -> dict[str, float]:
+    """Mean over prompts with its 95% interval (lo, hi; prompts are the independent unit), spread and range."""
+    vals = [r[key] for r in rows]
+    if not vals:
+        return {"mean": None, "lo": None, "hi": None, "std": None, "min": None, "max": None, "n": 0}
+    mean, lo, hi = mean_ci(vals)
+    return {
+        "mean": mean,
+        "lo": None if math.isnan(lo) else lo,
+        "hi": None if math.isnan(hi) else hi,
+        "std": statistics.pstdev(vals),
+        "min": min(vals),
+        "max": max(vals),
+        "n": len(vals),
+    }
+
+
+def select_steps(ckpts: list, steps: tuple[int, ...]) -> list:
+    """The (step, target) pairs whose step is in ``steps`` (all if empty); an unknown step is an error."""
+    if not steps:
+        return ckpts
+    have = [s for s, _ in ckpts]
+    missing = sorted(set(steps) - set(have))
+    if missing:
+        raise ConfigError(f"--steps {missing}: not in this run (it has steps {have}; 0 is its start)")
+    return [(s, t) for s, t in ckpts if s in steps]
+
+
+def run_rank(cfg: RankConfig, log=print) -> dict:
+    set_threads(cfg.threads)
+    world = distributed.init()  # on P processes, each rank measures a block of the prompts
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpts = [(s, check_intact(t)) for s, t in select_steps(run_targets(cfg.checkpoint), cfg.steps)]
+    cfg, tcfg, records, sampler = probe_task(ckpts[0][1], cfg)
+    mine = world.split(len(records))
+    results = []
+    total = len(ckpts) * len(cfg.group_sizes) * len(mine)
+    with progress_bar("rank", total, enabled=cfg.progress and world.is_main) as bar:
+        done = 0
+        for step, target in ckpts:
+            path = target.adapter or target.weights
+            policy = load_task_policy(target, tcfg, sampler=sampler)
+            policy.model.eval()  # no dropout in the probe; gradients still flow
+            draw = probe_sampler(policy, tcfg, cfg.rollout_engine, log, records)
+            for R in cfg.group_sizes:
+                rows = []
+                for k in mine:  # global prompt index k keys the rollouts: P-independent
+                    rows.append(measure_prompt(policy, draw, records[k], R, (streams.PROBE, cfg.seed, step, k), cfg))
+                    done += 1
+                    bar.update(done, f"step {step} R={R}")
+                rows = distributed.gather_concat(rows, world)  # every prompt's row, in prompt order
+                live = [r for r in rows if not r["zero_var"]]
+                res = {
+                    "step": step,
+                    "checkpoint": path,
+                    "R": R,
+                    "prompts": len(rows),
+                    "max_possible_rank": R,
+                    **(
+                        {"sketch_dim": cfg.sketch_dim, "sketch_expected_err": (2 / cfg.sketch_dim) ** 0.5}
+                        if cfg.sketch_dim
+                        else {}
+                    ),
+                    "frac_zero_var": sum(r["zero_var"] for r in rows) / len(rows),
+                    "reward_std_mean": statistics.fmean(r["reward_std"] for r in rows),
+                    **{
+                        k: _summary(live, k) for k in ("num_rank", "effective_rank", "top1_fraction", "distinct_active")
+                    },
+                }
+                if cfg.verify:
+                    res["gram_max_rel_err"] = max(r["gram_rel_err"] for r in rows)
+                    t_plain = sum(r["t_plain"] for r in rows)
+                    res["gram_time_ratio"] = sum(r["t_gram"] for r in rows) / t_plain
+                    res["reference_time_ratio"] = sum(r["t_ref"] for r in rows) / t_plain
+                results.append(res)
+    report = {"config": dataclasses.asdict(cfg), "results": results}
+    if world.is_main:
+        (out / "rank.json").write_text(json.dumps(report, indent=2))
+        from grpolab.analysis.plots import plot_rank
+
+        plot_rank(results, out)
+    return report
+
+
+def table1(results: list[dict]) -> str:
+    """The Foundations paper's Table 1 shape: R, largest possible rank, effective rank, top-1 fraction (ranges over steps).
+
+    Two more columns say what bounds the rank in practice: the numerical rank and the number
+    of distinct completions with a nonzero advantage (means over prompts and steps).
+    """
+    lines = [
+        f"{'R':>3} {'max rank':>9} {'eff. rank (mean, range over steps)':>36} {'top-1 frac (mean, range)':>28}"
+        f" {'num. rank':>10} {'distinct':>9}"
+    ]
+    for R in sorted({r["R"] for r in results}):
+        rs = [r for r in results if r["R"] == R and r["effective_rank"]["mean"] is not None]
+        if not rs:
+            lines.append(f"{R:>3} {R:>9} {'(no prompt with reward variance)':>36}")
+            continue
+        er = [r["effective_rank"]["mean"] for r in rs]
+        tf = [r["top1_fraction"]["mean"] for r in rs]
+        nr = statistics.fmean(r["num_rank"]["mean"] for r in rs)
+        dist = [r["distinct_active"]["mean"] for r in rs if r.get("distinct_active", {}).get("mean") is not None]
+        dist_s = f"{statistics.fmean(dist):>9.2f}" if dist else f"{'-':>9}"
+        lines.append(
+            f"{R:>3} {R:>9} {statistics.fmean(er):>14.2f} [{min(er):.2f}, {max(er):.2f}]{'':>10}"
+            f"{statistics.fmean(tf):>10.2f} [{min(tf):.2f}, {max(tf):.2f}]{'':>6}{nr:>10.2f} {dist_s}"
+        )
+    return "\n".join(lines)
+
+
+def _ci(s: dict) -> str:
+    if s["mean"] is None:
+        return f"{'-':>19}"
+    if s.get("lo") is None:
+        return f"{s['mean']:>6.2f}{'':>13}"
+    return f"{s['mean']:>6.2f} [{s['lo']:.2f}, {s['hi']:.2f}]"
+
+
+def table_by_step(results: list[dict]) -> str:
+    """One row per checkpoint and R: means over the prompts with reward variance, with 95% intervals."""
+    lines = [f"{'step':>5} {'R':>3} {'live':>9} {'num. rank':>19} {'eff. rank':>19} {'top-1 frac':>19}"]
+    for r in results:
+        live = f"{r['effective_rank']['n']}/{r['prompts']}"
+        lines.append(
+            f"{r['step']:>5} {r['R']:>3} {live:>9} {_ci(r['num_rank'])} {_ci(r['effective_rank'])} {_ci(r['top1_fraction'])}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,289 @@
+"""grpolab from Python: objects in, a run out, in the shape of TRL's ``GRPOTrainer``.
+
+::
+
+    import grpolab
+
+    run = grpolab.train(model="builtin", steps=20, out="runs/x")
+    run.dir, run.metrics[-1]["reward/mean"], run.evaluations[-1]["eval/accuracy_greedy"]
+    run.policy.model  # the trained model (and run.policy.tokenizer)
+
+Every function takes its command's options as keywords (``group_size=8`` is ``--group-size 8``), checked as the flags
+are, and in place of what a flag names it also takes the object itself: a loaded transformers model (with
+``tokenizer=``), a ``datasets.Dataset`` or a list of dicts, reward functions (TRL's form or grpolab's), an environment
+class, tool functions. The object itself is what is used, not a copy: a model passed in is the one that trains.
+``grpolab train``, ``grpolab eval`` and the probe commands parse their flags and call these same functions.
+
+What a run directory records of an object: its importable name when it has one (``module:function``: the CLI and a
+resumed run load it again), else a description ("reward function defined in a notebook: correct", "data in memory:
+200 rows, sha256 ...", "model object: LlamaForCausalLM (...)"); resuming such a run, or probing it, needs the same
+objects passed again, and says so in one line when one is missing (:mod:`grpolab.commands.objects`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from grpolab.commands import objects
+from grpolab.config import options
+from grpolab.config.train import ConfigError, TrainConfig
+from grpolab.models.policy import Policy
+
+__all__ = ["Run", "train", "evaluate", "rank", "mse", "groupsize", "multiturn_bias"]
+
+
+@dataclasses.dataclass
+class Run:
+    """A training run that :func:`train` finished (or that a signal stopped after a saved step).
+
+    Example::
+
+        run = grpolab.train(steps=20, out="runs/x")
+        print(run.dir, len(run.metrics), run.evaluations[-1]["eval/accuracy_greedy"])
+        answer = run.policy.tokenizer.decode(run.policy.model.generate(...)[0])
+    """
+
+    dir: Path
+    """The run directory: config.json, metrics.jsonl, samples.jsonl, checkpoints/, as ``grpolab train`` writes it."""
+    policy: Policy
+    """The trained model (``.model``, the very object passed as ``model=`` if one was) and its ``.tokenizer``."""
+
+    @property
+    def config(self) -> dict:
+        """The run's config.json: every option, objects named or described."""
+        return json.loads((self.dir / "config.json").read_text())
+
+    @property
+    def metrics(self) -> list[dict]:
+        """Every step's metrics (``step``, ``reward/mean``, ``loss/...``), as in metrics.jsonl."""
+        from grpolab.training.runlog import read_metrics
+
+        return read_metrics(self.dir / "metrics.jsonl")
+
+    @property
+    def evaluations(self) -> list[dict]:
+        """The held-out evaluations (step 0, every ``eval_every`` steps, the last): ``step`` and the ``eval/*``
+        metrics (``eval/accuracy_greedy``, ``eval/accuracy_sampled`` and their intervals)."""
+        return [
+            {"step": m["step"], **{k: v for k, v in m.items() if k.startswith("eval/")}}
+            for m in self.metrics
+            if any(k.startswith("eval/") for k in m)
+        ]
+
+
+# The fields that name an object, and how an object given in their place is named (grpolab.commands.objects).
+def _callable_specs(fns, kind: str, flag: str) -> tuple[str, ...]:
+    """One callable or a list of them (or of names) as the names a repeatable flag takes."""
+    return tuple(objects.callable_spec(f, kind, flag) for f in (fns if isinstance(fns, list | tuple) else [fns]))
+
+
+_OBJECT_FIELDS: dict[str, Callable[[Any], Any]] = {
+    "data": lambda d: objects.data_spec(d, "train_dataset"),
+    "eval_data": lambda d: objects.data_spec(d, "eval_dataset"),
+    "reward_fn": lambda fns: _callable_specs(fns, "reward function", "--reward-fn"),
+    "eval_reward_fn": lambda f: objects.callable_spec(f, "reward function", "--eval-reward-fn"),
+    "env": lambda c: objects.callable_spec(c, "environment", "--env"),
+    "tools": lambda fns: _callable_specs(fns, "tool", "--tools"),
+}
+# TRL's keyword for a field -> the field.
+_ALIASES = {
+    "train_dataset": "data",
+    "eval_dataset": "eval_data",
+    "reward_funcs": "reward_fn",
+    "eval_reward_func": "eval_reward_fn",
+}
+
+
+def _fields(cls, model_field: str, model, tokenizer, given: dict) -> dict:
+    """The config fields of ``given`` (TRL's keywords renamed, objects replaced by the names the flags take)."""
+    fields: dict = {}
+    for key, value in given.items():
+        name = _ALIASES.get(key, key)
+        if value is None:  # not given: the option's default
+            continue
+        if name in fields:
+            raise ConfigError(f"{key}: sets {options.flag(name)}, which another keyword sets too; give one")
+        fields[name] = value
+    if model is not None:
+        spec = objects.model_spec(model, tokenizer)
+        several = typing.get_origin(options.field_types(cls)[model_field]) is tuple  # mse: --policy A --policy B
+        fields[model_field] = (spec,) if several else spec
+    elif tokenizer is not None:
+        raise ConfigError("tokenizer: only with model=<a loaded model> (a path brings its own tokenizer)")
+    for name, to_spec in _OBJECT_FIELDS.items():
+        if name in fields and name in options.field_types(cls):
+            fields[name] = to_spec(fields[name])
+    return fields
+
+
+def _config(cls, command: str, model_field: str, model, tokenizer, config, given: dict):
+    """``config`` (a parsed command line), or the config of the keywords: names and types checked."""
+    if config is not None:
+        if model is not None or tokenizer is not None or any(v is not None for v in given.values()):
+            raise ConfigError("config: give the options either as a config object or as keywords, not both")
+        return config
+    return options.config_from(cls, _fields(cls, model_field, model, tokenizer, given), command)
+
+
+def train(
+    model: str | Any | None = None,
+    train_dataset: str | Any | None = None,
+    reward_funcs: Callable | str | Sequence[Callable | str] | None = None,
+    *,
+    eval_dataset: str | Any | None = None,
+    env: type | str | None = None,
+    tools: Sequence[Callable | str] | None = None,
+    tokenizer: Any | None = None,
+    config: TrainConfig | None = None,
+    log: Callable[[str], None] = print,
+    **fields,
+) -> Run:
+    """GRPO training, as ``grpolab train``; returns the :class:`Run`.
+
+    Args:
+        model: a path or name as ``--model`` takes (default ``builtin``), a loaded transformers causal LM (give
+            ``tokenizer=``; it trains in place, keeping its dtype), or a finished run's ``run.policy``.
+        train_dataset: a ``datasets.Dataset`` (a DatasetDict of one split), a list of dicts, or a path as ``--data``
+            takes. Rows are read as a file's would be (``format=``, ``prompt_column=``): a ``prompt`` column of text or
+            chat messages, every other column passed to the reward functions.
+        reward_funcs: one or several functions, TRL's ``fn(prompts, completions, **columns)`` or grpolab's
+            ``fn(completions, records)``, or ``"module:function"`` strings; weights with ``reward_weights=``.
+        eval_dataset: held-out rows, in the forms ``train_dataset`` takes (or ``eval_fraction=``).
+        env, tools: an environment class (``reset``/``step``) or tool functions, for episodes (docs/environments.md).
+        config: a whole :class:`grpolab.config.train.TrainConfig` instead of keywords.
+        **fields: any ``grpolab train`` option by its field name (``steps=100, group_size=8, lr=1e-5, out="runs/x"``);
+            a wrong name or type is a :class:`grpolab.config.train.ConfigError` of one line, the flag's.
+
+    Example::
+
+        from datasets import Dataset
+
+        def last_letter(completions, answer, **kwargs):  # TRL's form: columns arrive by name
+            return [float(c.strip()[-1:] == a) for c, a in zip(completions, answer)]
+
+        ds = Dataset.from_list([{"prompt": "Last letter of 'cat'?", "answer": "t"}, ...])
+        run = grpolab.train(model="smollm2-135m-instruct", train_dataset=ds, reward_funcs=[last_letter],
+                            eval_fraction=0.2, steps=20, out="runs/letters")
+
+    Several processes: run the script under ``torchrun --nproc-per-node P``; each process calls ``train`` and trains
+    its share, as ``grpolab train`` does under torchrun (``nproc=`` relaunches only the command line).
+    """
+    from grpolab.training import launch
+    from grpolab.training.recipe import run_training
+
+    given = dict(train_dataset=train_dataset, reward_funcs=reward_funcs, eval_dataset=eval_dataset, env=env,
+                 tools=tools, **fields)  # fmt: skip
+    with objects.registered():
+        cfg = _config(TrainConfig, "train", "model", model, tokenizer, config, given)
+        if launch.relaunches(cfg):
+            raise ConfigError(
+                f"--nproc: {cfg.nproc} processes from Python: launch the script with torchrun --nproc-per-node "
+                f"{cfg.nproc} (each process calls grpolab.train), or use grpolab train --nproc {cfg.nproc}"
+            )
+        recipe = run_training(cfg, log)
+    return Run(Path(recipe.out), recipe.trainer.policy)
+
+
+def evaluate(
+    model: str | Any | None = None,
+    eval_dataset: str | Any | None = None,
+    reward_funcs: Callable | str | Sequence[Callable | str] | None = None,
+    *,
+    train_dataset: str | Any | None = None,
+    tokenizer: Any | None = None,
+    config=None,
+    log: Callable[[str], None] = print,
+    **fields,
+) -> dict:
+    """Held-out greedy and sampled accuracy, as ``grpolab eval``; returns its report: ``report["metrics"]`` holds
+    ``eval/accuracy_greedy`` and ``eval/accuracy_sampled`` with their 95% intervals (``_lo``, ``_hi``) and per
+    category, ``report["examples"]`` the questions with their completions.
+
+    ``model``: as :func:`train` takes it, or a run directory (``run.dir``: its newest checkpoint, its task's
+    settings). ``eval_dataset``: the questions (default: the built-in test set, or the run's); ``reward_funcs``: the
+    first one's mean is the accuracy (default: the built-in answer check). ``**fields``: ``grpolab eval``'s options
+    (``questions=100, samples=4, json="eval.json"``).
+
+    Example::
+
+        before = grpolab.evaluate(model=model, tokenizer=tok, eval_dataset=held_out, reward_funcs=[last_letter])
+        after = grpolab.evaluate(model=run.policy, eval_dataset=held_out, reward_funcs=[last_letter])
+        print(before["metrics"]["eval/accuracy_greedy"], after["metrics"]["eval/accuracy_greedy"])
+    """
+    from grpolab.commands.eval import EvalConfig, run_eval
+
+    given = dict(eval_dataset=eval_dataset, reward_funcs=reward_funcs, train_dataset=train_dataset, **fields)
+    with objects.registered():
+        return run_eval(_config(EvalConfig, "eval", "model", model, tokenizer, config, given), log)
+
+
+def _probe(command: str, cls, run, model_field: str, model, tokenizer, config, log, given: dict):
+    """A probe command's ``run`` on its config ``cls`` built from the keywords."""
+    with objects.registered():
+        cfg = _config(cls, command, model_field, model, tokenizer, config, given)
+        if hasattr(cfg, "validate"):  # the command's own checks, before anything loads
+            cfg.validate()
+        return run(cfg, log)
+
+
+def rank(model=None, data=None, reward_funcs=None, *, tokenizer=None, config=None, log=print, **fields) -> dict:
+    """The spectrum of the per-rollout gradient matrix, as ``grpolab rank``; returns its report (rank.json's).
+
+    ``model``: a run directory (every checkpoint), a path or name, or a loaded model (with ``tokenizer=``);
+    ``data``: the probe prompts (a Dataset, a list of dicts or a path); ``reward_funcs``: as :func:`train` takes.
+
+    Example::
+
+        report = grpolab.rank(model=run.dir, group_sizes=[4, 8], prompts=8, out="runs/x-rank")
+    """
+    from grpolab.analysis.rank import RankConfig, run_rank
+
+    given = dict(data=data, reward_funcs=reward_funcs, **fields)
+    return _probe("rank", RankConfig, run_rank, "checkpoint", model, tokenizer, config, log, given)
+
+
+def mse(model=None, data=None, reward_funcs=None, *, tokenizer=None, config=None, log=print, **fields) -> dict:
+    """The MSE of the vanilla, grpo, rloo and oracle gradient estimators against G, as ``grpolab mse``.
+
+    Example::
+
+        report = grpolab.mse(model=model, tokenizer=tok, data=ds, reward_funcs=[last_letter], prompts=8, pool=8)
+    """
+    from grpolab.analysis.mse_cmd import MseConfig, run_mse
+
+    given = dict(data=data, reward_funcs=reward_funcs, **fields)
+    return _probe("mse", MseConfig, run_mse, "policy", model, tokenizer, config, log, given)
+
+
+def groupsize(model=None, data=None, reward_funcs=None, *, tokenizer=None, config=None, log=print, **fields) -> dict:
+    """The three MSE constants and the best group size under a fixed budget B*G, as ``grpolab groupsize``.
+
+    Example::
+
+        report = grpolab.groupsize(model=run.dir, prompts=8, pool=8, budget=32)
+    """
+    from grpolab.analysis.mse_cmd import GroupsizeConfig, run_groupsize
+
+    given = dict(data=data, reward_funcs=reward_funcs, **fields)
+    return _probe("groupsize", GroupsizeConfig, run_groupsize, "policy", model, tokenizer, config, log, given)
+
+
+def multiturn_bias(
+    model=None, data=None, reward_funcs=None, *, env=None, tools=None, tokenizer=None, config=None, log=print, **fields
+) -> list[dict]:
+    """Per-stage bias of GRPO's advantage in multi-turn tasks, as ``grpolab multiturn``: exactly on a chain
+    (``env="chain"``), or on a policy's own episodes in an environment (a class, ``"arith"``, or ``tools=``).
+
+    Example::
+
+        rows = grpolab.multiturn_bias(model=model, tokenizer=tok, env=MyEnv, data=records, episodes=8, branches=4)
+    """
+    from grpolab.analysis.multiturn import MultiturnConfig, run_multiturn
+
+    given = dict(data=data, reward_funcs=reward_funcs, env=env, tools=tools, **fields)
+    return _probe("multiturn", MultiturnConfig, run_multiturn, "policy", model, tokenizer, config, log, given)

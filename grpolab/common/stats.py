@@ -1,0 +1,53 @@
+"""Intervals for the figures grpolab reports: accuracies over questions and means over prompts."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+Z95 = 1.959963984540054  # the standard normal's 0.975 quantile
+
+
+def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (successes out of n).
+
+    Unlike the normal (Wald) interval it stays inside [0, 1] and does not collapse to a
+    point at 0 or n successes, which is where a weak model's accuracy often is.
+    """
+    if n <= 0:
+        return math.nan, math.nan
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mean_ci(values: list[float] | torch.Tensor) -> tuple[float, float, float]:
+    """Mean and normal 95% interval of the mean (nan bounds for fewer than two values)."""
+    v = torch.as_tensor(values, dtype=torch.float64)
+    mean = float(v.mean())
+    if v.numel() < 2:
+        return mean, float("nan"), float("nan")
+    half = Z95 * float(v.std(unbiased=True)) / math.sqrt(v.numel())
+    return mean, mean - half, mean + half
+
+
+def clustered_accuracy_interval(per_question: list[float]) -> tuple[float, float]:
+    """95% interval of a sampled accuracy from each question's fraction of correct samples.
+
+    The k samples of one question are not independent draws from the task, so the unit is
+    the question: a normal interval of the mean of the per-question fractions (a clustered
+    standard error), clipped to [0, 1]. With every question at 0 (or 1) it is a point.
+    """
+    _, lo, hi = mean_ci(per_question)
+    return max(0.0, lo), min(1.0, hi)
+
+
+def percentile_interval(values, level: float = 0.95) -> tuple[float, float]:
+    """The central ``level`` interval of bootstrap replicates: the sorted values at
+    ``(1 - level) / 2`` and ``(1 + level) / 2`` of the way through (lower index)."""
+    v = sorted(values)
+    n = len(v) - 1
+    return v[int((1 - level) / 2 * n)], v[int((1 + level) / 2 * n)]

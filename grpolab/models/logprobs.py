@@ -1,0 +1,157 @@
+"""Log-probabilities of completion tokens under a model: the training forward's scoring.
+
+The update, the KL reference, the shared-prefix self-check and the probes all score fixed tokens
+with :func:`completion_logprobs`; sampling (``grpolab.rollout.sampler``) computes its own from the logits
+it already has.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.utils.checkpoint
+
+from grpolab.common.batch import Batch
+from grpolab.models.shared_prefix import shared_prefix_hidden
+
+LOGITS_BUDGET = 2**25  # floats of logits held at once before the LM head is chunked (128 MB fp32)
+
+
+def completion_logprobs(
+    model,
+    batch: Batch,
+    temperature: float = 1.0,
+    chunk_tokens: int | None = None,
+    shared_prefix: bool = False,
+    packed: bool = False,
+) -> torch.Tensor:
+    """``[N, T]`` log pi(o_t | q, o_<t) of each completion token (0 where masked).
+
+    The LM head runs at completion positions only: the prompt's logits are never formed.
+    With a large vocabulary (SmolLM2: 49,152) and long completions the ``[N, T, V]`` logits would dominate
+    memory, so above ``LOGITS_BUDGET`` floats the head runs over the real (unmasked) completion tokens only,
+    ``chunk_tokens`` of them at a time under activation checkpointing: a chunk's ``[chunk, V]`` logits exist
+    only while its log-probs are computed, forward and again in backward, whatever the rows' lengths.
+    ``chunk_tokens=0`` never chunks (the score Gram matrix's hooks need the head to run once per forward).
+
+    ``shared_prefix``: rows with the same prompt (a group) share one prompt pass
+    (:mod:`grpolab.models.shared_prefix`): same log-probs and gradients, the prompt's cost paid once.
+    ``packed``: the rows' real tokens run as one sequence without padding (:func:`_packed_logprobs`).
+    """
+    N, T = batch.completion_ids.shape
+    head = model.get_output_embeddings()
+    V = head.weight.shape[0]
+    if chunk_tokens is None:
+        chunk_tokens = 0 if N * (T + 1) * V <= LOGITS_BUDGET else max(1, LOGITS_BUDGET // V)
+    target, mask = batch.completion_ids, batch.completion_mask  # [N, T]
+    if packed:
+        return _packed_logprobs(model, head, batch, temperature, chunk_tokens)
+    if shared_prefix:
+        first_logits, hidden = shared_prefix_hidden(model, *batch)  # [N, V], [N, T - 1, d] or None
+        first = _token_logprobs(first_logits[:, None], target[:, :1], temperature)  # [N, 1]
+        if hidden is None:
+            return first * mask
+        rest = _head_logprobs(head, hidden, target[:, 1:], temperature, chunk_tokens, mask[:, 1:])  # [N, T - 1]
+        return torch.cat([first, rest], dim=1) * mask
+    if not chunk_tokens:
+        logits = model(**_model_inputs(batch), logits_to_keep=T + 1).logits
+        return _token_logprobs(logits[:, :-1], target, temperature) * mask
+    hidden = _completion_hidden(model, batch)  # [N, T, d]
+    return _head_logprobs(head, hidden, target, temperature, chunk_tokens, mask) * mask
+
+
+def _model_inputs(batch: Batch) -> dict[str, torch.Tensor]:
+    """Prompt and completion as one left-padded sequence ``[N, P + T]``, with its attention mask and positions."""
+    ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # [N, P + T]
+    attn = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
+    return {"input_ids": ids, "attention_mask": attn, "position_ids": (attn.cumsum(-1) - 1).clamp(min=0)}
+
+
+def _completion_hidden(model, batch: Batch) -> torch.Tensor:
+    """``[N, T, d]`` the decoder's last hidden states that predict the completion tokens (position P-1+t predicts
+    completion token t)."""
+    T = batch.completion_ids.shape[1]
+    return model.get_decoder()(**_model_inputs(batch)).last_hidden_state[:, -(T + 1) : -1]
+
+
+def _head_logprobs(
+    head, hidden: torch.Tensor, target: torch.Tensor, temperature: float, chunk_tokens: int, mask: torch.Tensor
+) -> torch.Tensor:
+    """``[N, T]`` log-probs of ``target`` from hidden states ``[N, T, d]``: all at once when ``chunk_tokens`` is 0;
+    else only at the tokens ``mask`` keeps (padding costs nothing), ``chunk_tokens`` of them at a time under
+    activation checkpointing, 0 elsewhere."""
+    if not chunk_tokens:
+        return _token_logprobs(head(hidden), target, temperature)
+    keep = mask.bool()  # [N, T]
+    logp = _tokens_logprobs(head, hidden[keep], target[keep], temperature, chunk_tokens)  # [M]: real tokens in order
+    return hidden.new_zeros(target.shape, dtype=logp.dtype).index_put((keep,), logp)  # [N, T]
+
+
+def _tokens_logprobs(head, h: torch.Tensor, tgt: torch.Tensor, temperature: float, chunk_tokens: int) -> torch.Tensor:
+    """``[M]`` log-probs of tokens ``tgt`` ``[M]`` from their hidden states ``[M, d]``: all at once when
+    ``chunk_tokens`` is 0 (or M fits in it), else ``chunk_tokens`` at a time under activation checkpointing, so a
+    chunk's ``[chunk, V]`` logits exist only while its log-probs are computed (forward, and again in backward)."""
+    if not chunk_tokens or h.shape[0] <= chunk_tokens:
+        return _token_logprobs(head(h), tgt, temperature)
+
+    def chunk_logp(h_c: torch.Tensor, tgt_c: torch.Tensor) -> torch.Tensor:
+        return _token_logprobs(head(h_c), tgt_c, temperature)  # [c, V] logits -> [c]
+
+    parts = [
+        torch.utils.checkpoint.checkpoint(
+            chunk_logp, h[i : i + chunk_tokens], tgt[i : i + chunk_tokens], use_reentrant=False
+        )  # fmt: skip
+        for i in range(0, h.shape[0], chunk_tokens)
+    ]
+    return torch.cat(parts)
+
+
+def _packed_logprobs(model, head, batch: Batch, temperature: float, chunk_tokens: int) -> torch.Tensor:
+    """``[N, T]`` completion log-probs with the rows packed: padding-free.
+
+    Each row's real tokens (prompt, then completion; where the masks are 1) are laid end to end in one sequence
+    ``[1, L]``, L = the batch's real tokens, with position ids restarting at 0 for each row. Given position ids that
+    restart and no attention mask, transformers attends within each row only (``find_packed_sequence_indices``: a
+    block-diagonal causal mask for sdpa and eager attention, variable-length kernels for flash-attention). So each
+    token sees what it sees in the padded forward, at the same position: the same log-probs to float rounding, and
+    no padding token is computed. The LM head runs at the M completion tokens' predictors only.
+    """
+    attn = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).bool()  # [N, P + T]
+    ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)[attn]  # [L]: real tokens, row after row
+    lengths = attn.sum(1)  # [N]
+    starts = (lengths.cumsum(0) - lengths).repeat_interleave(lengths)  # [L] where each token's row begins
+    position = torch.arange(ids.shape[0], device=ids.device) - starts  # [L] 0, 1, ... within each row
+    # use_cache=False: transformers looks for packed rows only when there is no cache (and no attention mask)
+    hidden = model.get_decoder()(input_ids=ids[None], position_ids=position[None], use_cache=False)  # [1, L, d]
+    hidden = hidden.last_hidden_state[0]  # [L, d]
+    keep = batch.completion_mask.bool()  # [N, T]
+    at = torch.cat([torch.zeros_like(batch.prompt_mask, dtype=torch.bool), keep], dim=1)[attn].nonzero()[:, 0]  # [M]
+    # Completion token k sits at packed index at[k]; the token before it (same row: a prompt has >= 1 token)
+    # predicts it. Row-major order, the order of ``completion_ids[keep]``.
+    logp = _tokens_logprobs(head, hidden[at - 1], ids[at], temperature, chunk_tokens)  # [M]
+    return hidden.new_zeros(keep.shape, dtype=logp.dtype).index_put((keep,), logp)  # [N, T]
+
+
+def _token_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / temperature) at ``target``: ``[..., V]``, ``[...]`` -> ``[...]`` (fp32, or fp64 for fp64
+    logits)."""
+    if logits.dtype != torch.float64:
+        logits = logits.float()  # bf16 logits: the softmax in fp32
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits.gather(-1, target.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+@torch.no_grad()
+def completion_entropy(model, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+    """``[N, T]`` the entropy (nats) of pi(. | q, o_<t) at each completion position, at ``temperature`` (0 where
+    masked): what grpolab's sampler records as it samples, from one forward, for rollouts of an engine that gives
+    none (vLLM). One row at a time, so the ``[T, V]`` logits of a single rollout are the most held at once."""
+    from grpolab.rollout.sampler import token_entropy
+
+    head = model.get_output_embeddings()
+    rows = []
+    for i in range(batch.completion_ids.shape[0]):
+        row = Batch(*(t[i : i + 1] for t in batch))  # one rollout, its padding kept
+        logits = head(_completion_hidden(model, row))  # [1, T, V]
+        rows.append(token_entropy(logits.float(), temperature)[0] * row.completion_mask[0])
+    return torch.stack(rows) if rows else torch.zeros(batch.completion_ids.shape)

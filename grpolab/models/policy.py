@@ -1,0 +1,216 @@
+"""Load a policy (model + tokenizer) and turn records into prompt token ids."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grpolab.data.jsonl import DataError
+from grpolab.data.records import prompt_of
+
+BUILTIN = "builtin"
+SYSTEM_PROMPT = (
+    "Solve the arithmetic problem. Work step by step, one short line per step, "
+    "and end with a final line of the form '#### <answer>'."
+)
+MATH_SYSTEM_PROMPT = "Solve the problem step by step and put the final answer in \\boxed{}."
+ASSET_DIR = Path(__file__).parents[1] / "assets" / "arith-sft"  # shipped warm start (see its README)
+
+
+@dataclasses.dataclass
+class Policy:
+    model: torch.nn.Module
+    tokenizer: object
+    source: str
+    """Where the weights came from (a path)."""
+    chat: bool = False
+    """Prompt through the tokenizer's chat template (instruct models) instead of plain text."""
+    system: str = SYSTEM_PROMPT
+    """The system instruction of chat prompts: how to format the final answer."""
+    few_shot: list[dict] = dataclasses.field(default_factory=list)
+    """Solved examples (question, answer) put before the question."""
+
+    @property
+    def eos_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return self.eos_id if pad is None else pad
+
+    def chat_messages(self, record: dict) -> list[dict]:
+        """System instruction (when there is one), few-shot turns, then the question as the user turn. A record
+        whose prompt is already a chat is used as it is, the system instruction put first only when it has none."""
+        prompt = prompt_of(record)
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        if isinstance(prompt, list):
+            return (system if not any(m["role"] == "system" for m in prompt) else []) + list(prompt)
+        msgs = system
+        for ex in self.few_shot:
+            msgs += [{"role": "user", "content": ex["question"]}, {"role": "assistant", "content": ex["answer"]}]
+        return msgs + [{"role": "user", "content": prompt}]
+
+    def prompt_text(self, record: dict) -> str:
+        """The plain-text prompt (no chat template): the few-shot examples (question, newline,
+        answer, blank line), the question, newline."""
+        prompt = prompt_of(record)
+        if not isinstance(prompt, str):
+            raise DataError(
+                f"a prompt given as chat messages needs a chat template: {self.source} has none, or --chat is off"
+            )
+        shots = "".join(f"{ex['question']}\n{ex['answer']}\n\n" for ex in self.few_shot)
+        return shots + prompt + "\n"
+
+    def shown_prompt(self, record: dict) -> str | list[dict]:
+        """The prompt as the model is shown it: the chat messages for chat models, else the plain text (what TRL-form
+        reward functions receive as ``prompts``)."""
+        return self.chat_messages(record) if self.chat else self.prompt_text(record)
+
+    def prompt_ids(self, record: dict) -> list[int]:
+        """Chat models: the chat template with the generation prompt. Others: BOS and :meth:`prompt_text`."""
+        if self.chat:
+            ids = self.tokenizer.apply_chat_template(
+                self.chat_messages(record), add_generation_prompt=True, tokenize=True
+            )
+            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding in some versions
+        ids = self.tokenizer(self.prompt_text(record), add_special_tokens=False)["input_ids"]
+        bos = self.tokenizer.bos_token_id
+        return ([bos] if bos is not None else []) + ids
+
+    def decode(self, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+        """Completion texts ``[N]`` from ids ``[N, T]``, special tokens removed."""
+        return [self.tokenizer.decode(row[m.bool()].tolist(), skip_special_tokens=True) for row, m in zip(ids, mask)]
+
+
+def system_prompt_for(data_format: str, system_prompt: str = "") -> str:
+    """The system instruction of chat prompts: ``--system-prompt`` when given; else for MATH data the \\boxed{}
+    instruction, for prompt data none (the data's prompts say what they want), otherwise the '#### <answer>' one."""
+    if system_prompt:
+        return system_prompt
+    return {"math": MATH_SYSTEM_PROMPT, "prompt": ""}.get(data_format, SYSTEM_PROMPT)
+
+
+def _own_memory(model: torch.nn.Module) -> torch.nn.Module:
+    """Give every parameter and buffer freshly allocated (64-byte aligned) storage of its own.
+
+    safetensors can leave a loaded tensor as a view of the file at an 8-byte offset. CPU kernels may
+    round differently for unaligned data, so the same weights loaded from a file and copied in memory
+    (a resumed run's KL reference, the uninterrupted run's copy of the policy) would give log-probs
+    that differ in the last bits. On a GPU, moving the model there already copied it.
+    """
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.device.type == "cpu" and t.data_ptr() % 64:
+            t.data = t.data.clone()
+    return model
+
+
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Turn off every dropout of ``model`` (its ``nn.Dropout`` modules, and the ``attention_dropout`` rate that Llama-
+    and Qwen-style attention applies functionally in training mode); returns how many were on.
+
+    Why: the sampler runs the model in eval mode, so with dropout on in training the trainer's log-probs are of
+    another, noisy distribution: the importance ratio is off 1 at mu = 1, and the KL gradient at the reference is
+    not 0 (TRL's ``disable_dropout`` does the same for its policy). transformers has no switch for it.
+    """
+    on = 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout) and m.p > 0:
+            m.p, on = 0.0, on + 1
+        if isinstance(getattr(m, "attention_dropout", None), float) and m.attention_dropout > 0:
+            m.attention_dropout, on = 0.0, on + 1
+    return on
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """transformers' activation checkpointing of every decoder layer (non-reentrant), under its new name where the
+    installed version has it. The shared-prefix update keeps its cache under it (grpolab.models.shared_prefix)."""
+    from grpolab.models.shared_prefix import keep_cache_under_checkpointing
+
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    keep_cache_under_checkpointing(model)
+
+
+def cache_dir() -> Path:
+    """``$GRPOLAB_CACHE``, else ``$XDG_CACHE_HOME/grpolab``, else ``~/.cache/grpolab``."""
+    if os.environ.get("GRPOLAB_CACHE"):
+        return Path(os.environ["GRPOLAB_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "grpolab"
+
+
+def resolve_model_path(spec: str) -> Path:
+    """``builtin`` -> the shipped SFT warm start; anything else must be a model directory."""
+    if spec == BUILTIN:
+        if not (ASSET_DIR / "config.json").is_file():
+            raise FileNotFoundError(
+                f"the built-in warm start is missing from {ASSET_DIR}; regenerate it with "
+                f"`grpolab sft --out {ASSET_DIR}` (see grpolab/assets/arith-sft/README.md)"
+            )
+        return ASSET_DIR
+    path = Path(spec).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"--model {spec!r}: not a model directory (no config.json); use 'builtin', "
+            "'smollm2-135m-instruct', a local Hugging Face model directory or a .gguf file"
+        )
+    return path
+
+
+def load_policy(
+    spec: str,
+    dtype: torch.dtype | None = None,
+    *,
+    gguf_file: str = "",
+    chat: str = "auto",
+    few_shot: list[dict] | None = None,
+    device: torch.device | str = "cpu",
+) -> Policy:
+    """Model and tokenizer from ``spec`` (see :mod:`grpolab.models.loading`), the model on ``device``.
+
+    ``dtype`` None: :func:`grpolab.common.devices.default_dtype` of the device (bf16 on a capable GPU, else fp32); a model
+    object given to the Python API keeps its own dtype. Such an object is moved to ``device`` in place.
+    ``chat``: ``"auto"`` uses the chat template when the tokenizer has one (instruct models)
+    and the model is not the built-in one; ``"on"``/``"off"`` force it.
+    """
+    from grpolab.commands import objects
+    from grpolab.common.devices import default_dtype, prepare_device
+    from grpolab.models.attention import use_grouped_sdpa
+    from grpolab.models.loading import load_gguf, resolve_gguf
+
+    device = torch.device(device)
+    prepare_device(device)
+    live = objects.lookup(spec, "--model")  # a model object given to the Python API: itself, not a copy
+    gguf = None if spec == BUILTIN or live is not None else resolve_gguf(spec, gguf_file)
+    if live is not None:
+        model, tokenizer = live
+        model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+        source = spec
+    elif gguf is not None:
+        dtype = dtype or default_dtype(device)
+        model, tokenizer = load_gguf(*gguf, dtype=dtype)
+        source = str(gguf[0] / gguf[1])
+    else:
+        path = resolve_model_path(spec)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or default_dtype(device))
+        source = str(path)
+    model = _own_memory(model.to(device))
+    use_grouped_sdpa(model)  # grouped heads without copying the keys and values under a mask (CPU)
+    from grpolab.config.train import ConfigError
+
+    if chat not in ("auto", "on", "off"):
+        raise ConfigError(f"--chat must be auto, on or off, got {chat!r}")
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if chat == "on" and not has_template:
+        raise ConfigError(f"--chat on: the tokenizer of {source} has no chat template")
+    use_chat = has_template and (chat == "on" or (chat == "auto" and spec != BUILTIN))
+    return Policy(model=model, tokenizer=tokenizer, source=source, chat=use_chat, few_shot=list(few_shot or []))

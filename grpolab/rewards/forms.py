@@ -1,0 +1,138 @@
+"""The two forms a reward function comes in, told apart and made one.
+
+A reward function is any callable ``(completions: list[str], records: list[dict]) -> list[float]``; ``records``
+carry the ground truth. Functions written for TRL, ``(prompts, completions, **kwargs)`` with the record's fields as
+keyword arguments, are adapted to that form by :func:`from_trl` (:func:`reward_form` tells the two apart from the
+signature).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from grpolab.rewards.builtin import RewardFn, accuracy_reward
+
+ACCEPTED_FORMS = (
+    "grpolab's fn(completions, records) -> list[float] or TRL's fn(prompts, completions, **kwargs) -> list[float]"
+)
+
+
+def reward_form(fn: Callable) -> Literal["grpolab", "trl"]:
+    """Which calling convention ``fn`` follows, read from its signature.
+
+    - ``"grpolab"``: called as ``fn(completions, records)`` (two positional parameters;
+      a second one named ``records`` settles it).
+    - ``"trl"``: called with keywords, as TRL's GRPOTrainer does:
+      ``fn(prompts=..., completions=..., **record_fields)``; recognised by a parameter
+      named ``completions`` together with ``prompts`` or ``**kwargs``.
+
+    Raises ValueError naming the accepted forms when neither fits.
+    """
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: assume our own form
+        return "grpolab"
+    kinds = inspect.Parameter
+    positional = [p for p in params.values() if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+    var_kw = any(p.kind == kinds.VAR_KEYWORD for p in params.values())
+    var_pos = any(p.kind == kinds.VAR_POSITIONAL for p in params.values())
+    if len(positional) >= 2 and positional[1].name == "records":
+        return "grpolab"
+    by_keyword = {p.name for p in params.values() if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)}
+    if "completions" in by_keyword and ("prompts" in by_keyword or var_kw):
+        return "trl"
+    required = [p for p in positional if p.default is p.empty]
+    if (len(positional) >= 2 or var_pos) and len(required) <= 2:
+        return "grpolab"
+    raise ValueError(f"its signature {inspect.signature(fn)} fits neither accepted form: {ACCEPTED_FORMS}")
+
+
+def from_trl(fn: Callable, prompt_of: Callable[[dict], Any], chat: bool) -> RewardFn:
+    """A TRL-convention reward function as a grpolab one.
+
+    It is called as TRL calls it: ``fn(prompts=..., completions=..., **fields)`` where
+    every field of the records (``ground_truth``, ``answer``, your dataset's columns) is
+    a keyword argument holding one value per completion. For chat runs, prompts are the
+    message lists the model saw and completions ``[{"role": "assistant", "content": text}]``
+    (TRL's conversational format); otherwise both are plain strings. A ``None`` in the
+    result means "does not apply" in TRL and counts as 0 here, not as an error.
+    """
+    reserved = {"prompts", "completions", "prompt"}  # the prompt column arrives as ``prompts``, as in TRL
+
+    def reward(completions: list[str], records: list[dict], conversations: list | None = None) -> list[float]:
+        if conversations is not None:  # episodes: the opening messages, and every message after them
+            prompts = [opening for opening, _ in conversations]
+            if chat:
+                completions = [list(rest) for _, rest in conversations]
+        else:
+            prompts = [prompt_of(r) for r in records]
+            if chat:
+                completions = [[{"role": "assistant", "content": c}] for c in completions]
+        keys = [k for k in dict.fromkeys(k for r in records for k in r) if k not in reserved]
+        fields = {k: [r.get(k) for r in records] for k in keys}
+        values = fn(prompts=prompts, completions=completions, **fields)
+        return [0.0 if v is None else v for v in values]
+
+    reward.__name__ = getattr(fn, "__name__", "reward")
+    reward.takes_conversations = True
+    reward.columns = getattr(fn, "columns", None)
+    if reward.columns is None:
+        reward.columns = declared_columns(fn)
+    if callable(getattr(fn, "pop_counts", None)):
+        reward.pop_counts = fn.pop_counts
+    return reward
+
+
+# Parameters TRL itself passes to a reward function: not data columns.
+TRL_ARGUMENTS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"}
+
+
+def declared_columns(fn: Callable) -> list[str]:
+    """The data columns a TRL-form reward function asks for by name (parameters without a default)."""
+    kinds = inspect.Parameter
+    params = inspect.signature(fn).parameters.values()
+    return [
+        p.name
+        for p in params
+        if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
+        and p.default is p.empty
+        and p.name not in TRL_ARGUMENTS
+    ]
+
+
+def check_columns(reward_fns: Sequence[tuple[str, RewardFn, float]], records: list[dict], source: str) -> None:
+    """A ConfigError naming the function and the column when a reward needs a column the records lack: a TRL-form
+    function's named parameters, the built-in accuracy reward's ``ground_truth``."""
+    from grpolab.config.train import ConfigError
+
+    columns = list(dict.fromkeys(k for r in records for k in r))
+    for name, fn, _ in reward_fns:
+        missing = [c for c in getattr(fn, "columns", ()) if c not in columns]
+        if not missing:
+            continue
+        what = (
+            "the built-in accuracy reward needs"
+            if fn is accuracy_reward
+            else f"--reward-fn {name} declares the column(s)"
+        )
+        raise ConfigError(
+            f"{what} {', '.join(map(repr, missing))}, which {source} lacks (columns: {', '.join(columns)})"
+            + ("; pass --reward-fn" if fn is accuracy_reward else "")
+        )
+
+
+def load_reward_fn(path: str) -> RewardFn:
+    """Import ``"package.module:function"``; a clear error when it is not there."""
+    from grpolab.common.loader import load_object
+    from grpolab.config.train import ConfigError  # a ValueError: the CLI prints it as one line, not a traceback
+
+    fn = load_object(path, "--reward-fn", "function")
+    if not callable(fn):
+        raise ConfigError(f"--reward-fn: {path!r} is not callable")
+    try:
+        reward_form(fn)
+    except ValueError as e:
+        raise ConfigError(f"--reward-fn {path}: {e}") from None
+    return fn

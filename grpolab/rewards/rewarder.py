@@ -1,0 +1,195 @@
+"""A run's reward: its reward functions, weighted, run so that one that raises or returns a non-finite value costs
+only the rollouts it failed on (reward 0, counted in ``errors``), never the run; plus DAPO's overlong penalty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+from grpolab.commands import objects
+from grpolab.data.records import prompt_of as prompt_of_record
+from grpolab.rewards.builtin import accuracy_reward, default_reward_fns, format_reward, overlong_penalty
+from grpolab.rewards.forms import RewardFn, from_trl, load_reward_fn, reward_form
+
+# Metric names a reward function's own ``reward/<name>`` must not overwrite.
+_RESERVED = {"mean", "std", "group_std_mean", "frac_zero_std", "accuracy", "format", "errors"}
+
+
+def reward_functions(
+    paths: Sequence[str],
+    weights: Sequence[float],
+    format_weight: float,
+    prompt_of: Callable[[dict], Any] = prompt_of_record,
+    chat: bool = False,
+    episodes: bool = False,
+) -> list[tuple[str, RewardFn, float]]:
+    """The ``(name, fn, weight)`` a run scores with.
+
+    No ``paths``: :func:`default_reward_fns` (``accuracy + format_weight * format``).
+    Otherwise the functions at ``paths`` replace the accuracy reward: ``r = sum_i w_i f_i
+    + format_weight * format`` (weights default to 1). Each is named by its function name
+    (made unique; never one of the built-in metric names, except ``accuracy`` for the first),
+    and the first plays the accuracy reward's part in ``reward/accuracy``.
+    ``episodes`` (an environment task): the functions at ``paths`` only, no default and no format reward (the
+    environment's own rewards add to theirs).
+    """
+    from grpolab.config.train import ConfigError
+
+    if isinstance(paths, str):  # one path given as a string (the API; the CLI gives a tuple)
+        paths = (paths,) if paths else ()
+    if not paths:
+        return [] if episodes else default_reward_fns(format_weight)
+    weights = list(weights) or [1.0] * len(paths)
+    if len(weights) != len(paths):
+        raise ConfigError(f"--reward-weights: {len(weights)} weight(s) for {len(paths)} --reward-fn")
+    out: list[tuple[str, RewardFn, float]] = []
+    taken: set[str] = set()
+    for i, (path, w) in enumerate(zip(paths, weights)):
+        fn = load_reward_fn(path)
+        if reward_form(fn) == "trl":
+            fn = from_trl(fn, prompt_of, chat)
+        base = objects.object_name(path)
+        name, k = base, 2
+        while name in taken or (name in _RESERVED and not (i == 0 and name == "accuracy")):
+            name, k = f"{base}_{k}", k + 1
+        taken.add(name)
+        out.append((name, fn, float(w)))
+    return out if episodes else out + [("format", format_reward, format_weight)]
+
+
+def eval_reward(
+    cfg, prompt_of: Callable[[dict], Any], chat: bool, reward_fns: Sequence[tuple[str, RewardFn, float]] = ()
+) -> tuple[str, RewardFn]:
+    """``(name, fn)`` of the reward whose mean is a run's held-out accuracy: ``--eval-reward-fn``; for prompt data
+    (no built-in answer check) the first ``--reward-fn``; otherwise the built-in accuracy reward. ``reward_fns``: the
+    run's, when already loaded; a function is only loaded when it is the one needed. An environment task without
+    either has ``("env", None)``: its episodes' return, as a share of the environment's ``max_return``."""
+    if cfg.eval_reward_fn:
+        paths = (cfg.eval_reward_fn,)
+    elif (cfg.format == "prompt" or cfg.multi_turn) and cfg.reward_fn:
+        if reward_fns:
+            return reward_fns[0][0], reward_fns[0][1]
+        paths = tuple(cfg.reward_fn)[:1]
+    elif cfg.multi_turn:
+        return "env", None
+    else:
+        return "accuracy", accuracy_reward
+    name, fn, _ = reward_functions(paths, (), 0.0, prompt_of=prompt_of, chat=chat)[0]
+    return name, fn
+
+
+class Scores(NamedTuple):
+    total: torch.Tensor
+    """``[N]`` weighted sum of the components."""
+    components: dict[str, torch.Tensor]
+    """name -> ``[N]`` unweighted values (0 where the function failed)."""
+    errors: int
+    """Number of (rollout, function) evaluations that raised or were non-finite."""
+    counts: dict[str, float] = {}
+    """What reward functions counted while scoring (their ``pop_counts()``, e.g. the code reward's outcomes)."""
+
+
+def _call_safely(
+    fn: RewardFn, completions: list[str], records: list[dict], conversations: list | None = None
+) -> tuple[list[float], int]:
+    """Values of ``fn``, with failures replaced by 0 and counted.
+
+    The whole batch is tried first (cheap); if it raises or has the wrong length,
+    each rollout is scored alone so only the failing ones lose their reward.
+    ``conversations`` (episodes): each rollout's (opening messages, messages after them), for the functions that
+    take them (TRL's form: its ``prompts`` and, for chat runs, ``completions``).
+    """
+    n = len(completions)
+    takes = conversations is not None and getattr(fn, "takes_conversations", False)
+
+    def call(idx: list[int]) -> list:
+        args = ([completions[i] for i in idx], [records[i] for i in idx])
+        return fn(*args, conversations=[conversations[i] for i in idx]) if takes else fn(*args)
+
+    try:
+        values = [float(v) for v in call(list(range(n)))]
+        if len(values) != n:
+            raise ValueError(f"returned {len(values)} values for {n} completions")
+    except Exception:
+        values = []
+        for i in range(n):
+            try:
+                (v,) = call([i])
+                values.append(float(v))
+            except Exception:
+                values.append(math.nan)
+    errors = sum(1 for v in values if not math.isfinite(v))
+    return [v if math.isfinite(v) else 0.0 for v in values], errors
+
+
+def score(
+    completions: list[str],
+    records: list[dict],
+    reward_fns: Sequence[tuple[str, RewardFn, float]],
+    conversations: list | None = None,
+) -> Scores:
+    """Score ``N`` completions with weighted reward functions ``(name, fn, weight)`` (``conversations``: see
+    :func:`_call_safely`)."""
+    total = torch.zeros(len(completions))
+    components: dict[str, torch.Tensor] = {}
+    errors = 0
+    counts: dict[str, float] = {}
+    for name, fn, weight in reward_fns:
+        pop = getattr(fn, "pop_counts", None)
+        if callable(pop):
+            pop()  # counted outside a score (an evaluation's): not this call's
+        values, err = _call_safely(fn, completions, records, conversations)
+        components[name] = torch.tensor(values, dtype=torch.float32)
+        total += weight * components[name]
+        errors += err
+        if callable(pop):
+            for k, v in pop().items():
+                counts[k] = counts.get(k, 0) + v
+    return Scores(total, components, errors, counts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rewarder:
+    """A run's reward: the weighted reward functions, plus DAPO's overlong penalty as one more component
+    (``overlong``) when ``overlong_buffer`` > 0."""
+
+    reward_fns: Sequence[tuple[str, RewardFn, float]]
+    max_new_tokens: int = 0
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+
+    @property
+    def names(self) -> list[str]:
+        """Component names; the first plays the accuracy reward's part (``reward/accuracy``)."""
+        return [name for name, _, _ in self.reward_fns] + (["overlong"] if self.overlong_buffer else [])
+
+    def __call__(
+        self, completions: list[str], records: list[dict], lengths: torch.Tensor, conversations: list | None = None
+    ) -> Scores:
+        """Scores of ``N`` completions of ``lengths`` ``[N]`` tokens (``conversations``: episodes', see
+        :func:`_call_safely`)."""
+        scores = score(completions, records, self.reward_fns, conversations)
+        if not self.overlong_buffer:
+            return scores
+        pen = overlong_penalty(lengths, self.max_new_tokens, self.overlong_buffer, self.overlong_penalty)
+        return Scores(scores.total + pen, {**scores.components, "overlong": pen}, scores.errors, scores.counts)
+
+
+def rewarder_for(cfg, policy) -> Rewarder:
+    """A run's reward from its config (a resolved :class:`grpolab.config.train.TrainConfig`): its ``--reward-fn``
+    functions and weights (TRL-form ones see prompts as ``policy`` shows them), the format reward and DAPO's
+    overlong penalty. Training and the gradient probes both score with it."""
+    fns = reward_functions(
+        cfg.reward_fn,
+        cfg.reward_weights,
+        cfg.format_weight,
+        chat=policy.chat,
+        prompt_of=policy.shown_prompt,
+        episodes=cfg.multi_turn,
+    )
+    return Rewarder(fns, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty)

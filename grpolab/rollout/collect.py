@@ -1,0 +1,331 @@
+"""Collect a step's rollouts under a sampling mode (``grpolab.algo.group_budget`` says how many of which).
+
+Rollout ``g`` of the step's prompt ``b`` always draws from the stream keyed
+``(streams.ROLLOUT, seed, step, b, g)``, whatever the mode: prompts are numbered across the
+step's rounds (round 1 holds 0..B-1, round 2 continues from B), and an adaptive prompt's
+pilot is its rollouts 0..n0-1. So ``fixed`` draws exactly what it always drew, an
+``adaptive`` group is a prefix of a longer fixed group, and nothing depends on the number
+of processes: each rank samples a contiguous block of each round's prompts
+(:meth:`World.split`) and the keep/allocate decisions are taken on the gathered rewards,
+identically on every rank.
+
+The collector is given its collaborators, not the trainer: a rollout engine that generates
+(``grpolab.rollout.engine``), the task's prompt sampler, the policy's prompt formatting and tokenizer,
+the reward, the process world, the settings it needs, and an episode runner (``grpolab.rollout.episodes``)
+that plays each rollout: a single-turn completion, or an episode of an environment, whose later
+replies draw from ``(streams.TURN, *the rollout's key, turn)``. Any of them can be replaced, e.g. a
+second rollout engine, or a stand-in engine or environment in a test. What a sampling call holds is a
+:class:`grpolab.rollout.rows.Rows`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from grpolab.algo.group_budget import allocate_group_sizes, next_round_size
+from grpolab.algo.groups import has_variance, offsets, varies
+from grpolab.common import distributed as dist_
+from grpolab.common import streams
+from grpolab.common.distributed import SINGLE, World
+from grpolab.models.policy import Policy
+from grpolab.rewards.rewarder import Rewarder, Scores
+from grpolab.rollout.engine import RolloutEngine, SamplingSettings
+from grpolab.rollout.episodes import EpisodeRunner, episode_facts, max_return, policy_tokens
+from grpolab.rollout.rows import (
+    Rows,
+    entropy_sums,
+    episode_rows_of,
+    rollout_lengths,
+    sum_counts,
+    take_rows,
+    truncated_flags,
+)
+
+
+@dataclasses.dataclass
+class Groups:
+    """This rank's groups that enter the update; the rows of group k are contiguous in ``rows``, in order."""
+
+    prompt: list[int]  # the step's prompt index of each group (global, numbered across rounds)
+    records: list[dict]
+    sizes: list[int]
+    rows: Rows
+
+
+@dataclasses.dataclass
+class StepRollouts:
+    groups: Groups
+    prompts: list[int]
+    """Every group entering the update (all ranks), in prompt order: its prompt index ..."""
+    rewards: list[list[float]]
+    """... and its rollouts' rewards."""
+    generated: dict
+    """Every rollout generated this step (all ranks): per-rollout lists ``reward``, ``accuracy``, ``format``,
+    ``length``, ``truncated``; ``errors`` (reward-function failures); ``counts`` (what reward functions counted,
+    summed: the code reward's outcomes); ``zero_std`` (share of drawn groups
+    whose rewards were all equal)."""
+    rounds: int
+    short: bool
+    """filter: fewer than B groups with variance after the last round."""
+    time_generate: float
+    time_score: float
+
+    @property
+    def positions(self) -> dict[int, int]:
+        """prompt index -> its group's place among the update's groups."""
+        return {b: k for k, b in enumerate(self.prompts)}
+
+
+def sample_and_score(
+    runner: EpisodeRunner, reward: Rewarder, records: list[dict], keys: list[tuple], settings: SamplingSettings, device
+) -> tuple[Rows, float, float]:
+    """The one way rollouts are drawn and scored: ``runner`` plays ``records`` (row n from ``keys[n]``) through its
+    rollout engine (and an environment task's environment), and ``reward`` scores them. Training's collector and the
+    gradient probes both call this. Returns the rows (on ``device``) and the (generation, scoring) seconds."""
+    if not records:
+        empty = Rows(None, [], reward([], [], torch.zeros(0, dtype=torch.long)))
+        return (dataclasses.replace(empty, episodes=[], row_counts=[]) if runner.multi_turn else empty), 0, 0
+    t0 = time.perf_counter()
+    episodes = runner.play(records, keys, settings)
+    t1 = time.perf_counter()
+    rows = episode_rows_of(episodes, runner.multi_turn, runner.policy.pad_id, device)
+    rows.scores = score_rows(reward, rows, records)
+    return rows, t1 - t0, time.perf_counter() - t1
+
+
+def score_rows(reward: Rewarder, rows: Rows, records: list[dict]) -> Scores:
+    """The rollouts' rewards: the reward functions on each completion; an episode's also on its conversation,
+    plus the environment's return (component ``env``)."""
+    if rows.episodes is None:
+        return reward(rows.texts, records, rows.batch.completion_mask.sum(1).cpu())
+    scores = final_scores(reward, rows.episodes, records)
+    returns = torch.tensor([sum(e.rewards) for e in rows.episodes], dtype=torch.float32)
+    return Scores(scores.total + returns, {"env": returns, **scores.components}, scores.errors, scores.counts)
+
+
+def final_scores(reward: Rewarder, episodes: list, recs: list[dict] | None = None) -> Scores:
+    """The reward functions on each episode's final conversation (its last reply the completion); each
+    episode's ``final_reward`` is set to their weighted sum."""
+    recs = [e.record for e in episodes] if recs is None else recs
+    lengths = torch.tensor([policy_tokens(e) for e in episodes])
+    conversations = [(e.messages[: e.opening], e.messages[e.opening :]) for e in episodes]
+    scores = reward([e.text for e in episodes], recs, lengths, conversations)
+    for e, total in zip(episodes, scores.total.tolist()):
+        e.final_reward = total
+    return scores
+
+
+def merge_generated(parts: list[dict]) -> dict:
+    """Per-rollout lists concatenated; ``errors`` summed; ``counts`` (reward functions' own) summed key by key."""
+    return {
+        k: (
+            sum(p[k] for p in parts)
+            if k == "errors"
+            else sum_counts([p[k] for p in parts])
+            if k == "counts"
+            else [x for p in parts for x in p[k]]
+        )
+        for k in parts[0]
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectSettings:
+    """What the collector needs of a run's configuration."""
+
+    mode: str
+    """--sampling: fixed, filter or adaptive (``grpolab.algo.group_budget``)."""
+    prompts_per_step: int
+    group_size: int
+    seed: int
+    sampling: SamplingSettings
+    max_sampling_rounds: int = 3
+    pilot_size: int = 4
+    max_group_size: int = 0
+    """adaptive: the largest group; 0 = 4 G."""
+
+    @classmethod
+    def from_config(cls, cfg) -> CollectSettings:
+        """From a resolved :class:`grpolab.config.train.TrainConfig`."""
+        return cls(
+            cfg.sampling,
+            cfg.prompts_per_step,
+            cfg.group_size,
+            cfg.seed,
+            SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.ignore_eos),
+            cfg.max_sampling_rounds,
+            cfg.pilot_size,
+            cfg.max_group_size,
+        )
+
+
+class Collector:
+    """Samples and scores a step's rollouts.
+
+    ``engine`` generates; ``sampler`` draws the step's task records (``draw(step, n, round=...)``);
+    ``policy`` formats a record as prompt token ids and decodes completions (its model is not used
+    here); ``reward`` scores completions; ``world`` splits prompts over processes; ``status`` is told
+    what is being done (a progress bar's status line).
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        sampler,
+        policy: Policy,
+        reward: Rewarder,
+        settings: CollectSettings,
+        world: World = SINGLE,
+        status=lambda text: None,
+        runner: EpisodeRunner | None = None,
+    ):
+        """``runner``: plays each rollout as an episode of an environment (default: single-turn rollouts)."""
+        self.sampler, self.policy, self.reward = sampler, policy, reward
+        self.settings, self.world, self.status = settings, world, status
+        self.runner = runner if runner is not None else EpisodeRunner(engine, policy)
+        self.engine = engine
+
+    @property
+    def engine(self) -> RolloutEngine:
+        """The rollout engine, the runner's (set one, and the runner generates with it)."""
+        return self.runner.engine
+
+    @engine.setter
+    def engine(self, engine: RolloutEngine) -> None:
+        self.runner.engine = engine
+
+    # ------------------------------------------------------------------ one sampling call
+    def _generate(self, step: int, items: list[tuple[int, dict, range]]) -> tuple[Rows, float, float]:
+        """Rollouts ``g in gs`` of prompts ``(b, record, gs)``; returns the rows and (generation, scoring) seconds."""
+        recs = [rec for _, rec, gs in items for _ in gs]
+        seed = self.settings.seed
+        keys = [(streams.ROLLOUT, seed, step, b, g) for b, _, gs in items for g in gs]  # global b: P-independent
+        return sample_and_score(self.runner, self.reward, recs, keys, self.settings.sampling, self.engine_device)
+
+    @property
+    def engine_device(self):
+        return getattr(self.engine, "device", None) or next(self.policy.model.parameters()).device
+
+    def final_scores(self, episodes: list, recs: list[dict] | None = None) -> Scores:
+        """:func:`final_scores` with the run's reward."""
+        return final_scores(self.reward, episodes, recs)
+
+    def _per_rollout(self, rows: Rows) -> dict:
+        """Per-rollout lists for the step's metrics (every rank's are gathered)."""
+        b = rows.batch
+        comp = rows.scores.components
+        names = self.reward.names  # the first is the accuracy reward (grpolab.rewards.rewarder)
+        out = {
+            "reward": rows.scores.total.tolist(),
+            "accuracy": self._accuracy(rows).tolist(),
+            **({"format": comp["format"].tolist()} if "format" in comp else {}),
+            **{f"reward/{n}": comp[n].tolist() for n in names if n not in ("accuracy", "format")},
+            "entropy_sum": entropy_sums(rows) if rows.entropy is not None and b is not None else [],
+            "length": rollout_lengths(rows),
+            "truncated": truncated_flags(rows, self.policy.eos_id),
+            "errors": rows.scores.errors,
+            "counts": rows.scores.counts,
+        }
+        if rows.episodes is not None:
+            out["reward/env"] = comp["env"].tolist()  # the environment's return
+            out.update(episode_facts(rows.episodes))
+        return out
+
+    def _accuracy(self, rows: Rows) -> torch.Tensor:
+        """``[n]`` each rollout's accuracy: the first reward function's value; for an environment task without
+        reward functions, the return as a share of the environment's ``max_return``."""
+        names = self.reward.names
+        if names:
+            return rows.scores.components[names[0]]
+        best = torch.tensor([max_return(e.env) for e in rows.episodes], dtype=torch.float32)
+        return rows.scores.components["env"] / best
+
+    def _gather(self, local: dict) -> dict:
+        """Per-rollout lists of every rank, concatenated in rank order (= prompt order within a call)."""
+        return merge_generated(dist_.gather(local, self.world))
+
+    # ------------------------------------------------------------------ the modes
+    def collect(self, step: int) -> StepRollouts:
+        mode = self.settings.mode
+        return self._adaptive(step) if mode == "adaptive" else self._rounds(step, filtering=mode == "filter")
+
+    def _rounds(self, step: int, filtering: bool) -> StepRollouts:
+        """fixed (one round, every group kept) and filter (rounds until B groups with variance)."""
+        s, world = self.settings, self.world
+        B, G = s.prompts_per_step, s.group_size
+        parts: list[Rows] = []
+        mine_groups: list[tuple[int, dict, int, int]] = []  # (prompt, record, part, first row) of this rank's groups
+        kept: list[tuple[int, list[float]]] = []  # (prompt, rewards) of every kept group, all ranks
+        generated: dict = {}
+        zero_groups = drawn = rounds = 0
+        t_gen = t_score = 0.0
+        while True:
+            n = B if rounds == 0 else next_round_size(B, len(kept), drawn)
+            if n == 0 or rounds == (s.max_sampling_rounds if filtering else 1):
+                break
+            recs = self.sampler.draw(step, n, round=rounds)  # round 0: the step's usual draw
+            mine = world.split(n)
+            self.status(f"step {step}: sampling {n * G} rollouts" + (f" (round {rounds + 1})" if rounds else ""))
+            rows, tg, ts = self._generate(step, [(drawn + b, recs[b], range(G)) for b in mine])
+            t_gen, t_score = t_gen + tg, t_score + ts
+            parts.append(rows)
+            mine_groups += [(drawn + b, recs[b], len(parts) - 1, i * G) for i, b in enumerate(mine)]
+            whole = self._gather(self._per_rollout(rows))
+            generated = merge_generated([generated, whole]) if generated else whole
+            rewards = torch.tensor(whole["reward"]).view(n, G)  # [n, G], this round's, every rank's
+            var = has_variance(rewards)
+            zero_groups += int((~var).sum())
+            kept += [(drawn + b, rewards[b].tolist()) for b in range(n) if var[b] or not filtering]
+            drawn += n
+            rounds += 1
+        kept = kept[:B]
+        keep_prompts = {b for b, _ in kept}
+        order, prompt, records = [], [], []
+        for b, rec, part, first in mine_groups:
+            if b in keep_prompts:
+                prompt.append(b)
+                records.append(rec)
+                order += [(part, first + g) for g in range(G)]
+        rows = take_rows(parts, order, self.policy.pad_id)
+        generated["zero_std"] = zero_groups / drawn
+        return StepRollouts(
+            Groups(prompt, records, [G] * len(prompt), rows),
+            [b for b, _ in kept],
+            [r for _, r in kept],
+            generated,
+            rounds,
+            filtering and len(kept) < B,
+            t_gen,
+            t_score,
+        )
+
+    def _adaptive(self, step: int) -> StepRollouts:
+        """A pilot of n0 rollouts per prompt, then the rest of the budget B G where it lowers the error most."""
+        s, world = self.settings, self.world
+        B, G, n0 = s.prompts_per_step, s.group_size, s.pilot_size
+        recs = self.sampler.draw(step, B)
+        mine = world.split(B)
+        self.status(f"step {step}: sampling the pilot ({B * n0} rollouts)")
+        pilot, tg1, ts1 = self._generate(step, [(b, recs[b], range(n0)) for b in mine])
+        whole = self._gather(self._per_rollout(pilot))
+        pilot_rewards = torch.tensor(whole["reward"]).view(B, n0).tolist()
+        sizes = allocate_group_sizes(pilot_rewards, B * G, s.max_group_size or 4 * G)
+        self.status(f"step {step}: sampling {B * G - B * n0} more rollouts (groups of {min(sizes)}-{max(sizes)})")
+        extra, tg2, ts2 = self._generate(step, [(b, recs[b], range(n0, sizes[b])) for b in mine])
+        whole_extra = self._gather(self._per_rollout(extra))
+        # Every rank's extras in prompt order: prompt b's are the (sizes[b] - n0) after those of prompts < b.
+        e_start = offsets([n - n0 for n in sizes])
+        rewards = [pilot_rewards[b] + whole_extra["reward"][e_start[b] : e_start[b + 1]] for b in range(B)]
+        generated = merge_generated([whole, whole_extra])
+        generated["zero_std"] = sum(not varies(r) for r in rewards) / B
+        # This rank's rows, group by group: its pilot rows (part 0), then its extra rows (part 1).
+        mine_extra = offsets([sizes[b] - n0 for b in mine])
+        order = []
+        for i, b in enumerate(mine):
+            order += [(0, i * n0 + g) for g in range(n0)] + [(1, mine_extra[i] + g) for g in range(sizes[b] - n0)]
+        rows = take_rows([pilot, extra], order, self.policy.pad_id)
+        groups = Groups(list(mine), [recs[b] for b in mine], [sizes[b] for b in mine], rows)
+        return StepRollouts(groups, list(range(B)), rewards, generated, 2, False, tg1 + tg2, ts1 + ts2)

@@ -1,0 +1,110 @@
+"""Rollout engines: what turns prompts into sampled completions for the trainer's collector.
+
+The collector (``grpolab.rollout.collect``) decides *which* rollouts a step needs and scores them; an
+engine only generates them. It is given token ids, one rollout key per row and the sampling
+settings, and returns the completions with what the sampler saw at each token (its log-prob
+and the entropy of its distribution). After each optimizer step the trainer calls
+:meth:`RolloutEngine.weights_changed`, so an engine that keeps its own copy of the weights
+can refresh it.
+
+Contract (what the trainer's reproducibility rests on): row n's completion depends only on the
+prompt, the policy's weights and ``keys[n]``, never on the other rows of the call, so a rollout
+is the same whichever batch or process produced it.
+
+:class:`HFEngine` is grpolab's own sampler (``grpolab.rollout.sampler``) over the policy's live
+transformers weights: it needs no sync. :class:`grpolab.rollout.vllm_engine.VLLMEngine` is vLLM on a copy of
+them, pushed at each ``weights_changed``. :func:`build_engine` makes the one ``--rollout-engine`` names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from grpolab.rollout.sampler import Sampled, SamplingSettings, sample_with_stats
+
+__all__ = ["HFEngine", "RolloutEngine", "SamplingSettings", "build_engine", "vllm_missing"]
+
+
+class RolloutEngine(Protocol):
+    """Generates rollouts for the collector."""
+
+    def generate(self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings) -> Sampled:
+        """One completion per prompt (a group repeats its prompt G times); ``keys[n]`` seeds row n.
+
+        Returns the batch ``[N, ...]`` with the sampler's log-probs and entropies ``[N, T]`` (0 on padding)."""
+        ...
+
+    def weights_changed(self) -> None:
+        """The policy's weights were updated: generate from the new ones from now on."""
+        ...
+
+
+class HFEngine:
+    """grpolab's sampler (:func:`grpolab.rollout.sampler.sample_with_stats`) on the policy's own transformers model.
+
+    ``full_weights``: a context inside which every parameter is whole on this process (FSDP gathers its
+    shards there; ``grpolab.training.forward.TrainModule.full_weights``). The model samples in eval mode
+    and is put back in the mode it was in afterwards.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        eos_id: int,
+        pad_id: int,
+        full_weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    ):
+        self.model, self.eos_id, self.pad_id, self.full_weights = model, eos_id, pad_id, full_weights
+
+    def generate(self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings) -> Sampled:
+        was_training = self.model.training
+        self.model.eval()
+        with self.full_weights():
+            out = sample_with_stats(
+                self.model,
+                prompts,
+                keys,
+                max_new_tokens=settings.max_new_tokens,
+                temperature=settings.temperature,
+                top_p=settings.top_p,
+                eos_id=-1 if settings.ignore_eos else self.eos_id,  # no token is -1: no row stops early
+                pad_id=self.pad_id,
+            )
+        self.model.train(was_training)
+        return out
+
+    def weights_changed(self) -> None:
+        """Nothing to do: it samples from the live weights."""
+
+
+def vllm_missing() -> str:
+    """Why the vllm engine cannot run here ('' when it can): vLLM is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        from grpolab.rollout.vllm_engine import INSTALL_HINT
+
+        return INSTALL_HINT
+    return ""
+
+
+def build_engine(cfg, policy, full_weights=contextlib.nullcontext) -> RolloutEngine:
+    """The rollout engine ``cfg.rollout_engine`` names, over ``policy``'s model (a resolved, validated config)."""
+    if cfg.rollout_engine == "hf":
+        return HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id, full_weights=full_weights)
+    from grpolab.rollout.vllm_engine import VLLMEngine, VLLMSettings
+
+    settings = VLLMSettings(cfg.vllm_max_len, not cfg.vllm_compile, cfg.vllm_memory, cfg.vllm_sleep)
+    return VLLMEngine(
+        policy.model,
+        eos_id=policy.eos_id,
+        pad_id=policy.pad_id,
+        seed=cfg.seed,
+        settings=settings,
+        full_weights=full_weights,
+    )

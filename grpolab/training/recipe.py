@@ -1,0 +1,350 @@
+"""A training run around the steps: ``setup()`` -> ``train()`` -> ``cleanup()``, and :func:`train`, which runs one.
+
+Set-up, in named steps whose order matters:
+
+1. the config, resolved for the model and validated once, and the process group (under torchrun);
+2. the run directory: checked (a new run) or read (``--resume``: the saved config, the newest
+   intact checkpoint), before rank 0 writes anything;
+3. the trainer, with the checkpoint's weights and the run's original KL reference on resume;
+4. the training state: on resume the optimizer, schedule and random state and the truncated logs,
+   otherwise ``config.json``;
+5. the metrics logger (rank 0).
+
+``train()`` then runs the steps with evaluations, logs and checkpoints; SIGTERM/SIGINT finish the
+current step, save it and stop (:class:`TrainingInterrupted`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+from grpolab.commands import objects
+from grpolab.common import distributed as dist_
+from grpolab.common.progress import progress_bar
+from grpolab.config.train import ConfigError, TrainConfig
+from grpolab.models import checkpoint
+from grpolab.models.policy import load_policy
+from grpolab.training.runlog import RunLogger, git_revision, truncate_jsonl
+from grpolab.training.trainer import GRPOTrainer
+
+# Fields a resumed run must share with the run it continues (with their default for runs saved before they existed).
+RESUME_MUST_MATCH = {
+    "seed": None,
+    "prompts_per_step": None,
+    "group_size": None,
+    "estimator": None,
+    "aggregation": None,
+    "model": None,
+    "sampling": "fixed",
+}
+
+
+class TrainingInterrupted(Exception):
+    """SIGTERM or SIGINT stopped the run after a finished step, whose checkpoint was written."""
+
+    def __init__(self, signum: int, step: int, path: Path):
+        self.signum, self.step, self.path = signum, step, path
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint {path}")
+
+
+class StopSignals:
+    """While training: the first SIGTERM/SIGINT asks the loop to stop after the current step; a second one
+    exits at once (the signal's default action). Handlers are only installed in the main thread."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signum = 0
+        self._old: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum:  # the second signal: no more waiting
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.signum = signum
+        print(
+            f"\n{signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
+            "(send it again to exit at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+class TrainRecipe:
+    """One training run. Under torchrun (``WORLD_SIZE`` > 1) this process trains its share; rank 0 alone
+    logs, writes metrics, samples and checkpoints."""
+
+    def __init__(self, cfg: TrainConfig, log=print):
+        self.requested, self.log = cfg, log
+        self.logger: RunLogger | None = None
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        self._setup_world()
+        self._setup_run_dir()
+        dist_.barrier(self.world)  # every rank has checked the directory before rank 0 writes to it
+        self._setup_trainer()
+        self._setup_state()
+        self._setup_logging()
+
+    def _setup_world(self) -> None:
+        """The config, with the model's defaults filled in (as recorded in config.json), validated once for the
+        process count; then the process group."""
+        self.cfg = self.requested.checked(dist_.env_world_size())
+        self.world = dist_.init(self.cfg.device)
+        if not self.world.is_main:
+            self.log = _quiet
+
+    def _setup_run_dir(self) -> None:
+        """Check (and for a new run, create) the run directory; on --resume read its config and find the newest
+        *intact* checkpoint (a damaged newer one is named in a warning and skipped).
+
+        Only reads and ``mkdir``: every rank runs it before rank 0 writes anything.
+        """
+        cfg = self.cfg
+        self.out, self.start, self.ckpt, self.saved = Path(cfg.out), 0, None, None
+        if cfg.resume:
+            self.saved = _read_resumable(self.out, cfg)
+            try:
+                self.start, self.ckpt = checkpoint.newest_intact(self.out, warn=self.log)
+            except checkpoint.CheckpointError as e:
+                raise ConfigError(f"--resume: {e}") from None
+            return
+        metrics = self.out / "metrics.jsonl"
+        if metrics.exists() and metrics.stat().st_size > 0:
+            raise ConfigError(
+                f"--out {self.out}: already holds a run; pass --resume to continue it or choose another directory"
+            )
+        self.out.mkdir(parents=True, exist_ok=True)
+
+    def _setup_trainer(self) -> None:
+        """On resume the weights come from the checkpoint (with LoRA: the base as configured, the adapter from the
+        checkpoint), and the KL reference is the run's *starting* model, not the checkpoint."""
+        cfg, ckpt, adapter_from, reference = self.cfg, self.ckpt, None, None
+        live = objects.lookup(cfg.model, "--model")  # a model object given to the Python API
+        fingerprint = self.saved.get("model_fingerprint") if self.saved else None
+        if live is not None and ckpt is None:
+            fingerprint = objects.weights_fingerprint(live[0])  # its starting weights, for a resume to recognise
+        if ckpt is not None and cfg.lora_rank:
+            adapter_from = ckpt
+        elif ckpt is not None and live is not None:
+            reference = _resume_object(live[0], ckpt, fingerprint, cfg.beta, self.log)
+        elif ckpt is not None:
+            cfg = dataclasses.replace(cfg, model=str(ckpt), gguf_file="")
+            if cfg.beta > 0:
+                reference = _starting_model(self.saved)
+        self.trainer = GRPOTrainer(cfg, log=self.log, adapter_from=adapter_from, world=self.world, reference=reference)
+        # What config.json records: the run's own model (not a checkpoint it resumed from) and the process count.
+        model = self.saved["model"] if self.saved else cfg.model
+        self.config_dict = {**dataclasses.asdict(cfg), "model": model, "world_size": self.world.size}
+        if fingerprint is not None:
+            self.config_dict["model_fingerprint"] = fingerprint
+
+    def _setup_state(self) -> None:
+        """Resume: optimizer, schedule, random state, the rollout count, and the logs cut back to the checkpoint.
+        A new run: config.json."""
+        trainer, out = self.trainer, self.out
+        if self.ckpt is None:
+            if self.world.is_main:
+                (out / "config.json").write_text(
+                    json.dumps({**self.config_dict, "code_version": git_revision()}, indent=2)
+                )
+            return
+        state = checkpoint.load_training_state(
+            self.ckpt, trainer.optimizer, trainer.scheduler, model=trainer.policy.model
+        )
+        self.start = state["step"]
+        # Checkpoints written before --sampling existed: every step generated B*G rollouts.
+        trainer.rollouts_total = state.get("rollouts_total", self.start * self.cfg.rollouts_per_step)
+        if self.world.is_main:
+            for name in ("metrics.jsonl", "samples.jsonl", "rollouts.jsonl", "token_credit.jsonl"):
+                truncate_jsonl(out / name, self.start)
+        where = f" on {self.world.size} processes" if self.world.distributed else ""
+        self.log(f"resuming {out} from step {self.start}" + where)
+
+    def _setup_logging(self) -> None:
+        if self.world.is_main:
+            cfg = self.cfg
+            self.logger = RunLogger(
+                self.out, config=self.config_dict, tensorboard=cfg.tensorboard, wandb=cfg.wandb, warn=self.log
+            )
+
+    # ------------------------------------------------------------------ train
+    def train(self) -> Path:
+        """The steps from the first not yet run to --steps (or --max-rollouts); returns the run directory."""
+        cfg, trainer = self.cfg, self.trainer
+        bar_on = cfg.progress and self.world.is_main
+        with (
+            StopSignals() as stop,
+            progress_bar("step", cfg.steps, enabled=bar_on, start=self.start, every=cfg.log_every, unit="step") as bar,
+        ):
+            done = [self.start]  # the last finished step: what the bar counts while a step or evaluation runs
+            trainer.status = lambda text: bar.update(done[0], text)
+            if self.start == 0:
+                self._evaluate(0)
+            spent = self._budget_spent()  # resuming a run that reached --max-rollouts
+            for step in range(self.start + 1, (self.start if spent else cfg.steps) + 1):
+                metrics, last, saved = self._run_step(step)
+                done[0] = step
+                bar.update(step, _status_line(metrics), force="eval/accuracy_sampled" in metrics)
+                if last:
+                    if step < cfg.steps:
+                        self.log(
+                            f"--max-rollouts {cfg.max_rollouts}: {trainer.rollouts_total} rollouts generated "
+                            f"by step {step}; stopping"
+                        )
+                    break
+                self._stop_if_signalled(stop, step, saved)
+        return self.out
+
+    def _run_step(self, step: int) -> tuple[dict, bool, bool]:
+        """One step, with its evaluation, logs and checkpoint when due. Returns (metrics, last step?, saved?)."""
+        cfg = self.cfg
+        out_step = self.trainer.step(step)
+        metrics = out_step.metrics
+        # --max-rollouts: this step reached the budget, so it is the last one (evaluated and saved).
+        last = step == cfg.steps or self._budget_spent()
+        if (cfg.eval_every and step % cfg.eval_every == 0) or last:
+            metrics.update(self._evaluate(step, train_samples=out_step.samples, log_metrics=False))
+        if self.logger:
+            self.logger.log(step, metrics)
+            if out_step.rollouts is not None:
+                self.logger.log_rollouts(step, out_step.rollouts)
+            if out_step.token_credit is not None:
+                self.logger.log_token_credit(step, out_step.token_credit)
+        saved = bool((cfg.save_every and step % cfg.save_every == 0) or last)
+        if saved:
+            self.trainer.save(self.out, step)
+        return metrics, last, saved
+
+    def _evaluate(self, step: int, train_samples: list[dict] | None = None, log_metrics: bool = True) -> dict:
+        """Held-out evaluation at ``step``; its samples (and the step's training samples) go to samples.jsonl."""
+        metrics, examples = self.trainer.evaluate(step)
+        if self.logger:
+            if log_metrics:
+                self.logger.log(step, metrics)
+            if train_samples is not None:
+                self.logger.log_samples(step, [{"kind": "train", **s} for s in train_samples])
+            self.logger.log_samples(step, [{"kind": "eval", **e} for e in examples])
+        return metrics
+
+    def _budget_spent(self) -> bool:
+        cfg = self.cfg
+        return bool(cfg.max_rollouts and self.trainer.rollouts_total >= cfg.max_rollouts)
+
+    def _stop_if_signalled(self, stop: StopSignals, step: int, saved: bool) -> None:
+        """After a step: if any rank got SIGTERM/SIGINT, every rank saves (unless just saved) and stops."""
+        signum = dist_.all_max(stop.signum, self.world)  # every rank stops after the same step
+        if not signum:
+            return
+        if not saved:
+            self.trainer.save(self.out, step)
+        path = self.out / "checkpoints" / f"step_{step}"
+        self.log(
+            f"stopped by {signal.Signals(signum).name} after step {step}: checkpoint {path}; continue with --resume"
+        )
+        raise TrainingInterrupted(signum, step, path)
+
+    # ------------------------------------------------------------------ cleanup
+    def cleanup(self) -> None:
+        if getattr(self, "trainer", None) is not None:
+            self.trainer.close()
+        if self.logger:
+            self.logger.close()
+
+
+def run_training(cfg: TrainConfig, log=print) -> TrainRecipe:
+    """Run GRPO as configured; returns the finished recipe (its ``out`` directory, its ``trainer.policy``)."""
+    recipe = TrainRecipe(cfg, log)
+    recipe.setup()
+    try:
+        recipe.train()
+    finally:
+        recipe.cleanup()
+    return recipe
+
+
+def train(cfg: TrainConfig, log=print) -> Path:
+    """Run GRPO as configured; returns the run directory."""
+    return run_training(cfg, log).out
+
+
+def _status_line(metrics: dict) -> str:
+    status = f"reward {metrics['reward/mean']:.3f}  acc {metrics['reward/accuracy']:.3f}"
+    if "eval/accuracy_sampled" in metrics:
+        status += f"  eval greedy {metrics['eval/accuracy_greedy']:.3f} sampled {metrics['eval/accuracy_sampled']:.3f}"
+    return status
+
+
+def _read_resumable(out: Path, cfg: TrainConfig) -> dict:
+    """The saved config.json of the run --resume continues, after checking it can be continued with ``cfg``."""
+    if not checkpoint.checkpoint_dirs(out):
+        raise ConfigError(f"--resume: no complete checkpoint in {out / 'checkpoints'}")
+    saved = json.loads((out / "config.json").read_text())
+    _check_objects(saved, cfg)
+    for key, default in RESUME_MUST_MATCH.items():
+        if saved.get(key, default) != getattr(cfg, key):
+            flag = key.replace("_", "-")
+            raise ConfigError(
+                f"--resume: --{flag} is {getattr(cfg, key)!r} but the run was started with {saved.get(key)!r}"
+            )
+    return saved
+
+
+def _resume_object(model: torch.nn.Module, ckpt: Path, start: str | None, beta: float, log) -> torch.nn.Module | None:
+    """Resume into a model object given to the Python API: the checkpoint's weights are loaded into it (it is what
+    trains). Returns the KL reference (beta > 0): a frozen copy of the object as given, which must then hold the run's
+    starting weights (their fingerprint in config.json), not trained ones."""
+    reference = None
+    if beta > 0:
+        if objects.weights_fingerprint(model) != start:
+            raise ConfigError(
+                "--resume: the KL reference (--beta) is the run's starting model, and the model object given holds "
+                "other weights (trained ones?); pass the model as it was when the run started"
+            )
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    checkpoint.load_weights(model, ckpt)
+    log(f"loaded the weights of {ckpt} into the model object")
+    return reference
+
+
+def _check_objects(saved: dict, cfg: TrainConfig) -> None:
+    """A run started with Python objects (their descriptions in config.json) resumes only with objects described
+    alike: one line naming the first that is missing or different."""
+    for key, flag in objects.OBJECT_FLAGS.items():
+        was, now = saved.get(key), getattr(cfg, key)
+        was = list(was) if isinstance(was, list | tuple) else [was]
+        now = list(now) if isinstance(now, list | tuple) else [now]
+        for i, w in enumerate(was):
+            if objects.is_description(w) and (i >= len(now) or now[i] != w):
+                raise ConfigError(f"--resume: the run was started with {w}; {objects.pass_again(flag)}")
+
+
+def _starting_model(saved: dict) -> torch.nn.Module:
+    """The run's starting model (from its config.json), frozen: the KL reference of a resumed run."""
+    start = load_policy(saved["model"], gguf_file=saved.get("gguf_file", ""))
+    return start.model.eval().requires_grad_(False)
+
+
+def _quiet(*args, **kwargs) -> None:
+    """The log of ranks other than 0."""

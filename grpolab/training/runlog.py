@@ -1,0 +1,109 @@
+"""The run directory's logs: ``metrics.jsonl`` (one object per step), ``samples.jsonl``,
+``rollouts.jsonl`` (with --log-rollouts), ``token_credit.jsonl`` (with --log-token-credit) and optional TensorBoard / Weights & Biases sinks."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+
+def _clean(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None  # JSON has no NaN; a null says "not a number" honestly
+    return v
+
+
+def truncate_jsonl(path: Path, max_step: int) -> int:
+    """Drop rows with ``step > max_step`` (rows a resumed run will write again). Returns rows kept."""
+    if not path.exists():
+        return 0
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= max_step]
+    path.write_text("".join(line + "\n" for line in kept))
+    return len(kept)
+
+
+class RunLogger:
+    def __init__(self, run_dir: Path, *, config: dict, tensorboard: bool = False, wandb: bool = False, warn=print):
+        self.run_dir = Path(run_dir)
+        self._metrics = open(self.run_dir / "metrics.jsonl", "a")
+        self._samples = open(self.run_dir / "samples.jsonl", "a")
+        self._rollouts = self._credit = None  # opened on first use
+        self._tb = self._wandb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            except ImportError:
+                warn(
+                    "--tensorboard: the tensorboard package is not installed (pip install tensorboard); not logging to TensorBoard"
+                )
+        if wandb:
+            try:
+                import wandb as wb
+
+                self._wandb = wb.init(mode="offline", dir=str(self.run_dir), config=config, project="grpolab")
+            except ImportError:
+                warn("--wandb: the wandb package is not installed (pip install wandb); not logging to Weights & Biases")
+
+    def log(self, step: int, metrics: dict) -> None:
+        row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+        numeric = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
+        if self._tb is not None:
+            for k, v in numeric.items():
+                self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(numeric, step=step)
+
+    def log_samples(self, step: int, samples: list[dict]) -> None:
+        for s in samples:
+            self._samples.write(json.dumps({"step": step, **s}) + "\n")
+        self._samples.flush()
+
+    def log_rollouts(self, step: int, rollouts: list[dict]) -> None:
+        if self._rollouts is None:
+            self._rollouts = open(self.run_dir / "rollouts.jsonl", "a")
+        for r in rollouts:
+            self._rollouts.write(json.dumps({"step": step, **r}) + "\n")
+        self._rollouts.flush()
+
+    def log_token_credit(self, step: int, records: list[dict]) -> None:
+        """One line per recorded rollout, its tokens' values as parallel lists (``grpolab.report.token_view`` reads them)."""
+        if self._credit is None:
+            self._credit = open(self.run_dir / "token_credit.jsonl", "a")
+        for r in records:
+            self._credit.write(json.dumps({"step": step, **r}, allow_nan=False) + "\n")
+        self._credit.flush()
+
+    def close(self) -> None:
+        self._metrics.close()
+        self._samples.close()
+        for f in (self._rollouts, self._credit):
+            if f is not None:
+                f.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def git_revision() -> str | None:
+    """The code version: the git commit of the package's checkout, if it is one."""
+    import subprocess
+
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        out = subprocess.run(
+            ["git", "-C", here, "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None

@@ -1,0 +1,463 @@
+"""The update of one GRPO step: mu optimizer steps on a batch of rows and their advantages.
+
+In order (:meth:`Updater.__call__`):
+
+1. the loss mask: the tokens that carry loss (``--mask-truncated``; the entropy selection's
+   threshold over every rank's tokens);
+2. the micro-batch plan: which rows run, in passes of ``--micro-batch`` rows (or of at most
+   ``--micro-batch-tokens`` padded tokens), the same number of passes on every rank;
+3. the sampling-time (old) and reference log-probs, once, before any weight moves;
+4. mu times: loss and backward per micro-batch, then the optimizer step (skipped, and counted,
+   when the loss or the gradient is not finite);
+5. the metrics, summed over ranks.
+
+With ``watch`` rows (``--log-token-credit``), the update also keeps, for those rows, each token's
+advantage, its log-prob under the weights before the update (the first pass's own forward) and
+its importance ratio and clipping at the last pass (:class:`WatchedTokens`).
+
+With P processes each rank holds its own rows; the normalisers are the whole step's (N rows
+over all ranks, their token count), so each rank's loss is its share of the single-process
+loss and the gradients, summed over ranks (``grpolab.training.forward``), are the single-process
+gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import torch
+
+from grpolab.algo.engine_correction import engine_weights, mismatch
+from grpolab.algo.loss import (
+    entropy_threshold,
+    high_entropy_mask,
+    loss_token_mask,
+    policy_loss,
+)
+from grpolab.common import distributed as dist_
+from grpolab.common.batch import Batch, select
+from grpolab.common.distributed import World
+from grpolab.config.train import TrainConfig
+from grpolab.training.forward import TrainModule
+
+
+class MicroBatchPlan(NamedTuple):
+    """The forward/backward passes of an update."""
+
+    rows: torch.Tensor
+    """``[a]`` the rows that run: those that can carry gradient."""
+    chunks: list[torch.Tensor]
+    """Row indices of each pass; the passes after the first ``real`` are padding passes."""
+    real: int
+    """Passes over real rows. Padding passes run one row with its loss times 0, so that every rank runs as many
+    passes as the busiest one (DDP and FSDP pair up their collectives pass by pass) and adds nothing."""
+
+
+def _rows_adv(adv: torch.Tensor, idx: torch.Tensor, T: int) -> torch.Tensor:
+    """The advantages of rows ``idx``: ``[k]`` of per-row ones, or ``[k, T]`` of per-token ones (cut or padded to
+    ``T`` columns, the width of the rows' selected batch)."""
+    if adv.dim() == 1:
+        return adv[idx]
+    a = adv[idx.to(adv.device)]
+    return a[:, :T] if a.shape[1] >= T else torch.nn.functional.pad(a, (0, T - a.shape[1]))
+
+
+def token_budget_chunks(
+    rows: torch.Tensor, prompt_lens: torch.Tensor, completion_lens: torch.Tensor, budget: int, packed: bool = False
+) -> list[torch.Tensor]:
+    """``rows`` in passes of at most ``budget`` tokens each (--micro-batch-tokens).
+
+    A pass over k rows is padded to its longest prompt plus its longest completion (:func:`grpolab.rollout.sampler.select`),
+    so it costs k x (max prompt + max completion) tokens; ``packed`` (--packing): the sum of its rows' lengths. Rows
+    are taken longest first, so that rows of like length share a pass and little of it is padding, and each is added
+    to the current pass while the pass stays within the budget; a row longer than the budget runs alone. The loss's normalisers are the whole step's, so any partition
+    gives the whole batch's gradient (to float rounding).
+    """
+    order = sorted(rows.tolist(), key=lambda r: -int(prompt_lens[r] + completion_lens[r]))
+    chunks: list[list[int]] = []
+    p_max = c_max = total = 0
+    for r in order:
+        p_r, c_r = int(prompt_lens[r]), int(completion_lens[r])
+        p, c = max(p_max, p_r), max(c_max, c_r)
+        cost = total + p_r + c_r if packed else (len(chunks[-1]) + 1 if chunks else 1) * (p + c)
+        if chunks and cost <= budget:
+            chunks[-1].append(r)
+            p_max, c_max, total = p, c, total + p_r + c_r
+        else:
+            chunks.append([r])
+            p_max, c_max, total = p_r, c_r, p_r + c_r
+    return [torch.tensor(sorted(c), dtype=torch.long, device=rows.device) for c in chunks]
+
+
+def plan_micro_batches(rows: torch.Tensor, chunks: list[torch.Tensor], world: World) -> MicroBatchPlan:
+    """The passes ``chunks`` over ``rows``, padded to the most passes of any rank."""
+    real = len(chunks)
+    chunks += [torch.zeros(1, dtype=torch.long, device=rows.device)] * (dist_.all_max(real, world) - real)
+    return MicroBatchPlan(rows, chunks, real)
+
+
+@dataclasses.dataclass
+class WatchedTokens:
+    """Per-token values of the rows ``--log-token-credit`` records, as the update saw them; ``[K, T]`` each."""
+
+    rows: list[int]
+    """The K rows (of this rank's batch)."""
+    adv: torch.Tensor
+    """The advantage the loss gave each token: the rollout's, times the loss mask and the entropy selection."""
+    logp: torch.Tensor
+    """log pi(o_t) under the weights before the update: the first pass's forward (a forward of its own for a row that
+    carries no loss)."""
+    ratio: torch.Tensor
+    """pi / pi_old at the last of the mu passes (GSPO: the rollout's); NaN where the token carried no loss."""
+    clipped: torch.Tensor
+    """Whether the clipped branch was taken there."""
+
+    @property
+    def slot(self) -> dict[int, int]:
+        return {r: k for k, r in enumerate(self.rows)}
+
+
+class _Inputs(NamedTuple):
+    """What every pass of an update reads."""
+
+    batch: Batch
+    adv: torch.Tensor  # [n], or [n, T] per token (episodes)
+    loss_mask: torch.Tensor  # [n, T]
+    entropy: torch.Tensor | None  # [n, T]
+    threshold: torch.Tensor | None  # the entropy selection's threshold, or None
+    old_logp: dict[int, torch.Tensor]  # pass -> [rows, T]
+    sampler_logp: torch.Tensor | None  # [n, T] the rollout engine's log-probs of the sampled tokens
+    ref_logp: dict[int, torch.Tensor]
+    num_seqs: int  # N, all ranks
+    num_tokens: float  # loss-carrying tokens, all ranks
+    watched: WatchedTokens | None = None
+
+
+SUMS = ("loss", "policy", "kl_tok", "clip_tok", "ratio_tok", "diff_sum", "diff_tok", "weight_tok")
+
+
+class Updater:
+    """Runs the update with the policy's training forward, optimizer and schedule.
+
+    ``reference``: the frozen KL reference's forward (None without a KL term, or with LoRA, where
+    ``reference_is_base`` says the reference is the policy with its adapter disabled).
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        policy: TrainModule,
+        optimizer: torch.optim.Optimizer,
+        scheduler,
+        world: World,
+        eos_id: int,
+        reference: TrainModule | None = None,
+        reference_is_base: bool = False,
+    ):
+        self.cfg, self.policy, self.optimizer, self.scheduler, self.world = cfg, policy, optimizer, scheduler, world
+        self.eos_id, self.reference, self.reference_is_base = eos_id, reference, reference_is_base
+        self.watched: WatchedTokens | None = None
+        """The last update's :class:`WatchedTokens` (None unless it was given ``watch`` rows)."""
+
+    @property
+    def has_reference(self) -> bool:
+        return self.reference is not None or self.reference_is_base
+
+    # ------------------------------------------------------------------ the update
+    def __call__(
+        self,
+        batch: Batch,
+        adv: torch.Tensor,
+        entropy: torch.Tensor | None = None,
+        sampler_logp: torch.Tensor | None = None,
+        watch: list[int] | None = None,
+        action: torch.Tensor | None = None,
+        cut: torch.Tensor | None = None,
+    ) -> dict:
+        """mu optimizer steps on this rank's rows; with P ranks, the sum of their gradients.
+
+        batch, adv: this rank's n token rows (rollouts, or an episode's sequences) and their advantages, ``[n]`` (one
+        per row) or ``[n, T]`` (per token: an episode's turns); n may be 0.
+        ``entropy`` ``[n, T]``: the sampling policy's token entropies, for --top-entropy-quantile.
+        ``sampler_logp`` ``[n, T]``: the rollout engine's log-prob of each sampled token: the mismatch with the
+        trainer's is measured (``engine/*``) and, with --engine-correction, corrected.
+        ``watch``: rows whose per-token values to keep in :attr:`watched` (every rank passes its own; under FSDP the
+        extra forwards are collectives).
+        ``action`` ``[n, T]``: the policy's own tokens (episodes: the environment's carry no loss); default: every
+        completion token. ``cut`` ``[n]``: rows of episodes cut by a limit (--mask-truncated drops them); default:
+        rows without an end-of-sequence token.
+        """
+        cfg, world = self.cfg, self.world
+        n = adv.shape[0]
+        loss_mask, carries = self._loss_mask(batch, n, action, cut)  # [n, T], [n]
+        N, num_tokens = dist_.all_sum([float(n), float(loss_mask.sum())], world)
+        N = int(N)
+        threshold = self._entropy_threshold(entropy, loss_mask, n)
+        # With no KL term, a rollout whose advantage is exactly 0 contributes exactly 0
+        # to the loss and its gradient (every term is ratio * 0), so it is not run at all; nor is a
+        # rollout with no loss-carrying token. Normalisers stay those of the whole batch, so the gradient is unchanged.
+        credited = adv != 0 if adv.dim() == 1 else ((adv != 0) & loss_mask[:, : adv.shape[1]].bool()).any(dim=1)
+        live = carries if cfg.beta > 0 else carries & credited
+        plan = self._plan(batch, live.nonzero().squeeze(1), N)
+        old_logp, ref_logp = self._old_and_ref_logprobs(batch, plan)
+        self.watched = None if watch is None else self._watch(watch, batch, loss_mask, plan)
+        inputs = _Inputs(
+            batch, adv, loss_mask, entropy, threshold, old_logp, sampler_logp, ref_logp, N, num_tokens, self.watched
+        )
+        params = [p for p in self.policy.module.model.parameters() if p.requires_grad]
+        sums = dict.fromkeys(SUMS, 0.0)
+        sums["diff_max"] = 0.0
+        grad_norm, skipped = 0.0, 0
+        for it in range(cfg.mu):
+            self.optimizer.zero_grad(set_to_none=True)
+            finite = True
+            for c_i, idx in enumerate(plan.chunks):
+                finite = self._loss_and_backward(inputs, plan, c_i, idx, sums, first=it == 0) and finite
+            norm = self._optimizer_step(params, finite)
+            if norm is None:
+                skipped += 1
+            else:
+                grad_norm += norm / cfg.mu
+        return self._metrics(sums, plan, loss_mask, N, grad_norm, skipped)
+
+    def skip(self) -> dict:
+        """A step with no group to learn from (--sampling filter, every round all-equal): the weights stay,
+        the schedule moves on, and the step is counted (``sampling/short``)."""
+        for _ in range(self.cfg.mu):
+            self.scheduler.step()
+        return {
+            "loss/total": None,
+            "loss/policy": None,
+            "loss/kl": None,
+            "loss/clip_frac": None,
+            "loss/ratio_mean": None,
+            "loss/active_frac": 0.0,
+            "loss/skipped_updates": 0,
+            "grad/norm": None,
+            "charts/lr": self.scheduler.get_last_lr()[0],
+        }
+
+    # ------------------------------------------------------------------ its steps
+    def _plan(self, batch: Batch, rows: torch.Tensor, N: int) -> MicroBatchPlan:
+        """The passes over ``rows``: --micro-batch rows each, or --micro-batch-tokens tokens each."""
+        budget, size = self.cfg.micro_batch_tokens, self.cfg.micro_batch or N
+        if budget:
+            p_lens, c_lens = batch.prompt_mask.sum(1).cpu(), batch.completion_mask.sum(1).cpu()  # [n], [n]
+            chunks = token_budget_chunks(rows, p_lens, c_lens, budget, packed=self.policy.packing)
+        else:
+            chunks = [rows[i : i + size] for i in range(0, rows.numel(), size)]
+        return plan_micro_batches(rows, chunks, self.world)
+
+    def _loss_mask(
+        self, batch: Batch, n: int, action: torch.Tensor | None = None, cut: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[n, T]`` the tokens that carry loss, and ``[n]`` whether a row has any.
+
+        --mask-truncated drops completions with no end-of-sequence token (DAPO), by the rule the probes use, or the
+        rows of episodes a limit cut (``cut``). ``action``: the policy's own tokens of an episode's rows.
+        """
+        mask = batch.completion_mask[:n]  # a rank with no rows of its own holds one stand-in row (rows.Rows)
+        if action is not None:
+            loss_mask = action[:n].to(mask.device, mask.dtype)  # [n, T]
+            if self.cfg.mask_truncated and cut is not None:
+                loss_mask = loss_mask * (~cut[:n].to(mask.device))[:, None].to(mask.dtype)
+            return loss_mask, loss_mask.bool().any(dim=1)
+        loss_mask = loss_token_mask(
+            batch.completion_ids[:n], mask, self.eos_id, mask_truncated=self.cfg.mask_truncated
+        ).to(mask.dtype)  # [n, T]
+        if self.cfg.mask_truncated:
+            return loss_mask, loss_mask.bool().any(dim=1)
+        return loss_mask, torch.ones(n, dtype=torch.bool, device=mask.device)
+
+    def _entropy_threshold(self, entropy: torch.Tensor | None, loss_mask: torch.Tensor, n: int):
+        """--top-entropy-quantile: one threshold over every loss-carrying token of the step, all ranks (else None)."""
+        q = self.cfg.top_entropy_quantile
+        if q >= 1.0:
+            return None
+        local = entropy[:n].to(loss_mask.device)[loss_mask.bool()].float().cpu() if n else torch.zeros(0)
+        return entropy_threshold(torch.cat(dist_.gather(local, self.world)), q)
+
+    @torch.no_grad()
+    def _old_and_ref_logprobs(self, batch: Batch, plan: MicroBatchPlan) -> tuple[dict, dict]:
+        """Per pass: the sampling-time log-probs (mu > 1: the importance ratio's denominator,
+        [U-statistic, App. A (ii)]) and the reference's (the KL term), before any weight moves."""
+        old_logp, ref_logp = {}, {}
+        for c_i, idx in enumerate(plan.chunks):
+            sub = select(batch, idx)
+            if self.cfg.mu > 1:
+                old_logp[c_i] = self.policy.logprobs(sub)
+            if self.reference is not None:
+                ref_logp[c_i] = self.reference.logprobs(sub)
+            elif self.reference_is_base:
+                with self.policy.module.model.disable_adapter():
+                    ref_logp[c_i] = self.policy.logprobs(sub)
+        return old_logp, ref_logp
+
+    def _loss_and_backward(
+        self, x: _Inputs, plan: MicroBatchPlan, c_i: int, idx: torch.Tensor, sums: dict, first: bool
+    ) -> bool:
+        """One pass: its loss, backward, and its share of the loss statistics. Returns whether the loss was finite.
+        ``first``: the first of the mu optimizer steps (the engine mismatch is measured there)."""
+        cfg, train = self.cfg, self.policy
+        padding = c_i >= plan.real
+        sub = select(x.batch, idx)
+        with train.sync(c_i == len(plan.chunks) - 1):  # reduce over ranks once, after the last pass
+            logp = train.logprobs(sub)  # [n, T]
+            sub_mask = sub.completion_mask if padding else x.loss_mask[idx, : sub.completion_mask.shape[1]]
+            weights = selection = None
+            if x.threshold is not None:
+                ent = (
+                    torch.zeros_like(logp) if padding else x.entropy[idx.cpu(), : sub_mask.shape[1]].to(sub_mask.device)
+                )
+                weights = selection = high_entropy_mask(ent, sub_mask, x.threshold.to(ent.device))
+            old = x.old_logp.get(c_i, logp.detach())  # [n, T] the trainer's log-probs at sampling time
+            if x.sampler_logp is not None and not padding:
+                sampler = x.sampler_logp[idx.cpu(), : sub_mask.shape[1]].to(old.device)  # [n, T]
+                correction = self._correction(old, sampler, sub_mask)
+                if correction is not None:
+                    weights = correction if weights is None else weights * correction
+                if first:
+                    self._count_mismatch(old, sampler, sub_mask, correction, sums)
+            adv = _rows_adv(x.adv, idx, sub_mask.shape[1])  # [n] or [n, T]
+            watching = x.watched is not None and not padding
+            loss, st = policy_loss(
+                logp,
+                old,
+                adv,
+                sub_mask,
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                ref_logp=x.ref_logp.get(c_i),
+                beta=cfg.beta,
+                kl=cfg.kl,
+                aggregation=cfg.aggregation,
+                max_len=cfg.max_policy_tokens,
+                num_seqs=x.num_seqs,
+                num_tokens=x.num_tokens,
+                importance_sampling=cfg.importance_sampling,
+                clip_delta=cfg.clip_delta or None,
+                token_weights=weights,
+                token_values=watching,  # --log-token-credit records the loss's own per-token values
+            )
+            if watching:
+                self._keep_watched(x.watched, idx, logp.detach(), st, sub_mask, selection, first)
+            if padding:
+                loss = loss * 0.0
+            # A non-finite loss still runs backward: the ranks stay in step, and the update is skipped.
+            finite = bool(torch.isfinite(loss))
+            (loss * train.loss_scale).backward()
+        if not padding:
+            self._add_stats(sums, loss, st, float(sub_mask.sum()))
+        return finite
+
+    def _add_stats(self, sums: dict, loss: torch.Tensor, st: dict, n_tok: float) -> None:
+        """A pass's share of the step's loss statistics (means over the mu passes; token sums for token means)."""
+        mu = self.cfg.mu
+        sums["loss"] += loss.item() / mu
+        sums["policy"] += st["policy"].item() / mu
+        sums["kl_tok"] += st["kl"].item() * n_tok / mu
+        sums["clip_tok"] += st["clip_frac"].item() * n_tok / mu
+        sums["ratio_tok"] += st["ratio_mean"].item() * n_tok / mu
+
+    @torch.no_grad()
+    def _watch(self, rows, batch, loss_mask, plan: MicroBatchPlan) -> WatchedTokens:
+        """The watched rows' records, to be filled by the passes from the loss's own values (:meth:`_keep_watched`),
+        and the log-probs of the rows that run in no pass (a forward of their own now, before any weight moves; on
+        every rank when any rank has one, as FSDP's forwards are collectives). A row runs in no pass only when no
+        token of it carries both loss and credit, so its advantage stays 0 throughout."""
+        rows = list(rows)
+        n, T = len(rows), loss_mask.shape[1]
+        zeros = torch.zeros(n, T, dtype=torch.float64, device=loss_mask.device)
+        nan = torch.full((n, T), math.nan, dtype=torch.float64, device=loss_mask.device)
+        watched = WatchedTokens(rows, zeros, nan.clone(), nan.clone(), torch.zeros(n, T, dtype=torch.bool))
+        running = set(plan.rows.tolist())
+        missing = [r for r in rows if r not in running]
+        if dist_.all_max(len(missing), self.world):
+            sub = select(batch, torch.tensor(missing or [0], dtype=torch.long, device=loss_mask.device))
+            logp = self.policy.logprobs(sub)  # [m, T']
+            for j, r in enumerate(missing):
+                watched.logp[watched.slot[r], : logp.shape[1]] = logp[j].to(torch.float64)
+        return watched
+
+    @torch.no_grad()
+    def _keep_watched(self, w: WatchedTokens, idx, logp, st: dict, mask, selection, first: bool) -> None:
+        """A pass's values of the watched rows among ``idx``, taken from the loss (``st``: its ``token_values``):
+        log-probs at the first pass (the weights before the update); the advantage the loss credited (times the
+        entropy ``selection``, if any), importance ratio and clipping at every pass (the last one stays)."""
+        slot, T = w.slot, mask.shape[1]
+        adv = st["token_advantage"] if selection is None else st["token_advantage"] * selection.to(logp.dtype)
+        for j, r in enumerate(idx.tolist()):
+            if r not in slot:
+                continue
+            k = slot[r]
+            if first:
+                w.logp[k, :T] = logp[j].to(torch.float64)
+            w.adv[k, :T] = adv[j].to(torch.float64)
+            w.ratio[k, :T] = torch.where(mask[j].bool(), st["token_ratio"][j].to(torch.float64), math.nan)
+            w.clipped[k, :T] = st["token_clipped"][j].cpu()
+
+    def _correction(self, old: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+        """--engine-correction: the policy term's weights pi_trainer / pi_sampler, truncated or masked ``[n, T]``
+        (None with none)."""
+        mode = self.cfg.engine_correction
+        if mode == "none":
+            return None
+        return engine_weights(old, sampler_logp, mask, mode, self.cfg.engine_correction_cap)
+
+    @staticmethod
+    def _count_mismatch(old, sampler_logp, mask, correction: torch.Tensor | None, sums: dict) -> None:
+        """Adds the pass's |trainer - sampler| log-prob differences over its loss tokens (and the correction's
+        weights) to the step's sums."""
+        total, count, largest = mismatch(old, sampler_logp, mask)
+        sums["diff_sum"] += total
+        sums["diff_tok"] += count
+        sums["diff_max"] = max(sums["diff_max"], largest)
+        if correction is not None:
+            sums["weight_tok"] += float(correction.sum())
+
+    def _optimizer_step(self, params: list[torch.Tensor], finite: bool) -> float | None:
+        """Clip and step; the gradient norm, or None when the loss or the gradient was not finite on some rank
+        (then the weights stay and the gradient is dropped). The schedule moves on either way."""
+        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
+        norm = self.policy.clip_grad_norm(params, max_norm)
+        # The gradient (and so its norm) is the same on every rank after the reduction; the loss flags are not.
+        stepped = dist_.all_true(finite and math.isfinite(norm), self.world)
+        if stepped:
+            self.optimizer.step()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return norm if stepped else None
+
+    def _engine_metrics(self, totals: dict, diff_max: float) -> dict:
+        """engine/*: the sampler-trainer log-prob mismatch over the tokens the update scores (no sampler log-probs:
+        none), and the correction's mean weight."""
+        if not totals["diff_tok"]:
+            return {}
+        out = {
+            "engine/logprob_diff_mean": totals["diff_sum"] / totals["diff_tok"],
+            "engine/logprob_diff_max": dist_.all_max_float(diff_max, self.world),
+        }
+        if self.cfg.engine_correction != "none":
+            out["engine/correction_weight_mean"] = totals["weight_tok"] / totals["diff_tok"]
+        return out
+
+    def _metrics(self, sums: dict, plan: MicroBatchPlan, loss_mask, N: int, grad_norm: float, skipped: int) -> dict:
+        """Whole-step values: this rank's sums plus the others'."""
+        local = [sums[k] for k in SUMS] + [plan.rows.numel(), float(loss_mask[plan.rows].sum())]
+        totals = dict(zip([*SUMS, "active", "active_tok"], dist_.all_sum(local, self.world)))
+        active_tokens = max(1.0, totals["active_tok"])
+        return {
+            **self._engine_metrics(totals, sums["diff_max"]),
+            "loss/total": totals["loss"],
+            "loss/policy": totals["policy"],
+            "loss/kl": totals["kl_tok"] / active_tokens if self.has_reference else None,
+            "loss/clip_frac": totals["clip_tok"] / active_tokens,
+            "loss/ratio_mean": totals["ratio_tok"] / active_tokens if totals["active"] else 1.0,
+            "loss/active_frac": totals["active"] / N,
+            "loss/skipped_updates": skipped,
+            "grad/norm": grad_norm,
+            "charts/lr": self.scheduler.get_last_lr()[0],
+        }
