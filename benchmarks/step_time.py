@@ -37,22 +37,26 @@ from grpolab.training.trainer import GRPOTrainer  # noqa: E402
 def plain_forward_backward(trainer: GRPOTrainer, step: int) -> float:
     """Seconds for one forward+backward over the step's rollouts: masked token-mean of log-probs."""
     cfg, policy = trainer.cfg, trainer.policy
-    records = trainer.sampler.draw(step, cfg.prompts_per_step)
-    prompts = [policy.prompt_ids(r) for r in records for _ in range(cfg.group_size)]
-    keys = [(streams.ROLLOUT, cfg.seed, step, b, g) for b in range(cfg.prompts_per_step) for g in range(cfg.group_size)]
+    records = trainer.sampler.draw(step, cfg.groups.prompts_per_step)
+    prompts = [policy.prompt_ids(r) for r in records for _ in range(cfg.groups.group_size)]
+    keys = [
+        (streams.ROLLOUT, cfg.run.seed, step, b, g)
+        for b in range(cfg.groups.prompts_per_step)
+        for g in range(cfg.groups.group_size)
+    ]
     batch = sample(
         policy.model,
         prompts,
         keys,
-        max_new_tokens=cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
+        max_new_tokens=cfg.generation.max_new_tokens,
+        temperature=cfg.generation.temperature,
+        top_p=cfg.generation.top_p,
         eos_id=policy.eos_id,
         pad_id=policy.pad_id,
     )
     policy.model.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
-    logp = completion_logprobs(policy.model, batch, cfg.temperature)  # [N, T]
+    logp = completion_logprobs(policy.model, batch, cfg.generation.temperature)  # [N, T]
     (logp.sum() / batch.completion_mask.sum()).backward()
     elapsed = time.perf_counter() - t0
     policy.model.zero_grad(set_to_none=True)
@@ -81,8 +85,8 @@ def main() -> None:
     med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731
     floor = statistics.median(floors)
     print(
-        f"config: B={cfg.prompts_per_step} G={cfg.group_size} max_new_tokens={cfg.max_new_tokens} mu={cfg.mu} "
-        f"threads={torch.get_num_threads()} model={cfg.model}; median over {args.steps} steps after {args.warmup} warm-up"
+        f"config: B={cfg.groups.prompts_per_step} G={cfg.groups.group_size} max_new_tokens={cfg.generation.max_new_tokens} mu={cfg.objective.mu} "
+        f"threads={torch.get_num_threads()} model={cfg.policy.model}; median over {args.steps} steps after {args.warmup} warm-up"
     )
     print(f"  generate   {med('time/generate_s'):.3f} s")
     print(f"  score      {med('time/score_s'):.3f} s")
@@ -126,8 +130,8 @@ def shared_prefix_ab(args, rest: list[str]) -> None:
     cfg = trainers["on"].cfg
     on, off = statistics.median(times["on"]), statistics.median(times["off"])
     print(
-        f"config: B={cfg.prompts_per_step} G={cfg.group_size} max_new_tokens={cfg.max_new_tokens} mu={cfg.mu} "
-        f"beta={cfg.beta} few_shot={cfg.few_shot} threads={torch.get_num_threads()} model={cfg.model}; "
+        f"config: B={cfg.groups.prompts_per_step} G={cfg.groups.group_size} max_new_tokens={cfg.generation.max_new_tokens} mu={cfg.objective.mu} "
+        f"beta={cfg.objective.beta} few_shot={cfg.prompt.few_shot} threads={torch.get_num_threads()} model={cfg.policy.model}; "
         f"median over {args.steps} steps after {args.warmup} warm-up, the two trainers in turn"
     )
     print(f"  update, --shared-prefix off: {off:.3f} s")

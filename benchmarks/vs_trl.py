@@ -193,17 +193,19 @@ def sampling_throughput(trainer, step: int, repeats: int = 2, skip_generate: boo
 
     cfg, policy = trainer.cfg, trainer.policy
     prompts = [
-        policy.prompt_ids(r) for r in trainer.sampler.draw(step, cfg.prompts_per_step) for _ in range(cfg.group_size)
+        policy.prompt_ids(r)
+        for r in trainer.sampler.draw(step, cfg.groups.prompts_per_step)
+        for _ in range(cfg.groups.group_size)
     ]
-    keys = [(streams.ROLLOUT, cfg.seed, step, i) for i in range(len(prompts))]
+    keys = [(streams.ROLLOUT, cfg.run.seed, step, i) for i in range(len(prompts))]
     policy.model.eval()
     rates = {}
-    names = ("vllm", "grpolab", "generate") if cfg.rollout_engine == "vllm" else ("grpolab", "generate")
+    names = ("vllm", "grpolab", "generate") if cfg.engine.rollout_engine == "vllm" else ("grpolab", "generate")
     names = tuple(n for n in names if not (skip_generate and n == "generate"))
     for name in names * repeats:
         t0 = time.perf_counter()
         if name == "vllm":
-            settings = SamplingSettings(cfg.max_new_tokens, 1.0, 1.0)
+            settings = SamplingSettings(cfg.generation.max_new_tokens, 1.0, 1.0)
             new = int(trainer.engine.generate(prompts, keys, settings).batch.completion_mask.sum())
         elif name == "grpolab":
             new = int(
@@ -211,7 +213,7 @@ def sampling_throughput(trainer, step: int, repeats: int = 2, skip_generate: boo
                     policy.model,
                     prompts,
                     keys,
-                    max_new_tokens=cfg.max_new_tokens,
+                    max_new_tokens=cfg.generation.max_new_tokens,
                     temperature=1.0,
                     top_p=1.0,
                     eos_id=policy.eos_id,
@@ -228,7 +230,7 @@ def sampling_throughput(trainer, step: int, repeats: int = 2, skip_generate: boo
                     temperature=1.0,
                     top_p=1.0,
                     top_k=0,
-                    max_new_tokens=cfg.max_new_tokens,
+                    max_new_tokens=cfg.generation.max_new_tokens,
                     pad_token_id=policy.pad_id,
                     eos_token_id=policy.eos_id,
                 )

@@ -108,6 +108,8 @@ def test_bad_code_reward_settings_are_refused_at_start(field, value, message):
 
 def test_the_configs_code_flags_reach_the_reward():
     from grpolab.config.train import TrainConfig
+    from grpolab.rewards.code import CodeRewardSettings
 
-    s = TrainConfig(code_reward="all", reward_workers=3, code_timeout=2.5, code_memory_mb=256).code_reward_settings()
+    cfg = TrainConfig(code_reward="all", reward_workers=3, code_timeout=2.5, code_memory_mb=256)
+    s = CodeRewardSettings.of(cfg.code_sandbox)
     assert (s.mode, s.workers, s.limits.timeout_s, s.limits.cpu_s, s.limits.memory_mb) == ("all", 3, 2.5, 3, 256)

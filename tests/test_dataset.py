@@ -156,9 +156,9 @@ def test_every_column_reaches_a_trl_form_and_a_grpolab_form_reward(tmp_path):
     evals = [m for m in read_metrics(out / "metrics.jsonl") if "eval/accuracy_greedy" in m]
     assert {"eval/greedy_even", "eval/greedy_odd"} <= set(evals[0]) and evals[0]["eval/accuracy_greedy"] > 0
     # grpolab eval of the run asks the same held-out prompts, scored by the same reward
-    from grpolab.commands.eval import EvalConfig, run_eval
+    import grpolab
 
-    report = run_eval(EvalConfig(model=str(out), questions=8, samples=1, progress=False), log=lambda *a: None)
+    report = grpolab.evaluate(model=str(out), questions=8, samples=1, progress=False, log=lambda *a: None)
     assert report["questions"] == 8 and report["task"]["format"] == "prompt"
     for key in ("eval/accuracy_greedy", "eval/accuracy_sampled", "eval/greedy_even"):
         assert report["metrics"][key] == pytest.approx(evals[-1][key], abs=1e-9), key
@@ -210,7 +210,7 @@ def test_the_eval_reward_loads_only_the_function_it_needs():
 
     # a GSM8K run is scored by its answer check: its --reward-fn file need not exist any more when it is evaluated
     gsm8k = TrainConfig(format="gsm8k", reward_fn=("gone/reward.py:f",))
-    assert eval_reward(gsm8k, str, False) == ("accuracy", accuracy_reward)
+    assert eval_reward(gsm8k.reward, "", "gsm8k", False, str, False) == ("accuracy", accuracy_reward)
     prompt = TrainConfig(format="prompt", reward_fn=("reward_fixtures:length_times_weight", "gone/reward.py:f"))
-    name, fn = eval_reward(prompt, str, False)  # the first function alone is loaded
+    name, fn = eval_reward(prompt.reward, "", "prompt", False, str, False)  # the first function alone is loaded
     assert name == "length_times_weight" and fn(["abcd"], [{"weight": 2}]) == [0.08]

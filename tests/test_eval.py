@@ -92,9 +92,10 @@ def test_eval_cli_on_builtin(tmp_path):
 
 
 def _eval(**kw) -> dict:
-    from grpolab.commands.eval import EvalConfig, run_eval
+    """``grpolab eval`` from Python: a run's own task options are the defaults."""
+    import grpolab
 
-    return run_eval(EvalConfig(threads=1, progress=False, **kw), log=lambda *a, **k: None)
+    return grpolab.evaluate(threads=1, progress=False, log=lambda *a, **k: None, **kw)
 
 
 def test_eval_reproduces_a_runs_own_evaluation(tmp_path):

@@ -392,7 +392,18 @@ def test_a_token_budget_plan_gives_the_whole_batch_gradient(aggregation, packing
         ref = TrainModule(copy.deepcopy(model).eval().requires_grad_(False), 1.0, packing=packing)
         policy = TrainModule(m, 1.0, packing=packing)
         assert policy.packing == packing
-        Updater(cfg, policy, opt, sched, SINGLE, eos_id=2, reference=ref)(batch, adv)
+        Updater(
+            cfg.objective,
+            cfg.update,
+            cfg.optimizer.max_grad_norm,
+            cfg.max_policy_tokens,
+            policy,
+            opt,
+            sched,
+            SINGLE,
+            eos_id=2,
+            reference=ref,
+        )(batch, adv)
         return {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
 
     lens = (batch.prompt_mask.sum(1), batch.completion_mask.sum(1))

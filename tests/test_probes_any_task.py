@@ -11,11 +11,13 @@ import json
 import pytest
 import torch
 from datasets import Dataset
+from helpers import for_run, task_of
 
+import grpolab
 from grpolab.algo.advantages import compute_advantages
 from grpolab.algo.loss import policy_loss
 from grpolab.analysis.pool import probe_sampler
-from grpolab.analysis.rank import RankConfig, run_rank
+from grpolab.analysis.rank import RankConfig
 from grpolab.common import streams
 from grpolab.config.train import ConfigError, TrainConfig
 from grpolab.eval.runs import probe_task, resolve_target
@@ -62,16 +64,16 @@ def _cfg(data, **over) -> TrainConfig:
 def data_run(data, tmp_path_factory):
     """A 2-step run on the data file with the two column-reading rewards, checkpointed at both steps."""
     out = tmp_path_factory.mktemp("data_run") / "run"
-    train(dataclasses.replace(_cfg(data), out=str(out), steps=2, save_every=1), log=_quiet)
+    train(_cfg(data, out=str(out), steps=2, save_every=1), log=_quiet)
     return out
 
 
 def test_the_probes_rollouts_and_rewards_are_trainings_for_the_same_keys(data, tmp_path):
-    cfg = dataclasses.replace(_cfg(data), out=str(tmp_path)).resolved()
+    cfg = _cfg(data, out=str(tmp_path)).resolved()
     trainer = GRPOTrainer(cfg, log=_quiet)
     roll = trainer.collector.collect(1)
-    rows, G = roll.groups.rows, cfg.group_size
-    draw = probe_sampler(trainer.policy, cfg, "hf", records=roll.groups.records)
+    rows, G = roll.groups.rows, cfg.groups.group_size
+    draw = probe_sampler(trainer.policy, task_of(cfg), "hf", records=roll.groups.records)
     assert (
         draw.reward.names
         == trainer.reward.names
@@ -79,7 +81,7 @@ def test_the_probes_rollouts_and_rewards_are_trainings_for_the_same_keys(data, t
     )
     assert type(draw.runner.engine) is type(trainer.engine) is HFEngine
     for k, (b, record) in enumerate(zip(roll.groups.prompt, roll.groups.records)):
-        batch, rewards, entropy = draw(record, G, (streams.ROLLOUT, cfg.seed, 1, b))  # training's keys
+        batch, rewards, entropy = draw(record, G, (streams.ROLLOUT, cfg.run.seed, 1, b))  # training's keys
         mine = slice(k * G, (k + 1) * G)
         T = batch.completion_ids.shape[1]
         assert torch.equal(batch.completion_ids, rows.batch.completion_ids[mine, :T])
@@ -98,28 +100,28 @@ def test_the_probes_gradient_on_a_data_run_is_the_updates_own(data, tmp_path):
     built-in model's Llama RMSNorm computes in float32, so a batched and a per-row backward differ at ~1e-7); the
     probe's Psi equals the Gram matrix of those R per-rollout gradients (to float32 precision: its products are
     float32)."""
-    cfg = dataclasses.replace(_cfg(data), dtype="float64", out=str(tmp_path)).resolved()
+    cfg = _cfg(data, dtype="float64", out=str(tmp_path)).resolved()
     trainer = GRPOTrainer(cfg, log=_quiet)
     policy, model = trainer.policy, trainer.policy.model
-    draw = probe_sampler(policy, cfg, "hf")
+    draw = probe_sampler(policy, task_of(cfg), "hf")
     record = trainer.held_out[0]
     batch, rewards, _ = draw(record, 6, (streams.PROBE, 0, 0, 0))
     assert float(rewards.std()) > 0
     adv = compute_advantages(rewards[None].double(), "grpo")[0].double()  # [R]
     for aggregation in ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"):
-        w = token_weights(batch.completion_mask, aggregation, cfg.max_new_tokens)  # [R, T]
-        psi = score_gram(model, batch, w, temperature=cfg.temperature)  # [R, R]
+        w = token_weights(batch.completion_mask, aggregation, cfg.generation.max_new_tokens)  # [R, T]
+        psi = score_gram(model, batch, w, temperature=cfg.generation.temperature)  # [R, R]
         params = [p for p in model.parameters() if p.requires_grad]
         rows = []
         for i in range(batch.completion_ids.shape[0]):  # R backward passes: the per-rollout scores
-            logp = completion_logprobs(model, batch, cfg.temperature)
+            logp = completion_logprobs(model, batch, cfg.generation.temperature)
             rows.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad((logp[i] * w[i]).sum(), params)]))
         scores = torch.stack(rows)  # [R, D]
         # the Gram pass multiplies in float32 (accumulating in float64): exact to float32's precision
         torch.testing.assert_close(psi, scores @ scores.T, rtol=1e-5, atol=1e-6 * float(psi.abs().max()))
-        logp = completion_logprobs(model, batch, cfg.temperature)
+        logp = completion_logprobs(model, batch, cfg.generation.temperature)
         loss, _ = policy_loss(logp, logp.detach(), adv, batch.completion_mask, aggregation=aggregation,
-                              max_len=cfg.max_new_tokens)  # fmt: skip
+                              max_len=cfg.generation.max_new_tokens)  # fmt: skip
         grad = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)])
         R = batch.completion_ids.shape[0]
         scale = 1.0 / R if aggregation != "token-mean" else 1.0 / float(batch.completion_mask.sum())
@@ -129,38 +131,33 @@ def test_the_probes_gradient_on_a_data_run_is_the_updates_own(data, tmp_path):
 
 
 def test_rank_mse_and_groupsize_on_a_data_run_use_its_prompts_and_reward(data_run, tmp_path):
-    from grpolab.analysis.mse_cmd import GroupsizeConfig, MseConfig, run_groupsize, run_mse
-
-    rank = run_rank(
-        RankConfig(checkpoint=str(data_run), group_sizes=(4,), prompts=3, verify=True, progress=False,
-                   out=str(tmp_path / "rank")),
-        log=_quiet,
-    )  # fmt: skip
+    rank = grpolab.rank(model=str(data_run), group_sizes=[4], prompts=3, verify=True, progress=False,
+                        out=str(tmp_path / "rank"), log=_quiet)  # fmt: skip
     assert [r["step"] for r in rank["results"]] == [0, 1, 2]
     assert all(r["gram_max_rel_err"] <= 1e-4 for r in rank["results"])
     assert tuple(rank["config"]["reward_fn"]) == REWARDS and tuple(rank["config"]["reward_weights"]) == (1.0, 0.5, 1.0)
     assert all(r["reward_std_mean"] > 0 for r in rank["results"])  # the run's continuous reward, not 0/1 accuracy
-    mse = run_mse(MseConfig(policy=[str(data_run)], prompts=3, pool=4, group_sizes=(2, 4), progress=False,
-                            out=str(tmp_path / "mse")), log=_quiet)  # fmt: skip
+    mse = grpolab.mse(model=str(data_run), prompts=3, pool=4, group_sizes=[2, 4], progress=False,
+                      out=str(tmp_path / "mse"), log=_quiet)  # fmt: skip
     assert mse["policies"][0]["reward_mean"] > 0.3  # digits of the target plus a bonus: no accuracy check gives that
-    gs = run_groupsize(GroupsizeConfig(policy=str(data_run), prompts=3, pool=4, budget=8, bootstrap=20,
-                                       progress=False, out=str(tmp_path / "gs")), log=_quiet)  # fmt: skip
+    gs = grpolab.groupsize(model=str(data_run), prompts=3, pool=4, budget=8, bootstrap=20, progress=False,
+                           out=str(tmp_path / "gs"), log=_quiet)  # fmt: skip
     assert gs["constants"]["sigma_oracle"]["value"] >= 0 and json.loads((tmp_path / "gs/groupsize.json").read_text())
 
 
 def test_probe_split_and_a_bare_model_with_data(data, data_run):
     target = resolve_target(str(data_run))
-    _, _, held, _ = probe_task(target, RankConfig(prompts=4))
-    _, _, trained, _ = probe_task(target, RankConfig(prompts=4, probe_split="train"))
+    _, held, _ = probe_task(target, for_run(RankConfig, str(data_run), "checkpoint", prompts=4))
+    _, trained, _ = probe_task(target, for_run(RankConfig, str(data_run), "checkpoint", prompts=4, probe_split="train"))
     assert [r["prompt"] for r in held] == [r["prompt"] for r in _rows(48)[40:44]]  # --eval-data's first prompts
     assert {r["prompt"] for r in trained} <= {r["prompt"] for r in _rows(40)} and len(trained) == 4
     with pytest.raises(ConfigError, match="--prompts 9: the held-out prompts of .*test.parquet number 8"):
-        probe_task(target, RankConfig(prompts=9))
+        probe_task(target, for_run(RankConfig, str(data_run), "checkpoint", prompts=9))
     # a bare model: its prompts from --data, its reward from --reward-fn
     bare = RankConfig(prompts=3, data=str(data / "test.parquet"), reward_fn=REWARDS[:1])
-    cfg, tcfg, records, _ = probe_task(resolve_target("builtin"), bare)
+    task, records, _ = probe_task(resolve_target("builtin"), bare)
     assert [r["prompt"] for r in records] == [r["prompt"] for r in _rows(48)[40:43]]
-    assert tcfg.reward_fn == REWARDS[:1] and tcfg.format == "prompt"
+    assert task.reward.reward_fn == REWARDS[:1] and task.dataset.format == "prompt"
     with pytest.raises(ConfigError, match="--prompts 9: the records of .*test.parquet number 8"):
         probe_task(resolve_target("builtin"), dataclasses.replace(bare, prompts=9))
     with pytest.raises(ConfigError, match="built-in task draws fresh training questions"):
@@ -214,13 +211,13 @@ def test_evaluation_draws_through_the_engine_the_trainer_was_given(tmp_path):
 def test_a_probe_of_a_code_run_scores_programs_in_the_sandbox(tmp_path):
     """The code reward through the probe's path: the sandbox is configured (and said) before scoring, as in
     training, and a written program really runs against the record's tests."""
-    from grpolab.eval.runs import Target, task_config
+    from grpolab.eval.runs import RunTask, Target
     from grpolab.models.policy import load_policy
 
     fixture = "tests/fixtures/code_problems.jsonl"
-    cfg = task_config(Target("builtin"), data=fixture, reward_fn=("grpolab.rewards:code_reward",))
+    task = RunTask.of(Target("builtin"), data=fixture, reward_fn=("grpolab.rewards:code_reward",))
     said = []
-    draw = probe_sampler(load_policy("builtin"), cfg, "hf", log=said.append)
+    draw = probe_sampler(load_policy("builtin"), task, "hf", log=said.append)
     assert len(said) == 1 and "bubblewrap" in said[0]  # the sandbox, said as training says it
     record = json.loads(open(fixture).readline())
     scores = draw.reward([record["solution"], record["wrong"]], [record] * 2, torch.tensor([20, 20]))

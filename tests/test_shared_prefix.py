@@ -304,7 +304,7 @@ def _run(out, model: str, **over) -> dict[str, torch.Tensor]:
     cfg = TrainConfig(**{**fields, **over})
     train(cfg, log=lambda *a: None)
     ckpt = out / "checkpoints" / "step_2"
-    if cfg.lora_rank:
+    if cfg.policy.lora_rank:
         return load_file(ckpt / "adapter_model.safetensors")
     return AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float64).state_dict()
 

@@ -188,8 +188,8 @@ def test_dlogp_is_the_difference_of_two_independent_forwards(tmp_path, variant):
     assert len(records) == 4 and out.metrics["credit/rollouts"] == 4
     sub = select(roll.groups.rows.batch, torch.tensor(watched.rows))
     with torch.no_grad():
-        lp_before = completion_logprobs(before, sub, cfg.temperature)  # [K, T]
-        lp_after = completion_logprobs(trainer.policy.model, sub, cfg.temperature)
+        lp_before = completion_logprobs(before, sub, cfg.generation.temperature)  # [K, T]
+        lp_after = completion_logprobs(trainer.policy.model, sub, cfg.generation.temperature)
     moved = 0.0
     for k, rec in enumerate(records):
         T = len(rec["ids"])
@@ -201,7 +201,7 @@ def test_dlogp_is_the_difference_of_two_independent_forwards(tmp_path, variant):
         assert "".join(rec["tokens"]) == rec["completion"] == roll.groups.rows.texts[watched.rows[k]]
         carried = [r is not None for r in rec["ratio"]]
         assert all(carried)  # every token carries loss here
-        if cfg.mu == 1:  # one pass from the sampling weights: the ratio is 1, never clipped
+        if cfg.objective.mu == 1:  # one pass from the sampling weights: the ratio is 1, never clipped
             assert rec["ratio"] == pytest.approx([1.0] * T, abs=1e-12) and not any(rec["clipped"])
         else:  # the second pass's ratio: pi after the first optimizer step / pi at sampling
             assert max(abs(r - 1.0) for r in rec["ratio"]) > 1e-6
@@ -344,13 +344,15 @@ def test_recorded_ratio_clipping_and_advantage_are_the_losss_own(tmp_path, monke
     _, st = real(logp, old, adv, mask, **{**kw, "token_values": True})
     # the formulas: GSPO's ratio per rollout, PPO's clip with the optional cap on the unclipped ratio
     m = mask.double()
-    if cfg.importance_sampling == "token":
+    if cfg.objective.importance_sampling == "token":
         ratio = torch.exp(logp - old)
     else:
         ratio = torch.exp(((logp - old) * m).sum(1, keepdim=True) / m.sum(1, keepdim=True)).expand_as(logp)
     A = adv[:, None].double().expand_as(logp)
-    capped = ratio if not cfg.clip_delta else torch.clamp(ratio, max=cfg.clip_delta)
-    clipped = (torch.clamp(ratio, 1 - cfg.clip_low, 1 + cfg.clip_high) * A < capped * A) & mask.bool()
+    capped = ratio if not cfg.objective.clip_delta else torch.clamp(ratio, max=cfg.objective.clip_delta)
+    clipped = (
+        torch.clamp(ratio, 1 - cfg.objective.clip_low, 1 + cfg.objective.clip_high) * A < capped * A
+    ) & mask.bool()
     watched = trainer.updater.watched
     assert len(out.token_credit) == 16
     n_clipped = 0

@@ -6,7 +6,6 @@ warm start, a few seconds each on one CPU thread.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -21,6 +20,7 @@ from grpolab.models import checkpoint
 from grpolab.models.policy import ASSET_DIR
 from grpolab.training.recipe import train
 from grpolab.training.runlog import read_metrics
+from grpolab.training.setup import checked_config
 
 STEP_KEYS = {
     "step",
@@ -97,9 +97,11 @@ def base_run(tmp_path_factory):
 def test_run_dir_holds_the_whole_config(base_run):
     cfg, out = base_run
     saved = json.loads((out / "config.json").read_text())
-    expected = json.loads(json.dumps(dataclasses.asdict(cfg.resolved())))  # tuples -> lists, as JSON has them
+    expected = json.loads(json.dumps(checked_config(cfg).to_dict()))  # every option by its name; tuples -> lists
     assert {k: v for k, v in saved.items() if k not in ("code_version", "world_size")} == expected
-    assert cfg.format_weight is None and saved["format_weight"] == 0.1  # model-dependent defaults recorded as used
+    assert (
+        cfg.reward.format_weight is None and saved["format_weight"] == 0.1
+    )  # model-dependent defaults recorded as used
     assert "code_version" in saved
     assert saved["world_size"] == 1  # processes the run was started on
 
@@ -502,7 +504,7 @@ def test_update_normalises_by_the_rows_it_is_given(tmp_path):
         policy.model,
         prompts,
         [(7, i) for i in range(12)],
-        max_new_tokens=cfg.max_new_tokens,
+        max_new_tokens=cfg.generation.max_new_tokens,
         temperature=1.0,
         top_p=1.0,
         eos_id=policy.eos_id,
@@ -512,7 +514,12 @@ def test_update_normalises_by_the_rows_it_is_given(tmp_path):
     with torch.no_grad():
         logp = completion_logprobs(policy.model, batch)
     expected, _ = policy_loss(
-        logp, logp, adv, batch.completion_mask, aggregation=cfg.aggregation, max_len=cfg.max_new_tokens
+        logp,
+        logp,
+        adv,
+        batch.completion_mask,
+        aggregation=cfg.objective.aggregation,
+        max_len=cfg.generation.max_new_tokens,
     )
     assert trainer._update(batch, adv)["loss/total"] == pytest.approx(expected.item(), rel=1e-5)
 

@@ -25,13 +25,42 @@ from grpolab.analysis.mse import (
 from grpolab.analysis.pool import collect_pool, probe_sampler
 from grpolab.analysis.sampling_bias import BanditStep, measure
 from grpolab.common import distributed
+from grpolab.common.errors import ConfigError
 from grpolab.common.rng import set_threads
 from grpolab.common.stats import percentile_interval
-from grpolab.config.train import ConfigError
+from grpolab.config import fields
 from grpolab.eval.runs import load_task_policy, probe_task, resolve_target
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
+class BanditSection:
+    """--env bandit: the exact check on a softmax bandit, and the --sampling modes compared on one."""
+
+    arm_probs: tuple[float, ...] = (0.2, 0.5, 0.8)
+    """Bandit: success probability of each arm."""
+    logits: tuple[float, ...] = (0.0, 0.5, -0.5)
+    """Bandit: the softmax policy's logits, one per arm."""
+    trials: int = 20_000
+    """Bandit: Monte Carlo trials per G (per mode with --sampling)."""
+    sampling: tuple[str, ...] = ()
+    """Bandit: instead of MSE against G, compare one step's gradient under these --sampling modes of training (fixed,
+    filter, adaptive) on prompts of --pass-rates: per-prompt bias scale c (1 = unbiased), relative bias, cosine to
+    the true gradient, MSE, rollouts per step (grpolab.analysis.sampling_bias)."""
+    pass_rates: tuple[float, ...] = (0.05, 0.2, 0.5, 0.8, 0.95)
+    """Bandit --sampling: the prompts' pass rates (each a two-armed bandit; prompts drawn uniformly)."""
+    prompts_per_step: int = 8
+    """Bandit --sampling: B, prompts per step; a step's budget is B * G for each G of --group-sizes."""
+    pilot_size: int = 4
+    """Bandit --sampling adaptive: pilot rollouts per prompt (G <= pilot size: adaptive is skipped at that G)."""
+    max_sampling_rounds: int = 3
+    """Bandit --sampling filter: most rounds of prompt draws per step."""
+    estimator: str = "rloo"
+    """Bandit --sampling: the advantage estimator (rloo, grpo, grpo_std)."""
+    json: str = ""
+    """Bandit: also write the records to this JSON file."""
+
+
+@fields.sectioned
 class MseConfig(ProbeConfig):
     """MSE of the vanilla, grpo, rloo and oracle gradient estimators against G [U-statistic, Figure 4].
 
@@ -61,28 +90,7 @@ class MseConfig(ProbeConfig):
     sketch_dim: int | None = None
     """Cross-prompt gradient products from a k-dimensional CountSketch (unbiased): None = only when the M gradient
     vectors would exceed 1 GB (a real model), 0 = always exact, k > 0 = always sketched."""
-    arm_probs: tuple[float, ...] = (0.2, 0.5, 0.8)
-    """Bandit: success probability of each arm."""
-    logits: tuple[float, ...] = (0.0, 0.5, -0.5)
-    """Bandit: the softmax policy's logits, one per arm."""
-    trials: int = 20_000
-    """Bandit: Monte Carlo trials per G (per mode with --sampling)."""
-    sampling: tuple[str, ...] = ()
-    """Bandit: instead of MSE against G, compare one step's gradient under these --sampling modes of training (fixed,
-    filter, adaptive) on prompts of --pass-rates: per-prompt bias scale c (1 = unbiased), relative bias, cosine to
-    the true gradient, MSE, rollouts per step (grpolab.analysis.sampling_bias)."""
-    pass_rates: tuple[float, ...] = (0.05, 0.2, 0.5, 0.8, 0.95)
-    """Bandit --sampling: the prompts' pass rates (each a two-armed bandit; prompts drawn uniformly)."""
-    prompts_per_step: int = 8
-    """Bandit --sampling: B, prompts per step; a step's budget is B * G for each G of --group-sizes."""
-    pilot_size: int = 4
-    """Bandit --sampling adaptive: pilot rollouts per prompt (G <= pilot size: adaptive is skipped at that G)."""
-    max_sampling_rounds: int = 3
-    """Bandit --sampling filter: most rounds of prompt draws per step."""
-    estimator: str = "rloo"
-    """Bandit --sampling: the advantage estimator (rloo, grpo, grpo_std)."""
-    json: str = ""
-    """Bandit: also write the records to this JSON file."""
+    bandit: BanditSection = BanditSection()
 
     def validate(self) -> None:
         if self.env not in ("lm", "bandit"):
@@ -90,33 +98,33 @@ class MseConfig(ProbeConfig):
         if not self.group_sizes or min(self.group_sizes) < 1:
             raise ConfigError(f"--group-sizes must be >= 1, got {self.group_sizes}")
         if self.env == "bandit":
-            if len(self.arm_probs) != len(self.logits) or len(self.arm_probs) < 2:
+            if len(self.bandit.arm_probs) != len(self.bandit.logits) or len(self.bandit.arm_probs) < 2:
                 raise ConfigError(
-                    f"--arm-probs and --logits need the same number (>= 2) of arms, got {len(self.arm_probs)} and {len(self.logits)}"
+                    f"--arm-probs and --logits need the same number (>= 2) of arms, got {len(self.bandit.arm_probs)} and {len(self.bandit.logits)}"
                 )
-            if not all(0 <= p <= 1 for p in self.arm_probs):
-                raise ConfigError(f"--arm-probs must lie in [0, 1], got {self.arm_probs}")
-            if self.trials < 2:
-                raise ConfigError(f"--trials must be >= 2, got {self.trials}")
-            unknown = set(self.sampling) - set(SAMPLING_MODES)
+            if not all(0 <= p <= 1 for p in self.bandit.arm_probs):
+                raise ConfigError(f"--arm-probs must lie in [0, 1], got {self.bandit.arm_probs}")
+            if self.bandit.trials < 2:
+                raise ConfigError(f"--trials must be >= 2, got {self.bandit.trials}")
+            unknown = set(self.bandit.sampling) - set(SAMPLING_MODES)
             if unknown:
                 raise ConfigError(f"--sampling: unknown mode(s) {sorted(unknown)}; choose from {SAMPLING_MODES}")
-            if self.sampling:
-                if not self.pass_rates or not all(0 <= j <= 1 for j in self.pass_rates):
-                    raise ConfigError(f"--pass-rates must be non-empty and lie in [0, 1], got {self.pass_rates}")
+            if self.bandit.sampling:
+                if not self.bandit.pass_rates or not all(0 <= j <= 1 for j in self.bandit.pass_rates):
+                    raise ConfigError(f"--pass-rates must be non-empty and lie in [0, 1], got {self.bandit.pass_rates}")
                 if (
                     min(self.group_sizes) < 2
-                    or self.prompts_per_step < 1
-                    or self.pilot_size < 2
-                    or self.max_sampling_rounds < 1
+                    or self.bandit.prompts_per_step < 1
+                    or self.bandit.pilot_size < 2
+                    or self.bandit.max_sampling_rounds < 1
                 ):
                     raise ConfigError(
                         "--sampling needs --group-sizes >= 2, --prompts-per-step >= 1, --pilot-size >= 2 "
                         "and --max-sampling-rounds >= 1"
                     )
-                if self.estimator not in ("rloo", "grpo", "grpo_std"):
+                if self.bandit.estimator not in ("rloo", "grpo", "grpo_std"):
                     raise ConfigError(
-                        f"--estimator must be rloo, grpo or grpo_std (a group baseline), got {self.estimator!r}"
+                        f"--estimator must be rloo, grpo or grpo_std (a group baseline), got {self.bandit.estimator!r}"
                     )
         else:
             if self.pool < 3:
@@ -127,12 +135,12 @@ class MseConfig(ProbeConfig):
 
 def run_bandit(cfg: MseConfig) -> list[dict]:
     """Per estimator and G: Monte Carlo MSE with its 95% CI next to the exact MSE."""
-    p = torch.tensor(cfg.arm_probs, dtype=torch.float64)
-    th = torch.tensor(cfg.logits, dtype=torch.float64)
+    p = torch.tensor(cfg.bandit.arm_probs, dtype=torch.float64)
+    th = torch.tensor(cfg.bandit.logits, dtype=torch.float64)
     m = bandit_moments(p, th)
     records = []
     for G in cfg.group_sizes:
-        mc = bandit_mse_mc(p, th, G, cfg.trials, seed=cfg.seed + G)
+        mc = bandit_mse_mc(p, th, G, cfg.bandit.trials, seed=cfg.seed + G)
         for est, (mean, lo, hi) in mc.items():
             records.append(
                 {
@@ -145,9 +153,9 @@ def run_bandit(cfg: MseConfig) -> list[dict]:
                 }
             )
     records.sort(key=lambda r: (MSE_ESTIMATORS.index(r["estimator"]), r["G"]))
-    if cfg.json:
-        Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.json).write_text(json.dumps(records, indent=2))
+    if cfg.bandit.json:
+        Path(cfg.bandit.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.bandit.json).write_text(json.dumps(records, indent=2))
     return records
 
 
@@ -155,18 +163,18 @@ def run_sampling_bias(cfg: MseConfig) -> list[dict]:
     """The bandit comparison of --sampling modes, for each G of --group-sizes (adaptive only where G > pilot)."""
     records = []
     for G in cfg.group_sizes:
-        modes = tuple(m for m in cfg.sampling if m != "adaptive" or G > cfg.pilot_size)
+        modes = tuple(m for m in cfg.bandit.sampling if m != "adaptive" or G > cfg.bandit.pilot_size)
         step = BanditStep(
-            B=cfg.prompts_per_step,
+            B=cfg.bandit.prompts_per_step,
             G=G,
-            pilot_size=cfg.pilot_size,
-            max_rounds=cfg.max_sampling_rounds,
-            estimator=cfg.estimator,
+            pilot_size=cfg.bandit.pilot_size,
+            max_rounds=cfg.bandit.max_sampling_rounds,
+            estimator=cfg.bandit.estimator,
         )
-        records += measure(modes, cfg.pass_rates, step, cfg.trials, seed=cfg.seed + G)
-    if cfg.json:
-        Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.json).write_text(json.dumps(records, indent=2))
+        records += measure(modes, cfg.bandit.pass_rates, step, cfg.bandit.trials, seed=cfg.seed + G)
+    if cfg.bandit.json:
+        Path(cfg.bandit.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.bandit.json).write_text(json.dumps(records, indent=2))
     return records
 
 
@@ -189,11 +197,12 @@ def run_mse(cfg: MseConfig, log=print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     # Every policy answers the same questions: those of the first one's task (its run's, or the built-in task).
     targets = [resolve_target(spec) for spec in cfg.policy]
-    cfg, tcfg, records, sampler = probe_task(targets[0], cfg)
-    report = {"config": dataclasses.asdict(cfg), "policies": []}
+    task, records, sampler = probe_task(targets[0], cfg)
+    cfg = task.fill(cfg)  # what was measured with: the run's sampling and reward options where not given
+    report = {"config": fields.to_flat(cfg), "policies": []}
     for spec, target in zip(cfg.policy, targets):
-        policy = load_task_policy(target, tcfg, sampler=sampler)
-        pool = _pool(cfg, tcfg, policy, records, world, log, label=f"pool {spec}")
+        policy = load_task_policy(target, task, sampler=sampler)
+        pool = _pool(cfg, task, policy, records, world, log, label=f"pool {spec}")
         entry = {
             "policy": spec,
             "reward_mean": statistics.fmean(pool.reward_mean),
@@ -233,7 +242,7 @@ def format_mse(report: dict) -> str:
     return "\n".join(lines)
 
 
-@dataclasses.dataclass
+@fields.sectioned
 class GroupsizeConfig(ProbeConfig):
     """Predict the best group size G under a fixed sampling budget B * G [U-statistic, Thm 7].
 
@@ -284,14 +293,14 @@ def _interval(values: list[float]) -> list[float]:
     return list(percentile_interval(finite))
 
 
-def _pool(cfg: MseConfig | GroupsizeConfig, tcfg, policy, records, world, log, label: str = "pool"):
-    """The probe's pool of ``cfg.pool`` rollouts per prompt, drawn and scored as the run of ``tcfg`` draws and scores
-    them, with their score Gram moments (``grpolab.analysis.pool``)."""
+def _pool(cfg: MseConfig | GroupsizeConfig, task, policy, records, world, log, label: str = "pool"):
+    """The probe's pool of ``cfg.pool`` rollouts per prompt, drawn and scored as ``task`` (the run's) draws and
+    scores them, with their score Gram moments (``grpolab.analysis.pool``)."""
     return collect_pool(
         policy,
         records,
         cfg.pool,
-        probe_sampler(policy, tcfg, cfg.rollout_engine, log, records),
+        probe_sampler(policy, task, cfg.rollout_engine, log, records),
         seed=cfg.seed,
         include=cfg.include or None,
         progress=cfg.progress,
@@ -308,9 +317,10 @@ def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     target = resolve_target(cfg.policy, cfg.step)
-    cfg, tcfg, records, sampler = probe_task(target, cfg)
-    policy = load_task_policy(target, tcfg, sampler=sampler)
-    pool = _pool(cfg, tcfg, policy, records, world, log)
+    task, records, sampler = probe_task(target, cfg)
+    cfg = task.fill(cfg)
+    policy = load_task_policy(target, task, sampler=sampler)
+    pool = _pool(cfg, task, policy, records, world, log)
     consts = groupsize_constants(pool.moments, pool.cross)
     gen = torch.Generator().manual_seed(cfg.seed)
     M = len(pool.moments)
@@ -328,7 +338,7 @@ def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:
     g_star = optimal_group_size(consts)
     best = min(curve, key=lambda c: c["mse"])
     report = {
-        "config": dataclasses.asdict(cfg),
+        "config": fields.to_flat(cfg),
         "reward_mean": statistics.fmean(pool.reward_mean),
         "constants": {
             k: {"value": consts[k], "ci": _interval([b[k] for b in boots])}

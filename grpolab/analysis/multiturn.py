@@ -27,14 +27,16 @@ import torch
 
 from grpolab.analysis.multiturn_chain import STAGE_ADVANTAGES, Chain, exact_bias, monte_carlo_bias
 from grpolab.common import streams
+from grpolab.common.errors import ConfigError
 from grpolab.common.rng import set_threads
 from grpolab.common.stats import percentile_interval
-from grpolab.config.train import ConfigError
+from grpolab.config import fields
+from grpolab.config.fields import FROM_RUN
 
 MEASURE_DIALOGUE_SEED = 20_240_004  # dialogues of the bias measurement (not the held-out ones)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class MultiturnConfig:
     """Per-stage bias of GRPO's advantage (Eq. 22-23), split into past-reward leakage and value
     mismatch, next to reward-to-go with the group baseline (rtg-group) and reward-to-go minus a
@@ -53,8 +55,8 @@ class MultiturnConfig:
     """With a run directory as --policy: the checkpoint to measure (0 = its start; default: the newest)."""
     data: str = ""
     """Records of --env/--tools episodes (a data file as --data takes); default: the run's held-out records."""
-    reward_fn: tuple[str, ...] = ()
-    """Reward functions on the final conversation, added to the last turn's reward (default: the run's)."""
+    reward_fn: tuple[str, ...] = dataclasses.field(default=(), metadata=FROM_RUN)
+    """Reward functions on the final conversation, added to the last turn's reward (a run: its own)."""
     stages: int = 4
     """H: stages of the chain and the dialogue; for an environment, the most turns of an episode."""
     group_size: int = 8
@@ -71,12 +73,12 @@ class MultiturnConfig:
     """D: records measured (each with a group of R episodes)."""
     branches: int = 8
     """K: continuations branched from each visited state (twice) to estimate its value."""
-    max_new_tokens: int | None = None
-    """Longest reply per turn (default: the run's, else training's, 48)."""
-    max_episode_tokens: int | None = None
-    """The most tokens an episode adds after its opening prompt (default: the run's, else 1024)."""
-    temperature: float | None = None
-    """Sampling temperature (default: the run's, else 1)."""
+    max_new_tokens: int = dataclasses.field(default=48, metadata=FROM_RUN)
+    """Longest reply per turn (a run: its own)."""
+    max_episode_tokens: int = dataclasses.field(default=1024, metadata=FROM_RUN)
+    """The most tokens an episode adds after its opening prompt (a run: its own)."""
+    temperature: float = dataclasses.field(default=1.0, metadata=FROM_RUN)
+    """Sampling temperature (a run: its own)."""
     context: str = "question"
     """arith: what the policy sees at a turn: 'question' or the whole 'dialogue' (see grpolab/env/arith.py)."""
     rollout_engine: str = "hf"
@@ -178,61 +180,64 @@ def _task(cfg: MultiturnConfig, log) -> _Task:
     """The policy, its environment and the records to measure, as training would play them."""
     from grpolab.data.dialogues import make_dialogues
     from grpolab.env import environment
-    from grpolab.eval.runs import load_task_policy, resolve_target, task_config
+    from grpolab.eval.runs import RunTask, load_task_policy, resolve_target
     from grpolab.rewards.rewarder import rewarder_for
     from grpolab.rollout.collect import final_scores
     from grpolab.rollout.sampler import SamplingSettings
 
     target = resolve_target(cfg.policy, cfg.step)
-    given = {"max_new_tokens": cfg.max_new_tokens, "max_episode_tokens": cfg.max_episode_tokens, "seed": cfg.seed}
-    given["temperature"] = cfg.temperature
-    if cfg.env == "arith":
-        given.update(task="arith-multiturn", env="", tools=(), stages=cfg.stages, dialogue_context=cfg.context)
-        given.update(max_operand=cfg.max_operand)
-    elif cfg.env or cfg.tools:
-        given.update(task="arith", env=cfg.env, tools=tuple(cfg.tools), max_turns=cfg.stages)
-    if cfg.data:
-        given.update(data=cfg.data, eval_data=cfg.data, eval_fraction=0.0)
-    if cfg.reward_fn:
-        given["reward_fn"] = tuple(cfg.reward_fn)
-    tcfg = task_config(target, **given)
-    if not tcfg.multi_turn:
+    task = RunTask.of(target, cfg, **_episode_options(cfg))
+    if not task.multi_turn:
         raise ConfigError(f"--policy {cfg.policy}: its run trained single-turn; give --env or --tools")
-    policy = load_task_policy(target, tcfg)
+    policy = load_task_policy(target, task)
     policy.model.eval()
-    if tcfg.task == "arith-multiturn":
-        records = make_dialogues(cfg.episodes, MEASURE_DIALOGUE_SEED + cfg.seed, _spec(tcfg))
+    if task.episodes.task == "arith-multiturn":
+        records = make_dialogues(cfg.episodes, MEASURE_DIALOGUE_SEED + cfg.seed, _spec(task))
     else:
-        from grpolab.data.task import task_data
-
-        records = task_data(dataclasses.replace(tcfg, eval_questions=max(cfg.episodes, 1)), log=lambda *a: None)[0]
-        records = records[: cfg.episodes]
-    env = environment(tcfg, policy, records[0])
-    engine = _engine(tcfg, cfg.rollout_engine, policy, log)
-    reward = rewarder_for(tcfg, policy)  # the run's reward functions, scored as training scores an episode
+        records = task.data(max(cfg.episodes, 1), log=lambda *a: None)[0][: cfg.episodes]
+    env = environment(task.episodes, task.arithmetic.max_operand, policy, records[0])
+    engine = _engine(task, cfg.rollout_engine, policy, log)
+    gen = task.generation
+    # the run's reward functions, scored as training scores an episode
+    reward = rewarder_for(task.reward, policy, episodes=True, max_new_tokens=gen.max_new_tokens)
 
     def final_rewards(episodes) -> list[float]:
         if not reward.reward_fns:
             return [0.0] * len(episodes)
         return final_scores(reward, episodes).total.tolist()
 
-    settings = SamplingSettings(tcfg.max_new_tokens, tcfg.temperature, tcfg.top_p)
+    settings = SamplingSettings(gen.max_new_tokens, gen.temperature, gen.top_p)
     log(f"measuring {policy.source} on {env.name}: {len(records)} records x {cfg.group_size} episodes")
     return _Task(env.runner(engine, policy), records, final_rewards, settings, env.close)
 
 
-def _spec(tcfg):
+def _episode_options(cfg: MultiturnConfig) -> dict:
+    """The task options ``cfg`` sets over the run's: the environment (--env, --tools), its turns, its records."""
+    options = {"seed": cfg.seed}
+    if cfg.env == "arith":
+        options.update(task="arith-multiturn", env="", tools=(), stages=cfg.stages, dialogue_context=cfg.context)
+        options.update(max_operand=cfg.max_operand)
+    elif cfg.env or cfg.tools:
+        options.update(task="arith", env=cfg.env, tools=tuple(cfg.tools), max_turns=cfg.stages)
+    if cfg.data:
+        options.update(data=cfg.data, eval_data=cfg.data, eval_fraction=0.0)
+    return options
+
+
+def _spec(task):
     from grpolab.data.dialogues import DialogueSpec
 
-    return DialogueSpec(tcfg.stages, max_operand=min(tcfg.max_operand, 50), context=tcfg.dialogue_context)
+    ep = task.episodes
+    return DialogueSpec(ep.stages, max_operand=min(task.arithmetic.max_operand, 50), context=ep.dialogue_context)
 
 
-def _engine(tcfg, kind: str, policy, log):
+def _engine(task, kind: str, policy, log):
+    from grpolab.config.rollout import EngineSection
     from grpolab.rollout.engine import HFEngine, build_engine
 
     if kind == "hf":
         return HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id)
-    engine = build_engine(dataclasses.replace(tcfg, rollout_engine=kind), policy)
+    engine = build_engine(EngineSection(rollout_engine=kind), task.seed, policy)
     log(f"rollout engine: {kind}")
     return engine
 
@@ -353,7 +358,7 @@ def run_multiturn(cfg: MultiturnConfig, log=print) -> list[dict]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = run_chain(cfg) if cfg.kind == "chain" else run_episodes(cfg, log=log)
-    (out / "multiturn.json").write_text(json.dumps({"config": dataclasses.asdict(cfg), "records": rows}, indent=2))
+    (out / "multiturn.json").write_text(json.dumps({"config": fields.to_flat(cfg), "records": rows}, indent=2))
     if cfg.json:
         Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.json).write_text(json.dumps(rows, indent=2))

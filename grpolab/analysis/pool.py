@@ -23,6 +23,7 @@ from grpolab.common import distributed, streams
 from grpolab.common.batch import Batch
 from grpolab.common.distributed import SINGLE, World
 from grpolab.common.progress import progress_bar
+from grpolab.config.rollout import EngineSection
 from grpolab.models.logprobs import completion_logprobs
 from grpolab.models.policy import Policy
 from grpolab.probes.gram import _count_sketch, _select_params, score_gram
@@ -55,18 +56,19 @@ class ProbeSampler:
         return rows.batch, rows.scores.total, rows.entropy
 
 
-def probe_sampler(policy: Policy, cfg, engine: str = "hf", log=print, records: list[dict] = ()) -> ProbeSampler:
-    """The :class:`ProbeSampler` of ``policy`` on the task of ``cfg`` (a resolved TrainConfig: the run's, with the
-    probe's sampling settings on top) through the rollout engine ``engine`` ('hf' or 'vllm'). A reward function
-    that needs a column ``records`` lack is named now, in one line, not scored 0 on every rollout."""
+def probe_sampler(policy: Policy, task, engine: str = "hf", log=print, records: list[dict] = ()) -> ProbeSampler:
+    """The :class:`ProbeSampler` of ``policy`` on ``task`` (a :class:`grpolab.eval.runs.RunTask`: the run's, with
+    the probe's sampling and reward options on top) through the rollout engine ``engine`` ('hf' or 'vllm'). A reward
+    function that needs a column ``records`` lack is named now, in one line, not scored 0 on every rollout."""
     from grpolab.rewards import code as code_reward
 
-    reward = rewarder_for(cfg, policy)
-    if records and (cfg.data or cfg.eval_data):
-        check_columns(reward.reward_fns, records, f"the probe prompts of {cfg.eval_data or cfg.data}")
-    code_reward.configure_for([fn for _, fn, _ in reward.reward_fns], cfg, log)
-    runner = EpisodeRunner(build_engine(dataclasses.replace(cfg, rollout_engine=engine), policy), policy)
-    settings = SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_p)
+    gen, data = task.generation, task.dataset
+    reward = rewarder_for(task.reward, policy, episodes=task.multi_turn, max_new_tokens=gen.max_new_tokens)
+    if records and (data.data or data.eval_data):
+        check_columns(reward.reward_fns, records, f"the probe prompts of {data.eval_data or data.data}")
+    code_reward.configure_for([fn for _, fn, _ in reward.reward_fns], task.code_sandbox, log)
+    runner = EpisodeRunner(build_engine(EngineSection(rollout_engine=engine), task.seed, policy), policy)
+    settings = SamplingSettings(gen.max_new_tokens, gen.temperature, gen.top_p)
     return ProbeSampler(runner, reward, settings, next(policy.model.parameters()).device)
 
 

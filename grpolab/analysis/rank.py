@@ -31,10 +31,12 @@ from grpolab.analysis.config import ProbeConfig
 from grpolab.analysis.pool import ProbeSampler, probe_sampler
 from grpolab.common import distributed, streams
 from grpolab.common.batch import Batch
+from grpolab.common.errors import ConfigError
 from grpolab.common.progress import progress_bar
 from grpolab.common.rng import set_threads
 from grpolab.common.stats import mean_ci
-from grpolab.config.train import ConfigError
+from grpolab.config import fields
+from grpolab.config.fields import FROM_RUN
 from grpolab.eval.runs import check_intact, load_task_policy, probe_task, run_targets
 from grpolab.models.logprobs import completion_entropy, completion_logprobs
 from grpolab.models.policy import Policy
@@ -42,7 +44,7 @@ from grpolab.probes.gram import gram_relative_error, score_gram, score_gram_refe
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
 
 
-@dataclasses.dataclass
+@fields.sectioned
 class RankConfig(ProbeConfig):
     """Spectrum of the per-rollout gradient matrix (effective rank, top-1 fraction) over checkpoints."""
 
@@ -61,11 +63,11 @@ class RankConfig(ProbeConfig):
     """Advantage estimator for A (the Foundations paper analyses the group mean, 'grpo')."""
     aggregation: str = "seq-mean-token-mean"
     """Per-token weights of psi, as in the loss (1/|o_i| for GRPO)."""
-    mask_truncated: bool | None = None
-    """Give completions cut at --max-new-tokens no weight, as --mask-truncated in training (default: the run's)."""
-    top_entropy_quantile: float | None = None
+    mask_truncated: bool = dataclasses.field(default=False, metadata=FROM_RUN)
+    """Give completions cut at --max-new-tokens no weight, as --mask-truncated in training (a run: its own)."""
+    top_entropy_quantile: float = dataclasses.field(default=1.0, metadata=FROM_RUN)
     """Only the highest-entropy q-fraction of each prompt's R rollouts' tokens carries weight, as in training
-    (default: the run's, else 1)."""
+    (a run: its own)."""
     sketch_dim: int = 0
     """If > 0, estimate Psi from a k-dimensional CountSketch of the per-rollout gradients instead of
     exactly (for models where the exact path is too slow). Its error: measured against the exact
@@ -176,7 +178,8 @@ def run_rank(cfg: RankConfig, log=print) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpts = [(s, check_intact(t)) for s, t in select_steps(run_targets(cfg.checkpoint), cfg.steps)]
-    cfg, tcfg, records, sampler = probe_task(ckpts[0][1], cfg)
+    task, records, sampler = probe_task(ckpts[0][1], cfg)
+    cfg = task.fill(cfg)  # what was measured with: the run's sampling, reward and token options where not given
     mine = world.split(len(records))
     results = []
     total = len(ckpts) * len(cfg.group_sizes) * len(mine)
@@ -184,9 +187,9 @@ def run_rank(cfg: RankConfig, log=print) -> dict:
         done = 0
         for step, target in ckpts:
             path = target.adapter or target.weights
-            policy = load_task_policy(target, tcfg, sampler=sampler)
+            policy = load_task_policy(target, task, sampler=sampler)
             policy.model.eval()  # no dropout in the probe; gradients still flow
-            draw = probe_sampler(policy, tcfg, cfg.rollout_engine, log, records)
+            draw = probe_sampler(policy, task, cfg.rollout_engine, log, records)
             for R in cfg.group_sizes:
                 rows = []
                 for k in mine:  # global prompt index k keys the rollouts: P-independent
@@ -218,7 +221,7 @@ def run_rank(cfg: RankConfig, log=print) -> dict:
                     res["gram_time_ratio"] = sum(r["t_gram"] for r in rows) / t_plain
                     res["reference_time_ratio"] = sum(r["t_ref"] for r in rows) / t_plain
                 results.append(res)
-    report = {"config": dataclasses.asdict(cfg), "results": results}
+    report = {"config": fields.to_flat(cfg), "results": results}
     if world.is_main:
         (out / "rank.json").write_text(json.dumps(report, indent=2))
         from grpolab.analysis.plots import plot_rank

@@ -110,9 +110,9 @@ def _one_run(cfg: TrainConfig) -> str:
     hf_logging.disable_progress_bar()  # a fresh (spawned) process: HF's per-load bars would interleave
 
     t0 = time.perf_counter()
-    resume = (Path(cfg.out) / "checkpoints").is_dir()
-    train(dataclasses.replace(cfg, resume=resume), log=lambda *a, **k: None)
-    return f"{cfg.out} ({time.perf_counter() - t0:.0f} s)"
+    resume = (Path(cfg.run.out) / "checkpoints").is_dir()
+    train(cfg.replace(resume=resume), log=lambda *a, **k: None)
+    return f"{cfg.run.out} ({time.perf_counter() - t0:.0f} s)"
 
 
 def mean_ci_t(values: list[float]) -> tuple[float, float, float]:

@@ -32,6 +32,7 @@ from typing import Any
 from grpolab.commands import objects
 from grpolab.config import options
 from grpolab.config.train import ConfigError, TrainConfig
+from grpolab.eval.runs import run_defaults_for
 from grpolab.models.policy import Policy
 
 __all__ = ["Run", "train", "evaluate", "rank", "mse", "groupsize", "multiturn_bias"]
@@ -121,13 +122,17 @@ def _fields(cls, model_field: str, model, tokenizer, given: dict) -> dict:
     return fields
 
 
-def _config(cls, command: str, model_field: str, model, tokenizer, config, given: dict):
-    """``config`` (a parsed command line), or the config of the keywords: names and types checked."""
+def _config(cls, command: str, model_field: str, model, tokenizer, config, given: dict, base_of=None):
+    """``config`` (a parsed command line), or the config of the keywords: names and types checked. ``base_of``: as
+    the command line's (``train(resume=True)``: the run's own options are the defaults)."""
     if config is not None:
         if model is not None or tokenizer is not None or any(v is not None for v in given.values()):
             raise ConfigError("config: give the options either as a config object or as keywords, not both")
         return config
-    return options.config_from(cls, _fields(cls, model_field, model, tokenizer, given), command)
+    values = _fields(cls, model_field, model, tokenizer, given)
+    cfg = options.config_from(cls, values, command)
+    base = base_of(cfg) if base_of is not None else None
+    return cfg if base is None else options.config_from(cls, values, command, base=base)
 
 
 def train(
@@ -174,16 +179,18 @@ def train(
     its share, as ``grpolab train`` does under torchrun (``nproc=`` relaunches only the command line).
     """
     from grpolab.training import launch
-    from grpolab.training.recipe import run_training
+    from grpolab.training.recipe import run_training, saved_config
 
     given = dict(train_dataset=train_dataset, reward_funcs=reward_funcs, eval_dataset=eval_dataset, env=env,
                  tools=tools, **fields)  # fmt: skip
     with objects.registered():
-        cfg = _config(TrainConfig, "train", "model", model, tokenizer, config, given)
-        if launch.relaunches(cfg):
+        resumed = lambda c: saved_config(c.run.out) if c.run.resume else None  # noqa: E731
+        cfg = _config(TrainConfig, "train", "model", model, tokenizer, config, given, base_of=resumed)
+        nproc = cfg.run.nproc
+        if launch.relaunches(nproc):
             raise ConfigError(
-                f"--nproc: {cfg.nproc} processes from Python: launch the script with torchrun --nproc-per-node "
-                f"{cfg.nproc} (each process calls grpolab.train), or use grpolab train --nproc {cfg.nproc}"
+                f"--nproc: {nproc} processes from Python: launch the script with torchrun --nproc-per-node "
+                f"{nproc} (each process calls grpolab.train), or use grpolab train --nproc {nproc}"
             )
         recipe = run_training(cfg, log)
     return Run(Path(recipe.out), recipe.trainer.policy)
@@ -219,13 +226,18 @@ def evaluate(
 
     given = dict(eval_dataset=eval_dataset, reward_funcs=reward_funcs, train_dataset=train_dataset, **fields)
     with objects.registered():
-        return run_eval(_config(EvalConfig, "eval", "model", model, tokenizer, config, given), log)
+        return run_eval(
+            _config(
+                EvalConfig, "eval", "model", model, tokenizer, config, given, run_defaults_for(EvalConfig, "model")
+            ),
+            log,
+        )
 
 
 def _probe(command: str, cls, run, model_field: str, model, tokenizer, config, log, given: dict):
     """A probe command's ``run`` on its config ``cls`` built from the keywords."""
     with objects.registered():
-        cfg = _config(cls, command, model_field, model, tokenizer, config, given)
+        cfg = _config(cls, command, model_field, model, tokenizer, config, given, run_defaults_for(cls, model_field))
         if hasattr(cfg, "validate"):  # the command's own checks, before anything loads
             cfg.validate()
         return run(cfg, log)

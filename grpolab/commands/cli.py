@@ -78,9 +78,11 @@ def _split_number_lists(args: list[str]) -> list[str]:
 def _merge_repeated(args: list[str], cls) -> list[str]:
     """``--policy a --policy b`` -> ``--policy a b`` for tuple-valued fields (tyro takes one occurrence), and
     ``--sampling fixed,filter`` -> ``--sampling fixed filter`` (comma lists of words, as of numbers)."""
-    import dataclasses
+    from grpolab.config import fields
 
-    flags = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(cls) if isinstance(f.default, tuple)}
+    flags = {
+        "--" + name.replace("_", "-") for name, o in fields.options(cls).items() if isinstance(o.field.default, tuple)
+    }
     values: dict[str, list[str]] = {}
     rest: list[str] = []
     i = 0
@@ -100,30 +102,43 @@ def _merge_repeated(args: list[str], cls) -> list[str]:
     return rest
 
 
-def _parse(cls, args: list[str], prog: str, description: str):
+def _parse(cls, args: list[str], prog: str, description: str, base_of=None):
+    """``args`` parsed into a ``cls`` config: its defaults, then a ``--config`` TOML file's options, then the flags.
+    ``base_of(config)``: for a config as parsed, the config whose values replace the defaults, or None (``train
+    --resume``: the run's own; the flags are then parsed again over it)."""
     import tyro
 
-    from grpolab.config import options
-    from grpolab.config.train import load_toml
+    from grpolab.config import fields, options
+    from grpolab.config.toml import read_toml
 
     path, rest = _split_config_flag(args)
     rest = _merge_repeated(_split_number_lists(rest), cls)
     options.check_flags(cls, rest, prog.removeprefix("grpolab "))  # one line for a wrong flag, as the API's
-    default = load_toml(path, cls) if path else cls()
-    return tyro.cli(
-        cls,
-        default=default,
-        args=rest,
-        prog=prog,
-        description=description + "\n\n--config FILE.toml sets defaults (keys are field names); flags override them.",
-    )
+    from_file = read_toml(path, cls) if path else {}
+    description += "\n\n--config FILE.toml sets defaults (keys are option names); flags override them."
+
+    def parse(base):
+        default = fields.from_flat(cls, from_file, base=base)
+        # a section's options are flags of their own names: --group-size, not --groups.group-size
+        return tyro.cli(tyro.conf.OmitArgPrefixes[cls], default=default, args=rest, prog=prog, description=description)
+
+    cfg = parse(None)
+    base = base_of(cfg) if base_of is not None else None
+    return cfg if base is None else parse(base)
+
+
+def _run_defaults(cls, model_field: str):
+    from grpolab.eval.runs import run_defaults_for  # imported late: the CLI sets OpenMP's environment first
+
+    return run_defaults_for(cls, model_field)
 
 
 def cmd_train(args: list[str]) -> None:
     from grpolab.commands import api
     from grpolab.config.train import TrainConfig
     from grpolab.report.plotting import plot_run
-    from grpolab.training.recipe import TrainingInterrupted
+    from grpolab.training.recipe import TrainingInterrupted, saved_config
+    from grpolab.training.setup import checked_config
 
     cfg = _parse(
         TrainConfig,
@@ -131,12 +146,14 @@ def cmd_train(args: list[str]) -> None:
         "grpolab train",
         "GRPO training of a causal LM on verifiable rewards.\n\n"
         "On several processes: --nproc P (this machine), or launch it yourself with "
-        "`torchrun --nproc-per-node P [--nnodes ...] -m grpolab train ...`.",
+        "`torchrun --nproc-per-node P [--nnodes ...] -m grpolab train ...`.\n\n"
+        "--resume continues the run in --out with its own options; flags given with it change only what may change "
+        "(--steps, --max-rollouts, logging, evaluation frequency, the machine and process count).",
+        base_of=lambda c: saved_config(c.run.out) if c.run.resume else None,
     )
-    if launch.relaunches(cfg):  # refuse a bad config once, before starting P processes
-        cfg.validate()
-        cfg.validate_world(cfg.nproc)
-    with launch.processes(cfg, ["train", *args]) as main_rank:
+    if launch.relaunches(cfg.run.nproc):  # refuse a bad config once, before starting P processes
+        checked_config(cfg, cfg.run.nproc)
+    with launch.processes(cfg.run.nproc, ["train", *args]) as main_rank:
         try:
             out = api.train(config=cfg).dir
         except TrainingInterrupted as e:  # SIGTERM/SIGINT: the checkpoint is written; the conventional status
@@ -153,7 +170,9 @@ def cmd_eval(args: list[str]) -> None:
     from grpolab.commands import api
     from grpolab.commands.eval import EvalConfig, format_eval
 
-    cfg = _parse(EvalConfig, args, "grpolab eval", EvalConfig.__doc__.strip())
+    cfg = _parse(
+        EvalConfig, args, "grpolab eval", EvalConfig.__doc__.strip(), base_of=_run_defaults(EvalConfig, "model")
+    )
     report = api.evaluate(config=cfg)
     print(format_eval(report, cfg.show))
     if cfg.json:
@@ -240,8 +259,9 @@ def cmd_rank(args: list[str]) -> None:
         args,
         "grpolab rank",
         "Effective rank and top-1 energy of GRPO's per-rollout gradient matrix [Foundations, Sec. 7].",
+        _run_defaults(RankConfig, "checkpoint"),
     )
-    with launch.processes(cfg, ["rank", *args]) as main_rank:
+    with launch.processes(cfg.nproc, ["rank", *args]) as main_rank:
         report = api.rank(config=cfg)
     if not main_rank:
         return
@@ -262,25 +282,27 @@ def cmd_mse(args: list[str]) -> None:
     from grpolab.analysis.sampling_bias import format_sampling_bias
     from grpolab.commands import api
 
-    cfg = _parse(MseConfig, args, "grpolab mse", MseConfig.__doc__.strip().split("\n\n")[0])
+    cfg = _parse(
+        MseConfig, args, "grpolab mse", MseConfig.__doc__.strip().split("\n\n")[0], _run_defaults(MseConfig, "policy")
+    )
     cfg.validate()
-    if cfg.env == "bandit" and cfg.sampling:
+    if cfg.env == "bandit" and cfg.bandit.sampling:
         records = run_sampling_bias(cfg)
         for G in cfg.group_sizes:
             print(
-                f"\nB = {cfg.prompts_per_step}, G = {G} ({cfg.estimator}; {cfg.trials} steps per mode; "
+                f"\nB = {cfg.bandit.prompts_per_step}, G = {G} ({cfg.bandit.estimator}; {cfg.bandit.trials} steps per mode; "
                 f"c: E[g] = c grad J on each prompt, 1 = unbiased)"
             )
             print(format_sampling_bias([r for r in records if r["G"] == G]))
-        if cfg.json:
-            print(f"wrote {cfg.json}")
+        if cfg.bandit.json:
+            print(f"wrote {cfg.bandit.json}")
         return
     if cfg.env == "bandit":
         print(format_bandit(run_bandit(cfg)))
-        if cfg.json:
-            print(f"wrote {cfg.json}")
+        if cfg.bandit.json:
+            print(f"wrote {cfg.bandit.json}")
         return
-    with launch.processes(cfg, ["mse", *args]) as main_rank:
+    with launch.processes(cfg.nproc, ["mse", *args]) as main_rank:
         report = api.mse(config=cfg)
     if not main_rank:
         return
@@ -292,9 +314,10 @@ def cmd_groupsize(args: list[str]) -> None:
     from grpolab.analysis.mse_cmd import GroupsizeConfig, format_groupsize
     from grpolab.commands import api
 
-    cfg = _parse(GroupsizeConfig, args, "grpolab groupsize", GroupsizeConfig.__doc__.strip().split("\n\n")[0])
+    doc = GroupsizeConfig.__doc__.strip().split("\n\n")[0]
+    cfg = _parse(GroupsizeConfig, args, "grpolab groupsize", doc, _run_defaults(GroupsizeConfig, "policy"))
     cfg.validate()
-    with launch.processes(cfg, ["groupsize", *args]) as main_rank:
+    with launch.processes(cfg.nproc, ["groupsize", *args]) as main_rank:
         report = api.groupsize(config=cfg)
     if main_rank:
         print(format_groupsize(report))
@@ -314,7 +337,13 @@ def cmd_multiturn(args: list[str]) -> None:
     from grpolab.analysis.multiturn import MultiturnConfig, format_multiturn
     from grpolab.commands import api
 
-    cfg = _parse(MultiturnConfig, args, "grpolab multiturn", MultiturnConfig.__doc__.strip())
+    cfg = _parse(
+        MultiturnConfig,
+        args,
+        "grpolab multiturn",
+        MultiturnConfig.__doc__.strip(),
+        _run_defaults(MultiturnConfig, "policy"),
+    )
     cfg.validate()
     print(format_multiturn(api.multiturn_bias(config=cfg)))
     print(f"wrote {cfg.out}/multiturn.json and multiturn.png" + (f" and {cfg.json}" if cfg.json else ""))

@@ -117,8 +117,7 @@ def demo_train_config(cfg: DemoConfig, model: str | None = None) -> TrainConfig:
     if cfg.lora_rank and not real:
         raise ConfigError("--lora-rank: the built-in demo trains the whole 0.5 M model; use it with --model")
     preset = {**REAL_MODEL_PRESET, **(LORA_PRESET if cfg.lora_rank else {})} if real else {}
-    train_cfg = dataclasses.replace(
-        TrainConfig(),
+    train_cfg = TrainConfig(
         **preset,
         out=cfg.out,
         seed=cfg.seed,
@@ -130,7 +129,7 @@ def demo_train_config(cfg: DemoConfig, model: str | None = None) -> TrainConfig:
         log_token_credit=DEMO_TOKEN_CREDIT,
     )
     if cfg.steps:
-        train_cfg = dataclasses.replace(train_cfg, steps=cfg.steps)
+        train_cfg = train_cfg.replace(steps=cfg.steps)
     return train_cfg.resolved()
 
 
@@ -154,8 +153,8 @@ def run_demo(cfg: DemoConfig) -> dict:
     evals = [r for r in rows if "eval/accuracy_greedy" in r]
     before, after = evals[0], evals[-1]
     table = Table(
-        title=f"held-out accuracy, 95% intervals ({train_cfg.eval_questions} questions; sampled: "
-        f"{train_cfg.eval_samples} samples each at T={train_cfg.temperature:g})"
+        title=f"held-out accuracy, 95% intervals ({train_cfg.eval.eval_questions} questions; sampled: "
+        f"{train_cfg.eval.eval_samples} samples each at T={train_cfg.generation.temperature:g})"
     )
     table.add_column("")
     table.add_column("greedy", justify="right")

@@ -81,6 +81,11 @@ def lookup(spec: object, flag: str) -> object | None:
     return None
 
 
+def is_registered(spec: str) -> bool:
+    """Whether an object was given under ``spec`` in this call."""
+    return spec in _LIVE
+
+
 def pass_again(flag: str) -> str:
     """How to give a flag's object again, for messages."""
     return f"pass the same object again (grpolab.train/evaluate(..., {KEYWORDS.get(flag, flag)}=...))"

@@ -13,14 +13,13 @@ needs an exception, and both need the same words.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import functools
 import os
 import types
 import typing
 
-from grpolab.config.train import ConfigError
+from grpolab.common.errors import ConfigError
+from grpolab.config import fields as config_fields
 
 _WHAT = {int: "an integer", float: "a number", str: "a string", bool: "True or False"}
 
@@ -30,11 +29,9 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-@functools.cache
 def field_types(cls) -> dict[str, object]:
-    """Field name -> its type, for a config dataclass."""
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+    """Option name -> its type, for a config dataclass (sections' options by their own names)."""
+    return {name: opt.type for name, opt in config_fields.options(cls).items()}
 
 
 def unknown(cls, name: str, command: str) -> ConfigError:
@@ -109,7 +106,7 @@ def config_from(cls, fields: dict, command: str, base=None):
         if name not in types_:
             raise unknown(cls, name, command)
         checked[name] = coerce(types_[name], value, name)
-    return dataclasses.replace(base if base is not None else cls(), **checked)
+    return config_fields.replace(base if base is not None else cls(), **checked)
 
 
 def check_flags(cls, args: list[str], command: str) -> None:

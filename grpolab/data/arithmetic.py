@@ -33,8 +33,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from grpolab.common import streams
-
-CATEGORIES = ("add_sub_2", "add_sub_3", "mul", "div", "paren")
+from grpolab.config.task import CATEGORIES
 
 TEST_SEED = 20_240_001  # fixed forever: changing it changes every reported accuracy
 PROBE_SEED = 20_240_002  # the 500-question set of [U-statistic, Sec. 5.1]

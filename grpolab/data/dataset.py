@@ -28,7 +28,6 @@ from grpolab.data.math_format import math_record
 from grpolab.data.records import identity_of, is_chat
 
 FILE_FORMATS = {".json": "json", ".csv": "csv", ".parquet": "parquet"}  # read by `datasets`; .jsonl by line
-DATA_FORMATS = ("auto", "prompt", "gsm8k", "math", "rows")
 PRESET_FIELDS = {"gsm8k": ("question", "answer"), "math": ("problem", "solution")}
 
 

@@ -6,61 +6,90 @@ questions (and puts the very few-shot examples before them) that the run's own e
 
 from __future__ import annotations
 
+import dataclasses
+
+from grpolab.config.task import ArithmeticSection, DataSection, EpisodesSection
 from grpolab.data.arithmetic import ArithmeticSpec, TrainSampler, held_out_size, test_set
-from grpolab.data.dataset import hold_out, load_records
+from grpolab.data.dataset import data_format, hold_out, load_records
+from grpolab.data.dialogues import dialogue_task
 from grpolab.data.jsonl import DataError, ListSampler
 from grpolab.data.records import identity_of
 
 
-def task_data(cfg, log=print):
-    """``(held_out, sampler)`` for a :class:`grpolab.config.train.TrainConfig` (resolved: ``eval_questions`` and
-    ``format`` set).
+def task_data(
+    data: DataSection,
+    arithmetic: ArithmeticSection,
+    episodes: EpisodesSection,
+    eval_questions: int,
+    seed: int,
+    log=print,
+):
+    """``(held_out, sampler)`` of a task: its records (``data``, resolved: no ``auto`` format), the built-in
+    arithmetic (``arithmetic``) or the built-in dialogue (``episodes``); at most ``eval_questions`` held out.
 
     Training questions never repeat a held-out one: records of --data that do are dropped (with a
     warning), --eval-fraction holds out whole prompts, and built-in draws exclude the whole 500-question
     test set.
     """
-    if cfg.task == "arith-multiturn":  # the built-in dialogues (an environment's records)
-        from grpolab.data.dialogues import dialogue_task
-
+    if episodes.task == "arith-multiturn":  # the built-in dialogues (an environment's records)
         held_out, sampler, _ = dialogue_task(
-            cfg.stages, cfg.max_operand, cfg.dialogue_context, cfg.eval_questions, cfg.seed
+            episodes.stages, arithmetic.max_operand, episodes.dialogue_context, eval_questions, seed
         )
         return held_out, sampler
-    spec = ArithmeticSpec(cfg.max_operand, cfg.mul_max, tuple(cfg.categories))
-    if not cfg.data:  # the built-in task, evaluated on its test set or on --eval-data
-        held = _held_out_size(spec, 0 if cfg.eval_data else cfg.eval_questions)
+    spec = ArithmeticSpec(arithmetic.max_operand, arithmetic.mul_max, tuple(arithmetic.categories))
+    if not data.data:  # the built-in task, evaluated on its test set or on --eval-data
+        held = _held_out_size(spec, 0 if data.eval_data else eval_questions)
         # Exclude the full 500-question test set (half of a small task) even when evaluating on fewer of them.
         exclude = {r["question"] for r in test_set(held, spec)}
-        if cfg.eval_data:
-            held_out = load_records(cfg.eval_data, cfg.format, cfg.eval_split, cfg.prompt_column)
+        if data.eval_data:
+            held_out = load_records(data.eval_data, data.format, data.eval_split, data.prompt_column)
         else:
-            held_out = test_set(cfg.eval_questions, spec)
-        return held_out[: cfg.eval_questions], TrainSampler(cfg.seed, spec, exclude=exclude)
-    train_records = load_records(cfg.data, cfg.format, cfg.data_split, cfg.prompt_column)
-    if cfg.eval_data:
-        held_out = load_records(cfg.eval_data, cfg.format, cfg.eval_split, cfg.prompt_column)
-    elif cfg.eval_fraction:
-        train_records, held_out = hold_out(train_records, cfg.eval_fraction, cfg.seed, cfg.format)
-        if not held_out or not train_records:
-            raise DataError(
-                f"--eval-fraction {cfg.eval_fraction:g} of --data {cfg.data} leaves {len(train_records)} training and "
-                f"{len(held_out)} held-out prompts; both need at least one"
-            )
-    else:
-        _held_out_size(spec, cfg.eval_questions)
-        held_out = test_set(cfg.eval_questions, spec)
-    held_out = held_out[: cfg.eval_questions]
-    test_q = {identity_of(r, cfg.format) for r in held_out}
-    leaked = sum(identity_of(r, cfg.format) in test_q for r in train_records)
+            held_out = test_set(eval_questions, spec)
+        return held_out[:eval_questions], TrainSampler(seed, spec, exclude=exclude)
+    train_records, held_out = _data_records(data, spec, eval_questions, seed)
+    held_out = held_out[:eval_questions]
+    test_q = {identity_of(r, data.format) for r in held_out}
+    leaked = sum(identity_of(r, data.format) in test_q for r in train_records)
     if leaked:
-        log(f"warning: {leaked} training record(s) in {cfg.data} repeat held-out questions; they are dropped")
-        train_records = [r for r in train_records if identity_of(r, cfg.format) not in test_q]
+        log(f"warning: {leaked} training record(s) in {data.data} repeat held-out questions; they are dropped")
+        train_records = [r for r in train_records if identity_of(r, data.format) not in test_q]
     if not train_records:
         raise DataError(
-            f"--data {cfg.data}: every record is also in --eval-data {cfg.eval_data}; nothing left to train on"
+            f"--data {data.data}: every record is also in --eval-data {data.eval_data}; nothing left to train on"
         )
-    return held_out, ListSampler(train_records, cfg.seed)
+    return held_out, ListSampler(train_records, seed)
+
+
+def _data_records(data: DataSection, spec: ArithmeticSpec, eval_questions: int, seed: int):
+    """``(train, held_out)`` records of --data: held out by --eval-data, --eval-fraction, or the built-in test set."""
+    train_records = load_records(data.data, data.format, data.data_split, data.prompt_column)
+    if data.eval_data:
+        return train_records, load_records(data.eval_data, data.format, data.eval_split, data.prompt_column)
+    if data.eval_fraction:
+        train_records, held_out = hold_out(train_records, data.eval_fraction, seed, data.format)
+        if not held_out or not train_records:
+            raise DataError(
+                f"--eval-fraction {data.eval_fraction:g} of --data {data.data} leaves {len(train_records)} training "
+                f"and {len(held_out)} held-out prompts; both need at least one"
+            )
+        return train_records, held_out
+    _held_out_size(spec, eval_questions)
+    return train_records, test_set(eval_questions, spec)
+
+
+def resolve_format(data: DataSection, env: bool) -> DataSection:
+    """``data`` with ``--format auto`` resolved: gsm8k for the built-in task, rows for an environment's (its
+    ``reset`` reads the row as it is), else from the data's columns (:func:`grpolab.data.dataset.data_format`)."""
+    if data.format != "auto":
+        return data
+    if not (data.data or data.eval_data):
+        fmt = "gsm8k"
+    elif env:
+        fmt = "rows"
+    else:
+        path, split = (data.data, data.data_split) if data.data else (data.eval_data, data.eval_split)
+        fmt = data_format(path, split, data.prompt_column)
+    return dataclasses.replace(data, format=fmt)
 
 
 def _held_out_size(spec, eval_questions: int) -> int:

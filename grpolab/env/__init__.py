@@ -15,6 +15,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
+from grpolab.config.task import EpisodesSection
 from grpolab.env.protocol import EnvError, Environment, EpisodeLimits, check_reset, load_env_class
 from grpolab.env.render import Renderer
 
@@ -44,30 +45,33 @@ class EnvSetup:
             self.tool_runner.close()
 
 
-def environment(cfg, policy, first_record: dict | None = None) -> EnvSetup | None:
-    """The environment ``cfg`` (a resolved :class:`grpolab.config.train.TrainConfig`) asks for, for ``policy``; None for a
-    single-turn task. ``first_record``: a record to open one episode on now, so that a ``reset`` that fails or
-    returns the wrong shape stops the run at its start, not at its first step."""
-    limits = EpisodeLimits(cfg.max_turns, cfg.max_episode_tokens)
+def environment(
+    episodes: EpisodesSection, max_operand: int, policy, first_record: dict | None = None
+) -> EnvSetup | None:
+    """The environment the ``episodes`` options ask for, for ``policy``; None for a single-turn task. ``max_operand``:
+    the built-in dialogue's largest operand (at most 50). ``first_record``: a record to open one episode on now, so
+    that a ``reset`` that fails or returns the wrong shape stops the run at its start, not at its first step."""
+    ep = episodes
+    limits = EpisodeLimits(ep.max_turns, ep.max_episode_tokens)
     tool_runner = None
-    if cfg.task == "arith-multiturn":
+    if ep.task == "arith-multiturn":
         from grpolab.data.dialogues import DialogueSpec
         from grpolab.env.arith import ArithDialogue
 
-        spec = DialogueSpec(cfg.stages, max_operand=min(cfg.max_operand, 50), context=cfg.dialogue_context)
+        spec = DialogueSpec(ep.stages, max_operand=min(max_operand, 50), context=ep.dialogue_context)
         factory, renderer, name = functools.partial(ArithDialogue, spec), Renderer(policy), "arith-multiturn"
-        limits = EpisodeLimits(cfg.stages, cfg.max_episode_tokens)
-    elif cfg.env:
-        factory, name = load_env_class(cfg.env), cfg.env
+        limits = EpisodeLimits(ep.stages, ep.max_episode_tokens)
+    elif ep.env:
+        factory, name = load_env_class(ep.env), ep.env
         renderer = Renderer(policy)
-    elif cfg.tools:
+    elif ep.tools:
         from grpolab.env.tool_env import ToolEnvironment
         from grpolab.env.tools import ToolRunner, load_tools
 
-        schemas = load_tools(cfg.tools)
-        tool_runner = ToolRunner(list(cfg.tools), cfg.tool_timeout, cfg.tool_max_chars)
-        factory = functools.partial(ToolEnvironment, tool_runner, schemas, cfg.tool_reward)
-        renderer, name = Renderer(policy, schemas), "tools: " + ", ".join(cfg.tools)
+        schemas = load_tools(ep.tools)
+        tool_runner = ToolRunner(list(ep.tools), ep.tool_timeout, ep.tool_max_chars)
+        factory = functools.partial(ToolEnvironment, tool_runner, schemas, ep.tool_reward)
+        renderer, name = Renderer(policy, schemas), "tools: " + ", ".join(ep.tools)
     else:
         return None
     if first_record is not None:

@@ -12,55 +12,21 @@ import dataclasses
 import json
 from pathlib import Path
 
-from grpolab.config.train import ConfigError, TrainConfig
-
-# The settings of a run that define its task and prompts (and the reward its gradient used).
-TASK_FIELDS = (
-    "gguf_file",
-    "chat",
-    "system_prompt",
-    "few_shot",
-    "format",
-    "eval_data",
-    "data",
-    "max_operand",
-    "mul_max",
-    "categories",
-    "max_new_tokens",
-    "temperature",
-    "data_split",
-    "eval_split",
-    "eval_fraction",
-    "prompt_column",
-    "reward_fn",
-    "reward_weights",
-    "eval_reward_fn",
-    "code_reward",
-    "reward_workers",
-    "code_timeout",
-    "code_memory_mb",
-    "sandbox",
-    "sandbox_command",
-    "code_allow_network",
-    "format_weight",
-    "seed",
-    "overlong_buffer",
-    "overlong_penalty",
-    "mask_truncated",
-    "top_entropy_quantile",
-    "task",
-    "env",
-    "tools",
-    "max_turns",
-    "max_episode_tokens",
-    "tool_timeout",
-    "tool_max_chars",
-    "tool_reward",
-    "stages",
-    "dialogue_context",
+from grpolab.common.errors import ConfigError
+from grpolab.config import fields
+from grpolab.config.objective import ObjectiveSection
+from grpolab.config.rollout import GenerationSection, RewardSection, SandboxSection
+from grpolab.config.run import EvalSection
+from grpolab.config.task import (
+    ArithmeticSection,
+    DataSection,
+    EpisodesSection,
+    PolicySection,
+    PromptSection,
+    validate_task,
 )
-# The probe options that change the gradient a probe measures; a run's own values are the defaults.
-GRADIENT_FIELDS = ("overlong_buffer", "overlong_penalty", "mask_truncated", "top_entropy_quantile")
+from grpolab.config.train import model_defaults
+from grpolab.data.task import resolve_format, task_data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,60 +103,114 @@ def resolve_target(spec: str, step: int | None = None) -> Target:
     return Target(spec)
 
 
-def task_config(target: Target, **given) -> TrainConfig:
-    """A training config for ``target``'s task: the run's settings, then ``given`` (flags a user set),
-    then the defaults for the model. Resolved (model-dependent defaults filled in)."""
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    base = {
-        k: (tuple(v) if isinstance(v, list) else v)
-        for k, v in target.run_config.items()
-        if k in TASK_FIELDS and k in known
-    }
-    cfg = dataclasses.replace(
-        TrainConfig(), model=target.weights, **{**base, **{k: v for k, v in given.items() if v is not None}}
-    )
-    if target.run_config and "gguf_file" not in given and target.weights != target.run_config.get("model"):
-        cfg = dataclasses.replace(cfg, gguf_file="")  # a checkpoint directory holds plain safetensors
-    return cfg.resolved()
+def run_config(spec: str) -> dict:
+    """The config.json of the run ``spec`` names (its directory, or one of its ``checkpoints/step_N``); {} for a
+    plain model. A command reading a run takes its options from here as their defaults."""
+    path = Path(spec)
+    for run in (path, path.parent.parent if path.parent.name == "checkpoints" else None):
+        if run is not None and (run / "config.json").is_file() and _is_run_dir(run):
+            return json.loads((run / "config.json").read_text())
+    return {}
 
 
-def load_task_policy(target: Target, cfg: TrainConfig, *, device="cpu", dtype=None, sampler=None):
-    """The policy of ``target`` with ``cfg``'s prompt format (chat, system prompt, few-shot examples from
-    ``sampler``, the training split, as in training)."""
+@fields.sectioned
+class RunTask:
+    """A run's task, as the commands that read the run afterwards ask it: the policy's prompt format, the records,
+    the episodes, how completions were sampled and scored, and the loss's token selection. A plain model's is
+    training's defaults for it."""
+
+    policy: PolicySection = PolicySection()
+    prompt: PromptSection = PromptSection()
+    dataset: DataSection = DataSection()
+    arithmetic: ArithmeticSection = ArithmeticSection()
+    episodes: EpisodesSection = EpisodesSection()
+    generation: GenerationSection = GenerationSection()
+    reward: RewardSection = RewardSection()
+    code_sandbox: SandboxSection = SandboxSection()
+    objective: ObjectiveSection = ObjectiveSection()
+    eval: EvalSection = EvalSection()
+    seed: int = 0
+
+    @classmethod
+    def of(cls, target: Target, command=None, **options) -> RunTask:
+        """The task of ``target``'s run, with the options a command's config ``command`` takes from a run
+        (:func:`grpolab.config.fields.from_run`) as that config has them, then ``options`` (flat names: a command's
+        own records, say), the model's defaults filled in and ``--format auto`` resolved from the data."""
+        task = fields.from_flat(cls, target.run_config)
+        task = fields.replace(task, model=target.run_config.get("model", target.weights))
+        if command is not None:
+            given = {n: fields.get(command, n) for n in fields.from_run(type(command))}
+            task = fields.replace(task, **{n: v for n, v in given.items() if n in fields.options(cls)})
+        task = fields.replace(task, **options)
+        defaults = model_defaults(task.policy.model)
+        unset = {n: defaults[n] for n in defaults if n in fields.options(cls) and fields.get(task, n) is None}
+        task = fields.replace(task, **unset)
+        return dataclasses.replace(task, dataset=resolve_format(task.dataset, bool(task.episodes.env)))
+
+    def fill(self, command):
+        """``command`` (a config) with its from-run options set to this task's values: what a report records it
+        was measured with."""
+        names = [n for n in fields.from_run(type(command)) if n in fields.options(type(self))]
+        return fields.replace(command, **{n: fields.get(self, n) for n in names})
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.episodes.multi_turn
+
+    def validate(self) -> None:
+        """Each section's checks, and those between the task's sections."""
+        for name in fields.sections(type(self)):
+            getattr(self, name).validate()
+        validate_task(self.prompt, self.dataset, self.episodes)
+
+    def data(self, eval_questions: int | None = None, log=print):
+        """``(held_out, sampler)`` of the task (:func:`grpolab.data.task.task_data`); at most ``eval_questions``
+        held out (default: the run's)."""
+        questions = self.eval.eval_questions if eval_questions is None else eval_questions
+        return task_data(self.dataset, self.arithmetic, self.episodes, questions, self.seed, log)
+
+
+def load_task_policy(target: Target, task: RunTask, *, device="cpu", dtype=None, sampler=None):
+    """The policy of ``target`` with ``task``'s prompt format (chat, system prompt, few-shot examples from
+    ``sampler``, the training split, as in training). The run's ``--gguf-file`` applies to its own starting model,
+    not to a checkpoint (a checkpoint directory holds plain safetensors)."""
     from grpolab.data.task import few_shot_examples
     from grpolab.models.policy import load_policy, system_prompt_for
 
-    policy = load_policy(target.weights, dtype, gguf_file=cfg.gguf_file, chat=cfg.chat, device=device)
+    gguf = task.policy.gguf_file if target.weights == task.policy.model else ""
+    policy = load_policy(target.weights, dtype, gguf_file=gguf, chat=task.prompt.chat, device=device)
     if target.adapter:
         from grpolab.models.lora import load_lora
 
         policy.model = load_lora(policy.model, target.adapter, trainable=False)
-    policy.system = system_prompt_for(cfg.format, cfg.system_prompt)
+    policy.system = system_prompt_for(task.dataset.format, task.prompt.system_prompt)
     if sampler is not None:
-        policy.few_shot = few_shot_examples(sampler, cfg.few_shot)
+        policy.few_shot = few_shot_examples(sampler, task.prompt.few_shot)
     return policy
 
 
-def probe_records(cfg: TrainConfig, n: int, split: str = "held-out", held_out=None, sampler=None) -> list[dict]:
-    """The ``n`` prompts a probe measures on ``cfg``'s task: the built-in arithmetic task's fixed probe set (the 500
-    of [U-statistic, Sec. 5.1]) or, for a run on data, the first ``n`` of its held-out records (``held_out``) or of
-    its training records (``split="train"``: ``sampler.records``)."""
+def probe_records(task: RunTask, n: int, split: str = "held-out", held_out=None, sampler=None) -> list[dict]:
+    """The ``n`` prompts a probe measures on ``task``: the built-in arithmetic task's fixed probe set (the 500 of
+    [U-statistic, Sec. 5.1]) or, for a run on data, the first ``n`` of its held-out records (``held_out``) or of its
+    training records (``split="train"``: ``sampler.records``)."""
     from grpolab.data.arithmetic import ArithmeticSpec, probe_set
 
-    if cfg.multi_turn:
+    if task.multi_turn:
         raise ConfigError(
             "the gradient probes measure single-turn rollouts; this run played episodes of an environment "
             "(grpolab multiturn measures those)"
         )
     if split not in ("held-out", "train"):
         raise ConfigError(f"--probe-split must be 'held-out' or 'train', got {split!r}")
-    if split == "train" and not cfg.data:
+    data = task.dataset
+    if split == "train" and not data.data:
         raise ConfigError("--probe-split train: the built-in task draws fresh training questions each step; probe it "
                           "on its fixed probe set (held-out) or give --data")  # fmt: skip
-    if not cfg.data and not cfg.eval_data:
-        return probe_set(n, ArithmeticSpec(cfg.max_operand, cfg.mul_max, tuple(cfg.categories)))
+    if not data.data and not data.eval_data:
+        arith = task.arithmetic
+        return probe_set(n, ArithmeticSpec(arith.max_operand, arith.mul_max, tuple(arith.categories)))
     source = held_out if split == "held-out" else sampler.records
-    return _first_prompts(source, n, f"the {split} prompts of {cfg.eval_data or cfg.data}")
+    return _first_prompts(source, n, f"the {split} prompts of {data.eval_data or data.data}")
 
 
 def _first_prompts(records: list[dict], n: int, what: str) -> list[dict]:
@@ -200,42 +220,43 @@ def _first_prompts(records: list[dict], n: int, what: str) -> list[dict]:
     return list(records[:n])
 
 
-def probe_task(target: Target, probe_cfg):
-    """What a probe of ``target`` measures on: ``(probe_cfg, cfg, records, sampler)``.
+def probe_task(target: Target, probe_cfg) -> tuple[RunTask, list[dict], object]:
+    """What a probe of ``target`` measures on: ``(task, records, sampler)``.
 
-    ``cfg`` is the task of ``target``'s run (or the built-in one) with the probe's own
-    ``max_new_tokens``, ``temperature`` and ``format_weight`` (and the gradient options of
-    ``GRADIENT_FIELDS`` the probe has), and its ``--reward-fn`` / ``--reward-weights``, on top
-    where set; the returned ``probe_cfg`` has those (and the reward functions) filled in from it.
-    ``records`` are the first
-    ``probe_cfg.prompts`` probe prompts of that task (:func:`probe_records`; with the probe's own
-    ``--data``, that file's first records) and ``sampler`` gives its few-shot examples.
+    ``task`` is the task of ``target``'s run (or the built-in one) with the probe's own sampling, reward and token
+    options on top (its from-run options); ``records`` are the first ``probe_cfg.prompts`` probe prompts of that
+    task (:func:`probe_records`; with the probe's own ``--data``, that file's first records) and ``sampler`` gives
+    its few-shot examples.
     """
     from grpolab.data.dataset import load_records
-    from grpolab.data.task import task_data
 
-    keys = ("max_new_tokens", "temperature", "format_weight") + tuple(
-        k for k in GRADIENT_FIELDS if hasattr(probe_cfg, k)
-    )
-    given = {k: getattr(probe_cfg, k) for k in keys}
-    if getattr(probe_cfg, "reward_fn", ()):
-        given["reward_fn"] = tuple(probe_cfg.reward_fn)
-    if getattr(probe_cfg, "reward_weights", ()):
-        given["reward_weights"] = tuple(probe_cfg.reward_weights)
-    data = getattr(probe_cfg, "data", "")
-    if data:  # the probe's own prompts: the file's records as they are, no held-out split
-        given.update(data=data, eval_data="", eval_fraction=0.0)
-    cfg = task_config(target, **given)
-    if data:
-        if cfg.few_shot:
+    if probe_cfg.data:  # the probe's own prompts: the file's records as they are, no held-out split
+        task = RunTask.of(target, probe_cfg, data=probe_cfg.data, eval_data="", eval_fraction=0.0)
+        if task.prompt.few_shot:
             raise ConfigError("--data: this run shows --few-shot examples from its own training data; probe it there")
-        records = load_records(cfg.data, cfg.format, cfg.data_split, cfg.prompt_column)
-        records, sampler = _first_prompts(records, probe_cfg.prompts, f"the records of {data}"), None
-    else:
-        held_out, sampler = task_data(cfg, log=lambda *a, **k: None)
-        split = getattr(probe_cfg, "probe_split", "held-out")
-        records = probe_records(cfg, probe_cfg.prompts, split, held_out, sampler)
-    # the probe's report says what it measured with: the run's sampling settings and reward functions
-    filled = keys + tuple(k for k in ("reward_fn", "reward_weights") if hasattr(probe_cfg, k))
-    probe_cfg = dataclasses.replace(probe_cfg, **{k: getattr(cfg, k) for k in filled})
-    return probe_cfg, cfg, records, sampler
+        d = task.dataset
+        records = load_records(d.data, d.format, d.data_split, d.prompt_column)
+        return task, _first_prompts(records, probe_cfg.prompts, f"the records of {probe_cfg.data}"), None
+    task = RunTask.of(target, probe_cfg)
+    held_out, sampler = task.data(log=lambda *a, **k: None)
+    records = probe_records(task, probe_cfg.prompts, probe_cfg.probe_split, held_out, sampler)
+    return task, records, sampler
+
+
+def run_defaults(cls, spec: str):
+    """For a command reading the run ``spec`` names: a ``cls`` config whose from-run options
+    (:func:`grpolab.config.fields.from_run`) are the run's own; None when ``spec`` names no run."""
+    config = run_config(spec)
+    return fields.with_run(cls, config) if config else None
+
+
+def run_defaults_for(cls, model_field: str):
+    """For a command whose ``model_field`` option names a model or a run: the function that gives, for a config as
+    parsed, the config whose values replace ``cls``'s defaults (:func:`run_defaults`; None for a plain model). The
+    command line and the Python API parse the flags, or keywords, again over it."""
+
+    def base_of(cfg):
+        spec = fields.get(cfg, model_field)
+        return run_defaults(cls, spec[0] if isinstance(spec, tuple) and spec else spec)
+
+    return base_of

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from typing import Any, Literal
 
+from grpolab.config.rollout import SandboxSection
 from grpolab.sandbox import Job, Limits, Outcome, Sandbox
 from grpolab.sandbox.runner import STATUSES
 
@@ -45,6 +47,21 @@ class CodeRewardSettings:
     isolation: str = "auto"
     command: str = ""
     allow_network: bool = False
+
+    @classmethod
+    def of(cls, sandbox: SandboxSection) -> CodeRewardSettings:
+        """The settings the ``--code-*`` and ``--sandbox*`` options give."""
+        limits = Limits(
+            timeout_s=sandbox.code_timeout, cpu_s=math.ceil(sandbox.code_timeout), memory_mb=sandbox.code_memory_mb
+        )
+        return cls(
+            sandbox.code_reward,
+            limits,
+            sandbox.reward_workers,
+            sandbox.sandbox,
+            sandbox.sandbox_command,
+            sandbox.code_allow_network,
+        )
 
 
 class _State:
@@ -75,12 +92,12 @@ def runs_programs(fn) -> bool:
     return getattr(fn, "pop_counts", None) is pop_counts
 
 
-def configure_for(fns, cfg, log=print) -> None:
+def configure_for(fns, sandbox: SandboxSection, log=print) -> None:
     """When any of the reward functions ``fns`` (None entries ignored) runs programs: configure the sandbox from
-    ``cfg`` (a TrainConfig; refuses here, in one line, if unsafe) and log how programs will run. Training and the
+    the ``sandbox`` options (refuses here, in one line, if unsafe) and log how programs will run. Training and the
     gradient probes both call this before they score."""
     if any(runs_programs(fn) for fn in fns if fn is not None):
-        log(configure(cfg.code_reward_settings()).describe())
+        log(configure(CodeRewardSettings.of(sandbox)).describe())
 
 
 def pop_counts() -> dict[str, float]:

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import torch
 
 from grpolab.commands import objects
+from grpolab.config.rollout import RewardSection
 from grpolab.data.records import prompt_of as prompt_of_record
 from grpolab.rewards.builtin import accuracy_reward, default_reward_fns, format_reward, overlong_penalty
 from grpolab.rewards.forms import RewardFn, from_trl, load_reward_fn, reward_form
@@ -63,19 +64,26 @@ def reward_functions(
 
 
 def eval_reward(
-    cfg, prompt_of: Callable[[dict], Any], chat: bool, reward_fns: Sequence[tuple[str, RewardFn, float]] = ()
+    reward: RewardSection,
+    eval_reward_fn: str,
+    data_format: str,
+    multi_turn: bool,
+    prompt_of: Callable[[dict], Any],
+    chat: bool,
+    reward_fns: Sequence[tuple[str, RewardFn, float]] = (),
 ) -> tuple[str, RewardFn]:
-    """``(name, fn)`` of the reward whose mean is a run's held-out accuracy: ``--eval-reward-fn``; for prompt data
-    (no built-in answer check) the first ``--reward-fn``; otherwise the built-in accuracy reward. ``reward_fns``: the
-    run's, when already loaded; a function is only loaded when it is the one needed. An environment task without
-    either has ``("env", None)``: its episodes' return, as a share of the environment's ``max_return``."""
-    if cfg.eval_reward_fn:
-        paths = (cfg.eval_reward_fn,)
-    elif (cfg.format == "prompt" or cfg.multi_turn) and cfg.reward_fn:
+    """``(name, fn)`` of the reward whose mean is a run's held-out accuracy: ``eval_reward_fn``; for prompt data or
+    episodes (no built-in answer check) the first of ``reward``'s functions; otherwise the built-in accuracy reward.
+    ``reward_fns``: the run's, when already loaded; a function is only loaded when it is the one needed. An
+    environment task without either has ``("env", None)``: its episodes' return, as a share of the environment's
+    ``max_return``."""
+    if eval_reward_fn:
+        paths = (eval_reward_fn,)
+    elif (data_format == "prompt" or multi_turn) and reward.reward_fn:
         if reward_fns:
             return reward_fns[0][0], reward_fns[0][1]
-        paths = tuple(cfg.reward_fn)[:1]
-    elif cfg.multi_turn:
+        paths = tuple(reward.reward_fn)[:1]
+    elif multi_turn:
         return "env", None
     else:
         return "accuracy", accuracy_reward
@@ -180,16 +188,17 @@ class Rewarder:
         return Scores(scores.total + pen, {**scores.components, "overlong": pen}, scores.errors, scores.counts)
 
 
-def rewarder_for(cfg, policy) -> Rewarder:
-    """A run's reward from its config (a resolved :class:`grpolab.config.train.TrainConfig`): its ``--reward-fn``
-    functions and weights (TRL-form ones see prompts as ``policy`` shows them), the format reward and DAPO's
-    overlong penalty. Training and the gradient probes both score with it."""
+def rewarder_for(reward: RewardSection, policy, *, episodes: bool, max_new_tokens: int) -> Rewarder:
+    """A run's reward from its ``reward`` options: its ``--reward-fn`` functions and weights (TRL-form ones see
+    prompts as ``policy`` shows them), the format reward and DAPO's overlong penalty over completions of up to
+    ``max_new_tokens``; ``episodes``: an environment task's (no default functions, no format reward). Training and
+    the gradient probes both score with it."""
     fns = reward_functions(
-        cfg.reward_fn,
-        cfg.reward_weights,
-        cfg.format_weight,
+        reward.reward_fn,
+        reward.reward_weights,
+        reward.format_weight,
         chat=policy.chat,
         prompt_of=policy.shown_prompt,
-        episodes=cfg.multi_turn,
+        episodes=episodes,
     )
-    return Rewarder(fns, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
+    return Rewarder(fns, max_new_tokens, reward.overlong_buffer, reward.overlong_penalty)

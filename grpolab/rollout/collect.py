@@ -30,6 +30,7 @@ from grpolab.algo.groups import has_variance, offsets, varies
 from grpolab.common import distributed as dist_
 from grpolab.common import streams
 from grpolab.common.distributed import SINGLE, World
+from grpolab.config.rollout import GenerationSection, GroupsSection
 from grpolab.models.policy import Policy
 from grpolab.rewards.rewarder import Rewarder, Scores
 from grpolab.rollout.engine import RolloutEngine, SamplingSettings
@@ -148,17 +149,19 @@ class CollectSettings:
     """adaptive: the largest group; 0 = 4 G."""
 
     @classmethod
-    def from_config(cls, cfg) -> CollectSettings:
-        """From a resolved :class:`grpolab.config.train.TrainConfig`."""
+    def of(cls, groups: GroupsSection, generation: GenerationSection, seed: int) -> CollectSettings:
+        """From a run's resolved ``groups`` and ``generation`` options."""
         return cls(
-            cfg.sampling,
-            cfg.prompts_per_step,
-            cfg.group_size,
-            cfg.seed,
-            SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.ignore_eos),
-            cfg.max_sampling_rounds,
-            cfg.pilot_size,
-            cfg.max_group_size,
+            groups.sampling,
+            groups.prompts_per_step,
+            groups.group_size,
+            seed,
+            SamplingSettings(
+                generation.max_new_tokens, generation.temperature, generation.top_p, generation.ignore_eos
+            ),
+            groups.max_sampling_rounds,
+            groups.pilot_size,
+            groups.max_group_size,
         )
 
 

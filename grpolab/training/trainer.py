@@ -47,7 +47,7 @@ class GRPOTrainer(TrainerBase):
     """The trainer: a step samples groups of rollouts, single-turn or episodes of an environment
     (``grpolab.rollout.collect``, ``grpolab.env``), and updates on them.
 
-    ``engine``: the rollout engine (default: the one ``cfg.rollout_engine`` names, ``grpolab.rollout.engine.build_engine``).
+    ``engine``: the rollout engine (default: the one ``cfg.engine.rollout_engine`` names, ``grpolab.rollout.engine.build_engine``).
     """
 
     def __init__(
@@ -62,10 +62,10 @@ class GRPOTrainer(TrainerBase):
         super().__init__(cfg, log=log, adapter_from=adapter_from, world=world, reference=reference)
         cfg, policy = self.cfg, self.policy
         t0 = time.perf_counter()
-        self.engine = engine or build_engine(cfg, policy, self.train_module.full_weights)
-        if engine is None and cfg.rollout_engine != "hf":
-            mode = "compiled" if cfg.vllm_compile else "eager"
-            log(f"rollout engine: {cfg.rollout_engine} ({mode}), started in {time.perf_counter() - t0:.0f} s")
+        self.engine = engine or build_engine(cfg.engine, cfg.run.seed, policy, self.train_module.full_weights)
+        if engine is None and cfg.engine.rollout_engine != "hf":
+            mode = "compiled" if cfg.engine.vllm_compile else "eager"
+            log(f"rollout engine: {cfg.engine.rollout_engine} ({mode}), started in {time.perf_counter() - t0:.0f} s")
         # single-turn rollouts, or episodes of the run's environment; evaluation plays them too
         self.runner = self.env.runner(self.engine, policy) if self.env else EpisodeRunner(self.engine, policy)
         self.collector = Collector(
@@ -73,7 +73,7 @@ class GRPOTrainer(TrainerBase):
             self.sampler,
             policy,
             self.reward,
-            CollectSettings.from_config(cfg),
+            CollectSettings.of(cfg.groups, cfg.generation, cfg.run.seed),
             world,
             status=lambda text: self.status(text),  # self.status is re-pointed by the run
             runner=self.runner,
@@ -92,8 +92,12 @@ class GRPOTrainer(TrainerBase):
         probe = self._probe(step, roll, adv, token_adv)  # on the policy that sampled
         # 4. loss and update (--log-token-credit: the update keeps the watched rows' per-token values)
         rows = roll.groups.rows
-        self.status(f"step {step}: update ({self.cfg.mu} x {rows.n} rollouts)")
-        watch = pick_rollouts(adv, roll.groups.sizes, self.cfg.log_token_credit) if self.cfg.log_token_credit else None
+        self.status(f"step {step}: update ({self.cfg.objective.mu} x {rows.n} rollouts)")
+        watch = (
+            pick_rollouts(adv, roll.groups.sizes, self.cfg.probe.log_token_credit)
+            if self.cfg.probe.log_token_credit
+            else None
+        )
         credit, credit_metrics = None, {}
         if roll.rewards:
             update = self._update(
@@ -127,7 +131,7 @@ class GRPOTrainer(TrainerBase):
         return StepOutput(
             metrics,
             records["samples"],
-            records["rollouts"] if self.cfg.log_rollouts else None,
+            records["rollouts"] if self.cfg.logging.log_rollouts else None,
             credit,
         )
 
@@ -142,7 +146,9 @@ class GRPOTrainer(TrainerBase):
         turn's)."""
         cfg, groups = self.cfg, roll.groups
         rewards = groups.rows.scores.total.to(self.device)  # [n]
-        estimator = estimator_for_scale(cfg.estimator, cfg.scale_rewards)  # --scale-rewards batch|none: from grpo
+        estimator = estimator_for_scale(
+            cfg.objective.estimator, cfg.objective.scale_rewards
+        )  # --scale-rewards batch|none: from grpo
         self._turn_adv = None
         if groups.rows.episodes is not None:
             return self._episode_advantages(roll, estimator, step)
@@ -153,7 +159,7 @@ class GRPOTrainer(TrainerBase):
             adv = compute_advantages(rewards.view(len(groups.sizes), G), estimator).reshape(-1)  # [n]
         else:
             adv = ragged_advantages(list(rewards.split(groups.sizes)), estimator)  # [n]
-        if cfg.scale_rewards == "batch" and roll.rewards:  # the std of every reward in the update, all ranks
+        if cfg.objective.scale_rewards == "batch" and roll.rewards:  # the std of every reward in the update, all ranks
             adv = adv / (self._batch_std(roll) + STD_EPS)
         return adv, None
 
@@ -164,20 +170,20 @@ class GRPOTrainer(TrainerBase):
         """Episodes: each turn's advantage under --advantage (rtg-mc: with values from branched continuations)."""
         cfg, groups = self.cfg, roll.groups
         values = None
-        if cfg.advantage == "rtg-mc" and groups.sizes:
+        if cfg.objective.advantage == "rtg-mc" and groups.sizes:
             values = mc_values(
                 self.runner,
                 groups.rows,
                 groups.sizes,
-                cfg.branches,
+                cfg.objective.branches,
                 self.collector.settings.sampling,
                 lambda eps: self.collector.final_scores(eps).total,
                 status=self.status,
             )
-        credit = episode_credit(groups.rows, groups.sizes, estimator, cfg.advantage, values)
+        credit = episode_credit(groups.rows, groups.sizes, estimator, cfg.objective.advantage, values)
         self._turn_adv = credit.turns  # for rollouts.jsonl
         first, token = credit.first.to(self.device), credit.token
-        if cfg.scale_rewards == "batch" and roll.rewards:
+        if cfg.objective.scale_rewards == "batch" and roll.rewards:
             scale = self._batch_std(roll) + STD_EPS
             first, token = first / scale, (None if token is None else token / scale.cpu())
         return first, (None if token is None else token.to(self.device))
@@ -216,7 +222,7 @@ class GRPOTrainer(TrainerBase):
         local = {"samples": [], "rollouts": []}
         for k, (b, rec) in enumerate(zip(groups.prompt, groups.records)):
             first = starts[k]
-            if position[b] < cfg.log_samples:
+            if position[b] < cfg.logging.log_samples:
                 sample = {
                     "question": question_of(rec),
                     "completion": rows.texts[first],
@@ -224,7 +230,7 @@ class GRPOTrainer(TrainerBase):
                     **episode_fields(rows, first),
                 }
                 local["samples"].append((position[b], sample))
-            if cfg.log_rollouts:
+            if cfg.logging.log_rollouts:
                 local["rollouts"] += [
                     (position[b], rollout_record(b, g, rec, rows, tokens, adv, first + g, self._turn_adv))
                     for g in range(groups.sizes[k])
@@ -277,9 +283,9 @@ class GRPOTrainer(TrainerBase):
         cfg, rewards = self.cfg, roll.rewards
         out = {}
         if rewards and min(len(r) for r in rewards) >= 2:
-            stats = advantage_stats([torch.tensor(r) for r in rewards], eps=cfg.probe_eps)
+            stats = advantage_stats([torch.tensor(r) for r in rewards], eps=cfg.probe.probe_eps)
             out = {f"probe/adv_{k}": v for k, v in stats.items()}
-        if cfg.probe_every and step % cfg.probe_every == 0:
+        if cfg.probe.probe_every and step % cfg.probe.probe_every == 0:
             t0 = time.perf_counter()
             spectra = dist_.gather_concat(self._spectra(roll, adv, token_adv), self.world)
             metrics = [m for _, m in sorted(spectra, key=lambda x: x[0])]
@@ -294,7 +300,7 @@ class GRPOTrainer(TrainerBase):
         groups with reward variance of the whole step. An episode's score vector sums its token rows', each token
         weighted by its turn's advantage (the rows of G = diag(A) Psi^(1/2) generalised to per-turn credit)."""
         cfg, groups, rows = self.cfg, roll.groups, roll.groups.rows
-        live = [k for k, r in enumerate(roll.rewards) if varies(r)][: cfg.probe_groups]  # positions in the update
+        live = [k for k, r in enumerate(roll.rewards) if varies(r)][: cfg.probe.probe_groups]  # positions in the update
         position = roll.positions
         starts = offsets(groups.sizes)
         out = []
@@ -305,14 +311,18 @@ class GRPOTrainer(TrainerBase):
             idx = torch.tensor(rows.rows_of(list(range(start, stop))), device=self.device)
             sub = select(rows.batch, idx)
             weights = token_weights(
-                rows.loss_tokens[idx, : sub.completion_ids.shape[1]], cfg.aggregation, self._max_len
+                rows.loss_tokens[idx, : sub.completion_ids.shape[1]], cfg.objective.aggregation, self._max_len
             )
             if token_adv is None:
-                psi, a = score_gram(self.policy.model, sub, weights, temperature=cfg.temperature), adv[start:stop].cpu()
+                psi, a = (
+                    score_gram(self.policy.model, sub, weights, temperature=cfg.generation.temperature),
+                    adv[start:stop].cpu(),
+                )
             else:  # per-turn credit folded into the weights; rows summed into their episode
                 weights = weights * token_adv[idx, : weights.shape[1]].to(weights)
                 psi = _rows_to_rollouts(
-                    score_gram(self.policy.model, sub, weights, temperature=cfg.temperature), rows.counts[start:stop]
+                    score_gram(self.policy.model, sub, weights, temperature=cfg.generation.temperature),
+                    rows.counts[start:stop],
                 )
                 a = torch.ones(stop - start, dtype=torch.float64)
             out.append((position[b], spectrum_metrics(singular_values_from_gram(psi, a))))

@@ -20,7 +20,6 @@ from grpolab.common import distributed as dist_
 from grpolab.common.batch import Batch
 from grpolab.common.devices import parse_dtype, resolve_device
 from grpolab.common.distributed import SINGLE, World
-from grpolab.common.rng import seed_everything, set_threads
 from grpolab.config.train import TrainConfig
 from grpolab.data.task import few_shot_examples, task_data
 from grpolab.env import environment
@@ -37,6 +36,7 @@ from grpolab.rewards import code as code_reward
 from grpolab.rewards.forms import check_columns
 from grpolab.rewards.rewarder import eval_reward, rewarder_for
 from grpolab.training.forward import TrainModule
+from grpolab.training.setup import checked_config, seed_process
 from grpolab.training.update import Updater
 
 
@@ -61,14 +61,13 @@ class TrainerBase:
         world: World = SINGLE,
         reference: torch.nn.Module | None = None,
     ):
-        """``cfg`` is resolved and validated here unless it comes from :meth:`TrainConfig.checked` for this world.
+        """``cfg`` is resolved and validated here (:func:`grpolab.training.setup.checked_config`).
         ``adapter_from``: a LoRA checkpoint to resume the adapter from. ``reference``: the KL reference when it is
         not the starting weights (a resumed run's start)."""
-        self.cfg = cfg = cfg if cfg.checked_for == world.size else cfg.checked(world.size)
+        self.cfg = cfg = checked_config(cfg, world.size)
         self.log, self.world = log, world
-        set_threads(cfg.threads)
-        seed_everything(cfg.seed)
-        self.device = resolve_device(cfg.device, world.local_rank)
+        seed_process(cfg)
+        self.device = resolve_device(cfg.machine.device, world.local_rank)
         self.status = lambda text: None  # train() points this at the progress bar
         # In this order: LoRA wraps the loaded model before any forward is built on it; the optimizer takes the
         # parameters the training forward leaves (FSDP's shards); the data may put solved examples in the prompts.
@@ -80,27 +79,31 @@ class TrainerBase:
     def _setup_policy(self, adapter_from: str | Path | None) -> None:
         cfg, log = self.cfg, self.log
         t0 = time.perf_counter()
-        log(f"loading {cfg.model}{' (' + cfg.gguf_file + ')' if cfg.gguf_file else ''} ...")
-        dtype = parse_dtype(cfg.dtype)
-        self.policy: Policy = load_policy(cfg.model, dtype, gguf_file=cfg.gguf_file, chat=cfg.chat, device=self.device)
+        log(f"loading {cfg.policy.model}{' (' + cfg.policy.gguf_file + ')' if cfg.policy.gguf_file else ''} ...")
+        dtype = parse_dtype(cfg.machine.dtype)
+        self.policy: Policy = load_policy(
+            cfg.policy.model, dtype, gguf_file=cfg.policy.gguf_file, chat=cfg.prompt.chat, device=self.device
+        )
         n_params = sum(p.numel() for p in self.policy.model.parameters())
         log(
             f"loaded {self.policy.source}: {n_params / 1e6:.1f} M parameters, {next(self.policy.model.parameters()).dtype}"
             f" on {self.device}, in {time.perf_counter() - t0:.0f} s"
         )
-        self.policy.system = system_prompt_for(cfg.format, cfg.system_prompt)
-        if cfg.gradient_checkpointing:  # on the base model, before LoRA wraps it (peft then makes inputs require grad)
+        self.policy.system = system_prompt_for(cfg.dataset.format, cfg.prompt.system_prompt)
+        if (
+            cfg.update.gradient_checkpointing
+        ):  # on the base model, before LoRA wraps it (peft then makes inputs require grad)
             enable_activation_checkpointing(self.policy.model)
-        if cfg.lora_rank:
+        if cfg.policy.lora_rank:
             from grpolab.models.lora import add_lora, load_lora
 
             base = self.policy.model
             self.policy.model = (
                 load_lora(base, adapter_from)
                 if adapter_from
-                else add_lora(base, cfg.lora_rank, cfg.lora_alpha or 2.0 * cfg.lora_rank)
+                else add_lora(base, cfg.policy.lora_rank, cfg.policy.lora_alpha or 2.0 * cfg.policy.lora_rank)
             )
-        if not cfg.keep_dropout:  # before the reference is copied from it
+        if not cfg.update.keep_dropout:  # before the reference is copied from it
             disable_dropout(self.policy.model)
         self.policy.model.train()
 
@@ -109,16 +112,22 @@ class TrainerBase:
         model with the adapter disabled: no second copy in memory."""
         cfg = self.cfg
         self.ref = None
-        self.ref_is_base = cfg.beta > 0 and cfg.lora_rank > 0
-        if cfg.beta > 0 and not cfg.lora_rank:
+        self.ref_is_base = cfg.objective.beta > 0 and cfg.policy.lora_rank > 0
+        if cfg.objective.beta > 0 and not cfg.policy.lora_rank:
             ref_model = reference.to(self.device) if reference is not None else copy.deepcopy(self.policy.model)
             self.ref = self._train_module(ref_model.eval().requires_grad_(False))
 
     def _train_module(self, model: torch.nn.Module) -> TrainModule:
         cfg = self.cfg
-        shared = cfg.shared_prefix == "on"
+        shared = cfg.update.shared_prefix == "on"
         return TrainModule(
-            model, cfg.temperature, self.world, fsdp=cfg.fsdp, shared_prefix=shared, packing=cfg.packing, log=self.log
+            model,
+            cfg.generation.temperature,
+            self.world,
+            fsdp=cfg.update.fsdp,
+            shared_prefix=shared,
+            packing=cfg.update.packing,
+            log=self.log,
         )
 
     def _setup_optimizer(self) -> None:
@@ -127,16 +136,19 @@ class TrainerBase:
         # Before the optimizer: under FSDP the parameters it holds are the shards.
         self.train_module = self._train_module(self.policy.model)
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        total_updates = cfg.steps * cfg.mu
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.optimizer.lr, weight_decay=cfg.optimizer.weight_decay)
+        total_updates = cfg.run.steps * cfg.objective.mu
         self.scheduler = get_scheduler(
-            {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[cfg.lr_schedule],
+            {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[cfg.optimizer.lr_schedule],
             self.optimizer,
-            num_warmup_steps=cfg.warmup_steps,
+            num_warmup_steps=cfg.optimizer.warmup_steps,
             num_training_steps=total_updates,
         )
         self.updater = Updater(
-            cfg,
+            cfg.objective,
+            cfg.update,
+            cfg.optimizer.max_grad_norm,
+            cfg.max_policy_tokens,
             self.train_module,
             self.optimizer,
             self.scheduler,
@@ -149,24 +161,37 @@ class TrainerBase:
     def _setup_data(self) -> None:
         """The reward functions, the held-out set and the training sampler (and --few-shot examples)."""
         cfg, policy = self.cfg, self.policy
-        self.reward = rewarder_for(cfg, policy)
+        self.reward = rewarder_for(
+            cfg.reward, policy, episodes=cfg.multi_turn, max_new_tokens=cfg.generation.max_new_tokens
+        )
         self.reward_fns = self.reward.reward_fns
         self.held_out, self.sampler = self._data()
         # an environment task: its environment, with one episode opened on a held-out record to check it now
-        self.env = environment(cfg, policy, self.held_out[0] if self.held_out else None)
-        self.eval_reward_name, self.eval_reward = eval_reward(cfg, policy.shown_prompt, policy.chat, self.reward_fns)
-        if cfg.data:  # a reward that needs a column the data lacks: one line now, not a zero reward every step
-            check_columns(self.reward_fns, self.sampler.records, f"--data {cfg.data}")
-        if (cfg.data or cfg.eval_data) and self.eval_reward is not None:
-            where = f"--eval-data {cfg.eval_data}" if cfg.eval_data else "the held-out records"
+        self.env = environment(
+            cfg.episodes, cfg.arithmetic.max_operand, policy, self.held_out[0] if self.held_out else None
+        )
+        self.eval_reward_name, self.eval_reward = eval_reward(
+            cfg.reward,
+            cfg.eval.eval_reward_fn,
+            cfg.dataset.format,
+            cfg.multi_turn,
+            policy.shown_prompt,
+            policy.chat,
+            self.reward_fns,
+        )
+        if cfg.dataset.data:  # a reward that needs a column the data lacks: one line now, not a zero reward every step
+            check_columns(self.reward_fns, self.sampler.records, f"--data {cfg.dataset.data}")
+        if (cfg.dataset.data or cfg.dataset.eval_data) and self.eval_reward is not None:
+            where = f"--eval-data {cfg.dataset.eval_data}" if cfg.dataset.eval_data else "the held-out records"
             check_columns([(self.eval_reward_name, self.eval_reward, 1.0)], self.held_out, where)
-        code_reward.configure_for([fn for _, fn, _ in self.reward_fns] + [self.eval_reward], cfg, self.log)
+        code_reward.configure_for([fn for _, fn, _ in self.reward_fns] + [self.eval_reward], cfg.code_sandbox, self.log)
         self.rollouts_total = 0  # rollouts generated since step 1 (restored on resume)
-        if cfg.few_shot and self.sampler is not None:  # solved examples from the training split
-            self.policy.few_shot = few_shot_examples(self.sampler, cfg.few_shot)
+        if cfg.prompt.few_shot and self.sampler is not None:  # solved examples from the training split
+            self.policy.few_shot = few_shot_examples(self.sampler, cfg.prompt.few_shot)
 
     def _data(self):
-        return task_data(self.cfg, self.log)
+        cfg = self.cfg
+        return task_data(cfg.dataset, cfg.arithmetic, cfg.episodes, cfg.eval.eval_questions, cfg.run.seed, self.log)
 
     def _update(
         self,
@@ -191,10 +216,10 @@ class TrainerBase:
             metrics, examples = evaluate(
                 self.policy,
                 self.held_out,
-                samples=cfg.eval_samples,
-                temperature=cfg.temperature,
-                max_new_tokens=cfg.max_new_tokens,
-                seed=cfg.seed,
+                samples=cfg.eval.eval_samples,
+                temperature=cfg.generation.temperature,
+                max_new_tokens=cfg.generation.max_new_tokens,
+                seed=cfg.run.seed,
                 world=self.world,
                 progress=lambda done, total: self.status(f"eval at step {step}: {done}/{total} completions"),
                 score=self.eval_reward,
@@ -203,9 +228,9 @@ class TrainerBase:
         metrics["time/eval_s"] = time.perf_counter() - t0
         self.log(
             f"eval at step {step}: {format_accuracy(metrics)}  ({len(self.held_out)} questions, "
-            f"{cfg.eval_samples} samples each, {metrics['time/eval_s']:.0f} s)"
+            f"{cfg.eval.eval_samples} samples each, {metrics['time/eval_s']:.0f} s)"
         )
-        return metrics, examples[: self.cfg.log_samples]
+        return metrics, examples[: self.cfg.logging.log_samples]
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, out: Path, step: int) -> None:
@@ -227,8 +252,8 @@ class TrainerBase:
                     self.policy.tokenizer,
                     self.optimizer,
                     self.scheduler,
-                    {"seed": self.cfg.seed, "world_size": self.world.size, "rollouts_total": self.rollouts_total},
-                    keep=self.cfg.keep_checkpoints,
+                    {"seed": self.cfg.run.seed, "world_size": self.world.size, "rollouts_total": self.rollouts_total},
+                    keep=self.cfg.logging.keep_checkpoints,
                     model_state=model_state,
                     optimizer_state=optim_state,
                 )

@@ -39,7 +39,7 @@ from grpolab.algo.loss import (
 from grpolab.common import distributed as dist_
 from grpolab.common.batch import Batch, select
 from grpolab.common.distributed import World
-from grpolab.config.train import TrainConfig
+from grpolab.config.objective import ObjectiveSection, UpdateSection
 from grpolab.training.forward import TrainModule
 
 
@@ -147,7 +147,10 @@ class Updater:
 
     def __init__(
         self,
-        cfg: TrainConfig,
+        objective: ObjectiveSection,
+        passes: UpdateSection,
+        max_grad_norm: float,
+        max_policy_tokens: int,
         policy: TrainModule,
         optimizer: torch.optim.Optimizer,
         scheduler,
@@ -156,7 +159,13 @@ class Updater:
         reference: TrainModule | None = None,
         reference_is_base: bool = False,
     ):
-        self.cfg, self.policy, self.optimizer, self.scheduler, self.world = cfg, policy, optimizer, scheduler, world
+        self.objective, self.passes, self.max_grad_norm, self.max_policy_tokens = (
+            objective,
+            passes,
+            max_grad_norm,
+            max_policy_tokens,
+        )
+        self.policy, self.optimizer, self.scheduler, self.world = policy, optimizer, scheduler, world
         self.eos_id, self.reference, self.reference_is_base = eos_id, reference, reference_is_base
         self.watched: WatchedTokens | None = None
         """The last update's :class:`WatchedTokens` (None unless it was given ``watch`` rows)."""
@@ -189,7 +198,7 @@ class Updater:
         completion token. ``cut`` ``[n]``: rows of episodes cut by a limit (--mask-truncated drops them); default:
         rows without an end-of-sequence token.
         """
-        cfg, world = self.cfg, self.world
+        obj, world = self.objective, self.world
         n = adv.shape[0]
         loss_mask, carries = self._loss_mask(batch, n, action, cut)  # [n, T], [n]
         N, num_tokens = dist_.all_sum([float(n), float(loss_mask.sum())], world)
@@ -199,7 +208,7 @@ class Updater:
         # to the loss and its gradient (every term is ratio * 0), so it is not run at all; nor is a
         # rollout with no loss-carrying token. Normalisers stay those of the whole batch, so the gradient is unchanged.
         credited = adv != 0 if adv.dim() == 1 else ((adv != 0) & loss_mask[:, : adv.shape[1]].bool()).any(dim=1)
-        live = carries if cfg.beta > 0 else carries & credited
+        live = carries if obj.beta > 0 else carries & credited
         plan = self._plan(batch, live.nonzero().squeeze(1), N)
         old_logp, ref_logp = self._old_and_ref_logprobs(batch, plan)
         self.watched = None if watch is None else self._watch(watch, batch, loss_mask, plan)
@@ -210,7 +219,7 @@ class Updater:
         sums = dict.fromkeys(SUMS, 0.0)
         sums["diff_max"] = 0.0
         grad_norm, skipped = 0.0, 0
-        for it in range(cfg.mu):
+        for it in range(obj.mu):
             self.optimizer.zero_grad(set_to_none=True)
             finite = True
             for c_i, idx in enumerate(plan.chunks):
@@ -219,13 +228,13 @@ class Updater:
             if norm is None:
                 skipped += 1
             else:
-                grad_norm += norm / cfg.mu
+                grad_norm += norm / obj.mu
         return self._metrics(sums, plan, loss_mask, N, grad_norm, skipped)
 
     def skip(self) -> dict:
         """A step with no group to learn from (--sampling filter, every round all-equal): the weights stay,
         the schedule moves on, and the step is counted (``sampling/short``)."""
-        for _ in range(self.cfg.mu):
+        for _ in range(self.objective.mu):
             self.scheduler.step()
         return {
             "loss/total": None,
@@ -242,7 +251,7 @@ class Updater:
     # ------------------------------------------------------------------ its steps
     def _plan(self, batch: Batch, rows: torch.Tensor, N: int) -> MicroBatchPlan:
         """The passes over ``rows``: --micro-batch rows each, or --micro-batch-tokens tokens each."""
-        budget, size = self.cfg.micro_batch_tokens, self.cfg.micro_batch or N
+        budget, size = self.passes.micro_batch_tokens, self.passes.micro_batch or N
         if budget:
             p_lens, c_lens = batch.prompt_mask.sum(1).cpu(), batch.completion_mask.sum(1).cpu()  # [n], [n]
             chunks = token_budget_chunks(rows, p_lens, c_lens, budget, packed=self.policy.packing)
@@ -261,19 +270,19 @@ class Updater:
         mask = batch.completion_mask[:n]  # a rank with no rows of its own holds one stand-in row (rows.Rows)
         if action is not None:
             loss_mask = action[:n].to(mask.device, mask.dtype)  # [n, T]
-            if self.cfg.mask_truncated and cut is not None:
+            if self.objective.mask_truncated and cut is not None:
                 loss_mask = loss_mask * (~cut[:n].to(mask.device))[:, None].to(mask.dtype)
             return loss_mask, loss_mask.bool().any(dim=1)
         loss_mask = loss_token_mask(
-            batch.completion_ids[:n], mask, self.eos_id, mask_truncated=self.cfg.mask_truncated
+            batch.completion_ids[:n], mask, self.eos_id, mask_truncated=self.objective.mask_truncated
         ).to(mask.dtype)  # [n, T]
-        if self.cfg.mask_truncated:
+        if self.objective.mask_truncated:
             return loss_mask, loss_mask.bool().any(dim=1)
         return loss_mask, torch.ones(n, dtype=torch.bool, device=mask.device)
 
     def _entropy_threshold(self, entropy: torch.Tensor | None, loss_mask: torch.Tensor, n: int):
         """--top-entropy-quantile: one threshold over every loss-carrying token of the step, all ranks (else None)."""
-        q = self.cfg.top_entropy_quantile
+        q = self.objective.top_entropy_quantile
         if q >= 1.0:
             return None
         local = entropy[:n].to(loss_mask.device)[loss_mask.bool()].float().cpu() if n else torch.zeros(0)
@@ -286,7 +295,7 @@ class Updater:
         old_logp, ref_logp = {}, {}
         for c_i, idx in enumerate(plan.chunks):
             sub = select(batch, idx)
-            if self.cfg.mu > 1:
+            if self.objective.mu > 1:
                 old_logp[c_i] = self.policy.logprobs(sub)
             if self.reference is not None:
                 ref_logp[c_i] = self.reference.logprobs(sub)
@@ -300,7 +309,7 @@ class Updater:
     ) -> bool:
         """One pass: its loss, backward, and its share of the loss statistics. Returns whether the loss was finite.
         ``first``: the first of the mu optimizer steps (the engine mismatch is measured there)."""
-        cfg, train = self.cfg, self.policy
+        obj, train = self.objective, self.policy
         padding = c_i >= plan.real
         sub = select(x.batch, idx)
         with train.sync(c_i == len(plan.chunks) - 1):  # reduce over ranks once, after the last pass
@@ -327,17 +336,17 @@ class Updater:
                 old,
                 adv,
                 sub_mask,
-                clip_low=cfg.clip_low,
-                clip_high=cfg.clip_high,
+                clip_low=obj.clip_low,
+                clip_high=obj.clip_high,
                 ref_logp=x.ref_logp.get(c_i),
-                beta=cfg.beta,
-                kl=cfg.kl,
-                aggregation=cfg.aggregation,
-                max_len=cfg.max_policy_tokens,
+                beta=obj.beta,
+                kl=obj.kl,
+                aggregation=obj.aggregation,
+                max_len=self.max_policy_tokens,
                 num_seqs=x.num_seqs,
                 num_tokens=x.num_tokens,
-                importance_sampling=cfg.importance_sampling,
-                clip_delta=cfg.clip_delta or None,
+                importance_sampling=obj.importance_sampling,
+                clip_delta=obj.clip_delta or None,
                 token_weights=weights,
                 token_values=watching,  # --log-token-credit records the loss's own per-token values
             )
@@ -354,7 +363,7 @@ class Updater:
 
     def _add_stats(self, sums: dict, loss: torch.Tensor, st: dict, n_tok: float) -> None:
         """A pass's share of the step's loss statistics (means over the mu passes; token sums for token means)."""
-        mu = self.cfg.mu
+        mu = self.objective.mu
         sums["loss"] += loss.item() / mu
         sums["policy"] += st["policy"].item() / mu
         sums["kl_tok"] += st["kl"].item() * n_tok / mu
@@ -401,10 +410,10 @@ class Updater:
     def _correction(self, old: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
         """--engine-correction: the policy term's weights pi_trainer / pi_sampler, truncated or masked ``[n, T]``
         (None with none)."""
-        mode = self.cfg.engine_correction
+        mode = self.objective.engine_correction
         if mode == "none":
             return None
-        return engine_weights(old, sampler_logp, mask, mode, self.cfg.engine_correction_cap)
+        return engine_weights(old, sampler_logp, mask, mode, self.objective.engine_correction_cap)
 
     @staticmethod
     def _count_mismatch(old, sampler_logp, mask, correction: torch.Tensor | None, sums: dict) -> None:
@@ -420,7 +429,7 @@ class Updater:
     def _optimizer_step(self, params: list[torch.Tensor], finite: bool) -> float | None:
         """Clip and step; the gradient norm, or None when the loss or the gradient was not finite on some rank
         (then the weights stay and the gradient is dropped). The schedule moves on either way."""
-        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
+        max_norm = self.max_grad_norm if self.max_grad_norm > 0 else math.inf
         norm = self.policy.clip_grad_norm(params, max_norm)
         # The gradient (and so its norm) is the same on every rank after the reduction; the loss flags are not.
         stepped = dist_.all_true(finite and math.isfinite(norm), self.world)
@@ -440,7 +449,7 @@ class Updater:
             "engine/logprob_diff_mean": totals["diff_sum"] / totals["diff_tok"],
             "engine/logprob_diff_max": dist_.all_max_float(diff_max, self.world),
         }
-        if self.cfg.engine_correction != "none":
+        if self.objective.engine_correction != "none":
             out["engine/correction_weight_mean"] = totals["weight_tok"] / totals["diff_tok"]
         return out
 

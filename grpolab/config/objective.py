@@ -1,0 +1,171 @@
+"""The objective and the update: advantages, the loss, how its passes run, and the optimiser."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from grpolab.algo.advantages import CREDITS, ESTIMATORS, SCALES
+from grpolab.algo.engine_correction import CORRECTIONS
+from grpolab.algo.loss import AGGREGATIONS, IMPORTANCE_SAMPLING, KL_ESTIMATORS
+from grpolab.config.fields import bad, check_counts
+
+GROUP_BASELINES = ("grpo", "grpo_std", "rloo")
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveSection:
+    """The objective: advantages, their credit over turns, the clipped surrogate, KL and corrections."""
+
+    estimator: Literal["vanilla", "grpo", "grpo_std", "rloo", "oracle"] = "grpo_std"
+    """Advantage estimator (grpolab.algo.advantages). 'oracle' is for probes only, not training."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """grpo_std: which standard deviation divides the group-centred advantages: each group's (group, the usual
+    grpo_std), the whole step's rewards' (batch), or none (then grpo_std is grpo). Population std in both cases."""
+    advantage: Literal["grpo", "rtg-group", "rtg-mc"] = "grpo"
+    """How an episode's turns share credit (one turn: all the same): 'grpo' (every turn gets the episode's advantage,
+    [Foundations, Eq. 22]), 'rtg-group' (each turn's reward-to-go minus the --estimator's baseline of the initial
+    state) or 'rtg-mc' (reward-to-go minus a Monte Carlo value of the turn's state from --branches continuations)."""
+    branches: int = 4
+    """rtg-mc: continuations branched from each visited state to estimate its value."""
+    aggregation: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = "seq-mean-token-mean"
+    """How per-token terms combine (grpolab.algo.loss.aggregate); the last is Dr. GRPO."""
+    clip_low: float = 0.2
+    """Ratio clip below: 1 - clip_low."""
+    clip_high: float = 0.2
+    """Ratio clip above: 1 + clip_high."""
+    clip_delta: float = 0.0
+    """Two-sided clipping: cap the unclipped ratio at D (> 1 + clip_high) so a negative-advantage token whose ratio
+    ran away cannot dominate the loss. 0 = off."""
+    beta: float = 0.0
+    """KL coefficient to the reference (the starting weights). The RLVR essay reports 0.04; 0 skips the reference."""
+    kl: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator [U-statistic, App. A]."""
+    importance_sampling: Literal["token", "sequence"] = "token"
+    """token: one ratio per token (GRPO). sequence: GSPO's ratio per rollout, exp(mean over its tokens of
+    logp - old_logp), clipped per rollout (GSPO clips at 3e-4 / 4e-4: --clip-low 3e-4 --clip-high 4e-4)."""
+    mask_truncated: bool = False
+    """DAPO: completions cut at --max-new-tokens (no end-of-sequence token) carry no loss; they still count in the
+    reward statistics and the advantages of their group."""
+    top_entropy_quantile: float = 1.0
+    """Only the highest-entropy q-fraction of the step's completion tokens (entropy of the sampling policy, the
+    threshold over every token of the step) carries policy loss; 1 = every token."""
+    mu: int = 1
+    """Updates per batch; for mu > 1 the sampling-time log-probs give the importance ratio."""
+    engine_correction: Literal["none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"] = "none"
+    """Correct for the sampler computing other probabilities than the trainer (another kernel or precision, top-p):
+    weight each token's policy term by r = pi_trainer / pi_sampler, truncated at --engine-correction-cap (token or
+    whole sequence), or mask tokens (sequences) with r outside [1/cap, cap]. The mismatch is logged either way
+    (engine/logprob_diff_mean, _max)."""
+    engine_correction_cap: float = 2.0
+    """C > 1 of --engine-correction."""
+
+    def validate(self) -> None:
+        """The estimator, the loss's options and the engine correction (each alone; the checks that need other
+        sections are :class:`grpolab.config.train.TrainConfig`'s)."""
+        check_counts(self, positive=("mu",))
+        if self.estimator not in ESTIMATORS:
+            raise bad("estimator", f"unknown estimator {self.estimator!r}; choose from {ESTIMATORS}")
+        if self.estimator == "oracle":
+            raise bad(
+                "estimator",
+                "'oracle' needs the true value of each prompt, which training does not have; it is for the probes",
+            )
+        if self.advantage not in CREDITS:
+            raise bad("advantage", f"must be one of {CREDITS}, got {self.advantage!r}")
+        if self.advantage == "rtg-mc" and self.branches < 1:
+            raise bad("branches", f"rtg-mc needs >= 1 branch, got {self.branches}")
+        if self.aggregation not in AGGREGATIONS:
+            raise bad("aggregation", f"unknown aggregation {self.aggregation!r}; choose from {AGGREGATIONS}")
+        if self.scale_rewards not in SCALES:
+            raise bad("scale_rewards", f"must be one of {SCALES}, got {self.scale_rewards!r}")
+        if self.scale_rewards != "group" and self.estimator != "grpo_std":
+            raise bad(
+                "scale_rewards", f"chooses grpo_std's divisor; with --estimator {self.estimator} nothing is divided"
+            )
+        if not 0 <= self.clip_low < 1 or self.clip_high < 0:
+            raise bad("clip_low", f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
+        if self.clip_delta and self.clip_delta <= 1 + self.clip_high:
+            raise bad(
+                "clip_delta", f"must be 0 (off) or > 1 + clip_high = {1 + self.clip_high:g}, got {self.clip_delta:g}"
+            )
+        if self.importance_sampling not in IMPORTANCE_SAMPLING:
+            raise bad("importance_sampling", f"must be one of {IMPORTANCE_SAMPLING}, got {self.importance_sampling!r}")
+        if not 0 < self.top_entropy_quantile <= 1:
+            raise bad("top_entropy_quantile", f"must be in (0, 1], got {self.top_entropy_quantile:g}")
+        if self.kl not in KL_ESTIMATORS:
+            raise bad("kl", f"unknown KL estimator {self.kl!r}; choose from {KL_ESTIMATORS}")
+        if self.beta < 0:
+            raise bad("beta", f"must be >= 0, got {self.beta}")
+        if self.engine_correction not in CORRECTIONS:
+            raise bad("engine_correction", f"must be one of {CORRECTIONS}, got {self.engine_correction!r}")
+        if not self.engine_correction_cap > 1:
+            raise bad("engine_correction_cap", f"must be > 1, got {self.engine_correction_cap:g}")
+
+    @property
+    def group_baseline(self) -> bool:
+        """Whether the estimator's baseline comes from the group (it then needs G >= 2, and a group whose rewards
+        are all equal carries no gradient)."""
+        return self.estimator in GROUP_BASELINES
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateSection:
+    """How the update's forward and backward passes run (same gradient, other memory and time)."""
+
+    micro_batch: int = 0
+    """Rollouts per forward/backward; 0 = the whole batch. Must divide B*G."""
+    micro_batch_tokens: int = 0
+    """Instead of --micro-batch: passes of at most this many tokens each, counted with padding (rows x (longest prompt
+    + longest completion) of the pass; with --packing, the rows' own tokens); rows are taken longest first, so rows of
+    like length share a pass. A row longer than the budget runs alone. Same gradient as the whole batch; bounds the
+    update's memory when completion lengths vary. 0 = off."""
+    packing: bool = False
+    """Run each update pass's rows as one sequence without padding (position ids restart per row, attention stays
+    within a row): same log-probs and gradients as padded rows, and no compute or memory spent on padding. With
+    flash-attention (GPU) attention is per row too; with sdpa (CPU) it runs over the packed length under a
+    block-diagonal mask, which costs more than it saves when rows are long and of like length. Replaces
+    --shared-prefix. A model that cannot take packed rows falls back to padding with a one-line notice."""
+    shared_prefix: Literal["on", "off"] = "on"
+    """on: in the update (and the KL reference's forward), each group's prompt is encoded once and its G completions
+    attend to that one copy; same log-probs and gradients as off, which encodes the prompt once per rollout. A model
+    that cannot take a precomputed cache falls back to off with a one-line notice."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of keeping them (transformers' activation
+    checkpointing): less memory, about one more forward of time."""
+    keep_dropout: bool = False
+    """Keep the model's dropout active in training. Off by default (as TRL's disable_dropout): the sampler runs without
+    it, so with it the update sees a noisier distribution than the one that sampled (ratio off 1, a KL gradient at
+    the reference)."""
+    fsdp: bool = False
+    """Under torchrun: shard parameters, gradients and optimizer state over the processes (FSDP2,
+    fully_shard) instead of replicating the model (DDP). Same results; for models whose training state does not fit
+    one device (generation still gathers the whole model on each process)."""
+
+    def validate(self) -> None:
+        check_counts(self, non_negative=("micro_batch", "micro_batch_tokens"))
+        if self.micro_batch and self.micro_batch_tokens:
+            raise bad("micro_batch_tokens", "plans the passes by tokens; give it or --micro-batch, not both")
+        if self.shared_prefix not in ("on", "off"):
+            raise bad("shared_prefix", f"must be 'on' or 'off', got {self.shared_prefix!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSection:
+    """AdamW and its schedule."""
+
+    lr: float = 5e-5
+    """AdamW learning rate. For the built-in 0.5 M model 1e-4 already degrades held-out accuracy; 3e-4 collapses it."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm; 0 disables."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Schedule after warm-up."""
+    warmup_steps: int = 10
+    """Linear warm-up, in optimizer steps."""
+
+    def validate(self) -> None:
+        check_counts(self, non_negative=("warmup_steps",))
+        if not self.lr > 0:
+            raise bad("lr", f"must be > 0, got {self.lr}")

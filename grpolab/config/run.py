@@ -1,0 +1,121 @@
+"""The run's own options: where it writes and how long it runs, the machine, evaluation, the in-training probes and logging."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from grpolab.config.fields import bad, check_counts
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSection:
+    """The run: where it writes, how long it runs, its seed and process count."""
+
+    out: str = "runs/train"
+    """Run directory: config.json, metrics.jsonl, samples.jsonl, checkpoints/, plot.png."""
+    resume: bool = False
+    """Continue from the last complete checkpoint in --out."""
+    seed: int = 0
+    """Drives weight init, question draws and every rollout's random stream."""
+    steps: int = 500
+    """GRPO steps (each: sample, score, mu updates)."""
+    max_rollouts: int = 0
+    """Stop after the step at which the run has generated this many rollouts (sampling/rollouts_total); 0 = run
+    --steps steps. For comparing sampling modes at an equal budget."""
+    nproc: int = 1
+    """Processes on this machine: > 1 relaunches this command under torchrun (data-parallel, one node).
+    Ignored inside a torchrun launch, which sets the number itself. --prompts-per-step must be a multiple of it."""
+
+    def validate(self) -> None:
+        check_counts(self, positive=("steps", "nproc"), non_negative=("max_rollouts",))
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineSection:
+    """Where the model runs: device, precision and CPU threads."""
+
+    device: str = "auto"
+    """Where the model runs: auto (CUDA when torch sees a GPU, else the CPU), cpu, cuda or cuda:N. Under torchrun
+    on CUDA each process takes cuda:LOCAL_RANK."""
+    dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
+    """Weights' dtype: auto = bfloat16 on a CUDA device that supports it, float32 otherwise (on the CPU bf16 is slow).
+    float64 is for exactness checks (two code paths that should agree do, to rounding of 1e-16), not for training."""
+    threads: int | None = None
+    """Torch intra-op threads; 0 = torch's default (every core). Default: 1 for builtin (fastest for the 0.5 M model on
+    a shared CPU), 0 for other models."""
+
+    def validate(self) -> None:
+        from grpolab.common.devices import DeviceError, resolve_device
+
+        check_counts(self, non_negative=("threads",))
+        try:
+            resolve_device(self.device)  # malformed, or a GPU this machine does not have
+        except DeviceError as e:
+            raise bad("device", str(e)) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection:
+    """Held-out evaluation during training."""
+
+    eval_every: int = 50
+    """Evaluate on held-out questions every N steps (and at steps 0 and last); 0 = only at the ends."""
+    eval_questions: int | None = None
+    """Held-out questions per evaluation. Default: 500 for builtin, 50 for other models (see MODEL_DEFAULTS)."""
+    eval_samples: int | None = None
+    """k: samples per question at --temperature (the pass rate the groups see) for eval/accuracy_sampled. Default: 4 for builtin, 2 for other models."""
+    eval_reward_fn: str = ""
+    """The reward whose mean is the held-out accuracy ('module:function' or 'file.py:function', either form);
+    default: the first --reward-fn for prompt data, the built-in answer check otherwise."""
+
+    def validate(self) -> None:
+        check_counts(self, positive=("eval_questions",), non_negative=("eval_every", "eval_samples"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeSection:
+    """The probes that run during training [Foundations]."""
+
+    probe_every: int = 0
+    """Every N steps, measure the spectrum of the per-rollout gradient matrix on this step's groups
+    (probe/eff_rank, probe/top1_frac, probe/num_rank); 0 = never. Advantage statistics (probe/adv_*) are logged every step."""
+    probe_groups: int = 4
+    """Groups (with reward variance) of the step's batch the spectrum probe measures."""
+    probe_eps: float = 0.2
+    """Threshold of an epsilon-effective rollout, |A_i| > eps [Foundations, Eq. 20]."""
+    log_token_credit: int = 0
+    """Every step, record K rollouts (group by group, one with a positive and one with a negative advantage) token by
+    token in token_credit.jsonl: each token's advantage in the loss, importance ratio and clipping, entropy, sampler
+    and trainer log-probs, and the change of its log-prob that the step's update caused (one extra forward over the K
+    rollouts after the update); their aggregates as credit/* (shares of the change on the answer, reasoning and
+    format tokens, its correlation with the advantage's sign, its concentration). `grpolab tokens RUN` and
+    `grpolab report` show them. 0 = off. Rank 0 records its own rollouts."""
+
+    def validate(self) -> None:
+        check_counts(self, non_negative=("probe_every", "probe_groups", "log_token_credit"))
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingSection:
+    """What the run writes, and how often."""
+
+    save_every: int = 100
+    """Checkpoint every N steps; the last step is always saved."""
+    keep_checkpoints: int = 0
+    """Keep only the newest N checkpoints; 0 keeps all."""
+    log_samples: int = 4
+    """Prompts (with their completions) written to samples.jsonl at each evaluation."""
+    log_rollouts: bool = False
+    """Write every rollout of every step (prompt index, question, completion, reward, advantage) to rollouts.jsonl."""
+    tensorboard: bool = False
+    """Also log to TensorBoard (needs the tensorboard package)."""
+    wandb: bool = False
+    """Also log to Weights & Biases, offline (needs the wandb package)."""
+    progress: bool = True
+    """Show progress: a bar on a terminal, plain lines otherwise."""
+    log_every: int = 10
+    """When stdout is not a terminal (a log file, a batch job): a plain progress line every N steps, and at each evaluation."""
+
+    def validate(self) -> None:
+        check_counts(self, positive=("log_every",), non_negative=("save_every", "keep_checkpoints", "log_samples"))
