@@ -12,8 +12,7 @@ from __future__ import annotations
 import os
 import textwrap
 
-from grpolab.rewards import code as code_reward_module
-from grpolab.rewards.code import code_reward
+from grpolab.rewards.code import CodeReward
 
 ATTACKS = {
     "infinite_loop": "while True:\n    pass\n",
@@ -65,10 +64,24 @@ def program(name: str, run: str = "/nonexistent", home: str = "", port: int = 9,
     return ATTACKS[name].format(run=run, home=home or os.path.expanduser("~"), port=port, marker=marker)
 
 
-def attack_reward(prompts, completions, attack, run, port, marker, **kwargs) -> list[float]:
-    """The code reward of the attack program named in each record (the completion itself is ignored)."""
-    fenced = [f"```python\n{program(a, r, port=p, marker=m)}```" for a, r, p, m in zip(attack, run, port, marker)]
-    return code_reward(prompts, fenced, kwargs.get("tests"))
+class AttackReward(CodeReward):
+    """The code reward of the attack program named in each record (the completion itself is ignored). A subclass of
+    the code reward: a run gives it its own sandbox, made from its options, as it gives the code reward; the labels
+    of the sandboxes it made are kept (``labels``), so that a test can look for processes they left behind."""
+
+    __name__ = "attack_reward"
+    columns = None  # TRL form: the columns its parameters name
+    labels: list[str] = []
+
+    def sandbox(self):
+        sandbox = super().sandbox()
+        if sandbox.label not in AttackReward.labels:
+            AttackReward.labels.append(sandbox.label)
+        return sandbox
+
+    def __call__(self, prompts, completions, attack, run, port, marker, **kwargs) -> list[float]:
+        fenced = [f"```python\n{program(a, r, port=p, marker=m)}```" for a, r, p, m in zip(attack, run, port, marker)]
+        return super().__call__(prompts, fenced, kwargs.get("tests"))
 
 
-attack_reward.pop_counts = code_reward_module.pop_counts  # its programs run in the code reward's sandbox
+attack_reward = AttackReward()

@@ -8,8 +8,7 @@ import pytest
 from conftest import FIXTURES
 from test_sandbox import needs_bwrap
 
-from grpolab.rewards import code as cr
-from grpolab.rewards.code import code_reward, extract_program, job_of
+from grpolab.rewards.code import CodeReward, CodeRewardSettings, extract_program, job_of
 from grpolab.rewards.forms import from_trl
 from grpolab.rewards.rewarder import score
 from grpolab.sandbox import Limits
@@ -19,9 +18,10 @@ FIXTURE_PROBLEMS = [json.loads(line) for line in (FIXTURES / "code_problems.json
 
 @pytest.fixture
 def sandboxed():
-    cr.configure(cr.CodeRewardSettings(limits=Limits(timeout_s=5, cpu_s=5), workers=2))
-    yield
-    cr.configure(cr.CodeRewardSettings())
+    """A code reward of its own, with the tests' limits; its sandbox is closed afterwards."""
+    reward = CodeReward(CodeRewardSettings(limits=Limits(timeout_s=5, cpu_s=5), workers=2))
+    yield reward
+    reward.close()
 
 
 # ------------------------------------------------------------------ extraction (no sandbox)
@@ -58,9 +58,9 @@ def test_jobs_read_every_form_of_tests_and_io():
 def test_fixture_solutions_score_one_wrong_ones_zero_partial_ones_their_fraction(problem, sandboxed):
     columns = {k: [problem.get(k)] * 3 for k in ("tests", "io", "entry_point") if k in problem}
     completions = [f"```python\n{problem[k]}\n```" for k in ("solution", "wrong", "partial")]
-    rewards = code_reward([problem["prompt"]] * 3, completions, **columns)
+    rewards = sandboxed([problem["prompt"]] * 3, completions, **columns)
     assert rewards == pytest.approx([1.0, 0.0, problem["partial_fraction"]])
-    counts = cr.pop_counts()
+    counts = sandboxed.pop_counts()
     assert (counts["code_passed"], counts["code_failed"]) == (1, 2)
 
 
@@ -68,22 +68,25 @@ def test_fixture_solutions_score_one_wrong_ones_zero_partial_ones_their_fraction
 def test_mode_all_gives_one_only_when_every_test_passes(sandboxed):
     program = "```python\ndef f(x):\n    return x if x < 3 else 0\n```"
     tests = [[f"assert f({i}) == {i}" for i in range(4)]]
-    assert code_reward(["p"], [program], tests) == [0.75]
-    cr.configure(cr.CodeRewardSettings(mode="all", workers=1))
-    assert code_reward(["p"], [program], tests) == [0.0]
-    assert code_reward(["p"], ["```python\ndef f(x):\n    return x\n```"], tests) == [1.0]
+    assert sandboxed(["p"], [program], tests) == [0.75]
+    every = CodeReward(CodeRewardSettings(mode="all", workers=1))
+    try:
+        assert every(["p"], [program], tests) == [0.0]
+        assert every(["p"], ["```python\ndef f(x):\n    return x\n```"], tests) == [1.0]
+    finally:
+        every.close()
 
 
 @needs_bwrap
 def test_a_syntax_error_fails_every_test_and_an_exception_in_a_test_fails_that_one(sandboxed):
     tests = [["assert f(1) == 1", "assert f(None) == 0", "assert f(2) == 2"]]
-    assert code_reward(["p"], ["def f(x) return x"], tests) == [0.0]
-    assert code_reward(["p"], ["def f(x):\n    return x + 0"], tests) == [pytest.approx(2 / 3)]
+    assert sandboxed(["p"], ["def f(x) return x"], tests) == [0.0]
+    assert sandboxed(["p"], ["def f(x):\n    return x + 0"], tests) == [pytest.approx(2 / 3)]
 
 
 @needs_bwrap
 def test_through_the_trainers_scoring_a_record_without_tests_is_an_error_counted_not_a_crash(sandboxed):
-    fn = from_trl(code_reward, prompt_of=lambda r: r["prompt"], chat=False)
+    fn = from_trl(sandboxed, prompt_of=lambda r: r["prompt"], chat=False)
     records = [{"prompt": "p", "tests": ["assert f() == 1"]}, {"prompt": "q"}]
     scores = score(["def f():\n    return 1", "def f():\n    return 1"], records, [("code", fn, 1.0)])
     assert scores.total.tolist() == [1.0, 0.0]

@@ -20,6 +20,7 @@ from grpolab.rewards.rewarder import Rewarder
 from grpolab.rollout.collect import Collector, CollectSettings
 from grpolab.rollout.engine import SamplingSettings
 from grpolab.rollout.sampler import Sampled
+from grpolab.rollout.service import RolloutService
 
 RIGHT, WRONG = "#### 7", "#### 0"
 
@@ -66,7 +67,7 @@ def policy(tiny_model, char_tokenizer):
 
 def _collector(policy, engine, mode="fixed", B=2, G=4, rounds=3) -> Collector:
     settings = CollectSettings(mode, B, G, seed=5, sampling=SamplingSettings(8, 0.7), max_sampling_rounds=rounds)
-    return Collector(engine, Records(), policy, Rewarder(default_reward_fns(0.1)), settings)
+    return Collector(RolloutService(engine, policy, Rewarder(default_reward_fns(0.1))), Records(), settings)
 
 
 def test_the_collector_runs_on_an_engine_it_is_given(policy, char_tokenizer):

@@ -14,7 +14,7 @@ from env_fixtures import Echo, EchoLast, Forever, TurnEngine
 
 from grpolab.common import streams
 from grpolab.config.train import ConfigError, TrainConfig
-from grpolab.env import EnvError, EpisodeLimits, Renderer
+from grpolab.env import EnvError, EnvSetup, EpisodeLimits, Renderer
 from grpolab.env.credit import episode_credit
 from grpolab.env.protocol import check_env_class, check_step, load_env_class
 from grpolab.models.policy import Policy
@@ -22,6 +22,7 @@ from grpolab.rewards.rewarder import Rewarder
 from grpolab.rollout.collect import Collector, CollectSettings
 from grpolab.rollout.engine import SamplingSettings
 from grpolab.rollout.episodes import EpisodeRunner, turn_key
+from grpolab.rollout.service import RolloutService
 
 TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<eos>\n{% endfor %}"
@@ -57,9 +58,9 @@ class Records:
 def _collect(policy, env, advantage="grpo", G=4, B=1, limits=None, engine=None):
     limits = limits or EpisodeLimits(4, 0)
     engine = engine or TurnEngine(policy.tokenizer, script)
-    runner = EpisodeRunner(engine, policy, env, Renderer(policy), limits)
+    service = RolloutService(engine, policy, Rewarder([]), EnvSetup(env, Renderer(policy), limits, "test"))
     settings = CollectSettings("fixed", B, G, seed=5, sampling=SamplingSettings(8, 1.0))
-    collector = Collector(engine, Records(), policy, Rewarder([]), settings, runner=runner)
+    collector = Collector(service, Records(), settings)
     return collector.collect(step=1), engine
 
 

@@ -79,7 +79,7 @@ def test_the_probes_rollouts_and_rewards_are_trainings_for_the_same_keys(data, t
         == trainer.reward.names
         == ["digits_of_target", "length_times_weight", "odd_code_sum", "format"]
     )
-    assert type(draw.runner.engine) is type(trainer.engine) is HFEngine
+    assert type(draw.service.engine) is type(trainer.engine) is HFEngine
     for k, (b, record) in enumerate(zip(roll.groups.prompt, roll.groups.records)):
         batch, rewards, entropy = draw(record, G, (streams.ROLLOUT, cfg.run.seed, 1, b))  # training's keys
         mine = slice(k * G, (k + 1) * G)

@@ -243,11 +243,11 @@ def _sampler(policy, max_new_tokens: int, format_weight: float = 0.1):
     from grpolab.rewards.builtin import default_reward_fns
     from grpolab.rewards.rewarder import Rewarder
     from grpolab.rollout.engine import HFEngine, SamplingSettings
-    from grpolab.rollout.episodes import EpisodeRunner
+    from grpolab.rollout.service import RolloutService
 
     engine = HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id)
     reward = Rewarder(default_reward_fns(format_weight), max_new_tokens)
-    return ProbeSampler(EpisodeRunner(engine, policy), reward, SamplingSettings(max_new_tokens, 1.0), "cpu")
+    return ProbeSampler(RolloutService(engine, policy, reward), SamplingSettings(max_new_tokens, 1.0))
 
 
 def test_lm_pool_cross_diagonal_is_the_quadratic_form(tiny_model, char_tokenizer):

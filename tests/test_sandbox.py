@@ -18,10 +18,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from sandbox_attacks import ATTACKS, program
+from sandbox_attacks import ATTACKS, AttackReward, program
 
-from grpolab.rewards import code as cr
-from grpolab.rewards.code import code_reward
+from grpolab.rewards.code import CodeReward, CodeRewardSettings
 from grpolab.sandbox import Job, Limits, Sandbox, SandboxError, runner
 
 TIMEOUT = 3.0
@@ -78,11 +77,18 @@ def listener():
 
 
 @pytest.fixture
-def sandboxed():
-    """The code reward's sandbox with the tests' limits (bubblewrap), restored afterwards."""
-    sandbox = cr.configure(cr.CodeRewardSettings(limits=LIMITS, workers=2, isolation="bwrap"))
-    yield sandbox
-    cr.configure(cr.CodeRewardSettings())
+def code_reward():
+    """A code reward of its own with the tests' limits (bubblewrap); its sandbox is closed afterwards."""
+    reward = CodeReward(CodeRewardSettings(limits=LIMITS, workers=2, isolation="bwrap"))
+    yield reward
+    reward.close()
+
+
+@pytest.fixture
+def sandboxed(code_reward):
+    """The code reward's sandbox with the tests' limits (bubblewrap)."""
+    code_reward.start()
+    return code_reward.sandbox()
 
 
 # (status the reward counts, reward); the daemon and kill_parent programs end normally, so their test decides.
@@ -104,7 +110,7 @@ EXPECTED = {
 
 @needs_bwrap
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
-def test_an_attacking_program_harms_nothing(attack, sandboxed, listener, tmp_path, monkeypatch):
+def test_an_attacking_program_harms_nothing(attack, code_reward, sandboxed, listener, tmp_path, monkeypatch):
     port, connections = listener
     marker = f"grpolab-attack-{uuid.uuid4().hex}"
     home = tmp_path / "home"
@@ -118,7 +124,7 @@ def test_an_attacking_program_harms_nothing(attack, sandboxed, listener, tmp_pat
     t0 = time.perf_counter()
     rewards = code_reward(["p"], [completion], [["assert True"]])
     seconds = time.perf_counter() - t0
-    counts = cr.pop_counts()
+    counts = code_reward.pop_counts()
 
     status, reward = EXPECTED[attack]
     assert rewards == [reward]
@@ -279,7 +285,7 @@ def test_the_attack_battery_inside_a_training_run(tmp_path, listener, monkeypatc
     assert connections() == 0
     assert not list(run.rglob("pwned*"))
     time.sleep(0.2)
-    assert survivors(marker, cr.sandbox().label) == []
+    assert survivors(marker, *AttackReward.labels) == []
     assert seconds < 120
 
 

@@ -132,7 +132,7 @@ class Shifted:
 def _step_with(tmp_path, name, correction, shift=0.5, cap=1.5) -> dict:
     cfg = _cfg(tmp_path / name, steps=1, warmup_steps=0, engine_correction=correction, engine_correction_cap=cap)
     trainer = GRPOTrainer(cfg, log=_quiet)
-    trainer.engine = trainer.collector.engine = Shifted(trainer.engine, shift)
+    trainer.engine = trainer.service.engine = Shifted(trainer.engine, shift)
     return trainer.step(1).metrics
 
 

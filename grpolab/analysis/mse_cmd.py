@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -296,19 +297,20 @@ def _interval(values: list[float]) -> list[float]:
 def _pool(cfg: MseConfig | GroupsizeConfig, task, policy, records, world, log, label: str = "pool"):
     """The probe's pool of ``cfg.pool`` rollouts per prompt, drawn and scored as ``task`` (the run's) draws and
     scores them, with their score Gram moments (``grpolab.analysis.pool``)."""
-    return collect_pool(
-        policy,
-        records,
-        cfg.pool,
-        probe_sampler(policy, task, cfg.rollout_engine, log, records),
-        seed=cfg.seed,
-        include=cfg.include or None,
-        progress=cfg.progress,
-        label=label,
-        world=world,
-        sketch_dim=cfg.sketch_dim,
-        log=log,
-    )
+    with contextlib.closing(probe_sampler(policy, task, cfg.rollout_engine, log, records)) as draw:
+        return collect_pool(
+            policy,
+            records,
+            cfg.pool,
+            draw,
+            seed=cfg.seed,
+            include=cfg.include or None,
+            progress=cfg.progress,
+            label=label,
+            world=world,
+            sketch_dim=cfg.sketch_dim,
+            log=log,
+        )
 
 
 def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:

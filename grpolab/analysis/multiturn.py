@@ -166,14 +166,18 @@ def _rms_stats(
 
 # ---------------------------------------------------------------------- a policy's episodes
 class _Task(NamedTuple):
-    """What episodes are measured: the runner (engine, policy, environment), the records, the reward functions'
-    sum on a list of episodes' final conversations, and the sampling settings."""
+    """What episodes are measured: the rollout service that plays them (engine, policy, environment, the run's
+    reward functions), the records and the sampling settings."""
 
-    runner: object
+    service: object
     records: list[dict]
-    final_rewards: object
     settings: object
-    close: object
+
+    def final_rewards(self, episodes) -> list[float]:
+        """The reward functions' sum on each episode's final conversation (0 without reward functions)."""
+        if not self.service.reward.reward_fns:
+            return [0.0] * len(episodes)
+        return self.service.final_rewards(episodes).total.tolist()
 
 
 def _task(cfg: MultiturnConfig, log) -> _Task:
@@ -182,8 +186,8 @@ def _task(cfg: MultiturnConfig, log) -> _Task:
     from grpolab.env import environment
     from grpolab.eval.runs import RunTask, load_task_policy, resolve_target
     from grpolab.rewards.rewarder import rewarder_for
-    from grpolab.rollout.collect import final_scores
     from grpolab.rollout.sampler import SamplingSettings
+    from grpolab.rollout.service import RolloutService
 
     target = resolve_target(cfg.policy, cfg.step)
     task = RunTask.of(target, cfg, **_episode_options(cfg))
@@ -199,16 +203,13 @@ def _task(cfg: MultiturnConfig, log) -> _Task:
     engine = _engine(task, cfg.rollout_engine, policy, log)
     gen = task.generation
     # the run's reward functions, scored as training scores an episode
-    reward = rewarder_for(task.reward, policy, episodes=True, max_new_tokens=gen.max_new_tokens)
-
-    def final_rewards(episodes) -> list[float]:
-        if not reward.reward_fns:
-            return [0.0] * len(episodes)
-        return final_scores(reward, episodes).total.tolist()
-
+    reward = rewarder_for(
+        task.reward, policy, episodes=True, max_new_tokens=gen.max_new_tokens, sandbox=task.code_sandbox
+    )
+    reward.start(log)
     settings = SamplingSettings(gen.max_new_tokens, gen.temperature, gen.top_p)
     log(f"measuring {policy.source} on {env.name}: {len(records)} records x {cfg.group_size} episodes")
-    return _Task(env.runner(engine, policy), records, final_rewards, settings, env.close)
+    return _Task(RolloutService(engine, policy, reward, env), records, settings)
 
 
 def _episode_options(cfg: MultiturnConfig) -> dict:
@@ -233,12 +234,11 @@ def _spec(task):
 
 def _engine(task, kind: str, policy, log):
     from grpolab.config.rollout import EngineSection
-    from grpolab.rollout.engine import HFEngine, build_engine
+    from grpolab.rollout.engine import build_engine
 
-    if kind == "hf":
-        return HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id)
     engine = build_engine(EngineSection(rollout_engine=kind), task.seed, policy)
-    log(f"rollout engine: {kind}")
+    if kind != "hf":
+        log(f"rollout engine: {kind}")
     return engine
 
 
@@ -273,13 +273,13 @@ def _measure_episodes(task: _Task, cfg: MultiturnConfig, log) -> tuple[torch.Ten
     D, R, K, H = len(task.records), cfg.group_size, cfg.branches, cfg.stages
     rep = [rec for rec in task.records for _ in range(R)]
     with torch.no_grad():
-        eps = task.runner.play(rep, [(streams.DIALOGUE, cfg.seed, n) for n in range(D * R)], task.settings)
+        eps = task.service.play(rep, [(streams.DIALOGUE, cfg.seed, n) for n in range(D * R)], task.settings)
         rewards, turns = _turn_table(eps, task.final_rewards(eps), H)
         log(f"episodes: mean reward per stage {[round(float(x), 3) for x in rewards.mean(0)]}")
         values = _Values([], [], [], [])
         for s in range(2):  # v(s_1) of each record: fresh episodes
             keys = [(streams.BRANCH, cfg.seed, 0, s, d, k) for d in range(D) for k in range(K)]
-            fresh = task.runner.play([rec for rec in task.records for _ in range(K)], keys, task.settings)
+            fresh = task.service.play([rec for rec in task.records for _ in range(K)], keys, task.settings)
             v, var = _reward_to_go(fresh, task.final_rewards(fresh), 0, K)
             (values.a if s == 0 else values.b).append(v.repeat_interleave(R))
             (values.var_a if s == 0 else values.var_b).append(var.repeat_interleave(R))
@@ -289,7 +289,7 @@ def _measure_episodes(task: _Task, cfg: MultiturnConfig, log) -> tuple[torch.Ten
                 full, var_full = torch.zeros(D * R, dtype=torch.float64), torch.zeros(D * R, dtype=torch.float64)
                 if alive:
                     keys = [(streams.BRANCH, cfg.seed, h, s, i, k) for i in alive for k in range(K)]
-                    branched = task.runner.branch([eps[i] for i in alive for _ in range(K)], h, keys, task.settings)
+                    branched = task.service.branch([eps[i] for i in alive for _ in range(K)], h, keys, task.settings)
                     v, var = _reward_to_go(branched, task.final_rewards(branched), h, K)
                     full[alive], var_full[alive] = v, var
                 (values.a if s == 0 else values.b).append(full)
@@ -305,7 +305,7 @@ def run_episodes(cfg: MultiturnConfig, log=print) -> list[dict]:
     try:
         rewards, turns, values = _measure_episodes(task, cfg, log)
     finally:
-        task.close()
+        task.service.close()
     cluster = torch.arange(len(task.records)).repeat_interleave(cfg.group_size)  # [N] each episode's record
     gen = torch.Generator().manual_seed(cfg.seed)
     rows = []

@@ -29,9 +29,8 @@ from grpolab.models.policy import Policy
 from grpolab.probes.gram import _count_sketch, _select_params, score_gram
 from grpolab.rewards.forms import check_columns
 from grpolab.rewards.rewarder import Rewarder, rewarder_for
-from grpolab.rollout.collect import sample_and_score
 from grpolab.rollout.engine import SamplingSettings, build_engine
-from grpolab.rollout.episodes import EpisodeRunner
+from grpolab.rollout.service import RolloutService
 
 EXACT_POOL_FLOATS = 2**28  # 1 GB of float32 leave-one-out vectors; beyond it they are sketched
 SKETCH_DIM = 2**22
@@ -39,37 +38,43 @@ SKETCH_DIM = 2**22
 
 @dataclasses.dataclass
 class ProbeSampler:
-    """How a probe draws and scores rollouts: training's own path (:func:`grpolab.rollout.collect.sample_and_score`), through
-    the run's rollout engine and scored by the run's :class:`grpolab.rewards.rewarder.Rewarder` (its reward functions, weights
-    and columns), so a probe measures the gradient of the reward the run trained on."""
+    """How a probe draws and scores rollouts: training's own path, a
+    :class:`grpolab.rollout.service.RolloutService` through the run's rollout engine, scored by the run's
+    :class:`grpolab.rewards.rewarder.Rewarder` (its reward functions, weights and columns), so a probe measures the
+    gradient of the reward the run trained on."""
 
-    runner: EpisodeRunner
-    reward: Rewarder
+    service: RolloutService
     settings: SamplingSettings
-    device: torch.device
+
+    @property
+    def reward(self) -> Rewarder:
+        return self.service.reward
 
     def __call__(self, record: dict, n: int, key: tuple) -> tuple[Batch, torch.Tensor, torch.Tensor | None]:
         """n rollouts of one prompt, their rewards ``[n]`` and the sampler's token entropies ``[n, T]`` (None from an
         engine that gives none: vLLM); rollout i draws from stream (*key, i)."""
         keys = [(*key, i) for i in range(n)]
-        rows, _, _ = sample_and_score(self.runner, self.reward, [record] * n, keys, self.settings, self.device)
+        rows, _, _ = self.service.sample([record] * n, keys, self.settings)
         return rows.batch, rows.scores.total, rows.entropy
+
+    def close(self) -> None:
+        self.service.close()
 
 
 def probe_sampler(policy: Policy, task, engine: str = "hf", log=print, records: list[dict] = ()) -> ProbeSampler:
     """The :class:`ProbeSampler` of ``policy`` on ``task`` (a :class:`grpolab.eval.runs.RunTask`: the run's, with
     the probe's sampling and reward options on top) through the rollout engine ``engine`` ('hf' or 'vllm'). A reward
-    function that needs a column ``records`` lack is named now, in one line, not scored 0 on every rollout."""
-    from grpolab.rewards import code as code_reward
-
+    function that needs a column ``records`` lack is named now, in one line, not scored 0 on every rollout; a code
+    reward's sandbox starts now. Close it when done (:meth:`ProbeSampler.close`)."""
     gen, data = task.generation, task.dataset
-    reward = rewarder_for(task.reward, policy, episodes=task.multi_turn, max_new_tokens=gen.max_new_tokens)
+    reward = rewarder_for(
+        task.reward, policy, episodes=task.multi_turn, max_new_tokens=gen.max_new_tokens, sandbox=task.code_sandbox
+    )
     if records and (data.data or data.eval_data):
         check_columns(reward.reward_fns, records, f"the probe prompts of {data.eval_data or data.data}")
-    code_reward.configure_for([fn for _, fn, _ in reward.reward_fns], task.code_sandbox, log)
-    runner = EpisodeRunner(build_engine(EngineSection(rollout_engine=engine), task.seed, policy), policy)
-    settings = SamplingSettings(gen.max_new_tokens, gen.temperature, gen.top_p)
-    return ProbeSampler(runner, reward, settings, next(policy.model.parameters()).device)
+    reward.start(log)
+    service = RolloutService(build_engine(EngineSection(rollout_engine=engine), task.seed, policy), policy, reward)
+    return ProbeSampler(service, SamplingSettings(gen.max_new_tokens, gen.temperature, gen.top_p))
 
 
 @dataclasses.dataclass

@@ -16,6 +16,7 @@ report what the matrix measured allows.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -189,38 +190,41 @@ def run_rank(cfg: RankConfig, log=print) -> dict:
             path = target.adapter or target.weights
             policy = load_task_policy(target, task, sampler=sampler)
             policy.model.eval()  # no dropout in the probe; gradients still flow
-            draw = probe_sampler(policy, task, cfg.rollout_engine, log, records)
-            for R in cfg.group_sizes:
-                rows = []
-                for k in mine:  # global prompt index k keys the rollouts: P-independent
-                    rows.append(measure_prompt(policy, draw, records[k], R, (streams.PROBE, cfg.seed, step, k), cfg))
-                    done += 1
-                    bar.update(done, f"step {step} R={R}")
-                rows = distributed.gather_concat(rows, world)  # every prompt's row, in prompt order
-                live = [r for r in rows if not r["zero_var"]]
-                res = {
-                    "step": step,
-                    "checkpoint": path,
-                    "R": R,
-                    "prompts": len(rows),
-                    "max_possible_rank": R,
-                    **(
-                        {"sketch_dim": cfg.sketch_dim, "sketch_expected_err": (2 / cfg.sketch_dim) ** 0.5}
-                        if cfg.sketch_dim
-                        else {}
-                    ),
-                    "frac_zero_var": sum(r["zero_var"] for r in rows) / len(rows),
-                    "reward_std_mean": statistics.fmean(r["reward_std"] for r in rows),
-                    **{
-                        k: _summary(live, k) for k in ("num_rank", "effective_rank", "top1_fraction", "distinct_active")
-                    },
-                }
-                if cfg.verify:
-                    res["gram_max_rel_err"] = max(r["gram_rel_err"] for r in rows)
-                    t_plain = sum(r["t_plain"] for r in rows)
-                    res["gram_time_ratio"] = sum(r["t_gram"] for r in rows) / t_plain
-                    res["reference_time_ratio"] = sum(r["t_ref"] for r in rows) / t_plain
-                results.append(res)
+            with contextlib.closing(probe_sampler(policy, task, cfg.rollout_engine, log, records)) as draw:
+                for R in cfg.group_sizes:
+                    rows = []
+                    for k in mine:  # global prompt index k keys the rollouts: P-independent
+                        rows.append(
+                            measure_prompt(policy, draw, records[k], R, (streams.PROBE, cfg.seed, step, k), cfg)
+                        )
+                        done += 1
+                        bar.update(done, f"step {step} R={R}")
+                    rows = distributed.gather_concat(rows, world)  # every prompt's row, in prompt order
+                    live = [r for r in rows if not r["zero_var"]]
+                    res = {
+                        "step": step,
+                        "checkpoint": path,
+                        "R": R,
+                        "prompts": len(rows),
+                        "max_possible_rank": R,
+                        **(
+                            {"sketch_dim": cfg.sketch_dim, "sketch_expected_err": (2 / cfg.sketch_dim) ** 0.5}
+                            if cfg.sketch_dim
+                            else {}
+                        ),
+                        "frac_zero_var": sum(r["zero_var"] for r in rows) / len(rows),
+                        "reward_std_mean": statistics.fmean(r["reward_std"] for r in rows),
+                        **{
+                            k: _summary(live, k)
+                            for k in ("num_rank", "effective_rank", "top1_fraction", "distinct_active")
+                        },
+                    }
+                    if cfg.verify:
+                        res["gram_max_rel_err"] = max(r["gram_rel_err"] for r in rows)
+                        t_plain = sum(r["t_plain"] for r in rows)
+                        res["gram_time_ratio"] = sum(r["t_gram"] for r in rows) / t_plain
+                        res["reference_time_ratio"] = sum(r["t_ref"] for r in rows) / t_plain
+                    results.append(res)
     report = {"config": fields.to_flat(cfg), "results": results}
     if world.is_main:
         (out / "rank.json").write_text(json.dumps(report, indent=2))

@@ -98,15 +98,12 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
     questions = cfg.questions or (500 if task.policy.model == "builtin" else 200)
     held_out, sampler = task.data(questions, log)
     policy = _load_policy(cfg, target, task, parse_dtype(cfg.machine.dtype), sampler, len(held_out), log)
-    engine = _start_engine(cfg, task, policy, log)
-    # an environment task: episodes
-    env = environment(task.episodes, task.arithmetic.max_operand, policy, held_out[0] if held_out else None)
+    service = _service(cfg, task, policy, held_out, log)
     t0 = time.perf_counter()
     try:
-        metrics, examples = _evaluate(cfg, task, policy, held_out, engine, log, env)
+        metrics, examples = _evaluate(cfg, task, service, held_out, log)
     finally:
-        if env is not None:
-            env.close()
+        service.close()
     seconds = time.perf_counter() - t0
     report = _report(cfg, target, task, policy, held_out, metrics, examples, seconds)
     if cfg.json:
@@ -132,56 +129,55 @@ def _load_policy(cfg: EvalConfig, target: Target, task: RunTask, dtype, sampler,
     return policy
 
 
-def _start_engine(cfg: EvalConfig, task: RunTask, policy, log):
-    """The vllm engine on the policy's weights (None for hf: ``evaluate`` samples with grpolab's sampler)."""
-    if cfg.rollout_engine == "hf":
-        return None
+def _service(cfg: EvalConfig, task: RunTask, policy, held_out: list[dict], log):
+    """The rollout service the questions are drawn through: the ``--rollout-engine`` on the policy's weights and,
+    for an environment task, its environment (each question one episode, opened once now to check it)."""
     from grpolab.rollout.engine import build_engine
+    from grpolab.rollout.service import RolloutService
 
     t0 = time.perf_counter()
     engine = build_engine(EngineSection(rollout_engine=cfg.rollout_engine), task.seed, policy)
-    log(f"rollout engine: {cfg.rollout_engine}, started in {time.perf_counter() - t0:.0f} s")
-    return engine
+    if cfg.rollout_engine != "hf":
+        log(f"rollout engine: {cfg.rollout_engine}, started in {time.perf_counter() - t0:.0f} s")
+    env = environment(task.episodes, task.arithmetic.max_operand, policy, held_out[0] if held_out else None)
+    return RolloutService(engine, policy, env=env)
 
 
-def _evaluate(
-    cfg: EvalConfig, task: RunTask, policy, held_out: list[dict], engine=None, log=print, env=None
-) -> tuple[dict, list[dict]]:
-    """Greedy and sampled accuracy (metrics) and per-question outcomes (examples), under a progress bar; ``env``
-    (an :class:`grpolab.env.EnvSetup`): each question is one episode of it."""
+def _evaluate(cfg: EvalConfig, task: RunTask, service, held_out: list[dict], log=print) -> tuple[dict, list[dict]]:
+    """Greedy and sampled accuracy (metrics) and per-question outcomes (examples), under a progress bar, scored by
+    the task's held-out reward."""
     import torch
 
     from grpolab.common.progress import progress_bar
     from grpolab.eval.accuracy import evaluate
-    from grpolab.rewards import code as code_reward
-    from grpolab.rewards.rewarder import eval_reward
+    from grpolab.rewards.rewarder import close_reward, eval_reward, start_reward
 
+    policy = service.policy
     reward = RewardSection(reward_fn=cfg.reward_fn)
+    fmt, multi_turn = task.dataset.format, task.multi_turn
     _, score = eval_reward(
-        reward, cfg.eval_reward_fn, task.dataset.format, task.multi_turn, policy.shown_prompt, policy.chat
+        reward, cfg.eval_reward_fn, fmt, multi_turn, policy.shown_prompt, policy.chat, sandbox=task.code_sandbox
     )
-    if env is not None:
-        from grpolab.rollout.engine import HFEngine
-
-        engine = engine or HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id)
-    runner = env.runner(engine, policy) if env is not None else None
-    code_reward.configure_for([score], task.code_sandbox, log)
-    batch_size = cfg.batch_size if engine is None else len(held_out) * max(1, cfg.samples)
+    # grpolab's sampler takes the questions --batch-size at a time; vLLM, or an episode's turns, all at once
+    whole = cfg.rollout_engine != "hf" or service.multi_turn
+    batch_size = len(held_out) * max(1, cfg.samples) if whole else cfg.batch_size
     total = len(held_out) * (1 + cfg.samples)
-    with torch.no_grad(), progress_bar("eval", total, enabled=cfg.progress, every=max(total // 10, 1)) as bar:
-        return evaluate(
-            policy,
-            held_out,
-            samples=cfg.samples,
-            temperature=cfg.temperature,
-            max_new_tokens=cfg.max_new_tokens,
-            seed=task.seed,
-            batch_size=batch_size,
-            progress=lambda done, _: bar.update(done),
-            score=score,
-            engine=engine,
-            runner=runner,
-        )
+    start_reward([score], log)
+    try:
+        with torch.no_grad(), progress_bar("eval", total, enabled=cfg.progress, every=max(total // 10, 1)) as bar:
+            return evaluate(
+                service,
+                held_out,
+                samples=cfg.samples,
+                temperature=cfg.temperature,
+                max_new_tokens=cfg.max_new_tokens,
+                seed=task.seed,
+                batch_size=batch_size,
+                progress=lambda done, _: bar.update(done),
+                score=score,
+            )
+    finally:
+        close_reward([score])
 
 
 def _report(

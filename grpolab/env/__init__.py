@@ -35,11 +35,6 @@ class EnvSetup:
     tool_runner: object | None = None
     """The tool worker of --tools (closed with the run)."""
 
-    def runner(self, engine, policy):
-        from grpolab.rollout.episodes import EpisodeRunner
-
-        return EpisodeRunner(engine, policy, self.factory, self.renderer, self.limits)
-
     def close(self) -> None:
         if self.tool_runner is not None:
             self.tool_runner.close()

@@ -4,8 +4,8 @@ Each accuracy comes with a 95% interval (:mod:`grpolab.common.stats`): Wilson's 
 Bernoulli trial per question), a clustered one for sampled (the question is the unit, its k
 samples are not independent draws from the task). Per-category accuracies get the same.
 
-Completions are generated the way training generates rollouts, through an
-:class:`grpolab.rollout.episodes.EpisodeRunner`: its rollout engine and, for an environment task, its environment
+Completions are drawn the way training draws rollouts, through a
+:class:`grpolab.rollout.service.RolloutService`: its rollout engine and, for an environment task, its environment
 (each question is then one episode, scored on its final conversation or by its return; the environment's reward
 at each turn is reported as ``eval/stage<h>_*``).
 """
@@ -19,18 +19,18 @@ from grpolab.common import streams
 from grpolab.common.distributed import SINGLE, World, gather_concat
 from grpolab.common.stats import clustered_accuracy_interval, mean_ci, wilson_interval
 from grpolab.data.records import question_of
-from grpolab.models.policy import Policy
 from grpolab.rewards.builtin import accuracy_reward
-from grpolab.rollout.engine import HFEngine, SamplingSettings
-from grpolab.rollout.episodes import Episode, EpisodeRunner
+from grpolab.rollout.engine import SamplingSettings
+from grpolab.rollout.episodes import Episode
 
 
-def _play(runner: EpisodeRunner, records: list[dict], keys, temperature, max_new_tokens, batch_size, tick):
+def _play(service, records: list[dict], keys, temperature, max_new_tokens, batch_size, tick):
     """Episodes (single-turn: completions) of ``records`` (``keys`` seed them), in batches of ``batch_size``."""
     episodes: list[Episode] = []
+    settings = SamplingSettings(max_new_tokens, temperature)
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
-        episodes += runner.play(chunk, keys[start : start + batch_size], SamplingSettings(max_new_tokens, temperature))
+        episodes += service.play(chunk, keys[start : start + batch_size], settings)
         tick(len(chunk))
     return episodes
 
@@ -109,7 +109,7 @@ def _facts(episodes: list[Episode]) -> list[tuple[list[float], int]]:
 
 
 def evaluate(
-    policy: Policy,
+    service,
     records: list[dict],
     *,
     samples: int = 4,
@@ -120,10 +120,10 @@ def evaluate(
     world: World = SINGLE,
     progress: Callable[[int, int], None] | None = None,
     score: Callable[[list[str], list[dict]], list[float]] | None = accuracy_reward,
-    engine=None,
-    runner: EpisodeRunner | None = None,
 ) -> tuple[dict[str, float], list[dict]]:
-    """Accuracy on ``records``: the mean of ``score`` (default: the built-in answer check, 0 or 1).
+    """Accuracy on ``records``: the mean of ``score`` (default: the built-in answer check, 0 or 1) over the
+    completions (an environment task's episodes) that ``service`` (a :class:`grpolab.rollout.service.RolloutService`)
+    draws.
 
     Returns ``(metrics, examples)``: the keys of :func:`accuracy_summary` (greedy, and sampled
     over ``samples`` draws per question at ``temperature``); ``examples`` holds each question
@@ -131,14 +131,11 @@ def evaluate(
     ``seed`` and the question index only, so the same policy always gets the same score, on one
     process or split over ``world`` (each rank answers a block of the questions; every rank gets
     the totals). ``progress(done, total)`` is called after each generated batch with this
-    process's count of completions. ``runner``: plays the questions (an environment task's episodes); default:
-    single-turn completions from ``engine``, itself by default grpolab's sampler on ``policy.model``.
+    process's count of completions.
     """
-    if runner is None:
-        engine = engine or HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id)
-        runner = EpisodeRunner(engine, policy)
-    was_training = policy.model.training
-    policy.model.eval()
+    model = service.policy.model
+    was_training = model.training
+    model.eval()
     mine = world.split(len(records))
     own = [records[i] for i in mine]
     total, done = len(own) * (1 + max(samples, 0)), 0
@@ -150,22 +147,22 @@ def evaluate(
             progress(done, total)
 
     greedy_keys = [(streams.EVAL, seed, i) for i in mine]
-    greedy = _play(runner, own, greedy_keys, 0.0, max_new_tokens, batch_size, tick)
+    greedy = _play(service, own, greedy_keys, 0.0, max_new_tokens, batch_size, tick)
     greedy_ok = gather_concat(episode_scores(greedy, own, score), world)
     stages = {"greedy": gather_concat(_facts(greedy), world)}
     sampled_ok = None
     if samples > 0:
         rep = [r for r in own for _ in range(samples)]
         keys = [(streams.EVAL, seed, i, j) for i in mine for j in range(samples)]
-        sampled = _play(runner, rep, keys, temperature, max_new_tokens, batch_size, tick)
+        sampled = _play(service, rep, keys, temperature, max_new_tokens, batch_size, tick)
         flat = gather_concat(episode_scores(sampled, rep, score), world)  # question-major: `samples` per question
         sampled_ok = [flat[i * samples : (i + 1) * samples] for i in range(len(records))]
         stages["sampled"] = gather_concat(_facts(sampled), world)
     metrics = accuracy_summary(greedy_ok, sampled_ok, [r.get("category", "all") for r in records])
-    if runner.multi_turn:
+    if service.multi_turn:
         for name, per_episode in stages.items():
             metrics.update(episode_metrics(per_episode, name))
-    policy.model.train(was_training)
+    model.train(was_training)
     return metrics, _examples(records, gather_concat(_shown(greedy), world), greedy_ok, sampled_ok, score)
 
 

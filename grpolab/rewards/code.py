@@ -64,56 +64,6 @@ class CodeRewardSettings:
         )
 
 
-class _State:
-    settings = CodeRewardSettings()
-    sandbox: Sandbox | None = None
-    counts: dict[str, float] = {}
-
-
-def configure(settings: CodeRewardSettings) -> Sandbox:
-    """Use ``settings`` from now on; starts (and returns) the sandbox, so that a machine where programs cannot be
-    isolated says so at once (SandboxError) rather than at the first reward."""
-    if _State.sandbox is not None:
-        _State.sandbox.close()
-    _State.settings, _State.sandbox = settings, None
-    return sandbox()
-
-
-def sandbox() -> Sandbox:
-    """The sandbox the code reward runs in (made on first use from the current settings)."""
-    if _State.sandbox is None:
-        s = _State.settings
-        _State.sandbox = Sandbox(s.limits, s.workers, s.isolation, s.command, s.allow_network)
-    return _State.sandbox
-
-
-def runs_programs(fn) -> bool:
-    """Whether the reward function ``fn`` (as given, or adapted by ``grpolab.rewards.rewarder.from_trl``) is this one."""
-    return getattr(fn, "pop_counts", None) is pop_counts
-
-
-def configure_for(fns, sandbox: SandboxSection, log=print) -> None:
-    """When any of the reward functions ``fns`` (None entries ignored) runs programs: configure the sandbox from
-    the ``sandbox`` options (refuses here, in one line, if unsafe) and log how programs will run. Training and the
-    gradient probes both call this before they score."""
-    if any(runs_programs(fn) for fn in fns if fn is not None):
-        log(configure(CodeRewardSettings.of(sandbox)).describe())
-
-
-def pop_counts() -> dict[str, float]:
-    """Outcomes since the last call: ``code_passed``, ``code_failed``, ``code_timeout``, ``code_memory``,
-    ``code_crashed`` (programs) and ``code_s`` (their summed run time, seconds)."""
-    counts, _State.counts = _State.counts, {}
-    return counts
-
-
-def _count(outcomes: list[Outcome]) -> None:
-    counts = _State.counts
-    for status in STATUSES:
-        counts[f"code_{status}"] = counts.get(f"code_{status}", 0) + sum(o.status == status for o in outcomes)
-    counts["code_s"] = counts.get("code_s", 0.0) + sum(o.seconds for o in outcomes)
-
-
 def _tests_of(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         try:
@@ -143,21 +93,69 @@ def job_of(completion: Any, tests: Any = None, io: Any = None, entry_point: str 
     raise ValueError("a record with neither a 'tests' nor an 'io' column: nothing to run the program against")
 
 
-def code_reward(prompts: list, completions: list, tests: list | None = None, **kwargs) -> list[float]:
-    """The fraction of its record's tests each completion's program passes (1/0 with ``mode="all"``).
+class CodeReward:
+    """The code reward with the sandbox its programs run in (started on first use, or by :meth:`start`), and the
+    outcomes it counted since they were last taken (:meth:`pop_counts`).
 
-    ``tests``: one entry per completion (see the module's docstring); ``io`` and ``entry_point`` arrive as keyword
-    arguments the same way. Every program runs in the sandbox, ``workers`` at a time."""
-    n = len(completions)
-    columns = {"tests": tests, "io": kwargs.get("io"), "entry_point": kwargs.get("entry_point")}
-    per_row = {k: (v if v is not None else [None] * n) for k, v in columns.items()}
-    jobs = [job_of(c, t, i, e) for c, t, i, e in zip(completions, *per_row.values())]
-    outcomes = sandbox().run(jobs)
-    _count(outcomes)
-    if _State.settings.mode == "all":
-        return [float(o.status == "passed") for o in outcomes]
-    return [o.fraction for o in outcomes]
+    A TRL-form reward function: ``code_reward(prompts, completions, tests=..., **kwargs)``. A run's
+    :class:`grpolab.rewards.rewarder.Rewarder` holds one of its own, made from the run's ``--code-*`` and
+    ``--sandbox*`` options, and closes it with the run; :data:`code_reward` is one with the defaults, for use as a
+    plain function (in TRL's GRPOTrainer, say)."""
+
+    __name__ = "code_reward"
+    columns = ()  # tests or io: either column will do (a record with neither is an error, counted)
+
+    def __init__(self, settings: CodeRewardSettings | None = None):
+        self.settings = settings or CodeRewardSettings()
+        self._sandbox: Sandbox | None = None
+        self.counts: dict[str, float] = {}
+
+    def sandbox(self) -> Sandbox:
+        """The sandbox the programs run in (made on first use from the settings)."""
+        if self._sandbox is None:
+            s = self.settings
+            self._sandbox = Sandbox(s.limits, s.workers, s.isolation, s.command, s.allow_network)
+        return self._sandbox
+
+    def start(self) -> str:
+        """Start the sandbox now, so that a machine where programs cannot be isolated says so at once (a
+        SandboxError) rather than at the first reward; returns how programs will run."""
+        return self.sandbox().describe()
+
+    def close(self) -> None:
+        """Stop the sandbox's workers (a later call starts them again)."""
+        if self._sandbox is not None:
+            self._sandbox.close()
+            self._sandbox = None
+
+    def pop_counts(self) -> dict[str, float]:
+        """Outcomes since the last call: ``code_passed``, ``code_failed``, ``code_timeout``, ``code_memory``,
+        ``code_crashed`` (programs) and ``code_s`` (their summed run time, seconds)."""
+        counts, self.counts = self.counts, {}
+        return counts
+
+    def _count(self, outcomes: list[Outcome]) -> None:
+        for status in STATUSES:
+            key = f"code_{status}"
+            self.counts[key] = self.counts.get(key, 0) + sum(o.status == status for o in outcomes)
+        self.counts["code_s"] = self.counts.get("code_s", 0.0) + sum(o.seconds for o in outcomes)
+
+    def __call__(self, prompts: list, completions: list, tests: list | None = None, **kwargs) -> list[float]:
+        """The fraction of its record's tests each completion's program passes (1/0 with ``mode="all"``).
+
+        ``tests``: one entry per completion (see the module's docstring); ``io`` and ``entry_point`` arrive as keyword
+        arguments the same way. Every program runs in the sandbox, ``workers`` at a time."""
+        n = len(completions)
+        columns = {"tests": tests, "io": kwargs.get("io"), "entry_point": kwargs.get("entry_point")}
+        per_row = {k: (v if v is not None else [None] * n) for k, v in columns.items()}
+        jobs = [job_of(c, t, i, e) for c, t, i, e in zip(completions, *per_row.values())]
+        outcomes = self.sandbox().run(jobs)
+        self._count(outcomes)
+        if self.settings.mode == "all":
+            return [float(o.status == "passed") for o in outcomes]
+        return [o.fraction for o in outcomes]
 
 
-code_reward.pop_counts = pop_counts
-code_reward.columns = ()  # tests or io: either column will do (a record with neither is an error, counted)
+code_reward = CodeReward()
+"""The code reward with the default settings, as ``--reward-fn grpolab.rewards:code_reward`` names it (a run scores
+with its own :class:`CodeReward`, made from its options)."""

@@ -80,8 +80,9 @@ def from_trl(fn: Callable, prompt_of: Callable[[dict], Any], chat: bool) -> Rewa
     reward.columns = getattr(fn, "columns", None)
     if reward.columns is None:
         reward.columns = declared_columns(fn)
-    if callable(getattr(fn, "pop_counts", None)):
-        reward.pop_counts = fn.pop_counts
+    for hook in ("pop_counts", "start", "close"):  # what a reward function that owns a resource (a sandbox) has
+        if callable(getattr(fn, hook, None)):
+            setattr(reward, hook, getattr(fn, hook))
     return reward
 
 

@@ -12,9 +12,10 @@ from typing import Any, NamedTuple
 import torch
 
 from grpolab.commands import objects
-from grpolab.config.rollout import RewardSection
+from grpolab.config.rollout import RewardSection, SandboxSection
 from grpolab.data.records import prompt_of as prompt_of_record
 from grpolab.rewards.builtin import accuracy_reward, default_reward_fns, format_reward, overlong_penalty
+from grpolab.rewards.code import CodeReward, CodeRewardSettings
 from grpolab.rewards.forms import RewardFn, from_trl, load_reward_fn, reward_form
 
 # Metric names a reward function's own ``reward/<name>`` must not overwrite.
@@ -28,6 +29,7 @@ def reward_functions(
     prompt_of: Callable[[dict], Any] = prompt_of_record,
     chat: bool = False,
     episodes: bool = False,
+    sandbox: SandboxSection | None = None,
 ) -> list[tuple[str, RewardFn, float]]:
     """The ``(name, fn, weight)`` a run scores with.
 
@@ -37,7 +39,8 @@ def reward_functions(
     (made unique; never one of the built-in metric names, except ``accuracy`` for the first),
     and the first plays the accuracy reward's part in ``reward/accuracy``.
     ``episodes`` (an environment task): the functions at ``paths`` only, no default and no format reward (the
-    environment's own rewards add to theirs).
+    environment's own rewards add to theirs). The code reward comes as a :class:`grpolab.rewards.code.CodeReward` of
+    its own, with the ``sandbox`` options: whoever holds the functions closes it (:meth:`Rewarder.close`).
     """
     from grpolab.config.train import ConfigError
 
@@ -52,6 +55,8 @@ def reward_functions(
     taken: set[str] = set()
     for i, (path, w) in enumerate(zip(paths, weights)):
         fn = load_reward_fn(path)
+        if isinstance(fn, CodeReward):  # this run's own, with its own sandbox
+            fn = CodeReward(CodeRewardSettings.of(sandbox) if sandbox is not None else fn.settings)
         if reward_form(fn) == "trl":
             fn = from_trl(fn, prompt_of, chat)
         base = objects.object_name(path)
@@ -71,10 +76,12 @@ def eval_reward(
     prompt_of: Callable[[dict], Any],
     chat: bool,
     reward_fns: Sequence[tuple[str, RewardFn, float]] = (),
+    sandbox: SandboxSection | None = None,
 ) -> tuple[str, RewardFn]:
     """``(name, fn)`` of the reward whose mean is a run's held-out accuracy: ``eval_reward_fn``; for prompt data or
     episodes (no built-in answer check) the first of ``reward``'s functions; otherwise the built-in accuracy reward.
-    ``reward_fns``: the run's, when already loaded; a function is only loaded when it is the one needed. An
+    ``reward_fns``: the run's, when already loaded; a function is only loaded when it is the one needed (its
+    caller then owns it: :func:`close_reward`; ``sandbox``: where a code reward's programs run). An
     environment task without either has ``("env", None)``: its episodes' return, as a share of the environment's
     ``max_return``."""
     if eval_reward_fn:
@@ -87,7 +94,7 @@ def eval_reward(
         return "env", None
     else:
         return "accuracy", accuracy_reward
-    name, fn, _ = reward_functions(paths, (), 0.0, prompt_of=prompt_of, chat=chat)[0]
+    name, fn, _ = reward_functions(paths, (), 0.0, prompt_of=prompt_of, chat=chat, sandbox=sandbox)[0]
     return name, fn
 
 
@@ -187,12 +194,38 @@ class Rewarder:
         pen = overlong_penalty(lengths, self.max_new_tokens, self.overlong_buffer, self.overlong_penalty)
         return Scores(scores.total + pen, {**scores.components, "overlong": pen}, scores.errors, scores.counts)
 
+    def start(self, log=print) -> None:
+        """Start what the reward functions run in (the code reward's sandbox: refused here, in one line, where
+        programs cannot be isolated) and say how; nothing for functions that run in this process."""
+        start_reward([fn for _, fn, _ in self.reward_fns], log)
 
-def rewarder_for(reward: RewardSection, policy, *, episodes: bool, max_new_tokens: int) -> Rewarder:
+    def close(self) -> None:
+        """Stop what the reward functions started (the code reward's sandbox workers)."""
+        close_reward([fn for _, fn, _ in self.reward_fns])
+
+
+def start_reward(fns, log=print) -> None:
+    """Start what any of ``fns`` (None entries skipped) runs its work in, and log how (:meth:`Rewarder.start`)."""
+    for fn in fns:
+        if callable(getattr(fn, "start", None)):
+            log(fn.start())
+
+
+def close_reward(fns) -> None:
+    """Stop what any of ``fns`` (None entries skipped) started."""
+    for fn in fns:
+        if callable(getattr(fn, "close", None)):
+            fn.close()
+
+
+def rewarder_for(
+    reward: RewardSection, policy, *, episodes: bool, max_new_tokens: int, sandbox: SandboxSection | None = None
+) -> Rewarder:
     """A run's reward from its ``reward`` options: its ``--reward-fn`` functions and weights (TRL-form ones see
     prompts as ``policy`` shows them), the format reward and DAPO's overlong penalty over completions of up to
-    ``max_new_tokens``; ``episodes``: an environment task's (no default functions, no format reward). Training and
-    the gradient probes both score with it."""
+    ``max_new_tokens``; ``episodes``: an environment task's (no default functions, no format reward); ``sandbox``:
+    where a code reward's programs run. Training and the gradient probes both score with it; it owns what its
+    functions start (:meth:`Rewarder.close`)."""
     fns = reward_functions(
         reward.reward_fn,
         reward.reward_weights,
@@ -200,5 +233,6 @@ def rewarder_for(reward: RewardSection, policy, *, episodes: bool, max_new_token
         chat=policy.chat,
         prompt_of=policy.shown_prompt,
         episodes=episodes,
+        sandbox=sandbox,
     )
     return Rewarder(fns, max_new_tokens, reward.overlong_buffer, reward.overlong_penalty)

@@ -9,19 +9,16 @@ of processes: each rank samples a contiguous block of each round's prompts
 (:meth:`World.split`) and the keep/allocate decisions are taken on the gathered rewards,
 identically on every rank.
 
-The collector is given its collaborators, not the trainer: a rollout engine that generates
-(``grpolab.rollout.engine``), the task's prompt sampler, the policy's prompt formatting and tokenizer,
-the reward, the process world, the settings it needs, and an episode runner (``grpolab.rollout.episodes``)
-that plays each rollout: a single-turn completion, or an episode of an environment, whose later
-replies draw from ``(streams.TURN, *the rollout's key, turn)``. Any of them can be replaced, e.g. a
-second rollout engine, or a stand-in engine or environment in a test. What a sampling call holds is a
-:class:`grpolab.rollout.rows.Rows`.
+The collector is given its collaborators, not the trainer: the rollout service that draws and scores every
+rollout (``grpolab.rollout.service``: a rollout engine, the task's environment, the reward), the task's prompt
+sampler, the process world and the settings it needs. Each rollout is a single-turn completion, or an episode of an
+environment whose later replies draw from ``(streams.TURN, *the rollout's key, turn)``. What a sampling call holds
+is a :class:`grpolab.rollout.rows.Rows`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import torch
 
@@ -31,19 +28,17 @@ from grpolab.common import distributed as dist_
 from grpolab.common import streams
 from grpolab.common.distributed import SINGLE, World
 from grpolab.config.rollout import GenerationSection, GroupsSection
-from grpolab.models.policy import Policy
-from grpolab.rewards.rewarder import Rewarder, Scores
-from grpolab.rollout.engine import RolloutEngine, SamplingSettings
-from grpolab.rollout.episodes import EpisodeRunner, episode_facts, max_return, policy_tokens
+from grpolab.rollout.engine import SamplingSettings
+from grpolab.rollout.episodes import episode_facts, max_return
 from grpolab.rollout.rows import (
     Rows,
     entropy_sums,
-    episode_rows_of,
     rollout_lengths,
     sum_counts,
     take_rows,
     truncated_flags,
 )
+from grpolab.rollout.service import RolloutService
 
 
 @dataclasses.dataclass
@@ -78,45 +73,6 @@ class StepRollouts:
     def positions(self) -> dict[int, int]:
         """prompt index -> its group's place among the update's groups."""
         return {b: k for k, b in enumerate(self.prompts)}
-
-
-def sample_and_score(
-    runner: EpisodeRunner, reward: Rewarder, records: list[dict], keys: list[tuple], settings: SamplingSettings, device
-) -> tuple[Rows, float, float]:
-    """The one way rollouts are drawn and scored: ``runner`` plays ``records`` (row n from ``keys[n]``) through its
-    rollout engine (and an environment task's environment), and ``reward`` scores them. Training's collector and the
-    gradient probes both call this. Returns the rows (on ``device``) and the (generation, scoring) seconds."""
-    if not records:
-        empty = Rows(None, [], reward([], [], torch.zeros(0, dtype=torch.long)))
-        return (dataclasses.replace(empty, episodes=[], row_counts=[]) if runner.multi_turn else empty), 0, 0
-    t0 = time.perf_counter()
-    episodes = runner.play(records, keys, settings)
-    t1 = time.perf_counter()
-    rows = episode_rows_of(episodes, runner.multi_turn, runner.policy.pad_id, device)
-    rows.scores = score_rows(reward, rows, records)
-    return rows, t1 - t0, time.perf_counter() - t1
-
-
-def score_rows(reward: Rewarder, rows: Rows, records: list[dict]) -> Scores:
-    """The rollouts' rewards: the reward functions on each completion; an episode's also on its conversation,
-    plus the environment's return (component ``env``)."""
-    if rows.episodes is None:
-        return reward(rows.texts, records, rows.batch.completion_mask.sum(1).cpu())
-    scores = final_scores(reward, rows.episodes, records)
-    returns = torch.tensor([sum(e.rewards) for e in rows.episodes], dtype=torch.float32)
-    return Scores(scores.total + returns, {"env": returns, **scores.components}, scores.errors, scores.counts)
-
-
-def final_scores(reward: Rewarder, episodes: list, recs: list[dict] | None = None) -> Scores:
-    """The reward functions on each episode's final conversation (its last reply the completion); each
-    episode's ``final_reward`` is set to their weighted sum."""
-    recs = [e.record for e in episodes] if recs is None else recs
-    lengths = torch.tensor([policy_tokens(e) for e in episodes])
-    conversations = [(e.messages[: e.opening], e.messages[e.opening :]) for e in episodes]
-    scores = reward([e.text for e in episodes], recs, lengths, conversations)
-    for e, total in zip(episodes, scores.total.tolist()):
-        e.final_reward = total
-    return scores
 
 
 def merge_generated(parts: list[dict]) -> dict:
@@ -166,39 +122,21 @@ class CollectSettings:
 
 
 class Collector:
-    """Samples and scores a step's rollouts.
+    """Samples and scores a step's rollouts through the run's :class:`grpolab.rollout.service.RolloutService`.
 
-    ``engine`` generates; ``sampler`` draws the step's task records (``draw(step, n, round=...)``);
-    ``policy`` formats a record as prompt token ids and decodes completions (its model is not used
-    here); ``reward`` scores completions; ``world`` splits prompts over processes; ``status`` is told
-    what is being done (a progress bar's status line).
+    ``sampler`` draws the step's task records (``draw(step, n, round=...)``); ``world`` splits prompts over
+    processes; ``status`` is told what is being done (a progress bar's status line).
     """
 
     def __init__(
         self,
-        engine: RolloutEngine,
+        service: RolloutService,
         sampler,
-        policy: Policy,
-        reward: Rewarder,
         settings: CollectSettings,
         world: World = SINGLE,
         status=lambda text: None,
-        runner: EpisodeRunner | None = None,
     ):
-        """``runner``: plays each rollout as an episode of an environment (default: single-turn rollouts)."""
-        self.sampler, self.policy, self.reward = sampler, policy, reward
-        self.settings, self.world, self.status = settings, world, status
-        self.runner = runner if runner is not None else EpisodeRunner(engine, policy)
-        self.engine = engine
-
-    @property
-    def engine(self) -> RolloutEngine:
-        """The rollout engine, the runner's (set one, and the runner generates with it)."""
-        return self.runner.engine
-
-    @engine.setter
-    def engine(self, engine: RolloutEngine) -> None:
-        self.runner.engine = engine
+        self.service, self.sampler, self.settings, self.world, self.status = service, sampler, settings, world, status
 
     # ------------------------------------------------------------------ one sampling call
     def _generate(self, step: int, items: list[tuple[int, dict, range]]) -> tuple[Rows, float, float]:
@@ -206,21 +144,13 @@ class Collector:
         recs = [rec for _, rec, gs in items for _ in gs]
         seed = self.settings.seed
         keys = [(streams.ROLLOUT, seed, step, b, g) for b, _, gs in items for g in gs]  # global b: P-independent
-        return sample_and_score(self.runner, self.reward, recs, keys, self.settings.sampling, self.engine_device)
-
-    @property
-    def engine_device(self):
-        return getattr(self.engine, "device", None) or next(self.policy.model.parameters()).device
-
-    def final_scores(self, episodes: list, recs: list[dict] | None = None) -> Scores:
-        """:func:`final_scores` with the run's reward."""
-        return final_scores(self.reward, episodes, recs)
+        return self.service.sample(recs, keys, self.settings.sampling)
 
     def _per_rollout(self, rows: Rows) -> dict:
         """Per-rollout lists for the step's metrics (every rank's are gathered)."""
         b = rows.batch
         comp = rows.scores.components
-        names = self.reward.names  # the first is the accuracy reward (grpolab.rewards.rewarder)
+        names = self.service.reward.names  # the first is the accuracy reward (grpolab.rewards.rewarder)
         out = {
             "reward": rows.scores.total.tolist(),
             "accuracy": self._accuracy(rows).tolist(),
@@ -228,7 +158,7 @@ class Collector:
             **{f"reward/{n}": comp[n].tolist() for n in names if n not in ("accuracy", "format")},
             "entropy_sum": entropy_sums(rows) if rows.entropy is not None and b is not None else [],
             "length": rollout_lengths(rows),
-            "truncated": truncated_flags(rows, self.policy.eos_id),
+            "truncated": truncated_flags(rows, self.service.policy.eos_id),
             "errors": rows.scores.errors,
             "counts": rows.scores.counts,
         }
@@ -240,7 +170,7 @@ class Collector:
     def _accuracy(self, rows: Rows) -> torch.Tensor:
         """``[n]`` each rollout's accuracy: the first reward function's value; for an environment task without
         reward functions, the return as a share of the environment's ``max_return``."""
-        names = self.reward.names
+        names = self.service.reward.names
         if names:
             return rows.scores.components[names[0]]
         best = torch.tensor([max_return(e.env) for e in rows.episodes], dtype=torch.float32)
@@ -292,7 +222,7 @@ class Collector:
                 prompt.append(b)
                 records.append(rec)
                 order += [(part, first + g) for g in range(G)]
-        rows = take_rows(parts, order, self.policy.pad_id)
+        rows = take_rows(parts, order, self.service.policy.pad_id)
         generated["zero_std"] = zero_groups / drawn
         return StepRollouts(
             Groups(prompt, records, [G] * len(prompt), rows),
@@ -329,6 +259,6 @@ class Collector:
         order = []
         for i, b in enumerate(mine):
             order += [(0, i * n0 + g) for g in range(n0)] + [(1, mine_extra[i] + g) for g in range(sizes[b] - n0)]
-        rows = take_rows([pilot, extra], order, self.policy.pad_id)
+        rows = take_rows([pilot, extra], order, self.service.policy.pad_id)
         groups = Groups(list(mine), [recs[b] for b in mine], [sizes[b] for b in mine], rows)
         return StepRollouts(groups, list(range(B)), rewards, generated, 2, False, tg1 + tg2, ts1 + ts2)

@@ -44,6 +44,9 @@ class Rows:
     """``[m, T]`` (episodes) the turn of each of the policy's tokens, -1 elsewhere."""
     row_counts: list[int] | None = None
     """``[n]`` (episodes) token rows of each rollout."""
+    final: torch.Tensor | None = None
+    """``[n]`` (episodes) each episode's final reward: the reward functions' weighted sum on its final conversation,
+    a reward of its last turn (``grpolab.env.credit.turn_rewards``)."""
 
     @property
     def n(self) -> int:
@@ -143,6 +146,7 @@ def _stand_in(parts: list[Rows]) -> Rows:
         row(first.action),
         row(first.turn),
         None if episodes is None else [],
+        None if episodes is None else torch.zeros(0),
     )
 
 
@@ -176,6 +180,7 @@ def take_rows(parts: list[Rows], order: list[tuple[int, int]], pad_id: int) -> R
         _token_values(parts, "action", idx, T, width),
         _token_values(parts, "turn", idx, T, width),
         None if episodes is None else [parts[i].counts[k] for i, k in order],
+        None if episodes is None else torch.cat([p.final for p in parts])[picked],
     )
 
 

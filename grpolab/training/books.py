@@ -39,7 +39,7 @@ def episode_fields(rows, i: int) -> dict:
     e = rows.episodes[i]
     return {
         "conversation": e.messages,
-        "turn_rewards": turn_rewards(e),
+        "turn_rewards": turn_rewards(e, float(rows.final[i])),
         "cut": e.cut,
         **({"error": e.error} if e.error else {}),
     }

@@ -18,10 +18,13 @@ from transformers import get_scheduler
 
 from grpolab.common.progress import progress_bar
 from grpolab.common.rng import seed_everything, set_threads
+from grpolab.config.rollout import EngineSection
 from grpolab.data.arithmetic import ArithmeticSpec, TrainSampler, test_set
 from grpolab.eval.accuracy import evaluate
 from grpolab.models.builtin import TinyLlamaSpec, build_char_tokenizer, build_tiny_llama
 from grpolab.models.policy import Policy
+from grpolab.rollout.engine import build_engine
+from grpolab.rollout.service import RolloutService
 
 
 @dataclasses.dataclass
@@ -134,7 +137,8 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
                     json.dumps({"step": step, "loss/sft": loss.item(), "charts/lr": sched.get_last_lr()[0]}) + "\n"
                 )
                 bar.update(step, f"loss {loss.item():.3f}")
-    metrics, _ = evaluate(policy, held_out, samples=cfg.eval_samples, seed=cfg.seed)
+    service = RolloutService(build_engine(EngineSection(), cfg.seed, policy), policy)
+    metrics, _ = evaluate(service, held_out, samples=cfg.eval_samples, seed=cfg.seed)
     metrics["time/sft_s"] = time.perf_counter() - t0
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

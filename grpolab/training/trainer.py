@@ -35,10 +35,11 @@ from grpolab.probes.advantage_stats import advantage_stats
 from grpolab.probes.gram import score_gram, token_weights
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
 from grpolab.probes.token_credit import credit_row, join_credit_rows, pick_rollouts, record_aggregates
+from grpolab.rewards.rewarder import close_reward
 from grpolab.rollout.collect import Collector, CollectSettings, StepRollouts
 from grpolab.rollout.engine import RolloutEngine, build_engine
-from grpolab.rollout.episodes import EpisodeRunner
 from grpolab.rollout.rows import rollout_lengths
+from grpolab.rollout.service import RolloutService
 from grpolab.training.books import episode_fields, rollout_record, step_metrics
 from grpolab.training.trainer_base import StepOutput, TrainerBase
 
@@ -67,16 +68,14 @@ class GRPOTrainer(TrainerBase):
             mode = "compiled" if cfg.engine.vllm_compile else "eager"
             log(f"rollout engine: {cfg.engine.rollout_engine} ({mode}), started in {time.perf_counter() - t0:.0f} s")
         # single-turn rollouts, or episodes of the run's environment; evaluation plays them too
-        self.runner = self.env.runner(self.engine, policy) if self.env else EpisodeRunner(self.engine, policy)
+        # every rollout of the run (training's, evaluation's, rtg-mc's branches) is drawn here
+        self.service = RolloutService(self.engine, policy, self.reward, self.env)
         self.collector = Collector(
-            self.engine,
+            self.service,
             self.sampler,
-            policy,
-            self.reward,
             CollectSettings.of(cfg.groups, cfg.generation, cfg.run.seed),
             world,
             status=lambda text: self.status(text),  # self.status is re-pointed by the run
-            runner=self.runner,
         )
 
     # ------------------------------------------------------------------ one step
@@ -114,7 +113,7 @@ class GRPOTrainer(TrainerBase):
         else:  # no group entered the update (--sampling filter, every round all-equal)
             update = self.updater.skip()
         t_sync = time.perf_counter()
-        self.engine.weights_changed()  # the vllm engine takes the new weights here
+        self.service.weights_changed()  # the vllm engine takes the new weights here
         t_end = time.perf_counter()
         # 5. the books
         self.rollouts_total += len(roll.generated["reward"])
@@ -125,8 +124,8 @@ class GRPOTrainer(TrainerBase):
             "time/sync_s": t_end - t_sync,
             "time/step_s": t_end - t_step,
         }
-        if self.runner.multi_turn:
-            times["time/env_s"] = self.runner.pop_env_time()
+        if self.service.multi_turn:
+            times["time/env_s"] = self.service.pop_env_time()
         metrics = {**step_metrics(roll, self.rollouts_total, update, probe, times), **credit_metrics}
         return StepOutput(
             metrics,
@@ -136,9 +135,9 @@ class GRPOTrainer(TrainerBase):
         )
 
     def close(self) -> None:
-        """Stop what the run started (the tool worker)."""
-        if self.env is not None:
-            self.env.close()
+        """Stop what the run started (the tool worker, the code reward's sandbox)."""
+        self.service.close()
+        close_reward([self._own_eval_reward])
 
     def _advantages(self, roll: StepRollouts, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``[n]`` this rank's advantages, group by group, under --estimator and --scale-rewards; for episodes also
@@ -172,12 +171,11 @@ class GRPOTrainer(TrainerBase):
         values = None
         if cfg.objective.advantage == "rtg-mc" and groups.sizes:
             values = mc_values(
-                self.runner,
+                self.service,
                 groups.rows,
                 groups.sizes,
                 cfg.objective.branches,
                 self.collector.settings.sampling,
-                lambda eps: self.collector.final_scores(eps).total,
                 status=self.status,
             )
         credit = episode_credit(groups.rows, groups.sizes, estimator, cfg.objective.advantage, values)

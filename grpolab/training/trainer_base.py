@@ -32,9 +32,8 @@ from grpolab.models.policy import (
     load_policy,
     system_prompt_for,
 )
-from grpolab.rewards import code as code_reward
 from grpolab.rewards.forms import check_columns
-from grpolab.rewards.rewarder import eval_reward, rewarder_for
+from grpolab.rewards.rewarder import eval_reward, rewarder_for, start_reward
 from grpolab.training.forward import TrainModule
 from grpolab.training.setup import checked_config, seed_process
 from grpolab.training.update import Updater
@@ -162,7 +161,11 @@ class TrainerBase:
         """The reward functions, the held-out set and the training sampler (and --few-shot examples)."""
         cfg, policy = self.cfg, self.policy
         self.reward = rewarder_for(
-            cfg.reward, policy, episodes=cfg.multi_turn, max_new_tokens=cfg.generation.max_new_tokens
+            cfg.reward,
+            policy,
+            episodes=cfg.multi_turn,
+            max_new_tokens=cfg.generation.max_new_tokens,
+            sandbox=cfg.code_sandbox,
         )
         self.reward_fns = self.reward.reward_fns
         self.held_out, self.sampler = self._data()
@@ -178,16 +181,24 @@ class TrainerBase:
             policy.shown_prompt,
             policy.chat,
             self.reward_fns,
+            sandbox=cfg.code_sandbox,
         )
         if cfg.dataset.data:  # a reward that needs a column the data lacks: one line now, not a zero reward every step
             check_columns(self.reward_fns, self.sampler.records, f"--data {cfg.dataset.data}")
         if (cfg.dataset.data or cfg.dataset.eval_data) and self.eval_reward is not None:
             where = f"--eval-data {cfg.dataset.eval_data}" if cfg.dataset.eval_data else "the held-out records"
             check_columns([(self.eval_reward_name, self.eval_reward, 1.0)], self.held_out, where)
-        code_reward.configure_for([fn for _, fn, _ in self.reward_fns] + [self.eval_reward], cfg.code_sandbox, self.log)
+        # a code reward's sandbox, started now: a machine where programs cannot be isolated says so at once
+        self.reward.start(self.log)
+        start_reward([self._own_eval_reward], self.log)
         self.rollouts_total = 0  # rollouts generated since step 1 (restored on resume)
         if cfg.prompt.few_shot and self.sampler is not None:  # solved examples from the training split
             self.policy.few_shot = few_shot_examples(self.sampler, cfg.prompt.few_shot)
+
+    @property
+    def _own_eval_reward(self):
+        """The held-out accuracy's function when it is not one of the training reward's (then the trainer owns it)."""
+        return None if any(fn is self.eval_reward for _, fn, _ in self.reward_fns) else self.eval_reward
 
     def _data(self):
         cfg = self.cfg
@@ -214,7 +225,7 @@ class TrainerBase:
         cfg = self.cfg
         with self.train_module.full_weights():
             metrics, examples = evaluate(
-                self.policy,
+                self.service,  # the run's rollout engine and environment (set by the trainer)
                 self.held_out,
                 samples=cfg.eval.eval_samples,
                 temperature=cfg.generation.temperature,
@@ -223,7 +234,6 @@ class TrainerBase:
                 world=self.world,
                 progress=lambda done, total: self.status(f"eval at step {step}: {done}/{total} completions"),
                 score=self.eval_reward,
-                runner=self.runner,  # the run's rollout engine and environment (set by the trainer)
             )
         metrics["time/eval_s"] = time.perf_counter() - t0
         self.log(
