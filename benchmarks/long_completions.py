@@ -106,7 +106,7 @@ def run_trl(args) -> list[dict]:
 def run_grpolab(args, engine: str) -> list[dict]:
     """grpolab's trainer on the shape; per step its time, generation and update (its own timers)."""
     from grpolab.config.train import TrainConfig
-    from grpolab.training.trainer import GRPOTrainer
+    from grpolab.training.recipe import build_trainer
 
     cfg = TrainConfig(
         model=args.model,
@@ -133,7 +133,7 @@ def run_grpolab(args, engine: str) -> list[dict]:
         eval_every=0,
         save_every=0,
     )
-    trainer = GRPOTrainer(cfg, log=print)
+    trainer = build_trainer(cfg, log=print)
     steps = []
     for step in range(1, args.steps + args.warmup + 1):
         t0 = time.perf_counter()

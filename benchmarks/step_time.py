@@ -31,6 +31,7 @@ from grpolab.commands.cli import _parse  # noqa: E402
 from grpolab.config.train import TrainConfig  # noqa: E402
 from grpolab.models.logprobs import completion_logprobs  # noqa: E402
 from grpolab.rollout.sampler import sample  # noqa: E402
+from grpolab.training.recipe import build_trainer
 from grpolab.training.trainer import GRPOTrainer  # noqa: E402
 
 
@@ -75,7 +76,7 @@ def main() -> None:
         return shared_prefix_ab(args, rest)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = _parse(TrainConfig, ["--out", tmp, "--no-progress", *rest], "step_time", "")
-        trainer = GRPOTrainer(cfg)
+        trainer = build_trainer(cfg)
         rows, floors = [], []
         for step in range(1, args.warmup + args.steps + 1):
             m = trainer.step(step).metrics
@@ -109,7 +110,7 @@ def shared_prefix_ab(args, rest: list[str]) -> None:
     times = {"on": [], "off": []}
     with tempfile.TemporaryDirectory() as tmp:
         trainers = {
-            mode: GRPOTrainer(
+            mode: build_trainer(
                 _parse(
                     TrainConfig,
                     ["--out", f"{tmp}/{mode}", "--no-progress", *rest, "--shared-prefix", mode],

@@ -25,7 +25,7 @@ import tempfile
 from grpolab.commands.cli import _parse
 from grpolab.commands.demo import REAL_MODEL_PRESET
 from grpolab.config.train import TrainConfig
-from grpolab.training.trainer import GRPOTrainer
+from grpolab.training.recipe import build_trainer
 
 # The demo preset's fields that are not training ones here.
 SKIP = {"steps", "eval_every", "eval_questions", "eval_samples", "save_every", "log_samples"}
@@ -54,7 +54,7 @@ def main() -> None:
     args, extra = parser.parse_known_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = config(args.preset, extra, tmp)
-        trainer = GRPOTrainer(base, log=lambda *a: None)
+        trainer = build_trainer(base, log=lambda *a: None)
         times: dict[bool, list[dict]] = {False: [], True: []}
         for step in range(1, args.steps + 1):
             on = step % 2 == 0

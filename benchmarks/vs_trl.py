@@ -142,7 +142,7 @@ def trl_config(args, output_dir: str, **over):
 
 def run_grpolab(args, checkpointing: bool, engine: str = "hf") -> list[float]:
     from grpolab.config.train import TrainConfig
-    from grpolab.training.trainer import GRPOTrainer
+    from grpolab.training.recipe import build_trainer
 
     cfg = TrainConfig(
         model=args.model,
@@ -164,7 +164,7 @@ def run_grpolab(args, checkpointing: bool, engine: str = "hf") -> list[float]:
         vllm_compile=not args.vllm_eager,
         **({"reward_fn": "vs_trl:parity_reward", "format_weight": 0.0} if args.reward == "parity" else {}),
     )
-    trainer = GRPOTrainer(cfg, log=print)
+    trainer = build_trainer(cfg, log=print)
     times = []
     for step in range(1, args.steps + args.warmup + 1 if args.steps else 1):  # --steps 0: sampling only
         t0 = time.perf_counter()

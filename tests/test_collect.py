@@ -21,6 +21,7 @@ from grpolab.rollout.collect import Collector, CollectSettings
 from grpolab.rollout.engine import SamplingSettings
 from grpolab.rollout.sampler import Sampled
 from grpolab.rollout.service import RolloutService
+from grpolab.training.recipe import build_trainer
 
 RIGHT, WRONG = "#### 7", "#### 0"
 
@@ -88,7 +89,7 @@ def test_the_collector_runs_on_an_engine_it_is_given(policy, char_tokenizer):
     # What the sampler saw comes back aligned with the rows (0 on padding).
     torch.testing.assert_close(rows.logprobs, -0.5 * rows.batch.completion_mask.float())
     torch.testing.assert_close(rows.entropy, 1.5 * rows.batch.completion_mask.float())
-    assert roll.generated["length"] == [7] * 8 and roll.generated["truncated"] == [False] * 8
+    assert roll.generated.length == [7] * 8 and roll.generated.truncated == [False] * 8
 
 
 def test_filter_draws_more_rounds_until_groups_vary(policy, char_tokenizer):
@@ -97,18 +98,17 @@ def test_filter_draws_more_rounds_until_groups_vary(policy, char_tokenizer):
     roll = _collector(policy, engine, mode="filter", rounds=3).collect(step=1)
     assert roll.rounds == 3 and roll.short and roll.rewards == [] and roll.groups.sizes == []
     assert [k[3] for k in engine.calls[1][1][::4]] == [2, 3]  # round 2 numbers its prompts after round 1's
-    assert roll.generated["zero_std"] == 1.0
+    assert roll.generated.zero_std == 1.0
 
 
 def test_a_trainer_step_updates_on_the_engines_rollouts(tmp_path, char_tokenizer):
     from grpolab.config.train import TrainConfig
-    from grpolab.training.trainer import GRPOTrainer
 
     cfg = TrainConfig(
         out=str(tmp_path), prompts_per_step=2, group_size=4, eval_questions=1, log_rollouts=True, warmup_steps=0
     )
     engine = ScriptedEngine(char_tokenizer)
-    trainer = GRPOTrainer(cfg, log=lambda *a: None, engine=engine)  # the seam: any engine stands in for the sampler
+    trainer = build_trainer(cfg, log=lambda *a: None, engine=engine)  # the seam: any engine stands in for the sampler
     assert trainer.policy.tokenizer.get_vocab() == char_tokenizer.get_vocab()  # the built-in model's tokenizer
     trainer.collector.sampler = Records()  # questions whose answer is 7, so that half the rollouts are right
     before = [p.detach().clone() for p in trainer.policy.model.parameters()]

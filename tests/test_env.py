@@ -23,6 +23,7 @@ from grpolab.rollout.collect import Collector, CollectSettings
 from grpolab.rollout.engine import SamplingSettings
 from grpolab.rollout.episodes import EpisodeRunner, turn_key
 from grpolab.rollout.service import RolloutService
+from grpolab.training.recipe import build_trainer
 
 TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<eos>\n{% endfor %}"
@@ -107,7 +108,7 @@ def test_an_environment_drives_two_turn_episodes_through_the_collector(chat_poli
         tok_adv, turn = credit.token[g][C], rows.turn[g][C]
         want = torch.tensor([expected[g][t] if t >= 0 else 0.0 for t in turn.tolist()])
         assert torch.equal(tok_adv, want)
-    assert roll.generated["turns"] == [2] * 4 and roll.rewards == [[2.0, 1.0, 1.0, 0.0]]
+    assert roll.generated.episodes.turns == [2] * 4 and roll.rewards == [[2.0, 1.0, 1.0, 0.0]]
 
 
 def test_rtg_group_with_std_normalisation_divides_by_the_reward_to_go_spread(chat_policy):
@@ -150,7 +151,9 @@ def test_a_template_that_rewrites_history_starts_a_new_sequence(tiny_model, chat
 
 def test_max_turns_and_max_episode_tokens_cut_episodes_and_count_them(chat_policy):
     roll, engine = _collect(chat_policy, Forever, limits=EpisodeLimits(3, 0))
-    assert roll.generated["turns"] == [3] * 4 and roll.generated["truncated"] == [True] * 4 and len(engine.calls) == 3
+    assert (
+        roll.generated.episodes.turns == [3] * 4 and roll.generated.truncated == [True] * 4 and len(engine.calls) == 3
+    )
     # Replies 'yes' + EOS (4 tokens, rollouts 0 and 1) and 'no' + EOS (3 tokens, rollouts 2 and 3) at turn 1; the
     # environment's answer is n_env tokens. With a budget of 4 + n_env, a 'yes' episode has no room left for a
     # reply after the answer: cut after one turn. A 'no' episode has 1 token left: its second reply is cut to one
@@ -159,7 +162,7 @@ def test_max_turns_and_max_episode_tokens_cut_episodes_and_count_them(chat_polic
     n_env = len(tok("\nuser: more<eos>\nassistant: ", add_special_tokens=False)["input_ids"])
     roll, engine = _collect(chat_policy, Forever, limits=EpisodeLimits(8, 4 + n_env))
     episodes = roll.groups.rows.episodes
-    assert roll.generated["turns"] == [1, 1, 2, 2] and roll.generated["truncated"] == [True] * 4
+    assert roll.generated.episodes.turns == [1, 1, 2, 2] and roll.generated.truncated == [True] * 4
     assert [e.used for e in episodes] == [4, 4, 4 + n_env, 4 + n_env]
     assert episodes[2].replies[1] == "y"
     assert [e.segments[0].turn.count(1) for e in episodes] == [0, 0, 1, 1]
@@ -305,7 +308,7 @@ def test_a_step_that_raises_ends_that_episode_and_is_counted(chat_policy):
     from env_fixtures import StepRaises
 
     roll, _ = _collect(chat_policy, StepRaises)
-    assert roll.generated["env_errors"] == [1] * 4 and roll.generated["truncated"] == [True] * 4
+    assert roll.generated.episodes.env_errors == [1] * 4 and roll.generated.truncated == [True] * 4
     assert all("the game server went away" in e.error for e in roll.groups.rows.episodes)
 
 
@@ -330,7 +333,6 @@ def _episode_data(tmp_path) -> tuple[str, str]:
 
 @pytest.mark.parametrize("advantage", ["grpo", "rtg-group", "rtg-mc"])
 def test_a_trainer_step_updates_on_episodes(tmp_path, char_tokenizer, advantage):
-    from grpolab.training.trainer import GRPOTrainer
 
     train, test = _episode_data(tmp_path)
     cfg = TrainConfig(
@@ -351,7 +353,7 @@ def test_a_trainer_step_updates_on_episodes(tmp_path, char_tokenizer, advantage)
         max_new_tokens=8,
     )
     engine = TurnEngine(char_tokenizer, script)
-    trainer = GRPOTrainer(cfg, log=lambda *a: None, engine=engine)
+    trainer = build_trainer(cfg, log=lambda *a: None, engine=engine)
     before = [p.detach().clone() for p in trainer.policy.model.parameters()]
     out = trainer.step(1)
     m = out.metrics

@@ -12,6 +12,7 @@ from cli_helpers import run_cli
 from grpolab.models.logprobs import completion_logprobs
 from grpolab.models.policy import Policy, load_policy
 from grpolab.rollout.sampler import sample
+from grpolab.training.recipe import build_trainer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SIMPLE_TEMPLATE = (
@@ -147,9 +148,8 @@ def _lora_cfg(tmp_path, **kw):
 
 
 def test_lora_trains_only_the_adapter_and_reference_is_the_base(tmp_path):
-    from grpolab.training.trainer import GRPOTrainer
 
-    trainer = GRPOTrainer(_lora_cfg(tmp_path, beta=0.04))
+    trainer = build_trainer(_lora_cfg(tmp_path, beta=0.04))
     model = trainer.policy.model
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
@@ -235,7 +235,6 @@ def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):
     from grpolab.analysis.rank import RankConfig, run_rank
     from grpolab.config.train import TrainConfig
     from grpolab.models import checkpoint
-    from grpolab.training.trainer import GRPOTrainer
 
     cfg = TrainConfig(
         model="smollm2-135m-instruct",
@@ -252,7 +251,7 @@ def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):
         threads=2,
         log_token_credit=8,
     )
-    trainer = GRPOTrainer(cfg)
+    trainer = build_trainer(cfg)
     assert trainer.policy.chat  # an instruct model: the chat template
     model = trainer.policy.model
     before = {n: p.detach().clone() for n, p in model.named_parameters()}

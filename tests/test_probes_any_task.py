@@ -25,8 +25,7 @@ from grpolab.models.logprobs import completion_entropy, completion_logprobs
 from grpolab.probes.gram import score_gram, token_weights
 from grpolab.rollout.engine import HFEngine
 from grpolab.rollout.sampler import sample_with_stats
-from grpolab.training.recipe import train
-from grpolab.training.trainer import GRPOTrainer
+from grpolab.training.recipe import build_trainer, train
 
 # a TRL-form reward of two columns, a grpolab-form one of a third, and one that varies whatever the tiny model writes
 REWARDS = ("reward_fixtures:digits_of_target", "reward_fixtures:length_times_weight", "reward_fixtures:odd_code_sum")
@@ -70,7 +69,7 @@ def data_run(data, tmp_path_factory):
 
 def test_the_probes_rollouts_and_rewards_are_trainings_for_the_same_keys(data, tmp_path):
     cfg = _cfg(data, out=str(tmp_path)).resolved()
-    trainer = GRPOTrainer(cfg, log=_quiet)
+    trainer = build_trainer(cfg, log=_quiet)
     roll = trainer.collector.collect(1)
     rows, G = roll.groups.rows, cfg.groups.group_size
     draw = probe_sampler(trainer.policy, task_of(cfg), "hf", records=roll.groups.records)
@@ -101,7 +100,7 @@ def test_the_probes_gradient_on_a_data_run_is_the_updates_own(data, tmp_path):
     probe's Psi equals the Gram matrix of those R per-rollout gradients (to float32 precision: its products are
     float32)."""
     cfg = _cfg(data, dtype="float64", out=str(tmp_path)).resolved()
-    trainer = GRPOTrainer(cfg, log=_quiet)
+    trainer = build_trainer(cfg, log=_quiet)
     policy, model = trainer.policy, trainer.policy.model
     draw = probe_sampler(policy, task_of(cfg), "hf")
     record = trainer.held_out[0]
@@ -194,10 +193,10 @@ class _Counting:
 def test_evaluation_draws_through_the_engine_the_trainer_was_given(tmp_path):
     cfg = TrainConfig(out=str(tmp_path), prompts_per_step=2, group_size=2, eval_questions=4, eval_samples=2,
                       progress=False).resolved()  # fmt: skip
-    plain = GRPOTrainer(cfg, log=_quiet)
+    plain = build_trainer(cfg, log=_quiet)
     model = copy.deepcopy(plain.policy.model)
     engine = _Counting(HFEngine(model, eos_id=plain.policy.eos_id, pad_id=plain.policy.pad_id))
-    given = GRPOTrainer(cfg, log=_quiet, engine=engine)
+    given = build_trainer(cfg, log=_quiet, engine=engine)
     given.policy.model.load_state_dict(model.state_dict())
     metrics, _ = given.evaluate(0)
     eval_keys = [k for k in engine.keys if k[0] == streams.EVAL]

@@ -28,8 +28,7 @@ from grpolab.probes.token_credit import (
     token_spans,
 )
 from grpolab.report.page import build_report
-from grpolab.training.recipe import train
-from grpolab.training.trainer import GRPOTrainer
+from grpolab.training.recipe import build_trainer, train
 
 # ---------------------------------------------------------------- which rollouts
 
@@ -166,7 +165,7 @@ F64 = dict(
 def _step_with_independent_forwards(cfg: TrainConfig, step: int = 1):
     """One step of a trainer, with the policy's weights copied before it; returns (trainer, output, rollouts,
     weights before)."""
-    trainer = GRPOTrainer(cfg.resolved(), log=lambda *a: None)
+    trainer = build_trainer(cfg.resolved(), log=lambda *a: None)
     seen = {}
     collect = trainer.collector.collect
 

@@ -19,6 +19,7 @@ from grpolab.env.tools import ToolRunner, load_tools, parse_tool_calls, tool_ins
 from grpolab.models.policy import Policy
 from grpolab.rollout.engine import SamplingSettings
 from grpolab.rollout.episodes import EpisodeRunner
+from grpolab.training.recipe import build_trainer
 
 SPECS = ["env_fixtures:add", "env_fixtures:divide", "env_fixtures:sleepy", "env_fixtures:huge", "env_fixtures:shout"]
 
@@ -147,7 +148,6 @@ def test_a_template_that_shows_tools_gets_them(chat_policy):
 
 
 def test_a_trainer_step_with_tools_counts_calls_and_errors(tmp_path, char_tokenizer):
-    from grpolab.training.trainer import GRPOTrainer
 
     train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
     train.write_text("".join(json.dumps({"prompt": f"2+3? ({i})", "answer": "5"}) + "\n" for i in range(8)))
@@ -175,7 +175,7 @@ def test_a_trainer_step_with_tools_counts_calls_and_errors(tmp_path, char_tokeni
         estimator="grpo",
     )
     engine = TurnEngine(char_tokenizer, lambda g, h: REPLIES[g][h])
-    trainer = GRPOTrainer(cfg, log=lambda *a: None, engine=engine)
+    trainer = build_trainer(cfg, log=lambda *a: None, engine=engine)
     m = trainer.step(1).metrics
     # evaluation plays the same episodes: the held-out question's greedy episode (scripted as rollout 0) calls the
     # tool once and answers 5

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 from grpolab.config.train import ConfigError, TrainConfig
 from grpolab.models import checkpoint
 from grpolab.models.policy import ASSET_DIR
-from grpolab.training.recipe import train
+from grpolab.training.recipe import build_trainer, train
 from grpolab.training.runlog import read_metrics
 from grpolab.training.setup import checked_config
 
@@ -495,9 +495,8 @@ def test_update_normalises_by_the_rows_it_is_given(tmp_path):
     from grpolab.algo.loss import policy_loss
     from grpolab.models.logprobs import completion_logprobs
     from grpolab.rollout.sampler import sample
-    from grpolab.training.trainer import GRPOTrainer
 
-    trainer = GRPOTrainer(_cfg(tmp_path / "u", steps=1, warmup_steps=0), log=_quiet)
+    trainer = build_trainer(_cfg(tmp_path / "u", steps=1, warmup_steps=0), log=_quiet)
     cfg, policy = trainer.cfg, trainer.policy
     prompts = [policy.prompt_ids(r) for r in trainer.sampler.draw(1, 3) for _ in range(4)]  # 12 rows; B * G = 16
     batch = sample(
@@ -521,13 +520,12 @@ def test_update_normalises_by_the_rows_it_is_given(tmp_path):
         aggregation=cfg.objective.aggregation,
         max_len=cfg.generation.max_new_tokens,
     )
-    assert trainer._update(batch, adv)["loss/total"] == pytest.approx(expected.item(), rel=1e-5)
+    assert trainer.updater(batch, adv)["loss/total"] == pytest.approx(expected.item(), rel=1e-5)
 
 
 def test_few_shot_prompts_on_the_built_in_task(tmp_path):
-    from grpolab.training.trainer import GRPOTrainer
 
-    trainer = GRPOTrainer(_cfg(tmp_path / "fs", steps=1, few_shot=2), log=_quiet)
+    trainer = build_trainer(_cfg(tmp_path / "fs", steps=1, few_shot=2), log=_quiet)
     shots = trainer.policy.few_shot
     assert len(shots) == 2 and all(s["answer"].rstrip().split("\n")[-1].startswith("####") for s in shots)
     test_q = {r["question"] for r in trainer.held_out}

@@ -22,8 +22,7 @@ from grpolab.models.logprobs import completion_logprobs  # noqa: E402
 from grpolab.rollout.engine import HFEngine, SamplingSettings  # noqa: E402
 from grpolab.rollout.sampler import Sampled  # noqa: E402
 from grpolab.rollout.vllm_engine import VLLMEngine, rollout_seed, shutdown  # noqa: E402
-from grpolab.training.recipe import train  # noqa: E402
-from grpolab.training.trainer import GRPOTrainer  # noqa: E402
+from grpolab.training.recipe import build_trainer, train  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,7 +49,7 @@ def test_engine_logprobs_equal_the_trainers_after_each_optimizer_step(tmp_path, 
     """Fixed tokens (step 1's rollouts) scored by the engine and by the trainer's model after each of 3 steps:
     equal within 1e-4, while the steps move them by far more (a stale engine would fail)."""
     over = dict(lora_rank=4, lr=2e-2) if lora else dict(lr=2e-3)
-    trainer = GRPOTrainer(_vllm_cfg(tmp_path / "run", steps=3, **over), log=_quiet)
+    trainer = build_trainer(_vllm_cfg(tmp_path / "run", steps=3, **over), log=_quiet)
     assert isinstance(trainer.engine, VLLMEngine)
     fixed = trainer.collector.collect(0).groups.rows.batch
     first = _trainer_logprobs(trainer, fixed)
@@ -85,7 +84,7 @@ def test_sampled_logprobs_are_the_trainers_and_the_mismatch_is_logged(tmp_path):
 
 
 def test_a_rollout_depends_on_its_key_not_on_its_batch(tmp_path):
-    trainer = GRPOTrainer(_vllm_cfg(tmp_path / "run", steps=1), log=_quiet)
+    trainer = build_trainer(_vllm_cfg(tmp_path / "run", steps=1), log=_quiet)
     prompts = [trainer.policy.prompt_ids({"question": q}) for q in ("12+7", "3*(4+5)", "81-19")] * 2
     keys = [(7, 0, 0, b, g) for g in range(2) for b in range(3)]
     settings = SamplingSettings(max_new_tokens=24, temperature=1.0)
@@ -131,7 +130,7 @@ class Shifted:
 
 def _step_with(tmp_path, name, correction, shift=0.5, cap=1.5) -> dict:
     cfg = _cfg(tmp_path / name, steps=1, warmup_steps=0, engine_correction=correction, engine_correction_cap=cap)
-    trainer = GRPOTrainer(cfg, log=_quiet)
+    trainer = build_trainer(cfg, log=_quiet)
     trainer.engine = trainer.service.engine = Shifted(trainer.engine, shift)
     return trainer.step(1).metrics
 

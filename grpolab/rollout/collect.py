@@ -29,7 +29,7 @@ from grpolab.common import streams
 from grpolab.common.distributed import SINGLE, World
 from grpolab.config.rollout import GenerationSection, GroupsSection
 from grpolab.rollout.engine import SamplingSettings
-from grpolab.rollout.episodes import episode_facts, max_return
+from grpolab.rollout.episodes import EpisodeFacts, max_return
 from grpolab.rollout.rows import (
     Rows,
     entropy_sums,
@@ -52,17 +52,62 @@ class Groups:
 
 
 @dataclasses.dataclass
+class Generated:
+    """Every rollout generated in a step (all ranks), one entry per rollout in the order drawn: what the step's
+    metrics read (``grpolab.training.books``)."""
+
+    reward: list[float]
+    accuracy: list[float]
+    """The first reward function's value (``reward/accuracy``); an environment task without reward functions: the
+    return as a share of the environment's ``max_return``."""
+    format: list[float] | None
+    """The format reward's value (None without one)."""
+    components: dict[str, list[float]]
+    """Each other reward component's values, by name (``reward/<name>``): further reward functions, ``env`` (an
+    episode's return), ``overlong``."""
+    entropy_sum: list[float]
+    """The sampler's entropies summed over each rollout's tokens; empty when the engine gives none (vLLM)."""
+    length: list[int]
+    truncated: list[bool]
+    errors: int
+    """(rollout, reward function) evaluations that raised or were non-finite."""
+    counts: dict[str, float]
+    """What reward functions counted, summed (the code reward's outcomes)."""
+    episodes: EpisodeFacts | None = None
+    zero_std: float = 0.0
+    """The share of drawn groups whose rewards were all equal."""
+
+    @property
+    def n(self) -> int:
+        return len(self.reward)
+
+    @classmethod
+    def merge(cls, parts: list[Generated]) -> Generated:
+        """Several calls' (or ranks') rollouts in one, in order: lists concatenated, errors and counts summed."""
+        first = parts[0]
+        return cls(
+            [x for p in parts for x in p.reward],
+            [x for p in parts for x in p.accuracy],
+            None if first.format is None else [x for p in parts for x in p.format],
+            {k: [x for p in parts for x in p.components[k]] for k in first.components},
+            [x for p in parts for x in p.entropy_sum],
+            [x for p in parts for x in p.length],
+            [x for p in parts for x in p.truncated],
+            sum(p.errors for p in parts),
+            sum_counts([p.counts for p in parts]),
+            None if first.episodes is None else EpisodeFacts.merge([p.episodes for p in parts]),
+        )
+
+
+@dataclasses.dataclass
 class StepRollouts:
     groups: Groups
     prompts: list[int]
     """Every group entering the update (all ranks), in prompt order: its prompt index ..."""
     rewards: list[list[float]]
     """... and its rollouts' rewards."""
-    generated: dict
-    """Every rollout generated this step (all ranks): per-rollout lists ``reward``, ``accuracy``, ``format``,
-    ``length``, ``truncated``; ``errors`` (reward-function failures); ``counts`` (what reward functions counted,
-    summed: the code reward's outcomes); ``zero_std`` (share of drawn groups
-    whose rewards were all equal)."""
+    generated: Generated
+    """Every rollout generated this step (all ranks)."""
     rounds: int
     short: bool
     """filter: fewer than B groups with variance after the last round."""
@@ -73,20 +118,6 @@ class StepRollouts:
     def positions(self) -> dict[int, int]:
         """prompt index -> its group's place among the update's groups."""
         return {b: k for k, b in enumerate(self.prompts)}
-
-
-def merge_generated(parts: list[dict]) -> dict:
-    """Per-rollout lists concatenated; ``errors`` summed; ``counts`` (reward functions' own) summed key by key."""
-    return {
-        k: (
-            sum(p[k] for p in parts)
-            if k == "errors"
-            else sum_counts([p[k] for p in parts])
-            if k == "counts"
-            else [x for p in parts for x in p[k]]
-        )
-        for k in parts[0]
-    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,26 +177,25 @@ class Collector:
         keys = [(streams.ROLLOUT, seed, step, b, g) for b, _, gs in items for g in gs]  # global b: P-independent
         return self.service.sample(recs, keys, self.settings.sampling)
 
-    def _per_rollout(self, rows: Rows) -> dict:
-        """Per-rollout lists for the step's metrics (every rank's are gathered)."""
-        b = rows.batch
+    def _per_rollout(self, rows: Rows) -> Generated:
+        """This rank's rollouts of a sampling call, for the step's metrics (every rank's are gathered)."""
         comp = rows.scores.components
         names = self.service.reward.names  # the first is the accuracy reward (grpolab.rewards.rewarder)
-        out = {
-            "reward": rows.scores.total.tolist(),
-            "accuracy": self._accuracy(rows).tolist(),
-            **({"format": comp["format"].tolist()} if "format" in comp else {}),
-            **{f"reward/{n}": comp[n].tolist() for n in names if n not in ("accuracy", "format")},
-            "entropy_sum": entropy_sums(rows) if rows.entropy is not None and b is not None else [],
-            "length": rollout_lengths(rows),
-            "truncated": truncated_flags(rows, self.service.policy.eos_id),
-            "errors": rows.scores.errors,
-            "counts": rows.scores.counts,
-        }
+        others = {n: comp[n].tolist() for n in names if n not in ("accuracy", "format")}
         if rows.episodes is not None:
-            out["reward/env"] = comp["env"].tolist()  # the environment's return
-            out.update(episode_facts(rows.episodes))
-        return out
+            others["env"] = comp["env"].tolist()  # the environment's return
+        return Generated(
+            rows.scores.total.tolist(),
+            self._accuracy(rows).tolist(),
+            comp["format"].tolist() if "format" in comp else None,
+            others,
+            entropy_sums(rows) if rows.entropy is not None and rows.batch is not None else [],
+            rollout_lengths(rows),
+            truncated_flags(rows, self.service.policy.eos_id),
+            rows.scores.errors,
+            rows.scores.counts,
+            None if rows.episodes is None else EpisodeFacts.of(rows.episodes),
+        )
 
     def _accuracy(self, rows: Rows) -> torch.Tensor:
         """``[n]`` each rollout's accuracy: the first reward function's value; for an environment task without
@@ -176,9 +206,9 @@ class Collector:
         best = torch.tensor([max_return(e.env) for e in rows.episodes], dtype=torch.float32)
         return rows.scores.components["env"] / best
 
-    def _gather(self, local: dict) -> dict:
-        """Per-rollout lists of every rank, concatenated in rank order (= prompt order within a call)."""
-        return merge_generated(dist_.gather(local, self.world))
+    def _gather(self, local: Generated) -> Generated:
+        """Every rank's rollouts, in rank order (= prompt order within a call)."""
+        return Generated.merge(dist_.gather(local, self.world))
 
     # ------------------------------------------------------------------ the modes
     def collect(self, step: int) -> StepRollouts:
@@ -192,7 +222,7 @@ class Collector:
         parts: list[Rows] = []
         mine_groups: list[tuple[int, dict, int, int]] = []  # (prompt, record, part, first row) of this rank's groups
         kept: list[tuple[int, list[float]]] = []  # (prompt, rewards) of every kept group, all ranks
-        generated: dict = {}
+        generated: Generated | None = None
         zero_groups = drawn = rounds = 0
         t_gen = t_score = 0.0
         while True:
@@ -207,8 +237,8 @@ class Collector:
             parts.append(rows)
             mine_groups += [(drawn + b, recs[b], len(parts) - 1, i * G) for i, b in enumerate(mine)]
             whole = self._gather(self._per_rollout(rows))
-            generated = merge_generated([generated, whole]) if generated else whole
-            rewards = torch.tensor(whole["reward"]).view(n, G)  # [n, G], this round's, every rank's
+            generated = Generated.merge([generated, whole]) if generated else whole
+            rewards = torch.tensor(whole.reward).view(n, G)  # [n, G], this round's, every rank's
             var = has_variance(rewards)
             zero_groups += int((~var).sum())
             kept += [(drawn + b, rewards[b].tolist()) for b in range(n) if var[b] or not filtering]
@@ -223,7 +253,7 @@ class Collector:
                 records.append(rec)
                 order += [(part, first + g) for g in range(G)]
         rows = take_rows(parts, order, self.service.policy.pad_id)
-        generated["zero_std"] = zero_groups / drawn
+        generated.zero_std = zero_groups / drawn
         return StepRollouts(
             Groups(prompt, records, [G] * len(prompt), rows),
             [b for b, _ in kept],
@@ -244,16 +274,16 @@ class Collector:
         self.status(f"step {step}: sampling the pilot ({B * n0} rollouts)")
         pilot, tg1, ts1 = self._generate(step, [(b, recs[b], range(n0)) for b in mine])
         whole = self._gather(self._per_rollout(pilot))
-        pilot_rewards = torch.tensor(whole["reward"]).view(B, n0).tolist()
+        pilot_rewards = torch.tensor(whole.reward).view(B, n0).tolist()
         sizes = allocate_group_sizes(pilot_rewards, B * G, s.max_group_size or 4 * G)
         self.status(f"step {step}: sampling {B * G - B * n0} more rollouts (groups of {min(sizes)}-{max(sizes)})")
         extra, tg2, ts2 = self._generate(step, [(b, recs[b], range(n0, sizes[b])) for b in mine])
         whole_extra = self._gather(self._per_rollout(extra))
         # Every rank's extras in prompt order: prompt b's are the (sizes[b] - n0) after those of prompts < b.
         e_start = offsets([n - n0 for n in sizes])
-        rewards = [pilot_rewards[b] + whole_extra["reward"][e_start[b] : e_start[b + 1]] for b in range(B)]
-        generated = merge_generated([whole, whole_extra])
-        generated["zero_std"] = sum(not varies(r) for r in rewards) / B
+        rewards = [pilot_rewards[b] + whole_extra.reward[e_start[b] : e_start[b + 1]] for b in range(B)]
+        generated = Generated.merge([whole, whole_extra])
+        generated.zero_std = sum(not varies(r) for r in rewards) / B
         # This rank's rows, group by group: its pilot rows (part 0), then its extra rows (part 1).
         mine_extra = offsets([sizes[b] - n0 for b in mine])
         order = []

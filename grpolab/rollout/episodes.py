@@ -389,17 +389,35 @@ def policy_tokens(episode) -> int:
     return sum(sum(s.action) for s in episode.segments)
 
 
-def episode_facts(episodes: list) -> dict:
-    """Per-episode lists for the ``env/*`` metrics: turns, the environment's reward at each turn, tool calls and
-    errors (as the environment counted them), exceptions in ``step``."""
-    return {
-        "turns": [e.turns for e in episodes],
-        "turn_rewards": [list(e.rewards) for e in episodes],
-        "tool_calls": [e.counter("tool_calls") for e in episodes],
-        "tool_errors": [e.counter("tool_errors") for e in episodes],
-        "tool_truncated": [e.counter("tool_truncated") for e in episodes],
-        "env_errors": [int(bool(e.error)) for e in episodes],
-    }
+@dataclasses.dataclass
+class EpisodeFacts:
+    """Per-episode facts for the ``env/*`` metrics, one entry per episode."""
+
+    turns: list[int]
+    turn_rewards: list[list[float]]
+    """The environment's reward at each turn."""
+    tool_calls: list[int]
+    """Tool calls, tool errors and cut tool results, as the environment counted them."""
+    tool_errors: list[int]
+    tool_truncated: list[int]
+    env_errors: list[int]
+    """1 where ``step`` raised."""
+
+    @classmethod
+    def of(cls, episodes: list) -> EpisodeFacts:
+        return cls(
+            [e.turns for e in episodes],
+            [list(e.rewards) for e in episodes],
+            [e.counter("tool_calls") for e in episodes],
+            [e.counter("tool_errors") for e in episodes],
+            [e.counter("tool_truncated") for e in episodes],
+            [int(bool(e.error)) for e in episodes],
+        )
+
+    @classmethod
+    def merge(cls, parts: list[EpisodeFacts]) -> EpisodeFacts:
+        """The facts of several calls' (or ranks') episodes, in order."""
+        return cls(*([x for p in parts for x in getattr(p, f.name)] for f in dataclasses.fields(cls)))
 
 
 def max_return(env) -> float:

@@ -11,6 +11,7 @@ from grpolab.algo.groups import common_size, varies
 from grpolab.data.records import question_of
 from grpolab.env.credit import turn_rewards
 from grpolab.rollout.collect import StepRollouts
+from grpolab.rollout.episodes import EpisodeFacts
 
 
 def rollout_record(b, g, rec, rows, tokens: list[int], adv, i: int, turn_adv=None) -> dict:
@@ -45,13 +46,13 @@ def episode_fields(rows, i: int) -> dict:
     }
 
 
-def step_metrics(roll: StepRollouts, rollouts_total: int, update: dict, probe: dict, times: dict) -> dict:
+def step_metrics(roll: StepRollouts, rollouts_total: int, update: dict, times: dict) -> dict:
     """One step's metrics: rewards and sampling over every rollout generated (all ranks), then the update's, the
-    probes', the completions' and the times."""
+    completions' and the times (the observers add the probes' and the token credit's)."""
     gen = roll.generated
     sizes = [len(r) for r in roll.rewards]
-    lengths = torch.tensor(gen["length"], dtype=torch.float)  # [every rollout generated]
-    reward = torch.tensor(gen["reward"])  # [every rollout generated]
+    lengths = torch.tensor(gen.length, dtype=torch.float)  # [every rollout generated]
+    reward = torch.tensor(gen.reward)  # [every rollout generated]
     if common_size(sizes) is not None:
         group_std = torch.tensor(roll.rewards).std(dim=1, unbiased=False)  # [groups]
     else:
@@ -61,43 +62,43 @@ def step_metrics(roll: StepRollouts, rollouts_total: int, update: dict, probe: d
         "reward/std": reward.std(unbiased=False).item(),
         "reward/group_std_mean": group_std.mean().item() if sizes else None,
         "reward/frac_zero_std": statistics.fmean(not varies(r) for r in roll.rewards) if sizes else None,
-        "reward/accuracy": statistics.fmean(gen["accuracy"]),
-        **({"reward/format": statistics.fmean(gen["format"])} if "format" in gen else {}),
-        "reward/errors": gen["errors"],
-        **{f"reward/{k}": v for k, v in sorted(gen["counts"].items())},  # the code reward's outcomes
-        **{k: statistics.fmean(v) for k, v in gen.items() if k.startswith("reward/")},  # each --reward-fn
+        "reward/accuracy": statistics.fmean(gen.accuracy),
+        **({"reward/format": statistics.fmean(gen.format)} if gen.format is not None else {}),
+        "reward/errors": gen.errors,
+        **{f"reward/{k}": v for k, v in sorted(gen.counts.items())},  # the code reward's outcomes
+        **{f"reward/{k}": statistics.fmean(v) for k, v in gen.components.items()},  # each --reward-fn, env
         "sampling/rollouts": reward.numel(),
         "sampling/rollouts_total": rollouts_total,
         "sampling/rounds": roll.rounds,
         "sampling/kept_groups": len(sizes),
         "sampling/short": int(roll.short),
-        "sampling/frac_zero_std_drawn": gen["zero_std"],
+        "sampling/frac_zero_std_drawn": gen.zero_std,
         "sampling/group_size_mean": statistics.fmean(sizes) if sizes else 0.0,
         "sampling/group_size_max": max(sizes, default=0),
         **update,
-        **probe,
         # mean over generated tokens; None when the engine gives no entropies (vllm)
-        "policy/entropy": sum(gen["entropy_sum"]) / max(1.0, lengths.sum().item()) if gen["entropy_sum"] else None,
+        "policy/entropy": sum(gen.entropy_sum) / max(1.0, lengths.sum().item()) if gen.entropy_sum else None,
         "completion/len_mean": lengths.mean().item(),
         "completion/len_max": lengths.max().item(),
-        "completion/truncated_frac": statistics.fmean(map(float, gen["truncated"])),
-        **(env_metrics(gen) if "turns" in gen else {}),
+        "completion/truncated_frac": statistics.fmean(map(float, gen.truncated)),
+        **(env_metrics(gen.episodes, gen.truncated) if gen.episodes is not None else {}),
         **times,
     }
 
 
-def env_metrics(gen: dict) -> dict:
-    """``env/*`` (and ``reward/stage<h>``) of a step's episodes, from their per-episode lists (all ranks)."""
-    n = max(len(gen["turns"]), 1)
-    H = max(gen["turns"], default=0)
+def env_metrics(facts: EpisodeFacts, truncated: list[bool]) -> dict:
+    """``env/*`` (and ``reward/stage<h>``) of a step's episodes (all ranks): their ``facts``, and whether a limit
+    cut each (``truncated``)."""
+    n = max(len(facts.turns), 1)
+    H = max(facts.turns, default=0)
     return {
-        "env/turns_mean": sum(gen["turns"]) / n,
+        "env/turns_mean": sum(facts.turns) / n,
         "env/turns_max": H,
-        "env/truncated": sum(map(float, gen["truncated"])) / n,
-        "env/tool_calls": sum(gen["tool_calls"]),
-        "env/tool_call_frac": sum(c > 0 for c in gen["tool_calls"]) / n,
-        "env/tool_errors": sum(gen["tool_errors"]),
-        "env/tool_truncated": sum(gen["tool_truncated"]),
-        "env/errors": sum(gen["env_errors"]),
-        **{f"reward/stage{h + 1}": sum(r[h] for r in gen["turn_rewards"] if len(r) > h) / n for h in range(H)},
+        "env/truncated": sum(map(float, truncated)) / n,
+        "env/tool_calls": sum(facts.tool_calls),
+        "env/tool_call_frac": sum(c > 0 for c in facts.tool_calls) / n,
+        "env/tool_errors": sum(facts.tool_errors),
+        "env/tool_truncated": sum(facts.tool_truncated),
+        "env/errors": sum(facts.env_errors),
+        **{f"reward/stage{h + 1}": sum(r[h] for r in facts.turn_rewards if len(r) > h) / n for h in range(H)},
     }

@@ -28,13 +28,15 @@ import torch
 
 from grpolab.commands import objects
 from grpolab.common import distributed as dist_
+from grpolab.common.distributed import SINGLE, World
 from grpolab.common.progress import progress_bar
 from grpolab.config import fields
 from grpolab.config.train import ConfigError, TrainConfig
 from grpolab.models import checkpoint
 from grpolab.models.policy import load_policy
+from grpolab.training.observers import attach_observers
 from grpolab.training.runlog import RunLogger, git_revision, truncate_jsonl
-from grpolab.training.setup import checked_config
+from grpolab.training.setup import checked_config, seed_process
 from grpolab.training.trainer import GRPOTrainer
 
 
@@ -80,6 +82,27 @@ class StopSignals:
             signal.signal(sig, old)
 
 
+class StatusLine:
+    """What the trainer says it is doing (``status(text)``), shown by ``show`` (the progress bar's status line
+    while steps run; nothing before)."""
+
+    def __init__(self):
+        self.show = lambda text: None
+
+    def __call__(self, text: str) -> None:
+        self.show(text)
+
+
+def build_trainer(cfg: TrainConfig, log=print, world: World = SINGLE, **kwargs) -> GRPOTrainer:
+    """A trainer as a run sets one up: the process seeded and threaded by the run's --seed and --threads (before the
+    trainer exists: LoRA's initial weights draw from it), then the trainer (``kwargs`` go to it), then the
+    observers its config asks for (the rollout logs, the probes, the token-credit records)."""
+    seed_process(checked_config(cfg, world.size))
+    trainer = GRPOTrainer(cfg, log=log, world=world, **kwargs)
+    attach_observers(trainer)
+    return trainer
+
+
 class TrainRecipe:
     """One training run. Under torchrun (``WORLD_SIZE`` > 1) this process trains its share; rank 0 alone
     logs, writes metrics, samples and checkpoints."""
@@ -87,6 +110,7 @@ class TrainRecipe:
     def __init__(self, cfg: TrainConfig, log=print):
         self.requested, self.log = cfg, log
         self.logger: RunLogger | None = None
+        self.status = StatusLine()  # what the trainer is doing, on the progress bar once train() starts one
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -143,7 +167,9 @@ class TrainRecipe:
             cfg = cfg.replace(model=str(ckpt), gguf_file="")
             if cfg.objective.beta > 0:
                 reference = _starting_model(self.saved)
-        self.trainer = GRPOTrainer(cfg, log=self.log, adapter_from=adapter_from, world=self.world, reference=reference)
+        self.trainer = build_trainer(
+            cfg, log=self.log, world=self.world, status=self.status, adapter_from=adapter_from, reference=reference
+        )
         # What config.json records: the run's own model (not a checkpoint it resumed from) and the process count.
         model = self.saved["model"] if self.saved else cfg.policy.model
         self.config_dict = {**cfg.to_dict(), "model": model, "world_size": self.world.size}
@@ -195,7 +221,7 @@ class TrainRecipe:
             ) as bar,
         ):
             done = [self.start]  # the last finished step: what the bar counts while a step or evaluation runs
-            trainer.status = lambda text: bar.update(done[0], text)
+            self.status.show = lambda text: bar.update(done[0], text)
             if self.start == 0:
                 self._evaluate(0)
             spent = self._budget_spent()  # resuming a run that reached --max-rollouts

@@ -1,10 +1,9 @@
-"""The GRPO step: sample -> score -> advantages -> update -> log, one step at a time.
+"""The GRPO trainer: its parts, set up once, and a step that reads collect -> advantages -> update -> record.
 
-The math lives in ``advantages``, ``loss``, ``rewards`` and ``group_budget``; sampling and scoring
-in ``collect`` (through a rollout engine, ``engine``); the update in ``update``; the shared
-machinery (policy, reference, optimizer, evaluation, checkpoints) in ``trainer_base``; the run
-around the steps in ``recipe``. This file calls them in order; the books (per-step metrics and
-records) are kept apart, in ``books``.
+Each stage lives where its name says: rollouts are drawn and scored by the rollout service and the collector
+(``grpolab.rollout``), the step's credit is ``grpolab.training.credit``, the update ``grpolab.training.update``,
+the books ``grpolab.training.books``; the probes, the token-credit records and the rollout logs watch the step
+(``grpolab.training.observers``, attached by the run). The run around the steps is ``grpolab.training.recipe``.
 
 On P processes (torchrun) each rank takes a contiguous block of the step's prompts with all
 their rollouts (a group never spans ranks, so its baseline needs no communication); rollout
@@ -16,39 +15,52 @@ gathered per-rollout values, identically on every rank; rank 0 alone writes them
 
 from __future__ import annotations
 
+import copy
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from transformers import get_scheduler
 
-from grpolab.algo.advantages import STD_EPS, batch_std, compute_advantages, estimator_for_scale, ragged_advantages
-from grpolab.algo.group_budget import prompt_weights
-from grpolab.algo.groups import common_size, offsets, varies
 from grpolab.common import distributed as dist_
-from grpolab.common.batch import select
+from grpolab.common.devices import parse_dtype, resolve_device
 from grpolab.common.distributed import SINGLE, World
-from grpolab.common.rng import rng_untouched
 from grpolab.config.train import TrainConfig
-from grpolab.data.records import question_of
-from grpolab.env.credit import episode_credit, mc_values
-from grpolab.probes.advantage_stats import advantage_stats
-from grpolab.probes.gram import score_gram, token_weights
-from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
-from grpolab.probes.token_credit import credit_row, join_credit_rows, pick_rollouts, record_aggregates
-from grpolab.rewards.rewarder import close_reward
-from grpolab.rollout.collect import Collector, CollectSettings, StepRollouts
+from grpolab.data.task import few_shot_examples, task_data
+from grpolab.env import environment
+from grpolab.env.credit import mc_values
+from grpolab.eval.accuracy import evaluate, format_accuracy
+from grpolab.models import checkpoint
+from grpolab.models.policy import (
+    Policy,
+    disable_dropout,
+    enable_activation_checkpointing,
+    load_policy,
+    system_prompt_for,
+)
+from grpolab.rewards.forms import check_columns
+from grpolab.rewards.rewarder import close_reward, eval_reward, rewarder_for, start_reward
+from grpolab.rollout.collect import Collector, CollectSettings
 from grpolab.rollout.engine import RolloutEngine, build_engine
-from grpolab.rollout.rows import rollout_lengths
 from grpolab.rollout.service import RolloutService
-from grpolab.training.books import episode_fields, rollout_record, step_metrics
-from grpolab.training.trainer_base import StepOutput, TrainerBase
+from grpolab.training.books import step_metrics
+from grpolab.training.credit import cut_rows, loss_advantages, step_advantages
+from grpolab.training.forward import TrainModule
+from grpolab.training.setup import checked_config
+from grpolab.training.step import StepObserver, StepResult
+from grpolab.training.update import Updater
 
 
-class GRPOTrainer(TrainerBase):
-    """The trainer: a step samples groups of rollouts, single-turn or episodes of an environment
-    (``grpolab.rollout.collect``, ``grpolab.env``), and updates on them.
+class GRPOTrainer:
+    """One run's policy, KL reference, optimizer and update, its task's data, reward and environment, and the
+    rollout service every rollout is drawn through; :meth:`step` runs one GRPO step.
 
-    ``engine``: the rollout engine (default: the one ``cfg.engine.rollout_engine`` names, ``grpolab.rollout.engine.build_engine``).
+    ``cfg`` is checked here (:func:`grpolab.training.setup.checked_config`); the process's seed and threads are the
+    run's to set before (:func:`grpolab.training.setup.seed_process`). ``adapter_from``: a LoRA checkpoint to resume
+    the adapter from. ``reference``: the KL reference when it is not the starting weights (a resumed run's start).
+    ``engine``: a rollout engine instead of the one --rollout-engine names. ``status``: told what the step is doing
+    (a progress bar's status line). ``observers`` watch each step (:class:`grpolab.training.step.StepObserver`).
     """
 
     def __init__(
@@ -59,284 +71,263 @@ class GRPOTrainer(TrainerBase):
         world: World = SINGLE,
         reference: torch.nn.Module | None = None,
         engine: RolloutEngine | None = None,
+        status: Callable[[str], None] = lambda text: None,
     ):
-        super().__init__(cfg, log=log, adapter_from=adapter_from, world=world, reference=reference)
-        cfg, policy = self.cfg, self.policy
-        t0 = time.perf_counter()
-        self.engine = engine or build_engine(cfg.engine, cfg.run.seed, policy, self.train_module.full_weights)
-        if engine is None and cfg.engine.rollout_engine != "hf":
-            mode = "compiled" if cfg.engine.vllm_compile else "eager"
-            log(f"rollout engine: {cfg.engine.rollout_engine} ({mode}), started in {time.perf_counter() - t0:.0f} s")
-        # single-turn rollouts, or episodes of the run's environment; evaluation plays them too
-        # every rollout of the run (training's, evaluation's, rtg-mc's branches) is drawn here
-        self.service = RolloutService(self.engine, policy, self.reward, self.env)
-        self.collector = Collector(
-            self.service,
-            self.sampler,
-            CollectSettings.of(cfg.groups, cfg.generation, cfg.run.seed),
-            world,
-            status=lambda text: self.status(text),  # self.status is re-pointed by the run
-        )
+        self.cfg = checked_config(cfg, world.size)
+        self.log, self.world, self.status = log, world, status
+        self.device = resolve_device(self.cfg.machine.device, world.local_rank)
+        self.observers: list[StepObserver] = []
+        self.rollouts_total = 0  # rollouts generated since step 1 (restored on resume)
+        # In this order: LoRA wraps the loaded model before any forward is built on it; the optimizer takes the
+        # parameters the training forward leaves (FSDP's shards); the data may put solved examples in the prompts;
+        # the rollout engine samples the policy as it is then.
+        self._setup_policy(adapter_from)
+        self._setup_reference(reference)
+        self._setup_optimizer()
+        self._setup_task()
+        self._setup_rollouts(engine)
 
     # ------------------------------------------------------------------ one step
-    def step(self, step: int) -> StepOutput:
+    def step(self, step: int) -> StepResult:
+        """collect -> advantages -> update -> record."""
         t_step = time.perf_counter()
         # 1-2. rollouts (episodes) and their rewards; --sampling decides how many of which prompts
         roll = self.collector.collect(step)
-        t_score = time.perf_counter()
-        # 3. advantages: one scalar per rollout [Foundations, Thm 3.1], or per turn of an episode (--advantage);
-        # groups are whole on this rank
-        adv, token_adv = self._advantages(roll, step)  # [n], [m, T] (episodes) or None
-        records = self._records(roll, adv)
-        probe = self._probe(step, roll, adv, token_adv)  # on the policy that sampled
-        # 4. loss and update (--log-token-credit: the update keeps the watched rows' per-token values)
-        rows = roll.groups.rows
-        self.status(f"step {step}: update ({self.cfg.objective.mu} x {rows.n} rollouts)")
-        watch = (
-            pick_rollouts(adv, roll.groups.sizes, self.cfg.probe.log_token_credit)
-            if self.cfg.probe.log_token_credit
-            else None
-        )
-        credit, credit_metrics = None, {}
-        if roll.rewards:
-            update = self._update(
-                rows.batch,
-                self._prompt_weighted(roll, adv if token_adv is None else token_adv),
-                rows.entropy,
-                rows.logprobs,
-                None if watch is None else rows.rows_of(watch),
-                action=rows.action,
-                cut=self._cut_rows(rows),
-            )
-            if watch is not None:  # what the update did to each watched token's log-prob
-                credit, credit_metrics = self._token_credit(roll, adv, watch)
-        else:  # no group entered the update (--sampling filter, every round all-equal)
-            update = self.updater.skip()
+        t_collected = time.perf_counter()
+        # 3. advantages: one per rollout [Foundations, Thm 3.1], or per turn of an episode (--advantage)
+        result = StepResult(step, roll, step_advantages(roll, self.cfg.objective, self.device, self._mc_values))
+        for observer in self.observers:  # the policy that sampled
+            observer.before_update(result)
+        # 4. loss and update (the watched rollouts' per-token values kept for the observers)
+        self.status(f"step {step}: update ({self.cfg.objective.mu} x {roll.groups.rows.n} rollouts)")
+        result.watch = next((w for o in self.observers if (w := o.watch(result)) is not None), None)
+        result.update = self._update(result)
+        for observer in self.observers:
+            observer.after_update(result)
         t_sync = time.perf_counter()
         self.service.weights_changed()  # the vllm engine takes the new weights here
         t_end = time.perf_counter()
         # 5. the books
-        self.rollouts_total += len(roll.generated["reward"])
+        self.rollouts_total += roll.generated.n
         times = {
             "time/generate_s": roll.time_generate,
             "time/score_s": roll.time_score,
-            "time/update_s": t_sync - t_score,
+            "time/update_s": t_sync - t_collected,
             "time/sync_s": t_end - t_sync,
             "time/step_s": t_end - t_step,
         }
         if self.service.multi_turn:
             times["time/env_s"] = self.service.pop_env_time()
-        metrics = {**step_metrics(roll, self.rollouts_total, update, probe, times), **credit_metrics}
-        return StepOutput(
-            metrics,
-            records["samples"],
-            records["rollouts"] if self.cfg.logging.log_rollouts else None,
-            credit,
+        result.metrics = {**step_metrics(roll, self.rollouts_total, result.update, times), **result.metrics}
+        return result
+
+    def _update(self, result: StepResult) -> dict:
+        """mu optimizer steps on this rank's rows (``grpolab.training.update``); a step with no group to learn from
+        (--sampling filter, every round all-equal) only moves the schedule on."""
+        roll = result.collected
+        if not roll.rewards:
+            return self.updater.skip()
+        rows = roll.groups.rows
+        watch = None if result.watch is None else rows.rows_of(result.watch)
+        adv = loss_advantages(roll, result.advantages)
+        return self.updater(rows.batch, adv, rows.entropy, rows.logprobs, watch, rows.action, cut_rows(rows))
+
+    def _mc_values(self, rows, sizes: list[int]) -> list[torch.Tensor]:
+        """rtg-mc's state values of this rank's groups, from --branches continuations drawn by the service."""
+        branches, settings = self.cfg.objective.branches, self.collector.settings.sampling
+        return mc_values(self.service, rows, sizes, branches, settings, status=self.status)
+
+    # ------------------------------------------------------------------ set-up
+    def _setup_policy(self, adapter_from: str | Path | None) -> None:
+        cfg, log = self.cfg, self.log
+        t0 = time.perf_counter()
+        log(f"loading {cfg.policy.model}{' (' + cfg.policy.gguf_file + ')' if cfg.policy.gguf_file else ''} ...")
+        dtype = parse_dtype(cfg.machine.dtype)
+        self.policy: Policy = load_policy(
+            cfg.policy.model, dtype, gguf_file=cfg.policy.gguf_file, chat=cfg.prompt.chat, device=self.device
         )
+        n_params = sum(p.numel() for p in self.policy.model.parameters())
+        log(
+            f"loaded {self.policy.source}: {n_params / 1e6:.1f} M parameters, {next(self.policy.model.parameters()).dtype}"
+            f" on {self.device}, in {time.perf_counter() - t0:.0f} s"
+        )
+        self.policy.system = system_prompt_for(cfg.dataset.format, cfg.prompt.system_prompt)
+        if cfg.update.gradient_checkpointing:  # on the base model, before LoRA wraps it (peft then makes inputs
+            enable_activation_checkpointing(self.policy.model)  # require grad)
+        if cfg.policy.lora_rank:
+            from grpolab.models.lora import add_lora, load_lora
+
+            base, rank = self.policy.model, cfg.policy.lora_rank
+            alpha = cfg.policy.lora_alpha or 2.0 * rank
+            self.policy.model = load_lora(base, adapter_from) if adapter_from else add_lora(base, rank, alpha)
+        if not cfg.update.keep_dropout:  # before the reference is copied from it
+            disable_dropout(self.policy.model)
+        self.policy.model.train()
+
+    def _setup_reference(self, reference: torch.nn.Module | None) -> None:
+        """The KL reference: the starting policy, frozen (only when the KL term is on). With LoRA it is the same
+        model with the adapter disabled: no second copy in memory."""
+        cfg = self.cfg
+        self.ref = None
+        self.ref_is_base = cfg.objective.beta > 0 and cfg.policy.lora_rank > 0
+        if cfg.objective.beta > 0 and not cfg.policy.lora_rank:
+            ref_model = reference.to(self.device) if reference is not None else copy.deepcopy(self.policy.model)
+            self.ref = self._train_module(ref_model.eval().requires_grad_(False))
+
+    def _train_module(self, model: torch.nn.Module) -> TrainModule:
+        cfg = self.cfg
+        shared = cfg.update.shared_prefix == "on"
+        temperature = cfg.generation.temperature
+        return TrainModule(
+            model,
+            temperature,
+            self.world,
+            fsdp=cfg.update.fsdp,
+            shared_prefix=shared,
+            packing=cfg.update.packing,
+            log=self.log,
+        )
+
+    def _setup_optimizer(self) -> None:
+        """The policy's training forward, AdamW, the schedule and the update that uses them."""
+        cfg = self.cfg
+        # Before the optimizer: under FSDP the parameters it holds are the shards.
+        self.train_module = self._train_module(self.policy.model)
+        params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.optimizer.lr, weight_decay=cfg.optimizer.weight_decay)
+        self.scheduler = get_scheduler(
+            {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[cfg.optimizer.lr_schedule],
+            self.optimizer,
+            num_warmup_steps=cfg.optimizer.warmup_steps,
+            num_training_steps=cfg.run.steps * cfg.objective.mu,
+        )
+        self.updater = Updater(
+            cfg.objective,
+            cfg.update,
+            cfg.optimizer.max_grad_norm,
+            cfg.max_policy_tokens,
+            self.train_module,
+            self.optimizer,
+            self.scheduler,
+            self.world,
+            self.policy.eos_id,
+            reference=self.ref,
+            reference_is_base=self.ref_is_base,
+        )
+
+    def _setup_task(self) -> None:
+        """The reward functions, the held-out set and the training sampler (and --few-shot examples), the environment
+        and the held-out accuracy's reward; each checked against the data now, not at the first step."""
+        cfg, policy = self.cfg, self.policy
+        self.reward = rewarder_for(
+            cfg.reward,
+            policy,
+            episodes=cfg.multi_turn,
+            max_new_tokens=cfg.generation.max_new_tokens,
+            sandbox=cfg.code_sandbox,
+        )
+        self.held_out, self.sampler = task_data(
+            cfg.dataset, cfg.arithmetic, cfg.episodes, cfg.eval.eval_questions, cfg.run.seed, self.log
+        )
+        # an environment task: its environment, with one episode opened on a held-out record to check it now
+        self.env = environment(
+            cfg.episodes, cfg.arithmetic.max_operand, policy, self.held_out[0] if self.held_out else None
+        )
+        fns = self.reward.reward_fns
+        self.eval_reward_name, self.eval_reward = eval_reward(
+            cfg.reward, cfg.eval.eval_reward_fn, cfg.dataset.format, cfg.multi_turn, policy.shown_prompt, policy.chat,
+            fns, sandbox=cfg.code_sandbox,
+        )  # fmt: skip
+        if cfg.dataset.data:  # a reward that needs a column the data lacks: one line now, not a zero reward every step
+            check_columns(fns, self.sampler.records, f"--data {cfg.dataset.data}")
+        if (cfg.dataset.data or cfg.dataset.eval_data) and self.eval_reward is not None:
+            where = f"--eval-data {cfg.dataset.eval_data}" if cfg.dataset.eval_data else "the held-out records"
+            check_columns([(self.eval_reward_name, self.eval_reward, 1.0)], self.held_out, where)
+        # a code reward's sandbox, started now: a machine where programs cannot be isolated says so at once
+        self.reward.start(self.log)
+        start_reward([self._own_eval_reward], self.log)
+        if cfg.prompt.few_shot and self.sampler is not None:  # solved examples from the training split
+            self.policy.few_shot = few_shot_examples(self.sampler, cfg.prompt.few_shot)
+
+    @property
+    def _own_eval_reward(self):
+        """The held-out accuracy's function when it is not one of the training reward's (the trainer then owns it)."""
+        return None if any(fn is self.eval_reward for _, fn, _ in self.reward.reward_fns) else self.eval_reward
+
+    def _setup_rollouts(self, engine: RolloutEngine | None) -> None:
+        """The rollout engine, the service every rollout of the run is drawn through (training's, evaluation's,
+        rtg-mc's branches) and the collector of a step's rollouts."""
+        cfg, t0 = self.cfg, time.perf_counter()
+        self.engine = engine or build_engine(cfg.engine, cfg.run.seed, self.policy, self.train_module.full_weights)
+        if engine is None and cfg.engine.rollout_engine != "hf":
+            mode = "compiled" if cfg.engine.vllm_compile else "eager"
+            self.log(
+                f"rollout engine: {cfg.engine.rollout_engine} ({mode}), started in {time.perf_counter() - t0:.0f} s"
+            )
+        self.service = RolloutService(self.engine, self.policy, self.reward, self.env)
+        settings = CollectSettings.of(cfg.groups, cfg.generation, cfg.run.seed)
+        self.collector = Collector(self.service, self.sampler, settings, self.world, status=self.status)
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, step: int) -> tuple[dict, list[dict]]:
+        """Held-out accuracy at ``step`` (``grpolab.eval.accuracy``), drawn through the run's service; the metrics
+        and the first --log-samples examples."""
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        with self.train_module.full_weights():
+            metrics, examples = evaluate(
+                self.service,
+                self.held_out,
+                samples=cfg.eval.eval_samples,
+                temperature=cfg.generation.temperature,
+                max_new_tokens=cfg.generation.max_new_tokens,
+                seed=cfg.run.seed,
+                world=self.world,
+                progress=lambda done, total: self.status(f"eval at step {step}: {done}/{total} completions"),
+                score=self.eval_reward,
+            )
+        metrics["time/eval_s"] = time.perf_counter() - t0
+        self.log(
+            f"eval at step {step}: {format_accuracy(metrics)}  ({len(self.held_out)} questions, "
+            f"{cfg.eval.eval_samples} samples each, {metrics['time/eval_s']:.0f} s)"
+        )
+        return metrics, examples[: cfg.logging.log_samples]
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, out: Path, step: int) -> None:
+        """Rank 0 writes ``checkpoints/step_N``; under FSDP every rank first sends it its shards.
+
+        A checkpoint holds whole tensors whatever the process count, so any number of
+        processes (or one) can resume it.
+        """
+        model_state = optim_state = None
+        if self.train_module.fsdp:
+            model_state, optim_state = self.train_module.full_state(self.optimizer)
+        error = None
+        if self.world.is_main:
+            state = {"seed": self.cfg.run.seed, "world_size": self.world.size, "rollouts_total": self.rollouts_total}
+            try:
+                checkpoint.save(
+                    out,
+                    step,
+                    self.policy.model,
+                    self.policy.tokenizer,
+                    self.optimizer,
+                    self.scheduler,
+                    state,
+                    keep=self.cfg.logging.keep_checkpoints,
+                    model_state=model_state,
+                    optimizer_state=optim_state,
+                )
+            except checkpoint.CheckpointError as e:
+                error = e
+        # Nobody runs ahead of (or resumes from) a checkpoint still being written, and a failed save stops every rank.
+        if not dist_.all_true(error is None, self.world):
+            raise error or checkpoint.CheckpointError(
+                f"could not write checkpoint step_{step} in {out / 'checkpoints'} (see rank 0)"
+            )
 
     def close(self) -> None:
         """Stop what the run started (the tool worker, the code reward's sandbox)."""
         self.service.close()
         close_reward([self._own_eval_reward])
-
-    def _advantages(self, roll: StepRollouts, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``[n]`` this rank's advantages, group by group, under --estimator and --scale-rewards; for episodes also
-        ``[m, T]`` each policy token's, its turn's under --advantage (``[n]`` then holds each rollout's first
-        turn's)."""
-        cfg, groups = self.cfg, roll.groups
-        rewards = groups.rows.scores.total.to(self.device)  # [n]
-        estimator = estimator_for_scale(
-            cfg.objective.estimator, cfg.objective.scale_rewards
-        )  # --scale-rewards batch|none: from grpo
-        self._turn_adv = None
-        if groups.rows.episodes is not None:
-            return self._episode_advantages(roll, estimator, step)
-        G = common_size(groups.sizes)
-        if not groups.sizes:
-            adv = torch.zeros(0, device=self.device)
-        elif G is not None:
-            adv = compute_advantages(rewards.view(len(groups.sizes), G), estimator).reshape(-1)  # [n]
-        else:
-            adv = ragged_advantages(list(rewards.split(groups.sizes)), estimator)  # [n]
-        if cfg.objective.scale_rewards == "batch" and roll.rewards:  # the std of every reward in the update, all ranks
-            adv = adv / (self._batch_std(roll) + STD_EPS)
-        return adv, None
-
-    def _batch_std(self, roll: StepRollouts) -> torch.Tensor:
-        return batch_std(torch.tensor([r for g in roll.rewards for r in g])).to(self.device)
-
-    def _episode_advantages(self, roll: StepRollouts, estimator: str, step: int):
-        """Episodes: each turn's advantage under --advantage (rtg-mc: with values from branched continuations)."""
-        cfg, groups = self.cfg, roll.groups
-        values = None
-        if cfg.objective.advantage == "rtg-mc" and groups.sizes:
-            values = mc_values(
-                self.service,
-                groups.rows,
-                groups.sizes,
-                cfg.objective.branches,
-                self.collector.settings.sampling,
-                status=self.status,
-            )
-        credit = episode_credit(groups.rows, groups.sizes, estimator, cfg.objective.advantage, values)
-        self._turn_adv = credit.turns  # for rollouts.jsonl
-        first, token = credit.first.to(self.device), credit.token
-        if cfg.objective.scale_rewards == "batch" and roll.rewards:
-            scale = self._batch_std(roll) + STD_EPS
-            first, token = first / scale, (None if token is None else token / scale.cpu())
-        return first, (None if token is None else token.to(self.device))
-
-    def _cut_rows(self, rows) -> torch.Tensor | None:
-        """``[m]`` (episodes) whether each token row's episode was cut by a limit (--mask-truncated drops them)."""
-        if rows.episodes is None:
-            return None
-        cut = [e.cut for e, k in zip(rows.episodes, rows.counts) for _ in range(k)]
-        return torch.tensor(cut or [False] * (rows.batch.completion_ids.shape[0] if rows.batch is not None else 0))
-
-    def _prompt_weighted(self, roll: StepRollouts, adv: torch.Tensor) -> torch.Tensor:
-        """The advantages the loss uses (``[n]``, or ``[m, T]`` for episodes' token rows): with groups of different
-        sizes (--sampling adaptive) each prompt still weighs 1/B in the step's mean
-        (``grpolab.algo.group_budget.prompt_weights``); otherwise ``adv`` itself."""
-        sizes = [len(r) for r in roll.rewards]  # group sizes of the whole update (all ranks), in its order
-        if not sizes or common_size(sizes) is not None:
-            return adv
-        position = roll.positions
-        factor = prompt_weights(sizes)
-        groups = roll.groups
-        w = torch.cat([torch.full((n,), factor[position[b]]) for b, n in zip(groups.prompt, groups.sizes)])
-        if adv.dim() == 2:  # token rows: each row takes its rollout's weight
-            w = torch.repeat_interleave(w, torch.tensor(groups.rows.counts))[:, None]
-        return adv * w.to(adv.device, adv.dtype)
-
-    def _records(self, roll: StepRollouts, adv: torch.Tensor) -> dict:
-        """The step's samples (first completion of the first --log-samples prompts) and, with --log-rollouts, every
-        rollout of the update's groups, in prompt order, on every rank. An episode's also show its conversation,
-        its turns' rewards and, with --log-rollouts, their advantages."""
-        cfg, groups = self.cfg, roll.groups
-        rows = groups.rows
-        tokens = rollout_lengths(rows)
-        position = roll.positions
-        starts = offsets(groups.sizes)
-        local = {"samples": [], "rollouts": []}
-        for k, (b, rec) in enumerate(zip(groups.prompt, groups.records)):
-            first = starts[k]
-            if position[b] < cfg.logging.log_samples:
-                sample = {
-                    "question": question_of(rec),
-                    "completion": rows.texts[first],
-                    "reward": rows.scores.total[first].item(),
-                    **episode_fields(rows, first),
-                }
-                local["samples"].append((position[b], sample))
-            if cfg.logging.log_rollouts:
-                local["rollouts"] += [
-                    (position[b], rollout_record(b, g, rec, rows, tokens, adv, first + g, self._turn_adv))
-                    for g in range(groups.sizes[k])
-                ]
-        parts = dist_.gather(local, self.world)
-        return {k: [x for _, x in sorted((x for p in parts for x in p[k]), key=lambda x: x[0])] for k in local}
-
-    def _token_credit(self, roll: StepRollouts, adv: torch.Tensor, watch: list[int]) -> tuple[list[dict], dict]:
-        """After the update: the watched rollouts' log-probs under the new weights (one forward over their token rows,
-        on every rank: FSDP's forwards are collectives), their records token by token and the ``credit/*``
-        aggregates (rank 0's rollouts). An episode's record runs through its rows, the environment's tokens as
-        context with no values."""
-        t0 = time.perf_counter()
-        watched, rows = self.updater.watched, roll.groups.rows
-        with torch.no_grad(), rng_untouched(self.device):
-            sub = select(rows.batch, torch.tensor(watched.rows or [0], dtype=torch.long, device=self.device))
-            after = self.train_module.logprobs(sub).to(torch.float64)  # [K, T']
-        if not self.world.is_main or not watched.rows:
-            return [], {}
-        groups, starts = roll.groups, offsets(roll.groups.sizes)
-        group_of = {starts[k] + g: (k, g) for k in range(len(groups.sizes)) for g in range(groups.sizes[k])}
-        slot = watched.slot
-        out = []
-        for i in watch:
-            gk, g = group_of[i]
-            head = {
-                "prompt": groups.prompt[gk],
-                "rollout": g,
-                "question": question_of(groups.records[gk]),
-                "reward": rows.scores.total[i].item(),
-                "advantage": adv[i].item(),
-            }
-            parts = [
-                credit_row(self.policy.tokenizer, rows, r, slot[r], watched, after, context_prompt=j > 0)
-                for j, r in enumerate(rows.rows_of([i]))
-            ]
-            out.append({**head, **join_credit_rows(parts)})
-        metrics = {f"credit/{k}": v for k, v in record_aggregates(out).items()}
-        metrics["credit/rollouts"] = len(out)
-        metrics["time/credit_s"] = time.perf_counter() - t0
-        return out, metrics
-
-    def _probe(self, step: int, roll: StepRollouts, adv: torch.Tensor, token_adv: torch.Tensor | None) -> dict:
-        """Advantage statistics every step; the gradient spectrum every ``probe_every`` steps.
-
-        ``roll.rewards``: every group of the update (all ranks, in order); ``roll.groups``, adv ``[n]``
-        (``token_adv`` ``[m, T]`` for episodes): this rank's. The spectrum is measured on the first ``probe_groups``
-        groups with reward variance of the whole step, each by the rank that holds it.
-        """
-        cfg, rewards = self.cfg, roll.rewards
-        out = {}
-        if rewards and min(len(r) for r in rewards) >= 2:
-            stats = advantage_stats([torch.tensor(r) for r in rewards], eps=cfg.probe.probe_eps)
-            out = {f"probe/adv_{k}": v for k, v in stats.items()}
-        if cfg.probe.probe_every and step % cfg.probe.probe_every == 0:
-            t0 = time.perf_counter()
-            spectra = dist_.gather_concat(self._spectra(roll, adv, token_adv), self.world)
-            metrics = [m for _, m in sorted(spectra, key=lambda x: x[0])]
-            for key, name in (("effective_rank", "eff_rank"), ("top1_fraction", "top1_frac"), ("num_rank", "num_rank")):
-                out[f"probe/{name}"] = sum(m[key] for m in metrics) / len(metrics) if metrics else None
-            out["probe/groups_measured"] = len(metrics)
-            out["time/probe_s"] = time.perf_counter() - t0
-        return out
-
-    def _spectra(self, roll: StepRollouts, adv: torch.Tensor, token_adv: torch.Tensor | None) -> list[tuple[int, dict]]:
-        """(position in the update, spectrum metrics) of this rank's groups among the first ``probe_groups``
-        groups with reward variance of the whole step. An episode's score vector sums its token rows', each token
-        weighted by its turn's advantage (the rows of G = diag(A) Psi^(1/2) generalised to per-turn credit)."""
-        cfg, groups, rows = self.cfg, roll.groups, roll.groups.rows
-        live = [k for k, r in enumerate(roll.rewards) if varies(r)][: cfg.probe.probe_groups]  # positions in the update
-        position = roll.positions
-        starts = offsets(groups.sizes)
-        out = []
-        for k, b in enumerate(groups.prompt):
-            if position[b] not in live:
-                continue
-            start, stop = starts[k], starts[k + 1]
-            idx = torch.tensor(rows.rows_of(list(range(start, stop))), device=self.device)
-            sub = select(rows.batch, idx)
-            weights = token_weights(
-                rows.loss_tokens[idx, : sub.completion_ids.shape[1]], cfg.objective.aggregation, self._max_len
-            )
-            if token_adv is None:
-                psi, a = (
-                    score_gram(self.policy.model, sub, weights, temperature=cfg.generation.temperature),
-                    adv[start:stop].cpu(),
-                )
-            else:  # per-turn credit folded into the weights; rows summed into their episode
-                weights = weights * token_adv[idx, : weights.shape[1]].to(weights)
-                psi = _rows_to_rollouts(
-                    score_gram(self.policy.model, sub, weights, temperature=cfg.generation.temperature),
-                    rows.counts[start:stop],
-                )
-                a = torch.ones(stop - start, dtype=torch.float64)
-            out.append((position[b], spectrum_metrics(singular_values_from_gram(psi, a))))
-        return out
-
-    @property
-    def _max_len(self) -> int:
-        """The constant length of Dr. GRPO's normaliser: --max-new-tokens, or an episode's token bound."""
-        return self.cfg.max_policy_tokens
-
-
-def _rows_to_rollouts(psi: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """The Gram matrix of rollouts ``[n, n]`` from that of their token rows ``[m, m]`` (rollout i's score vector is
-    the sum of its ``counts[i]`` rows'): S psi S^T."""
-    S = torch.zeros(len(counts), psi.shape[0], dtype=psi.dtype)
-    start = offsets(counts)
-    for i in range(len(counts)):
-        S[i, start[i] : start[i + 1]] = 1.0
-    return S @ psi @ S.T

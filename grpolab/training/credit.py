@@ -1,0 +1,80 @@
+"""A step's credit: each rollout's advantage under --estimator and --scale-rewards, each of an episode's tokens' under
+--advantage, and the advantages the loss is given (each prompt weighing 1/B when group sizes differ).
+
+The math is ``grpolab.algo.advantages`` (per group, per turn) and ``grpolab.env.credit`` (an episode's turns laid out
+for it); this module applies it to a step's rollouts. Groups are whole on each rank, so no baseline needs another
+rank's rewards; --scale-rewards batch divides by the std of every reward of the update, which every rank holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from grpolab.algo.advantages import STD_EPS, batch_std, compute_advantages, estimator_for_scale, ragged_advantages
+from grpolab.algo.group_budget import prompt_weights
+from grpolab.algo.groups import common_size
+from grpolab.config.objective import ObjectiveSection
+from grpolab.env.credit import episode_credit
+from grpolab.rollout.collect import StepRollouts
+from grpolab.training.step import Advantages
+
+
+def step_advantages(
+    roll: StepRollouts, objective: ObjectiveSection, device, values: Callable | None = None
+) -> Advantages:
+    """This rank's advantages, group by group (``[n]``); for episodes also each policy token's (``[m, T]``) and
+    each turn's. ``values(rows, sizes)``: rtg-mc's branched state values (``grpolab.env.credit.mc_values``)."""
+    groups = roll.groups
+    rewards = groups.rows.scores.total.to(device)  # [n]
+    estimator = estimator_for_scale(objective.estimator, objective.scale_rewards)  # batch|none: from grpo
+    scale = None
+    if objective.scale_rewards == "batch" and roll.rewards:  # the std of every reward in the update, all ranks
+        scale = batch_std(torch.tensor([r for g in roll.rewards for r in g])).to(device) + STD_EPS
+    if groups.rows.episodes is not None:
+        return _episode_advantages(roll, objective, estimator, device, scale, values)
+    G = common_size(groups.sizes)
+    if not groups.sizes:
+        adv = torch.zeros(0, device=device)
+    elif G is not None:
+        adv = compute_advantages(rewards.view(len(groups.sizes), G), estimator).reshape(-1)  # [n]
+    else:
+        adv = ragged_advantages(list(rewards.split(groups.sizes)), estimator)  # [n]
+    return Advantages(adv if scale is None else adv / scale)
+
+
+def _episode_advantages(roll: StepRollouts, objective: ObjectiveSection, estimator: str, device, scale, values):
+    """Episodes: each turn's advantage under --advantage (rtg-mc: with values from branched continuations)."""
+    groups = roll.groups
+    mc = values(groups.rows, groups.sizes) if objective.advantage == "rtg-mc" and groups.sizes else None
+    credit = episode_credit(groups.rows, groups.sizes, estimator, objective.advantage, mc)
+    first, token = credit.first.to(device), credit.token
+    if scale is not None:
+        first, token = first / scale, (None if token is None else token / scale.cpu())
+    return Advantages(first, None if token is None else token.to(device), credit.turns)
+
+
+def loss_advantages(roll: StepRollouts, adv: Advantages) -> torch.Tensor:
+    """The advantages the loss uses (``[n]``, or ``[m, T]`` for episodes' token rows): with groups of different
+    sizes (--sampling adaptive) each prompt still weighs 1/B in the step's mean
+    (``grpolab.algo.group_budget.prompt_weights``); otherwise the advantages themselves."""
+    values = adv.rollout if adv.token is None else adv.token
+    sizes = [len(r) for r in roll.rewards]  # group sizes of the whole update (all ranks), in its order
+    if not sizes or common_size(sizes) is not None:
+        return values
+    position = roll.positions
+    factor = prompt_weights(sizes)
+    groups = roll.groups
+    w = torch.cat([torch.full((n,), factor[position[b]]) for b, n in zip(groups.prompt, groups.sizes)])
+    if values.dim() == 2:  # token rows: each row takes its rollout's weight
+        w = torch.repeat_interleave(w, torch.tensor(groups.rows.counts))[:, None]
+    return values * w.to(values.device, values.dtype)
+
+
+def cut_rows(rows) -> torch.Tensor | None:
+    """``[m]`` (episodes) whether each token row's episode was cut by a limit (--mask-truncated drops them)."""
+    if rows.episodes is None:
+        return None
+    cut = [e.cut for e, k in zip(rows.episodes, rows.counts) for _ in range(k)]
+    return torch.tensor(cut or [False] * (rows.batch.completion_ids.shape[0] if rows.batch is not None else 0))

@@ -1,0 +1,227 @@
+"""What watches a training step (``grpolab.training.step.StepObserver``): the rollout logs, the in-training probes
+[Foundations] and the token-credit records. The trainer calls them; it does not know what they measure.
+
+- :class:`RolloutLog`: the step's samples and, with --log-rollouts, every rollout (samples.jsonl, rollouts.jsonl);
+- :class:`AdvantageProbe`: the zero-sum advantage statistics every step (``probe/adv_*``) [Foundations, Thm 4.1];
+- :class:`SpectrumProbe`: the spectrum of the per-rollout gradient matrix every --probe-every steps
+  (``probe/eff_rank``, ``probe/top1_frac``) [Foundations, Sec. 7];
+- :class:`TokenCredit`: --log-token-credit K rollouts token by token, and what the update did to each token.
+
+:func:`attach_observers` gives a trainer the ones its config asks for.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from grpolab.algo.groups import offsets, varies
+from grpolab.common import distributed as dist_
+from grpolab.common.batch import select
+from grpolab.common.distributed import World
+from grpolab.common.rng import rng_untouched
+from grpolab.data.records import question_of
+from grpolab.probes.advantage_stats import advantage_stats
+from grpolab.probes.gram import score_gram, token_weights
+from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
+from grpolab.probes.token_credit import credit_row, join_credit_rows, pick_rollouts, record_aggregates
+from grpolab.rollout.rows import rollout_lengths
+from grpolab.training.books import episode_fields, rollout_record
+from grpolab.training.step import StepObserver, StepResult
+
+
+class RolloutLog(StepObserver):
+    """The step's samples (first completion of the first ``samples`` prompts) and, with ``every``, every rollout of
+    the update's groups, in prompt order, on every rank. An episode's also show its conversation, its turns'
+    rewards and, with ``every``, their advantages."""
+
+    def __init__(self, samples: int, every: bool, world: World):
+        self.samples, self.every, self.world = samples, every, world
+
+    def before_update(self, result: StepResult) -> None:
+        roll, adv = result.collected, result.advantages
+        groups = roll.groups
+        rows = groups.rows
+        tokens = rollout_lengths(rows)
+        position = roll.positions
+        starts = offsets(groups.sizes)
+        local = {"samples": [], "rollouts": []}
+        for k, (b, rec) in enumerate(zip(groups.prompt, groups.records)):
+            first = starts[k]
+            if position[b] < self.samples:
+                sample = {
+                    "question": question_of(rec),
+                    "completion": rows.texts[first],
+                    "reward": rows.scores.total[first].item(),
+                    **episode_fields(rows, first),
+                }
+                local["samples"].append((position[b], sample))
+            if self.every:
+                local["rollouts"] += [
+                    (position[b], rollout_record(b, g, rec, rows, tokens, adv.rollout, first + g, adv.turns))
+                    for g in range(groups.sizes[k])
+                ]
+        parts = dist_.gather(local, self.world)
+        ordered = {k: [x for _, x in sorted((x for p in parts for x in p[k]), key=lambda x: x[0])] for k in local}
+        result.samples = ordered["samples"]
+        result.rollouts = ordered["rollouts"] if self.every else None
+
+
+class AdvantageProbe(StepObserver):
+    """Zero-sum advantage statistics of every group of the update (all ranks) [Foundations, Thm 4.1], every step:
+    ``eps`` is the threshold of an epsilon-effective rollout."""
+
+    def __init__(self, eps: float):
+        self.eps = eps
+
+    def before_update(self, result: StepResult) -> None:
+        rewards = result.collected.rewards
+        if rewards and min(len(r) for r in rewards) >= 2:
+            stats = advantage_stats([torch.tensor(r) for r in rewards], eps=self.eps)
+            result.metrics.update({f"probe/adv_{k}": v for k, v in stats.items()})
+
+
+class SpectrumProbe(StepObserver):
+    """Every ``every`` steps, on the policy that sampled: the spectrum of the per-rollout gradient matrix of the
+    first ``groups`` groups with reward variance of the whole step, each measured by the rank that holds it, with
+    the loss's per-token weights (``aggregation``, ``max_len``) [Foundations, Sec. 7]."""
+
+    def __init__(
+        self, model, every: int, groups: int, aggregation: str, max_len: int, temperature: float, world, device
+    ):
+        self.model, self.every, self.groups = model, every, groups
+        self.aggregation, self.max_len, self.temperature = aggregation, max_len, temperature
+        self.world, self.device = world, device
+
+    def before_update(self, result: StepResult) -> None:
+        if result.step % self.every:
+            return
+        t0 = time.perf_counter()
+        spectra = dist_.gather_concat(self._spectra(result), self.world)
+        metrics = [m for _, m in sorted(spectra, key=lambda x: x[0])]
+        for key, name in (("effective_rank", "eff_rank"), ("top1_fraction", "top1_frac"), ("num_rank", "num_rank")):
+            result.metrics[f"probe/{name}"] = sum(m[key] for m in metrics) / len(metrics) if metrics else None
+        result.metrics["probe/groups_measured"] = len(metrics)
+        result.metrics["time/probe_s"] = time.perf_counter() - t0
+
+    def _spectra(self, result: StepResult) -> list[tuple[int, dict]]:
+        """(position in the update, spectrum metrics) of this rank's measured groups. An episode's score vector sums
+        its token rows', each token weighted by its turn's advantage (the rows of G = diag(A) Psi^(1/2) generalised
+        to per-turn credit)."""
+        roll, adv = result.collected, result.advantages
+        groups, rows = roll.groups, roll.groups.rows
+        live = [k for k, r in enumerate(roll.rewards) if varies(r)][: self.groups]  # positions in the update
+        position = roll.positions
+        starts = offsets(groups.sizes)
+        out = []
+        for k, b in enumerate(groups.prompt):
+            if position[b] not in live:
+                continue
+            start, stop = starts[k], starts[k + 1]
+            idx = torch.tensor(rows.rows_of(list(range(start, stop))), device=self.device)
+            sub = select(rows.batch, idx)
+            weights = token_weights(
+                rows.loss_tokens[idx, : sub.completion_ids.shape[1]], self.aggregation, self.max_len
+            )
+            if adv.token is None:
+                psi, a = (
+                    score_gram(self.model, sub, weights, temperature=self.temperature),
+                    adv.rollout[start:stop].cpu(),
+                )
+            else:  # per-turn credit folded into the weights; rows summed into their episode
+                weights = weights * adv.token[idx, : weights.shape[1]].to(weights)
+                psi = _rows_to_rollouts(
+                    score_gram(self.model, sub, weights, temperature=self.temperature), rows.counts[start:stop]
+                )
+                a = torch.ones(stop - start, dtype=torch.float64)
+            out.append((position[b], spectrum_metrics(singular_values_from_gram(psi, a))))
+        return out
+
+
+def _rows_to_rollouts(psi: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """The Gram matrix of rollouts ``[n, n]`` from that of their token rows ``[m, m]`` (rollout i's score vector is
+    the sum of its ``counts[i]`` rows'): S psi S^T."""
+    S = torch.zeros(len(counts), psi.shape[0], dtype=psi.dtype)
+    start = offsets(counts)
+    for i in range(len(counts)):
+        S[i, start[i] : start[i + 1]] = 1.0
+    return S @ psi @ S.T
+
+
+class TokenCredit(StepObserver):
+    """--log-token-credit: ``k`` rollouts of the step (group by group, one with a positive and one with a negative
+    advantage) recorded token by token, with what the update did to each token's log-prob (one forward over their
+    token rows after the update, on every rank: FSDP's forwards are collectives), and the ``credit/*`` aggregates
+    (rank 0's rollouts). An episode's record runs through its rows, the environment's tokens as context with no
+    values."""
+
+    def __init__(self, k: int, train_module, updater, tokenizer, world: World, device):
+        self.k, self.train_module, self.updater, self.tokenizer = k, train_module, updater, tokenizer
+        self.world, self.device = world, device
+
+    def watch(self, result: StepResult) -> list[int]:
+        return pick_rollouts(result.advantages.rollout, result.collected.groups.sizes, self.k)
+
+    def after_update(self, result: StepResult) -> None:
+        if not result.collected.rewards:  # no update ran: nothing to show
+            return
+        t0 = time.perf_counter()
+        roll, watch = result.collected, result.watch
+        watched, rows = self.updater.watched, roll.groups.rows
+        with torch.no_grad(), rng_untouched(self.device):
+            sub = select(rows.batch, torch.tensor(watched.rows or [0], dtype=torch.long, device=self.device))
+            after = self.train_module.logprobs(sub).to(torch.float64)  # [K, T']
+        if not self.world.is_main or not watched.rows:
+            result.token_credit = []
+            return
+        groups, starts = roll.groups, offsets(roll.groups.sizes)
+        group_of = {starts[k] + g: (k, g) for k in range(len(groups.sizes)) for g in range(groups.sizes[k])}
+        out = []
+        for i in watch:
+            gk, g = group_of[i]
+            head = {
+                "prompt": groups.prompt[gk],
+                "rollout": g,
+                "question": question_of(groups.records[gk]),
+                "reward": rows.scores.total[i].item(),
+                "advantage": result.advantages.rollout[i].item(),
+            }
+            parts = [
+                credit_row(self.tokenizer, rows, r, watched.slot[r], watched, after, context_prompt=j > 0)
+                for j, r in enumerate(rows.rows_of([i]))
+            ]
+            out.append({**head, **join_credit_rows(parts)})
+        result.token_credit = out
+        result.metrics.update({f"credit/{k}": v for k, v in record_aggregates(out).items()})
+        result.metrics["credit/rollouts"] = len(out)
+        result.metrics["time/credit_s"] = time.perf_counter() - t0
+
+
+def attach_observers(trainer) -> None:
+    """Give ``trainer`` the observers its config asks for: the rollout logs and advantage statistics always, the
+    spectrum probe with --probe-every, the token-credit records with --log-token-credit."""
+    cfg, world, device = trainer.cfg, trainer.world, trainer.device
+    observers = [
+        RolloutLog(cfg.logging.log_samples, cfg.logging.log_rollouts, world),
+        AdvantageProbe(cfg.probe.probe_eps),
+    ]
+    if cfg.probe.probe_every:
+        observers.append(
+            SpectrumProbe(
+                trainer.policy.model,
+                cfg.probe.probe_every,
+                cfg.probe.probe_groups,
+                cfg.objective.aggregation,
+                cfg.max_policy_tokens,
+                cfg.generation.temperature,
+                world,
+                device,
+            )
+        )
+    if cfg.probe.log_token_credit:
+        tokenizer = trainer.policy.tokenizer
+        observers.append(
+            TokenCredit(cfg.probe.log_token_credit, trainer.train_module, trainer.updater, tokenizer, world, device)
+        )
+    trainer.observers.extend(observers)
