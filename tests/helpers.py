@@ -1,8 +1,140 @@
-"""Builders the tests share: configs as a command builds them, a run's task as the probes see it."""
+"""What the tests share: small models of each layout, configs and runs as a command builds them, the command line
+in a subprocess, and the checks two runs are compared with. Test files import from here, never from each other."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpolab.common.batch import Batch, left_pad
 from grpolab.config import fields
+from grpolab.rollout.engine import SamplingSettings
+from grpolab.rollout.sampler import Sampled
+
+# ---------------------------------------------------------------- the command line
+
+
+def run_cli(args: list[str], cwd, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``grpolab ARGS`` in a subprocess, as a user would run it (these runs train or sample: allow minutes)."""
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "grpolab", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+    )
+
+
+# ---------------------------------------------------------------- a scripted rollout engine
+
+RIGHT, WRONG = "#### 7", "#### 0"
+
+
+class ScriptedEngine:
+    """A real rollout engine (the :class:`grpolab.rollout.engine.RolloutEngine` contract), not a model: rollout g
+    of any prompt is ``answers[g % len(answers)]`` then EOS; log-prob -0.5 and entropy 1.5 per token."""
+
+    def __init__(self, tokenizer, answers=(RIGHT, WRONG)):
+        self.tokenizer, self.answers = tokenizer, answers
+        self.calls: list[tuple[list, list, SamplingSettings]] = []
+        self.weight_updates = 0
+
+    def generate(self, prompts, keys, settings) -> Sampled:
+        self.calls.append((prompts, keys, settings))
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        completions = [
+            self.tokenizer(self.answers[key[-1] % len(self.answers)], add_special_tokens=False)["input_ids"] + [eos]
+            for key in keys
+        ]
+        prompt_ids, prompt_mask = left_pad(prompts, pad)  # [N, P]
+        T = max(len(c) for c in completions)
+        ids = torch.full((len(keys), T), pad, dtype=torch.long)
+        mask = torch.zeros((len(keys), T), dtype=torch.long)
+        for i, c in enumerate(completions):
+            ids[i, : len(c)], mask[i, : len(c)] = torch.tensor(c), 1
+        batch = Batch(prompt_ids, prompt_mask, ids, mask)
+        return Sampled(batch, -0.5 * mask.float(), 1.5 * mask.float())
+
+    def weights_changed(self) -> None:
+        self.weight_updates += 1
+
+
+# ---------------------------------------------------------------- small models
+
+
+def tiny_llama(tokenizer, seed: int = 0, **spec):
+    """A randomly initialised tiny Llama of grpolab's built-in layout (1 layer, hidden 32 unless ``spec`` says
+    otherwise), seeded, in eval mode."""
+    from grpolab.models.builtin import TinyLlamaSpec, build_tiny_llama
+
+    torch.manual_seed(seed)
+    shape = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64) | spec
+    return build_tiny_llama(TinyLlamaSpec(**shape), tokenizer).eval()
+
+
+def gpt2(vocab: int, seed: int | None = None, dropout: float = 0.0, **config):
+    """A random GPT-2 layout model (learned absolute positions, fused QKV), 2 layers of width 32 unless ``config``
+    says otherwise; ``dropout`` everywhere (0: train mode is deterministic)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    shape = dict(n_positions=128, n_embd=32, n_layer=2, n_head=2) | config
+    cfg = GPT2Config(vocab_size=vocab, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, **shape)
+    return GPT2LMHeadModel(cfg)
+
+
+def qwen2(vocab: int, **config):
+    """A random Qwen2 layout model (grouped-query attention, QKV bias, rotary positions)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    shape = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, **(shape | config)))
+
+
+# A chat template of the simplest shape: every message, then the assistant's turn.
+SIMPLE_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+# ---------------------------------------------------------------- configs and runs
+
+# A few steps of the built-in model at one thread: small enough for the fast tier, deterministic.
+SMALL = dict(
+    model="builtin",
+    prompts_per_step=4,
+    group_size=4,
+    eval_questions=16,
+    eval_samples=2,
+    max_new_tokens=48,
+    progress=False,
+    threads=1,
+    device="cpu",
+)
+
+
+def small_cfg(out: Path, **over):
+    """A :class:`grpolab.config.train.TrainConfig` of the built-in model in ``SMALL``'s shape, writing to ``out``."""
+    from grpolab.config.train import TrainConfig
+
+    return TrainConfig(out=str(out), **{**SMALL, **over})
+
+
+def quiet(*args, **kwargs) -> None:
+    """A ``log`` that says nothing."""
 
 
 def for_run(cls, spec: str, model_field: str, **options):
@@ -21,3 +153,148 @@ def task_of(cfg):
 
     checked = checked_config(cfg)
     return RunTask.of(Target(checked.policy.model, None, checked.to_dict()))
+
+
+# ---------------------------------------------------------------- reading and comparing runs
+
+
+def by_step(rows: list[dict]) -> dict[int, dict]:
+    """Metrics rows by step, each step once."""
+    steps = [r["step"] for r in rows]
+    assert len(steps) == len(set(steps)), f"duplicate rows for steps {steps}"
+    return {r["step"]: r for r in rows}
+
+
+def metrics_by_step(out: Path) -> dict[int, dict]:
+    """A run's metrics by step, times left out."""
+    from grpolab.training.runlog import read_metrics
+
+    return {s: {k: v for k, v in r.items() if not k.startswith("time/")} for s, r in by_step(read_metrics(out / "metrics.jsonl")).items()}  # fmt: skip
+
+
+def state_dict(path) -> dict[str, torch.Tensor]:
+    """The weights of a saved model directory (a checkpoint)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
+
+
+def rollouts_of(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+
+
+def assert_same_metrics(a: Path, b: Path) -> None:
+    """Two runs' metrics agree step by step (``rel`` 1e-4): the float noise of differently batched forwards
+    (``engine/*``), the rank-0 records (``credit/*``) and the times aside."""
+    from grpolab.training.runlog import read_metrics
+
+    ra, rb = read_metrics(a / "metrics.jsonl"), read_metrics(b / "metrics.jsonl")
+    assert [r["step"] for r in ra] == [r["step"] for r in rb] == list(range(len(ra)))  # one row per step
+    for x, y in zip(ra, rb):
+        for k, v in x.items():
+            if k.startswith(("time/", "engine/", "credit/")) or v is None:
+                continue
+            assert y[k] == pytest.approx(v, rel=1e-4, abs=1e-6), (x["step"], k, v, y[k])
+
+
+# ---------------------------------------------------------------- the token view's page
+
+
+class TokenCards(HTMLParser):
+    """The rollout cards of the token view's HTML: each card's column, data attributes and token spans."""
+
+    def __init__(self):
+        super().__init__()
+        self.cards: list[dict] = []
+        self.column = ""
+        self.tags: list[str] = []
+        self.open: list[dict | None] = []
+        self.in_text = False  # inside a card's div.tc-text (the legend has a marker too)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append(tag)
+        cls = (a.get("class") or "").split()
+        if "tc-col" in cls:
+            self.column = "pos" if "tc-pos" in cls else "neg"
+        if "tc-roll" in cls:
+            self.cards.append({"column": self.column, **{k[5:]: int(v) for k, v in a.items() if k.startswith("data-")}})
+            self.cards[-1]["tokens"] = []
+        self.in_text = self.in_text or "tc-text" in cls
+        span = None
+        if tag == "span" and self.in_text and ("tok" in cls or "tok-mark" in cls):
+            span = {"text": "", "mark": "tok-mark" in cls, "style": a.get("style", ""), "title": a.get("title", "")}
+            self.cards[-1]["tokens"].append(span)
+        self.open.append(span)
+
+    def handle_endtag(self, tag):
+        self.open.pop()
+        self.in_text = self.in_text and tag != "div"
+
+    def handle_data(self, data):
+        span = next((s for s in reversed(self.open) if s is not None), None)  # a newline sits in a nested span
+        if span is not None:
+            span["text"] += data
+
+
+def token_cards(page: str) -> TokenCards:
+    cards = TokenCards()
+    cards.feed(page)
+    return cards
+
+
+# ---------------------------------------------------------------- the sandbox
+
+
+def bwrap_runs() -> bool:
+    from grpolab.sandbox import runner
+
+    return runner.available("bwrap", os.path.realpath(sys.executable))
+
+
+needs_bwrap = pytest.mark.skipif(
+    not bwrap_runs() and not os.environ.get("GRPOLAB_REQUIRE_BWRAP"),
+    reason="bubblewrap is not installed or does not run here (make test installs it)",
+)
+
+
+# ---------------------------------------------------------------- runs on one process and on several
+
+# The flags of the multi-process comparisons' runs.
+CLI_BASE = [
+    *("--prompts-per-step", "4", "--group-size", "4", "--eval-questions", "16", "--eval-samples", "2"),
+    *("--warmup-steps", "0", "--log-rollouts", "--no-progress", "--device", "cpu"),
+]
+# The KL reference, importance ratios (mu = 2), micro-batches and token-mean's global token count.
+# Every run also records 2 rollouts a step token by token (rank 0's own: its block of the step's prompts).
+KL_MU = [
+    *("--beta", "0.04", "--mu", "2", "--micro-batch", "2", "--estimator", "rloo", "--aggregation", "token-mean"),
+    *("--log-token-credit", "2"),
+]
+REL_TOL = 1e-5
+
+
+def train_cli(tmp: Path, name: str, steps: int, *extra: str, resume: bool = False) -> Path:
+    """``grpolab train`` of ``steps`` steps in ``CLI_BASE``'s shape (plus ``extra``) into ``tmp/name``."""
+    out = tmp / name
+    args = ["train", "--out", str(out), "--steps", str(steps), *CLI_BASE, *extra] + (["--resume"] if resume else [])
+    res = run_cli(args, cwd=tmp, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+def assert_same_params(a: Path, b: Path, step: int = 3) -> None:
+    """Two runs' weights at ``step`` agree to ``REL_TOL`` (relative, per tensor), and they did move from the start."""
+    from safetensors.torch import load_file
+
+    from grpolab.models.policy import ASSET_DIR
+
+    pa = load_file(str(a / "checkpoints" / f"step_{step}" / "model.safetensors"))
+    pb = load_file(str(b / "checkpoints" / f"step_{step}" / "model.safetensors"))
+    start = load_file(str(ASSET_DIR / "model.safetensors"))
+    moved = max(float((pa[k] - start[k]).norm() / start[k].norm()) for k in start)
+    assert moved > 100 * REL_TOL, f"the runs barely trained (moved {moved:.2e}): the comparison would prove nothing"
+    assert pa.keys() == pb.keys() == start.keys()  # FSDP's gathered checkpoint too: the tied head saved once
+    for k in start:
+        rel = float((pa[k] - pb[k]).norm() / pa[k].norm())
+        assert rel <= REL_TOL, f"{k}: relative difference {rel:.2e} between {a.name} and {b.name}"

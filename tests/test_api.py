@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 import torch
-from cli_helpers import run_cli
+from helpers import run_cli
 from safetensors.torch import load_file
 
 import grpolab
@@ -67,6 +67,7 @@ def _same_run(a, b, exact: bool = True, skip: tuple[str, ...] = ("time/", "memor
             assert float((wa[k] - wb[k]).norm() / wa[k].norm()) <= 1e-5, k
 
 
+@pytest.mark.slow
 def test_a_python_run_equals_the_cli_run_on_files(tmp_path):
     """In-memory rows == the same rows in a JSONL file; a closure reward == the same function in a module."""
     data = tmp_path / "data.jsonl"
@@ -112,6 +113,7 @@ def test_a_python_run_equals_the_cli_run_on_files(tmp_path):
     assert report["weights"].endswith("step_3") and report["questions"] == 4
 
 
+@pytest.mark.slow
 def test_evaluate_takes_a_model_object_as_its_name(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -124,6 +126,7 @@ def test_evaluate_takes_a_model_object_as_its_name(tmp_path):
     assert by_object["model"] == f"model object: LlamaForCausalLM ({ASSET_DIR})"
 
 
+@pytest.mark.slow
 def test_a_loaded_model_object_is_what_trains(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -144,6 +147,7 @@ def test_a_loaded_model_object_is_what_trains(tmp_path):
         grpolab.train(model=model, steps=1, out=str(tmp_path / "no-tok"))
 
 
+@pytest.mark.slow
 def test_a_run_of_a_model_object_resumes_into_the_object(tmp_path):
     """Resume loads the checkpoint into the object given; with a KL term its reference must be the starting weights
     (checked by their fingerprint), so the trained object itself is refused and a fresh load is taken."""
@@ -168,6 +172,7 @@ CHAT_TEMPLATE = (
 )
 
 
+@pytest.mark.slow
 def test_a_dataset_with_chat_prompts_and_extra_columns_reaches_trl_rewards(tmp_path):
     import datasets
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -249,6 +254,7 @@ grpolab.train(train_dataset=rows, reward_funcs=[odd], eval_fraction=0.25, steps=
 """
 
 
+@pytest.mark.slow
 def test_torchrun_of_a_script_equals_one_process(tmp_path):
     script = tmp_path / "train_script.py"
     script.write_text(textwrap.dedent(SCRIPT.format(small=SMALL)))
@@ -266,6 +272,7 @@ def test_torchrun_of_a_script_equals_one_process(tmp_path):
     _same_run(tmp_path / "p1", tmp_path / "p2", exact=False, skip=("time/", "memory/", "engine/"))
 
 
+@pytest.mark.slow
 def test_the_probes_take_objects_as_the_flags_take_names(tmp_path):
     """rank on a model object, rows in memory and a closure reward == rank on the model's name, the rows' file and
     the module function; multiturn on an environment class defined here == on the importable one it copies."""
@@ -306,9 +313,11 @@ def test_the_probes_take_objects_as_the_flags_take_names(tmp_path):
     assert recorded.startswith("environment defined in Python: ") and recorded.endswith("<locals>.LocalEcho")
 
 
+@pytest.mark.slow
 def test_a_tool_defined_in_python_runs_in_the_worker_process():
     """A closure no module can import reaches the tool worker (pickled by value), and answers there."""
-    from grpolab.commands import objects
+    from grpolab.commands.objects import ObjectNames
+    from grpolab.config.train import TrainConfig
     from grpolab.env.tools import ToolRunner, load_tools
 
     offset = 7
@@ -321,13 +330,14 @@ def test_a_tool_defined_in_python_runs_in_the_worker_process():
         """
         return x + offset
 
-    with objects.registered():
-        spec = objects.callable_spec(shifted, "tool", "--tools")
-        (schema,) = load_tools([spec])
-        runner = ToolRunner([spec], timeout_s=20.0)
+    names = ObjectNames(TrainConfig)
+    spec = names.callable_spec(shifted, "tool", "--tools")
+    (schema,) = load_tools([spec], names.given())
+    runner = ToolRunner([spec], timeout_s=20.0, given=names.given())
+    del names  # the call's objects are gone: the worker has its own (pickled)
     try:
         assert spec.startswith("tool defined in Python: ") and schema["function"]["name"] == "shifted"
-        result = runner.call("shifted", {"x": 5})  # after the call's objects are forgotten: the worker has its own
+        result = runner.call("shifted", {"x": 5})
         assert (result.text, result.error) == ("12", "")
     finally:
         runner.close()

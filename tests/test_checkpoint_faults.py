@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import run_cli
+from helpers import run_cli, small_cfg
 from safetensors.torch import load_file
-from test_trainer_smoke import _cfg
 
 from grpolab.config.train import ConfigError
 from grpolab.models import checkpoint
@@ -69,7 +68,7 @@ def _assert_same_weights(a: Path, b: Path, step: int) -> None:
 def reference(tmp_path_factory) -> Path:
     """An uninterrupted 4-step run with checkpoints at steps 2 and 4."""
     out = tmp_path_factory.mktemp("ckpt") / "ref"
-    train(_cfg(out, steps=4, save_every=2), log=lambda *a, **k: None)
+    train(small_cfg(out, steps=4, save_every=2), log=lambda *a, **k: None)
     return out
 
 
@@ -99,6 +98,7 @@ def _flip_one_byte(ckpt: Path) -> str:
     return "optimizer.pt"
 
 
+@pytest.mark.slow
 def test_every_checkpoint_has_a_manifest_and_verifies(reference):
     for step in (2, 4):
         ckpt = reference / "checkpoints" / f"step_{step}"
@@ -108,13 +108,14 @@ def test_every_checkpoint_has_a_manifest_and_verifies(reference):
 
 
 @pytest.mark.parametrize("damage", [_truncate_weights, _drop_optimizer, _damage_manifest, _flip_one_byte])
+@pytest.mark.slow
 def test_resume_skips_a_damaged_newest_checkpoint_and_equals_the_uninterrupted_run(reference, tmp_path, damage):
     run = tmp_path / "run"
     shutil.copytree(reference, run)
     name = damage(run / "checkpoints" / "step_4")
     assert name in verify(run / "checkpoints" / "step_4")
     said: list[str] = []
-    train(_cfg(run, steps=4, save_every=2, resume=True), log=lambda *a, **k: said.append(" ".join(map(str, a))))
+    train(small_cfg(run, steps=4, save_every=2, resume=True), log=lambda *a, **k: said.append(" ".join(map(str, a))))
     warning = next(line for line in said if line.startswith("warning: checkpoint step_4 is damaged"))
     assert name in warning and "resuming from step_2" in warning and "\n" not in warning
     assert any("resuming" in line and "from step 2" in line for line in said)
@@ -123,6 +124,7 @@ def test_resume_skips_a_damaged_newest_checkpoint_and_equals_the_uninterrupted_r
     assert verify(run / "checkpoints" / "step_4") is None  # rewritten whole
 
 
+@pytest.mark.slow
 def test_no_intact_checkpoint_is_a_one_line_error(reference, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(reference, run)
@@ -131,7 +133,7 @@ def test_no_intact_checkpoint_is_a_one_line_error(reference, tmp_path):
     with pytest.raises(
         ConfigError, match=r"--resume: no intact checkpoint in .*checkpoints \(newest, step_4: .*model.safetensors"
     ):
-        train(_cfg(run, steps=4, save_every=2, resume=True), log=lambda *a, **k: None)
+        train(small_cfg(run, steps=4, save_every=2, resume=True), log=lambda *a, **k: None)
     # the run's own options: no flag but what may change
     res = run_cli(
         ["train", "--out", str(run), "--steps", "4", "--save-every", "2", "--resume", "--no-progress"], tmp_path
@@ -140,6 +142,7 @@ def test_no_intact_checkpoint_is_a_one_line_error(reference, tmp_path):
     assert res.stderr.strip().count("\n") == 0 and res.stderr.startswith("error: --resume: no intact checkpoint")
 
 
+@pytest.mark.slow
 def test_eval_rank_and_merge_refuse_a_damaged_checkpoint_in_one_line(reference, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(reference, run)
@@ -160,6 +163,7 @@ def test_eval_rank_and_merge_refuse_a_damaged_checkpoint_in_one_line(reference, 
 # ---------------------------------------------------------------- a full disk
 
 
+@pytest.mark.slow
 def test_a_save_that_fails_leaves_the_previous_checkpoint_and_stops_with_one_line(tmp_path, monkeypatch):
     real_save = checkpoint.torch.save
 
@@ -171,7 +175,7 @@ def test_a_save_that_fails_leaves_the_previous_checkpoint_and_stops_with_one_lin
     monkeypatch.setattr(checkpoint.torch, "save", full_disk)
     run = tmp_path / "run"
     with pytest.raises(CheckpointError) as info:
-        train(_cfg(run, steps=4, save_every=2), log=lambda *a, **k: None)
+        train(small_cfg(run, steps=4, save_every=2), log=lambda *a, **k: None)
     assert str(info.value) == f"could not write checkpoint step_4 in {run / 'checkpoints'}: No space left on device"
     assert [s for s, _ in checkpoint.checkpoint_dirs(run)] == [2] and verify(run / "checkpoints" / "step_2") is None
     assert not list((run / "checkpoints").glob(".tmp_*"))  # nothing half-written left behind
@@ -238,6 +242,7 @@ def _wait_for_step(run: Path, step: int, proc: subprocess.Popen, timeout: float 
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.slow
 def test_sigterm_saves_the_step_reached_and_resume_equals_the_uninterrupted_run(tmp_path, nproc):
     steps = 12
     extra = ["--nproc", "2"] if nproc > 1 else []
@@ -294,6 +299,7 @@ def test_sigterm_saves_the_step_reached_and_resume_equals_the_uninterrupted_run(
     _assert_same_weights(tmp_path / "cut", tmp_path / "whole", steps)
 
 
+@pytest.mark.slow
 def test_a_second_signal_exits_at_once(tmp_path):
     proc = _start(tmp_path, "twice", 200)
     _wait_for_step(tmp_path / "twice", 2, proc)
@@ -317,6 +323,7 @@ class _RunsCode:
         return (exec, (self.code,))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_file_that_would_run_code_is_refused_and_the_code_never_runs(reference, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(reference, run)
@@ -328,7 +335,7 @@ def test_a_checkpoint_file_that_would_run_code_is_refused_and_the_code_never_run
     assert marker.read_text() == "ran"
     marker.unlink()
     with pytest.raises(CheckpointError, match=r"optimizer\.pt: refused: it holds Python objects"):
-        train(_cfg(run, steps=6, save_every=2, resume=True), log=lambda *a, **k: None)
+        train(small_cfg(run, steps=6, save_every=2, resume=True), log=lambda *a, **k: None)
     res = run_cli(
         ["train", "--out", str(run), "--steps", "6", "--save-every", "2", "--resume", "--no-progress"], tmp_path
     )
@@ -337,6 +344,7 @@ def test_a_checkpoint_file_that_would_run_code_is_refused_and_the_code_never_run
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_written_before_the_pickle_free_rng_state_still_resumes(reference, tmp_path):
     """rng.pt used to hold Python's state as tuples and numpy's as an array: it loads through the restricted
     unpickler (numpy's array reconstruction allowed, nothing else) and the resumed run equals the uninterrupted one."""
@@ -363,6 +371,6 @@ def test_a_checkpoint_written_before_the_pickle_free_rng_state_still_resumes(ref
     checkpoint.write_manifest(ckpt)
     with pytest.raises(Exception, match="Weights only load failed"):
         torch.load(ckpt / "rng.pt", weights_only=True)  # the old format: not plain values
-    train(_cfg(run, steps=4, save_every=2, resume=True), log=lambda *a, **k: None)
+    train(small_cfg(run, steps=4, save_every=2, resume=True), log=lambda *a, **k: None)
     assert _metrics(run) == _metrics(reference)
     _assert_same_weights(run, reference, 4)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from conftest import FIXTURES
-from test_sandbox import needs_bwrap
+from helpers import needs_bwrap
 
 from grpolab.rewards.code import CodeReward, CodeRewardSettings, extract_program, job_of
 from grpolab.rewards.forms import from_trl
@@ -55,6 +55,7 @@ def test_jobs_read_every_form_of_tests_and_io():
 # ------------------------------------------------------------------ scores (sandbox)
 @needs_bwrap
 @pytest.mark.parametrize("problem", FIXTURE_PROBLEMS, ids=lambda p: p.get("entry_point") or p["prompt"][:20])
+@pytest.mark.slow
 def test_fixture_solutions_score_one_wrong_ones_zero_partial_ones_their_fraction(problem, sandboxed):
     columns = {k: [problem.get(k)] * 3 for k in ("tests", "io", "entry_point") if k in problem}
     completions = [f"```python\n{problem[k]}\n```" for k in ("solution", "wrong", "partial")]
@@ -116,3 +117,25 @@ def test_the_configs_code_flags_reach_the_reward():
     cfg = TrainConfig(code_reward="all", reward_workers=3, code_timeout=2.5, code_memory_mb=256)
     s = CodeRewardSettings.of(cfg.code_sandbox)
     assert (s.mode, s.workers, s.limits.timeout_s, s.limits.cpu_s, s.limits.memory_mb) == ("all", 3, 2.5, 3, 256)
+
+
+class _Echo(CodeReward):
+    """A code reward that runs the program in each record's ``program`` column, not the completion."""
+
+    def __call__(self, prompts, completions, program, **kwargs):
+        return super().__call__(prompts, [f"```python\n{p}```" for p in program], kwargs.get("tests"))
+
+
+def test_a_run_scores_a_subclass_of_the_code_reward_as_itself_with_the_runs_own_settings():
+    from grpolab.common.given import Given
+    from grpolab.config.train import TrainConfig
+    from grpolab.rewards.rewarder import reward_functions
+
+    mine = _Echo()
+    cfg = TrainConfig(code_timeout=2.5, reward_workers=1, code_reward="all")
+    ((_, fn, _), _) = reward_functions(("echo",), (), 0.1, sandbox=cfg.code_sandbox, given=Given({"echo": mine}))
+    records = [{"prompt": "p", "program": f"x = {v}\n", "tests": ["assert x == 1"]} for v in (1, 2)]
+    assert fn(["not a program", "neither"], records) == [1.0, 0.0]  # the subclass's __call__ ran
+    run = mine.for_run(CodeRewardSettings.of(cfg.code_sandbox))
+    assert type(run) is _Echo and run is not mine and mine.settings == CodeRewardSettings()
+    assert (run.settings.mode, run.settings.workers, run.settings.limits.timeout_s) == ("all", 1, 2.5)

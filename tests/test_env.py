@@ -181,13 +181,10 @@ def _turn_batch(prompt: list[int], reply: list[int]):
 def gpt2_float64(char_tokenizer):
     """A random GPT-2 layout model in float64: every op in float64 (Llama's RMSNorm computes in float32 whatever the
     weights, which limits its agreement to float32's ~1e-8)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from helpers import gpt2
 
-    torch.manual_seed(0)
     ids = dict(bos_token_id=char_tokenizer.bos_token_id, eos_token_id=char_tokenizer.eos_token_id)
-    cfg = GPT2Config(vocab_size=len(char_tokenizer), n_positions=128, n_embd=32, n_layer=2, n_head=2, **ids)
-    cfg.resid_pdrop = cfg.attn_pdrop = cfg.embd_pdrop = 0.0
-    return GPT2LMHeadModel(cfg).double().eval()
+    return gpt2(len(char_tokenizer), seed=0, **ids).double().eval()
 
 
 @pytest.mark.parametrize("layout", ["gpt2", "llama"])
@@ -389,8 +386,9 @@ def test_a_trainer_step_updates_on_episodes(tmp_path, char_tokenizer, advantage)
 
 
 # ---------------------------------------------------------------------- what a user sees
+@pytest.mark.slow
 def test_the_cli_names_a_bad_environment_or_tool_in_one_line(tmp_path):
-    from cli_helpers import run_cli
+    from helpers import run_cli
 
     train, test = _episode_data(tmp_path)
     base = ["train", "--data", train, "--eval-data", test, "--steps", "1", "--prompts-per-step", "1"]
@@ -409,6 +407,7 @@ def test_the_cli_names_a_bad_environment_or_tool_in_one_line(tmp_path):
         assert "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_the_report_renders_an_episode_turn_by_turn(tmp_path):
     from grpolab.report.page import build_report
 
@@ -455,6 +454,7 @@ def test_the_guessing_game_example_answers_each_guess(chat_policy):
     assert found(None, [e.messages[e.opening :] for e in (a, b)]) == [1.0, 0.0]
 
 
+@pytest.mark.slow
 def test_smollm2_episode_tokens_are_its_template_tokens():
     """On SmolLM2's byte-level BPE tokenizer and ChatML template (which adds a system prompt of its own): an episode's
     sequence (opening, each reply's own ids, the continuations) is exactly the tokenization of the template's

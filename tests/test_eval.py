@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 import pytest
-from cli_helpers import run_cli
+from helpers import run_cli
 
 from grpolab.common.stats import Z95, clustered_accuracy_interval, wilson_interval
 from grpolab.eval.accuracy import accuracy_summary
@@ -72,6 +72,7 @@ def test_accuracy_summary_per_category():
     assert (m["eval/sampled_a_lo"], m["eval/sampled_a_hi"]) == pytest.approx(clustered_accuracy_interval([0.5, 1.0]))
 
 
+@pytest.mark.slow
 def test_eval_cli_on_builtin(tmp_path):
     res = run_cli(
         ["eval", "--questions", "30", "--samples", "2", "--json", str(tmp_path / "e.json"), "--threads", "1"],
@@ -98,6 +99,7 @@ def _eval(**kw) -> dict:
     return grpolab.evaluate(threads=1, progress=False, log=lambda *a, **k: None, **kw)
 
 
+@pytest.mark.slow
 def test_eval_reproduces_a_runs_own_evaluation(tmp_path):
     from grpolab.config.train import TrainConfig
     from grpolab.training.recipe import train
@@ -137,6 +139,7 @@ def test_eval_reproduces_a_runs_own_evaluation(tmp_path):
     assert res.returncode == 2 and "checkpoints of steps [2]" in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_eval_of_a_lora_run_puts_the_adapter_on_the_base(tmp_path):
     from grpolab.config.train import TrainConfig
     from grpolab.training.recipe import train

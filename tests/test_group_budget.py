@@ -199,6 +199,7 @@ def runs(tmp_path_factory):
     }
 
 
+@pytest.mark.slow
 def test_filter_updates_only_on_groups_with_reward_variance(runs):
     rows = {r["step"]: r for r in read_metrics(runs["filter"] / "metrics.jsonl")}
     groups = _groups(runs["filter"])
@@ -213,6 +214,7 @@ def test_filter_updates_only_on_groups_with_reward_variance(runs):
     assert rows[3]["sampling/rollouts_total"] == sum(rows[s]["sampling/rollouts"] for s in (1, 2, 3))
 
 
+@pytest.mark.slow
 def test_filter_short_of_B_trains_on_the_kept_groups_and_counts_it(runs):
     rows = {r["step"]: r for r in read_metrics(runs["filter1"] / "metrics.jsonl")}
     groups = _groups(runs["filter1"])
@@ -224,6 +226,7 @@ def test_filter_short_of_B_trains_on_the_kept_groups_and_counts_it(runs):
         assert all(len({r["reward"] for r in g}) > 1 for g in groups[step].values())
 
 
+@pytest.mark.slow
 def test_adaptive_spends_the_budget_and_gives_zero_variance_pilots_nothing(runs):
     rows = {r["step"]: r for r in read_metrics(runs["adaptive"] / "metrics.jsonl")}
     groups = _groups(runs["adaptive"])
@@ -248,6 +251,7 @@ def test_adaptive_spends_the_budget_and_gives_zero_variance_pilots_nothing(runs)
     assert measured and all(1 <= r["probe/eff_rank"] for r in measured)
 
 
+@pytest.mark.slow
 def test_adaptive_rollouts_are_those_fixed_would_draw(runs):
     """Rollout g of prompt b comes from the stream (step, b, g) in every mode: at step 1 (same weights) an
     adaptive group is the fixed group's first rollouts (and continues past them)."""
@@ -257,6 +261,7 @@ def test_adaptive_rollouts_are_those_fixed_would_draw(runs):
         assert [r["completion"] for r in rollouts[:n]] == [r["completion"] for r in fixed[b][:n]]
 
 
+@pytest.mark.slow
 def test_fixed_is_what_it_always_was(runs):
     rows = read_metrics(runs["fixed"] / "metrics.jsonl")[1:]
     assert all(
@@ -269,6 +274,7 @@ def _without_time(row: dict, drop_eval: bool = False) -> dict:
 
 
 @pytest.mark.parametrize("mode", ["filter", "adaptive"])
+@pytest.mark.slow
 def test_resume_reproduces_the_uninterrupted_run(runs, tmp_path, mode):
     extra = dict(sampling=mode, pilot_size=2, save_every=2, probe_every=1 if mode == "adaptive" else 0)
     a = runs[mode]
@@ -283,6 +289,7 @@ def test_resume_reproduces_the_uninterrupted_run(runs, tmp_path, mode):
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
 
 
+@pytest.mark.slow
 def test_max_rollouts_stops_the_run_at_the_budget(tmp_path):
     out = train(TrainConfig(out=str(tmp_path / "m"), steps=10, sampling="filter", max_rollouts=40, **SMALL), log=_quiet)
     rows = read_metrics(out / "metrics.jsonl")
@@ -300,6 +307,7 @@ def test_max_rollouts_stops_the_run_at_the_budget(tmp_path):
 # ---------------------------------------------------------------- the bandit check of the modes' bias
 
 
+@pytest.mark.slow
 def test_bandit_fixed_rloo_is_unbiased_and_filter_only_lengthens_the_step():
     """fixed + rloo: E g = grad J on every prompt (c = 1). filter: every kept group is a draw from the groups
     with variance, whose estimate has mean grad J_m / q_m (q_m = 1 - J^G - (1-J)^G: zero-variance groups give 0),
@@ -324,6 +332,7 @@ def test_bandit_fixed_rloo_is_unbiased_and_filter_only_lengthens_the_step():
     assert filt["rollouts_per_step"] > fixed["rollouts_per_step"] == 16
 
 
+@pytest.mark.slow
 def test_bandit_adaptive_is_fixed_for_one_prompt_and_shrinks_extreme_prompts_otherwise():
     """One prompt a step: the whole budget goes to it whatever its pilot (to the prompt with variance, or as
     left-over), so adaptive is fixed and unbiased (c = 1). Several: a pilot whose rewards are all equal keeps

@@ -272,12 +272,13 @@ def test_micro_batches_sum_to_the_whole_batch_gradient(aggregation, beta):
 
 
 def _model_and_batch():
+    from helpers import tiny_llama
+
     from grpolab.common.batch import Batch, left_pad
-    from grpolab.models.builtin import TinyLlamaSpec, build_char_tokenizer, build_tiny_llama
+    from grpolab.models.builtin import build_char_tokenizer
 
     tok = build_char_tokenizer()
-    torch.manual_seed(7)
-    model = build_tiny_llama(TinyLlamaSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tok)
+    model = tiny_llama(tok, seed=7).train()
     g = torch.Generator().manual_seed(8)
     prompt_lens, comp_lens = [3, 5, 4, 6, 2, 5], [4, 1, 6, 3, 5, 2]
     prompts = [[tok.bos_token_id] + torch.randint(4, len(tok), (n - 1,), generator=g).tolist() for n in prompt_lens]

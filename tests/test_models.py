@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import run_cli
+from helpers import SIMPLE_TEMPLATE, run_cli
 
 from grpolab.models.logprobs import completion_logprobs
 from grpolab.models.policy import Policy, load_policy
@@ -15,10 +15,6 @@ from grpolab.rollout.sampler import sample
 from grpolab.training.recipe import build_trainer
 
 FIXTURES = Path(__file__).parent / "fixtures"
-SIMPLE_TEMPLATE = (
-    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<assistant>{% endif %}"
-)
 
 
 # ---------------------------------------------------------------- prompts
@@ -163,6 +159,7 @@ def test_lora_trains_only_the_adapter_and_reference_is_the_base(tmp_path):
     assert any(not torch.equal(lora_before[n], p) for n, p in model.named_parameters() if p.requires_grad)
 
 
+@pytest.mark.slow
 def test_lora_checkpoint_resume_and_merge(tmp_path):
     from grpolab.commands.cli import main
     from grpolab.models.lora import load_lora
@@ -317,6 +314,7 @@ def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):
     assert max(float((a - b).norm() / a.norm()) for a, b in zip(out[False][1], out[True][1])) < 1e-5
 
 
+@pytest.mark.slow
 def test_cli_chat_on_without_a_template_is_a_one_line_error(tmp_path):
     res = run_cli(["train", "--chat", "on", "--steps", "1", "--out", "r"], tmp_path)
     assert res.returncode == 2 and "--chat on" in res.stderr and "Traceback" not in res.stderr, res.stderr
@@ -326,12 +324,12 @@ def _grouped_pair(dtype=torch.float64):
     """A Qwen2-layout model with grouped heads (4 query heads, 2 key/value heads) and a copy on grpolab's attention."""
     import copy
 
-    from test_shared_prefix import _qwen2
+    from helpers import qwen2
 
     from grpolab.models.attention import use_grouped_sdpa
 
     torch.manual_seed(0)
-    plain = _qwen2(64).to(dtype).train()
+    plain = qwen2(64).to(dtype).train()
     grouped = copy.deepcopy(plain)
     assert use_grouped_sdpa(grouped) and grouped.config._attn_implementation == "grpolab_sdpa"
     return plain, grouped

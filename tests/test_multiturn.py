@@ -8,15 +8,11 @@ import math
 
 import pytest
 import torch
-from cli_helpers import run_cli
+from helpers import run_cli
 
 from grpolab.algo.advantages import turn_advantages
 from grpolab.analysis.multiturn_chain import STAGE_ADVANTAGES, Chain, conditional_bias, exact_bias, monte_carlo_bias
 from grpolab.data.dialogues import DialogueSpec, make_dialogues, question
-
-
-def _run_cli(args, cwd, timeout=300):  # these CLI runs train or sample: allow longer
-    return run_cli(args, cwd, timeout)
 
 
 def _trajectories(chain: Chain):
@@ -78,6 +74,7 @@ def test_exact_bias_properties():
     assert by[(3, "grpo")]["leakage_rms"] == pytest.approx(math.sqrt(ek2))
 
 
+@pytest.mark.slow
 def test_chain_monte_carlo_inside_ci_of_exact_at_every_stage():
     # The acceptance: H = 4, every stage, within the Monte Carlo 95% CI; stage 1 exactly 0.
     c = Chain(4, 0.8, 0.3)
@@ -90,6 +87,7 @@ def test_chain_monte_carlo_inside_ci_of_exact_at_every_stage():
     assert all(exact[(1, e)] == 0.0 for e in STAGE_ADVANTAGES)
 
 
+@pytest.mark.slow
 def test_a_wrong_bias_formula_would_be_caught():
     # Leaving out the value mismatch (bias = past rewards only) is far outside the CI from stage 2 on.
     c = Chain(4, 0.8, 0.3)
@@ -145,8 +143,9 @@ def test_dialogue_truths_follow_the_questions():
 # ---------------------------------------------------------------- commands and training
 
 
+@pytest.mark.slow
 def test_cli_multiturn_chain_writes_records(tmp_path):
-    res = _run_cli(
+    res = run_cli(
         [
             "multiturn",
             "--env",
@@ -188,11 +187,13 @@ def test_cli_multiturn_chain_writes_records(tmp_path):
 @pytest.mark.parametrize(
     "args,flag", [(["--group-size", "1"], "--group-size"), (["--env", "x"], "--env"), (["--q1", "2"], "--q0 and --q1")]
 )
+@pytest.mark.slow
 def test_cli_multiturn_bad_config(tmp_path, args, flag):
-    res = _run_cli(["multiturn", *args], tmp_path)
+    res = run_cli(["multiturn", *args], tmp_path)
     assert res.returncode == 2 and flag in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
+@pytest.mark.slow
 def test_arith_bias_measurement_smoke(tmp_path):
     from grpolab.analysis.multiturn import MultiturnConfig, run_multiturn
 
@@ -220,6 +221,7 @@ def test_arith_bias_measurement_smoke(tmp_path):
 
 
 @pytest.mark.parametrize("advantage", ["grpo", "rtg-group", "rtg-mc"])
+@pytest.mark.slow
 def test_multiturn_training_smoke(tmp_path, advantage):
     from grpolab.config.train import TrainConfig
     from grpolab.models.policy import load_policy
@@ -265,6 +267,7 @@ def test_multiturn_config_is_validated():
         TrainConfig(advantage="rtg-group").validate()  # a single-turn task has one turn
 
 
+@pytest.mark.slow
 def test_multiturn_lora_resume_continues_with_the_episodes_of_the_uninterrupted_run(tmp_path):
     import shutil
 

@@ -93,6 +93,7 @@ def test_the_probes_rollouts_and_rewards_are_trainings_for_the_same_keys(data, t
     assert float(rows.scores.total.std()) > 0  # the rewards vary: the check compares real values
 
 
+@pytest.mark.slow
 def test_the_probes_gradient_on_a_data_run_is_the_updates_own(data, tmp_path):
     """psi_i (the probe's score vectors, with the loss's aggregation weights) combine with the advantages into the
     update's gradient: -(1/R) sum_i A_i psi_i = grad of the GRPO loss at ratio 1, in float64 to 1e-6 relative (the
@@ -129,6 +130,7 @@ def test_the_probes_gradient_on_a_data_run_is_the_updates_own(data, tmp_path):
         assert float(adv @ psi @ adv) * scale**2 == pytest.approx(float(grad @ grad), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_rank_mse_and_groupsize_on_a_data_run_use_its_prompts_and_reward(data_run, tmp_path):
     rank = grpolab.rank(model=str(data_run), group_sizes=[4], prompts=3, verify=True, progress=False,
                         out=str(tmp_path / "rank"), log=_quiet)  # fmt: skip
@@ -190,6 +192,7 @@ class _Counting:
         self.engine.weights_changed()
 
 
+@pytest.mark.slow
 def test_evaluation_draws_through_the_engine_the_trainer_was_given(tmp_path):
     cfg = TrainConfig(out=str(tmp_path), prompts_per_step=2, group_size=2, eval_questions=4, eval_samples=2,
                       progress=False).resolved()  # fmt: skip

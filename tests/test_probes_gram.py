@@ -17,11 +17,11 @@ import re
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from helpers import gpt2, tiny_llama
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 import grpolab.probes.gram as gram
 from grpolab.common.batch import Batch, left_pad
-from grpolab.models.builtin import TinyLlamaSpec, build_tiny_llama
 from grpolab.probes.gram import gram_relative_error, score_gram, score_gram_reference, token_weights
 
 TOL = 1e-5
@@ -32,11 +32,7 @@ PAD, BOS, EOS = 0, 1, 2
 
 
 def _tied_llama(tok, seed=0):
-    torch.manual_seed(seed)
-    model = build_tiny_llama(
-        TinyLlamaSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=64), tok
-    )
-    return model.eval()
+    return tiny_llama(tok, seed, num_layers=2, max_positions=64)
 
 
 def _untied_llama(seed=1, hidden=32, inter=64, layers=2, heads=4, kv_heads=2, bias=True, vocab=100):
@@ -60,20 +56,7 @@ def _untied_llama(seed=1, hidden=32, inter=64, layers=2, heads=4, kv_heads=2, bi
 
 
 def _gpt2(seed=2):
-    torch.manual_seed(seed)
-    cfg = GPT2Config(
-        vocab_size=50,
-        n_embd=32,
-        n_layer=1,
-        n_head=2,
-        n_positions=64,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-    )
-    return GPT2LMHeadModel(cfg).eval()
+    return gpt2(50, seed=seed, n_layer=1, n_positions=64, bos_token_id=BOS, eos_token_id=EOS).eval()
 
 
 def _qwen3(seed=3):
@@ -207,6 +190,7 @@ def test_untied_llama_with_biases_matches_reference(untied, batch4):
     assert err <= TOL, err
 
 
+@pytest.mark.slow
 def test_untied_llama_matches_reference_parameter_by_parameter(untied, batch4):
     errs = _per_parameter_errors(untied, batch4, _weights(batch4))
     assert "lm_head.weight" in errs and "model.layers.1.self_attn.k_proj.bias" in errs

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from cli_helpers import run_cli
+from helpers import run_cli
 
 from grpolab.analysis.mse import (
     MSE_ESTIMATORS,
@@ -28,10 +28,6 @@ from grpolab.analysis.mse_cmd import MseConfig, run_bandit
 
 P = torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64)
 THETA = torch.tensor([0.0, 0.5, -0.5], dtype=torch.float64)
-
-
-def _run_cli(args, cwd, timeout=300):  # these CLI runs train or sample: allow longer
-    return run_cli(args, cwd, timeout)
 
 
 def _enumerated_mse(p, theta, estimator, G):
@@ -128,6 +124,7 @@ def test_mse_from_moments_rejects_bad_arguments(estimator, G):
 # ---------------------------------------------------------------- pooled moments are unbiased
 
 
+@pytest.mark.slow
 def test_pool_moments_are_unbiased_on_the_bandit():
     pi = torch.softmax(THETA, 0)
     exact = bandit_moments(P, THETA)
@@ -172,6 +169,7 @@ def _prompt_population(n, gen):
     return P + (torch.rand(n, 3, generator=gen, dtype=torch.float64) - 0.5) * 0.3
 
 
+@pytest.mark.slow
 def test_groupsize_constants_and_prediction_match_a_minibatch_simulation():
     gen = torch.Generator().manual_seed(11)
     pi = torch.softmax(THETA, 0)
@@ -275,6 +273,7 @@ def test_lm_pool_cross_diagonal_is_the_quadratic_form(tiny_model, char_tokenizer
     assert all(p.grad is None for p in tiny_model.parameters())
 
 
+@pytest.mark.slow
 def test_lm_pool_sketched_cross_products_are_close_to_exact():
     from grpolab.analysis.pool import collect_pool
     from grpolab.data.arithmetic import probe_set
@@ -301,8 +300,9 @@ def test_lm_pool_sketched_cross_products_are_close_to_exact():
 # ---------------------------------------------------------------- CLI
 
 
+@pytest.mark.slow
 def test_cli_mse_bandit_writes_the_records(tmp_path):
-    res = _run_cli(
+    res = run_cli(
         [
             "mse",
             "--env",
@@ -337,13 +337,15 @@ def test_cli_mse_bandit_writes_the_records(tmp_path):
         (["--env", "nope"], "--env"),
     ],
 )
+@pytest.mark.slow
 def test_cli_mse_bad_config_is_a_one_line_error(tmp_path, args, flag):
-    res = _run_cli(["mse", *args], tmp_path)
+    res = run_cli(["mse", *args], tmp_path)
     assert res.returncode == 2 and flag in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
+@pytest.mark.slow
 def test_cli_mse_and_groupsize_on_the_builtin_policy(tmp_path):
-    res = _run_cli(
+    res = run_cli(
         [
             "mse",
             "--policy",
@@ -370,7 +372,7 @@ def test_cli_mse_and_groupsize_on_the_builtin_policy(tmp_path):
         assert math.isfinite(r["mse"]) and r["ci_low"] <= r["mse"] <= r["ci_high"]
     assert (tmp_path / "m" / "mse.png").stat().st_size > 10_000
 
-    res = _run_cli(
+    res = run_cli(
         [
             "groupsize",
             "--policy",
@@ -398,6 +400,7 @@ def test_cli_mse_and_groupsize_on_the_builtin_policy(tmp_path):
     assert "G*" in res.stdout and (tmp_path / "g" / "groupsize.png").is_file()
 
 
+@pytest.mark.slow
 def test_sweep_validates_and_runs_end_to_end(tmp_path):
     from grpolab.analysis.sweep import SweepConfig, mean_ci_t, run_sweep
     from grpolab.config.train import ConfigError
@@ -427,6 +430,7 @@ def test_sweep_validates_and_runs_end_to_end(tmp_path):
     assert again["runs"] == report["runs"] and again["wall_s"] < 1.0
 
 
+@pytest.mark.slow
 def test_groupsize_step_picks_a_checkpoint_of_a_run(tmp_path):
     from grpolab.analysis.mse_cmd import GroupsizeConfig, run_groupsize
     from grpolab.config.train import TrainConfig

@@ -110,6 +110,7 @@ def _check_outputs(out, report):
         assert (out / name).read_bytes()[:8] == PNG, name
 
 
+@pytest.mark.slow
 def test_rank_on_builtin_model(builtin_report):
     out, report = builtin_report
     results = report["results"]
@@ -122,6 +123,7 @@ def test_rank_on_builtin_model(builtin_report):
     _check_outputs(out, report)
 
 
+@pytest.mark.slow
 def test_rank_over_a_run_directory(run_dir, run_report):
     out, report = run_report
     results = report["results"]
@@ -134,6 +136,7 @@ def test_rank_over_a_run_directory(run_dir, run_report):
     _check_outputs(out, report)
 
 
+@pytest.mark.slow
 def test_steps_selects_checkpoints_of_a_run_and_refuses_unknown_ones(run_dir, tmp_path):
     ckpts = run_targets(str(run_dir))
     assert [s for s, _ in select_steps(ckpts, (0, 2))] == [0, 2]
@@ -147,6 +150,7 @@ def test_steps_selects_checkpoints_of_a_run_and_refuses_unknown_ones(run_dir, tm
     assert [(r["step"], r["R"]) for r in report["results"]] == [(2, 2)]
 
 
+@pytest.mark.slow
 def test_table_by_step_has_a_row_per_checkpoint_and_group_size(run_report):
     _, report = run_report
     lines = table_by_step(report["results"]).splitlines()
@@ -158,6 +162,7 @@ def test_table_by_step_has_a_row_per_checkpoint_and_group_size(run_report):
             assert f"[{res['effective_rank']['lo']:.2f}, {res['effective_rank']['hi']:.2f}]" in line
 
 
+@pytest.mark.slow
 def test_table1_has_a_line_per_group_size(run_report):
     _, report = run_report
     lines = table1(report["results"]).splitlines()
@@ -196,6 +201,7 @@ def test_table1_without_any_signal():
 # ---------------------------------------------------------------- CLI
 
 
+@pytest.mark.slow
 def test_cli_rank_smoke(tmp_path):
     out = tmp_path / "rank"
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "COLUMNS": "200"}
@@ -256,6 +262,7 @@ def probed_run(tmp_path_factory):
     return rows
 
 
+@pytest.mark.slow
 def test_trainer_logs_spectrum_probe(probed_run):
     G = 4
     for step in (1, 2):
@@ -274,6 +281,7 @@ def test_trainer_logs_spectrum_probe(probed_run):
     assert any(probed_run[s]["probe/groups_measured"] > 0 for s in (1, 2))
 
 
+@pytest.mark.slow
 def test_trainer_logs_advantage_stats_every_step(probed_run):
     for step in (1, 2):
         row = probed_run[step]

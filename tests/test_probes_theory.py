@@ -13,7 +13,7 @@ import math
 from fractions import Fraction
 
 import pytest
-from cli_helpers import run_cli as _run_cli
+from helpers import run_cli as _run_cli
 
 from grpolab.analysis.theory import AdvantagesConfig, HoeffdingConfig, advantages_check, hoeffding_rows
 
@@ -136,6 +136,7 @@ def test_advantages_check_rejects_bad_config(cfg):
 # ---------------------------------------------------------------- CLI smoke
 
 
+@pytest.mark.slow
 def test_cli_theory_hoeffding_json(tmp_path):
     res = _run_cli(["theory", "hoeffding", "--json", "--trials", "20000"], tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -148,6 +149,7 @@ def test_cli_theory_hoeffding_json(tmp_path):
         assert _within_4_se(r["mc"], _tail(r["R"], 0.5, r["eps"]), 20_000), r
 
 
+@pytest.mark.slow
 def test_cli_theory_advantages_json(tmp_path):
     res = _run_cli(["theory", "advantages", "--R", "8", "--p", "0.3", "--json", "--trials", "20000"], tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -178,11 +180,13 @@ def bad_runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", list(BAD_ARGS))
+@pytest.mark.slow
 def test_cli_theory_bad_args_exit_nonzero(bad_runs, name):
     assert bad_runs[name].returncode != 0
 
 
 @pytest.mark.parametrize("name", list(BAD_ARGS))
+@pytest.mark.slow
 def test_cli_theory_bad_args_give_a_one_line_error_not_a_traceback(bad_runs, name):
     # As `grpolab train --group-size 1` does (tests/test_config.py): the flag named, no crash.
     res = bad_runs[name]
@@ -191,6 +195,7 @@ def test_cli_theory_bad_args_give_a_one_line_error_not_a_traceback(bad_runs, nam
     assert "Traceback" not in res.stderr, res.stderr[-1500:]
 
 
+@pytest.mark.slow
 def test_cli_theory_without_subcommand(tmp_path):
     res = _run_cli(["theory"], tmp_path)
     assert res.returncode == 2

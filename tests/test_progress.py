@@ -3,6 +3,8 @@ status changes at most every PLAIN_INTERVAL_S seconds."""
 
 from __future__ import annotations
 
+import pytest
+
 import grpolab.common.progress as progress
 from grpolab.common.progress import _PlainBar
 
@@ -64,6 +66,7 @@ def test_terminal_bar_wraps_its_status_instead_of_truncating_at_80_columns():
     assert " ".join(text.split()).endswith(" ".join(status.split()))  # every word of the status is shown
 
 
+@pytest.mark.slow
 def test_train_with_stdout_to_a_file_logs_every_n_steps_and_each_evaluation(tmp_path):
     import subprocess
     import sys

@@ -16,7 +16,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from cli_helpers import run_cli
+from helpers import run_cli
 
 from grpolab.training.runlog import read_metrics
 
@@ -57,6 +57,7 @@ class _Refs(HTMLParser):
         self.text.append(data)
 
 
+@pytest.mark.slow
 def test_demo_writes_the_report_and_prints_its_path(run):
     log = (run / "demo.log").read_text()
     page = run / "demo" / "report.html"
@@ -64,6 +65,7 @@ def test_demo_writes_the_report_and_prints_its_path(run):
     assert f"report: {Path('demo') / 'report.html'}" in log or f"report: {page}" in log
 
 
+@pytest.mark.slow
 def test_the_page_holds_the_runs_figures_samples_probes_and_config(run):
     text = (run / "page" / "report.html").read_text()
     rows = read_metrics(run / "demo" / "metrics.jsonl")
@@ -96,6 +98,7 @@ def test_the_page_holds_the_runs_figures_samples_probes_and_config(run):
     assert text.count("data:image/png;base64,") >= 6
 
 
+@pytest.mark.slow
 def test_the_page_references_nothing_outside_itself(run):
     text = (run / "page" / "report.html").read_text()
     p = _Refs()
@@ -121,6 +124,7 @@ def _chromium() -> str | None:
     return None
 
 
+@pytest.mark.slow
 def test_the_page_opens_in_headless_chromium_without_console_errors(run):
     browser = _chromium()
     if browser is None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_llama
 
 from grpolab.common.batch import left_pad
-from grpolab.models.builtin import TinyLlamaSpec, build_tiny_llama
 from grpolab.models.logprobs import completion_logprobs
 from grpolab.rollout.sampler import _pick, rollout_uniforms, sample
 
@@ -49,9 +49,7 @@ EOS_BOOST = 1.7  # logit added to EOS: with ~100 near-uniform logits, P(EOS) ~ e
 
 
 def _tiny(tok, seed: int):
-    torch.manual_seed(seed)
-    model = build_tiny_llama(TinyLlamaSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tok)
-    return model.eval()
+    return tiny_llama(tok, seed)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers import needs_bwrap
 from sandbox_attacks import ATTACKS, AttackReward, program
 
 from grpolab.rewards.code import CodeReward, CodeRewardSettings
@@ -26,16 +27,6 @@ from grpolab.sandbox import Job, Limits, Sandbox, SandboxError, runner
 TIMEOUT = 3.0
 MARGIN = 1.5  # process start, teardown and a loaded 2-core machine
 LIMITS = Limits(timeout_s=TIMEOUT, cpu_s=3, memory_mb=512)
-
-
-def bwrap_runs() -> bool:
-    return runner.available("bwrap", os.path.realpath(sys.executable))
-
-
-needs_bwrap = pytest.mark.skipif(
-    not bwrap_runs() and not os.environ.get("GRPOLAB_REQUIRE_BWRAP"),
-    reason="bubblewrap is not installed or does not run here (make test installs it)",
-)
 
 
 def survivors(*markers: str) -> list[str]:
@@ -110,6 +101,7 @@ EXPECTED = {
 
 @needs_bwrap
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
+@pytest.mark.slow
 def test_an_attacking_program_harms_nothing(attack, code_reward, sandboxed, listener, tmp_path, monkeypatch):
     port, connections = listener
     marker = f"grpolab-attack-{uuid.uuid4().hex}"
@@ -137,6 +129,7 @@ def test_an_attacking_program_harms_nothing(attack, code_reward, sandboxed, list
     assert survivors(marker, sandboxed.label) == []
 
 
+@pytest.mark.slow
 def test_the_attacks_would_succeed_without_the_sandbox(listener, tmp_path, monkeypatch):
     """Controls: unsandboxed, the same programs read the secret, reach the listener and write the run directory."""
     port, connections = listener
@@ -171,6 +164,7 @@ def test_runs_of_a_pool_are_returned_in_order_and_reuse_no_directory(sandboxed):
 
 
 @needs_bwrap
+@pytest.mark.slow
 def test_partial_credit_survives_a_timeout(sandboxed):
     tests = ("assert f(1) == 2", "assert f(2) == 3", "while True: pass", "assert f(3) == 4")
     (out,) = sandboxed.run([Job("def f(x):\n    return x + 1\n", tests=tests)])
@@ -290,6 +284,7 @@ def test_the_attack_battery_inside_a_training_run(tmp_path, listener, monkeypatc
 
 
 @needs_bwrap
+@pytest.mark.slow
 def test_the_attack_battery_through_the_code_interpreter_tool(listener, tmp_path, monkeypatch):
     """Every attack as the model-written argument of ``grpolab.sandbox.tool:python``, called as a tool (in the tool
     worker, which runs it in its sandbox): the call answers within the sandbox's timeout, and nothing is harmed."""

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cli_helpers import run_cli
+from helpers import gpt2, qwen2, run_cli
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM
 
 from grpolab.common.devices import DeviceError, default_dtype, resolve_device
 from grpolab.config.train import ConfigError, TrainConfig
@@ -26,42 +26,11 @@ from grpolab.training.recipe import train
 REL_TOL = 1e-5
 
 
-def _gpt2(vocab: int, **kw) -> GPT2LMHeadModel:
-    """GPT-2 layout (learned absolute positions, fused QKV), dropout off so train mode is deterministic."""
-    cfg = GPT2Config(
-        vocab_size=vocab,
-        n_positions=128,
-        n_embd=32,
-        n_layer=2,
-        n_head=2,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        **kw,
-    )
-    return GPT2LMHeadModel(cfg)
-
-
-def _qwen2(vocab: int, **kw) -> Qwen2ForCausalLM:
-    """Qwen2 layout (grouped-query attention, QKV bias, rotary positions)."""
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        **kw,
-    )
-    return Qwen2ForCausalLM(cfg)
-
-
 def _builtin():
     return load_policy("builtin").model
 
 
-ARCHS = {"llama": lambda tok: _builtin(), "gpt2": lambda tok: _gpt2(len(tok)), "qwen2": lambda tok: _qwen2(len(tok))}
+ARCHS = {"llama": lambda tok: _builtin(), "gpt2": lambda tok: gpt2(len(tok)), "qwen2": lambda tok: qwen2(len(tok))}
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +66,7 @@ def test_distinct_prompts_finds_each_prompt_once_and_maps_every_row():
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("chunk_tokens", [0, 5])
+@pytest.mark.slow
 def test_shared_logprobs_and_gradients_equal_the_plain_path(arch, chunk_tokens, group_batch, char_tokenizer):
     torch.manual_seed(0)
     model = ARCHS[arch](char_tokenizer).train()
@@ -117,6 +87,7 @@ def test_shared_logprobs_and_gradients_equal_the_plain_path(arch, chunk_tokens, 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.slow
 def test_token_chunked_logprobs_equal_the_whole_head_in_float64(arch, shared, group_batch, char_tokenizer):
     """The LM head over the real tokens only, a few at a time under checkpointing, against the head over every
     position at once: log-probs and gradients equal within 1e-10, in float64."""
@@ -139,6 +110,7 @@ def test_token_chunked_logprobs_equal_the_whole_head_in_float64(arch, shared, gr
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("chunk", [0, 3])
+@pytest.mark.slow
 def test_packed_logprobs_and_gradients_equal_the_padded_ones_in_float64(arch, chunk, group_batch, char_tokenizer):
     """The rows' real tokens as one sequence without padding (position ids restarting per row) against the padded
     batch: log-probs and gradients equal within 1e-10, in float64; with the head whole and in chunks of 3 tokens."""
@@ -193,14 +165,14 @@ def test_shared_prefill_samples_the_same_tokens_as_one_prompt_at_a_time(char_tok
 
 def test_a_model_that_drops_the_cache_falls_back_with_a_notice(char_tokenizer):
     # GPT-2's decoder drops caches under activation checkpointing: the shared path cannot run.
-    gpt2 = _gpt2(len(char_tokenizer)).train()
-    enable_activation_checkpointing(gpt2)
+    model = gpt2(len(char_tokenizer)).train()
+    enable_activation_checkpointing(model)
     logs = []
-    module = TrainModule(gpt2, 1.0, shared_prefix=True, log=logs.append)
+    module = TrainModule(model, 1.0, shared_prefix=True, log=logs.append)
     assert not module.shared_prefix
     assert len(logs) == 1 and "GPT2LMHeadModel cannot take a shared prompt cache" in logs[0]
     # Qwen2's layers keep it (grpolab.models.shared_prefix marks them as safe to checkpoint with this cache): no fallback.
-    qwen = _qwen2(len(char_tokenizer)).train()
+    qwen = qwen2(len(char_tokenizer)).train()
     enable_activation_checkpointing(qwen)
     logs = []
     assert TrainModule(qwen, 1.0, shared_prefix=True, log=logs.append).shared_prefix and not logs
@@ -208,8 +180,8 @@ def test_a_model_that_drops_the_cache_falls_back_with_a_notice(char_tokenizer):
 
 def test_checkpointed_shared_path_gives_the_plain_gradients(group_batch, char_tokenizer):
     torch.manual_seed(0)
-    plain, ckpt = _qwen2(len(char_tokenizer)).train(), None
-    ckpt = _qwen2(len(char_tokenizer)).train()
+    plain, ckpt = qwen2(len(char_tokenizer)).train(), None
+    ckpt = qwen2(len(char_tokenizer)).train()
     ckpt.load_state_dict(plain.state_dict())
     enable_activation_checkpointing(ckpt)
     grads = []
@@ -239,6 +211,7 @@ def test_device_resolution():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+@pytest.mark.slow
 def test_device_cuda_without_a_gpu_is_a_one_line_error(tmp_path):
     with pytest.raises(ConfigError, match=r"^--device: cuda: torch sees no CUDA device"):
         TrainConfig(device="cuda").validate()
@@ -263,7 +236,7 @@ def model_dirs(tmp_path_factory, char_tokenizer):
             eos_token_id=char_tokenizer.eos_token_id,
             pad_token_id=char_tokenizer.pad_token_id,
         )
-        model = (_gpt2 if name == "gpt2" else _qwen2)(len(char_tokenizer), **ids)
+        model = (gpt2 if name == "gpt2" else qwen2)(len(char_tokenizer), **ids)
         model.save_pretrained(root / name)
         char_tokenizer.save_pretrained(root / name)
         dirs[name] = str(root / name)
@@ -327,6 +300,7 @@ def _without_key_bias(state: dict) -> dict:
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+@pytest.mark.slow
 def test_two_steps_with_shared_prefix_or_packing_reach_the_padded_runs_parameters(arch, model_dirs, tmp_path):
     off = _without_key_bias(_run(tmp_path / "off", model_dirs[arch], shared_prefix="off"))
     on = _without_key_bias(_run(tmp_path / "on", model_dirs[arch], shared_prefix="on"))
@@ -340,12 +314,14 @@ def test_two_steps_with_shared_prefix_or_packing_reach_the_padded_runs_parameter
     assert _max_rel_diff(off, packed) < REL_TOL
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_keeps_the_shared_update_exact(model_dirs, tmp_path):
     off = _run(tmp_path / "off", model_dirs["qwen2"], shared_prefix="off")
     ckpt = _run(tmp_path / "ckpt", model_dirs["qwen2"], shared_prefix="on", gradient_checkpointing=True)
     assert _max_rel_diff(off, ckpt) < REL_TOL
 
 
+@pytest.mark.slow
 def test_lora_adapters_train_the_same_with_shared_prefix_on_and_off(model_dirs, tmp_path):
     # the KL reference is the model with its adapter disabled: that forward shares the prompt too
     on = _run(tmp_path / "on", model_dirs["llama"], shared_prefix="on", lora_rank=4)

@@ -11,7 +11,7 @@ from statistics import NormalDist
 
 import pytest
 import torch
-from test_token_view import _parse
+from helpers import token_cards as _parse
 
 from grpolab.common.batch import select
 from grpolab.config.train import ConfigError, TrainConfig
@@ -180,6 +180,7 @@ def _step_with_independent_forwards(cfg: TrainConfig, step: int = 1):
 
 
 @pytest.mark.parametrize("variant", [{}, {"mu": 2, "beta": 0.04, "micro_batch": 4}])
+@pytest.mark.slow
 def test_dlogp_is_the_difference_of_two_independent_forwards(tmp_path, variant):
     cfg = dataclasses.replace(TrainConfig(), **F64, **variant, out=str(tmp_path))
     trainer, out, roll, before = _step_with_independent_forwards(cfg)
@@ -238,6 +239,7 @@ def test_masked_tokens_show_advantage_zero(tmp_path):
     assert min(kept_entropy) >= max(dropped_entropy)  # one threshold over the step's tokens
 
 
+@pytest.mark.slow
 def test_recorded_advantages_and_completions_equal_the_rollouts_log(tmp_path):
     cfg = dataclasses.replace(
         TrainConfig(), **{**F64, "dtype": "float32"}, steps=3, log_rollouts=True, out=str(tmp_path)
@@ -313,6 +315,7 @@ CLIPS = {
 
 @pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
 @pytest.mark.parametrize("clip", list(CLIPS))
+@pytest.mark.slow
 def test_recorded_ratio_clipping_and_advantage_are_the_losss_own(tmp_path, monkeypatch, clip, aggregation):
     """The record's per-token ratio, clipping and advantage equal (float64, exactly) what ``policy_loss`` computed on
     the last of the mu passes, for every importance-sampling level, clip setting and aggregation; and they agree with

@@ -12,11 +12,11 @@ import html
 import json
 import math
 import re
-from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import token_cards
 from rich.cells import cell_len
 from rich.console import Console
 
@@ -162,51 +162,9 @@ def test_the_scale_is_symmetric_robust_to_one_outlier_and_clamps():
 # ---------------------------------------------------------------- HTML
 
 
-class _Tokens(HTMLParser):
-    """Per rollout card: its column, step, prompt and rollout, and its token spans (text, class, style, title)."""
-
-    def __init__(self):
-        super().__init__()
-        self.cards: list[dict] = []
-        self.column = ""
-        self.tags: list[str] = []
-        self.open: list[dict | None] = []
-        self.in_text = False  # inside a card's div.tc-text (the legend has a marker too)
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        self.tags.append(tag)
-        cls = (a.get("class") or "").split()
-        if "tc-col" in cls:
-            self.column = "pos" if "tc-pos" in cls else "neg"
-        if "tc-roll" in cls:
-            self.cards.append({"column": self.column, **{k[5:]: int(v) for k, v in a.items() if k.startswith("data-")}})
-            self.cards[-1]["tokens"] = []
-        self.in_text = self.in_text or "tc-text" in cls
-        span = None
-        if tag == "span" and self.in_text and ("tok" in cls or "tok-mark" in cls):
-            span = {"text": "", "mark": "tok-mark" in cls, "style": a.get("style", ""), "title": a.get("title", "")}
-            self.cards[-1]["tokens"].append(span)
-        self.open.append(span)
-
-    def handle_endtag(self, tag):
-        self.open.pop()
-        self.in_text = self.in_text and tag != "div"
-
-    def handle_data(self, data):
-        span = next((s for s in reversed(self.open) if s is not None), None)  # a newline sits in a nested span
-        if span is not None:
-            span["text"] += data
-
-
-def _parse(page: str) -> _Tokens:
-    p = _Tokens()
-    p.feed(page)
-    return p
-
-
+@pytest.mark.slow
 def test_the_token_spans_join_to_each_completion_exactly(run, records):
-    cards = _parse(tv.token_credit_html(run)).cards
+    cards = token_cards(tv.token_credit_html(run)).cards
     assert cards
     by_key = {(r["step"], r["prompt"], r["rollout"]): r for r in records}
     for card in cards:
@@ -217,9 +175,10 @@ def test_the_token_spans_join_to_each_completion_exactly(run, records):
         assert len(card["tokens"]) == len(rec["tokens"])
 
 
+@pytest.mark.slow
 def test_the_columns_hold_the_first_and_last_steps_positive_and_negative_rollouts(run):
     page = tv.token_credit_html(run)
-    cards = _parse(page).cards
+    cards = token_cards(page).cards
     assert [(c["column"], c["step"], c["prompt"], c["rollout"]) for c in cards] == [
         ("pos", 1, 0, 0),
         ("neg", 1, 0, 1),
@@ -233,8 +192,9 @@ def test_the_columns_hold_the_first_and_last_steps_positive_and_negative_rollout
     assert html.escape("12*7 <b>&amp;</b>") in page and "<b>&amp;" not in page  # the question, escaped
 
 
+@pytest.mark.slow
 def test_hover_titles_hold_the_tokens_values(run, records):
-    card = _parse(tv.token_credit_html(run)).cards[1]  # step 1, prompt 0, rollout 1
+    card = token_cards(tv.token_credit_html(run)).cards[1]  # step 1, prompt 0, rollout 1
     rec = tv.select_rollout(records, 1, 0, 1)
     title = card["tokens"][3]["title"]  # ":\n"
     assert "':\\n'" in title and "token 3, id 13, reasoning" in title
@@ -251,8 +211,9 @@ def _rgba(style: str) -> tuple[tuple[int, int, int], float]:
     return (tuple(int(m.group(k)) for k in (1, 2, 3)), float(m.group(4))) if m else ((0, 0, 0), 0.0)
 
 
+@pytest.mark.slow
 def test_positive_and_negative_changes_differ_in_hue_and_zero_is_uncoloured(run):
-    cards = _parse(tv.token_credit_html(run)).cards
+    cards = token_cards(tv.token_credit_html(run)).cards
     pos, neg = cards[0]["tokens"], cards[1]["tokens"]
     (rgb_pos, a_pos), (rgb_neg, a_neg) = _rgba(pos[4]["style"]), _rgba(neg[4]["style"])
     hue_pos = colorsys.rgb_to_hsv(*(c / 255 for c in rgb_pos))[0]
@@ -264,6 +225,7 @@ def test_positive_and_negative_changes_differ_in_hue_and_zero_is_uncoloured(run)
     assert "blue: made more likely by the update; red: made less likely" in legend
 
 
+@pytest.mark.slow
 def test_a_report_of_the_run_has_the_section(run):
     from grpolab.report.page import build_report
 
@@ -385,6 +347,7 @@ def test_grpolab_tokens_summarises_the_aggregates_over_spans_of_steps(run, capsy
     assert len(shares) == 4 and all("[" in line for line in shares)
 
 
+@pytest.mark.slow
 def test_grpolab_tokens_draws_the_aggregates_against_step(run, tmp_path, capsys):
     from grpolab.commands.cli import main
 

@@ -61,6 +61,7 @@ def test_tool_calls_are_parsed_from_the_text_protocol():
     assert "expected" in bad.error
 
 
+@pytest.mark.slow
 def test_each_kind_of_call_gets_its_tool_message(runner):
     ok = runner.call("add", {"a": 2, "b": 40})
     assert (ok.text, ok.error) == ("42", "")
@@ -80,6 +81,7 @@ def test_each_kind_of_call_gets_its_tool_message(runner):
     assert runner.call("add", {"a": 1, "b": 1}).text == "2"  # a new worker takes the next call
 
 
+@pytest.mark.slow
 def test_a_1gb_result_costs_one_turn_and_one_line():
     # Its own runner, with room for building a 1 GB string while another test loads the machine (the shared runner's
     # 2 s is for the timeout test); what is tested is the cut, not the speed.
@@ -114,6 +116,7 @@ REPLIES = {
 }
 
 
+@pytest.mark.slow
 def test_tool_episodes_run_calls_and_end_at_a_reply_without_one(chat_policy, runner):
     schemas = load_tools(SPECS)
     renderer = Renderer(chat_policy, schemas)
@@ -147,6 +150,7 @@ def test_a_template_that_shows_tools_gets_them(chat_policy):
     )
 
 
+@pytest.mark.slow
 def test_a_trainer_step_with_tools_counts_calls_and_errors(tmp_path, char_tokenizer):
 
     train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"

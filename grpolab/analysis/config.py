@@ -28,7 +28,7 @@ class ProbeConfig:
     probe_split: Literal["held-out", "train"] = "held-out"
     """Which prompts of a run's data file are probed: 'held-out' (its --eval-data, or the split it held out) or
     'train' (its training records); the first --prompts of them. The built-in task: its fixed probe set."""
-    data: str = ""
+    data: str = dataclasses.field(default="", metadata=fields.takes_object("data", "data"))
     """A data file (any form --data takes) whose first --prompts records are the probe prompts: for a bare model, or
     instead of a run's own data."""
     rollout_engine: Literal["hf", "vllm"] = "hf"

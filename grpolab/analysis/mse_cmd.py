@@ -27,6 +27,7 @@ from grpolab.analysis.pool import collect_pool, probe_sampler
 from grpolab.analysis.sampling_bias import BanditStep, measure
 from grpolab.common import distributed
 from grpolab.common.errors import ConfigError
+from grpolab.common.given import NOTHING, Given
 from grpolab.common.rng import set_threads
 from grpolab.common.stats import percentile_interval
 from grpolab.config import fields
@@ -190,7 +191,7 @@ def format_bandit(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_mse(cfg: MseConfig, log=print) -> dict:
+def run_mse(cfg: MseConfig, log=print, given: Given = NOTHING) -> dict:
     """The Figure 4 analogue over the given policies; writes mse.json and mse.png."""
     set_threads(cfg.threads)
     world = distributed.init()
@@ -198,12 +199,12 @@ def run_mse(cfg: MseConfig, log=print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     # Every policy answers the same questions: those of the first one's task (its run's, or the built-in task).
     targets = [resolve_target(spec) for spec in cfg.policy]
-    task, records, sampler = probe_task(targets[0], cfg)
+    task, records, sampler = probe_task(targets[0], cfg, given)
     cfg = task.fill(cfg)  # what was measured with: the run's sampling and reward options where not given
     report = {"config": fields.to_flat(cfg), "policies": []}
     for spec, target in zip(cfg.policy, targets):
-        policy = load_task_policy(target, task, sampler=sampler)
-        pool = _pool(cfg, task, policy, records, world, log, label=f"pool {spec}")
+        policy = load_task_policy(target, task, sampler=sampler, given=given)
+        pool = _pool(cfg, task, policy, records, world, log, given, label=f"pool {spec}")
         entry = {
             "policy": spec,
             "reward_mean": statistics.fmean(pool.reward_mean),
@@ -294,10 +295,10 @@ def _interval(values: list[float]) -> list[float]:
     return list(percentile_interval(finite))
 
 
-def _pool(cfg: MseConfig | GroupsizeConfig, task, policy, records, world, log, label: str = "pool"):
+def _pool(cfg: MseConfig | GroupsizeConfig, task, policy, records, world, log, given: Given, label: str = "pool"):
     """The probe's pool of ``cfg.pool`` rollouts per prompt, drawn and scored as ``task`` (the run's) draws and
     scores them, with their score Gram moments (``grpolab.analysis.pool``)."""
-    with contextlib.closing(probe_sampler(policy, task, cfg.rollout_engine, log, records)) as draw:
+    with contextlib.closing(probe_sampler(policy, task, cfg.rollout_engine, log, records, given)) as draw:
         return collect_pool(
             policy,
             records,
@@ -313,16 +314,16 @@ def _pool(cfg: MseConfig | GroupsizeConfig, task, policy, records, world, log, l
         )
 
 
-def run_groupsize(cfg: GroupsizeConfig, log=print) -> dict:
+def run_groupsize(cfg: GroupsizeConfig, log=print, given: Given = NOTHING) -> dict:
     set_threads(cfg.threads)
     world = distributed.init()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     target = resolve_target(cfg.policy, cfg.step)
-    task, records, sampler = probe_task(target, cfg)
+    task, records, sampler = probe_task(target, cfg, given)
     cfg = task.fill(cfg)
-    policy = load_task_policy(target, task, sampler=sampler)
-    pool = _pool(cfg, task, policy, records, world, log)
+    policy = load_task_policy(target, task, sampler=sampler, given=given)
+    pool = _pool(cfg, task, policy, records, world, log, given)
     consts = groupsize_constants(pool.moments, pool.cross)
     gen = torch.Generator().manual_seed(cfg.seed)
     M = len(pool.moments)

@@ -28,6 +28,7 @@ import torch
 from grpolab.analysis.multiturn_chain import STAGE_ADVANTAGES, Chain, exact_bias, monte_carlo_bias
 from grpolab.common import streams
 from grpolab.common.errors import ConfigError
+from grpolab.common.given import NOTHING, Given
 from grpolab.common.rng import set_threads
 from grpolab.common.stats import percentile_interval
 from grpolab.config import fields
@@ -42,20 +43,22 @@ class MultiturnConfig:
     mismatch, next to reward-to-go with the group baseline (rtg-group) and reward-to-go minus a
     Monte Carlo state value (rtg-mc): exactly on a chain, or measured on a policy's own episodes in an environment."""
 
-    env: str = ""
+    env: str = dataclasses.field(default="", metadata=fields.takes_object("environment", "env"))
     """'chain' (tabular, exact by dynamic programming), 'arith' (the built-in arithmetic dialogue) or an
     environment, 'path/to/file.py:Class' or 'module:Class' (its records from --data). Default: a run's own
     environment (--policy RUN), the --tools environment with --tools, else chain."""
-    tools: tuple[str, ...] = ()
+    tools: tuple[str, ...] = dataclasses.field(default=(), metadata=fields.takes_object("tool", "tools"))
     """Episodes of the --tools environment (these functions) on --data's prompts, as in training."""
     policy: str = "builtin"
     """The policy: 'builtin', a model directory or .gguf file, 'smollm2-135m-instruct', or a run directory (its
     checkpoint at --step; its environment, data, prompt format and reward functions unless given here)."""
     step: int | None = None
     """With a run directory as --policy: the checkpoint to measure (0 = its start; default: the newest)."""
-    data: str = ""
+    data: str = dataclasses.field(default="", metadata=fields.takes_object("data", "data"))
     """Records of --env/--tools episodes (a data file as --data takes); default: the run's held-out records."""
-    reward_fn: tuple[str, ...] = dataclasses.field(default=(), metadata=FROM_RUN)
+    reward_fn: tuple[str, ...] = dataclasses.field(
+        default=(), metadata={**FROM_RUN, **fields.takes_object("reward function", "reward_funcs")}
+    )
     """Reward functions on the final conversation, added to the last turn's reward (a run: its own)."""
     stages: int = 4
     """H: stages of the chain and the dialogue; for an environment, the most turns of an episode."""
@@ -180,7 +183,7 @@ class _Task(NamedTuple):
         return self.service.final_rewards(episodes).total.tolist()
 
 
-def _task(cfg: MultiturnConfig, log) -> _Task:
+def _task(cfg: MultiturnConfig, log, given: Given) -> _Task:
     """The policy, its environment and the records to measure, as training would play them."""
     from grpolab.data.dialogues import make_dialogues
     from grpolab.env import environment
@@ -190,21 +193,21 @@ def _task(cfg: MultiturnConfig, log) -> _Task:
     from grpolab.rollout.service import RolloutService
 
     target = resolve_target(cfg.policy, cfg.step)
-    task = RunTask.of(target, cfg, **_episode_options(cfg))
+    task = RunTask.of(target, cfg, given, **_episode_options(cfg))
     if not task.multi_turn:
         raise ConfigError(f"--policy {cfg.policy}: its run trained single-turn; give --env or --tools")
-    policy = load_task_policy(target, task)
+    policy = load_task_policy(target, task, given=given)
     policy.model.eval()
     if task.episodes.task == "arith-multiturn":
         records = make_dialogues(cfg.episodes, MEASURE_DIALOGUE_SEED + cfg.seed, _spec(task))
     else:
-        records = task.data(max(cfg.episodes, 1), log=lambda *a: None)[0][: cfg.episodes]
-    env = environment(task.episodes, task.arithmetic.max_operand, policy, records[0])
+        records = task.data(max(cfg.episodes, 1), log=lambda *a: None, given=given)[0][: cfg.episodes]
+    env = environment(task.episodes, task.arithmetic.max_operand, policy, records[0], given)
     engine = _engine(task, cfg.rollout_engine, policy, log)
     gen = task.generation
     # the run's reward functions, scored as training scores an episode
     reward = rewarder_for(
-        task.reward, policy, episodes=True, max_new_tokens=gen.max_new_tokens, sandbox=task.code_sandbox
+        task.reward, policy, episodes=True, max_new_tokens=gen.max_new_tokens, sandbox=task.code_sandbox, given=given
     )
     reward.start(log)
     settings = SamplingSettings(gen.max_new_tokens, gen.temperature, gen.top_p)
@@ -298,10 +301,10 @@ def _measure_episodes(task: _Task, cfg: MultiturnConfig, log) -> tuple[torch.Ten
     return rewards, turns, values
 
 
-def run_episodes(cfg: MultiturnConfig, log=print) -> list[dict]:
+def run_episodes(cfg: MultiturnConfig, log=print, given: Given = NOTHING) -> list[dict]:
     """Bias per stage on a policy's episodes, from branched Monte Carlo values of the visited states."""
     set_threads(cfg.threads)
-    task = _task(cfg, log)
+    task = _task(cfg, log, given)
     try:
         rewards, turns, values = _measure_episodes(task, cfg, log)
     finally:
@@ -353,11 +356,11 @@ def _stage_rows(
     return rows
 
 
-def run_multiturn(cfg: MultiturnConfig, log=print) -> list[dict]:
+def run_multiturn(cfg: MultiturnConfig, log=print, given: Given = NOTHING) -> list[dict]:
     cfg.validate()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = run_chain(cfg) if cfg.kind == "chain" else run_episodes(cfg, log=log)
+    rows = run_chain(cfg) if cfg.kind == "chain" else run_episodes(cfg, log=log, given=given)
     (out / "multiturn.json").write_text(json.dumps({"config": fields.to_flat(cfg), "records": rows}, indent=2))
     if cfg.json:
         Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from grpolab.analysis.mse import prompt_moments, rloo_weights
 from grpolab.common import distributed, streams
 from grpolab.common.batch import Batch
 from grpolab.common.distributed import SINGLE, World
+from grpolab.common.given import NOTHING, Given
 from grpolab.common.progress import progress_bar
 from grpolab.config.rollout import EngineSection
 from grpolab.models.logprobs import completion_logprobs
@@ -61,14 +62,22 @@ class ProbeSampler:
         self.service.close()
 
 
-def probe_sampler(policy: Policy, task, engine: str = "hf", log=print, records: list[dict] = ()) -> ProbeSampler:
+def probe_sampler(
+    policy: Policy, task, engine: str = "hf", log=print, records: list[dict] = (), given: Given = NOTHING
+) -> ProbeSampler:
     """The :class:`ProbeSampler` of ``policy`` on ``task`` (a :class:`grpolab.eval.runs.RunTask`: the run's, with
     the probe's sampling and reward options on top) through the rollout engine ``engine`` ('hf' or 'vllm'). A reward
     function that needs a column ``records`` lack is named now, in one line, not scored 0 on every rollout; a code
-    reward's sandbox starts now. Close it when done (:meth:`ProbeSampler.close`)."""
+    reward's sandbox starts now (``given``: reward functions given to the Python API). Close it when done
+    (:meth:`ProbeSampler.close`)."""
     gen, data = task.generation, task.dataset
     reward = rewarder_for(
-        task.reward, policy, episodes=task.multi_turn, max_new_tokens=gen.max_new_tokens, sandbox=task.code_sandbox
+        task.reward,
+        policy,
+        episodes=task.multi_turn,
+        max_new_tokens=gen.max_new_tokens,
+        sandbox=task.code_sandbox,
+        given=given,
     )
     if records and (data.data or data.eval_data):
         check_columns(reward.reward_fns, records, f"the probe prompts of {data.eval_data or data.data}")

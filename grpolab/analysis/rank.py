@@ -33,6 +33,7 @@ from grpolab.analysis.pool import ProbeSampler, probe_sampler
 from grpolab.common import distributed, streams
 from grpolab.common.batch import Batch
 from grpolab.common.errors import ConfigError
+from grpolab.common.given import NOTHING, Given
 from grpolab.common.progress import progress_bar
 from grpolab.common.rng import set_threads
 from grpolab.common.stats import mean_ci
@@ -173,13 +174,13 @@ def select_steps(ckpts: list, steps: tuple[int, ...]) -> list:
     return [(s, t) for s, t in ckpts if s in steps]
 
 
-def run_rank(cfg: RankConfig, log=print) -> dict:
+def run_rank(cfg: RankConfig, log=print, given: Given = NOTHING) -> dict:
     set_threads(cfg.threads)
     world = distributed.init()  # on P processes, each rank measures a block of the prompts
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpts = [(s, check_intact(t)) for s, t in select_steps(run_targets(cfg.checkpoint), cfg.steps)]
-    task, records, sampler = probe_task(ckpts[0][1], cfg)
+    task, records, sampler = probe_task(ckpts[0][1], cfg, given)
     cfg = task.fill(cfg)  # what was measured with: the run's sampling, reward and token options where not given
     mine = world.split(len(records))
     results = []
@@ -188,9 +189,9 @@ def run_rank(cfg: RankConfig, log=print) -> dict:
         done = 0
         for step, target in ckpts:
             path = target.adapter or target.weights
-            policy = load_task_policy(target, task, sampler=sampler)
+            policy = load_task_policy(target, task, sampler=sampler, given=given)
             policy.model.eval()  # no dropout in the probe; gradients still flow
-            with contextlib.closing(probe_sampler(policy, task, cfg.rollout_engine, log, records)) as draw:
+            with contextlib.closing(probe_sampler(policy, task, cfg.rollout_engine, log, records, given)) as draw:
                 for R in cfg.group_sizes:
                     rows = []
                     for k in mine:  # global prompt index k keys the rollouts: P-independent

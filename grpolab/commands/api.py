@@ -29,7 +29,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpolab.commands import objects
+from grpolab.commands.objects import ObjectNames
+from grpolab.common.given import Given
+from grpolab.config import fields as fields_of
 from grpolab.config import options
 from grpolab.config.train import ConfigError, TrainConfig
 from grpolab.eval.runs import run_defaults_for
@@ -77,62 +79,58 @@ class Run:
         ]
 
 
-# The fields that name an object, and how an object given in their place is named (grpolab.commands.objects).
-def _callable_specs(fns, kind: str, flag: str) -> tuple[str, ...]:
-    """One callable or a list of them (or of names) as the names a repeatable flag takes."""
-    return tuple(objects.callable_spec(f, kind, flag) for f in (fns if isinstance(fns, list | tuple) else [fns]))
-
-
-_OBJECT_FIELDS: dict[str, Callable[[Any], Any]] = {
-    "data": lambda d: objects.data_spec(d, "train_dataset"),
-    "eval_data": lambda d: objects.data_spec(d, "eval_dataset"),
-    "reward_fn": lambda fns: _callable_specs(fns, "reward function", "--reward-fn"),
-    "eval_reward_fn": lambda f: objects.callable_spec(f, "reward function", "--eval-reward-fn"),
-    "env": lambda c: objects.callable_spec(c, "environment", "--env"),
-    "tools": lambda fns: _callable_specs(fns, "tool", "--tools"),
-}
-# TRL's keyword for a field -> the field.
-_ALIASES = {
-    "train_dataset": "data",
-    "eval_dataset": "eval_data",
-    "reward_funcs": "reward_fn",
-    "eval_reward_func": "eval_reward_fn",
-}
-
-
-def _fields(cls, model_field: str, model, tokenizer, given: dict) -> dict:
-    """The config fields of ``given`` (TRL's keywords renamed, objects replaced by the names the flags take)."""
-    fields: dict = {}
-    for key, value in given.items():
-        name = _ALIASES.get(key, key)
+def _fields(cls, model_field: str, model, tokenizer, keywords: dict, names: ObjectNames) -> dict:
+    """The options of ``keywords`` (TRL's keywords renamed, objects replaced by the strings the flags take, kept in
+    ``names``); which options may name an object, and their keywords, come from ``cls``'s own fields."""
+    takes = fields_of.object_options(cls)
+    aliases = {kw: name for name, (_, kw) in takes.items()}
+    out: dict = {}
+    for key, value in keywords.items():
+        name = aliases.get(key, key)
         if value is None:  # not given: the option's default
             continue
-        if name in fields:
+        if name in out:
             raise ConfigError(f"{key}: sets {options.flag(name)}, which another keyword sets too; give one")
-        fields[name] = value
+        out[name] = value
     if model is not None:
-        spec = objects.model_spec(model, tokenizer)
+        spec = names.model_spec(model, tokenizer)
         several = typing.get_origin(options.field_types(cls)[model_field]) is tuple  # mse: --policy A --policy B
-        fields[model_field] = (spec,) if several else spec
+        out[model_field] = (spec,) if several else spec
     elif tokenizer is not None:
         raise ConfigError("tokenizer: only with model=<a loaded model> (a path brings its own tokenizer)")
-    for name, to_spec in _OBJECT_FIELDS.items():
-        if name in fields and name in options.field_types(cls):
-            fields[name] = to_spec(fields[name])
-    return fields
+    for name, (kind, kw) in takes.items():
+        if name in out and name != model_field:
+            out[name] = _object_spec(names, out[name], kind, kw, name, cls)
+    return out
 
 
-def _config(cls, command: str, model_field: str, model, tokenizer, config, given: dict, base_of=None):
-    """``config`` (a parsed command line), or the config of the keywords: names and types checked. ``base_of``: as
-    the command line's (``train(resume=True)``: the run's own options are the defaults)."""
+def _object_spec(names: ObjectNames, value, kind: str, keyword: str, name: str, cls):
+    """The string (or strings, for a repeatable option) option ``name`` records for ``value``."""
+    if kind == "data":
+        return names.data_spec(value, keyword)
+    flag = options.flag(name)
+    if isinstance(fields_of.options(cls)[name].field.default, tuple):  # a repeatable flag: one or several
+        return tuple(
+            names.callable_spec(f, kind, flag) for f in (value if isinstance(value, list | tuple) else [value])
+        )
+    return names.callable_spec(value, kind, flag)
+
+
+def _config(cls, command: str, model_field: str, model, tokenizer, config, keywords: dict, base_of=None):
+    """``(config, given)``: ``config`` (a parsed command line) as it is, or the config of the keywords (names and
+    types checked), and the objects they gave (:class:`grpolab.common.given.Given`). ``base_of``: as the command
+    line's (``train(resume=True)``: the run's own options are the defaults)."""
     if config is not None:
-        if model is not None or tokenizer is not None or any(v is not None for v in given.values()):
+        if model is not None or tokenizer is not None or any(v is not None for v in keywords.values()):
             raise ConfigError("config: give the options either as a config object or as keywords, not both")
-        return config
-    values = _fields(cls, model_field, model, tokenizer, given)
+        return config, Given()
+    names = ObjectNames(cls)
+    values = _fields(cls, model_field, model, tokenizer, keywords, names)
     cfg = options.config_from(cls, values, command)
     base = base_of(cfg) if base_of is not None else None
-    return cfg if base is None else options.config_from(cls, values, command, base=base)
+    if base is not None:
+        cfg = options.config_from(cls, values, command, base=base)
+    return cfg, names.given()
 
 
 def train(
@@ -181,18 +179,17 @@ def train(
     from grpolab.training import launch
     from grpolab.training.recipe import run_training, saved_config
 
-    given = dict(train_dataset=train_dataset, reward_funcs=reward_funcs, eval_dataset=eval_dataset, env=env,
-                 tools=tools, **fields)  # fmt: skip
-    with objects.registered():
-        resumed = lambda c: saved_config(c.run.out) if c.run.resume else None  # noqa: E731
-        cfg = _config(TrainConfig, "train", "model", model, tokenizer, config, given, base_of=resumed)
-        nproc = cfg.run.nproc
-        if launch.relaunches(nproc):
-            raise ConfigError(
-                f"--nproc: {nproc} processes from Python: launch the script with torchrun --nproc-per-node "
-                f"{nproc} (each process calls grpolab.train), or use grpolab train --nproc {nproc}"
-            )
-        recipe = run_training(cfg, log)
+    keywords = dict(train_dataset=train_dataset, reward_funcs=reward_funcs, eval_dataset=eval_dataset, env=env,
+                    tools=tools, **fields)  # fmt: skip
+    resumed = lambda c: saved_config(c.run.out) if c.run.resume else None  # noqa: E731
+    cfg, given = _config(TrainConfig, "train", "model", model, tokenizer, config, keywords, base_of=resumed)
+    nproc = cfg.run.nproc
+    if launch.relaunches(nproc):
+        raise ConfigError(
+            f"--nproc: {nproc} processes from Python: launch the script with torchrun --nproc-per-node "
+            f"{nproc} (each process calls grpolab.train), or use grpolab train --nproc {nproc}"
+        )
+    recipe = run_training(cfg, log, given)
     return Run(Path(recipe.out), recipe.trainer.policy)
 
 
@@ -224,23 +221,19 @@ def evaluate(
     """
     from grpolab.commands.eval import EvalConfig, run_eval
 
-    given = dict(eval_dataset=eval_dataset, reward_funcs=reward_funcs, train_dataset=train_dataset, **fields)
-    with objects.registered():
-        return run_eval(
-            _config(
-                EvalConfig, "eval", "model", model, tokenizer, config, given, run_defaults_for(EvalConfig, "model")
-            ),
-            log,
-        )
+    keywords = dict(eval_dataset=eval_dataset, reward_funcs=reward_funcs, train_dataset=train_dataset, **fields)
+    base_of = run_defaults_for(EvalConfig, "model")
+    cfg, given = _config(EvalConfig, "eval", "model", model, tokenizer, config, keywords, base_of)
+    return run_eval(cfg, log, given)
 
 
-def _probe(command: str, cls, run, model_field: str, model, tokenizer, config, log, given: dict):
+def _probe(command: str, cls, run, model_field: str, model, tokenizer, config, log, keywords: dict):
     """A probe command's ``run`` on its config ``cls`` built from the keywords."""
-    with objects.registered():
-        cfg = _config(cls, command, model_field, model, tokenizer, config, given, run_defaults_for(cls, model_field))
-        if hasattr(cfg, "validate"):  # the command's own checks, before anything loads
-            cfg.validate()
-        return run(cfg, log)
+    base_of = run_defaults_for(cls, model_field)
+    cfg, given = _config(cls, command, model_field, model, tokenizer, config, keywords, base_of)
+    if hasattr(cfg, "validate"):  # the command's own checks, before anything loads
+        cfg.validate()
+    return run(cfg, log, given)
 
 
 def rank(model=None, data=None, reward_funcs=None, *, tokenizer=None, config=None, log=print, **fields) -> dict:
@@ -255,8 +248,8 @@ def rank(model=None, data=None, reward_funcs=None, *, tokenizer=None, config=Non
     """
     from grpolab.analysis.rank import RankConfig, run_rank
 
-    given = dict(data=data, reward_funcs=reward_funcs, **fields)
-    return _probe("rank", RankConfig, run_rank, "checkpoint", model, tokenizer, config, log, given)
+    keywords = dict(data=data, reward_funcs=reward_funcs, **fields)
+    return _probe("rank", RankConfig, run_rank, "checkpoint", model, tokenizer, config, log, keywords)
 
 
 def mse(model=None, data=None, reward_funcs=None, *, tokenizer=None, config=None, log=print, **fields) -> dict:
@@ -268,8 +261,8 @@ def mse(model=None, data=None, reward_funcs=None, *, tokenizer=None, config=None
     """
     from grpolab.analysis.mse_cmd import MseConfig, run_mse
 
-    given = dict(data=data, reward_funcs=reward_funcs, **fields)
-    return _probe("mse", MseConfig, run_mse, "policy", model, tokenizer, config, log, given)
+    keywords = dict(data=data, reward_funcs=reward_funcs, **fields)
+    return _probe("mse", MseConfig, run_mse, "policy", model, tokenizer, config, log, keywords)
 
 
 def groupsize(model=None, data=None, reward_funcs=None, *, tokenizer=None, config=None, log=print, **fields) -> dict:
@@ -281,8 +274,8 @@ def groupsize(model=None, data=None, reward_funcs=None, *, tokenizer=None, confi
     """
     from grpolab.analysis.mse_cmd import GroupsizeConfig, run_groupsize
 
-    given = dict(data=data, reward_funcs=reward_funcs, **fields)
-    return _probe("groupsize", GroupsizeConfig, run_groupsize, "policy", model, tokenizer, config, log, given)
+    keywords = dict(data=data, reward_funcs=reward_funcs, **fields)
+    return _probe("groupsize", GroupsizeConfig, run_groupsize, "policy", model, tokenizer, config, log, keywords)
 
 
 def multiturn_bias(
@@ -297,5 +290,5 @@ def multiturn_bias(
     """
     from grpolab.analysis.multiturn import MultiturnConfig, run_multiturn
 
-    given = dict(data=data, reward_funcs=reward_funcs, env=env, tools=tools, **fields)
-    return _probe("multiturn", MultiturnConfig, run_multiturn, "policy", model, tokenizer, config, log, given)
+    keywords = dict(data=data, reward_funcs=reward_funcs, env=env, tools=tools, **fields)
+    return _probe("multiturn", MultiturnConfig, run_multiturn, "policy", model, tokenizer, config, log, keywords)

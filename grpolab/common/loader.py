@@ -1,8 +1,8 @@
 """Loading what a user names on the command line: ``module:name`` or ``path/to/file.py:name``.
 
 Reward functions (``--reward-fn``), environments (``--env``) and tools (``--tools``) are all named this way; a
-name that cannot be loaded is one line naming the flag and the reason (a :class:`grpolab.config.train.ConfigError`). The
-Python API's objects are found under the names it gave them (:mod:`grpolab.commands.objects`).
+name that cannot be loaded is one line naming the flag and the reason (a :class:`grpolab.common.errors.ConfigError`).
+The Python API's objects are found under the names it gave them (:class:`grpolab.common.given.Given`).
 """
 
 from __future__ import annotations
@@ -10,6 +10,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from pathlib import Path
+
+from grpolab.common.errors import ConfigError  # a ValueError: the CLI prints it as one line
+from grpolab.common.given import NOTHING, Given
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -19,16 +22,14 @@ def split_spec(spec: str) -> tuple[str, str]:
     return module, attr
 
 
-def load_object(spec: str, flag: str, what: str = "object") -> object:
-    """The object ``spec`` names (``module:name`` or ``file.py:name``); a ConfigError naming ``flag`` otherwise.
+def load_object(spec: str, flag: str, what: str = "object", given: Given = NOTHING) -> object:
+    """The object ``spec`` names (``module:name`` or ``file.py:name``; an object ``given`` to the Python API under
+    it); a ConfigError naming ``flag`` otherwise.
 
     A file is imported under its own module name (its stem) without putting its directory on the path (a tool's
     worker process loads it again from the same spec).
     """
-    from grpolab.commands import objects
-    from grpolab.config.train import ConfigError  # a ValueError: the CLI prints it as one line
-
-    live = objects.lookup(spec, flag)  # an object given to the Python API under this name
+    live = given.lookup(spec, flag)  # an object given to the Python API under this name
     if live is not None:
         return live
     module_name, attr = split_spec(spec)

@@ -171,3 +171,19 @@ def sectioned(cls):
 
     cls.__init__ = __init__
     return dataclasses.dataclass(frozen=True, init=False)(cls)
+
+
+def takes_object(kind: str, keyword: str) -> dict:
+    """Metadata of an option that may name a Python object (``kind``: "model", "data", "reward function",
+    "environment", "tool"), given to the Python API as ``keyword`` (TRL's name for it where TRL has one)."""
+    return {"object": kind, "keyword": keyword}
+
+
+@functools.cache
+def object_options(cls) -> dict[str, tuple[str, str]]:
+    """Option name -> (kind, API keyword) of every option of ``cls`` that may name a Python object."""
+    return {
+        name: (opt.field.metadata["object"], opt.field.metadata["keyword"])
+        for name, opt in options(cls).items()
+        if "object" in opt.field.metadata
+    }

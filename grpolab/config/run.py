@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from grpolab.config.fields import bad, check_counts
+from grpolab.config.fields import bad, check_counts, takes_object
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +65,7 @@ class EvalSection:
     """Held-out questions per evaluation. Default: 500 for builtin, 50 for other models (see MODEL_DEFAULTS)."""
     eval_samples: int | None = None
     """k: samples per question at --temperature (the pass rate the groups see) for eval/accuracy_sampled. Default: 4 for builtin, 2 for other models."""
-    eval_reward_fn: str = ""
+    eval_reward_fn: str = dataclasses.field(default="", metadata=takes_object("reward function", "eval_reward_func"))
     """The reward whose mean is the held-out accuracy ('module:function' or 'file.py:function', either form);
     default: the first --reward-fn for prompt data, the built-in answer check otherwise."""
 

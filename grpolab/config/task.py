@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from grpolab.config.fields import bad, check_counts
+from grpolab.config.fields import bad, check_counts, takes_object
 
 # The built-in task's question categories [U-statistic, Sec. 5.1] (grpolab.data.arithmetic generates them).
 CATEGORIES = ("add_sub_2", "add_sub_3", "mul", "div", "paren")
@@ -17,7 +17,7 @@ DATA_FORMATS = ("auto", "prompt", "gsm8k", "math", "rows")
 class PolicySection:
     """The policy: which model, and whether LoRA adapters train instead of its weights."""
 
-    model: str = "builtin"
+    model: str = dataclasses.field(default="builtin", metadata=takes_object("model", "model"))
     """'builtin' (the shipped SFT warm start of the tiny Llama) or a local Hugging Face model directory."""
     gguf_file: str = ""
     """A GGUF file inside the --model directory (or give --model PATH.gguf, or --model smollm2-135m-instruct)."""
@@ -58,12 +58,12 @@ class DataSection:
     ({problem, solution with \\boxed{...}}, answers compared with math-verify), rows (every column as it is: an
     --env's records), or auto: rows with --env, else prompt when the rows have the prompt column, else the preset
     whose fields they have (recorded resolved in config.json)."""
-    data: str = ""
+    data: str = dataclasses.field(default="", metadata=takes_object("data", "train_dataset"))
     """Training data: a .jsonl, .json, .csv or .parquet file, or a directory written by datasets' save_to_disk;
     empty = generate arithmetic questions."""
     data_split: str = ""
     """The split of a saved DatasetDict given as --data (default: its only split)."""
-    eval_data: str = ""
+    eval_data: str = dataclasses.field(default="", metadata=takes_object("data", "eval_dataset"))
     """Held-out data, in the same forms as --data; empty = --eval-fraction of --data, or the built-in test set."""
     eval_split: str = ""
     """The split of a saved DatasetDict given as --eval-data (default: its only split)."""
@@ -130,11 +130,11 @@ class EpisodesSection:
     task: Literal["arith", "arith-multiturn"] = "arith"
     """'arith' (the built-in single-turn arithmetic, [U-statistic, Sec. 5.1]) or 'arith-multiturn' (the built-in
     H-turn dialogue with per-turn rewards, [Foundations, Sec. 6]: an environment, grpolab.env.arith)."""
-    env: str = ""
+    env: str = dataclasses.field(default="", metadata=takes_object("environment", "env"))
     """An environment to play episodes in: 'path/to/file.py:Class' or 'module:Class', a class with reset(record) ->
     messages and step(text) -> (messages, reward, done), constructed with no arguments for each episode; each row of
     --data is one episode's record (docs/environments.md)."""
-    tools: tuple[str, ...] = ()
+    tools: tuple[str, ...] = dataclasses.field(default=(), metadata=takes_object("tool", "tools"))
     """Tools the model may call: 'path/to/file.py:function' or 'module:function', repeatable; plain functions with
     type hints and a docstring. Each reply's tool calls run (in a worker process, --tool-timeout each) and their
     results come back as tool messages; a reply with no tool call ends the episode, which --reward-fn scores."""

@@ -22,7 +22,7 @@ import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from grpolab.commands import objects
+from grpolab.common.given import NOTHING, Given
 from grpolab.data.jsonl import DataError, gsm8k_record, iter_json_objects
 from grpolab.data.math_format import math_record
 from grpolab.data.records import identity_of, is_chat
@@ -31,11 +31,11 @@ FILE_FORMATS = {".json": "json", ".csv": "csv", ".parquet": "parquet"}  # read b
 PRESET_FIELDS = {"gsm8k": ("question", "answer"), "math": ("problem", "solution")}
 
 
-def read_rows(path: str | Path, split: str = "") -> Iterator[tuple[str, dict]]:
+def read_rows(path: str | Path, split: str = "", given: Given = NOTHING) -> Iterator[tuple[str, dict]]:
     """``(where, row)`` for every row of a data file or ``save_to_disk`` directory; ``where`` names the row
     (``file:line`` for JSONL, ``file: row N`` otherwise). ``split``: which split of a saved DatasetDict. Rows given
-    to the Python API in memory are found under their description (:mod:`grpolab.commands.objects`)."""
-    live = objects.lookup(str(path), "--data/--eval-data")
+    to the Python API in memory are found under their description in ``given``."""
+    live = given.lookup(str(path), "--data/--eval-data")
     if live is not None:
         yield from ((f"{path}: row {i + 1}", row) for i, row in enumerate(live))
         return
@@ -89,9 +89,11 @@ def _saved_split(path: Path, split: str):
     return saved
 
 
-def load_records(path: str | Path, fmt: str = "auto", split: str = "", prompt_column: str = "prompt") -> list[dict]:
+def load_records(
+    path: str | Path, fmt: str = "auto", split: str = "", prompt_column: str = "prompt", given: Given = NOTHING
+) -> list[dict]:
     """Every row of ``path`` as a record under ``fmt`` (module docstring). A bad row is a DataError naming it."""
-    rows = list(read_rows(path, split))
+    rows = list(read_rows(path, split, given))
     if not rows:
         raise DataError(f"{path}: no records")
     columns = list(dict.fromkeys(k for _, row in rows for k in row))
@@ -110,10 +112,10 @@ def load_records(path: str | Path, fmt: str = "auto", split: str = "", prompt_co
     return [to_record(where, row) for where, row in rows]
 
 
-def data_format(path: str | Path, split: str = "", prompt_column: str = "prompt") -> str:
+def data_format(path: str | Path, split: str = "", prompt_column: str = "prompt", given: Given = NOTHING) -> str:
     """The format ``auto`` resolves to for the data at ``path`` (its first row's columns for JSONL, else the
     data set's columns)."""
-    live = objects.lookup(str(path), "--data/--eval-data")
+    live = given.lookup(str(path), "--data/--eval-data")
     if live is not None:
         return detect_format(path, list(dict.fromkeys(k for row in live for k in row)), prompt_column)
     path = Path(path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from grpolab.common.given import NOTHING, Given
 from grpolab.config.task import ArithmeticSection, DataSection, EpisodesSection
 from grpolab.data.arithmetic import ArithmeticSpec, TrainSampler, held_out_size, test_set
 from grpolab.data.dataset import data_format, hold_out, load_records
@@ -23,9 +24,11 @@ def task_data(
     eval_questions: int,
     seed: int,
     log=print,
+    given: Given = NOTHING,
 ):
     """``(held_out, sampler)`` of a task: its records (``data``, resolved: no ``auto`` format), the built-in
     arithmetic (``arithmetic``) or the built-in dialogue (``episodes``); at most ``eval_questions`` held out.
+    ``given``: rows given to the Python API in place of files.
 
     Training questions never repeat a held-out one: records of --data that do are dropped (with a
     warning), --eval-fraction holds out whole prompts, and built-in draws exclude the whole 500-question
@@ -42,11 +45,11 @@ def task_data(
         # Exclude the full 500-question test set (half of a small task) even when evaluating on fewer of them.
         exclude = {r["question"] for r in test_set(held, spec)}
         if data.eval_data:
-            held_out = load_records(data.eval_data, data.format, data.eval_split, data.prompt_column)
+            held_out = load_records(data.eval_data, data.format, data.eval_split, data.prompt_column, given)
         else:
             held_out = test_set(eval_questions, spec)
         return held_out[:eval_questions], TrainSampler(seed, spec, exclude=exclude)
-    train_records, held_out = _data_records(data, spec, eval_questions, seed)
+    train_records, held_out = _data_records(data, spec, eval_questions, seed, given)
     held_out = held_out[:eval_questions]
     test_q = {identity_of(r, data.format) for r in held_out}
     leaked = sum(identity_of(r, data.format) in test_q for r in train_records)
@@ -60,11 +63,11 @@ def task_data(
     return held_out, ListSampler(train_records, seed)
 
 
-def _data_records(data: DataSection, spec: ArithmeticSpec, eval_questions: int, seed: int):
+def _data_records(data: DataSection, spec: ArithmeticSpec, eval_questions: int, seed: int, given: Given):
     """``(train, held_out)`` records of --data: held out by --eval-data, --eval-fraction, or the built-in test set."""
-    train_records = load_records(data.data, data.format, data.data_split, data.prompt_column)
+    train_records = load_records(data.data, data.format, data.data_split, data.prompt_column, given)
     if data.eval_data:
-        return train_records, load_records(data.eval_data, data.format, data.eval_split, data.prompt_column)
+        return train_records, load_records(data.eval_data, data.format, data.eval_split, data.prompt_column, given)
     if data.eval_fraction:
         train_records, held_out = hold_out(train_records, data.eval_fraction, seed, data.format)
         if not held_out or not train_records:
@@ -77,7 +80,7 @@ def _data_records(data: DataSection, spec: ArithmeticSpec, eval_questions: int, 
     return train_records, test_set(eval_questions, spec)
 
 
-def resolve_format(data: DataSection, env: bool) -> DataSection:
+def resolve_format(data: DataSection, env: bool, given: Given = NOTHING) -> DataSection:
     """``data`` with ``--format auto`` resolved: gsm8k for the built-in task, rows for an environment's (its
     ``reset`` reads the row as it is), else from the data's columns (:func:`grpolab.data.dataset.data_format`)."""
     if data.format != "auto":
@@ -88,7 +91,7 @@ def resolve_format(data: DataSection, env: bool) -> DataSection:
         fmt = "rows"
     else:
         path, split = (data.data, data.data_split) if data.data else (data.eval_data, data.eval_split)
-        fmt = data_format(path, split, data.prompt_column)
+        fmt = data_format(path, split, data.prompt_column, given)
     return dataclasses.replace(data, format=fmt)
 
 

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
+from grpolab.common.given import NOTHING, Given
 from grpolab.config.task import EpisodesSection
 from grpolab.env.protocol import EnvError, Environment, EpisodeLimits, check_reset, load_env_class
 from grpolab.env.render import Renderer
@@ -41,11 +42,12 @@ class EnvSetup:
 
 
 def environment(
-    episodes: EpisodesSection, max_operand: int, policy, first_record: dict | None = None
+    episodes: EpisodesSection, max_operand: int, policy, first_record: dict | None = None, given: Given = NOTHING
 ) -> EnvSetup | None:
     """The environment the ``episodes`` options ask for, for ``policy``; None for a single-turn task. ``max_operand``:
     the built-in dialogue's largest operand (at most 50). ``first_record``: a record to open one episode on now, so
-    that a ``reset`` that fails or returns the wrong shape stops the run at its start, not at its first step."""
+    that a ``reset`` that fails or returns the wrong shape stops the run at its start, not at its first step.
+    ``given``: a class or tools given to the Python API in place of names."""
     ep = episodes
     limits = EpisodeLimits(ep.max_turns, ep.max_episode_tokens)
     tool_runner = None
@@ -57,14 +59,14 @@ def environment(
         factory, renderer, name = functools.partial(ArithDialogue, spec), Renderer(policy), "arith-multiturn"
         limits = EpisodeLimits(ep.stages, ep.max_episode_tokens)
     elif ep.env:
-        factory, name = load_env_class(ep.env), ep.env
+        factory, name = load_env_class(ep.env, given), ep.env
         renderer = Renderer(policy)
     elif ep.tools:
         from grpolab.env.tool_env import ToolEnvironment
         from grpolab.env.tools import ToolRunner, load_tools
 
-        schemas = load_tools(ep.tools)
-        tool_runner = ToolRunner(list(ep.tools), ep.tool_timeout, ep.tool_max_chars)
+        schemas = load_tools(ep.tools, given)
+        tool_runner = ToolRunner(list(ep.tools), ep.tool_timeout, ep.tool_max_chars, given)
         factory = functools.partial(ToolEnvironment, tool_runner, schemas, ep.tool_reward)
         renderer, name = Renderer(policy, schemas), "tools: " + ", ".join(ep.tools)
     else:

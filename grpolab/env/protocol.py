@@ -36,6 +36,7 @@ import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from grpolab.common.given import NOTHING, Given
 from grpolab.config.train import ConfigError
 
 ROLES_FROM_ENV = ("user", "tool", "system")
@@ -86,11 +87,12 @@ def check_env_class(cls: Any, spec: str) -> type:
     return cls
 
 
-def load_env_class(spec: str) -> type:
-    """The environment class ``--env`` names (``file.py:Class`` or ``module:Class``), checked."""
+def load_env_class(spec: str, given: Given = NOTHING) -> type:
+    """The environment class ``--env`` names (``file.py:Class`` or ``module:Class``; a class ``given`` to the Python
+    API under it), checked."""
     from grpolab.common.loader import load_object
 
-    return check_env_class(load_object(spec, "--env", "Class"), spec)
+    return check_env_class(load_object(spec, "--env", "Class", given), spec)
 
 
 def check_messages(messages: Any, where: str, roles: tuple[str, ...]) -> list[dict]:

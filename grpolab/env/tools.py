@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+from grpolab.common.given import NOTHING, Given
+
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_CHARS = 2000
 STARTUP_S = 60.0  # the most a worker may take to load the tools
@@ -56,7 +58,7 @@ def tool_schema(fn, spec: str = "") -> dict:
         ) from None
 
 
-def load_tools(specs) -> list[dict]:
+def load_tools(specs, given: Given = NOTHING) -> list[dict]:
     """The JSON schemas of the ``--tools`` functions (loaded here only to describe them; calls run in the worker);
     a ConfigError naming the spec when one cannot be loaded or described, or two share a name."""
     from grpolab.common.loader import load_object
@@ -64,7 +66,7 @@ def load_tools(specs) -> list[dict]:
 
     schemas = []
     for spec in specs:
-        fn = load_object(spec, "--tools", "function")
+        fn = load_object(spec, "--tools", "function", given)
         if not callable(fn):
             raise ConfigError(f"--tools: {spec!r} is not callable")
         schemas.append(tool_schema(fn, spec))
@@ -144,11 +146,18 @@ class ToolRunner:
     """Runs tool calls in a worker process (``python -m grpolab.env.tool_worker SPEC ...``), one at a time.
 
     ``specs``: the tools' ``module:function`` or ``file.py:function`` names (the worker loads them itself);
-    ``timeout_s``: wall-clock seconds per call; ``max_chars``: the longest result kept.
+    ``timeout_s``: wall-clock seconds per call; ``max_chars``: the longest result kept; ``given``: functions given to
+    the Python API in place of names (pickled for the worker).
     """
 
-    def __init__(self, specs: list[str], timeout_s: float = DEFAULT_TIMEOUT_S, max_chars: int = DEFAULT_MAX_CHARS):
-        self.specs, self.timeout_s, self.max_chars = list(specs), timeout_s, max_chars
+    def __init__(
+        self,
+        specs: list[str],
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_chars: int = DEFAULT_MAX_CHARS,
+        given: Given = NOTHING,
+    ):
+        self.specs, self.timeout_s, self.max_chars, self.given = list(specs), timeout_s, max_chars, given
         self._proc: subprocess.Popen | None = None
         self._pickled: tempfile.TemporaryDirectory | None = None  # made for the first function to pickle
         self._worker_specs = [self._worker_spec(s, i) for i, s in enumerate(self.specs)]
@@ -157,9 +166,7 @@ class ToolRunner:
         """What the worker loads for ``spec``: the name itself, or for a function given to the Python API that no
         module can import (defined in a notebook, a closure) the function pickled by value into a file of this
         runner's own (cloudpickle: the standard pickle stores a function by its importable name only)."""
-        from grpolab.commands import objects
-
-        fn = objects.lookup(spec, "--tools")
+        fn = self.given.lookup(spec, "--tools")
         if fn is None:
             return spec
         import cloudpickle

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from grpolab.common.errors import ConfigError
+from grpolab.common.given import NOTHING, Given
 from grpolab.config import fields
 from grpolab.config.objective import ObjectiveSection
 from grpolab.config.rollout import GenerationSection, RewardSection, SandboxSection
@@ -132,20 +133,21 @@ class RunTask:
     seed: int = 0
 
     @classmethod
-    def of(cls, target: Target, command=None, **options) -> RunTask:
+    def of(cls, target: Target, command=None, given: Given = NOTHING, **options) -> RunTask:
         """The task of ``target``'s run, with the options a command's config ``command`` takes from a run
         (:func:`grpolab.config.fields.from_run`) as that config has them, then ``options`` (flat names: a command's
-        own records, say), the model's defaults filled in and ``--format auto`` resolved from the data."""
+        own records, say), the model's defaults filled in and ``--format auto`` resolved from the data (``given``:
+        rows given to the Python API)."""
         task = fields.from_flat(cls, target.run_config)
         task = fields.replace(task, model=target.run_config.get("model", target.weights))
         if command is not None:
-            given = {n: fields.get(command, n) for n in fields.from_run(type(command))}
-            task = fields.replace(task, **{n: v for n, v in given.items() if n in fields.options(cls)})
+            values = {n: fields.get(command, n) for n in fields.from_run(type(command))}
+            task = fields.replace(task, **{n: v for n, v in values.items() if n in fields.options(cls)})
         task = fields.replace(task, **options)
         defaults = model_defaults(task.policy.model)
         unset = {n: defaults[n] for n in defaults if n in fields.options(cls) and fields.get(task, n) is None}
         task = fields.replace(task, **unset)
-        return dataclasses.replace(task, dataset=resolve_format(task.dataset, bool(task.episodes.env)))
+        return dataclasses.replace(task, dataset=resolve_format(task.dataset, bool(task.episodes.env), given))
 
     def fill(self, command):
         """``command`` (a config) with its from-run options set to this task's values: what a report records it
@@ -163,14 +165,14 @@ class RunTask:
             getattr(self, name).validate()
         validate_task(self.prompt, self.dataset, self.episodes)
 
-    def data(self, eval_questions: int | None = None, log=print):
+    def data(self, eval_questions: int | None = None, log=print, given: Given = NOTHING):
         """``(held_out, sampler)`` of the task (:func:`grpolab.data.task.task_data`); at most ``eval_questions``
         held out (default: the run's)."""
         questions = self.eval.eval_questions if eval_questions is None else eval_questions
-        return task_data(self.dataset, self.arithmetic, self.episodes, questions, self.seed, log)
+        return task_data(self.dataset, self.arithmetic, self.episodes, questions, self.seed, log, given)
 
 
-def load_task_policy(target: Target, task: RunTask, *, device="cpu", dtype=None, sampler=None):
+def load_task_policy(target: Target, task: RunTask, *, device="cpu", dtype=None, sampler=None, given=NOTHING):
     """The policy of ``target`` with ``task``'s prompt format (chat, system prompt, few-shot examples from
     ``sampler``, the training split, as in training). The run's ``--gguf-file`` applies to its own starting model,
     not to a checkpoint (a checkpoint directory holds plain safetensors)."""
@@ -178,7 +180,7 @@ def load_task_policy(target: Target, task: RunTask, *, device="cpu", dtype=None,
     from grpolab.models.policy import load_policy, system_prompt_for
 
     gguf = task.policy.gguf_file if target.weights == task.policy.model else ""
-    policy = load_policy(target.weights, dtype, gguf_file=gguf, chat=task.prompt.chat, device=device)
+    policy = load_policy(target.weights, dtype, gguf_file=gguf, chat=task.prompt.chat, device=device, given=given)
     if target.adapter:
         from grpolab.models.lora import load_lora
 
@@ -220,7 +222,7 @@ def _first_prompts(records: list[dict], n: int, what: str) -> list[dict]:
     return list(records[:n])
 
 
-def probe_task(target: Target, probe_cfg) -> tuple[RunTask, list[dict], object]:
+def probe_task(target: Target, probe_cfg, given: Given = NOTHING) -> tuple[RunTask, list[dict], object]:
     """What a probe of ``target`` measures on: ``(task, records, sampler)``.
 
     ``task`` is the task of ``target``'s run (or the built-in one) with the probe's own sampling, reward and token
@@ -231,14 +233,14 @@ def probe_task(target: Target, probe_cfg) -> tuple[RunTask, list[dict], object]:
     from grpolab.data.dataset import load_records
 
     if probe_cfg.data:  # the probe's own prompts: the file's records as they are, no held-out split
-        task = RunTask.of(target, probe_cfg, data=probe_cfg.data, eval_data="", eval_fraction=0.0)
+        task = RunTask.of(target, probe_cfg, given, data=probe_cfg.data, eval_data="", eval_fraction=0.0)
         if task.prompt.few_shot:
             raise ConfigError("--data: this run shows --few-shot examples from its own training data; probe it there")
         d = task.dataset
-        records = load_records(d.data, d.format, d.data_split, d.prompt_column)
+        records = load_records(d.data, d.format, d.data_split, d.prompt_column, given)
         return task, _first_prompts(records, probe_cfg.prompts, f"the records of {probe_cfg.data}"), None
-    task = RunTask.of(target, probe_cfg)
-    held_out, sampler = task.data(log=lambda *a, **k: None)
+    task = RunTask.of(target, probe_cfg, given)
+    held_out, sampler = task.data(log=lambda *a, **k: None, given=given)
     records = probe_records(task, probe_cfg.prompts, probe_cfg.probe_split, held_out, sampler)
     return task, records, sampler
 

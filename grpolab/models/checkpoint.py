@@ -276,3 +276,16 @@ def _load(path: Path):
             f"{path}: refused: it holds Python objects other than tensors and plain values, and loading them could "
             f"run code from the file ({detail})"
         ) from None
+
+
+def weights_fingerprint(model) -> str:
+    """A fingerprint of ``model``'s weights (per-tensor sums and absolute sums in float64, hashed): recorded with a
+    run started from a model object, so that resuming it can tell the starting weights (the KL reference) from
+    trained ones. One pass over the weights; not a cryptographic digest of them."""
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for name, p in model.state_dict().items():
+            if p.is_floating_point():
+                d = p.detach().double()
+                h.update(f"{name}:{d.sum().item():.17g}:{d.abs().sum().item():.17g};".encode())
+    return h.hexdigest()[:16]

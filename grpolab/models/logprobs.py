@@ -146,7 +146,7 @@ def completion_entropy(model, batch: Batch, temperature: float = 1.0) -> torch.T
     """``[N, T]`` the entropy (nats) of pi(. | q, o_<t) at each completion position, at ``temperature`` (0 where
     masked): what grpolab's sampler records as it samples, from one forward, for rollouts of an engine that gives
     none (vLLM). One row at a time, so the ``[T, V]`` logits of a single rollout are the most held at once."""
-    from grpolab.rollout.sampler import token_entropy
+    from grpolab.models.logprobs import token_entropy
 
     head = model.get_output_embeddings()
     rows = []
@@ -155,3 +155,23 @@ def completion_entropy(model, batch: Batch, temperature: float = 1.0) -> torch.T
         logits = head(_completion_hidden(model, row))  # [1, T, V]
         rows.append(token_entropy(logits.float(), temperature)[0] * row.completion_mask[0])
     return torch.stack(rows) if rows else torch.zeros(batch.completion_ids.shape)
+
+
+def sampling_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / T) over the last dimension (fp32; T = 0, greedy, scores at T = 1): ``[..., V] -> [..., V]``.
+
+    The full distribution at the sampling temperature, before any top-p truncation: the distribution the
+    trainer's log-probs (``grpolab.models.logprobs``) are computed from.
+    """
+    return torch.log_softmax(logits.float() / (temperature or 1.0), dim=-1)
+
+
+def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy (nats) of softmax(logits / T) over the last dimension: ``[..., V] -> [...]``
+    (the full distribution at the sampling temperature, before any top-p truncation, as TRL logs it)."""
+    return logprob_entropy(sampling_logprobs(logits, temperature))
+
+
+def logprob_entropy(logp: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of the distribution whose log-probs are ``logp``, over the last dimension: ``[..., V] -> [...]``."""
+    return -(logp.exp() * logp).sum(-1)

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpolab.common.given import NOTHING, Given
 from grpolab.data.jsonl import DataError
 from grpolab.data.records import prompt_of
 
@@ -173,22 +174,23 @@ def load_policy(
     chat: str = "auto",
     few_shot: list[dict] | None = None,
     device: torch.device | str = "cpu",
+    given: Given = NOTHING,
 ) -> Policy:
     """Model and tokenizer from ``spec`` (see :mod:`grpolab.models.loading`), the model on ``device``.
 
     ``dtype`` None: :func:`grpolab.common.devices.default_dtype` of the device (bf16 on a capable GPU, else fp32); a model
-    object given to the Python API keeps its own dtype. Such an object is moved to ``device`` in place.
+    object ``given`` to the Python API (as ``spec``) keeps its own dtype. Such an object is moved to ``device`` in
+    place.
     ``chat``: ``"auto"`` uses the chat template when the tokenizer has one (instruct models)
     and the model is not the built-in one; ``"on"``/``"off"`` force it.
     """
-    from grpolab.commands import objects
     from grpolab.common.devices import default_dtype, prepare_device
     from grpolab.models.attention import use_grouped_sdpa
     from grpolab.models.loading import load_gguf, resolve_gguf
 
     device = torch.device(device)
     prepare_device(device)
-    live = objects.lookup(spec, "--model")  # a model object given to the Python API: itself, not a copy
+    live = given.lookup(spec, "--model")  # a model object given to the Python API: itself, not a copy
     gguf = None if spec == BUILTIN or live is not None else resolve_gguf(spec, gguf_file)
     if live is not None:
         model, tokenizer = live

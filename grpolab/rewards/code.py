@@ -15,6 +15,7 @@ TRL's GRPOTrainer. Each call's outcomes are counted (``pop_counts``: the trainer
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -109,6 +110,13 @@ class CodeReward:
         self.settings = settings or CodeRewardSettings()
         self._sandbox: Sandbox | None = None
         self.counts: dict[str, float] = {}
+
+    def for_run(self, settings: CodeRewardSettings) -> CodeReward:
+        """A copy of this reward (of its own class, a subclass's attributes kept) with ``settings`` and a sandbox of its
+        own, not yet started: what a run scores with."""
+        run = copy.copy(self)
+        run.settings, run._sandbox, run.counts = settings, None, {}
+        return run
 
     def sandbox(self) -> Sandbox:
         """The sandbox the programs run in (made on first use from the settings)."""

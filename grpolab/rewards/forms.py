@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from grpolab.common.given import NOTHING, Given
 from grpolab.rewards.builtin import RewardFn, accuracy_reward
 
 ACCEPTED_FORMS = (
@@ -124,12 +125,12 @@ def check_columns(reward_fns: Sequence[tuple[str, RewardFn, float]], records: li
         )
 
 
-def load_reward_fn(path: str) -> RewardFn:
+def load_reward_fn(path: str, given: Given = NOTHING) -> RewardFn:
     """Import ``"package.module:function"``; a clear error when it is not there."""
     from grpolab.common.loader import load_object
     from grpolab.config.train import ConfigError  # a ValueError: the CLI prints it as one line, not a traceback
 
-    fn = load_object(path, "--reward-fn", "function")
+    fn = load_object(path, "--reward-fn", "function", given)
     if not callable(fn):
         raise ConfigError(f"--reward-fn: {path!r} is not callable")
     try:

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from grpolab.commands import objects
+from grpolab.common.given import NOTHING, Given
 from grpolab.config.rollout import RewardSection, SandboxSection
 from grpolab.data.records import prompt_of as prompt_of_record
 from grpolab.rewards.builtin import accuracy_reward, default_reward_fns, format_reward, overlong_penalty
@@ -30,17 +30,19 @@ def reward_functions(
     chat: bool = False,
     episodes: bool = False,
     sandbox: SandboxSection | None = None,
+    given: Given = NOTHING,
 ) -> list[tuple[str, RewardFn, float]]:
     """The ``(name, fn, weight)`` a run scores with.
 
-    No ``paths``: :func:`default_reward_fns` (``accuracy + format_weight * format``).
-    Otherwise the functions at ``paths`` replace the accuracy reward: ``r = sum_i w_i f_i
-    + format_weight * format`` (weights default to 1). Each is named by its function name
-    (made unique; never one of the built-in metric names, except ``accuracy`` for the first),
-    and the first plays the accuracy reward's part in ``reward/accuracy``.
-    ``episodes`` (an environment task): the functions at ``paths`` only, no default and no format reward (the
-    environment's own rewards add to theirs). The code reward comes as a :class:`grpolab.rewards.code.CodeReward` of
-    its own, with the ``sandbox`` options: whoever holds the functions closes it (:meth:`Rewarder.close`).
+        No ``paths``: :func:`default_reward_fns` (``accuracy + format_weight * format``).
+        Otherwise the functions at ``paths`` replace the accuracy reward: ``r = sum_i w_i f_i
+        + format_weight * format`` (weights default to 1). Each is named by its function name
+        (made unique; never one of the built-in metric names, except ``accuracy`` for the first),
+        and the first plays the accuracy reward's part in ``reward/accuracy``.
+        ``episodes`` (an environment task): the functions at ``paths`` only, no default and no format reward (the
+        environment's own rewards add to theirs). The code reward comes as a :class:`grpolab.rewards.code.CodeReward` of
+        its own, with the ``sandbox`` options: whoever holds the functions closes it (:meth:`Rewarder.close`). ``given``:
+    functions given to the Python API in place of names.
     """
     from grpolab.config.train import ConfigError
 
@@ -54,12 +56,12 @@ def reward_functions(
     out: list[tuple[str, RewardFn, float]] = []
     taken: set[str] = set()
     for i, (path, w) in enumerate(zip(paths, weights)):
-        fn = load_reward_fn(path)
+        fn = load_reward_fn(path, given)
         if isinstance(fn, CodeReward):  # this run's own, with its own sandbox
-            fn = CodeReward(CodeRewardSettings.of(sandbox) if sandbox is not None else fn.settings)
+            fn = fn.for_run(CodeRewardSettings.of(sandbox) if sandbox is not None else fn.settings)
         if reward_form(fn) == "trl":
             fn = from_trl(fn, prompt_of, chat)
-        base = objects.object_name(path)
+        base = given.name_of(path)
         name, k = base, 2
         while name in taken or (name in _RESERVED and not (i == 0 and name == "accuracy")):
             name, k = f"{base}_{k}", k + 1
@@ -77,6 +79,7 @@ def eval_reward(
     chat: bool,
     reward_fns: Sequence[tuple[str, RewardFn, float]] = (),
     sandbox: SandboxSection | None = None,
+    given: Given = NOTHING,
 ) -> tuple[str, RewardFn]:
     """``(name, fn)`` of the reward whose mean is a run's held-out accuracy: ``eval_reward_fn``; for prompt data or
     episodes (no built-in answer check) the first of ``reward``'s functions; otherwise the built-in accuracy reward.
@@ -94,7 +97,7 @@ def eval_reward(
         return "env", None
     else:
         return "accuracy", accuracy_reward
-    name, fn, _ = reward_functions(paths, (), 0.0, prompt_of=prompt_of, chat=chat, sandbox=sandbox)[0]
+    name, fn, _ = reward_functions(paths, (), 0.0, prompt_of=prompt_of, chat=chat, sandbox=sandbox, given=given)[0]
     return name, fn
 
 
@@ -219,7 +222,13 @@ def close_reward(fns) -> None:
 
 
 def rewarder_for(
-    reward: RewardSection, policy, *, episodes: bool, max_new_tokens: int, sandbox: SandboxSection | None = None
+    reward: RewardSection,
+    policy,
+    *,
+    episodes: bool,
+    max_new_tokens: int,
+    sandbox: SandboxSection | None = None,
+    given: Given = NOTHING,
 ) -> Rewarder:
     """A run's reward from its ``reward`` options: its ``--reward-fn`` functions and weights (TRL-form ones see
     prompts as ``policy`` shows them), the format reward and DAPO's overlong penalty over completions of up to
@@ -234,5 +243,6 @@ def rewarder_for(
         prompt_of=policy.shown_prompt,
         episodes=episodes,
         sandbox=sandbox,
+        given=given,
     )
     return Rewarder(fns, max_new_tokens, reward.overlong_buffer, reward.overlong_penalty)

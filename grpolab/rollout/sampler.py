@@ -19,6 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from grpolab.common.batch import Batch, left_pad
+from grpolab.models.logprobs import logprob_entropy, sampling_logprobs
 from grpolab.models.shared_prefix import distinct_prompts
 
 
@@ -62,15 +63,6 @@ def _pick(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: floa
     return j.squeeze(1)
 
 
-def sampling_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log softmax(logits / T) over the last dimension (fp32; T = 0, greedy, scores at T = 1): ``[..., V] -> [..., V]``.
-
-    The full distribution at the sampling temperature, before any top-p truncation: the distribution the
-    trainer's log-probs (``grpolab.models.logprobs``) are computed from.
-    """
-    return torch.log_softmax(logits.float() / (temperature or 1.0), dim=-1)
-
-
 def nucleus_log_mass(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """log of the probability mass that top-p sampling keeps (the smallest prefix with mass >= top_p, :func:`_pick`'s
     rule) at temperature T: ``[n, V] -> [n]``; 0 with top_p = 1. A kept token's log-prob under the distribution that
@@ -80,16 +72,6 @@ def nucleus_log_mass(logits: torch.Tensor, temperature: float, top_p: float) -> 
     sorted_p = torch.softmax(logits.double() / temperature, dim=-1).sort(dim=-1, descending=True).values
     keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
     return torch.log((sorted_p * keep).sum(-1)).float()
-
-
-def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Entropy (nats) of softmax(logits / T) over the last dimension: ``[..., V] -> [...]``
-    (the full distribution at the sampling temperature, before any top-p truncation, as TRL logs it)."""
-    return _entropy(sampling_logprobs(logits, temperature))
-
-
-def _entropy(logp: torch.Tensor) -> torch.Tensor:
-    return -(logp.exp() * logp).sum(-1)
 
 
 class Sampled(NamedTuple):
@@ -174,7 +156,7 @@ def _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pa
     for t in range(max_new_tokens):
         if want_stats:
             logp = sampling_logprobs(logits, temperature)  # [n, V]
-            ent[active, t] = _entropy(logp)
+            ent[active, t] = logprob_entropy(logp)
         tok = _pick(logits, u[active, t], temperature, top_p)  # [n]
         if want_stats:
             lp[active, t] = logp.gather(1, tok[:, None]).squeeze(1) - nucleus_log_mass(logits, temperature, top_p)

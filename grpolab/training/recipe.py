@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from grpolab.commands import objects
 from grpolab.common import distributed as dist_
 from grpolab.common.distributed import SINGLE, World
+from grpolab.common.given import NOTHING, Given, is_description
 from grpolab.common.progress import progress_bar
 from grpolab.config import fields
 from grpolab.config.train import ConfigError, TrainConfig
@@ -93,12 +93,12 @@ class StatusLine:
         self.show(text)
 
 
-def build_trainer(cfg: TrainConfig, log=print, world: World = SINGLE, **kwargs) -> GRPOTrainer:
+def build_trainer(cfg: TrainConfig, log=print, world: World = SINGLE, given: Given = NOTHING, **kwargs) -> GRPOTrainer:
     """A trainer as a run sets one up: the process seeded and threaded by the run's --seed and --threads (before the
     trainer exists: LoRA's initial weights draw from it), then the trainer (``kwargs`` go to it), then the
     observers its config asks for (the rollout logs, the probes, the token-credit records)."""
-    seed_process(checked_config(cfg, world.size))
-    trainer = GRPOTrainer(cfg, log=log, world=world, **kwargs)
+    seed_process(checked_config(cfg, world.size, given))
+    trainer = GRPOTrainer(cfg, log=log, world=world, given=given, **kwargs)
     attach_observers(trainer)
     return trainer
 
@@ -107,8 +107,8 @@ class TrainRecipe:
     """One training run. Under torchrun (``WORLD_SIZE`` > 1) this process trains its share; rank 0 alone
     logs, writes metrics, samples and checkpoints."""
 
-    def __init__(self, cfg: TrainConfig, log=print):
-        self.requested, self.log = cfg, log
+    def __init__(self, cfg: TrainConfig, log=print, given: Given = NOTHING):
+        self.requested, self.log, self.given = cfg, log, given
         self.logger: RunLogger | None = None
         self.status = StatusLine()  # what the trainer is doing, on the progress bar once train() starts one
 
@@ -124,7 +124,7 @@ class TrainRecipe:
     def _setup_world(self) -> None:
         """The config, with the model's defaults filled in (as recorded in config.json), validated once for the
         process count; then the process group."""
-        self.cfg = checked_config(self.requested, dist_.env_world_size())
+        self.cfg = checked_config(self.requested, dist_.env_world_size(), self.given)
         self.world = dist_.init(self.cfg.machine.device)
         if not self.world.is_main:
             self.log = _quiet
@@ -138,7 +138,7 @@ class TrainRecipe:
         cfg = self.cfg
         self.out, self.start, self.ckpt, self.saved = Path(cfg.run.out), 0, None, None
         if cfg.run.resume:
-            self.saved = _read_resumable(self.out, cfg)
+            self.saved = _read_resumable(self.out, cfg, self.given)
             try:
                 self.start, self.ckpt = checkpoint.newest_intact(self.out, warn=self.log)
             except checkpoint.CheckpointError as e:
@@ -155,10 +155,10 @@ class TrainRecipe:
         """On resume the weights come from the checkpoint (with LoRA: the base as configured, the adapter from the
         checkpoint), and the KL reference is the run's *starting* model, not the checkpoint."""
         cfg, ckpt, adapter_from, reference = self.cfg, self.ckpt, None, None
-        live = objects.lookup(cfg.policy.model, "--model")  # a model object given to the Python API
+        live = self.given.lookup(cfg.policy.model, "--model")  # a model object given to the Python API
         fingerprint = self.saved.get("model_fingerprint") if self.saved else None
         if live is not None and ckpt is None:
-            fingerprint = objects.weights_fingerprint(live[0])  # its starting weights, for a resume to recognise
+            fingerprint = checkpoint.weights_fingerprint(live[0])  # its starting weights, for a resume to recognise
         if ckpt is not None and cfg.policy.lora_rank:
             adapter_from = ckpt
         elif ckpt is not None and live is not None:
@@ -168,7 +168,13 @@ class TrainRecipe:
             if cfg.objective.beta > 0:
                 reference = _starting_model(self.saved)
         self.trainer = build_trainer(
-            cfg, log=self.log, world=self.world, status=self.status, adapter_from=adapter_from, reference=reference
+            cfg,
+            log=self.log,
+            world=self.world,
+            given=self.given,
+            status=self.status,
+            adapter_from=adapter_from,
+            reference=reference,
         )
         # What config.json records: the run's own model (not a checkpoint it resumed from) and the process count.
         model = self.saved["model"] if self.saved else cfg.policy.model
@@ -295,9 +301,9 @@ class TrainRecipe:
             self.logger.close()
 
 
-def run_training(cfg: TrainConfig, log=print) -> TrainRecipe:
+def run_training(cfg: TrainConfig, log=print, given: Given = NOTHING) -> TrainRecipe:
     """Run GRPO as configured; returns the finished recipe (its ``out`` directory, its ``trainer.policy``)."""
-    recipe = TrainRecipe(cfg, log)
+    recipe = TrainRecipe(cfg, log, given)
     recipe.setup()
     try:
         recipe.train()
@@ -328,12 +334,12 @@ def saved_config(out: str | Path) -> TrainConfig:
     return TrainConfig.from_dict(json.loads(path.read_text()))
 
 
-def _read_resumable(out: Path, cfg: TrainConfig) -> dict:
+def _read_resumable(out: Path, cfg: TrainConfig, given: Given) -> dict:
     """The saved config.json of the run --resume continues, after checking it can be continued with ``cfg``."""
     if not checkpoint.checkpoint_dirs(out):
         raise ConfigError(f"--resume: no complete checkpoint in {out / 'checkpoints'}")
     saved = json.loads((out / "config.json").read_text())
-    _check_objects(saved, cfg)
+    _check_objects(saved, cfg, given)
     started = TrainConfig.from_dict(saved)
     for key in cfg.resume_conflicts(started):
         was, now = fields.get(started, key), fields.get(cfg, key)
@@ -350,7 +356,7 @@ def _resume_object(model: torch.nn.Module, ckpt: Path, start: str | None, beta: 
     starting weights (their fingerprint in config.json), not trained ones."""
     reference = None
     if beta > 0:
-        if objects.weights_fingerprint(model) != start:
+        if checkpoint.weights_fingerprint(model) != start:
             raise ConfigError(
                 "--resume: the KL reference (--beta) is the run's starting model, and the model object given holds "
                 "other weights (trained ones?); pass the model as it was when the run started"
@@ -361,16 +367,17 @@ def _resume_object(model: torch.nn.Module, ckpt: Path, start: str | None, beta: 
     return reference
 
 
-def _check_objects(saved: dict, cfg: TrainConfig) -> None:
+def _check_objects(saved: dict, cfg: TrainConfig, given: Given) -> None:
     """A run started with Python objects (their descriptions in config.json) resumes only with objects described
     alike, given again in this call: one line naming the first that is missing or different."""
-    for key, flag in objects.OBJECT_FLAGS.items():
+    for key in fields.object_options(TrainConfig):
         was, now = saved.get(key), fields.get(cfg, key)
         was = list(was) if isinstance(was, list | tuple) else [was]
         now = list(now) if isinstance(now, list | tuple) else [now]
         for i, w in enumerate(was):
-            if objects.is_description(w) and (i >= len(now) or now[i] != w or not objects.is_registered(w)):
-                raise ConfigError(f"--resume: the run was started with {w}; {objects.pass_again(flag)}")
+            if is_description(w) and (i >= len(now) or now[i] != w or w not in given):
+                flag = "--" + key.replace("_", "-")
+                raise ConfigError(f"--resume: the run was started with {w}; {given.pass_again(flag)}")
 
 
 def _starting_model(saved: dict) -> torch.nn.Module:

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 
+from grpolab.common.given import NOTHING, Given
 from grpolab.common.rng import seed_everything, set_threads
 from grpolab.config.train import TrainConfig
 from grpolab.data.task import resolve_format
 
 
-def checked_config(cfg: TrainConfig, world_size: int = 1) -> TrainConfig:
+def checked_config(cfg: TrainConfig, world_size: int = 1, given: Given = NOTHING) -> TrainConfig:
     """``cfg`` as a run uses it: the model's defaults filled in (``MODEL_DEFAULTS``), ``--format auto`` resolved
-    from the data (what config.json records), validated for ``world_size`` processes."""
+    from the data (``given``: rows given to the Python API; what config.json records), validated for
+    ``world_size`` processes."""
     cfg = cfg.resolved()
-    cfg = dataclasses.replace(cfg, dataset=resolve_format(cfg.dataset, bool(cfg.episodes.env)))
+    cfg = dataclasses.replace(cfg, dataset=resolve_format(cfg.dataset, bool(cfg.episodes.env), given))
     cfg.validate()
     cfg.validate_world(world_size)
     return cfg

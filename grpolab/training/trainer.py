@@ -26,6 +26,7 @@ from transformers import get_scheduler
 from grpolab.common import distributed as dist_
 from grpolab.common.devices import parse_dtype, resolve_device
 from grpolab.common.distributed import SINGLE, World
+from grpolab.common.given import NOTHING, Given
 from grpolab.config.train import TrainConfig
 from grpolab.data.task import few_shot_examples, task_data
 from grpolab.env import environment
@@ -60,7 +61,8 @@ class GRPOTrainer:
     run's to set before (:func:`grpolab.training.setup.seed_process`). ``adapter_from``: a LoRA checkpoint to resume
     the adapter from. ``reference``: the KL reference when it is not the starting weights (a resumed run's start).
     ``engine``: a rollout engine instead of the one --rollout-engine names. ``status``: told what the step is doing
-    (a progress bar's status line). ``observers`` watch each step (:class:`grpolab.training.step.StepObserver`).
+    (a progress bar's status line). ``given``: Python objects given to the API in place of what options name
+    (:class:`grpolab.common.given.Given`). ``observers`` watch each step (:class:`grpolab.training.step.StepObserver`).
     """
 
     def __init__(
@@ -72,9 +74,10 @@ class GRPOTrainer:
         reference: torch.nn.Module | None = None,
         engine: RolloutEngine | None = None,
         status: Callable[[str], None] = lambda text: None,
+        given: Given = NOTHING,
     ):
-        self.cfg = checked_config(cfg, world.size)
-        self.log, self.world, self.status = log, world, status
+        self.cfg = checked_config(cfg, world.size, given)
+        self.log, self.world, self.status, self.given = log, world, status, given
         self.device = resolve_device(self.cfg.machine.device, world.local_rank)
         self.observers: list[StepObserver] = []
         self.rollouts_total = 0  # rollouts generated since step 1 (restored on resume)
@@ -144,7 +147,12 @@ class GRPOTrainer:
         log(f"loading {cfg.policy.model}{' (' + cfg.policy.gguf_file + ')' if cfg.policy.gguf_file else ''} ...")
         dtype = parse_dtype(cfg.machine.dtype)
         self.policy: Policy = load_policy(
-            cfg.policy.model, dtype, gguf_file=cfg.policy.gguf_file, chat=cfg.prompt.chat, device=self.device
+            cfg.policy.model,
+            dtype,
+            gguf_file=cfg.policy.gguf_file,
+            chat=cfg.prompt.chat,
+            device=self.device,
+            given=self.given,
         )
         n_params = sum(p.numel() for p in self.policy.model.parameters())
         log(
@@ -219,24 +227,25 @@ class GRPOTrainer:
         """The reward functions, the held-out set and the training sampler (and --few-shot examples), the environment
         and the held-out accuracy's reward; each checked against the data now, not at the first step."""
         cfg, policy = self.cfg, self.policy
+        given = self.given
         self.reward = rewarder_for(
             cfg.reward,
             policy,
             episodes=cfg.multi_turn,
             max_new_tokens=cfg.generation.max_new_tokens,
             sandbox=cfg.code_sandbox,
+            given=given,
         )
         self.held_out, self.sampler = task_data(
-            cfg.dataset, cfg.arithmetic, cfg.episodes, cfg.eval.eval_questions, cfg.run.seed, self.log
+            cfg.dataset, cfg.arithmetic, cfg.episodes, cfg.eval.eval_questions, cfg.run.seed, self.log, given
         )
         # an environment task: its environment, with one episode opened on a held-out record to check it now
-        self.env = environment(
-            cfg.episodes, cfg.arithmetic.max_operand, policy, self.held_out[0] if self.held_out else None
-        )
+        first = self.held_out[0] if self.held_out else None
+        self.env = environment(cfg.episodes, cfg.arithmetic.max_operand, policy, first, given)
         fns = self.reward.reward_fns
         self.eval_reward_name, self.eval_reward = eval_reward(
             cfg.reward, cfg.eval.eval_reward_fn, cfg.dataset.format, cfg.multi_turn, policy.shown_prompt, policy.chat,
-            fns, sandbox=cfg.code_sandbox,
+            fns, sandbox=cfg.code_sandbox, given=given,
         )  # fmt: skip
         if cfg.dataset.data:  # a reward that needs a column the data lacks: one line now, not a zero reward every step
             check_columns(fns, self.sampler.records, f"--data {cfg.dataset.data}")

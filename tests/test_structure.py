@@ -1,0 +1,104 @@
+"""The shape of the code, checked: options in sections of a readable size, functions that fit on a screen, a
+training step read in one pass, builders that take the sections they need, option names written once."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+import pkgutil
+from pathlib import Path
+
+import grpolab
+from grpolab.config import fields
+from grpolab.config.train import TrainConfig
+
+ROOT = Path(grpolab.__file__).parent
+MAX_FIELDS, MAX_FUNCTION, MAX_STEP = 25, 60, 40
+
+
+def _modules():
+    for info in pkgutil.walk_packages(grpolab.__path__, "grpolab."):
+        if not info.name.endswith("__main__"):  # runs the command line
+            yield importlib.import_module(info.name)
+
+
+def _trees():
+    for path in sorted(ROOT.rglob("*.py")):
+        yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text())
+
+
+def test_no_dataclass_has_more_than_25_fields():
+    big = [
+        f"{module.__name__}.{name}: {len(dataclasses.fields(obj))}"
+        for module in _modules()
+        for name, obj in vars(module).items()
+        if inspect.isclass(obj) and dataclasses.is_dataclass(obj) and obj.__module__ == module.__name__
+        if len(dataclasses.fields(obj)) > MAX_FIELDS
+    ]
+    assert big == []
+
+
+def test_no_function_is_longer_than_60_lines():
+    long = [
+        f"{path}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path, tree in _trees()
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        if node.end_lineno - node.lineno + 1 > MAX_FUNCTION
+    ]
+    assert long == []
+
+
+def test_a_training_step_is_at_most_40_lines():
+    from grpolab.training.trainer import GRPOTrainer
+
+    assert len(inspect.getsource(GRPOTrainer.step).splitlines()) <= MAX_STEP
+
+
+def test_builders_below_training_take_sections_not_the_training_config():
+    """A parameter typed TrainConfig only where a whole run is assembled: the trainer and its run, a sweep of
+    runs, the commands."""
+    assembling = ("training/", "analysis/sweep.py", "commands/", "config/")
+    whole = [
+        f"{path}:{node.lineno} {node.name}({arg.arg})"
+        for path, tree in _trees()
+        if not path.startswith(assembling)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for arg in node.args.args + node.args.kwonlyargs
+        if arg.annotation is not None and "TrainConfig" in ast.unparse(arg.annotation)
+    ]
+    assert whole == []
+
+
+def _option_name_lists(tree: ast.AST, names: set[str]) -> list[int]:
+    """Lines of list, tuple or set literals (or dict keys) of three or more strings, every one an option's name."""
+    hits = []
+    for node in ast.walk(tree):
+        items = node.elts if isinstance(node, (ast.List, ast.Tuple, ast.Set)) else None
+        if isinstance(node, ast.Dict):
+            items = [k for k in node.keys if k is not None]
+        if not items or len(items) < 3:
+            continue
+        if all(isinstance(i, ast.Constant) and isinstance(i.value, str) for i in items):
+            if all(i.value in names for i in items):
+                hits.append(node.lineno)
+    return hits
+
+
+def test_no_list_of_option_names_outside_the_config_package():
+    names = set(fields.options(TrainConfig))
+    lists = [
+        f"{path}:{line}"
+        for path, tree in _trees()
+        if not path.startswith("config/")
+        for line in _option_name_lists(tree, names)
+    ]
+    assert lists == []
+
+
+def test_the_option_name_check_finds_a_list():
+    tree = ast.parse('RESUME_MUST_MATCH = ("seed", "group_size", "lr")\nOTHER = ("a", "b", "c")\n')
+    assert _option_name_lists(tree, set(fields.options(TrainConfig))) == [1]
