@@ -13,6 +13,7 @@ needs an exception, and both need the same words.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import types
@@ -37,8 +38,6 @@ def field_types(cls) -> dict[str, object]:
 def _nested_types(cls) -> dict[str, object]:
     """``outer.inner`` -> type, for the options of a dataclass a config nests without making it a section (sft's
     ``--model.hidden-size``: tyro names them so)."""
-    import dataclasses
-
     out = {}
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
