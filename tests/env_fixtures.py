@@ -47,11 +47,11 @@ class Forever(Echo):
         return [{"role": "user", "content": "more"}], 0.0, False
 
 
-class NoStep:
-    """Not an environment: no step."""
+class NoReset:
+    """Not an environment of either shape: no reset."""
 
-    def reset(self, record: dict) -> list[dict]:
-        return [{"role": "user", "content": "hi"}]
+    def step(self, text: str):
+        return [], 0.0, True
 
 
 class NeedsArgs(Echo):

@@ -21,12 +21,49 @@ from grpolab.rollout.sampler import Sampled
 # ---------------------------------------------------------------- the command line
 
 
-def run_cli(args: list[str], cwd, timeout: int = 300) -> subprocess.CompletedProcess:
-    """``grpolab ARGS`` in a subprocess, as a user would run it (these runs train or sample: allow minutes)."""
+def run_cli(args: list[str], cwd, timeout: int = 300, process: bool | None = None) -> subprocess.CompletedProcess:
+    """``grpolab ARGS`` as a user would run it: its exit status, stdout and stderr.
+
+    In a subprocess (``process`` True, or a command that starts processes of its own: ``--nproc``), with a
+    ``timeout`` of minutes; otherwise ``grpolab.commands.cli.main`` in this process, in ``cwd``, its output captured:
+    the same code from the parsed command line on, without an interpreter's and torch's start-up (seconds a call).
+    """
+    if process is None:
+        args = [str(a) for a in args]
+        process = "--nproc" in args and args[args.index("--nproc") + 1] != "1"
+    if not process:
+        return run_main(args, cwd)
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "COLUMNS": "200"}
     return subprocess.run(
         [sys.executable, "-m", "grpolab", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
     )
+
+
+def run_main(args: list[str], cwd) -> subprocess.CompletedProcess:
+    """``grpolab ARGS`` through ``main`` in this process (see :func:`run_cli`); torch's thread count is restored after."""
+    import contextlib
+    import io
+
+    from grpolab.commands.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    threads, old_cwd, old_columns = torch.get_num_threads(), os.getcwd(), os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "200"
+    code = 0
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main([str(a) for a in args])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        os.chdir(old_cwd)
+        torch.set_num_threads(threads)
+        if old_columns is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = old_columns
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 # ---------------------------------------------------------------- a scripted rollout engine
@@ -298,3 +335,50 @@ def assert_same_params(a: Path, b: Path, step: int = 3) -> None:
     for k in start:
         rel = float((pa[k] - pb[k]).norm() / pa[k].norm())
         assert rel <= REL_TOL, f"{k}: relative difference {rel:.2e} between {a.name} and {b.name}"
+
+
+# ---------------------------------------------------------------- a Hugging Face Hub cache, offline
+
+COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
+
+
+def hub_repo(hub: Path, repo_id: str, repo_type: str, commit: str, files: dict, refs=("main",)) -> Path:
+    """A repository in a Hugging Face cache at ``hub`` (``$HF_HOME/hub``), laid out as huggingface_hub lays it out:
+    ``<type>s--<org>--<name>/refs/<ref>`` holding the commit (no newline) and ``snapshots/<commit>/<files>``.
+    ``files`` maps a path in the repository to its text, bytes, or a local file (a Path: linked, not copied, as the
+    cache links snapshots to blobs). Returns the snapshot directory."""
+    folder = hub / f"{repo_type}s--{repo_id.replace('/', '--')}"
+    for ref in refs:
+        (folder / "refs").mkdir(parents=True, exist_ok=True)
+        (folder / "refs" / ref).write_text(commit)
+    snap = folder / "snapshots" / commit
+    snap.mkdir(parents=True, exist_ok=True)
+    for rel, content in files.items():
+        path = snap / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, Path):
+            path.symlink_to(content.resolve())
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+    return snap
+
+
+def offline_hub(home: Path, monkeypatch) -> Path:
+    """An empty Hugging Face cache under ``home`` used offline, in this process (huggingface_hub reads its settings
+    once, at import: its constants are set here) and in the processes it starts (the environment). Returns the hub
+    directory that :func:`hub_repo` fills."""
+    from huggingface_hub import constants
+
+    hub = home / "hub"
+    hub.mkdir(parents=True, exist_ok=True)
+    for name, value in (("HF_HOME", str(home)), ("HF_HUB_CACHE", str(hub)), ("HF_HUB_OFFLINE", "1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(home / "datasets"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    import datasets.config
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", home / "datasets")
+    return hub

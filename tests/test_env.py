@@ -279,8 +279,8 @@ def test_branching_refuses_an_environment_that_does_not_replay(chat_policy):
 def test_the_environment_checks_name_what_is_wrong():
     import env_fixtures
 
-    with pytest.raises(EnvError, match="no step method"):
-        check_env_class(env_fixtures.NoStep, "env_fixtures:NoStep")
+    with pytest.raises(EnvError, match="has no reset method, so it fits neither shape"):
+        check_env_class(env_fixtures.NoReset, "env_fixtures:NoReset")
     with pytest.raises(EnvError, match="needs the argument"):
         check_env_class(env_fixtures.NeedsArgs, "env_fixtures:NeedsArgs")
     with pytest.raises(EnvError, match="not a class"):
@@ -396,7 +396,7 @@ def test_the_cli_names_a_bad_environment_or_tool_in_one_line(tmp_path):
     fx = str(Path(__file__).with_name("env_fixtures.py"))  # by file: the CLI's process has no tests/ on its path
     cases = [
         (["--env", "missing.py:Env"], "--env: cannot load 'missing.py:Env': ImportError: no such file: missing.py"),
-        (["--env", f"{fx}:NoStep"], f"--env {fx}:NoStep: NoStep has no step method"),
+        (["--env", f"{fx}:NoReset"], f"--env {fx}:NoReset: NoReset has no reset method, so it fits neither shape"),
         (["--env", f"{fx}:BadStep"], "env_fixtures.BadStep.step returned ([], 1.0); expected a tuple"),
         (["--tools", f"{fx}:no_docstring"], f"--tools {fx}:no_docstring:"),
     ]

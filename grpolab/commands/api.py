@@ -139,7 +139,7 @@ def train(
     reward_funcs: Callable | str | Sequence[Callable | str] | None = None,
     *,
     eval_dataset: str | Any | None = None,
-    env: type | str | None = None,
+    env: type | dict[str, type] | str | None = None,
     tools: Sequence[Callable | str] | None = None,
     tokenizer: Any | None = None,
     config: TrainConfig | None = None,
@@ -149,15 +149,17 @@ def train(
     """GRPO training, as ``grpolab train``; returns the :class:`Run`.
 
     Args:
-        model: a path or name as ``--model`` takes (default ``builtin``), a loaded transformers causal LM (give
-            ``tokenizer=``; it trains in place, keeping its dtype), or a finished run's ``run.policy``.
-        train_dataset: a ``datasets.Dataset`` (a DatasetDict of one split), a list of dicts, or a path as ``--data``
-            takes. Rows are read as a file's would be (``format=``, ``prompt_column=``): a ``prompt`` column of text or
-            chat messages, every other column passed to the reward functions.
+        model: a path, name or Hub id (``"org/name"``, ``revision=``) as ``--model`` takes (default ``builtin``), a
+            loaded transformers causal LM (give ``tokenizer=``; it trains in place, keeping its dtype), or a finished
+            run's ``run.policy``.
+        train_dataset: a ``datasets.Dataset`` (a DatasetDict of one split), a list of dicts, or a path or Hub id as
+            ``--data`` takes (``data_config=``). Rows are read as a file's: a ``prompt`` column of text or chat
+            messages (``prompt_column=``), every other column passed to the reward functions.
         reward_funcs: one or several functions, TRL's ``fn(prompts, completions, **columns)`` or grpolab's
             ``fn(completions, records)``, or ``"module:function"`` strings; weights with ``reward_weights=``.
-        eval_dataset: held-out rows, in the forms ``train_dataset`` takes (or ``eval_fraction=``).
-        env, tools: an environment class (``reset``/``step``) or tool functions, for episodes (docs/environments.md).
+        eval_dataset: held-out rows, in the forms ``train_dataset`` takes (default: ``eval_fraction=0.1`` of it).
+        env, tools: an environment class (TRL's ``reset(**row)`` shape or grpolab's ``reset``/``step``; a dict of
+            TRL-shape classes routed by an ``environment`` column), or tool functions: episodes (docs/environments.md).
         config: a whole :class:`grpolab.config.train.TrainConfig` instead of keywords.
         **fields: any ``grpolab train`` option by its field name (``steps=100, group_size=8, lr=1e-5, out="runs/x"``);
             a wrong name or type is a :class:`grpolab.config.train.ConfigError` of one line, the flag's.
@@ -171,7 +173,7 @@ def train(
 
         ds = Dataset.from_list([{"prompt": "Last letter of 'cat'?", "answer": "t"}, ...])
         run = grpolab.train(model="smollm2-135m-instruct", train_dataset=ds, reward_funcs=[last_letter],
-                            eval_fraction=0.2, steps=20, out="runs/letters")
+                            steps=20, out="runs/letters")
 
     Several processes: run the script under ``torchrun --nproc-per-node P``; each process calls ``train`` and trains
     its share, as ``grpolab train`` does under torchrun (``nproc=`` relaunches only the command line).

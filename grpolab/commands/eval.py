@@ -35,7 +35,7 @@ class EvalConfig:
     reward and sampling its own evaluations used."""
 
     model: str = dataclasses.field(default="builtin", metadata=takes_object("model", "model"))
-    """'builtin', 'smollm2-135m-instruct', a Hugging Face model directory, a .gguf file, a run directory
+    """'builtin', 'smollm2-135m-instruct', a Hugging Face model directory or Hub id, a .gguf file, a run directory
     (its newest checkpoint) or a run's checkpoints/step_N directory."""
     step: int | None = None
     """With a run directory: the checkpoint of this step (0 = the model the run started from)."""

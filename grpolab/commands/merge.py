@@ -16,7 +16,7 @@ def merge_checkpoint(checkpoint: str | Path, out: str | Path, model: str = "", g
     The base is ``model`` (``gguf_file`` inside it), or by default the run's own ``--model`` from the
     ``config.json`` two levels above the checkpoint. A damaged checkpoint is refused in one line. Returns the base.
     """
-    ckpt = Path(checkpoint)
+    ckpt, revision = Path(checkpoint), ""
     check_intact(Target(str(ckpt), str(ckpt)))  # a damaged checkpoint: one line naming the file
     if not is_adapter_dir(ckpt):
         raise FileNotFoundError(f"--checkpoint {ckpt}: no adapter_config.json (not a LoRA checkpoint)")
@@ -25,8 +25,8 @@ def merge_checkpoint(checkpoint: str | Path, out: str | Path, model: str = "", g
         if not run_cfg.is_file():
             raise FileNotFoundError(f"--checkpoint {ckpt}: no run config.json two levels up; pass --model")
         saved = json.loads(run_cfg.read_text())
-        model, gguf_file = saved["model"], saved.get("gguf_file", "")
-    policy = load_policy(model, gguf_file=gguf_file)
+        model, gguf_file, revision = saved["model"], saved.get("gguf_file", ""), saved.get("revision", "")
+    policy = load_policy(model, gguf_file=gguf_file, revision=revision)
     merged = load_lora(policy.model, ckpt, trainable=False).merge_and_unload()
     merged.save_pretrained(out, safe_serialization=True)
     policy.tokenizer.save_pretrained(out)

@@ -51,6 +51,9 @@ class ObjectNames:
         "tool"): its ``module:name`` when importable, else a kept description."""
         if isinstance(obj, str):
             return obj
+        if kind == "environment" and isinstance(obj, dict):  # TRL's dict of environment classes, routed by a column
+            described = ", ".join(f"{k}: {getattr(v, '__qualname__', v)}" for k, v in obj.items())
+            return self._keep(f"environments defined in Python: {{{described}}}", obj)
         if not callable(obj):
             raise ConfigError(f"{flag}: expected a {kind} or a 'module:name' string, got {obj!r}")
         spec = importable_name(obj)

@@ -10,7 +10,7 @@ from grpolab.config.fields import bad, check_counts, takes_object
 # The built-in task's question categories [U-statistic, Sec. 5.1] (grpolab.data.arithmetic generates them).
 CATEGORIES = ("add_sub_2", "add_sub_3", "mul", "div", "paren")
 # How data rows become records (grpolab.data.dataset); auto is resolved from the rows before a run.
-DATA_FORMATS = ("auto", "prompt", "gsm8k", "math", "rows")
+DATA_FORMATS = ("auto", "prompt", "gsm8k", "math", "rows", "self")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,9 +18,14 @@ class PolicySection:
     """The policy: which model, and whether LoRA adapters train instead of its weights."""
 
     model: str = dataclasses.field(default="builtin", metadata=takes_object("model", "model"))
-    """'builtin' (the shipped SFT warm start of the tiny Llama) or a local Hugging Face model directory."""
+    """'builtin' (the shipped SFT warm start of the tiny Llama), 'smollm2-135m-instruct', a local Hugging Face model
+    directory (or a LoRA adapter's), a .gguf file, or a Hugging Face Hub id (org/name: downloaded, or read from the
+    Hugging Face cache offline; a local path of that name wins)."""
+    revision: str = ""
+    """The branch, tag or commit of a Hub --model (default main); config.json records the commit it resolved to."""
     gguf_file: str = ""
-    """A GGUF file inside the --model directory (or give --model PATH.gguf, or --model smollm2-135m-instruct)."""
+    """A GGUF file inside the --model directory or Hub repository (only that file is fetched), or give --model
+    PATH.gguf, or --model smollm2-135m-instruct."""
     lora_rank: int = 0
     """If > 0, train LoRA adapters of this rank (peft) on all linear layers instead of the full model;
     the KL reference is the same model with the adapter disabled; checkpoints hold the adapter."""
@@ -49,34 +54,69 @@ class PromptSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class Ref:
+    """Which part of a Hub data set (or a directory of one) to read."""
+
+    config: str = ""
+    """Its configuration; empty = its default (the only one, or the one named ``default``)."""
+    revision: str = ""
+    """A Hub id's branch, tag or commit; empty = main."""
+    default_split: str = "train"
+    """The split read when none is given and the data set has several."""
+    flag: str = "--data"
+    """The option that named it, for errors."""
+
+
+TRAIN_DATA = Ref()
+"""--data's default configuration, revision and split."""
+
+
+@dataclasses.dataclass(frozen=True)
 class DataSection:
     """The task's records: data files, their format and the held-out split."""
 
-    format: Literal["auto", "prompt", "gsm8k", "math", "rows"] = "auto"
+    format: Literal["auto", "prompt", "gsm8k", "math", "rows", "self"] = "auto"
     """How --data/--eval-data rows become records: prompt (the --prompt-column holds a string or a list of chat
     messages; every other column reaches the reward functions), gsm8k ({question, answer ending '#### n'}), math
     ({problem, solution with \\boxed{...}}, answers compared with math-verify), rows (every column as it is: an
-    --env's records), or auto: rows with --env, else prompt when the rows have the prompt column, else the preset
-    whose fields they have (recorded resolved in config.json)."""
+    --env's records), self (no data: an --env in TRL's shape samples its own task from each group's task seed), or
+    auto: rows with --env (self without --data, for a TRL-shape --env), else prompt when the rows have the prompt
+    column, else the preset whose fields they have (recorded resolved in config.json)."""
     data: str = dataclasses.field(default="", metadata=takes_object("data", "train_dataset"))
-    """Training data: a .jsonl, .json, .csv or .parquet file, or a directory written by datasets' save_to_disk;
-    empty = generate arithmetic questions."""
+    """Training data: a .jsonl, .json, .csv or .parquet file, a directory written by datasets' save_to_disk or holding
+    a data set's files (a clone of a Hub data set), or a Hugging Face Hub data set id (org/name: downloaded, or read
+    from the Hugging Face cache offline; a local path of that name wins); empty = generate arithmetic questions."""
+    data_config: str = ""
+    """The configuration (subset) of a Hub or directory data set given as --data, e.g. 'main' for openai/gsm8k
+    (default: its default one)."""
+    data_revision: str = ""
+    """The branch, tag or commit of Hub data sets (--data and --eval-data; default main)."""
     data_split: str = ""
-    """The split of a saved DatasetDict given as --data (default: its only split)."""
+    """The split of --data when it has several (default: its only split, else 'train')."""
     eval_data: str = dataclasses.field(default="", metadata=takes_object("data", "eval_dataset"))
     """Held-out data, in the same forms as --data; empty = --eval-fraction of --data, or the built-in test set."""
+    eval_config: str = ""
+    """The configuration of --eval-data (default: --data-config when --eval-data is the same data set)."""
     eval_split: str = ""
-    """The split of a saved DatasetDict given as --eval-data (default: its only split)."""
-    eval_fraction: float = 0.0
-    """Without --eval-data: hold out this fraction of --data's distinct prompts for evaluation (chosen by --seed;
-    no training prompt is among them). 0 = the built-in test set, for gsm8k/math data."""
+    """The split of --eval-data when it has several (default: its only split, else 'test'; the same data set as
+    --data: 'test')."""
+    eval_fraction: float = 0.1
+    """With --data and no --eval-data: hold out this fraction of --data's distinct prompts for evaluation (chosen by
+    --seed; no training prompt is among them). 0 = no held-out evaluation (gsm8k data: the built-in test set)."""
     prompt_column: str = "prompt"
     """The column that holds each row's prompt (prompt-format data)."""
 
+    def source(self, held_out: bool = False):
+        """Which configuration, revision and default split of --data (``held_out``: of --eval-data) to read."""
+        if not held_out:
+            return Ref(self.data_config, self.data_revision, "train", "--data")
+        config = self.eval_config or (self.data_config if self.eval_data == self.data else "")
+        return Ref(config, self.data_revision, "test", "--eval-data")
+
     @property
     def free_form(self) -> bool:
-        """Prompt or rows data: no built-in answer check, no solved examples."""
-        return self.format in ("prompt", "rows")
+        """Prompt, rows or self-sampled records: no built-in answer check, no solved examples."""
+        return self.format in ("prompt", "rows", "self")
 
     def validate(self) -> None:
         """Data files, their format, the held-out split."""
@@ -84,20 +124,14 @@ class DataSection:
             raise bad("format", f"must be one of {DATA_FORMATS}, got {self.format!r}")
         if not 0 <= self.eval_fraction < 1:
             raise bad("eval_fraction", f"must be in [0, 1), got {self.eval_fraction:g}")
-        if self.eval_fraction and (self.eval_data or not self.data):
-            raise bad("eval_fraction", "holds out part of --data: give --data, and no --eval-data")
         if self.format == "auto":  # the checks below need the format, resolved from the data before a run
             return
-        if self.free_form and self.data and not (self.eval_data or self.eval_fraction):
-            raise bad("eval_fraction", f"{self.format} data needs --eval-data or --eval-fraction (the built-in test "
-                      "set asks arithmetic questions)")  # fmt: skip
-        if self.free_form and not (self.data or self.eval_data):
+        if self.format == "self" and (self.data or self.eval_data):
+            raise bad("format", "self (an environment samples its own task) takes no --data or --eval-data")
+        if self.free_form and self.format != "self" and not (self.data or self.eval_data):
             raise bad("format", f"{self.format} needs --data or --eval-data")
-        if self.format == "math" and not (self.data and (self.eval_data or self.eval_fraction)):
-            raise bad(
-                "format",
-                "math needs --data and --eval-data (or --eval-fraction) in MATH format (the built-in task is numeric)",
-            )
+        if self.format == "math" and not self.data:
+            raise bad("format", "math needs --data in MATH format (the built-in task is numeric)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,9 +165,10 @@ class EpisodesSection:
     """'arith' (the built-in single-turn arithmetic, [U-statistic, Sec. 5.1]) or 'arith-multiturn' (the built-in
     H-turn dialogue with per-turn rewards, [Foundations, Sec. 6]: an environment, grpolab.env.arith)."""
     env: str = dataclasses.field(default="", metadata=takes_object("environment", "env"))
-    """An environment to play episodes in: 'path/to/file.py:Class' or 'module:Class', a class with reset(record) ->
-    messages and step(text) -> (messages, reward, done), constructed with no arguments for each episode; each row of
-    --data is one episode's record (docs/environments.md)."""
+    """An environment to play episodes in: 'path/to/file.py:Class' or 'module:Class', constructed with no arguments
+    for each episode, in grpolab's shape (reset(record) -> messages, step(text) -> (messages, reward, done)) or TRL's
+    (reset(**row) -> str | None, optional get_reward(), public methods as tools); each row of --data is one episode's
+    record; a TRL-shape class without --data samples its own task (docs/environments.md)."""
     tools: tuple[str, ...] = dataclasses.field(default=(), metadata=takes_object("tool", "tools"))
     """Tools the model may call: 'path/to/file.py:function' or 'module:function', repeatable; plain functions with
     type hints and a docstring. Each reply's tool calls run (in a worker process, --tool-timeout each) and their
@@ -195,11 +230,12 @@ def validate_task(prompt: PromptSection, data: DataSection, episodes: EpisodesSe
     """The checks between a task's sections: its data against the prompt format and the episodes."""
     if data.free_form and prompt.few_shot:
         raise bad("few_shot", "needs solved examples (question and answer): the built-in task or gsm8k/math data")
-    if data.format == "rows" and not episodes.env:
-        raise bad("format", "rows (every column as it is) is for an --env, whose reset reads the row")
+    if data.format in ("rows", "self") and not episodes.env:
+        raise bad("format", f"{data.format} is for an --env, whose reset reads the record")
     if not episodes.multi_turn:
         return
     if episodes.task == "arith-multiturn" and (data.data or data.eval_data):
         raise bad("task", "arith-multiturn plays the built-in dialogues; --data is for --env and --tools")
-    if episodes.task != "arith-multiturn" and not data.data:
-        raise bad("env" if episodes.env else "tools", "needs --data: each row is one episode's record")
+    if episodes.task != "arith-multiturn" and not data.data and data.format != "self":
+        raise bad("env" if episodes.env else "tools", "needs --data: each row is one episode's record (an --env in "
+                  "TRL's shape, reset(**row) and no step, may sample its own task instead)")  # fmt: skip

@@ -1,7 +1,10 @@
-"""Records from the files people keep data in: JSONL, JSON, CSV, Parquet, or a ``datasets`` directory.
+"""Records from the files people keep data in: JSONL, JSON, CSV, Parquet, a ``datasets`` directory, a Hub data set.
 
 ``.json``, ``.csv``, ``.parquet`` and directories written by ``Dataset.save_to_disk`` /
-``DatasetDict.save_to_disk`` are read through the ``datasets`` library. ``.jsonl`` is read a line
+``DatasetDict.save_to_disk`` are read through the ``datasets`` library. So is a directory that holds a data set's
+files as the Hub keeps them (parquet, jsonl, json or csv files, a README whose YAML names configurations and splits):
+a clone of a Hub data set, or the snapshot of a Hub id (``org/name``, :mod:`grpolab.common.hub`) downloaded or found
+in the Hugging Face cache. Such a data set's configuration and split are chosen by :class:`Ref`. ``.jsonl`` is read a line
 at a time with :func:`grpolab.data.jsonl.iter_json_objects`, so that a malformed line is named by
 its line number and every value keeps its JSON type (Arrow would make one type of a column).
 
@@ -23,6 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from grpolab.common.given import NOTHING, Given
+from grpolab.common.hub import is_hub_id, snapshot
+from grpolab.config.task import TRAIN_DATA, Ref
 from grpolab.data.jsonl import DataError, gsm8k_record, iter_json_objects
 from grpolab.data.math_format import math_record
 from grpolab.data.records import identity_of, is_chat
@@ -31,29 +36,48 @@ FILE_FORMATS = {".json": "json", ".csv": "csv", ".parquet": "parquet"}  # read b
 PRESET_FIELDS = {"gsm8k": ("question", "answer"), "math": ("problem", "solution")}
 
 
-def read_rows(path: str | Path, split: str = "", given: Given = NOTHING) -> Iterator[tuple[str, dict]]:
-    """``(where, row)`` for every row of a data file or ``save_to_disk`` directory; ``where`` names the row
-    (``file:line`` for JSONL, ``file: row N`` otherwise). ``split``: which split of a saved DatasetDict. Rows given
-    to the Python API in memory are found under their description in ``given``."""
+def read_rows(
+    path: str | Path, split: str = "", given: Given = NOTHING, ref: Ref = TRAIN_DATA
+) -> Iterator[tuple[str, dict]]:
+    """``(where, row)`` for every row of a data file, a directory or a Hub data set; ``where`` names the row
+    (``file:line`` for JSONL, ``file: row N`` otherwise). ``split``: which split of a data set that has several. Rows
+    given to the Python API in memory are found under their description in ``given``."""
     live = given.lookup(str(path), "--data/--eval-data")
     if live is not None:
         yield from ((f"{path}: row {i + 1}", row) for i, row in enumerate(live))
+        return
+    if is_hub_id(str(path)):
+        snap = hub_snapshot(str(path), ref)
+        for i, row in enumerate(_repository_split(snap.path, split, ref, str(path)).to_list()):
+            yield f"{path}: row {i + 1}", row
         return
     path = Path(path)
     if path.suffix == ".jsonl":
         yield from iter_json_objects(path)
         return
-    for i, row in enumerate(_read_with_datasets(path, split)):
+    for i, row in enumerate(_read_with_datasets(path, split, ref)):
         yield f"{path}: row {i + 1}", row
 
 
-def _read_with_datasets(path: Path, split: str) -> list[dict]:
+def hub_snapshot(spec: str, ref: Ref = TRAIN_DATA):
+    """The files of the Hub data set ``spec`` on local disk (:func:`grpolab.common.hub.snapshot`)."""
+    return snapshot(spec, "dataset", ref.revision, flag=ref.flag)
+
+
+def _quiet_datasets():
     import datasets
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
+    return datasets
+
+
+def _read_with_datasets(path: Path, split: str, ref: Ref = TRAIN_DATA) -> list[dict]:
+    datasets = _quiet_datasets()
     if path.is_dir():
-        return _saved_split(path, split).to_list()
+        if any((path / f).is_file() for f in ("dataset_dict.json", "state.json")):  # written by save_to_disk
+            return _saved_split(path, split).to_list()
+        return _repository_split(path, split, ref, str(path)).to_list()
     if not path.is_file():
         raise DataError(f"{path}: no such file or directory")
     kind = FILE_FORMATS.get(path.suffix)
@@ -68,6 +92,50 @@ def _read_with_datasets(path: Path, split: str) -> list[dict]:
         cause = e.__cause__ or e
         message = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
         raise DataError(f"{path}: could not be read as {kind.upper()} ({message})") from None
+
+
+def _repository_split(path: Path, split: str, ref: Ref, name: str):
+    """One split of the data set whose files are in the directory ``path`` (a Hub snapshot or a clone), read by
+    ``datasets`` as the Hub reads it (the README's configurations, else the files' names); ``name`` in errors."""
+    datasets = _quiet_datasets()
+    where = f"{ref.flag} {name}"
+    try:
+        configs = datasets.get_dataset_config_names(str(path))
+    except Exception as e:  # noqa: BLE001 - no data files, an unreadable README: one line, the cause
+        raise DataError(f"{where}: {_no_data_files(e)}") from None
+    config = ref.config or None
+    if config and config not in configs:
+        raise DataError(f"{where}: no configuration {config!r} (configurations: {', '.join(configs)}); pass "
+                        f"{_config_flag(ref)} with one of them")  # fmt: skip
+    try:
+        splits = datasets.get_dataset_split_names(str(path), config)
+    except ValueError:  # several configurations, none of them the default
+        raise DataError(f"{where}: several configurations ({', '.join(configs)}); choose one with "
+                        f"{_config_flag(ref)}") from None  # fmt: skip
+    except Exception as e:  # noqa: BLE001
+        raise DataError(f"{where}: {_no_data_files(e)}") from None
+    chosen = split or (splits[0] if len(splits) == 1 else ref.default_split)
+    if chosen not in splits:
+        flag = "--data-split" if ref.flag == "--data" else "--eval-split"
+        what = f"no split {split!r}" if split else f"several splits and none is {chosen!r}"
+        raise DataError(f"{where}: {what} (splits: {', '.join(splits)}); pass {flag} with one of them")
+    try:
+        return datasets.load_dataset(str(path), config, split=chosen)
+    except Exception as e:  # noqa: BLE001
+        raise DataError(f"{where}: {_no_data_files(e)}") from None
+
+
+def _config_flag(ref: Ref) -> str:
+    return "--data-config" if ref.flag == "--data" else "--eval-config"
+
+
+def _no_data_files(e: Exception) -> str:
+    """One line for what ``datasets`` raised reading a data set's files."""
+    name = type(e).__name__
+    if name in ("DataFilesNotFoundError", "EmptyDatasetError", "FileNotFoundError"):
+        return "no loadable data files (parquet, jsonl, json or csv) in the data set"
+    text = str(e).strip().splitlines()
+    return f"could not be read ({name}: {text[-1] if text else ''})"
 
 
 def _saved_split(path: Path, split: str):
@@ -90,10 +158,15 @@ def _saved_split(path: Path, split: str):
 
 
 def load_records(
-    path: str | Path, fmt: str = "auto", split: str = "", prompt_column: str = "prompt", given: Given = NOTHING
+    path: str | Path,
+    fmt: str = "auto",
+    split: str = "",
+    prompt_column: str = "prompt",
+    given: Given = NOTHING,
+    ref: Ref = TRAIN_DATA,
 ) -> list[dict]:
     """Every row of ``path`` as a record under ``fmt`` (module docstring). A bad row is a DataError naming it."""
-    rows = list(read_rows(path, split, given))
+    rows = list(read_rows(path, split, given, ref))
     if not rows:
         raise DataError(f"{path}: no records")
     columns = list(dict.fromkeys(k for _, row in rows for k in row))
@@ -112,25 +185,30 @@ def load_records(
     return [to_record(where, row) for where, row in rows]
 
 
-def data_format(path: str | Path, split: str = "", prompt_column: str = "prompt", given: Given = NOTHING) -> str:
+def data_format(
+    path: str | Path, split: str = "", prompt_column: str = "prompt", given: Given = NOTHING, ref: Ref = TRAIN_DATA
+) -> str:
     """The format ``auto`` resolves to for the data at ``path`` (its first row's columns for JSONL, else the
     data set's columns)."""
     live = given.lookup(str(path), "--data/--eval-data")
     if live is not None:
         return detect_format(path, list(dict.fromkeys(k for row in live for k in row)), prompt_column)
+    if is_hub_id(str(path)):
+        return detect_format(path, list(dict.fromkeys(k for _, row in read_rows(path, split, ref=ref) for k in row)),
+                             prompt_column)  # fmt: skip
     path = Path(path)
     if path.suffix == ".jsonl":
         first = next(iter_json_objects(path), None)
         columns = list(first[1]) if first else []
     else:
-        columns = _columns(path, split)
+        columns = _columns(path, split, ref)
     if not columns:
         raise DataError(f"{path}: no records")
     return detect_format(path, columns, prompt_column)
 
 
-def _columns(path: Path, split: str) -> list[str]:
-    return list(dict.fromkeys(k for row in _read_with_datasets(path, split) for k in row))
+def _columns(path: Path, split: str, ref: Ref) -> list[str]:
+    return list(dict.fromkeys(k for row in _read_with_datasets(path, split, ref) for k in row))
 
 
 def detect_format(path, columns: list[str], prompt_column: str) -> str:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
+from grpolab.common import streams
 from grpolab.common.given import NOTHING, Given
 from grpolab.config.task import ArithmeticSection, DataSection, EpisodesSection
 from grpolab.data.arithmetic import ArithmeticSpec, TrainSampler, held_out_size, test_set
@@ -15,6 +18,26 @@ from grpolab.data.dataset import data_format, hold_out, load_records
 from grpolab.data.dialogues import dialogue_task
 from grpolab.data.jsonl import DataError, ListSampler
 from grpolab.data.records import identity_of
+
+TASK_SEED = "task_seed"
+
+
+class SeedSampler:
+    """Records of an environment that samples its own task (``--format self``): ``{"task_seed": k}``, k drawn from
+    ``(seed, step)`` as ``--data`` records are. Training seeds are even and the held-out ones (1, 3, 5, ...) odd, so no
+    held-out task is trained on."""
+
+    records: list[dict] = []
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def draw(self, step: int, n: int, stream: int = streams.DATA_DRAW, round: int = 0) -> list[dict]:
+        rng = np.random.default_rng([stream, self.seed, step] + ([round] if round else []))
+        return [{TASK_SEED: 2 * int(k)} for k in rng.integers(2**30, size=n)]
+
+    def few_shot(self, n: int) -> list[dict]:
+        return self.draw(0, n, stream=streams.FEW_SHOT)
 
 
 def task_data(
@@ -34,6 +57,8 @@ def task_data(
     warning), --eval-fraction holds out whole prompts, and built-in draws exclude the whole 500-question
     test set.
     """
+    if data.format == "self":  # an environment that samples its own task: records are task seeds
+        return [{TASK_SEED: 2 * i + 1} for i in range(eval_questions)], SeedSampler(seed)
     if episodes.task == "arith-multiturn":  # the built-in dialogues (an environment's records)
         held_out, sampler, _ = dialogue_task(
             episodes.stages, arithmetic.max_operand, episodes.dialogue_context, eval_questions, seed
@@ -45,7 +70,9 @@ def task_data(
         # Exclude the full 500-question test set (half of a small task) even when evaluating on fewer of them.
         exclude = {r["question"] for r in test_set(held, spec)}
         if data.eval_data:
-            held_out = load_records(data.eval_data, data.format, data.eval_split, data.prompt_column, given)
+            held_out = load_records(
+                data.eval_data, data.format, data.eval_split, data.prompt_column, given, data.source(held_out=True)
+            )
         else:
             held_out = test_set(eval_questions, spec)
         return held_out[:eval_questions], TrainSampler(seed, spec, exclude=exclude)
@@ -65,9 +92,11 @@ def task_data(
 
 def _data_records(data: DataSection, spec: ArithmeticSpec, eval_questions: int, seed: int, given: Given):
     """``(train, held_out)`` records of --data: held out by --eval-data, --eval-fraction, or the built-in test set."""
-    train_records = load_records(data.data, data.format, data.data_split, data.prompt_column, given)
+    train_records = load_records(data.data, data.format, data.data_split, data.prompt_column, given, data.source())
     if data.eval_data:
-        return train_records, load_records(data.eval_data, data.format, data.eval_split, data.prompt_column, given)
+        eval_ref = data.source(held_out=True)
+        return train_records, load_records(data.eval_data, data.format, data.eval_split, data.prompt_column, given,
+                                           eval_ref)  # fmt: skip
     if data.eval_fraction:
         train_records, held_out = hold_out(train_records, data.eval_fraction, seed, data.format)
         if not held_out or not train_records:
@@ -76,22 +105,28 @@ def _data_records(data: DataSection, spec: ArithmeticSpec, eval_questions: int, 
                 f"and {len(held_out)} held-out prompts; both need at least one"
             )
         return train_records, held_out
+    if data.format != "gsm8k":  # --eval-fraction 0: no held-out evaluation, as TRL without an eval_dataset
+        return train_records, []
     _held_out_size(spec, eval_questions)
     return train_records, test_set(eval_questions, spec)
 
 
-def resolve_format(data: DataSection, env: bool, given: Given = NOTHING) -> DataSection:
+def resolve_format(data: DataSection, env: bool, given: Given = NOTHING, self_sampling: bool = False) -> DataSection:
     """``data`` with ``--format auto`` resolved: gsm8k for the built-in task, rows for an environment's (its
-    ``reset`` reads the row as it is), else from the data's columns (:func:`grpolab.data.dataset.data_format`)."""
+    ``reset`` reads the row as it is), self for an environment that samples its own task (``self_sampling``: a TRL-shape
+    class and no data), else from the data's columns (:func:`grpolab.data.dataset.data_format`).
+    ``--eval-fraction`` is 0 where it does not apply (no --data, or --eval-data given): config.json says so."""
+    if data.eval_fraction and (data.eval_data or not data.data):
+        data = dataclasses.replace(data, eval_fraction=0.0)
     if data.format != "auto":
         return data
     if not (data.data or data.eval_data):
-        fmt = "gsm8k"
+        fmt = "self" if self_sampling else "gsm8k"
     elif env:
         fmt = "rows"
     else:
         path, split = (data.data, data.data_split) if data.data else (data.eval_data, data.eval_split)
-        fmt = data_format(path, split, data.prompt_column, given)
+        fmt = data_format(path, split, data.prompt_column, given, data.source(held_out=not data.data))
     return dataclasses.replace(data, format=fmt)
 
 

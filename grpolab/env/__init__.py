@@ -1,6 +1,7 @@
 """Environments: multi-turn episodes, tools, and the built-in dialogue.
 
 - ``protocol``: what an environment is (``reset``/``step``), loading ``--env`` and the checks on what it returns;
+- ``trl_env``: TRL's environment classes (``reset(**row)``, ``get_reward``, methods as tools) in that shape;
 - ``render``: chat messages -> the token ids of one sequence, turn by turn;
 - ``episodes``: the policy and an environment taking turns through a rollout engine; episodes as token rows;
 - ``tools``, ``tool_worker``, ``tool_env``: ``--tools`` functions, their schemas and calls, run in a worker process;
@@ -19,8 +20,15 @@ from grpolab.common.given import NOTHING, Given
 from grpolab.config.task import EpisodesSection
 from grpolab.env.protocol import EnvError, Environment, EpisodeLimits, check_reset, load_env_class
 from grpolab.env.render import Renderer
+from grpolab.env.trl_env import TrlEnvironment, TrlShape, is_trl_shape
 
-__all__ = ["EnvError", "EnvSetup", "Environment", "EpisodeLimits", "Renderer", "environment"]
+__all__ = ["EnvError", "EnvSetup", "Environment", "EpisodeLimits", "Renderer", "environment", "samples_own_tasks"]
+
+
+def samples_own_tasks(episodes: EpisodesSection, data_files: bool, given: Given = NOTHING) -> bool:
+    """Whether the run's environment samples its own tasks: an --env in TRL's shape and no data (``data_files``
+    False); its records are then task seeds (``--format self``)."""
+    return bool(episodes.env) and not data_files and is_trl_shape(load_env_class(episodes.env, given))
 
 
 @dataclasses.dataclass
@@ -59,8 +67,12 @@ def environment(
         factory, renderer, name = functools.partial(ArithDialogue, spec), Renderer(policy), "arith-multiturn"
         limits = EpisodeLimits(ep.stages, ep.max_episode_tokens)
     elif ep.env:
-        factory, name = load_env_class(ep.env, given), ep.env
-        renderer = Renderer(policy)
+        cls, name = load_env_class(ep.env, given), ep.env
+        if is_trl_shape(cls):
+            shape = TrlShape(cls, ep.env)
+            factory, renderer = functools.partial(TrlEnvironment, shape), Renderer(policy, shape.all_schemas)
+        else:
+            factory, renderer = cls, Renderer(policy)
     elif ep.tools:
         from grpolab.env.tool_env import ToolEnvironment
         from grpolab.env.tools import ToolRunner, load_tools
@@ -73,5 +85,6 @@ def environment(
         return None
     if first_record is not None:
         env = factory()
-        renderer.opening(check_reset(env.reset(first_record), env))
+        messages = check_reset(env.reset(first_record), env)
+        (Renderer(policy, env.own_tools) if hasattr(env, "own_tools") else renderer).opening(messages)
     return EnvSetup(factory, renderer, limits, name, tool_runner)

@@ -1,6 +1,8 @@
 """What an environment is: the class a user writes for ``--env FILE.py:Class``, and the checks on it.
 
-The shape TRL, verifiers and their peers use::
+Two shapes are read. TRL's (``reset(**row) -> str | None``, ``get_reward()``, public methods as tools) is played
+through :mod:`grpolab.env.trl_env`. grpolab's own, in which the environment speaks whole messages and pays rewards
+turn by turn::
 
     class MyEnv:
         def reset(self, record: dict) -> list[dict]:
@@ -60,17 +62,37 @@ def env_name(env_or_class: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def check_env_class(cls: Any, spec: str) -> type:
-    """``cls`` if it can play episodes: a class with callable ``reset`` and ``step`` that needs no constructor
-    argument; else :class:`EnvError` naming ``spec`` and what is missing."""
+def check_env_class(cls: Any, spec: str) -> type | dict:
+    """``cls`` if it can play episodes, in grpolab's shape (``reset`` and ``step``) or TRL's (``reset`` and no
+    ``step``: :mod:`grpolab.env.trl_env`; or a dict of such classes), each constructed with no argument; else
+    :class:`EnvError` naming ``spec`` and what each shape needs."""
+    if isinstance(cls, dict):
+        for name, one in cls.items():
+            if not isinstance(name, str) or _shape(one) != "trl":
+                raise EnvError(f"--env {spec}: a dict of environments maps names to classes in TRL's shape "
+                               f"(reset(**row), no step); {name!r} is not one")  # fmt: skip
+            _check_constructor(one, spec)
+        return cls
     if not isinstance(cls, type):
         raise EnvError(f"--env {spec}: not a class (got {type(cls).__name__}); give a class with reset and step")
-    missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
-    if missing:
+    if _shape(cls) is None:
         raise EnvError(
-            f"--env {spec}: {cls.__qualname__} has no {' and no '.join(missing)} method "
-            "(an environment needs reset(record) -> messages and step(text) -> (messages, reward, done))"
+            f"--env {spec}: {cls.__qualname__} has no reset method, so it fits neither shape of environment: "
+            "grpolab's needs reset(record) -> messages and step(text) -> (messages, reward, done); TRL's needs "
+            "reset(**row) -> str | None, with an optional get_reward() -> float and public methods as tools"
         )
+    _check_constructor(cls, spec)
+    return cls
+
+
+def _shape(cls: Any) -> str | None:
+    """``grpolab`` (reset and step), ``trl`` (reset, no step) or None."""
+    if not isinstance(cls, type) or not callable(getattr(cls, "reset", None)):
+        return None
+    return "grpolab" if callable(getattr(cls, "step", None)) else "trl"
+
+
+def _check_constructor(cls: type, spec: str) -> None:
     try:
         required = [
             p.name
@@ -84,12 +106,11 @@ def check_env_class(cls: Any, spec: str) -> type:
             f"--env {spec}: {cls.__qualname__}() needs the argument(s) {', '.join(required)}; one instance plays one "
             "episode and is constructed with no arguments (read settings from the record in reset)"
         )
-    return cls
 
 
-def load_env_class(spec: str, given: Given = NOTHING) -> type:
-    """The environment class ``--env`` names (``file.py:Class`` or ``module:Class``; a class ``given`` to the Python
-    API under it), checked."""
+def load_env_class(spec: str, given: Given = NOTHING) -> type | dict:
+    """The environment class ``--env`` names (``file.py:Class`` or ``module:Class``; a class, or a dict of TRL-shape
+    classes, ``given`` to the Python API under it), checked."""
     from grpolab.common.loader import load_object
 
     return check_env_class(load_object(spec, "--env", "Class", given), spec)

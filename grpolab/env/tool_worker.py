@@ -9,6 +9,7 @@ of grpolab's but the loader (no torch): it starts in a fraction of a second.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import os
@@ -30,6 +31,17 @@ def as_text(value) -> str:
         return json.dumps(value)
     except (TypeError, ValueError):
         return str(value)
+
+
+def resolved(value):
+    """``value``, awaited to its result when it is awaitable (an ``async def`` tool's call)."""
+    if not inspect.isawaitable(value):
+        return value
+
+    async def wait():
+        return await value
+
+    return asyncio.run(wait())
 
 
 def check_arguments(fn, arguments: dict) -> str:
@@ -57,7 +69,7 @@ def answer(tools: dict, request: dict, max_chars: int) -> dict:
     if problem:
         return {"text": f"error: {name}: {problem}", "error": "bad arguments"}
     try:
-        text = as_text(fn(**arguments))
+        text = as_text(resolved(fn(**arguments)))
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001 - SystemExit too: whatever the tool does costs only its call

@@ -44,7 +44,7 @@ def episode_scores(episodes: list[Episode], records: list[dict], score) -> list[
 
         return [sum(e.rewards) / max_return(e.env) for e in episodes]
     if episodes and episodes[0].env is not None and getattr(score, "takes_conversations", False):
-        conversations = [(e.messages[: e.opening], e.messages[e.opening :]) for e in episodes]
+        conversations = [(e.messages[: e.opening], e.messages[e.opening :], e.env) for e in episodes]
         return list(score(texts, records, conversations=conversations))
     return list(score(texts, records))
 

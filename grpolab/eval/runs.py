@@ -28,6 +28,7 @@ from grpolab.config.task import (
 )
 from grpolab.config.train import model_defaults
 from grpolab.data.task import resolve_format, task_data
+from grpolab.env import samples_own_tasks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +148,11 @@ class RunTask:
         defaults = model_defaults(task.policy.model)
         unset = {n: defaults[n] for n in defaults if n in fields.options(cls) and fields.get(task, n) is None}
         task = fields.replace(task, **unset)
-        return dataclasses.replace(task, dataset=resolve_format(task.dataset, bool(task.episodes.env), given))
+        data = task.dataset
+        self_sampling = data.format == "auto" and samples_own_tasks(
+            task.episodes, bool(data.data or data.eval_data), given
+        )
+        return dataclasses.replace(task, dataset=resolve_format(data, bool(task.episodes.env), given, self_sampling))
 
     def fill(self, command):
         """``command`` (a config) with its from-run options set to this task's values: what a report records it
@@ -179,8 +184,11 @@ def load_task_policy(target: Target, task: RunTask, *, device="cpu", dtype=None,
     from grpolab.data.task import few_shot_examples
     from grpolab.models.policy import load_policy, system_prompt_for
 
-    gguf = task.policy.gguf_file if target.weights == task.policy.model else ""
-    policy = load_policy(target.weights, dtype, gguf_file=gguf, chat=task.prompt.chat, device=device, given=given)
+    own = target.weights == task.policy.model  # the run's starting model, not a checkpoint
+    gguf, revision = (task.policy.gguf_file, task.policy.revision) if own else ("", "")
+    policy = load_policy(
+        target.weights, dtype, gguf_file=gguf, revision=revision, chat=task.prompt.chat, device=device, given=given
+    )
     if target.adapter:
         from grpolab.models.lora import load_lora
 
@@ -237,7 +245,7 @@ def probe_task(target: Target, probe_cfg, given: Given = NOTHING) -> tuple[RunTa
         if task.prompt.few_shot:
             raise ConfigError("--data: this run shows --few-shot examples from its own training data; probe it there")
         d = task.dataset
-        records = load_records(d.data, d.format, d.data_split, d.prompt_column, given)
+        records = load_records(d.data, d.format, d.data_split, d.prompt_column, given, d.source())
         return task, _first_prompts(records, probe_cfg.prompts, f"the records of {probe_cfg.data}"), None
     task = RunTask.of(target, probe_cfg, given)
     held_out, sampler = task.data(log=lambda *a, **k: None, given=given)

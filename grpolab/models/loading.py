@@ -8,7 +8,10 @@ Specs:
   (its ``__init__`` needs the ``llm`` CLI, which grpolab does not);
 - ``PATH.gguf``, or a directory plus ``gguf_file``: a GGUF checkpoint, dequantised on load by
   transformers' GGUF loader;
-- any other path: a local Hugging Face model directory (config.json, weights, tokenizer).
+- any other path: a local Hugging Face model directory (config.json, weights, tokenizer), or a LoRA adapter's
+  directory (adapter_config.json: its base model, with the adapter merged in);
+- ``org/name`` that is no local path: a Hugging Face Hub repository at ``revision`` (:mod:`grpolab.common.hub`) holding
+  any of the above (with ``gguf_file``, only that file is fetched).
 """
 
 from __future__ import annotations
@@ -37,11 +40,18 @@ def smollm2_path() -> Path:
     )
 
 
-def resolve_gguf(spec: str, gguf_file: str = "") -> tuple[Path, str] | None:
+def resolve_gguf(spec: str, gguf_file: str = "", revision: str = "") -> tuple[Path, str] | None:
     """(directory, file name) when ``spec``/``gguf_file`` name a GGUF checkpoint, else None."""
+    from grpolab.common.hub import is_hub_id, missing_file, snapshot
+
     if spec == SMOLLM2:
         path = smollm2_path()
         return path.parent, path.name
+    if gguf_file and is_hub_id(spec):
+        snap = snapshot(spec, revision=revision, allow_patterns=[gguf_file])
+        if not (snap.path / gguf_file).is_file():
+            raise missing_file(snap, gguf_file)
+        return snap.path, gguf_file
     path = Path(spec).expanduser()
     if gguf_file:
         if not (path / gguf_file).is_file():

@@ -28,6 +28,8 @@ class Policy:
     tokenizer: object
     source: str
     """Where the weights came from (a path)."""
+    origin: dict | None = None
+    """The Hub repository the weights came from (id, revision, commit), when they did."""
     chat: bool = False
     """Prompt through the tokenizer's chat template (instruct models) instead of plain text."""
     system: str = SYSTEM_PROMPT
@@ -148,22 +150,49 @@ def cache_dir() -> Path:
     return Path(base) / "grpolab"
 
 
-def resolve_model_path(spec: str) -> Path:
-    """``builtin`` -> the shipped SFT warm start; anything else must be a model directory."""
+def resolve_model_path(spec: str, revision: str = ""):
+    """``(directory, Hub snapshot or None)`` of ``spec``: ``builtin`` -> the shipped SFT warm start, an existing path
+    -> itself, an ``org/name`` Hub id -> its files at ``revision`` (downloaded, or from the cache offline). The
+    directory holds a model (config.json) or a LoRA adapter (adapter_config.json)."""
+    from grpolab.common.hub import MODEL_FILES_SKIPPED, is_hub_id, snapshot
+
     if spec == BUILTIN:
         if not (ASSET_DIR / "config.json").is_file():
             raise FileNotFoundError(
                 f"the built-in warm start is missing from {ASSET_DIR}; regenerate it with "
                 f"`grpolab sft --out {ASSET_DIR}` (see grpolab/assets/arith-sft/README.md)"
             )
-        return ASSET_DIR
-    path = Path(spec).expanduser()
-    if not (path / "config.json").is_file():
+        return ASSET_DIR, None
+    snap = snapshot(spec, revision=revision, ignore_patterns=MODEL_FILES_SKIPPED) if is_hub_id(spec) else None
+    path = snap.path if snap else Path(spec).expanduser()
+    if not ((path / "config.json").is_file() or (path / "adapter_config.json").is_file()):
+        what = f"the Hub repository {spec} (commit {snap.commit}) holds" if snap else f"--model {spec!r}: not"
         raise FileNotFoundError(
-            f"--model {spec!r}: not a model directory (no config.json); use 'builtin', "
-            "'smollm2-135m-instruct', a local Hugging Face model directory or a .gguf file"
+            f"{what} a model directory (no config.json or adapter_config.json); use 'builtin', "
+            "'smollm2-135m-instruct', a Hugging Face model directory or Hub id, or a .gguf file (a GGUF repository: "
+            "--gguf-file)"
         )
-    return path
+    return path, snap
+
+
+def _load_directory(path: Path, dtype: torch.dtype, revision: str = ""):
+    """Model and tokenizer of a model directory, or of a LoRA adapter's: its base (``base_model_name_or_path``, a
+    path or a Hub id) with the adapter merged in, so that the run trains it like any model."""
+    if not (path / "config.json").is_file():
+        import json
+
+        from peft import PeftModel
+
+        base_spec = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+        if not base_spec:
+            raise FileNotFoundError(f"{path}/adapter_config.json names no base_model_name_or_path")
+        base_path, _ = resolve_model_path(base_spec)
+        model, tokenizer = _load_directory(base_path, dtype)
+        if any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        return PeftModel.from_pretrained(model, path).merge_and_unload(), tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype), tokenizer
 
 
 def load_policy(
@@ -171,6 +200,7 @@ def load_policy(
     dtype: torch.dtype | None = None,
     *,
     gguf_file: str = "",
+    revision: str = "",
     chat: str = "auto",
     few_shot: list[dict] | None = None,
     device: torch.device | str = "cpu",
@@ -191,7 +221,8 @@ def load_policy(
     device = torch.device(device)
     prepare_device(device)
     live = given.lookup(spec, "--model")  # a model object given to the Python API: itself, not a copy
-    gguf = None if spec == BUILTIN or live is not None else resolve_gguf(spec, gguf_file)
+    gguf = None if spec == BUILTIN or live is not None else resolve_gguf(spec, gguf_file, revision)
+    origin = None
     if live is not None:
         model, tokenizer = live
         model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
@@ -200,11 +231,11 @@ def load_policy(
         dtype = dtype or default_dtype(device)
         model, tokenizer = load_gguf(*gguf, dtype=dtype)
         source = str(gguf[0] / gguf[1])
+        origin = _origin(spec, gguf[0], revision)
     else:
-        path = resolve_model_path(spec)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or default_dtype(device))
-        source = str(path)
+        path, snap = resolve_model_path(spec, revision)
+        model, tokenizer = _load_directory(path, dtype or default_dtype(device))
+        source, origin = str(path), snap.record() if snap else None
     model = _own_memory(model.to(device))
     use_grouped_sdpa(model)  # grouped heads without copying the keys and values under a mask (CPU)
     from grpolab.config.train import ConfigError
@@ -215,4 +246,13 @@ def load_policy(
     if chat == "on" and not has_template:
         raise ConfigError(f"--chat on: the tokenizer of {source} has no chat template")
     use_chat = has_template and (chat == "on" or (chat == "auto" and spec != BUILTIN))
-    return Policy(model=model, tokenizer=tokenizer, source=source, chat=use_chat, few_shot=list(few_shot or []))
+    return Policy(model, tokenizer, source, origin, chat=use_chat, few_shot=list(few_shot or []))
+
+
+def _origin(spec: str, directory: Path, revision: str) -> dict | None:
+    """The Hub record of a GGUF file fetched into ``directory`` (a snapshot, named by its commit)."""
+    from grpolab.common.hub import is_hub_id
+
+    if not is_hub_id(spec):
+        return None
+    return {"id": spec, "revision": revision or "main", "commit": directory.name}

@@ -57,23 +57,29 @@ def from_trl(fn: Callable, prompt_of: Callable[[dict], Any], chat: bool) -> Rewa
     every field of the records (``ground_truth``, ``answer``, your dataset's columns) is
     a keyword argument holding one value per completion. For chat runs, prompts are the
     message lists the model saw and completions ``[{"role": "assistant", "content": text}]``
-    (TRL's conversational format); otherwise both are plain strings. A ``None`` in the
+    (TRL's conversational format); otherwise both are plain strings. For episodes of an environment, a function that
+    takes ``environments`` (or ``**kwargs``) gets each completion's environment object (a TRL-shape class's own
+    instance), in the order of the completions, as TRL passes them. A ``None`` in the
     result means "does not apply" in TRL and counts as 0 here, not as an error.
     """
     reserved = {"prompts", "completions", "prompt"}  # the prompt column arrives as ``prompts``, as in TRL
+    takes_environments = _accepts(fn, "environments")
 
     def reward(completions: list[str], records: list[dict], conversations: list | None = None) -> list[float]:
-        if conversations is not None:  # episodes: the opening messages, and every message after them
-            prompts = [opening for opening, _ in conversations]
+        extra = {}
+        if conversations is not None:  # episodes: the opening messages, every message after them, the environment
+            prompts = [c[0] for c in conversations]
             if chat:
-                completions = [list(rest) for _, rest in conversations]
+                completions = [list(c[1]) for c in conversations]
+            if takes_environments and len(conversations[0]) > 2:  # TRL's environments=: its own instances
+                extra["environments"] = [getattr(c[2], "trl_instance", c[2]) for c in conversations]
         else:
             prompts = [prompt_of(r) for r in records]
             if chat:
                 completions = [[{"role": "assistant", "content": c}] for c in completions]
         keys = [k for k in dict.fromkeys(k for r in records for k in r) if k not in reserved]
         fields = {k: [r.get(k) for r in records] for k in keys}
-        values = fn(prompts=prompts, completions=completions, **fields)
+        values = fn(prompts=prompts, completions=completions, **fields, **extra)
         return [0.0 if v is None else v for v in values]
 
     reward.__name__ = getattr(fn, "__name__", "reward")
@@ -88,7 +94,16 @@ def from_trl(fn: Callable, prompt_of: Callable[[dict], Any], chat: bool) -> Rewa
 
 
 # Parameters TRL itself passes to a reward function: not data columns.
-TRL_ARGUMENTS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"}
+TRL_ARGUMENTS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments"}
+
+
+def _accepts(fn: Callable, name: str) -> bool:
+    """Whether ``fn`` takes the keyword ``name`` (by name or through ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def declared_columns(fn: Callable) -> list[str]:

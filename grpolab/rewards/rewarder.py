@@ -119,7 +119,7 @@ def _call_safely(
 
     The whole batch is tried first (cheap); if it raises or has the wrong length,
     each rollout is scored alone so only the failing ones lose their reward.
-    ``conversations`` (episodes): each rollout's (opening messages, messages after them), for the functions that
+    ``conversations`` (episodes): each rollout's (opening messages, messages after them, environment), for those that
     take them (TRL's form: its ``prompts`` and, for chat runs, ``completions``).
     """
     n = len(completions)

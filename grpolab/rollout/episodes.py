@@ -138,6 +138,7 @@ class EpisodeRunner:
         self.limits = (limits or EpisodeLimits()) if env_factory is not None else EpisodeLimits(1, 0)
         self.time_env = 0.0
         """Seconds spent in the environments' reset and step (tool calls included), summed over calls."""
+        self._renderers: dict[tuple, Renderer] = {}
 
     @property
     def multi_turn(self) -> bool:
@@ -162,7 +163,19 @@ class EpisodeRunner:
         env = self.env_factory()
         messages = check_reset(env.reset(record), env)
         self.time_env += time.perf_counter() - t0
-        return Episode(record, tuple(key), env, messages, len(messages), [Segment(self.renderer.opening(messages))])
+        opening = self.renderer_of(env).opening(messages)
+        return Episode(record, tuple(key), env, messages, len(messages), [Segment(opening)])
+
+    def renderer_of(self, env) -> Renderer:
+        """The renderer of ``env``'s episode: the run's, or one showing the episode's own tools (``own_tools``: a
+        TRL-shape environment of a dict of classes shows its class's only)."""
+        tools = getattr(env, "own_tools", None)
+        if tools is None or tools == self.renderer.tools:
+            return self.renderer
+        key = tuple(s["function"]["name"] for s in tools)
+        if key not in self._renderers:
+            self._renderers[key] = Renderer(self.policy, tools)
+        return self._renderers[key]
 
     def _play_from(self, episodes: list[Episode], turn: int, settings: SamplingSettings) -> None:
         for h in range(turn, self.limits.max_turns):
@@ -224,11 +237,12 @@ class EpisodeRunner:
         """Append the environment's ``messages`` and what leads to the next reply (a new segment when the
         environment shows only its latest messages or the template does not extend the sequence)."""
         history = getattr(e.env, "history", True)
-        ids = self.renderer.continuation(e.messages, e.ended[-1], messages) if history else None
+        renderer = self.renderer_of(e.env)
+        ids = renderer.continuation(e.messages, e.ended[-1], messages) if history else None
         new_segment = ids is None
         if new_segment:
             shown = e.messages + messages if history else _system(e.messages[: e.opening]) + messages
-            ids = self.renderer.opening(shown)
+            ids = renderer.opening(shown)
         budget = self.limits.max_episode_tokens
         e.messages += messages
         if budget and e.used + len(ids) >= budget:  # no room for the next reply: cut before it

@@ -103,7 +103,7 @@ class RolloutService:
         is each episode's final reward."""
         records = [e.record for e in episodes] if records is None else records
         lengths = torch.tensor([policy_tokens(e) for e in episodes])
-        conversations = [(e.messages[: e.opening], e.messages[e.opening :]) for e in episodes]
+        conversations = [(e.messages[: e.opening], e.messages[e.opening :], e.env) for e in episodes]
         return self.reward([e.text for e in episodes], records, lengths, conversations)
 
     # ------------------------------------------------------------------ the run around it

@@ -36,7 +36,7 @@ from grpolab.models import checkpoint
 from grpolab.models.policy import load_policy
 from grpolab.training.observers import attach_observers
 from grpolab.training.runlog import RunLogger, git_revision, truncate_jsonl
-from grpolab.training.setup import checked_config, seed_process
+from grpolab.training.setup import checked_config, hub_sources, seed_process
 from grpolab.training.trainer import GRPOTrainer
 
 
@@ -181,6 +181,11 @@ class TrainRecipe:
         self.config_dict = {**cfg.to_dict(), "model": model, "world_size": self.world.size}
         if fingerprint is not None:
             self.config_dict["model_fingerprint"] = fingerprint
+        hub = hub_sources(
+            cfg.dataset, self.trainer.policy.origin if ckpt is None else self.saved.get("hub", {}).get("model")
+        )
+        if hub:
+            self.config_dict["hub"] = hub
 
     def _setup_state(self) -> None:
         """Resume: optimizer, schedule, random state, the rollout count, and the logs cut back to the checkpoint.
@@ -382,7 +387,7 @@ def _check_objects(saved: dict, cfg: TrainConfig, given: Given) -> None:
 
 def _starting_model(saved: dict) -> torch.nn.Module:
     """The run's starting model (from its config.json), frozen: the KL reference of a resumed run."""
-    start = load_policy(saved["model"], gguf_file=saved.get("gguf_file", ""))
+    start = load_policy(saved["model"], gguf_file=saved.get("gguf_file", ""), revision=saved.get("revision", ""))
     return start.model.eval().requires_grad_(False)
 
 

@@ -7,8 +7,10 @@ import dataclasses
 
 from grpolab.common.given import NOTHING, Given
 from grpolab.common.rng import seed_everything, set_threads
+from grpolab.config.task import DataSection
 from grpolab.config.train import TrainConfig
 from grpolab.data.task import resolve_format
+from grpolab.env import samples_own_tasks
 
 
 def checked_config(cfg: TrainConfig, world_size: int = 1, given: Given = NOTHING) -> TrainConfig:
@@ -16,7 +18,9 @@ def checked_config(cfg: TrainConfig, world_size: int = 1, given: Given = NOTHING
     from the data (``given``: rows given to the Python API; what config.json records), validated for
     ``world_size`` processes."""
     cfg = cfg.resolved()
-    cfg = dataclasses.replace(cfg, dataset=resolve_format(cfg.dataset, bool(cfg.episodes.env), given))
+    data = cfg.dataset
+    self_sampling = data.format == "auto" and samples_own_tasks(cfg.episodes, bool(data.data or data.eval_data), given)
+    cfg = dataclasses.replace(cfg, dataset=resolve_format(data, bool(cfg.episodes.env), given, self_sampling))
     cfg.validate()
     cfg.validate_world(world_size)
     return cfg
@@ -26,3 +30,16 @@ def seed_process(cfg: TrainConfig) -> None:
     """One seed drives Python, NumPy and torch in this process; torch runs on --threads intra-op threads."""
     set_threads(cfg.machine.threads)
     seed_everything(cfg.run.seed)
+
+
+def hub_sources(data: DataSection, model_origin: dict | None) -> dict:
+    """What config.json records of the Hub repositories a run reads: ``{"model"|"data"|"eval_data": {"id",
+    "revision", "commit"}}`` for each one given by its Hub id (``model_origin``: the loaded policy's)."""
+    from grpolab.common.hub import is_hub_id
+    from grpolab.data.dataset import hub_snapshot
+
+    out = {"model": model_origin} if model_origin else {}
+    for name, spec, held_out in (("data", data.data, False), ("eval_data", data.eval_data, True)):
+        if spec and is_hub_id(spec):
+            out[name] = hub_snapshot(spec, data.source(held_out)).record()
+    return out

@@ -150,6 +150,7 @@ class GRPOTrainer:
             cfg.policy.model,
             dtype,
             gguf_file=cfg.policy.gguf_file,
+            revision=cfg.policy.revision,
             chat=cfg.prompt.chat,
             device=self.device,
             given=self.given,
@@ -283,6 +284,8 @@ class GRPOTrainer:
         and the first --log-samples examples."""
         t0 = time.perf_counter()
         cfg = self.cfg
+        if not self.held_out:  # --data with --eval-fraction 0: no held-out evaluation
+            return {}, []
         with self.train_module.full_weights():
             metrics, examples = evaluate(
                 self.service,
