@@ -130,6 +130,19 @@ def shout(text: str) -> str:
     return text.upper()
 
 
+async def add_later(a: int, b: int) -> int:
+    """Add two integers, asynchronously.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    import asyncio
+
+    await asyncio.sleep(0)
+    return a + b
+
+
 def no_docstring(a: int) -> int:
     return a
 

@@ -126,6 +126,27 @@ def test_a_revision_and_a_data_set_configuration(hub, tmp_path):
                                                                  for r in sums(8)]  # fmt: skip
 
 
+def test_parquet_and_csv_files_of_a_hub_data_set(hub, tmp_path):
+    import datasets
+
+    rows = sums(5)
+    for name in ("train", "test"):
+        datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / f"{name}.parquet"))
+    datasets.Dataset.from_list(rows).to_csv(str(tmp_path / "all.csv"), index=False)
+    hub_repo(hub, "org/tables", "dataset", COMMIT_A, {
+        "data/train-00000-of-00001.parquet": tmp_path / "train.parquet",
+        "data/test-00000-of-00001.parquet": tmp_path / "test.parquet",
+    })  # fmt: skip
+    hub_repo(hub, "org/sheet", "dataset", COMMIT_A, {"sums.csv": tmp_path / "all.csv"})
+    assert load_records("org/tables") == rows  # --data: the train split
+    assert load_records("org/tables", ref=Ref(default_split="test", flag="--eval-data")) == rows
+    with pytest.raises(DataError, match=r"--eval-data org/tables: no split 'dev' \(splits: train, test\)"):
+        load_records("org/tables", split="dev", ref=Ref(flag="--eval-data"))
+    # a CSV's only split, whatever --eval-data would choose by default (its numbers come back as numbers)
+    held = load_records("org/sheet", ref=Ref(default_split="test", flag="--eval-data"))
+    assert [r["prompt"] for r in held] == [r["prompt"] for r in rows]
+
+
 def test_a_local_directory_named_like_an_id_loads_from_disk(hub, tmp_path):
     local = tmp_path / "me" / "my-model"  # no such repository in the cache: only the disk has it
     local.mkdir(parents=True)

@@ -45,6 +45,20 @@ def test_schemas_come_from_hints_and_docstrings():
     assert "- add(a: integer, b: integer): Add two integers." in text and "<tool_call>" in text
 
 
+def test_an_async_tool_is_described_and_awaited():
+    import env_fixtures
+
+    from grpolab.env.tool_worker import answer
+
+    (schema,) = load_tools(["env_fixtures:add_later"])
+    assert schema["function"]["name"] == "add_later" and set(schema["function"]["parameters"]["properties"]) == {
+        "a",
+        "b",
+    }
+    reply = answer({"add_later": env_fixtures.add_later}, {"name": "add_later", "arguments": {"a": 2, "b": 40}}, 100)
+    assert reply == {"text": "42", "error": "", "truncated": False}
+
+
 def test_tool_calls_are_parsed_from_the_text_protocol():
     calls = parse_tool_calls(
         'Let me add. <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call> and '

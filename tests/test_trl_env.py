@@ -275,6 +275,8 @@ def test_the_calculator_in_trl_s_shape_plays_what_the_tools_shape_plays(policy):
     assert (
         [e.counter("tool_errors") for e in a.episodes] == [e.counter("tool_errors") for e in b.episodes] == [0, 0, 1, 0]
     )
+    # the TRL class's get_reward: 0.2 for an episode whose parsed calls all returned (g=2's call never parsed)
+    assert [sum(e.rewards) for e in a.episodes] == [0.2, 0.0, 0.0, 0.2]
 
 
 # ---------------------------------------------------------------- SmolLM2 (slow: a real model, both engines)
