@@ -289,11 +289,11 @@ def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):
     assert res["gram_max_rel_err"] <= 1e-4
     # the shared prompt prefix on the real model: its chat prompt encoded once per group, same log-probs and gradients
     assert trainer.train_module.shared_prefix  # no fallback: the check at start passed
-    prompts = [trainer.policy.prompt_ids({"question": q}) for q in ("12+7-3", "8*9")]
+    prompts = [trainer.policy.prompt_ids({"question": q}) for q in ("12+7-3",)]
     batch = sample(
         model,
         [p for p in prompts for _ in range(3)],
-        [(9, i) for i in range(6)],
+        [(9, i) for i in range(3)],
         max_new_tokens=8,
         temperature=1.0,
         top_p=1.0,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-ESTIMATORS = ("vanilla", "grpo", "grpo_std", "rloo", "oracle")
+from grpolab.algo.names import CREDITS, ESTIMATORS, SCALES  # noqa: F401 - re-exported
+
 STD_EPS = 1e-4  # added to the group std before dividing [RLVR essay, Sec. 3.5]
 
 
@@ -68,9 +69,6 @@ def ragged_advantages(groups: list[torch.Tensor], estimator: str) -> torch.Tenso
     return torch.cat([compute_advantages(g[None, :], estimator)[0] for g in groups])
 
 
-SCALES = ("group", "batch", "none")
-
-
 def estimator_for_scale(estimator: str, scale: str) -> str:
     """``--scale-rewards``: which standard deviation divides grpo_std's centred advantages. ``group`` is grpo_std
     itself; ``batch`` and ``none`` start from the group-mean advantage (``grpo``); ``batch`` then divides it by
@@ -84,10 +82,6 @@ def batch_std(rewards: torch.Tensor) -> torch.Tensor:
     population form of its group option, [RLVR essay, Sec. 3.5].)"""
     r = rewards.double().flatten()
     return (r - r.mean()).pow(2).mean().sqrt().float()
-
-
-CREDITS = ("grpo", "rtg-group", "rtg-mc")
-"""``--advantage``: how an episode's turns share its credit [Foundations, Sec. 6]."""
 
 
 def turn_advantages(

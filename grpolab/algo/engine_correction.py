@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-CORRECTIONS = ("none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
+from grpolab.algo.names import CORRECTIONS  # noqa: F401 - re-exported
 
 
 def engine_weights(

@@ -30,8 +30,7 @@ import math
 
 import torch
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
-AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
+from grpolab.algo.names import AGGREGATIONS, IMPORTANCE_SAMPLING, KL_ESTIMATORS  # noqa: F401 - re-exported
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
@@ -108,9 +107,6 @@ def aggregation_weights(
     if mode == "sum":
         return m
     raise ValueError(f"unknown aggregation {mode!r}; choose from {AGGREGATIONS}")
-
-
-IMPORTANCE_SAMPLING = ("token", "sequence")
 
 
 def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -136,11 +136,19 @@ def _run_defaults(cls, model_field: str):
     return run_defaults_for(cls, model_field)
 
 
+def _saved_config(cfg):
+    """The config of the run ``--resume`` continues (its own options are the defaults), else None."""
+    if not cfg.run.resume:
+        return None
+    from grpolab.training.recipe import saved_config
+
+    return saved_config(cfg.run.out)
+
+
 def cmd_train(args: list[str]) -> None:
-    from grpolab.commands import api
+    # torch, transformers and matplotlib are imported after the relaunch: with --nproc P this process only checks
+    # the config and becomes torchrun (seconds saved at every launch).
     from grpolab.config.train import TrainConfig
-    from grpolab.report.plotting import plot_run
-    from grpolab.training.recipe import TrainingInterrupted, saved_config
     from grpolab.training.setup import checked_config
 
     cfg = _parse(
@@ -152,11 +160,15 @@ def cmd_train(args: list[str]) -> None:
         "`torchrun --nproc-per-node P [--nnodes ...] -m grpolab train ...`.\n\n"
         "--resume continues the run in --out with its own options; flags given with it change only what may change "
         "(--steps, --max-rollouts, logging, evaluation frequency, the machine and process count).",
-        base_of=lambda c: saved_config(c.run.out) if c.run.resume else None,
+        base_of=_saved_config,
     )
     if launch.relaunches(cfg.run.nproc):  # refuse a bad config once, before starting P processes
         checked_config(cfg, cfg.run.nproc)
     with launch.processes(cfg.run.nproc, ["train", *args]) as main_rank:
+        from grpolab.commands import api
+        from grpolab.report.plotting import plot_run
+        from grpolab.training.recipe import TrainingInterrupted
+
         try:
             out = api.train(config=cfg).dir
         except TrainingInterrupted as e:  # SIGTERM/SIGINT: the checkpoint is written; the conventional status
@@ -559,14 +571,16 @@ def main(argv: list[str] | None = None) -> None:
     if cmd not in COMMANDS:
         print(f"error: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
         raise SystemExit(2)
-    from transformers.utils import logging as hf_logging
-
+    from grpolab.common.errors import CheckpointError
     from grpolab.config.train import ConfigError
     from grpolab.data.jsonl import DataError
-    from grpolab.models.checkpoint import CheckpointError
     from grpolab.sandbox import SandboxError
 
-    hf_logging.disable_progress_bar()  # our own bars say what is happening; HF's per-load bars are noise
+    # Our own bars say what is happening; Hugging Face's per-load bars are noise. Said through the environment, read
+    # when transformers is imported (not here: a command relaunched under torchrun never needs it in this process).
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
     import warnings
 
     # peft (0.x) asks transformers 5 for a renamed attribute on every adapter load; nothing a user can act on.

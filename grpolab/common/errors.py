@@ -10,3 +10,8 @@ class ConfigError(ValueError):
     except grpolab.ConfigError as e:
         print(e)  # --group-size: expected an integer, got 'eight'
     """
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written, or none intact could be found: the message says where and why.
+    (Here, with no torch import, so that the command line can name it before it loads torch.)"""

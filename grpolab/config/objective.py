@@ -5,9 +5,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from grpolab.algo.advantages import CREDITS, ESTIMATORS, SCALES
-from grpolab.algo.engine_correction import CORRECTIONS
-from grpolab.algo.loss import AGGREGATIONS, IMPORTANCE_SAMPLING, KL_ESTIMATORS
+from grpolab.algo.names import (
+    AGGREGATIONS,
+    CORRECTIONS,
+    CREDITS,
+    ESTIMATORS,
+    IMPORTANCE_SAMPLING,
+    KL_ESTIMATORS,
+    SCALES,
+)
 from grpolab.config.fields import bad, check_counts
 
 GROUP_BASELINES = ("grpo", "grpo_std", "rloo")

@@ -46,9 +46,11 @@ class MachineSection:
     a shared CPU), 0 for other models."""
 
     def validate(self) -> None:
+        check_counts(self, non_negative=("threads",))
+        if self.device in ("cpu", "auto"):  # valid on any machine; checked without importing torch
+            return
         from grpolab.common.devices import DeviceError, resolve_device
 
-        check_counts(self, non_negative=("threads",))
         try:
             resolve_device(self.device)  # malformed, or a GPU this machine does not have
         except DeviceError as e:

@@ -25,16 +25,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from grpolab.common.errors import CheckpointError  # noqa: F401 - raised here, re-exported
 from grpolab.common.rng import rng_state, set_rng_state
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _DONE = "trainer_state.json"  # present in every complete checkpoint (the only marker before manifests)
 MANIFEST = "manifest.json"  # written last: sizes and SHA-256 of every other file
 _REQUIRED = ("optimizer.pt", "scheduler.pt", "rng.pt", _DONE)  # besides the weights
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written, or none intact could be found: the message says where and why."""
 
 
 def _sha256(path: Path) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 
 from grpolab.common.given import NOTHING, Given
-from grpolab.common.rng import seed_everything, set_threads
 from grpolab.config.task import DataSection
 from grpolab.config.train import TrainConfig
 from grpolab.data.task import resolve_format
@@ -28,6 +27,8 @@ def checked_config(cfg: TrainConfig, world_size: int = 1, given: Given = NOTHING
 
 def seed_process(cfg: TrainConfig) -> None:
     """One seed drives Python, NumPy and torch in this process; torch runs on --threads intra-op threads."""
+    from grpolab.common.rng import seed_everything, set_threads  # torch: not before a --nproc relaunch
+
     set_threads(cfg.machine.threads)
     seed_everything(cfg.run.seed)
 

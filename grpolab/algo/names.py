@@ -1,0 +1,15 @@
+"""The names of the algorithm's choices, without torch: what the config validates options against (the config is
+read, and a bad option refused, before torch is imported: ``--nproc P`` checks it once, then relaunches)."""
+
+ESTIMATORS = ("vanilla", "grpo", "grpo_std", "rloo", "oracle")
+"""``--estimator``: the advantage's baseline (grpolab.algo.advantages)."""
+SCALES = ("group", "batch", "none")
+"""``--scale-rewards``: which spread the advantages are divided by."""
+CREDITS = ("grpo", "rtg-group", "rtg-mc")
+"""``--advantage``: how an episode's turns share its credit [Foundations, Sec. 6]."""
+CORRECTIONS = ("none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
+"""``--engine-correction``: how the sampler/trainer mismatch is reweighted (grpolab.algo.engine_correction)."""
+KL_ESTIMATORS = ("k1", "k2", "k3")
+AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
+"""``--aggregation``: how per-token terms combine (grpolab.algo.loss.aggregate)."""
+IMPORTANCE_SAMPLING = ("token", "sequence")
