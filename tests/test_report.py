@@ -24,7 +24,7 @@ from grpolab.training.runlog import read_metrics
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report")
-    res = run_cli(["demo", "--steps", "2", "--out", "demo"], tmp, timeout=600)
+    res = run_cli(["demo", "--steps", "2", "--eval-questions", "60", "--out", "demo"], tmp, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     (tmp / "demo.log").write_text(res.stdout)
     res = run_cli(

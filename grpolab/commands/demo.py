@@ -79,6 +79,9 @@ class DemoConfig:
     """Seed of the GRPO run."""
     steps: int = 0
     """GRPO steps; 0 = the preset's (built-in: the default of `grpolab train`)."""
+    eval_questions: int = 0
+    """Held-out questions of each evaluation; 0 = the preset's (built-in: 500, SmolLM2: 200). Fewer: a quicker look,
+    wider intervals."""
     lora_rank: int = 0
     """Real model: train LoRA adapters of this rank instead of the whole model (at lr 2e-4)."""
     retrain_sft: bool = False
@@ -130,6 +133,8 @@ def demo_train_config(cfg: DemoConfig, model: str | None = None) -> TrainConfig:
     )
     if cfg.steps:
         train_cfg = train_cfg.replace(steps=cfg.steps)
+    if cfg.eval_questions:
+        train_cfg = train_cfg.replace(eval_questions=cfg.eval_questions)
     return train_cfg.resolved()
 
 
