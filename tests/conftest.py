@@ -58,23 +58,3 @@ def gpt2_with_dropout(tmp_path_factory, char_tokenizer):
     model.save_pretrained(path)
     char_tokenizer.save_pretrained(path)
     return str(path)
-
-
-# The files that take longest, longest first (measured on a clean clone: docs/testing.md). `make test` hands whole
-# files to two workers in collection order (pytest-xdist's loadfile); started last, a file of a few minutes leaves one
-# worker running it alone at the end. Started first, the short files fill in around it and both workers finish together.
-LONGEST_FIRST = (
-    "test_trl_env.py",
-    "test_models.py",
-    "test_distributed_workloads.py",
-    "test_distributed.py",
-    "test_checkpoint_faults.py",
-    "test_distributed_sampling.py",
-    "test_api.py",
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), order[id(item)]))

@@ -246,7 +246,7 @@ def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):
         out=str(tmp_path / "run"),
         progress=False,
         threads=2,
-        log_token_credit=8,
+        log_token_credit=4,
     )
     trainer = build_trainer(cfg)
     assert trainer.policy.chat  # an instruct model: the chat template
@@ -258,7 +258,7 @@ def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):
         assert all(math.isfinite(m[k]) for k in ("reward/mean", "loss/policy", "grad/norm", "time/step_s"))
     # --log-token-credit on a byte-level BPE tokenizer: every rollout's token spans rebuild its completion exactly
     for o in outputs:
-        assert len(o.token_credit) == 8
+        assert len(o.token_credit) == 4
         for rec in o.token_credit:
             assert "".join(rec["tokens"]) == rec["completion"] and len(rec["tokens"]) == len(rec["dlogp"])
             assert rec["completion"] == trainer.policy.tokenizer.decode(rec["ids"], skip_special_tokens=True)
