@@ -464,7 +464,7 @@ def test_smollm2_episode_tokens_are_its_template_tokens():
     from grpolab.env.tools import load_tools
     from grpolab.models.loading import resolve_gguf
 
-    directory, name = resolve_gguf("smollm2-135m-instruct", "")
+    directory, name, _ = resolve_gguf("smollm2-135m-instruct", "")
     tok = AutoTokenizer.from_pretrained(directory, gguf_file=name)
     policy = Policy(torch.nn.Linear(1, 1), tok, "smollm2", chat=True, system="")
     schemas = load_tools([f"{Path(__file__).parents[1] / 'examples' / 'calculator' / 'tools.py'}:calculator"])

@@ -47,15 +47,13 @@ def read_rows(
         yield from ((f"{path}: row {i + 1}", row) for i, row in enumerate(live))
         return
     if is_hub_id(str(path)):
-        snap = hub_snapshot(str(path), ref)
-        for i, row in enumerate(_repository_split(snap.path, split, ref, str(path)).to_list()):
-            yield f"{path}: row {i + 1}", row
+        rows = _repository_split(hub_snapshot(str(path), ref).path, split, ref, str(path)).to_list()
+    elif Path(path).suffix == ".jsonl":
+        yield from iter_json_objects(Path(path))
         return
-    path = Path(path)
-    if path.suffix == ".jsonl":
-        yield from iter_json_objects(path)
-        return
-    for i, row in enumerate(_read_with_datasets(path, split, ref)):
+    else:
+        rows = _read_with_datasets(Path(path), split, ref)
+    for i, row in enumerate(rows):
         yield f"{path}: row {i + 1}", row
 
 

@@ -17,18 +17,26 @@ import functools
 from collections.abc import Callable
 
 from grpolab.common.given import NOTHING, Given
-from grpolab.config.task import EpisodesSection
+from grpolab.config.task import DataSection, EpisodesSection
+from grpolab.data.task import resolve_format
 from grpolab.env.protocol import EnvError, Environment, EpisodeLimits, check_reset, load_env_class
 from grpolab.env.render import Renderer
 from grpolab.env.trl_env import TrlEnvironment, TrlShape, is_trl_shape
 
-__all__ = ["EnvError", "EnvSetup", "Environment", "EpisodeLimits", "Renderer", "environment", "samples_own_tasks"]
+__all__ = ["EnvError", "EnvSetup", "Environment", "EpisodeLimits", "Renderer", "environment", "resolved_data"]
 
 
-def samples_own_tasks(episodes: EpisodesSection, data_files: bool, given: Given = NOTHING) -> bool:
-    """Whether the run's environment samples its own tasks: an --env in TRL's shape and no data (``data_files``
-    False); its records are then task seeds (``--format self``)."""
-    return bool(episodes.env) and not data_files and is_trl_shape(load_env_class(episodes.env, given))
+def resolved_data(data: DataSection, episodes: EpisodesSection, given: Given = NOTHING) -> DataSection:
+    """``data`` with ``--format auto`` resolved (:func:`grpolab.data.task.resolve_format`): ``self`` when the run's
+    --env is in TRL's shape and there is no data (its records are then task seeds), which only loading the class
+    tells."""
+    self_sampling = (
+        data.format == "auto"
+        and bool(episodes.env)
+        and not (data.data or data.eval_data)
+        and is_trl_shape(load_env_class(episodes.env, given))
+    )
+    return resolve_format(data, bool(episodes.env), given, self_sampling)
 
 
 @dataclasses.dataclass

@@ -27,8 +27,8 @@ from grpolab.config.task import (
     validate_task,
 )
 from grpolab.config.train import model_defaults
-from grpolab.data.task import resolve_format, task_data
-from grpolab.env import samples_own_tasks
+from grpolab.data.task import task_data
+from grpolab.env import resolved_data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,11 +148,7 @@ class RunTask:
         defaults = model_defaults(task.policy.model)
         unset = {n: defaults[n] for n in defaults if n in fields.options(cls) and fields.get(task, n) is None}
         task = fields.replace(task, **unset)
-        data = task.dataset
-        self_sampling = data.format == "auto" and samples_own_tasks(
-            task.episodes, bool(data.data or data.eval_data), given
-        )
-        return dataclasses.replace(task, dataset=resolve_format(data, bool(task.episodes.env), given, self_sampling))
+        return dataclasses.replace(task, dataset=resolved_data(task.dataset, task.episodes, given))
 
     def fill(self, command):
         """``command`` (a config) with its from-run options set to this task's values: what a report records it

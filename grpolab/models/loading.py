@@ -40,27 +40,28 @@ def smollm2_path() -> Path:
     )
 
 
-def resolve_gguf(spec: str, gguf_file: str = "", revision: str = "") -> tuple[Path, str] | None:
-    """(directory, file name) when ``spec``/``gguf_file`` name a GGUF checkpoint, else None."""
+def resolve_gguf(spec: str, gguf_file: str = "", revision: str = ""):
+    """``(directory, file name, Hub snapshot or None)`` when ``spec``/``gguf_file`` name a GGUF checkpoint, else
+    None."""
     from grpolab.common.hub import is_hub_id, missing_file, snapshot
 
     if spec == SMOLLM2:
         path = smollm2_path()
-        return path.parent, path.name
+        return path.parent, path.name, None
     if gguf_file and is_hub_id(spec):
         snap = snapshot(spec, revision=revision, allow_patterns=[gguf_file])
         if not (snap.path / gguf_file).is_file():
             raise missing_file(snap, gguf_file)
-        return snap.path, gguf_file
+        return snap.path, gguf_file, snap
     path = Path(spec).expanduser()
     if gguf_file:
         if not (path / gguf_file).is_file():
             raise FileNotFoundError(f"--gguf-file {gguf_file!r}: not found in {path}")
-        return path, gguf_file
+        return path, gguf_file, None
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"--model {spec!r}: no such GGUF file")
-        return path.parent, path.name
+        return path.parent, path.name, None
     return None
 
 

@@ -175,7 +175,7 @@ def resolve_model_path(spec: str, revision: str = ""):
     return path, snap
 
 
-def _load_directory(path: Path, dtype: torch.dtype, revision: str = ""):
+def _load_directory(path: Path, dtype: torch.dtype):
     """Model and tokenizer of a model directory, or of a LoRA adapter's: its base (``base_model_name_or_path``, a
     path or a Hub id) with the adapter merged in, so that the run trains it like any model."""
     if not (path / "config.json").is_file():
@@ -229,9 +229,9 @@ def load_policy(
         source = spec
     elif gguf is not None:
         dtype = dtype or default_dtype(device)
-        model, tokenizer = load_gguf(*gguf, dtype=dtype)
-        source = str(gguf[0] / gguf[1])
-        origin = _origin(spec, gguf[0], revision)
+        directory, file, snap = gguf
+        model, tokenizer = load_gguf(directory, file, dtype=dtype)
+        source, origin = str(directory / file), snap.record() if snap else None
     else:
         path, snap = resolve_model_path(spec, revision)
         model, tokenizer = _load_directory(path, dtype or default_dtype(device))
@@ -247,12 +247,3 @@ def load_policy(
         raise ConfigError(f"--chat on: the tokenizer of {source} has no chat template")
     use_chat = has_template and (chat == "on" or (chat == "auto" and spec != BUILTIN))
     return Policy(model, tokenizer, source, origin, chat=use_chat, few_shot=list(few_shot or []))
-
-
-def _origin(spec: str, directory: Path, revision: str) -> dict | None:
-    """The Hub record of a GGUF file fetched into ``directory`` (a snapshot, named by its commit)."""
-    from grpolab.common.hub import is_hub_id
-
-    if not is_hub_id(spec):
-        return None
-    return {"id": spec, "revision": revision or "main", "commit": directory.name}

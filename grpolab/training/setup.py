@@ -8,8 +8,7 @@ import dataclasses
 from grpolab.common.given import NOTHING, Given
 from grpolab.config.task import DataSection
 from grpolab.config.train import TrainConfig
-from grpolab.data.task import resolve_format
-from grpolab.env import samples_own_tasks
+from grpolab.env import resolved_data
 
 
 def checked_config(cfg: TrainConfig, world_size: int = 1, given: Given = NOTHING) -> TrainConfig:
@@ -17,9 +16,7 @@ def checked_config(cfg: TrainConfig, world_size: int = 1, given: Given = NOTHING
     from the data (``given``: rows given to the Python API; what config.json records), validated for
     ``world_size`` processes."""
     cfg = cfg.resolved()
-    data = cfg.dataset
-    self_sampling = data.format == "auto" and samples_own_tasks(cfg.episodes, bool(data.data or data.eval_data), given)
-    cfg = dataclasses.replace(cfg, dataset=resolve_format(data, bool(cfg.episodes.env), given, self_sampling))
+    cfg = dataclasses.replace(cfg, dataset=resolved_data(cfg.dataset, cfg.episodes, given))
     cfg.validate()
     cfg.validate_world(world_size)
     return cfg
