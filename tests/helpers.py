@@ -39,6 +39,21 @@ def run_cli(args: list[str], cwd, timeout: int = 300, process: bool | None = Non
     )
 
 
+def torchrun_batch(commands: list[list[str]], cwd, nproc: int = 2, timeout: int = 600) -> None:
+    """``grpolab ARGS`` for each of ``commands``, in order, on ``nproc`` processes of one torchrun launch
+    (tests/torchrun_batch.py): what ``grpolab ARGS --nproc P`` runs in each of its processes, without starting P
+    interpreters (and importing torch and transformers) per command. The relaunch from ``--nproc`` itself is tested
+    by the commands that still use it."""
+    spec = Path(cwd) / "torchrun_batch.json"
+    spec.write_text(json.dumps([[str(a) for a in args] for args in commands]))
+    path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "COLUMNS": "200", "PYTHONPATH": path}
+    script = Path(__file__).with_name("torchrun_batch.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(script)]
+    res = subprocess.run([*cmd, str(spec)], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+
+
 def run_main(args: list[str], cwd) -> subprocess.CompletedProcess:
     """``grpolab ARGS`` through ``main`` in this process (see :func:`run_cli`); torch's thread count is restored after."""
     import contextlib
@@ -311,13 +326,19 @@ KL_MU = [
 REL_TOL = 1e-5
 
 
+def train_args(tmp: Path, name: str, steps: int, *extra: str, resume: bool = False) -> list[str]:
+    """The arguments of ``grpolab train`` of ``steps`` steps in ``CLI_BASE``'s shape (plus ``extra``) into
+    ``tmp/name``."""
+    return ["train", "--out", str(tmp / name), "--steps", str(steps), *CLI_BASE, *extra] + (
+        ["--resume"] if resume else []
+    )
+
+
 def train_cli(tmp: Path, name: str, steps: int, *extra: str, resume: bool = False) -> Path:
     """``grpolab train`` of ``steps`` steps in ``CLI_BASE``'s shape (plus ``extra``) into ``tmp/name``."""
-    out = tmp / name
-    args = ["train", "--out", str(out), "--steps", str(steps), *CLI_BASE, *extra] + (["--resume"] if resume else [])
-    res = run_cli(args, cwd=tmp, timeout=300)
+    res = run_cli(train_args(tmp, name, steps, *extra, resume=resume), cwd=tmp, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    return out
+    return tmp / name
 
 
 def assert_same_params(a: Path, b: Path, step: int = 3) -> None:

@@ -1,8 +1,8 @@
 """Data-parallel GRPO on torch.distributed: the same run on 1 and on 2 processes (gloo, CPU).
 
 Unit tier: how work is split over ranks, the backend choice, the launcher's argument
-handling and the config checks. Smoke tier: real `grpolab train --nproc 2` runs (torchrun,
-two processes, gloo) of the built-in model against single-process runs with the same
+handling and the config checks. Smoke tier: real two-process runs of `grpolab train` (torchrun,
+gloo; one launch runs them all) of the built-in model against single-process runs with the same
 global batch and seed: identical rollouts, parameters equal within 1e-5 relative, and a
 run stopped on one process count resumed on another.
 """
@@ -18,7 +18,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import CLI_BASE, KL_MU, REL_TOL, assert_same_metrics, assert_same_params, rollouts_of, run_cli, train_cli
+from helpers import (
+    CLI_BASE,
+    KL_MU,
+    REL_TOL,
+    assert_same_metrics,
+    assert_same_params,
+    rollouts_of,
+    run_cli,
+    torchrun_batch,
+    train_args,
+    train_cli,
+)
 from safetensors.torch import load_file
 
 from grpolab.common.distributed import World, backend
@@ -93,13 +104,27 @@ def _params(run: Path, step: int) -> dict[str, torch.Tensor]:
 REF = [*KL_MU, "--probe-every", "1", "--probe-groups", "3"]
 
 
+LORA = ["--lora-rank", "4", "--beta", "0.04", "--lr", "1e-3", "--dtype", "float64"]
+_i = REF.index("--micro-batch")  # packing: passes planned by a token budget instead of 2 rows a pass
+PACKED = [*REF[:_i], *REF[_i + 2 :], "--packing", "--micro-batch-tokens", "64"]
+BAD = ["--reward-fn", "reward_fixtures:overflow_when_correct_muldiv", "--estimator", "vanilla", "--format-weight", "0"]
+# Every two-process run of this file, by directory: (steps, options). One torchrun launch runs them all
+# (helpers.torchrun_batch); `grpolab train --nproc 2` itself is run by the two-node, SIGTERM and vLLM tests.
+TWO = {
+    "p2": (3, REF),
+    "lora2": (3, LORA),
+    "fsdp": (3, [*KL_MU, "--fsdp"]),  # the probe needs whole parameters; it changes no weight
+    "packed2": (3, PACKED),
+    "resumed": (2, [*KL_MU, "--fsdp"]),  # resumed on one process below
+    "nan2": (2, BAD),
+}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dist")
-    return tmp, {
-        "p1": train_cli(tmp, "p1", 3, *REF),
-        "p2": train_cli(tmp, "p2", 3, *REF, "--nproc", "2"),
-    }
+    torchrun_batch([train_args(tmp, name, steps, *args) for name, (steps, args) in TWO.items()], cwd=tmp)
+    return tmp, {"p1": train_cli(tmp, "p1", 3, *REF), "p2": tmp / "p2"}
 
 
 def test_two_processes_sample_identical_rollouts(runs):
@@ -157,8 +182,7 @@ def test_lora_adapters_train_the_same_on_two_processes(runs):
     the gradient's size, so in fp32 the two runs' rounding differences (different prompt padding per rank)
     reach 1.2e-5 relative in B (measured); in float64 they are 1e-15, and any error of the method would show."""
     tmp, _ = runs
-    lora = ["--lora-rank", "4", "--beta", "0.04", "--lr", "1e-3", "--dtype", "float64"]
-    one, two = train_cli(tmp, "lora1", 3, *lora), train_cli(tmp, "lora2", 3, *lora, "--nproc", "2")
+    one, two = train_cli(tmp, "lora1", 3, *LORA), tmp / "lora2"
     assert rollouts_of(one) == rollouts_of(two)
     a, b = (load_file(str(r / "checkpoints" / "step_3" / "adapter_model.safetensors")) for r in (one, two))
     assert a.keys() == b.keys() and len(a) > 0
@@ -168,9 +192,7 @@ def test_lora_adapters_train_the_same_on_two_processes(runs):
 
 def test_fsdp_matches_one_process(runs):
     tmp, r = runs
-    fsdp = train_cli(
-        tmp, "fsdp", 3, *KL_MU, "--nproc", "2", "--fsdp"
-    )  # the probe needs whole parameters; it changes no weight
+    fsdp = tmp / "fsdp"
     assert rollouts_of(fsdp) == rollouts_of(r["p1"])
     assert_same_params(r["p1"], fsdp)
     _assert_rank_0_records_its_own(r["p1"], fsdp)  # the forward after the update is a collective here
@@ -180,9 +202,7 @@ def test_packing_on_two_processes_matches_one_process(runs):
     """--packing with passes planned by a token budget (1-3 rollouts each, a different number per rank) on two
     processes: the rollouts, metrics and weights of the padded run on one."""
     tmp, r = runs
-    i = REF.index("--micro-batch")  # instead of 2 rows a pass
-    packed_args = [*REF[:i], *REF[i + 2 :], "--packing", "--micro-batch-tokens", "64"]
-    packed = train_cli(tmp, "packed2", 3, *packed_args, "--nproc", "2")
+    packed = tmp / "packed2"
     assert rollouts_of(packed) == rollouts_of(r["p1"])
     assert_same_params(r["p1"], packed)
     assert_same_metrics(r["p1"], packed)
@@ -191,8 +211,7 @@ def test_packing_on_two_processes_matches_one_process(runs):
 def test_a_run_resumes_on_another_process_count(runs):
     """Two steps sharded over 2 processes, the third on 1: the uninterrupted single-process run."""
     tmp, r = runs
-    train_cli(tmp, "resumed", 2, *KL_MU, "--nproc", "2", "--fsdp")
-    resumed = train_cli(tmp, "resumed", 3, *KL_MU, resume=True)
+    resumed = train_cli(tmp, "resumed", 3, *KL_MU, resume=True)  # its first two steps: TWO["resumed"]
     assert rollouts_of(resumed) == rollouts_of(r["p1"])
     assert_same_params(r["p1"], resumed)
     steps = [json.loads(line)["step"] for line in (resumed / "token_credit.jsonl").read_text().splitlines()]
@@ -203,17 +222,8 @@ def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(runs, monk
     """A rank with a non-finite loss still runs its backward (no rank is left waiting in the
     gradient reduction), and the update is skipped, and counted, everywhere: as on one process."""
     tmp, _ = runs
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the subprocesses import reward_fixtures
-    bad = [
-        "--reward-fn",
-        "reward_fixtures:overflow_when_correct_muldiv",
-        "--estimator",
-        "vanilla",
-        "--format-weight",
-        "0",
-    ]
-    one = train_cli(tmp, "nan1", 2, *bad)
-    two = train_cli(tmp, "nan2", 2, *bad, "--nproc", "2")
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # the run imports reward_fixtures
+    one, two = train_cli(tmp, "nan1", 2, *BAD), tmp / "nan2"
     assert rollouts_of(one) == rollouts_of(two)
     skipped = [[r["loss/skipped_updates"] for r in read_metrics(run / "metrics.jsonl")[1:]] for run in (one, two)]
     assert skipped[0] == skipped[1] and sum(skipped[0]) >= 1, skipped

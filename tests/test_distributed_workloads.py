@@ -11,7 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import KL_MU, assert_same_metrics, assert_same_params, rollouts_of, run_cli, train_cli
+from helpers import (
+    KL_MU,
+    assert_same_metrics,
+    assert_same_params,
+    rollouts_of,
+    run_cli,
+    torchrun_batch,
+    train_cli,
+)
 
 from grpolab.training.runlog import read_metrics
 
@@ -31,28 +39,35 @@ EPISODES = {
 }
 
 
-@pytest.mark.parametrize("task", sorted(EPISODES))
-def test_episodes_on_two_processes_match_one_process(tmp_path_factory, task):
-    """Episodes of an environment on 2 processes: the same rollouts, turn by turn, and the same update."""
-    tmp = tmp_path_factory.mktemp(task)
+def _episode_args(task: str, data: Path) -> list[str]:
     root = Path(__file__).parents[1] / "examples" / "guess"
-    data = tmp / "guess"
-    if not data.is_dir():
-        res = subprocess.run([sys.executable, str(root / "make_data.py"), "--out", str(data), "--train", "64"])
-        assert res.returncode == 0
     args = [a.replace("GUESS", f"{root / 'env.py'}:Guess") for a in EPISODES[task]]
     if task == "game":
         args += ["--data", str(data / "train.jsonl"), "--eval-data", str(data / "test.jsonl")]
     mt = [*args, "--prompts-per-step", "4", "--group-size", "4", "--eval-questions", "6", "--warmup-steps", "0"]
-    mt += ["--log-rollouts", "--no-progress", "--lr", "1e-3"]
+    return [*mt, "--log-rollouts", "--no-progress", "--lr", "1e-3", "--steps", "3"]
 
-    def run(name, *extra):
-        out = tmp / name
-        res = run_cli(["train", "--out", str(out), "--steps", "3", *mt, *extra], cwd=tmp, timeout=300)
-        assert res.returncode == 0, res.stderr[-3000:]
-        return out
 
-    one, two = run(f"{task}1"), run(f"{task}2", "--nproc", "2")
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """Every two-process run of this file but vLLM's, one torchrun launch for all (helpers.torchrun_batch): each
+    episode task's training run into TMP/TASK2, each probe's report into TMP/PROBE2."""
+    tmp = tmp_path_factory.mktemp("two")
+    res = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "examples" / "guess" / "make_data.py"),
+                          "--out", str(tmp / "guess"), "--train", "64"])  # fmt: skip
+    assert res.returncode == 0
+    runs = [["train", "--out", str(tmp / f"{task}2"), *_episode_args(task, tmp / "guess")] for task in EPISODES]
+    torchrun_batch([*runs, *([*PROBES[p], "--out", str(tmp / f"{p}2")] for p in PROBES)], cwd=tmp)
+    return tmp
+
+
+@pytest.mark.parametrize("task", sorted(EPISODES))
+def test_episodes_on_two_processes_match_one_process(tmp_path, two, task):
+    """Episodes of an environment on 2 processes: the same rollouts, turn by turn, and the same update."""
+    one = tmp_path / f"{task}1"
+    res = run_cli(["train", "--out", str(one), *_episode_args(task, two / "guess")], cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    two = two / f"{task}2"
     assert rollouts_of(one) == rollouts_of(two)  # every episode's conversation and rewards, turn by turn
     assert max(len(r["turn_rewards"]) for r in rollouts_of(one)) == 2  # episodes of two turns were played
     assert_same_metrics(one, two)  # rewards per stage, losses, held-out accuracy per stage
@@ -91,13 +106,10 @@ def _max_rel_diff(a, b, path="") -> float:
 
 
 @pytest.mark.parametrize("probe", sorted(PROBES))
-def test_probes_on_two_processes_equal_one(probe, tmp_path):
-    reports = []
-    for nproc in (1, 2):
-        out = tmp_path / f"p{nproc}"
-        res = run_cli([*PROBES[probe], "--out", str(out), "--nproc", str(nproc)], cwd=tmp_path, timeout=300)
-        assert res.returncode == 0, res.stderr[-3000:]
-        reports.append(json.loads((out / f"{probe}.json").read_text()))
+def test_probes_on_two_processes_equal_one(probe, tmp_path, two):
+    res = run_cli([*PROBES[probe], "--out", str(tmp_path / "p1")], cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    reports = [json.loads((out / f"{probe}.json").read_text()) for out in (tmp_path / "p1", two / f"{probe}2")]
     # Same rollouts, same per-prompt Gram matrices; only the M x M product's summation order may differ.
     assert _max_rel_diff(*reports) <= 1e-9
     if probe == "rank":

@@ -563,7 +563,20 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
+    """``grpolab ARGV``; a torchrun worker then exits at once (below)."""
+    run(sys.argv[1:] if argv is None else argv)
+    if "WORLD_SIZE" in os.environ:
+        # A torchrun worker whose command finished (results written, process group left, logs closed) exits
+        # without the interpreter's finalization: with other torchrun jobs on the machine, a rank now and then
+        # aborted there ("terminate called without an active exception", SIGABRT, after destroy_process_group),
+        # failing a finished run. The cause inside torch/gloo is not found; this only skips that teardown.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def run(argv: list[str]) -> None:
+    """One command: its errors are one line and exit status 2, an interrupt 130."""
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         raise SystemExit(0 if argv else 2)
@@ -594,14 +607,6 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("interrupted; resume with --resume from the last checkpoint", file=sys.stderr)
         raise SystemExit(130) from None
-    if "WORLD_SIZE" in os.environ:
-        # A torchrun worker whose command finished (results written, process group left, logs closed) exits
-        # without the interpreter's finalization: with other torchrun jobs on the machine, a rank now and then
-        # aborted there ("terminate called without an active exception", SIGABRT, after destroy_process_group),
-        # failing a finished run. The cause inside torch/gloo is not found; this only skips that teardown.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
 
 
 if __name__ == "__main__":
