@@ -10,14 +10,23 @@ starts processes (torchrun, the ``grpolab`` command, an engine), loads SmolLM2 o
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 # Before torch is imported anywhere: idle OpenMP workers must not spin on a shared 2-core CPU.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The vllm engine's KV cache (GiB, whole numbers only): the tests' models are tiny.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# grpolab's cache (the dequantised GGUF checkpoints, the demo's warm starts): empty at the start of each run of the
+# suite, never the user's, and shared by the test workers (they inherit it): the first test that loads SmolLM2
+# converts its GGUF file, the others read the conversion.
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    os.environ["GRPOLAB_CACHE"] = tempfile.mkdtemp(prefix="grpolab-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["GRPOLAB_CACHE"], True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

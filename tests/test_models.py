@@ -68,6 +68,54 @@ def test_missing_smollm2_package_says_how_to_install(monkeypatch):
         loading.smollm2_path()
 
 
+def test_a_gguf_file_is_dequantised_once_and_then_read_from_the_cache(tmp_path, monkeypatch, char_tokenizer):
+    """load_gguf converts a file the first time (transformers' GGUF loader: here a stand-in returning a tiny Llama,
+    the real conversion runs in the SmolLM2 tests) and reads the saved conversion afterwards: the same weights and
+    tokens, keyed by the file's bytes and the dtype; a conversion killed half-way is never read; an unwritable
+    cache converts each time, with a warning."""
+    from helpers import tiny_llama
+
+    from grpolab.models import loading
+
+    monkeypatch.setenv("GRPOLAB_CACHE", str(tmp_path / "cache"))
+    converted = []
+
+    def dequantise(directory, file, dtype):
+        converted.append((file, dtype))
+        return tiny_llama(char_tokenizer, seed=len(converted)).to(dtype), char_tokenizer
+
+    monkeypatch.setattr(loading, "dequantise_gguf", dequantise)
+    (tmp_path / "a.gguf").write_bytes(b"GGUF one")
+    first, tok = loading.load_gguf(tmp_path, "a.gguf")
+    again, tok2 = loading.load_gguf(tmp_path, "a.gguf")
+    assert converted == [("a.gguf", torch.float32)]
+    reference = tiny_llama(char_tokenizer, seed=1)
+    for m in (first, again):
+        assert all(torch.equal(p, q) for p, q in zip(m.state_dict().values(), reference.state_dict().values()))
+    assert tok("12+7")["input_ids"] == tok2("12+7")["input_ids"] == char_tokenizer("12+7")["input_ids"]
+    (kept,) = (tmp_path / "cache" / "gguf").iterdir()
+    assert "float32" in kept.name and not [p for p in kept.parent.iterdir() if p.name.startswith(".")]
+    loading.load_gguf(tmp_path, "a.gguf", dtype=torch.float64)  # another dtype: converted again
+    (tmp_path / "a.gguf").write_bytes(b"GGUF two")  # other bytes under the same name: converted again
+    loading.load_gguf(tmp_path, "a.gguf")
+    assert len(converted) == 3
+    before = set(kept.parent.iterdir())
+    (tmp_path / "b.gguf").write_bytes(b"GGUF three")
+    loading.load_gguf(tmp_path, "b.gguf")
+    (b,) = set(kept.parent.iterdir()) - before
+    (b / "config.json").unlink()  # a damaged entry: converted again, and replaced
+    loading.load_gguf(tmp_path, "b.gguf")
+    loading.load_gguf(tmp_path, "b.gguf")
+    assert len(converted) == 5 and (b / "config.json").is_file()
+    (kept.parent / f".{kept.name}-killed").mkdir()  # a conversion killed before its rename is never read
+    loading.load_gguf(tmp_path, "a.gguf")
+    assert len(converted) == 5
+    monkeypatch.setenv("GRPOLAB_CACHE", str(tmp_path / "a.gguf"))  # a file: no directory can be made there
+    with pytest.warns(UserWarning, match="could not keep the dequantised a.gguf"):
+        model, _ = loading.load_gguf(tmp_path, "a.gguf")
+    assert len(converted) == 6 and model.config.hidden_size == reference.config.hidden_size
+
+
 # ---------------------------------------------------------------- chunked log-probs
 
 

@@ -26,7 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 from grpolab.config.train import ConfigError, TrainConfig
-from grpolab.models.policy import ASSET_DIR, BUILTIN, cache_dir
+from grpolab.models.loading import cache_dir
+from grpolab.models.policy import ASSET_DIR, BUILTIN
 from grpolab.report.plotting import plot_run
 from grpolab.training.recipe import train
 from grpolab.training.runlog import read_metrics

