@@ -93,7 +93,7 @@ def test_a_gguf_file_is_dequantised_once_and_then_read_from_the_cache(tmp_path, 
     for m in (first, again):
         assert all(torch.equal(p, q) for p, q in zip(m.state_dict().values(), reference.state_dict().values()))
     assert tok("12+7")["input_ids"] == tok2("12+7")["input_ids"] == char_tokenizer("12+7")["input_ids"]
-    (kept,) = (tmp_path / "cache" / "gguf").iterdir()
+    (kept,) = [p for p in (tmp_path / "cache" / "gguf").iterdir() if p.is_dir()]  # beside it, its lock file
     assert "float32" in kept.name and not [p for p in kept.parent.iterdir() if p.name.startswith(".")]
     loading.load_gguf(tmp_path, "a.gguf", dtype=torch.float64)  # another dtype: converted again
     (tmp_path / "a.gguf").write_bytes(b"GGUF two")  # other bytes under the same name: converted again
@@ -102,7 +102,7 @@ def test_a_gguf_file_is_dequantised_once_and_then_read_from_the_cache(tmp_path, 
     before = set(kept.parent.iterdir())
     (tmp_path / "b.gguf").write_bytes(b"GGUF three")
     loading.load_gguf(tmp_path, "b.gguf")
-    (b,) = set(kept.parent.iterdir()) - before
+    (b,) = [p for p in set(kept.parent.iterdir()) - before if p.is_dir()]
     (b / "config.json").unlink()  # a damaged entry: converted again, and replaced
     loading.load_gguf(tmp_path, "b.gguf")
     loading.load_gguf(tmp_path, "b.gguf")

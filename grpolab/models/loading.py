@@ -24,6 +24,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import filelock
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -88,23 +89,25 @@ def load_gguf(directory: Path, file: str, dtype: torch.dtype = torch.float32):
     transformers or huggingface_hub keeps a conversion, hence this cache: ``cache_dir()/gguf/<key>``, the key the
     file's SHA-256, the dtype and the transformers version, so that any change of the three converts again. A
     conversion is written to a temporary directory and renamed into place, so a killed conversion leaves nothing
-    that is read later. Every load, the first too, reads the saved checkpoint: the same tokenizer and weights
+    that is read later, under a file lock, so that processes starting together convert once. Every load, the first too, reads the saved checkpoint: the same tokenizer and weights
     whether or not the cache was warm. Where the cache cannot be written (a read-only home), the conversion is used
     as it is, with a warning.
     """
     key = f"{_sha256(Path(directory) / file)[:32]}-{str(dtype).removeprefix('torch.')}-tf{transformers.__version__}"
     cached = cache_dir() / "gguf" / key
-    if not (cached / "config.json").is_file():
-        model, tokenizer = dequantise_gguf(directory, file, dtype)
-        try:
-            _save_into(cached, model, tokenizer, source=Path(directory) / file)
-        except OSError as e:
-            warnings.warn(
-                f"could not keep the dequantised {file} in {cached.parent} ({e}); it is converted each load",
-                stacklevel=2,
-            )
-            return model, tokenizer
-        del model
+    converted = None
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with filelock.FileLock(f"{cached}.lock"):  # two processes loading the file at once: one converts it
+            if not (cached / "config.json").is_file():
+                converted = dequantise_gguf(directory, file, dtype)
+                _save_into(cached, *converted, source=Path(directory) / file)
+    except OSError as e:
+        warnings.warn(
+            f"could not keep the dequantised {file} in {cached.parent} ({e}); it is converted each load", stacklevel=2
+        )
+        return converted or dequantise_gguf(directory, file, dtype)
+    del converted
     tokenizer = AutoTokenizer.from_pretrained(cached)
     return AutoModelForCausalLM.from_pretrained(cached, dtype=dtype), tokenizer
 
