@@ -310,3 +310,63 @@ def test_trainer_advantage_stats_without_spectrum_probe(tmp_path):
     row = {r["step"]: r for r in read_metrics(out / "metrics.jsonl")}[1]
     assert abs(row["probe/adv_max_abs_group_sum"]) < 1e-5 and "probe/adv_var_emp" in row
     assert "probe/eff_rank" not in row and "probe/groups_measured" not in row
+
+
+# ---------------------------------------------------------------- one Gram pass, every estimator
+
+
+def test_each_estimators_gram_equals_its_explicit_per_rollout_gradients():
+    """rank --compare-estimators: each estimator's K = diag(A) Psi diag(A), from the one Gram pass, equals the Gram
+    matrix of the per-rollout gradients A_i grad sum_t w_it log pi(o_it) computed one rollout at a time by autograd
+    (float64, the built-in model), and the probe's spectrum metrics are those of that explicit matrix. grpo, grpo_std
+    and rloo rescale the same centred rewards, so their scale-free metrics agree; vanilla's do not."""
+    from grpolab.algo.loss import loss_token_mask
+    from grpolab.analysis.rank import advantage_effective_rank, estimator_advantages, measure_prompt
+    from grpolab.models.logprobs import completion_logprobs
+    from grpolab.models.policy import load_policy
+    from grpolab.probes.gram import score_gram, token_weights
+    from grpolab.probes.spectrum import advantage_gram, spectrum_metrics
+    from grpolab.rollout.sampler import sample
+
+    policy = load_policy("builtin", dtype=torch.float64)
+    model, R = policy.model.eval(), 6
+    prompt = policy.prompt_ids({"question": "12+7-3"})
+    batch = sample(model, [prompt] * R, [(5, i) for i in range(R)], max_new_tokens=10, temperature=1.0, top_p=1.0,
+                   eos_id=policy.eos_id, pad_id=policy.pad_id)  # fmt: skip
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0])
+    estimators = ("vanilla", "grpo", "grpo_std", "rloo")
+    cfg = RankConfig(max_new_tokens=10, compare_estimators=estimators, progress=False)
+    row = measure_prompt(policy, lambda record, n, key: (batch, rewards, None), {}, R, (0,), cfg)
+    weights = token_weights(batch.completion_mask, cfg.aggregation, cfg.max_new_tokens) * loss_token_mask(
+        batch.completion_ids, batch.completion_mask, policy.eos_id, mask_truncated=False
+    )
+    psi = score_gram(model, batch, weights, temperature=cfg.temperature)
+    params = [p for p in model.parameters() if p.requires_grad]
+    scores = []  # psi_i, one backward each
+    for i in range(R):
+        logp = completion_logprobs(model, batch, cfg.temperature)[i]
+        grads = torch.autograd.grad((logp * weights[i].to(logp.dtype)).sum(), params)
+        scores.append(torch.cat([g.reshape(-1) for g in grads]))
+    scores = torch.stack(scores)  # [R, D] float64
+    spectra = {}
+    for est, adv in estimator_advantages(rewards, estimators).items():
+        g = adv.double()[:, None] * scores  # rows A_i psi_i
+        explicit = g @ g.T
+        K = advantage_gram(psi, adv)
+        assert float((K - explicit).abs().max() / explicit.abs().max()) <= 1e-8, est
+        spectra[est] = spectrum_metrics(torch.linalg.eigvalsh(explicit).clamp(min=0).sqrt())
+        for key in ("effective_rank", "top1_fraction"):
+            assert row["by_estimator"][est][key] == pytest.approx(spectra[est][key], rel=1e-8), (est, key)
+        assert row["by_estimator"][est]["num_rank"] == spectra[est]["num_rank"]
+    for est in ("grpo_std", "rloo"):  # positive multiples of grpo's advantages (each rounded to float32) in one group
+        assert spectra[est]["effective_rank"] == pytest.approx(spectra["grpo"]["effective_rank"], rel=1e-6)
+    assert abs(spectra["vanilla"]["effective_rank"] - spectra["grpo"]["effective_rank"]) > 1e-3
+    assert row["effective_rank"] == pytest.approx(spectra["grpo"]["effective_rank"], rel=1e-8)  # --estimator grpo
+    # the advantages' own effective rank: 4 R p (1 - p) for k = 2 of R = 6 correct
+    assert row["adv_effective_rank"] == pytest.approx(4 * R * (2 / 6) * (4 / 6), rel=1e-6)  # float32 advantages
+    assert advantage_effective_rank(torch.zeros(R)) == 0.0
+
+
+def test_an_unknown_estimator_is_refused_with_the_choices(tmp_path):
+    with pytest.raises(ConfigError, match="'oracle' is not one of vanilla, grpo, grpo_std, rloo"):
+        run_rank(RankConfig(compare_estimators=("grpo", "oracle"), out=str(tmp_path), progress=False))

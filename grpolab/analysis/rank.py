@@ -28,6 +28,7 @@ import torch
 
 from grpolab.algo.advantages import compute_advantages
 from grpolab.algo.loss import loss_token_mask
+from grpolab.algo.names import ESTIMATORS
 from grpolab.analysis.config import ProbeConfig
 from grpolab.analysis.pool import ProbeSampler, probe_sampler
 from grpolab.common import distributed, streams
@@ -76,6 +77,10 @@ class RankConfig(ProbeConfig):
     reference with --verify (gram_max_rel_err), otherwise about sqrt(2/k) per entry on the cosine scale."""
     verify: bool = False
     """Also run the R-backward reference path: gram_max_rel_err and time ratios."""
+    compare_estimators: tuple[str, ...] = ()
+    """Also the spectrum of each of these estimators' gradient matrix (vanilla, grpo, grpo_std, rloo), on the same
+    rollouts and the same Gram matrix (one pass: an estimator only rescales the rows A_i psi_i), over the prompts
+    whose rewards vary: results' by_estimator."""
 
 
 def _plain_forward_backward_s(model, batch: Batch, weights: torch.Tensor, temperature: float) -> float:
@@ -95,9 +100,11 @@ def measure_prompt(policy: Policy, sampler: ProbeSampler, record: dict, R: int, 
         entropy = completion_entropy(policy.model, batch, cfg.temperature)
     adv = compute_advantages(rewards[None, :], cfg.estimator)[0]  # [R]
     row = {
+        "reward_mean": float(rewards.float().mean()),
         "reward_std": float(rewards.std(unbiased=False)),
         "zero_var": bool((rewards == rewards[0]).all()),
         "distinct_active": distinct_active_rollouts(batch, adv),
+        "adv_effective_rank": advantage_effective_rank(adv),
     }
     if not adv.any() and not cfg.verify:
         row.update(spectrum_metrics(torch.zeros(R)))
@@ -123,6 +130,11 @@ def measure_prompt(policy: Policy, sampler: ProbeSampler, record: dict, R: int, 
     )
     t_gram = time.perf_counter() - t0
     row.update(spectrum_metrics(singular_values_from_gram(psi, adv)))
+    if cfg.compare_estimators and not row["zero_var"]:
+        row["by_estimator"] = {
+            est: spectrum_metrics(singular_values_from_gram(psi, a))
+            for est, a in estimator_advantages(rewards, cfg.compare_estimators).items()
+        }
     if cfg.verify:
         t0 = time.perf_counter()
         ref = score_gram_reference(
@@ -132,6 +144,24 @@ def measure_prompt(policy: Policy, sampler: ProbeSampler, record: dict, R: int, 
         t_plain = _plain_forward_backward_s(policy.model, batch, weights, cfg.temperature)
         row.update(gram_rel_err=gram_relative_error(psi, ref), t_gram=t_gram, t_ref=t_ref, t_plain=t_plain)
     return row
+
+
+def estimator_advantages(rewards: torch.Tensor, estimators) -> dict[str, torch.Tensor]:
+    """Each estimator's advantages ``[R]`` of one group's rewards ``[R]``: the row weights of its gradient matrix
+    (rows A_i psi_i, the scores psi_i the same for all). grpo, grpo_std and rloo are positive multiples of
+    r_i - mean r within a group (1, 1/(std + 1e-4), R/(R-1)), so their per-prompt spectra differ only in scale, and
+    the effective rank and top-1 fraction, which are scale-free, are equal; vanilla (A = r) is not centred."""
+    return {est: compute_advantages(rewards[None, :], est)[0] for est in estimators}
+
+
+def advantage_effective_rank(adv: torch.Tensor) -> float:
+    """(sum |A_i|)^2 / sum A_i^2: the effective rank G would have if the scores psi_i were orthonormal, the part of
+    the rank the advantages alone set. For rewards in {0, 1} with k of R correct and group-mean advantages it is
+    4 R p(1 - p), p = k / R, i.e. 4 R sigma_r^2 with sigma_r^2 the group's reward variance (0 for a group of equal
+    rewards)."""
+    a = adv.double().abs()
+    energy = a.pow(2).sum()
+    return float(a.sum().pow(2) / energy) if energy > 0 else 0.0
 
 
 def distinct_active_rollouts(batch: Batch, adv: torch.Tensor) -> int:
@@ -163,6 +193,12 @@ def _summary(rows: list[dict], key: str) -> dict[str, float]:
     }
 
 
+def _prompt_row(row: dict) -> dict:
+    """A prompt's measurements as rank.json keeps them (for fits against its reward spread)."""
+    keep = ("reward_mean", "reward_std", "zero_var", "distinct_active", "adv_effective_rank", "num_rank")
+    return {k: row[k] for k in (*keep, "effective_rank", "top1_fraction") if k in row}
+
+
 def select_steps(ckpts: list, steps: tuple[int, ...]) -> list:
     """The (step, target) pairs whose step is in ``steps`` (all if empty); an unknown step is an error."""
     if not steps:
@@ -175,6 +211,10 @@ def select_steps(ckpts: list, steps: tuple[int, ...]) -> list:
 
 
 def run_rank(cfg: RankConfig, log=print, given: Given = NOTHING) -> dict:
+    for est in (cfg.estimator, *cfg.compare_estimators):
+        if est not in ESTIMATORS or est == "oracle":
+            choices = ", ".join(e for e in ESTIMATORS if e != "oracle")
+            raise ConfigError(f"rank: estimator {est!r} is not one of {choices} (oracle needs true values: mse)")
     set_threads(cfg.threads)
     world = distributed.init()  # on P processes, each rank measures a block of the prompts
     out = Path(cfg.out)
@@ -201,30 +241,7 @@ def run_rank(cfg: RankConfig, log=print, given: Given = NOTHING) -> dict:
                         done += 1
                         bar.update(done, f"step {step} R={R}")
                     rows = distributed.gather_concat(rows, world)  # every prompt's row, in prompt order
-                    live = [r for r in rows if not r["zero_var"]]
-                    res = {
-                        "step": step,
-                        "checkpoint": path,
-                        "R": R,
-                        "prompts": len(rows),
-                        "max_possible_rank": R,
-                        **(
-                            {"sketch_dim": cfg.sketch_dim, "sketch_expected_err": (2 / cfg.sketch_dim) ** 0.5}
-                            if cfg.sketch_dim
-                            else {}
-                        ),
-                        "frac_zero_var": sum(r["zero_var"] for r in rows) / len(rows),
-                        "reward_std_mean": statistics.fmean(r["reward_std"] for r in rows),
-                        **{
-                            k: _summary(live, k)
-                            for k in ("num_rank", "effective_rank", "top1_fraction", "distinct_active")
-                        },
-                    }
-                    if cfg.verify:
-                        res["gram_max_rel_err"] = max(r["gram_rel_err"] for r in rows)
-                        t_plain = sum(r["t_plain"] for r in rows)
-                        res["gram_time_ratio"] = sum(r["t_gram"] for r in rows) / t_plain
-                        res["reference_time_ratio"] = sum(r["t_ref"] for r in rows) / t_plain
+                    res = _result(step, path, R, rows, cfg)
                     results.append(res)
     report = {"config": fields.to_flat(cfg), "results": results}
     if world.is_main:
@@ -233,6 +250,49 @@ def run_rank(cfg: RankConfig, log=print, given: Given = NOTHING) -> dict:
 
         plot_rank(results, out)
     return report
+
+
+def _result(step: int, path: str, R: int, rows: list[dict], cfg: RankConfig) -> dict:
+    """One checkpoint's and group size's result from its prompts' rows: summaries over the prompts whose rewards
+    vary, every prompt's row, and (--compare-estimators, --verify) what those options add."""
+    live = [r for r in rows if not r["zero_var"]]
+    res = {
+        "step": step,
+        "checkpoint": path,
+        "R": R,
+        "prompts": len(rows),
+        "max_possible_rank": R,
+        **(
+            {"sketch_dim": cfg.sketch_dim, "sketch_expected_err": (2 / cfg.sketch_dim) ** 0.5} if cfg.sketch_dim else {}
+        ),
+        "frac_zero_var": sum(r["zero_var"] for r in rows) / len(rows),
+        "reward_std_mean": statistics.fmean(r["reward_std"] for r in rows),
+        **{
+            k: _summary(live, k)
+            for k in (
+                "num_rank",
+                "effective_rank",
+                "top1_fraction",
+                "distinct_active",
+                "adv_effective_rank",
+            )
+        },
+        "per_prompt": [_prompt_row(r) for r in rows],
+    }
+    if cfg.compare_estimators:
+        res["by_estimator"] = {
+            est: {
+                k: _summary([r["by_estimator"][est] for r in live], k)
+                for k in ("num_rank", "effective_rank", "top1_fraction")
+            }
+            for est in cfg.compare_estimators
+        }
+    if cfg.verify:
+        res["gram_max_rel_err"] = max(r["gram_rel_err"] for r in rows)
+        t_plain = sum(r["t_plain"] for r in rows)
+        res["gram_time_ratio"] = sum(r["t_gram"] for r in rows) / t_plain
+        res["reference_time_ratio"] = sum(r["t_ref"] for r in rows) / t_plain
+    return res
 
 
 def table1(results: list[dict]) -> str:

@@ -26,7 +26,7 @@ layer's R x R contribution is added and the activations freed:
 
 Parameters are frozen during the pass, so no ``.grad`` is accumulated; the backward
 pass targets the embedding output. Contributions are accumulated in float64 from
-float32 products, whatever the model's dtype: off-diagonal entries are far smaller
+products in float32 (float64 for a float64 model), whatever the model's dtype: off-diagonal entries are far smaller
 than diagonal ones.
 
 ``score_gram_reference`` is the plain path: R backward passes, the gradients stacked,
@@ -79,9 +79,14 @@ def _select_params(model: nn.Module, include: str | None) -> dict[int, str]:
     return chosen
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 at least: bf16/fp16 activations widened, a float64 model's kept exact."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
 def _rms_hat(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
-    xf = x.float()
+    xf = _wide(x)
     return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
 
 
@@ -150,7 +155,7 @@ def _factor_cross(f: _Factors, g: _Factors, R: int) -> torch.Tensor:
     elif g.left is not None:
         ll = g.left[:, f.ids].T
     else:
-        ll = (f.ids[:, None] == g.ids[None, :]).float()
+        ll = (f.ids[:, None] == g.ids[None, :]).to(f.right.dtype)
     prod = (ll * (f.right @ g.right.T)).double()  # [Nf, Ng]
     by_i = torch.zeros(R, prod.shape[1], dtype=torch.float64, device=prod.device).index_add_(0, f.rollout, prod)
     return torch.zeros(R, R, dtype=torch.float64, device=prod.device).index_add_(1, g.rollout, by_i)
@@ -160,7 +165,7 @@ def _materialise(f: _Factors, R: int, q: int) -> torch.Tensor:
     """The per-rollout gradients ``[R, q, p]`` of one use."""
     p = f.right.shape[1]
     if f.left is None:  # embedding rows scatter-added at their token ids
-        g = torch.zeros(R, q, p, dtype=torch.float32, device=f.right.device)
+        g = torch.zeros(R, q, p, dtype=f.right.dtype, device=f.right.device)
         g.index_put_((f.rollout, f.ids), f.right, accumulate=True)
         return g
     # a Linear's rows come in R equal blocks, rollout by rollout (_linear_contribution): one batched product
@@ -236,7 +241,7 @@ class _GramAccumulator:
     def _add_rows(self, param: nn.Parameter, grads: torch.Tensor) -> None:
         pid = id(param)
         self.covered.add(pid)
-        g = grads.reshape(grads.shape[0], -1).float()
+        g = _wide(grads.reshape(grads.shape[0], -1))
         if self.sketch is not None:
             self.sketch += _count_sketch(g, self.chosen[pid], self.sketch_dim, self.sketch_seed).cpu()
         else:
@@ -283,8 +288,8 @@ def _per_rollout_sum(t: torch.Tensor) -> torch.Tensor:
 def _linear_contribution(acc: _GramAccumulator, module: nn.Linear, a: torch.Tensor, b: torch.Tensor) -> None:
     R = a.shape[0]
     # [R, L, p], [R, L, q]; any extra middle axes are folded into L
-    a = a.float().reshape(R, -1, a.shape[-1])
-    b = b.float().reshape(R, -1, b.shape[-1])
+    a = _wide(a).reshape(R, -1, a.shape[-1])
+    b = _wide(b).reshape(R, -1, b.shape[-1])
     W = module.weight
     if id(W) in acc.chosen:
         L = a.shape[1]
@@ -353,7 +358,7 @@ class _ScoreHooks:
         """ids ``[R, L]``, b ``[R, L, d]``: rows of b scatter-added at the token ids (kept factored)."""
         if id(mod.weight) not in self.acc.chosen:
             return
-        b = b.float()
+        b = _wide(b)
         if mod.padding_idx is not None:  # nn.Embedding gives its padding row no gradient
             b = b.masked_fill((ids == mod.padding_idx)[..., None], 0.0)
         R, L = self.acc.R, ids.shape[1]
@@ -370,16 +375,16 @@ class _ScoreHooks:
 
     def _layernorm_grad(self, mod: nn.LayerNorm, saved: torch.Tensor, b: torch.Tensor) -> None:
         """y = weight * xhat + bias: the gain's gradient is sum b * xhat, the bias's sum b."""
-        xhat = nn.functional.layer_norm(saved.float(), mod.normalized_shape, eps=mod.eps)
+        xhat = nn.functional.layer_norm(_wide(saved), mod.normalized_shape, eps=mod.eps)
         if mod.weight is not None and id(mod.weight) in self.acc.chosen:
-            self.acc.add_per_rollout(mod.weight, _per_rollout_sum(b.float() * xhat))
+            self.acc.add_per_rollout(mod.weight, _per_rollout_sum(_wide(b) * xhat))
         if mod.bias is not None and id(mod.bias) in self.acc.chosen:
-            self.acc.add_per_rollout(mod.bias, _per_rollout_sum(b.float()))
+            self.acc.add_per_rollout(mod.bias, _per_rollout_sum(_wide(b)))
 
     def _rmsnorm_grad(self, mod: nn.Module, saved: torch.Tensor, b: torch.Tensor) -> None:
         """y = weight * xhat: the gain's gradient is sum b * xhat."""
         if id(mod.weight) in self.acc.chosen:
-            self.acc.add_per_rollout(mod.weight, _per_rollout_sum(b.float() * _rms_hat(mod, saved)))
+            self.acc.add_per_rollout(mod.weight, _per_rollout_sum(_wide(b) * _rms_hat(mod, saved)))
 
 
 def score_gram(

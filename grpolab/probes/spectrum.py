@@ -16,12 +16,17 @@ sqrt(eps) * s_max ~ 1.5e-8 s_max; 1e-6 leaves a wide margin above that noise whi
 catching any direction carrying more than 1e-12 of the energy."""
 
 
+def advantage_gram(psi: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    """K = G G^T = diag(A) Psi diag(A) ``[R, R]`` (float64) from Psi ``[R, R]`` and A ``[R]``: the Gram matrix of the
+    rows A_i psi_i, for whichever estimator gave A."""
+    a = advantages.double()
+    K = a[:, None] * psi.double() * a[None, :]
+    return 0.5 * (K + K.T)  # symmetric up to rounding; eigvalsh wants exact symmetry
+
+
 def singular_values_from_gram(psi: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
     """Singular values ``[R]`` (descending) of G = diag(A) Psi^(1/2) from Psi ``[R, R]`` and A ``[R]``."""
-    a = advantages.double()
-    K = a[:, None] * psi.double() * a[None, :]  # [R, R] = diag(A) Psi diag(A)
-    K = 0.5 * (K + K.T)  # symmetric up to rounding; eigvalsh wants exact symmetry
-    eig = torch.linalg.eigvalsh(K).flip(0)  # descending
+    eig = torch.linalg.eigvalsh(advantage_gram(psi, advantages)).flip(0)  # descending
     return eig.clamp(min=0.0).sqrt()
 
 
