@@ -259,6 +259,9 @@ def probed_run(tmp_path_factory):
     )
     rows = {r["step"]: r for r in read_metrics(out / "metrics.jsonl")}
     assert sorted(rows) == [0, 1, 2]
+    probe = [json.loads(line) for line in (out / "probe.jsonl").read_text().splitlines()]
+    for step in (1, 2):  # probe.jsonl: one line per measured group
+        assert len([p for p in probe if p["step"] == step]) == rows[step]["probe/groups_measured"]
     return rows
 
 
@@ -321,11 +324,11 @@ def test_each_estimators_gram_equals_its_explicit_per_rollout_gradients():
     (float64, the built-in model), and the probe's spectrum metrics are those of that explicit matrix. grpo, grpo_std
     and rloo rescale the same centred rewards, so their scale-free metrics agree; vanilla's do not."""
     from grpolab.algo.loss import loss_token_mask
-    from grpolab.analysis.rank import advantage_effective_rank, estimator_advantages, measure_prompt
+    from grpolab.analysis.rank import estimator_advantages, measure_prompt
     from grpolab.models.logprobs import completion_logprobs
     from grpolab.models.policy import load_policy
     from grpolab.probes.gram import score_gram, token_weights
-    from grpolab.probes.spectrum import advantage_gram, spectrum_metrics
+    from grpolab.probes.spectrum import advantage_effective_rank, advantage_gram, spectrum_metrics
     from grpolab.rollout.sampler import sample
 
     policy = load_policy("builtin", dtype=torch.float64)
@@ -370,3 +373,30 @@ def test_each_estimators_gram_equals_its_explicit_per_rollout_gradients():
 def test_an_unknown_estimator_is_refused_with_the_choices(tmp_path):
     with pytest.raises(ConfigError, match="'oracle' is not one of vanilla, grpo, grpo_std, rloo"):
         run_rank(RankConfig(compare_estimators=("grpo", "oracle"), out=str(tmp_path), progress=False))
+
+
+def test_a_groups_record_holds_its_halves_and_vanillas_spectra_as_explicit_matrices_give_them():
+    """group_spectra from Psi alone against the explicit matrices of made-up score vectors x_i: G rows A_i x_i; each
+    half a group of 4 with its own centred advantages; vanilla's rows r_i x_i."""
+    from grpolab.probes.spectrum import spectrum_metrics
+    from grpolab.training.observers import group_spectra
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 50, generator=gen, dtype=torch.float64)
+    x[5] = x[1]  # two equal completions
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    adv = rewards - rewards.mean()
+
+    def explicit(a, rows):
+        return spectrum_metrics(torch.linalg.svdvals(a[:, None] * rows))
+
+    rec = group_spectra(x @ x.T, adv, rewards, "grpo")
+    for key in ("effective_rank", "top1_fraction", "num_rank"):
+        assert rec[key] == pytest.approx(explicit(adv, x)[key], rel=1e-9)
+        assert rec["vanilla"][key] == pytest.approx(explicit(rewards, x)[key], rel=1e-9)
+        for h, block in zip(rec["halves"], (slice(0, 4), slice(4, 8))):
+            r = rewards[block]
+            assert h[key] == pytest.approx(explicit(r - r.mean(), x[block])[key], rel=1e-9)
+    assert [h["reward_std"] for h in rec["halves"]] == [0.5, pytest.approx(0.4330127018922193)]
+    assert rec["G"] == 8 and rec["reward_mean"] == 3 / 8
+    assert rec["adv_effective_rank"] == pytest.approx(4 * 8 * (3 / 8) * (5 / 8))

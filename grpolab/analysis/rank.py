@@ -44,7 +44,7 @@ from grpolab.eval.runs import check_intact, load_task_policy, probe_task, run_ta
 from grpolab.models.logprobs import completion_entropy, completion_logprobs
 from grpolab.models.policy import Policy
 from grpolab.probes.gram import gram_relative_error, score_gram, score_gram_reference, token_weights
-from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
+from grpolab.probes.spectrum import advantage_effective_rank, singular_values_from_gram, spectrum_metrics
 
 
 @fields.sectioned
@@ -152,16 +152,6 @@ def estimator_advantages(rewards: torch.Tensor, estimators) -> dict[str, torch.T
     r_i - mean r within a group (1, 1/(std + 1e-4), R/(R-1)), so their per-prompt spectra differ only in scale, and
     the effective rank and top-1 fraction, which are scale-free, are equal; vanilla (A = r) is not centred."""
     return {est: compute_advantages(rewards[None, :], est)[0] for est in estimators}
-
-
-def advantage_effective_rank(adv: torch.Tensor) -> float:
-    """(sum |A_i|)^2 / sum A_i^2: the effective rank G would have if the scores psi_i were orthonormal, the part of
-    the rank the advantages alone set. For rewards in {0, 1} with k of R correct and group-mean advantages it is
-    4 R p(1 - p), p = k / R, i.e. 4 R sigma_r^2 with sigma_r^2 the group's reward variance (0 for a group of equal
-    rewards)."""
-    a = adv.double().abs()
-    energy = a.pow(2).sum()
-    return float(a.sum().pow(2) / energy) if energy > 0 else 0.0
 
 
 def distinct_active_rollouts(batch: Batch, adv: torch.Tensor) -> int:

@@ -51,3 +51,13 @@ def spectrum_metrics(s: torch.Tensor, rtol: float = RANK_RTOL) -> dict[str, floa
         "top1_fraction": float(s_max.pow(2) / energy),
         "stable_rank": float(energy / s_max.pow(2)),
     }
+
+
+def advantage_effective_rank(adv: torch.Tensor) -> float:
+    """(sum |A_i|)^2 / sum A_i^2: the effective rank G would have if the scores psi_i were orthonormal, the part of
+    the rank the advantages alone set. For rewards in {0, 1} with k of R correct and group-mean advantages it is
+    4 R p(1 - p), p = k / R, i.e. 4 R sigma_r^2 with sigma_r^2 the group's reward variance (0 for a group of equal
+    rewards)."""
+    a = adv.double().abs()
+    energy = a.pow(2).sum()
+    return float(a.sum().pow(2) / energy) if energy > 0 else 0.0

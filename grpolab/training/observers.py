@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from grpolab.algo.advantages import compute_advantages
 from grpolab.algo.groups import offsets, varies
 from grpolab.common import distributed as dist_
 from grpolab.common.batch import select
@@ -24,7 +25,7 @@ from grpolab.common.rng import rng_untouched
 from grpolab.data.records import question_of
 from grpolab.probes.advantage_stats import advantage_stats
 from grpolab.probes.gram import score_gram, token_weights
-from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
+from grpolab.probes.spectrum import advantage_effective_rank, singular_values_from_gram, spectrum_metrics
 from grpolab.probes.token_credit import credit_row, join_credit_rows, pick_rollouts, record_aggregates
 from grpolab.rollout.rows import rollout_lengths
 from grpolab.training.books import episode_fields, rollout_record
@@ -88,11 +89,20 @@ class SpectrumProbe(StepObserver):
     the loss's per-token weights (``aggregation``, ``max_len``) [Foundations, Sec. 7]."""
 
     def __init__(
-        self, model, every: int, groups: int, aggregation: str, max_len: int, temperature: float, world, device
+        self,
+        model,
+        every: int,
+        groups: int,
+        aggregation: str,
+        max_len: int,
+        temperature: float,
+        world,
+        device,
+        estimator: str = "grpo",
     ):
         self.model, self.every, self.groups = model, every, groups
         self.aggregation, self.max_len, self.temperature = aggregation, max_len, temperature
-        self.world, self.device = world, device
+        self.world, self.device, self.estimator = world, device, estimator
 
     def before_update(self, result: StepResult) -> None:
         if result.step % self.every:
@@ -101,9 +111,15 @@ class SpectrumProbe(StepObserver):
         spectra = dist_.gather_concat(self._spectra(result), self.world)
         metrics = [m for _, m in sorted(spectra, key=lambda x: x[0])]
         for key, name in (("effective_rank", "eff_rank"), ("top1_fraction", "top1_frac"), ("num_rank", "num_rank")):
-            result.metrics[f"probe/{name}"] = sum(m[key] for m in metrics) / len(metrics) if metrics else None
+            result.metrics[f"probe/{name}"] = _mean([m[key] for m in metrics])
+        halves = [h for m in metrics for h in m.get("halves", []) if h["reward_std"] > 0]
+        result.metrics["probe/eff_rank_half"] = _mean([h["effective_rank"] for h in halves])
+        result.metrics["probe/eff_rank_vanilla"] = _mean(
+            [m["vanilla"]["effective_rank"] for m in metrics if "vanilla" in m]
+        )
         result.metrics["probe/groups_measured"] = len(metrics)
         result.metrics["time/probe_s"] = time.perf_counter() - t0
+        result.probe = [{"prompt": k, **m} for k, m in sorted(spectra, key=lambda x: x[0])]
 
     def _spectra(self, result: StepResult) -> list[tuple[int, dict]]:
         """(position in the update, spectrum metrics) of this rank's measured groups. An episode's score vector sums
@@ -124,19 +140,45 @@ class SpectrumProbe(StepObserver):
             weights = token_weights(
                 rows.loss_tokens[idx, : sub.completion_ids.shape[1]], self.aggregation, self.max_len
             )
+            rewards = torch.tensor(roll.rewards[position[b]], dtype=torch.float64)
             if adv.token is None:
-                psi, a = (
-                    score_gram(self.model, sub, weights, temperature=self.temperature),
-                    adv.rollout[start:stop].cpu(),
-                )
+                psi = score_gram(self.model, sub, weights, temperature=self.temperature)
+                out.append((position[b], group_spectra(psi, adv.rollout[start:stop].cpu(), rewards, self.estimator)))
             else:  # per-turn credit folded into the weights; rows summed into their episode
                 weights = weights * adv.token[idx, : weights.shape[1]].to(weights)
                 psi = _rows_to_rollouts(
                     score_gram(self.model, sub, weights, temperature=self.temperature), rows.counts[start:stop]
                 )
                 a = torch.ones(stop - start, dtype=torch.float64)
-            out.append((position[b], spectrum_metrics(singular_values_from_gram(psi, a))))
+                out.append((position[b], {**_spread(rewards), **spectrum_metrics(singular_values_from_gram(psi, a))}))
         return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _spread(rewards: torch.Tensor) -> dict:
+    return {"G": len(rewards), "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(unbiased=False))}
+
+
+def group_spectra(psi: torch.Tensor, adv: torch.Tensor, rewards: torch.Tensor, estimator: str) -> dict:
+    """One group's record from its score Gram matrix Psi ``[G, G]``: its rewards' spread, the spectrum of G = rows
+    A_i psi_i with the update's advantages, the advantages' own effective rank, the spectrum with vanilla's A = r
+    (no baseline: [Foundations, Sec. 8]'s first question), and, for an even G, each half's spectrum as a group of
+    G/2 (the rollouts are i.i.d., so each half is a group of that size: its advantages recomputed by ``estimator``
+    from its own rewards, its Gram matrix the principal block of Psi)."""
+    rec = {**_spread(rewards), "adv_effective_rank": advantage_effective_rank(adv)}
+    rec.update(spectrum_metrics(singular_values_from_gram(psi, adv)))
+    rec["vanilla"] = spectrum_metrics(singular_values_from_gram(psi, rewards))
+    G = len(rewards)
+    if G >= 4 and G % 2 == 0:
+        rec["halves"] = []
+        for block in (slice(0, G // 2), slice(G // 2, G)):
+            r = rewards[block]
+            a = compute_advantages(r[None, :], estimator)[0]
+            rec["halves"].append({**_spread(r), **spectrum_metrics(singular_values_from_gram(psi[block, block], a))})
+    return rec
 
 
 def _rows_to_rollouts(psi: torch.Tensor, counts: list[int]) -> torch.Tensor:
@@ -217,6 +259,7 @@ def attach_observers(trainer) -> None:
                 cfg.generation.temperature,
                 world,
                 device,
+                estimator=cfg.objective.estimator,
             )
         )
     if cfg.probe.log_token_credit:

@@ -204,7 +204,7 @@ class TrainRecipe:
         # Checkpoints written before --sampling existed: every step generated B*G rollouts.
         trainer.rollouts_total = state.get("rollouts_total", self.start * self.cfg.rollouts_per_step)
         if self.world.is_main:
-            for name in ("metrics.jsonl", "samples.jsonl", "rollouts.jsonl", "token_credit.jsonl"):
+            for name in ("metrics.jsonl", "samples.jsonl", "rollouts.jsonl", "token_credit.jsonl", "probe.jsonl"):
                 truncate_jsonl(out / name, self.start)
         where = f" on {self.world.size} processes" if self.world.distributed else ""
         self.log(f"resuming {out} from step {self.start}" + where)
@@ -265,6 +265,8 @@ class TrainRecipe:
                 self.logger.log_rollouts(step, out_step.rollouts)
             if out_step.token_credit is not None:
                 self.logger.log_token_credit(step, out_step.token_credit)
+            if out_step.probe is not None:
+                self.logger.log_probe(step, out_step.probe)
         saved = bool((cfg.logging.save_every and step % cfg.logging.save_every == 0) or last)
         if saved:
             self.trainer.save(self.out, step)

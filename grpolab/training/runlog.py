@@ -1,5 +1,5 @@
 """The run directory's logs: ``metrics.jsonl`` (one object per step), ``samples.jsonl``,
-``rollouts.jsonl`` (with --log-rollouts), ``token_credit.jsonl`` (with --log-token-credit) and optional TensorBoard / Weights & Biases sinks."""
+``rollouts.jsonl`` (with --log-rollouts), ``token_credit.jsonl`` (with --log-token-credit), ``probe.jsonl`` (with --probe-every) and optional TensorBoard / Weights & Biases sinks."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class RunLogger:
         self.run_dir = Path(run_dir)
         self._metrics = open(self.run_dir / "metrics.jsonl", "a")
         self._samples = open(self.run_dir / "samples.jsonl", "a")
-        self._rollouts = self._credit = None  # opened on first use
+        self._rollouts = self._credit = self._probe = None  # opened on first use
         self._tb = self._wandb = None
         if tensorboard:
             try:
@@ -79,10 +79,18 @@ class RunLogger:
             self._credit.write(json.dumps({"step": step, **r}, allow_nan=False) + "\n")
         self._credit.flush()
 
+    def log_probe(self, step: int, records: list[dict]) -> None:
+        """One line per group the spectrum probe measured (its rewards' spread and its spectrum)."""
+        if self._probe is None:
+            self._probe = open(self.run_dir / "probe.jsonl", "a")
+        for r in records:
+            self._probe.write(json.dumps({"step": step, **r}) + "\n")
+        self._probe.flush()
+
     def close(self) -> None:
         self._metrics.close()
         self._samples.close()
-        for f in (self._rollouts, self._credit):
+        for f in (self._rollouts, self._credit, self._probe):
             if f is not None:
                 f.close()
         if self._tb is not None:

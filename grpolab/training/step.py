@@ -43,6 +43,8 @@ class StepResult:
     """Every rollout of the step, in (prompt, rollout) order, with --log-rollouts (rollouts.jsonl)."""
     token_credit: list[dict] | None = None
     """The rollouts recorded token by token, with --log-token-credit (rank 0's; token_credit.jsonl)."""
+    probe: list[dict] | None = None
+    """Each group the spectrum probe measured, with --probe-every (probe.jsonl)."""
 
 
 class StepObserver:
