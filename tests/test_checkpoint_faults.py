@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_cli, small_cfg
+from helpers import run_cli, small_cfg, torchrun_batch
 from safetensors.torch import load_file
 
 from grpolab.config.train import ConfigError
@@ -258,43 +258,15 @@ def test_sigterm_saves_the_step_reached_and_resume_equals_the_uninterrupted_run(
         assert proc.returncode == 128 + signal.SIGTERM
     else:
         assert proc.returncode != 0
-    res = run_cli(
-        [
-            "train",
-            "--out",
-            str(tmp_path / "cut"),
-            "--steps",
-            str(steps),
-            "--eval-every",
-            "0",
-            "--save-every",
-            "1000",
-            "--resume",
-            *FLAGS,
-            *extra,
-        ],
-        tmp_path,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
-    whole = run_cli(
-        [
-            "train",
-            "--out",
-            str(tmp_path / "whole"),
-            "--steps",
-            str(steps),
-            "--eval-every",
-            "0",
-            "--save-every",
-            "1000",
-            *FLAGS,
-            *extra,
-        ],
-        tmp_path,
-        timeout=300,
-    )
-    assert whole.returncode == 0, whole.stderr[-2000:]
+    common = ["--steps", str(steps), "--eval-every", "0", "--save-every", "1000", *FLAGS]
+    resume = ["train", "--out", str(tmp_path / "cut"), *common, "--resume"]
+    whole = ["train", "--out", str(tmp_path / "whole"), *common]
+    if nproc > 1:  # both two-process runs in one torchrun launch (helpers.torchrun_batch)
+        torchrun_batch([resume, whole], cwd=tmp_path)
+    else:
+        for args in (resume, whole):
+            res = run_cli(args, tmp_path, timeout=300)
+            assert res.returncode == 0, res.stderr[-2000:]
     assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "whole")
     _assert_same_weights(tmp_path / "cut", tmp_path / "whole", steps)
 

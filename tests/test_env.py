@@ -459,13 +459,11 @@ def test_smollm2_episode_tokens_are_its_template_tokens():
     """On SmolLM2's byte-level BPE tokenizer and ChatML template (which adds a system prompt of its own): an episode's
     sequence (opening, each reply's own ids, the continuations) is exactly the tokenization of the template's
     rendering of the whole conversation, tools described in a system message; a tool result arrives as a tool turn."""
-    from transformers import AutoTokenizer
-
     from grpolab.env.tools import load_tools
-    from grpolab.models.loading import resolve_gguf
+    from grpolab.models.loading import load_gguf, resolve_gguf
 
     directory, name, _ = resolve_gguf("smollm2-135m-instruct", "")
-    tok = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    _, tok = load_gguf(directory, name)  # the tokenizer every SmolLM2 run uses (from the dequantised copy)
     policy = Policy(torch.nn.Linear(1, 1), tok, "smollm2", chat=True, system="")
     schemas = load_tools([f"{Path(__file__).parents[1] / 'examples' / 'calculator' / 'tools.py'}:calculator"])
     renderer = Renderer(policy, schemas)

@@ -68,38 +68,16 @@ def test_terminal_bar_wraps_its_status_instead_of_truncating_at_80_columns():
 
 @pytest.mark.slow
 def test_train_with_stdout_to_a_file_logs_every_n_steps_and_each_evaluation(tmp_path):
-    import subprocess
-    import sys
+    from helpers import run_main  # in this process: its stdout a captured stream, not a terminal, as a file is
 
+    res = run_main(
+        ["train", "--steps", "7", "--log-every", "3", "--eval-every", "5", "--eval-questions", "8"]
+        + ["--eval-samples", "1", "--prompts-per-step", "2", "--group-size", "2", "--out", str(tmp_path / "run")],
+        tmp_path,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
     log = tmp_path / "log.txt"
-    with open(log, "w") as f:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "grpolab",
-                "train",
-                "--steps",
-                "7",
-                "--log-every",
-                "3",
-                "--eval-every",
-                "5",
-                "--eval-questions",
-                "8",
-                "--eval-samples",
-                "1",
-                "--prompts-per-step",
-                "2",
-                "--group-size",
-                "2",
-                "--out",
-                str(tmp_path / "run"),
-            ],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            check=True,
-        )
+    log.write_text(res.stdout)
     lines = log.read_text().splitlines()
     steps = [line.split()[1] for line in lines if line.startswith("step ")]
     assert steps == ["0/7", "3/7", "5/7", "6/7", "7/7"], lines  # 0/7: the first evaluation's progress
