@@ -34,6 +34,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from grpolab.probes.signals import onset, saturation_step
+
 ROOT = Path(__file__).resolve().parents[1]
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 """Student's t quantile 0.975 by degrees of freedom: intervals over a few seeds."""
@@ -86,25 +88,6 @@ def fit(xs: list[float], ys: list[float], boot: int = 2000, seed: int = 0) -> di
     return {"n": n, "intercept": a, "intercept_ci": ci(0), "slope": b, "slope_ci": ci(1), "r": r, "r_ci": ci(2)}
 
 
-def saturation_step(evals: list[tuple[int, float]]) -> int:
-    """The first evaluation step whose accuracy reaches acc_0 + 0.9 (acc_max - acc_0) (the rule fixed in advance)."""
-    acc0, accmax = evals[0][1], max(a for _, a in evals)
-    return next(s for s, a in evals if a >= acc0 + 0.9 * (accmax - acc0))
-
-
-def onset(series: list[tuple[int, float]], falling: bool) -> int | None:
-    """The first step at which a signal has moved half of the way from its first value to its extreme."""
-    series = [(s, v) for s, v in series if v is not None]
-    if len(series) < 2:
-        return None
-    first = series[0][1]
-    extreme = min(v for _, v in series) if falling else max(v for _, v in series)
-    if extreme == first:
-        return None
-    half = first + 0.5 * (extreme - first)
-    return next(s for s, v in series if (v <= half if falling else v >= half))
-
-
 def analyse(runs: dict[int, Path]) -> dict:
     per_seed, groups = {}, []
     for seed, run in runs.items():
@@ -114,10 +97,13 @@ def analyse(runs: dict[int, Path]) -> dict:
         evals = [(r["step"], r["eval/accuracy_greedy"]) for r in rows if r.get("eval/accuracy_greedy") is not None]
         probed = [r for r in rows if r.get("probe/groups_measured") is not None]
         signals = {
-            "eff_rank": [(r["step"], r["probe/eff_rank"]) for r in probed],
-            "eff_rank_half": [(r["step"], r["probe/eff_rank_half"]) for r in probed],
-            "sigma_r": [(r["step"], r["reward/group_std_mean"]) for r in probed],
-            "frac_zero_std": [(r["step"], r["reward/frac_zero_std"]) for r in probed],
+            name: [(r["step"], r[key]) for r in probed if r.get(key) is not None]
+            for name, key in (
+                ("eff_rank", "probe/eff_rank"),
+                ("eff_rank_half", "probe/eff_rank_half"),
+                ("sigma_r", "reward/group_std_mean"),
+                ("frac_zero_std", "reward/frac_zero_std"),
+            )
         }
         sat = saturation_step(evals)
         onsets = {k: onset(v, falling=(k != "frac_zero_std")) for k, v in signals.items()}

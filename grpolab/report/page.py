@@ -194,6 +194,35 @@ def _detail_figure(rows: list[dict]) -> bytes | None:
     return buf.getvalue()
 
 
+def signal_panel(rows: list[dict]) -> str:
+    """The run's signals over training (effective rank at G and G/2, sigma_r, frac_zero_std), its saturation step
+    marked, and a one-line reading of each; empty for a run without ``--probe-every``."""
+    from grpolab.probes import signals
+    from grpolab.report.plotting import plt
+
+    if not signals.series(rows, "probe/eff_rank"):
+        return ""
+    sat = signals.saturation_step(signals.series(rows, "eval/accuracy_greedy"))
+    fig, axes = plt.subplots(1, len(signals.SIGNALS), figsize=(15, 3.2), squeeze=False)
+    for ax, (key, title) in zip(axes.flat, signals.SIGNALS.items()):
+        lines = [(key, "at G")] + ([("probe/eff_rank_half", "at G/2")] if key == "probe/eff_rank" else [])
+        for k, label in lines:
+            pts = signals.series(rows, k)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, lw=1, label=label)
+        if sat is not None:
+            ax.axvline(sat, color="tab:red", ls=":", lw=1, label=f"saturation (step {sat})")
+        ax.set_title(f"{title} ({key})", fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    items = "".join(f"<li>{_e(line)}</li>" for line in signals.readings(rows))
+    return f"{_img_bytes(buf.getvalue(), 'signals over training')}<ul>{items}</ul>"
+
+
 def _plots(run_dir: Path, rows: list[dict]) -> str:
     from grpolab.report.plotting import plot_run
 
@@ -452,6 +481,9 @@ def build_report(
         "<p>No probe outputs found. Run <code>grpolab rank --checkpoint RUN_DIR --out RUN_DIR/probes/rank</code> "
         "(or mse, groupsize, multiturn) and write the report again, or pass <code>--probe DIR</code>.</p>"
     )
+    signal = signal_panel(rows)
+    if signal:
+        signal = f'<h2 id="signal">Signal: has GRPO run out of it?</h2>\n{signal}'
     credit = credit_section(run_dir, rows, quantity)
     if credit:
         credit = f'<h2 id="credit">Where the credit lands</h2>\n{credit}'
@@ -462,13 +494,14 @@ def build_report(
 <body>
 <h1>grpolab run <code>{_e(run_dir.name)}</code></h1>
 <p class="sub">{_e(run_dir.resolve())} · report written {now}</p>
-<p class="nav"><a href="#eval">evaluation</a><a href="#plots">plots</a><a href="#samples">samples</a>
+<p class="nav"><a href="#eval">evaluation</a><a href="#plots">plots</a>{'<a href="#signal">signal</a>' if signal else ""}<a href="#samples">samples</a>
 {'<a href="#credit">where the credit lands</a>' if credit else ""}<a href="#probes">probes</a><a href="#config">configuration</a></p>
 {fact_table}
 <h2 id="eval">Held-out accuracy, before and after</h2>
 {evaluation_table(rows)}{_all_evaluations(rows)}
 <h2 id="plots">Metrics</h2>
 {_plots(run_dir, rows)}
+{signal}
 <h2 id="samples">Sample completions</h2>
 {_samples(run_dir)}
 {credit}
