@@ -131,7 +131,7 @@ def analyse(runs: dict[int, Path]) -> dict:
     }
 
 
-def plot(summary: dict, out: Path) -> None:
+def plot(summary: dict, out: Path, task: str = "last letter") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -149,7 +149,7 @@ def plot(summary: dict, out: Path) -> None:
         ax.set_title({"accuracy": "held-out greedy accuracy", "eff_rank_half": "eff_rank at G = 4"}.get(k, k))
         ax.set_xlabel("step")
     axes[0].legend(fontsize=7)
-    fig.suptitle("SmolLM2-135M-Instruct, last letter; dotted: saturation step (rule fixed in advance)", fontsize=9)
+    fig.suptitle(f"SmolLM2-135M-Instruct, {task}; dotted: saturation step (rule fixed in advance)", fontsize=9)
     fig.tight_layout()
     fig.savefig(out / "signals.png", dpi=110)
 
