@@ -12,7 +12,14 @@ import torch
 from safetensors.torch import load_file
 
 from grpolab.algo.advantages import compute_advantages, ragged_advantages
-from grpolab.algo.group_budget import allocate_group_sizes, next_round_size, prompt_weights, sample_variance
+from grpolab.algo.group_budget import (
+    RankControl,
+    allocate_group_sizes,
+    next_round_size,
+    prompt_weights,
+    rank_control,
+    sample_variance,
+)
 from grpolab.algo.groups import has_variance
 from grpolab.config.train import ConfigError, TrainConfig
 from grpolab.probes.advantage_stats import advantage_stats
@@ -38,6 +45,23 @@ def _brute_force(pilots, budget, cap):
         if best is None or value < best[0] - 1e-12:
             best = (value, sizes)
     return best
+
+
+def test_the_rank_control_rule_on_a_scripted_signal():
+    """Budget 64, min 2 prompts, patience 6, a probe every 3 steps: the group size doubles when the rank has fallen to
+    half of its first value at that size, takes a new reference after each change, and stops at 64 // 2 = 32."""
+    ranks = {3: 5.0, 6: None, 9: 4.8, 12: 2.6, 15: 2.5, 18: 3.0, 21: 1.6, 24: 1.4, 27: 1.0, 30: 0.6, 33: 0.2}
+    state, sizes = RankControl(8), {}
+    for step in range(1, 37):
+        state = rank_control(state, step, ranks.get(step), budget=64, min_prompts=2, patience=6)
+        sizes[step] = state.group_size
+        assert 64 % state.group_size == 0 and 64 // state.group_size >= 2  # B G = the budget, at least 2 prompts
+    # 5.0 is the reference; 2.5 at step 15 is half of it: 16 from step 15; 3.0 the new reference; 1.4 at step 24 is
+    # under 1.5 but 9 >= 6 steps after: 32 from step 24; 1.0, then 0.2: no room beyond 32
+    assert [sizes[s] for s in (3, 12, 14, 15, 23, 24, 36)] == [8, 8, 8, 16, 16, 32, 32]
+    assert rank_control(RankControl(8, 5.0, 10), 12, 1.0, 64, 2, 6) == RankControl(8, 5.0, 10)  # within patience
+    assert rank_control(RankControl(8, 5.0), 12, 1.0, 48, 2, 6).group_size == 16  # 48 = 3 x 16
+    assert rank_control(RankControl(16, 5.0), 12, 1.0, 48, 2, 6).group_size == 16  # 32 does not divide 48
 
 
 @pytest.mark.parametrize("seed", range(6))
