@@ -34,24 +34,29 @@ VARIANTS = [
     *("--top-entropy-quantile", "0.3", "--beta", "0.04", "--mu", "2", "--micro-batch", "2"),
     *("--aggregation", "token-mean"),
 ]
-CASES = {"filter": _sampling("filter"), "adaptive": _sampling("adaptive"), "variants": VARIANTS}
+# --group-size-control rank: G doubles (B halves) when the probe's rank falls, the same decision on every rank
+CONTROL = [*KL_MU, "--probe-every", "1", "--probe-groups", "2", "--group-size-control", "rank"]
+CONTROL += ["--control-patience", "1", "--control-share", "0.9"]
+CASES = {"filter": _sampling("filter"), "adaptive": _sampling("adaptive"), "variants": VARIANTS, "control": CONTROL}
+STEPS = {"control": 4}  # else 2
 
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
     """Each case's two steps on two processes, one launch for all."""
     tmp = tmp_path_factory.mktemp("two")
-    torchrun_batch([train_args(tmp, name, 2, *args) for name, args in CASES.items()], cwd=tmp)
+    torchrun_batch([train_args(tmp, name, STEPS.get(name, 2), *args) for name, args in CASES.items()], cwd=tmp)
     return tmp
 
 
 def _one_and_two_processes_agree(tmp_path: Path, two: Path, case: str, monkeypatch) -> list[dict]:
     """Two steps on one process and on two: the same rollouts, metrics and weights. Returns the step rows."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent))  # the run imports reward_fixtures
-    one = train_cli(tmp_path, "one", 2, *CASES[case])
+    steps = STEPS.get(case, 2)
+    one = train_cli(tmp_path, "one", steps, *CASES[case])
     assert rollouts_of(two / case) == rollouts_of(one)
     assert_same_metrics(one, two / case)
-    assert_same_params(one, two / case, step=2)
+    assert_same_params(one, two / case, step=steps)
     return read_metrics(one / "metrics.jsonl")[1:]
 
 
@@ -67,3 +72,9 @@ def test_loss_variants_on_two_processes_equal_one_process(tmp_path, two, monkeyp
     assert all(0 < r["completion/truncated_frac"] < 1 for r in rows), (
         "some completions must be cut for the test to bite"
     )
+
+
+def test_the_rank_controlled_group_size_on_two_processes_equals_one_process(tmp_path, two, monkeypatch):
+    rows = _one_and_two_processes_agree(tmp_path, two, "control", monkeypatch)
+    sizes = [r["control/group_size"] for r in rows]
+    assert sizes[0] == 4 and sizes[-1] == 8, sizes  # the group size changed within the run (16 rollouts, B 4 -> 2)

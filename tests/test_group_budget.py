@@ -387,3 +387,46 @@ def test_concat_batches_pads_prompts_left_and_completions_right():
     c = concat_batches([a, b], pad_id=0)
     assert c.prompt_ids.tolist() == [[0, 5, 6], [0, 1, 2]] and c.prompt_mask.tolist() == [[0, 1, 1], [0, 1, 1]]
     assert c.completion_ids.tolist() == [[7, 0], [3, 4]] and c.completion_mask.tolist() == [[1, 0], [1, 1]]
+
+
+# ---------------------------------------------------------------- --group-size-control rank in training
+
+CONTROL = dict(
+    prompts_per_step=8, group_size=4, probe_every=1, probe_groups=2, group_size_control="rank", control_patience=1,
+    control_share=0.9, eval_questions=8, eval_samples=1, save_every=5,
+)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_rank_controlled_run_keeps_its_budget_and_resumes_exactly(tmp_path):
+    """The controller doubles G (halving B) within the step's 32 rollouts; a run stopped at step 5 and resumed gives
+    the uninterrupted run's metrics, rollouts and weights (its group size and reference come back from the
+    checkpoint)."""
+    from helpers import by_step, quiet, small_cfg, state_dict
+
+    a = train(small_cfg(tmp_path / "A", steps=10, log_rollouts=True, **CONTROL), log=quiet)
+    b = train(small_cfg(tmp_path / "B", steps=5, log_rollouts=True, **CONTROL), log=quiet)
+    train(small_cfg(tmp_path / "B", steps=10, log_rollouts=True, resume=True, **CONTROL), log=quiet)
+    rows_a, rows_b = by_step(read_metrics(a / "metrics.jsonl")), by_step(read_metrics(b / "metrics.jsonl"))
+    sizes = [rows_a[s]["control/group_size"] for s in range(1, 11)]
+    assert sizes == sorted(sizes), sizes  # only upwards
+    assert all(rows_a[s]["sampling/rollouts"] == 32 for s in range(1, 11))
+    assert all(rows_a[s]["sampling/group_size_mean"] == rows_a[s]["control/group_size"] for s in range(1, 11))
+    # one change before the cut (its G must come back) and one after (its reference must come back): 4, 8, 16
+    assert sizes[0] == 4 and sizes[4] > 4 and sizes[-1] > sizes[4], sizes
+    for s in range(6, 11):
+        assert {k: v for k, v in rows_b[s].items() if not k.startswith("time/")} == {
+            k: v for k, v in rows_a[s].items() if not k.startswith("time/")
+        }, s
+    assert (a / "rollouts.jsonl").read_text() == (b / "rollouts.jsonl").read_text()
+    sa, sb = state_dict(a / "checkpoints" / "step_10"), state_dict(b / "checkpoints" / "step_10")
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_the_rank_control_needs_the_probe_and_fixed_sampling():
+    with pytest.raises(ConfigError, match="give --probe-every N"):
+        TrainConfig(group_size_control="rank").validate()
+    with pytest.raises(ConfigError, match="does not combine with --sampling adaptive"):
+        TrainConfig(group_size_control="rank", probe_every=1, sampling="adaptive").validate()
+    with pytest.raises(ConfigError, match="--control-share"):
+        TrainConfig(group_size_control="rank", probe_every=1, control_share=1.0).validate()

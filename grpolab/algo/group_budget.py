@@ -166,20 +166,28 @@ class RankControl:
 
 
 def rank_control(
-    state: RankControl, step: int, eff_rank: float | None, budget: int, min_prompts: int, patience: int
+    state: RankControl,
+    step: int,
+    eff_rank: float | None,
+    budget: int,
+    min_prompts: int,
+    patience: int,
+    divisor: int = 1,
+    share: float = 0.5,
 ) -> RankControl:
     """The next state after a step whose probe measured ``eff_rank`` (None: no probe this step, or no group with
     reward variance). The effective rank of the step's groups led the held-out accuracy's saturation by 9 steps in 48
-    on SmolLM2 (docs/foundations.md): when it has fallen to half of its first value at this group size, at least
+    on SmolLM2 (docs/foundations.md): when it has fallen to ``share`` (half) of its first value at this group size, at least
     ``patience`` steps after the last change, the group size doubles and the prompts per step halve, so the step's
     rollouts stay ``budget``; the reference is then taken again at the new size. Never beyond ``budget //
-    min_prompts`` rollouts a group, nor to a size that does not divide the budget."""
+    min_prompts`` rollouts a group, nor to a size that does not divide the budget into a number of prompts that
+    ``divisor`` (the process count) divides."""
     if eff_rank is None:
         return state
     if state.reference is None:
         return dataclasses.replace(state, reference=eff_rank)
     doubled = 2 * state.group_size
-    room = doubled <= budget // min_prompts and budget % doubled == 0
-    if eff_rank <= 0.5 * state.reference and step - state.changed_at >= patience and room:
+    room = doubled <= budget // min_prompts and budget % doubled == 0 and (budget // doubled) % divisor == 0
+    if eff_rank <= share * state.reference and step - state.changed_at >= patience and room:
         return RankControl(doubled, None, step)
     return state

@@ -57,9 +57,27 @@ class GroupsSection:
     """adaptive: n0, the pilot rollouts of every prompt (2 <= n0 < G)."""
     max_group_size: int = 0
     """adaptive: the largest group a prompt can get; 0 = 4 G."""
+    group_size_control: Literal["fixed", "rank"] = "fixed"
+    """fixed: G rollouts a prompt every step. rank: the step's B*G rollouts stay the same while G doubles and B halves
+    each time the spectrum probe's effective rank (--probe-every) has fallen to half of its first value at the
+    current G, at least --control-patience steps after the last change (grpolab.algo.group_budget.rank_control;
+    docs/foundations.md says why and what it was worth)."""
+    control_patience: int = 6
+    """rank: the fewest steps between two changes of the group size."""
+    control_share: float = 0.5
+    """rank: G doubles when the effective rank is at most this share of its first value at the current G."""
 
     def validate(self) -> None:
-        check_counts(self, positive=("prompts_per_step", "group_size"))
+        check_counts(self, positive=("prompts_per_step", "group_size", "control_patience"))
+        if self.group_size_control not in ("fixed", "rank"):
+            raise bad("group_size_control", f"must be fixed or rank, got {self.group_size_control!r}")
+        if not 0 < self.control_share < 1:
+            raise bad("control_share", f"must be in (0, 1), got {self.control_share}")
+        if self.group_size_control == "rank" and self.sampling != "fixed":
+            raise bad(
+                "group_size_control",
+                f"rank sets G for every prompt; it does not combine with --sampling {self.sampling}",
+            )
         if self.sampling not in SAMPLING_MODES:
             raise bad("sampling", f"must be one of {SAMPLING_MODES}, got {self.sampling!r}")
         if self.max_sampling_rounds < 1:

@@ -127,6 +127,8 @@ class TrainConfig:
         self._validate_task()
         self._validate_objective()
         self._validate_generation()
+        if self.groups.group_size_control == "rank" and not self.probe.probe_every:
+            raise bad("group_size_control", "rank reads the spectrum probe's effective rank: give --probe-every N")
 
     def _validate_task(self) -> None:
         """The data against the prompt format and the episodes; credit over turns needs episodes."""

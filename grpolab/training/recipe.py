@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from grpolab.algo.group_budget import RankControl
 from grpolab.common import distributed as dist_
 from grpolab.common.distributed import SINGLE, World
 from grpolab.common.given import NOTHING, Given, is_description
@@ -203,6 +204,8 @@ class TrainRecipe:
         self.start = state["step"]
         # Checkpoints written before --sampling existed: every step generated B*G rollouts.
         trainer.rollouts_total = state.get("rollouts_total", self.start * self.cfg.rollouts_per_step)
+        if trainer.control is not None and "rank_control" in state:
+            trainer.control = RankControl(**state["rank_control"])
         if self.world.is_main:
             for name in ("metrics.jsonl", "samples.jsonl", "rollouts.jsonl", "token_credit.jsonl", "probe.jsonl"):
                 truncate_jsonl(out / name, self.start)

@@ -16,6 +16,7 @@ gathered per-rollout values, identically on every rank; rank 0 alone writes them
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 from transformers import get_scheduler
 
+from grpolab.algo.group_budget import RankControl, rank_control
 from grpolab.common import distributed as dist_
 from grpolab.common.devices import parse_dtype, resolve_device
 from grpolab.common.distributed import SINGLE, World
@@ -81,6 +83,8 @@ class GRPOTrainer:
         self.device = resolve_device(self.cfg.machine.device, world.local_rank)
         self.observers: list[StepObserver] = []
         self.rollouts_total = 0  # rollouts generated since step 1 (restored on resume)
+        # --group-size-control rank: this step's G (restored on resume); None: every step B prompts x G
+        self.control = RankControl(self.cfg.groups.group_size) if self.cfg.groups.group_size_control == "rank" else None
         # In this order: LoRA wraps the loaded model before any forward is built on it; the optimizer takes the
         # parameters the training forward leaves (FSDP's shards); the data may put solved examples in the prompts;
         # the rollout engine samples the policy as it is then.
@@ -94,6 +98,7 @@ class GRPOTrainer:
     def step(self, step: int) -> StepResult:
         """collect -> advantages -> update -> record."""
         t_step = time.perf_counter()
+        self._apply_control()
         # 1-2. rollouts (episodes) and their rewards; --sampling decides how many of which prompts
         roll = self.collector.collect(step)
         t_collected = time.perf_counter()
@@ -122,7 +127,33 @@ class GRPOTrainer:
         if self.service.multi_turn:
             times["time/env_s"] = self.service.pop_env_time()
         result.metrics = {**step_metrics(roll, self.rollouts_total, result.update, times), **result.metrics}
+        self._update_control(result)
         return result
+
+    def _apply_control(self) -> None:
+        """--group-size-control rank: the controller's G, and the prompts that keep the step's rollout budget."""
+        if self.control is not None:
+            G = self.control.group_size
+            B = self.cfg.groups.rollouts_per_step // G
+            self.collector.settings = dataclasses.replace(self.collector.settings, group_size=G, prompts_per_step=B)
+
+    def _update_control(self, result: StepResult) -> None:
+        """What this step's probe says about the next step's group size (every rank decides the same: the probe's
+        metrics are gathered)."""
+        if self.control is None:
+            return
+        result.metrics["control/group_size"] = self.control.group_size
+        groups = self.cfg.groups
+        self.control = rank_control(
+            self.control,
+            result.step,
+            result.metrics.get("probe/eff_rank"),
+            groups.rollouts_per_step,
+            max(2, self.world.size),
+            groups.control_patience,
+            divisor=self.world.size,
+            share=groups.control_share,
+        )
 
     def _update(self, result: StepResult) -> dict:
         """mu optimizer steps on this rank's rows (``grpolab.training.update``); a step with no group to learn from
@@ -318,6 +349,8 @@ class GRPOTrainer:
         error = None
         if self.world.is_main:
             state = {"seed": self.cfg.run.seed, "world_size": self.world.size, "rollouts_total": self.rollouts_total}
+            if self.control is not None:
+                state["rank_control"] = dataclasses.asdict(self.control)
             try:
                 checkpoint.save(
                     out,
