@@ -152,7 +152,7 @@ def prompt_weights(sizes: list[int]) -> list[float]:
     return [N / (B * n) for n in sizes]
 
 
-# ---------------------------------------------------------------- the rank-aware group size (a rule, not yet wired)
+# ---------------------------------------------------------------- the rank-aware group size (--group-size-control rank)
 
 
 @dataclasses.dataclass(frozen=True)
