@@ -29,7 +29,7 @@ class RunLogger:
         self.run_dir = Path(run_dir)
         self._metrics = open(self.run_dir / "metrics.jsonl", "a")
         self._samples = open(self.run_dir / "samples.jsonl", "a")
-        self._rollouts = self._credit = self._probe = None  # opened on first use
+        self._lazy: dict[str, object] = {}  # rollouts.jsonl, token_credit.jsonl, probe.jsonl: opened on first use
         self._tb = self._wandb = None
         if tensorboard:
             try:
@@ -64,35 +64,31 @@ class RunLogger:
             self._samples.write(json.dumps({"step": step, **s}) + "\n")
         self._samples.flush()
 
+    def _append(self, name: str, step: int, records: list[dict], **dumps) -> None:
+        """One line per record, ``step`` first, to ``name`` (opened on its first records)."""
+        if name not in self._lazy:
+            self._lazy[name] = open(self.run_dir / name, "a")
+        f = self._lazy[name]
+        for r in records:
+            f.write(json.dumps({"step": step, **r}, **dumps) + "\n")
+        f.flush()
+
     def log_rollouts(self, step: int, rollouts: list[dict]) -> None:
-        if self._rollouts is None:
-            self._rollouts = open(self.run_dir / "rollouts.jsonl", "a")
-        for r in rollouts:
-            self._rollouts.write(json.dumps({"step": step, **r}) + "\n")
-        self._rollouts.flush()
+        self._append("rollouts.jsonl", step, rollouts)
 
     def log_token_credit(self, step: int, records: list[dict]) -> None:
         """One line per recorded rollout, its tokens' values as parallel lists (``grpolab.report.token_view`` reads them)."""
-        if self._credit is None:
-            self._credit = open(self.run_dir / "token_credit.jsonl", "a")
-        for r in records:
-            self._credit.write(json.dumps({"step": step, **r}, allow_nan=False) + "\n")
-        self._credit.flush()
+        self._append("token_credit.jsonl", step, records, allow_nan=False)
 
     def log_probe(self, step: int, records: list[dict]) -> None:
         """One line per group the spectrum probe measured (its rewards' spread and its spectrum)."""
-        if self._probe is None:
-            self._probe = open(self.run_dir / "probe.jsonl", "a")
-        for r in records:
-            self._probe.write(json.dumps({"step": step, **r}) + "\n")
-        self._probe.flush()
+        self._append("probe.jsonl", step, records)
 
     def close(self) -> None:
         self._metrics.close()
         self._samples.close()
-        for f in (self._rollouts, self._credit, self._probe):
-            if f is not None:
-                f.close()
+        for f in self._lazy.values():
+            f.close()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
