@@ -28,6 +28,8 @@ if "PYTEST_XDIST_WORKER" not in os.environ:
     os.environ["GRPOLAB_CACHE"] = tempfile.mkdtemp(prefix="grpolab-test-cache-")
     atexit.register(shutil.rmtree, os.environ["GRPOLAB_CACHE"], True)
 
+import subprocess  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -38,6 +40,22 @@ if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
 torch.set_num_threads(1)  # small tensors: one thread is fastest and leaves the other core alone
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
+def pytest_collection_modifyitems(config, items):
+    """Where tests that load SmolLM2 are selected, dequantise its GGUF file into the suite's cache in a background
+    process from the start (one process of the session: the first test worker, or the only one). The conversion
+    takes about a minute of CPU whoever does it; done first it runs beside other tests instead of keeping the test
+    workers that need SmolLM2 waiting on its lock. Should it fail, the first of those tests converts the file."""
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0" or not any(i.get_closest_marker("smollm2") for i in items):
+        return
+    code = (
+        "from grpolab.models.loading import SMOLLM2, convert_gguf, resolve_gguf\n"
+        "convert_gguf(*resolve_gguf(SMOLLM2, '')[:2])\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    atexit.register(proc.kill)  # a session that ends first (-x, Ctrl-C) leaves no converter running
 
 
 @pytest.fixture(scope="session")

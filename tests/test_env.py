@@ -455,15 +455,18 @@ def test_the_guessing_game_example_answers_each_guess(chat_policy):
 
 
 @pytest.mark.slow
+@pytest.mark.smollm2
 def test_smollm2_episode_tokens_are_its_template_tokens():
     """On SmolLM2's byte-level BPE tokenizer and ChatML template (which adds a system prompt of its own): an episode's
     sequence (opening, each reply's own ids, the continuations) is exactly the tokenization of the template's
     rendering of the whole conversation, tools described in a system message; a tool result arrives as a tool turn."""
+    from transformers import AutoTokenizer
+
     from grpolab.env.tools import load_tools
-    from grpolab.models.loading import load_gguf, resolve_gguf
+    from grpolab.models.loading import convert_gguf, resolve_gguf
 
     directory, name, _ = resolve_gguf("smollm2-135m-instruct", "")
-    _, tok = load_gguf(directory, name)  # the tokenizer every SmolLM2 run uses (from the dequantised copy)
+    tok = AutoTokenizer.from_pretrained(convert_gguf(directory, name))  # as every SmolLM2 run loads it (load_gguf)
     policy = Policy(torch.nn.Linear(1, 1), tok, "smollm2", chat=True, system="")
     schemas = load_tools([f"{Path(__file__).parents[1] / 'examples' / 'calculator' / 'tools.py'}:calculator"])
     renderer = Renderer(policy, schemas)

@@ -93,6 +93,26 @@ def load_gguf(directory: Path, file: str, dtype: torch.dtype = torch.float32):
     whether or not the cache was warm. Where the cache cannot be written (a read-only home), the conversion is used
     as it is, with a warning.
     """
+    try:
+        cached = convert_gguf(directory, file, dtype)
+    except _Unwritable as e:
+        warnings.warn(f"{e}; it is converted each load", stacklevel=2)
+        return e.converted or dequantise_gguf(directory, file, dtype)
+    tokenizer = AutoTokenizer.from_pretrained(cached)
+    return AutoModelForCausalLM.from_pretrained(cached, dtype=dtype), tokenizer
+
+
+class _Unwritable(OSError):
+    """The cache of conversions cannot be written; ``converted`` is the conversion made, if one was."""
+
+    def __init__(self, message: str, converted):
+        super().__init__(message)
+        self.converted = converted
+
+
+def convert_gguf(directory: Path, file: str, dtype: torch.dtype = torch.float32) -> Path:
+    """The directory of the dequantised checkpoint of a GGUF file in the cache (see :func:`load_gguf`), converted
+    into it first where it is not there yet. Raises ``OSError`` where the cache cannot be written."""
     key = f"{_sha256(Path(directory) / file)[:32]}-{str(dtype).removeprefix('torch.')}-tf{transformers.__version__}"
     cached = cache_dir() / "gguf" / key
     converted = None
@@ -103,13 +123,8 @@ def load_gguf(directory: Path, file: str, dtype: torch.dtype = torch.float32):
                 converted = dequantise_gguf(directory, file, dtype)
                 _save_into(cached, *converted, source=Path(directory) / file)
     except OSError as e:
-        warnings.warn(
-            f"could not keep the dequantised {file} in {cached.parent} ({e}); it is converted each load", stacklevel=2
-        )
-        return converted or dequantise_gguf(directory, file, dtype)
-    del converted
-    tokenizer = AutoTokenizer.from_pretrained(cached)
-    return AutoModelForCausalLM.from_pretrained(cached, dtype=dtype), tokenizer
+        raise _Unwritable(f"could not keep the dequantised {file} in {cached.parent} ({e})", converted) from e
+    return cached
 
 
 def _sha256(path: Path) -> str:
