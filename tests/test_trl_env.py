@@ -295,6 +295,7 @@ def one_shot(target: int) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.smollm2
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
 def test_increment_env_trains_on_smollm2_from_a_hub_gguf_repository(tmp_path, monkeypatch, engine):
     """TRL's IncrementEnv (the dataset variant: the row's ``target`` reaches reset) on SmolLM2-135M-Instruct, loaded
@@ -319,7 +320,7 @@ def test_increment_env_trains_on_smollm2_from_a_hub_gguf_repository(tmp_path, mo
     rows = [{"prompt": one_shot(t), "target": t} for t in (1, 3, 4, 5)]
     env = load_env_class(f"{EXAMPLE}:IncrementTargetEnv")
     run = grpolab.train(repo, rows, [counters], env=env, gguf_file=SMOLLM2_FILE, rollout_engine=engine, steps=2,
-                        prompts_per_step=2, group_size=4, max_turns=2, max_new_tokens=32, temperature=0.7,
+                        prompts_per_step=1, group_size=4, max_turns=2, max_new_tokens=32, temperature=0.7,
                         eval_fraction=0.0, log_rollouts=True, log_token_credit=4 if engine == "hf" else 0,
                         threads=1,
                         out=str(tmp_path / "run"), log=quiet)  # fmt: skip
@@ -331,7 +332,7 @@ def test_increment_env_trains_on_smollm2_from_a_hub_gguf_repository(tmp_path, mo
     shown = run.policy.tokenizer.decode(opening)
     assert "increment" in shown and "Increment the internal counter." in shown
     rollouts = [json.loads(line) for line in (run.dir / "rollouts.jsonl").read_text().splitlines()]
-    assert len(rollouts) == 2 * 2 * 4
+    assert len(rollouts) == 2 * 1 * 4
     called = 0
     for r in rollouts:
         opening, played = r["conversation"][:5], r["conversation"][5:]
@@ -340,9 +341,9 @@ def test_increment_env_trains_on_smollm2_from_a_hub_gguf_repository(tmp_path, mo
         called += bool(results)
         counter = results[-1] if results else 0
         assert sum(r["turn_rewards"]) == float(counter == target), r  # get_reward is the return
-    assert called >= 2, "SmolLM2 called the tool in fewer than 2 of 16 episodes"
+    assert called >= 2, "SmolLM2 called the tool in fewer than 2 of 8 episodes"
     # reward functions were given each completion's environment, in order
-    assert [len(envs) for envs in seen] == [8, 8] and all(type(e).__name__ == "IncrementTargetEnv" for e in seen[0])
+    assert [len(envs) for envs in seen] == [4, 4] and all(type(e).__name__ == "IncrementTargetEnv" for e in seen[0])
     if engine != "hf":  # the token record costs two more forward passes: once is enough
         return
     # the environment's tokens (tool results, the template's turns) carry no advantage, the policy's do
