@@ -4,7 +4,8 @@ Unit tier: how work is split over ranks, the backend choice, the launcher's argu
 handling and the config checks. Smoke tier: real two-process runs of `grpolab train` (torchrun,
 gloo; one launch runs them all) of the built-in model against single-process runs with the same
 global batch and seed: identical rollouts, parameters equal within 1e-5 relative, and a
-run stopped on one process count resumed on another.
+run stopped on one process count resumed on another; the same for the sampling modes (filter, adaptive), the loss
+variants whose statistics span the whole step, and the rank-controlled group size.
 """
 
 from __future__ import annotations
@@ -286,3 +287,64 @@ def test_two_nodes_by_rendezvous_match_one_process(runs):
     assert json.loads((out / "config.json").read_text())["world_size"] == 2
     assert rollouts_of(out) == rollouts_of(r["p1"])
     assert_same_params(r["p1"], out)
+
+
+# ---------------------------------------------------------------- sampling modes, loss variants, the rank control
+# (resuming in each sampling mode is tested in test_group_budget.py, in one process; their two-process runs are in
+# TWO, run by the same launch)
+
+
+def _sampling(mode: str) -> list[str]:
+    """filter's later rounds split unevenly over the ranks (a rank may keep no group); adaptive's groups differ
+    in size and the allocation is taken on the gathered pilots. KL, ratios and micro-batches on, as in the
+    reference pair."""
+    args = ["--sampling", mode, "--pilot-size", "2", "--reward-fn", "reward_fixtures:code_sum_mod4"]
+    return [*args, "--format-weight", "0", *KL_MU]
+
+
+# The options whose statistics span the whole step: the batch reward std (--scale-rewards batch), the entropy
+# threshold over every rank's tokens (--top-entropy-quantile), the token count without truncated completions
+# (--mask-truncated, token-mean); with GSPO ratios, two-sided clipping, the overlong penalty, KL and mu = 2.
+VARIANTS = [
+    *("--estimator", "grpo_std", "--scale-rewards", "batch", "--importance-sampling", "sequence"),
+    *("--clip-delta", "1.5", "--mask-truncated", "--max-new-tokens", "20", "--overlong-buffer", "4"),
+    *("--top-entropy-quantile", "0.3", "--beta", "0.04", "--mu", "2", "--micro-batch", "2"),
+    *("--aggregation", "token-mean"),
+]
+# --group-size-control rank: G doubles (B halves) when the probe's rank falls, the same decision on every rank
+CONTROL = [*KL_MU, "--probe-every", "1", "--probe-groups", "2", "--group-size-control", "rank"]
+CONTROL += ["--control-patience", "1", "--control-share", "0.9"]
+CASES = {"filter": _sampling("filter"), "adaptive": _sampling("adaptive"), "variants": VARIANTS, "control": CONTROL}
+TWO.update({case: (4 if case == "control" else 2, args) for case, args in CASES.items()})
+
+
+def _one_and_two_processes_agree(tmp_path: Path, runs, case: str, monkeypatch) -> list[dict]:
+    """A case's steps on one process and on two: the same rollouts, metrics and weights. Returns the step rows."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # the run imports reward_fixtures
+    two = runs[0]
+    steps = TWO[case][0]
+    one = train_cli(tmp_path, "one", steps, *CASES[case])
+    assert rollouts_of(two / case) == rollouts_of(one)
+    assert_same_metrics(one, two / case)
+    assert_same_params(one, two / case, step=steps)
+    return read_metrics(one / "metrics.jsonl")[1:]
+
+
+@pytest.mark.parametrize("mode", ["filter", "adaptive"])
+def test_sampling_modes_on_two_processes_equal_one_process(tmp_path, runs, monkeypatch, mode):
+    rows = _one_and_two_processes_agree(tmp_path, runs, mode, monkeypatch)
+    key = "sampling/rounds" if mode == "filter" else "sampling/group_size_max"
+    assert max(r[key] for r in rows) > (1 if mode == "filter" else 4), "the runs must exercise the mode"
+
+
+def test_loss_variants_on_two_processes_equal_one_process(tmp_path, runs, monkeypatch):
+    rows = _one_and_two_processes_agree(tmp_path, runs, "variants", monkeypatch)
+    assert all(0 < r["completion/truncated_frac"] < 1 for r in rows), (
+        "some completions must be cut for the test to bite"
+    )
+
+
+def test_the_rank_controlled_group_size_on_two_processes_equals_one_process(tmp_path, runs, monkeypatch):
+    rows = _one_and_two_processes_agree(tmp_path, runs, "control", monkeypatch)
+    sizes = [r["control/group_size"] for r in rows]
+    assert sizes[0] == 4 and sizes[-1] == 8, sizes  # the group size changed within the run (16 rollouts, B 4 -> 2)
