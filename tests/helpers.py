@@ -312,9 +312,9 @@ needs_bwrap = pytest.mark.skipif(
 
 # ---------------------------------------------------------------- runs on one process and on several
 
-# The flags of the multi-process comparisons' runs.
+# The flags of the multi-process comparisons' runs (the held-out questions: split over 2 processes, 4 each).
 CLI_BASE = [
-    *("--prompts-per-step", "4", "--group-size", "4", "--eval-questions", "16", "--eval-samples", "2"),
+    *("--prompts-per-step", "4", "--group-size", "4", "--eval-questions", "8", "--eval-samples", "2"),
     *("--warmup-steps", "0", "--log-rollouts", "--no-progress", "--device", "cpu"),
 ]
 # The KL reference, importance ratios (mu = 2), micro-batches and token-mean's global token count.

@@ -163,40 +163,30 @@ def test_eval_rank_and_merge_refuse_a_damaged_checkpoint_in_one_line(reference, 
 # ---------------------------------------------------------------- a full disk
 
 
-@pytest.mark.slow
-def test_a_save_that_fails_leaves_the_previous_checkpoint_and_stops_with_one_line(tmp_path, monkeypatch):
-    real_save = checkpoint.torch.save
+def _full_disk_at(step: int, real_save):
+    """``torch.save`` on a disk that fills up when checkpoint ``step`` is written."""
 
-    def full_disk(obj, path, *a, **k):
-        if "step_4" in str(path):
+    def save(obj, path, *a, **k):
+        if f"step_{step}" in str(path):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         return real_save(obj, path, *a, **k)
 
-    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    return save
+
+
+@pytest.mark.slow
+def test_a_save_that_fails_leaves_the_previous_checkpoint_and_stops_with_one_line(tmp_path, monkeypatch):
+    real_save = checkpoint.torch.save
+    monkeypatch.setattr(checkpoint.torch, "save", _full_disk_at(4, real_save))
     run = tmp_path / "run"
     with pytest.raises(CheckpointError) as info:
         train(small_cfg(run, steps=4, save_every=2), log=lambda *a, **k: None)
     assert str(info.value) == f"could not write checkpoint step_4 in {run / 'checkpoints'}: No space left on device"
     assert [s for s, _ in checkpoint.checkpoint_dirs(run)] == [2] and verify(run / "checkpoints" / "step_2") is None
     assert not list((run / "checkpoints").glob(".tmp_*"))  # nothing half-written left behind
-    # through the command line: one line on stderr, no traceback (the same fault, injected before main runs)
-    code = (
-        "import errno, os, sys, grpolab.models.checkpoint as c\n"
-        "real = c.torch.save\n"
-        "def full(obj, path, *a, **k):\n"
-        "    if 'step_2' in str(path): raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))\n"
-        "    return real(obj, path, *a, **k)\n"
-        "c.torch.save = full\n"
-        "from grpolab.commands.cli import main\n"
-        "main(sys.argv[1:])\n"
-    )
-    res = subprocess.run(
-        [sys.executable, "-c", code, "train", "--out", str(tmp_path / "cli"), "--steps", "2", *FLAGS],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-    )
+    # through the command line: one line on stderr, no traceback (an exception escaping main fails the test)
+    monkeypatch.setattr(checkpoint.torch, "save", _full_disk_at(2, real_save))
+    res = run_cli(["train", "--out", str(tmp_path / "cli"), "--steps", "2", *FLAGS], tmp_path)
     assert res.returncode != 0 and "Traceback" not in res.stderr
     assert (
         res.stderr.strip()
