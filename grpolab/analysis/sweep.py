@@ -2,7 +2,7 @@
 
 Each (G, seed) is an ordinary ``grpolab train`` run in ``OUT/G{G}-seed{S}`` with
 B = budget / G prompts per step; runs go ``--jobs`` at a time in separate processes
-(one torch thread each). A finished run is not run again, so an interrupted sweep
+(one torch thread each; with ``--jobs 1``, one after another in this process). A finished run is not run again, so an interrupted sweep
 continues where it stopped. The final held-out accuracy per G, mean and 95% CI over
 seeds, is the analogue of [U-statistic, Table 2 and Figure 5].
 """
@@ -44,7 +44,7 @@ class SweepConfig:
     out: str = "runs/sweep"
     """Output directory: one run directory per (G, seed), sweep.json, sweep.png."""
     jobs: int = 2
-    """Runs at a time (each uses one thread)."""
+    """Runs at a time, each in its own process with one thread (1: one after another in this process)."""
     model: str = "builtin"
     """Starting policy."""
     estimator: str = "grpo_std"
@@ -159,6 +159,10 @@ def _run_missing(cfg: SweepConfig, out: Path, jobs: list[tuple[int, int]], log) 
     t0 = time.perf_counter()
     if todo:
         log(f"{len(todo)} of {len(jobs)} runs to do, {cfg.jobs} at a time")
+    if todo and cfg.jobs == 1:  # one at a time: in this process, without starting one (and importing torch)
+        for i, c in enumerate(todo, 1):
+            log(f"[{i}/{len(todo)}] done: {_one_run(c)}")
+    elif todo:
         with cf.ProcessPoolExecutor(max_workers=cfg.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(_one_run, c) for c in todo]
             for i, fut in enumerate(cf.as_completed(futures), 1):
