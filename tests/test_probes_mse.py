@@ -10,7 +10,8 @@ import pytest
 import torch
 from helpers import run_cli
 
-from grpolab.analysis.mse import (
+from grpolab.analysis.mse_cmd import MseConfig, run_bandit
+from grpolab.probes.mse import (
     MSE_ESTIMATORS,
     bandit_estimates,
     bandit_moments,
@@ -24,7 +25,6 @@ from grpolab.analysis.mse import (
     prompt_moments,
     rloo_weights,
 )
-from grpolab.analysis.mse_cmd import MseConfig, run_bandit
 
 P = torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64)
 THETA = torch.tensor([0.0, 0.5, -0.5], dtype=torch.float64)

@@ -37,7 +37,7 @@ of different prompts are independent, so
     E||g - grad J_B||^2 = (1/B^2) sum_i MSE_i(n_i),
     MSE_i(n) = sigma_O,i^2 / n + 2 tau_i^2 / (n (n - 1))          [U-statistic, Thm 2]
 
-with grad J_B the mean of the B prompts' true gradients (``grpolab.analysis.mse``). To allocate
+with grad J_B the mean of the B prompts' true gradients (``grpolab.probes.mse``). To allocate
 before the rollouts exist, model the score psi of a rollout as independent of its reward r,
 with E||psi||^2 = S the same for every prompt, and drop ||mu||^2 next to S Var(r) (a small
 signal, which is where GRPO lives). Then, with V_i = Var(r) for prompt i,

@@ -13,16 +13,6 @@ import torch
 
 from grpolab.algo.group_budget import SAMPLING_MODES
 from grpolab.analysis.config import ProbeConfig
-from grpolab.analysis.mse import (
-    MSE_ESTIMATORS,
-    bandit_moments,
-    bandit_mse_mc,
-    groupsize_constants,
-    mse_from_moments,
-    mse_table,
-    optimal_group_size,
-    predicted_mse,
-)
 from grpolab.analysis.pool import collect_pool, probe_sampler
 from grpolab.analysis.sampling_bias import BanditStep, measure
 from grpolab.common import distributed
@@ -32,6 +22,16 @@ from grpolab.common.rng import set_threads
 from grpolab.common.stats import percentile_interval
 from grpolab.config import fields
 from grpolab.eval.runs import load_task_policy, probe_task, resolve_target
+from grpolab.probes.mse import (
+    MSE_ESTIMATORS,
+    bandit_moments,
+    bandit_mse_mc,
+    groupsize_constants,
+    mse_from_moments,
+    mse_table,
+    optimal_group_size,
+    predicted_mse,
+)
 
 
 @dataclasses.dataclass(frozen=True)

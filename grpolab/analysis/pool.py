@@ -18,23 +18,19 @@ import dataclasses
 
 import torch
 
-from grpolab.analysis.mse import prompt_moments, rloo_weights
 from grpolab.common import distributed, streams
 from grpolab.common.batch import Batch
 from grpolab.common.distributed import SINGLE, World
 from grpolab.common.given import NOTHING, Given
 from grpolab.common.progress import progress_bar
 from grpolab.config.rollout import EngineSection
-from grpolab.models.logprobs import completion_logprobs
 from grpolab.models.policy import Policy
-from grpolab.probes.gram import _count_sketch, _select_params, score_gram
+from grpolab.probes.gram import _select_params, score_gram
+from grpolab.probes.mse import loo_vector, prompt_moments, sketch_dim_for
 from grpolab.rewards.forms import check_columns
 from grpolab.rewards.rewarder import Rewarder, rewarder_for
 from grpolab.rollout.engine import SamplingSettings, build_engine
 from grpolab.rollout.service import RolloutService
-
-EXACT_POOL_FLOATS = 2**28  # 1 GB of float32 leave-one-out vectors; beyond it they are sketched
-SKETCH_DIM = 2**22
 
 
 @dataclasses.dataclass
@@ -88,7 +84,7 @@ def probe_sampler(
 
 @dataclasses.dataclass
 class Pool:
-    moments: list[dict[str, float]]  # per prompt: A2, O2, H2, mu2 (grpolab.analysis.mse)
+    moments: list[dict[str, float]]  # per prompt: A2, O2, H2, mu2 (grpolab.probes.mse)
     cross: torch.Tensor  # [M, M] <mu_hat(x), mu_hat(x')>
     reward_mean: list[float]  # per prompt
     reward_std: list[float]
@@ -113,7 +109,7 @@ def collect_pool(
 
     ``sketch_dim``: 0 keeps the M leave-one-out vectors whole (exact cross products); k > 0 keeps a
     k-dimensional CountSketch of each (unbiased cross products, entry error at most
-    sqrt(2/k) ||a|| ||b||); None = exact when the M vectors fit in EXACT_POOL_FLOATS floats, else
+    sqrt(2/k) ||a|| ||b||); None = exact when the M vectors fit in EXACT_VECTOR_FLOATS floats, else
     SKETCH_DIM (a real model's M x D floats would not fit in memory: 32 x 135 M x 4 bytes = 17 GB).
     The per-prompt Gram matrices (and so every per-prompt moment) are always exact.
     """
@@ -125,7 +121,8 @@ def collect_pool(
     params = [p for p in model.parameters() if id(p) in chosen]
     D = sum(p.numel() for p in params)
     sketch_dim = _resolve_sketch_dim(sketch_dim, len(records), D, world, log)
-    reduce = _PromptReducer(policy, n, seed, sampler, include, params, [chosen[id(p)] for p in params], sketch_dim)
+    named = {chosen[id(p)]: p for p in params}
+    reduce = _PromptReducer(policy, n, seed, sampler, include, named, sketch_dim)
     moments, vectors, means, stds = [], [], [], []
     mine = world.split(len(records))
     with progress_bar(label, len(mine), enabled=progress and world.is_main) as bar:
@@ -141,10 +138,10 @@ def collect_pool(
 
 def _resolve_sketch_dim(sketch_dim: int | None, M: int, D: int, world: World, log) -> int:
     """``sketch_dim`` as given, or for None: 0 (exact) when the M vectors of D floats fit in
-    EXACT_POOL_FLOATS, else SKETCH_DIM (said once, on the main rank)."""
+    EXACT_VECTOR_FLOATS, else SKETCH_DIM (said once, on the main rank)."""
     if sketch_dim is not None:
         return sketch_dim
-    sketch_dim = 0 if M * D <= EXACT_POOL_FLOATS else SKETCH_DIM
+    sketch_dim = sketch_dim_for(M, D)
     if sketch_dim and world.is_main:
         log(
             f"pool: {M} gradients of {D / 1e6:.0f} M parameters would take {M * D * 4 / 2**30:.1f} GB; "
@@ -163,8 +160,7 @@ class _PromptReducer:
     seed: int
     sampler: ProbeSampler
     include: str | None
-    params: list[torch.nn.Parameter]  # the chosen parameters, in model order: the blocks of mu_hat
-    names: list[str]  # their names, which key each block's sketch hashes
+    params: dict[str, torch.nn.Parameter]  # the chosen parameters by name, in model order: the blocks of mu_hat
     sketch_dim: int  # 0: mu_hat kept whole
 
     def __call__(self, k: int, record: dict) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
@@ -175,27 +171,8 @@ class _PromptReducer:
         weights = batch.completion_mask.double()  # [n, T]
         temperature = self.sampler.settings.temperature
         psi = score_gram(self.policy.model, batch, weights, temperature=temperature, include=self.include)  # [n, n]
-        return prompt_moments(psi, rewards), self._loo_vector(batch, weights, rewards), rewards
-
-    def _loo_vector(self, batch: Batch, weights: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
-        """mu_hat = sum_i a_i psi_i with the leave-one-out weights a ``[n]``: ``[D]``, or ``[k]`` sketched."""
-        a = rloo_weights(rewards)  # [n]
-        if bool((rewards == rewards[0]).all()):  # equal rewards: every leave-one-out weight is 0, so is mu_hat
-            return torch.zeros(self.sketch_dim or sum(p.numel() for p in self.params))
-        blocks = self._weighted_score_blocks(batch, weights * a[:, None])
-        if self.sketch_dim:  # each parameter's block hashed with its own (name-keyed) buckets and signs
-            return sum(
-                _count_sketch(b[None], name, self.sketch_dim, self.seed)[0] for b, name in zip(blocks, self.names)
-            )  # [k]
-        return torch.cat(blocks)  # [D]
-
-    def _weighted_score_blocks(self, batch: Batch, token_weights: torch.Tensor) -> list[torch.Tensor]:
-        """grad sum_{i,t} w_it log pi(o_it | ...) for token weights w ``[n, T]``: one flattened float32
-        block per parameter (zeros for a parameter the completions do not reach)."""
-        logp = completion_logprobs(self.policy.model, batch, self.sampler.settings.temperature)  # [n, T]
-        obj = (logp * token_weights.to(logp.dtype)).sum()
-        grads = torch.autograd.grad(obj, self.params, allow_unused=True)
-        return [(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, self.params)]
+        vector = loo_vector(self.policy.model, batch, rewards, self.params, temperature, self.sketch_dim, self.seed)
+        return prompt_moments(psi, rewards), vector, rewards
 
 
 def _gather_pool(moments: list, vectors: list, means: list, stds: list, width: int, world: World) -> Pool:

@@ -147,6 +147,45 @@ def rloo_weights(rewards: torch.Tensor) -> torch.Tensor:
     return (r - (r.sum() - r) / (N - 1)) / N
 
 
+EXACT_VECTOR_FLOATS = 2**28  # 1 GB of float32 leave-one-out vectors; beyond it they are sketched
+SKETCH_DIM = 2**22
+
+
+def sketch_dim_for(M: int, D: int) -> int:
+    """0 (mu_hat kept whole) when M vectors of D floats fit in EXACT_VECTOR_FLOATS, else SKETCH_DIM: a real model's
+    M x D floats would not fit in memory (32 x 135 M x 4 bytes = 17 GB)."""
+    return 0 if M * D <= EXACT_VECTOR_FLOATS else SKETCH_DIM
+
+
+def loo_vector(
+    model,
+    batch,
+    rewards: torch.Tensor,
+    params: dict[str, torch.nn.Parameter],
+    temperature: float,
+    sketch_dim: int = 0,
+    seed: int = 0,
+) -> torch.Tensor:
+    """One prompt's leave-one-out gradient estimate mu_hat = sum_i a_i psi_i (``rloo_weights``) over its rollouts in
+    ``batch``, psi_i the plain score (weight 1 per completion token: E[psi] = 0, so mu = E[r psi] is the true gradient;
+    a length-normalised psi would not be a score). ``[D]`` over ``params`` (name -> parameter, in order), or its
+    ``sketch_dim``-dimensional CountSketch ``[k]`` (each parameter hashed by its name and ``seed``: unbiased cross
+    products). Equal rewards make every a_i, and so mu_hat, zero."""
+    from grpolab.models.logprobs import completion_logprobs
+    from grpolab.probes.gram import _count_sketch
+
+    if bool((rewards == rewards[0]).all()):
+        return torch.zeros(sketch_dim or sum(p.numel() for p in params.values()))
+    a = rloo_weights(rewards)  # [n]
+    weights = batch.completion_mask.double() * a[:, None]  # [n, T]
+    logp = completion_logprobs(model, batch, temperature)  # [n, T]
+    grads = torch.autograd.grad((logp * weights.to(logp.dtype)).sum(), list(params.values()), allow_unused=True)
+    blocks = [(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, params.values())]
+    if sketch_dim:  # each parameter's block hashed with its own (name-keyed) buckets and signs
+        return sum(_count_sketch(b[None], name, sketch_dim, seed)[0] for b, name in zip(blocks, params))  # [k]
+    return torch.cat(blocks)  # [D]
+
+
 # ---------------------------------------------------------------- summaries over prompts
 
 
