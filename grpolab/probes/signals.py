@@ -3,8 +3,10 @@
 A run trained with ``--probe-every`` logs, besides its held-out accuracy: the effective rank of each measured group's
 per-rollout gradient matrix (``probe/eff_rank``, and at half the group size ``probe/eff_rank_half``), the mean spread
 of the rewards within a group (``reward/group_std_mean``, sigma_r) and the share of groups whose rewards are all
-equal (``reward/frac_zero_std``: they carry no gradient). This module finds a run's saturation step by a fixed rule
-and says in one line what each signal shows; the report's signal panel and ``benchmarks/signals.py`` use it.
+equal (``reward/frac_zero_std``: they carry no gradient), and the group size that would minimise the gradient's
+error at the step's rollout budget, estimated on the probe's groups (``probe/g_star``) [U-statistic, Thm 7]. This
+module finds a run's saturation step by a fixed rule and says in one line what each signal shows; the report's signal
+panel and ``benchmarks/signals.py`` use it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ SIGNALS = {
     "probe/eff_rank": "effective rank",
     "reward/group_std_mean": "reward spread in a group (sigma_r)",
     "reward/frac_zero_std": "groups with equal rewards",
+    "probe/g_star": "best group size at the budget (G*)",
 }
 """The signals the panel draws, by metric key."""
 
@@ -84,6 +87,15 @@ def readings(rows: list[dict]) -> list[str]:
         out.append(
             f"{100 * v:.0f}% of the groups at step {zero[-1][0]} had equal rewards (no gradient from them)"
             + ("; most groups are spent: larger groups, or harder prompts, would find a contrast" if v >= 0.5 else "")
+        )
+    g_star = series(rows, "probe/g_star")
+    if g_star:
+        (s0, v0), (s1, v1) = g_star[0], g_star[-1]
+        group = next((r["control/group_size"] for r in reversed(rows) if r.get("control/group_size")), None)
+        out.append(
+            f"G* {v1:.1f} at step {s1} ({v0:.1f} at step {s0}): groups of about that size would give the least "
+            "gradient error for the rollouts a step draws [U-statistic, Thm 7]"
+            + (f"; the run's group size is {group}" if group is not None else "")
         )
     sat = saturation_step(series(rows, "eval/accuracy_greedy"))
     if sat is not None:

@@ -4,7 +4,8 @@
 - :class:`RolloutLog`: the step's samples and, with --log-rollouts, every rollout (samples.jsonl, rollouts.jsonl);
 - :class:`AdvantageProbe`: the zero-sum advantage statistics every step (``probe/adv_*``) [Foundations, Thm 4.1];
 - :class:`SpectrumProbe`: the spectrum of the per-rollout gradient matrix every --probe-every steps
-  (``probe/eff_rank``, ``probe/top1_frac``) [Foundations, Sec. 7];
+  (``probe/eff_rank``, ``probe/top1_frac``) [Foundations, Sec. 7], and the best group size at a fixed rollout
+  budget estimated on the same groups (``probe/g_star``) [U-statistic, Thm 7];
 - :class:`TokenCredit`: --log-token-credit K rollouts token by token, and what the update did to each token.
 
 :func:`attach_observers` gives a trainer the ones its config asks for.
@@ -12,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -25,6 +27,7 @@ from grpolab.common.rng import rng_untouched
 from grpolab.data.records import question_of
 from grpolab.probes.advantage_stats import advantage_stats
 from grpolab.probes.gram import score_gram, token_weights
+from grpolab.probes.mse import groupsize_constants, loo_vector, optimal_group_size, prompt_moments, sketch_dim_for
 from grpolab.probes.spectrum import advantage_effective_rank, singular_values_from_gram, spectrum_metrics
 from grpolab.probes.token_credit import credit_row, join_credit_rows, pick_rollouts, record_aggregates
 from grpolab.rollout.rows import rollout_lengths
@@ -103,12 +106,16 @@ class SpectrumProbe(StepObserver):
         self.model, self.every, self.groups = model, every, groups
         self.aggregation, self.max_len, self.temperature = aggregation, max_len, temperature
         self.world, self.device, self.estimator = world, device, estimator
+        self._params: dict | None = None  # see _trained
+        self._sketch_dim = 0
 
     def before_update(self, result: StepResult) -> None:
         if result.step % self.every:
             return
         t0 = time.perf_counter()
-        spectra = dist_.gather_concat(self._spectra(result), self.world)
+        moments, vectors = [], []
+        spectra = dist_.gather_concat(self._spectra(result, moments, vectors), self.world)
+        result.metrics["probe/g_star"] = self._g_star(moments, vectors)
         metrics = [m for _, m in sorted(spectra, key=lambda x: x[0])]
         for key, name in (("effective_rank", "eff_rank"), ("top1_fraction", "top1_frac"), ("num_rank", "num_rank")):
             result.metrics[f"probe/{name}"] = _mean([m[key] for m in metrics])
@@ -121,10 +128,15 @@ class SpectrumProbe(StepObserver):
         result.metrics["time/probe_s"] = time.perf_counter() - t0
         result.probe = [{"prompt": k, **m} for k, m in sorted(spectra, key=lambda x: x[0])]
 
-    def _spectra(self, result: StepResult) -> list[tuple[int, dict]]:
+    def _spectra(self, result: StepResult, moments: list, vectors: list) -> list[tuple[int, dict]]:
         """(position in the update, spectrum metrics) of this rank's measured groups. An episode's score vector sums
         its token rows', each token weighted by its turn's advantage (the rows of G = diag(A) Psi^(1/2) generalised
-        to per-turn credit)."""
+        to per-turn credit).
+
+        G*'s sample is the update's first ``groups`` groups whatever their rewards (choosing groups by their rewards,
+        as the spectrum does, would bias the moments): for each of them of 3 or more single-turn rollouts on this
+        rank, ``moments`` gains its (position, U-statistic moments) and ``vectors`` its leave-one-out gradient. A
+        group with equal rewards costs nothing: every moment G* uses is 0, and so is mu_hat."""
         roll, adv = result.collected, result.advantages
         groups, rows = roll.groups, roll.groups.rows
         live = [k for k, r in enumerate(roll.rewards) if varies(r)][: self.groups]  # positions in the update
@@ -132,9 +144,13 @@ class SpectrumProbe(StepObserver):
         starts = offsets(groups.sizes)
         out = []
         for k, b in enumerate(groups.prompt):
-            if position[b] not in live:
-                continue
             start, stop = starts[k], starts[k + 1]
+            sampled = position[b] < self.groups and adv.token is None and stop - start >= 3  # in G*'s sample
+            if position[b] not in live:
+                if sampled:
+                    moments.append((position[b], {"O2": 0.0, "H2": 0.0, "mu2": 0.0}))
+                    vectors.append(torch.zeros(self._width()))
+                continue
             idx = torch.tensor(rows.rows_of(list(range(start, stop))), device=self.device)
             sub = select(rows.batch, idx)
             weights = token_weights(
@@ -144,6 +160,9 @@ class SpectrumProbe(StepObserver):
             if adv.token is None:
                 psi = score_gram(self.model, sub, weights, temperature=self.temperature)
                 out.append((position[b], group_spectra(psi, adv.rollout[start:stop].cpu(), rewards, self.estimator)))
+                if sampled:
+                    moments.append((position[b], prompt_moments(self._plain_gram(psi, weights, sub), rewards)))
+                    vectors.append(self._loo_vector(sub, rewards).cpu())
             else:  # per-turn credit folded into the weights; rows summed into their episode
                 weights = weights * adv.token[idx, : weights.shape[1]].to(weights)
                 psi = _rows_to_rollouts(
@@ -152,6 +171,47 @@ class SpectrumProbe(StepObserver):
                 a = torch.ones(stop - start, dtype=torch.float64)
                 out.append((position[b], {**_spread(rewards), **spectrum_metrics(singular_values_from_gram(psi, a))}))
         return out
+
+    def _plain_gram(self, psi: torch.Tensor, weights: torch.Tensor, sub) -> torch.Tensor:
+        """The Gram matrix ``[G, G]`` of the rollouts' plain scores (weight 1 per completion token), which the
+        U-statistic moments need: ``psi / c^2`` when the loss's weights are one constant c on every completion token
+        (token-mean, Dr. GRPO's), else a Gram pass of its own."""
+        plain = sub.completion_mask.to(weights)
+        on = weights[plain > 0]
+        if on.numel() and bool((on == on[0]).all()) and bool((weights[plain == 0] == 0).all()):
+            return (psi / float(on[0]) ** 2).cpu()
+        return score_gram(self.model, sub, plain, temperature=self.temperature).cpu()
+
+    def _trained(self) -> dict:
+        """The trained parameters by name (LoRA: the adapters'), the blocks of mu_hat; read at the first probe, after
+        the trainer's LoRA or freezing. Vectors wider than 1 GB for the probe's groups are CountSketched."""
+        if self._params is None:
+            self._params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+            self._sketch_dim = sketch_dim_for(self.groups, sum(p.numel() for p in self._params.values()))
+        return self._params
+
+    def _width(self) -> int:
+        """mu_hat's length: the sketch's, or the trained parameters' count (the same on every rank)."""
+        params = self._trained()
+        return self._sketch_dim or sum(p.numel() for p in params.values())
+
+    def _loo_vector(self, sub, rewards: torch.Tensor) -> torch.Tensor:
+        params = self._trained()
+        return loo_vector(self.model, sub, rewards.to(self.device), params, self.temperature, self._sketch_dim)
+
+    def _g_star(self, moments: list, vectors: list) -> float | None:
+        """G* = 1 + sqrt(2 tau^2 / sigma_P^2) from the measured groups' moments and the cross products of their
+        leave-one-out gradients (``grpolab.probes.mse``), as ``grpolab groupsize`` estimates it from a pool; None
+        with fewer than two groups of 3 or more rollouts, or no prompt-sampling variance (sigma_P^2 <= 0)."""
+        local = torch.stack(vectors).double() if vectors else torch.zeros(0, self._width(), dtype=torch.float64)
+        cross = dist_.gram(local.to(self.device), self.world).cpu()  # [M, M], rank order; every rank calls it
+        pairs = dist_.gather_concat(moments, self.world)  # [(position, moments)], rank order
+        if len(pairs) < 2:
+            return None
+        order = torch.tensor(sorted(range(len(pairs)), key=lambda i: pairs[i][0]))  # by position: P-independent
+        c = groupsize_constants([pairs[i][1] for i in order.tolist()], cross[order][:, order])
+        g = optimal_group_size(c)
+        return g if math.isfinite(g) else None
 
 
 def _mean(values: list[float]) -> float | None:
