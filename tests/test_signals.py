@@ -124,3 +124,18 @@ def test_the_online_g_star_is_groupsizes_estimate_on_the_steps_first_groups(tmp_
     assert found["varied"] >= 2, "the comparison needs groups with reward variance"
     assert math.isfinite(found["g_star"]) and found["g_star"] > 1
     assert out.metrics["probe/g_star"] == pytest.approx(found["g_star"], rel=1e-5)
+
+
+def test_no_probe_g_star_leaves_the_spectrum_as_it_was(tmp_path):
+    """--no-probe-g-star: no probe/g_star, and every other probe metric the same as with it."""
+    from helpers import small_cfg
+
+    from grpolab.training.recipe import build_trainer
+
+    rows = []
+    for g_star in (True, False):
+        cfg = small_cfg(tmp_path / f"run{g_star}", probe_every=1, probe_groups=3, seed=0, probe_g_star=g_star)
+        rows.append(build_trainer(cfg).step(1).metrics)
+    assert "probe/g_star" in rows[0] and "probe/g_star" not in rows[1]
+    probe = [k for k in rows[1] if k.startswith("probe/")]
+    assert len(probe) > 5 and all(rows[0][k] == rows[1][k] for k in probe)

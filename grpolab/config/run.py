@@ -84,6 +84,11 @@ class ProbeSection:
     (probe/eff_rank, probe/top1_frac, probe/num_rank); 0 = never. Advantage statistics (probe/adv_*) are logged every step."""
     probe_groups: int = 4
     """Groups (with reward variance) of the step's batch the spectrum probe measures."""
+    probe_g_star: bool = True
+    """With --probe-every: also estimate G*, the group size that minimises the gradient's error at the step's
+    rollout budget, on the step's first --probe-groups groups (probe/g_star) [U-statistic, Thm 7]. It costs each
+    measured group a Gram pass of plain scores (none when the loss weights every token alike) and one backward: about
+    twice the spectrum's time."""
     probe_eps: float = 0.2
     """Threshold of an epsilon-effective rollout, |A_i| > eps [Foundations, Eq. 20]."""
     log_token_credit: int = 0

@@ -102,10 +102,12 @@ class SpectrumProbe(StepObserver):
         world,
         device,
         estimator: str = "grpo",
+        g_star: bool = True,
     ):
         self.model, self.every, self.groups = model, every, groups
         self.aggregation, self.max_len, self.temperature = aggregation, max_len, temperature
         self.world, self.device, self.estimator = world, device, estimator
+        self.g_star = g_star
         self._params: dict | None = None  # see _trained
         self._sketch_dim = 0
 
@@ -115,7 +117,8 @@ class SpectrumProbe(StepObserver):
         t0 = time.perf_counter()
         moments, vectors = [], []
         spectra = dist_.gather_concat(self._spectra(result, moments, vectors), self.world)
-        result.metrics["probe/g_star"] = self._g_star(moments, vectors)
+        if self.g_star:
+            result.metrics["probe/g_star"] = self._g_star(moments, vectors)
         metrics = [m for _, m in sorted(spectra, key=lambda x: x[0])]
         for key, name in (("effective_rank", "eff_rank"), ("top1_fraction", "top1_frac"), ("num_rank", "num_rank")):
             result.metrics[f"probe/{name}"] = _mean([m[key] for m in metrics])
@@ -145,7 +148,7 @@ class SpectrumProbe(StepObserver):
         out = []
         for k, b in enumerate(groups.prompt):
             start, stop = starts[k], starts[k + 1]
-            sampled = position[b] < self.groups and adv.token is None and stop - start >= 3  # in G*'s sample
+            sampled = self.g_star and position[b] < self.groups and adv.token is None and stop - start >= 3
             if position[b] not in live:
                 if sampled:
                     moments.append((position[b], {"O2": 0.0, "H2": 0.0, "mu2": 0.0}))
@@ -320,6 +323,7 @@ def attach_observers(trainer) -> None:
                 world,
                 device,
                 estimator=cfg.objective.estimator,
+                g_star=cfg.probe.probe_g_star,
             )
         )
     if cfg.probe.log_token_credit:
