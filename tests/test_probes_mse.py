@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -421,7 +422,10 @@ def test_sweep_validates_and_runs_end_to_end(tmp_path):
         out=str(tmp_path / "sw"),
         progress=False,
     )
-    report = run_sweep(cfg, log=lambda *a: None)
+    # G = 2 alone with --jobs 1 (in this process), then both with --jobs 2: only G = 4 is left, run in a worker process
+    first = run_sweep(dataclasses.replace(cfg, group_sizes=(2,)), log=lambda *a: None)
+    report = run_sweep(dataclasses.replace(cfg, jobs=2), log=lambda *a: None)
+    assert [r for r in report["runs"] if r["G"] == 2] == first["runs"]
     assert [(t["G"], t["B"]) for t in report["table"]] == [(2, 2), (4, 1)]
     assert {(r["G"], r["seed"]) for r in report["runs"]} == {(2, 0), (4, 0)}
     assert (tmp_path / "sw" / "sweep.png").is_file()

@@ -107,7 +107,7 @@ def _one_run(cfg: TrainConfig) -> str:
 
     from grpolab.training.recipe import train
 
-    hf_logging.disable_progress_bar()  # a fresh (spawned) process: HF's per-load bars would interleave
+    hf_logging.disable_progress_bar()  # HF's per-load bars would interleave with the sweep's own lines
 
     t0 = time.perf_counter()
     resume = (Path(cfg.run.out) / "checkpoints").is_dir()
@@ -159,14 +159,14 @@ def _run_missing(cfg: SweepConfig, out: Path, jobs: list[tuple[int, int]], log) 
     t0 = time.perf_counter()
     if todo:
         log(f"{len(todo)} of {len(jobs)} runs to do, {cfg.jobs} at a time")
-    if todo and cfg.jobs == 1:  # one at a time: in this process, without starting one (and importing torch)
-        for i, c in enumerate(todo, 1):
-            log(f"[{i}/{len(todo)}] done: {_one_run(c)}")
-    elif todo:
-        with cf.ProcessPoolExecutor(max_workers=cfg.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(_one_run, c) for c in todo]
-            for i, fut in enumerate(cf.as_completed(futures), 1):
-                log(f"[{i}/{len(todo)}] done: {fut.result()}")
+        if cfg.jobs == 1:  # one at a time: in this process, without starting one (and importing torch)
+            for i, c in enumerate(todo, 1):
+                log(f"[{i}/{len(todo)}] done: {_one_run(c)}")
+        else:
+            with cf.ProcessPoolExecutor(max_workers=cfg.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                futures = [pool.submit(_one_run, c) for c in todo]
+                for i, fut in enumerate(cf.as_completed(futures), 1):
+                    log(f"[{i}/{len(todo)}] done: {fut.result()}")
     return time.perf_counter() - t0
 
 
