@@ -314,7 +314,12 @@ VARIANTS = [
 # --group-size-control rank: G doubles (B halves) when the probe's rank falls, the same decision on every rank
 CONTROL = [*KL_MU, "--probe-every", "1", "--probe-groups", "2", "--group-size-control", "rank"]
 CONTROL += ["--control-patience", "1", "--control-share", "0.9"]
+# CISPO (the weight truncated close to 1 so that mu = 2's second pass truncates some) with the off-policy mask
+# (whose drift statistic is per rollout), and SAPO's gate; KL, ratios and micro-batches as in the reference pair
+CISPO = [*KL_MU, "--loss-type", "cispo", "--cispo-cap", "1.001", "--off-policy-mask-threshold", "0.0001"]
+SAPO = [*KL_MU, "--loss-type", "sapo", "--sapo-temperature-neg", "2"]
 CASES = {"filter": _sampling("filter"), "adaptive": _sampling("adaptive"), "variants": VARIANTS, "control": CONTROL}
+CASES |= {"cispo": CISPO, "sapo": SAPO}
 TWO.update({case: (4 if case == "control" else 2, args) for case, args in CASES.items()})
 
 
@@ -348,3 +353,11 @@ def test_the_rank_controlled_group_size_on_two_processes_equals_one_process(tmp_
     rows = _one_and_two_processes_agree(tmp_path, runs, "control", monkeypatch)
     sizes = [r["control/group_size"] for r in rows]
     assert sizes[0] == 4 and sizes[-1] == 8, sizes  # the group size changed within the run (16 rollouts, B 4 -> 2)
+
+
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo"])
+def test_cispo_and_sapo_on_two_processes_equal_one_process(tmp_path, runs, monkeypatch, loss_type):
+    rows = _one_and_two_processes_agree(tmp_path, runs, loss_type, monkeypatch)
+    assert any(r["loss/ratio_mean"] != 1.0 for r in rows), "the second pass must be off-policy for the test to bite"
+    if loss_type == "cispo":
+        assert any(r["loss/clip_frac"] > 0 for r in rows), "some weights must be truncated"

@@ -31,6 +31,8 @@ def _aggregate_by_hand(per_token: torch.Tensor, mask: torch.Tensor, mode: str, T
         return torch.stack([(per_token[i] * m[i]).sum() / m[i].sum() for i in range(len(m))]).mean()
     if mode == "token-mean":
         return (per_token * m).sum() / m.sum()
+    if mode == "seq-mean-token-sum":
+        return torch.stack([(per_token[i] * m[i]).sum() for i in range(len(m))]).mean()
     return (per_token * m).sum() / (len(m) * T)
 
 

@@ -206,3 +206,146 @@ def test_variant_loss_and_gradient_equal_trl(setup, variant_trainers, name):
     for a, b in zip(our_grad, trl_grad):
         if a is not None and b is not None:
             assert torch.allclose(a, b, atol=1e-5)
+
+
+# ---------------------------------------------------------------- the objectives TRL added (float64)
+
+# name: (TRL's GRPOConfig options, grpolab's policy_loss options). Ratios away from 1 (old log-probs shifted per
+# token), so each term's off-policy shape is what is compared; at ratio 1 they all have GRPO's gradient.
+OBJECTIVES = {
+    "cispo": (dict(loss_type="cispo", epsilon_high=1.2), dict(loss_type="cispo", cispo_cap=1.2, agg="token-mean")),
+    # TRL's default epsilon_high (= epsilon = 0.2) is CISPO's cap itself: every weight is truncated to 0.2
+    "cispo-trl-default": (dict(loss_type="cispo"), dict(loss_type="cispo", cispo_cap=0.2, agg="token-mean")),
+    "sapo": (dict(loss_type="sapo"), dict(loss_type="sapo", agg="seq-mean-token-mean")),
+    "luspo": (
+        dict(loss_type="luspo", importance_sampling_level="sequence"),
+        dict(loss_type="luspo", importance_sampling="sequence", agg="seq-mean-token-sum"),
+    ),
+    "luspo-token": (dict(loss_type="luspo"), dict(loss_type="luspo", agg="seq-mean-token-sum")),
+    "vespo": (dict(loss_type="vespo"), dict(loss_type="vespo", agg="token-mean")),
+    "off-policy-mask": (
+        dict(loss_type="grpo", off_policy_mask_threshold=0.05),
+        dict(off_policy_threshold=0.05, agg="seq-mean-token-mean"),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def float64_setup():
+    """The built-in model in float64 and a sampled batch of 8 rollouts (4 prompts x 2)."""
+    policy = load_policy("builtin")
+    policy.model.double()
+    prompts = [policy.prompt_ids({"question": q}) for q in ("12+7-3", "23*7", "45-(12+7)", "161/7")]
+    batch = sample(
+        policy.model,
+        [p for p in prompts for _ in range(2)],
+        [(13, i) for i in range(8)],
+        max_new_tokens=12,
+        temperature=1.0,
+        top_p=1.0,
+        eos_id=policy.eos_id,
+        pad_id=policy.pad_id,
+    )
+    return policy, batch
+
+
+def _trl_trainer(policy, tmp_path, **options):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    cfg = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=2,
+        max_completion_length=12,
+        beta=0.0,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        gradient_checkpointing=False,
+        **options,
+    )
+    trainer = GRPOTrainer(
+        model=policy.model,
+        reward_funcs=lambda completions, **k: [0.0] * len(completions),
+        args=cfg,
+        train_dataset=Dataset.from_list([{"prompt": "1+1\n"}] * 8),
+        processing_class=policy.tokenizer,
+    )
+    trainer.current_gradient_accumulation_steps = 1  # set by TRL's training loop; one step, no accumulation
+    return trainer
+
+
+def _float64_logprobs(trainer, batch):
+    """Make ``trainer``'s compute_loss score the completions in float64.
+
+    TRL's forward runs the LM head fused (transformers' ``fused_lm_head``) and returns float32 log-probs whatever
+    the model's dtype, so its loss carries float32 rounding (about 1e-7 relative) before any objective is applied.
+    Its own forward is still run and checked against grpolab's to float32 rounding; then grpolab's float64
+    log-probs of the same model and batch (a forward of their own, with their own graph) replace it, so what the
+    comparison measures is the objective: TRL's compute_loss from the log-probs on against grpolab's policy_loss.
+    """
+    forward = trainer._get_per_token_logps_and_entropies
+
+    def in_float64(model, *args, **kwargs):
+        logps, entropies, aux = forward(model, *args, **kwargs)
+        ours = completion_logprobs(model, batch)
+        m = batch.completion_mask.bool()
+        assert (logps.double()[m] - ours[m]).abs().max() < 1e-5  # TRL's fp32 head: the same log-probs, rounded
+        return ours, entropies, aux
+
+    trainer._get_per_token_logps_and_entropies = in_float64
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp(min=1e-300))
+
+
+@pytest.mark.parametrize("name", list(OBJECTIVES))
+@pytest.mark.slow
+def test_each_objective_s_loss_and_gradient_equal_trl_s_in_float64(float64_setup, tmp_path, name):
+    from grpolab.algo.loss import TermParams
+
+    policy, batch = float64_setup
+    model = policy.model
+    trl_options, ours_options = OBJECTIVES[name]
+    trainer = _trl_trainer(policy, tmp_path, **trl_options)
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.train()
+    with torch.no_grad():
+        logp0 = completion_logprobs(model, batch)
+    g = torch.Generator().manual_seed(7)
+    old = (logp0 + 0.3 * torch.randn(logp0.shape, generator=g, dtype=torch.float64)).detach()
+    adv = torch.tensor([0.5, -0.5, 1.0, -1.0, 0.3, -0.3, 0.0, 0.7], dtype=torch.float64)
+    mask = batch.completion_mask
+    inputs = {
+        "prompt_ids": batch.prompt_ids,
+        "prompt_mask": batch.prompt_mask,
+        "completion_ids": batch.completion_ids,
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": old,
+        "num_items_in_batch": mask.sum(),
+    }
+    _float64_logprobs(trainer, batch)
+    trl_loss = trainer._compute_loss(model, inputs)
+    assert trl_loss.dtype == torch.float64
+    trl_grad = torch.autograd.grad(trl_loss, params)
+
+    opts = dict(ours_options)
+    aggregation = opts.pop("agg")
+    cap = opts.pop("cispo_cap", 5.0)
+    logp = completion_logprobs(model, batch)
+    ours, st = policy_loss(logp, old, adv, mask, aggregation=aggregation, params=TermParams(cispo_cap=cap), **opts)
+    our_grad = torch.autograd.grad(ours, params, retain_graph=True)
+    assert abs(ours.item() - trl_loss.item()) <= 1e-6 * abs(trl_loss.item())
+    for a, b in zip(our_grad, trl_grad):
+        assert _relative(a, b) <= 1e-6
+    # the comparison is not vacuous: the objective's gradient differs from the plain clipped one's (GRPO's, the
+    # default aggregation: luspo differs from it by its aggregation alone)
+    plain, _ = policy_loss(logp, old, adv, mask, aggregation="seq-mean-token-mean" if "luspo" in name else aggregation)
+    plain_grad = torch.autograd.grad(plain, params)
+    assert max(_relative(a, b) for a, b in zip(our_grad, plain_grad)) > 1e-3
+    if name == "cispo":
+        assert 0 < st["clip_frac"].item() < 1, "some weights must be truncated, some not"

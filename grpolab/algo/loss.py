@@ -22,15 +22,53 @@ Variants (each off by default):
   (``delta > 1 + clip_high``, so positive advantages are unaffected).
 - ``token_weights`` ``[N, T]``: multiplies the per-token policy term (not the KL term),
   e.g. the 0/1 mask of the highest-entropy tokens (:func:`high_entropy_mask`).
+- ``off_policy_threshold`` (DeepSeek-V3.2's off-policy sequence mask): a rollout with a negative
+  advantage whose mean per-token log pi_sampling - log pi exceeds the threshold carries no policy term
+  (:func:`off_policy_mask`).
+
+The per-token policy term itself is one of ``loss_type`` (:func:`policy_term`; docs/loss-variants.md has each
+formula and its source):
+
+- ``clip`` (the default): PPO/GRPO's clipped surrogate above;
+- ``cispo`` (MiniMax-M1): ``sg(min(ratio, cispo_cap)) * A * logp``: the importance weight is truncated and
+  detached, so every token keeps a gradient (``min(ratio, cap) * A * grad logp``) however far its ratio ran;
+- ``sapo`` (Qwen's SAPO): ``(4 / tau) * sigmoid(tau * (ratio - 1)) * A``, a smooth gate in place of the clip
+  (tau_pos for A > 0, tau_neg otherwise); its gradient at ratio 1 is GRPO's;
+- ``luspo``: the clipped surrogate summed over each rollout's tokens (aggregation ``seq-mean-token-sum``): GSPO's
+  sequence loss scaled by the rollout's length (the caller picks the aggregation: ObjectiveSection.loss_aggregation);
+- ``vespo``: ``sg(phi(w)) * A * logp`` with w = prod_t ratio_t the rollout's whole importance weight and
+  ``phi(w) = exp(lambda + k log w - lambda w)`` (k, lambda by the advantage's sign; phi(1) = 1).
+
+At ratio 1 (the first pass of a step, mu = 1) every one of them has GRPO's gradient ``A grad logp`` per token
+(cispo: when cispo_cap >= 1); they differ only once the weights have moved (mu > 1, or a sampler that computes
+other probabilities).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
-from grpolab.algo.names import AGGREGATIONS, IMPORTANCE_SAMPLING, KL_ESTIMATORS  # noqa: F401 - re-exported
+from grpolab.algo.names import AGGREGATIONS, IMPORTANCE_SAMPLING, KL_ESTIMATORS, LOSS_TYPES  # noqa: F401 - re-exported
+
+
+@dataclasses.dataclass(frozen=True)
+class TermParams:
+    """The constants of the policy terms other than ``clip`` (defaults: TRL's, except ``cispo_cap``)."""
+
+    cispo_cap: float = 5.0
+    """cispo: the importance weight's upper bound (MiniMax-M1's 1 + eps_high^IS; TRL's ``epsilon_high`` under
+    ``loss_type="cispo"``, whose docs recommend 5, as ScaleRL does). No lower bound, as in MiniMax-M1."""
+    sapo_temperature_pos: float = 1.0
+    """sapo: the gate's temperature for tokens with A > 0."""
+    sapo_temperature_neg: float = 1.05
+    """sapo: the gate's temperature for tokens with A <= 0 (SAPO: higher, so negative tokens' gates fall faster)."""
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
@@ -59,7 +97,8 @@ def aggregate(
     - ``seq-mean-token-mean``: (1/num_seqs) sum_i (sum_t m_it v_it / sum_t m_it)
       (GRPO's length normalisation, [RLVR essay, Sec. 3.3]);
     - ``token-mean``: sum_it m_it v_it / num_tokens;
-    - ``seq-mean-token-sum-norm``: sum_it m_it v_it / (num_seqs * max_len) (Dr. GRPO).
+    - ``seq-mean-token-sum-norm``: sum_it m_it v_it / (num_seqs * max_len) (Dr. GRPO);
+    - ``seq-mean-token-sum``: sum_it m_it v_it / num_seqs (LUSPO: each rollout's terms summed, not averaged).
 
     ``num_seqs`` and ``num_tokens`` default to this batch's; pass the whole
     batch's when ``values`` is one micro-batch of it. A rollout with no tokens
@@ -77,6 +116,8 @@ def aggregate(
     if mode == "seq-mean-token-sum-norm":
         T = values.shape[1] if max_len is None else max_len
         return masked.sum() / (n * T)
+    if mode == "seq-mean-token-sum":
+        return masked.sum() / n
     raise ValueError(f"unknown aggregation {mode!r}; choose from {AGGREGATIONS}")
 
 
@@ -104,6 +145,8 @@ def aggregation_weights(
         return m / max(float(m.sum() if num_tokens is None else num_tokens), 1.0)
     if mode == "seq-mean-token-sum-norm":
         return m / float(n * (max_len or mask.shape[1]))
+    if mode == "seq-mean-token-sum":
+        return m / n
     if mode == "sum":
         return m
     raise ValueError(f"unknown aggregation {mode!r}; choose from {AGGREGATIONS}")
@@ -174,43 +217,136 @@ def policy_loss(
     clip_delta: float | None = None,
     token_weights: torch.Tensor | None = None,
     token_values: bool = False,
+    loss_type: str = "clip",
+    params: TermParams = TermParams(),
+    off_policy_threshold: float | None = None,
+    sampling_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO loss (and the variants of the module docstring).
 
     Args:
-        logp, old_logp, ref_logp, mask: ``[N, T]`` completion-token log-probs
-            under the current, sampling-time and reference policies; ``mask`` 1 on
-            real completion tokens.
+        logp, old_logp, ref_logp, mask: ``[N, T]`` completion-token log-probs under the current, sampling-time
+            and reference policies; ``mask`` 1 on real completion tokens.
         advantages: ``[N]`` (one per rollout, broadcast over tokens) or ``[N, T]``.
         num_seqs, num_tokens: whole-batch normalisers when this is a micro-batch.
-        importance_sampling: ``"token"`` or ``"sequence"`` (GSPO).
-        clip_delta: cap on the unclipped ratio (two-sided clipping); None = off.
-        token_weights: ``[N, T]`` factors of the per-token policy term; None = all 1.
-        token_values: also return the per-token values the loss used (below).
+        importance_sampling: ``"token"`` or ``"sequence"`` (GSPO); clip_delta: the unclipped ratio's cap (None: off).
+        token_weights: ``[N, T]`` factors of the policy term (None: 1); token_values: return the loss's token values.
+        loss_type, params, off_policy_threshold: :func:`policy_term`, its constants, :func:`off_policy_mask`'s.
 
     Returns:
-        ``(loss, stats)``; ``stats`` has ``policy`` (the clipped surrogate part),
-        ``kl`` (mean per-token KL), ``clip_frac`` (share of tokens where the
-        clipped branch was taken) and ``ratio_mean``. All stats are token means
-        over unmasked tokens of this batch, detached. With ``token_values``, also the
-        ``[N, T]`` values the loss used per token (:func:`_token_values`).
+        ``(loss, stats)``; ``stats``: ``policy`` (the policy term's part), ``kl`` (mean per-token KL), ``clip_frac``
+        (tokens where the clipped branch was taken; cispo: the weight truncated), ``ratio_mean``: token means over
+        the batch's unmasked tokens, detached; with ``token_values``, :func:`_token_values`.
     """
     _check_shapes(logp=logp, old_logp=old_logp, mask=mask)
     if advantages.dim() == 1:
         advantages = advantages[:, None]  # [N, 1]: the same credit for every token [Foundations, Thm 3.1]
     advantages = advantages.to(logp.dtype)
     ratio = importance_ratio(logp, old_logp, mask, importance_sampling)  # [N, T] or [N, 1]
-    surrogate, clipped_taken = clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_delta)  # [N, T]
+    surrogate, clipped_taken = policy_term(
+        loss_type, logp, old_logp, advantages, mask, ratio, clip_low, clip_high, clip_delta, params
+    )  # [N, T]
+    if off_policy_threshold is not None:
+        sampled = old_logp if sampling_logp is None else sampling_logp  # [N, T] what the sampler scored
+        token_weights = _with_off_policy_mask(token_weights, off_policy_threshold, advantages, logp, sampled, mask)
     if token_weights is not None:
         surrogate = surrogate * token_weights.to(surrogate.dtype)
     kl_tok = _kl_term(logp, ref_logp, kl) if beta != 0.0 else None  # [N, T]
-    per_token = -surrogate if kl_tok is None else -surrogate + beta * kl_tok
     norms = dict(max_len=max_len, num_seqs=num_seqs, num_tokens=num_tokens)
-    loss = aggregate(per_token, mask, aggregation, **norms)
+    loss = aggregate(-surrogate if kl_tok is None else -surrogate + beta * kl_tok, mask, aggregation, **norms)
     with torch.no_grad():
         policy = aggregate(-surrogate, mask, aggregation, **norms)
         values = _token_values(ratio, clipped_taken, advantages, mask) if token_values else {}
         return loss, _token_stats(policy, kl_tok, clipped_taken, ratio, mask.to(logp.dtype)) | values
+
+
+def policy_term(
+    loss_type: str,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    ratio: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    clip_delta: float | None,
+    params: TermParams,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-token policy term to maximise ``[N, T]`` of ``loss_type`` and where it was clipped (truncated): the
+    one dispatch over the objectives of the module docstring. ``ratio``: :func:`importance_ratio`'s."""
+    if loss_type in ("clip", "luspo"):  # luspo differs by its aggregation only
+        return clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_delta)
+    if loss_type == "cispo":
+        return cispo_term(ratio, logp, advantages, params.cispo_cap)
+    if loss_type == "sapo":
+        return sapo_term(ratio, advantages, params.sapo_temperature_pos, params.sapo_temperature_neg)
+    if loss_type == "vespo":
+        phi = vespo_weight(logp - old_logp, mask, advantages, params)  # [N, 1] (or [N, T] per-token advantages)
+        return phi * advantages * logp, torch.zeros_like(logp, dtype=torch.bool)
+    raise ValueError(f"unknown loss type {loss_type!r}; choose from {LOSS_TYPES}")
+
+
+def cispo_term(
+    ratio: torch.Tensor, logp: torch.Tensor, advantages: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO [MiniMax-M1, Eq. 4]: ``sg(min(ratio, cap)) * A * logp`` ``[N, T]``, and where the weight was truncated
+    (``ratio > cap``). The weight is a constant to autograd: the gradient is ``min(ratio, cap) * A * grad logp`` on
+    every token, the clipped ones included (PPO's clip zeroes theirs)."""
+    weight = torch.clamp(ratio, max=cap).detach()
+    return weight * advantages * logp, (ratio > cap).expand_as(logp)
+
+
+def sapo_term(
+    ratio: torch.Tensor, advantages: torch.Tensor, tau_pos: float, tau_neg: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SAPO's soft gate: ``(4 / tau) * sigmoid(tau * (ratio - 1)) * A`` ``[N, T]``, tau = ``tau_pos`` where A > 0,
+    else ``tau_neg``. d/dratio = 4 s (1 - s) A (s the sigmoid): A at ratio 1 (GRPO's gradient), falling smoothly
+    to 0 as the ratio leaves 1, faster for larger tau. Nothing is clipped (the flag is all False)."""
+    tau = _by_sign(advantages > 0, tau_pos, tau_neg, ratio.dtype)
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
+    term = gate * advantages
+    return term, torch.zeros_like(term, dtype=torch.bool)
+
+
+@torch.no_grad()
+def vespo_weight(
+    log_ratio: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, params: TermParams
+) -> torch.Tensor:
+    """VESPO's gamma weight ``phi(w) = exp(lambda + k log w - lambda w)`` of the rollout's importance weight
+    ``w = exp(sum_t log_ratio_t)`` (a product over its tokens, not GSPO's geometric mean), detached: ``[N, 1]``
+    (``[N, T]`` for per-token advantages). k, lambda are the ``_pos`` constants where A >= 0, else ``_neg``;
+    phi(1) = 1, and phi falls off on both sides (as w^k below 1, as exp(-lambda w) above). As TRL computes it:
+    each token's log-ratio clamped to [-20, 20], log w to [log 1e-8, 20], a non-finite phi set to 0."""
+    m = mask.to(log_ratio.dtype)
+    log_w = (log_ratio.clamp(-20.0, 20.0) * m).sum(-1, keepdim=True).clamp(math.log(1e-8), 20.0)  # [N, 1]
+    nonneg = advantages >= 0
+    k = _by_sign(nonneg, params.vespo_k_pos, params.vespo_k_neg, log_w.dtype)
+    lam = _by_sign(nonneg, params.vespo_lambda_pos, params.vespo_lambda_neg, log_w.dtype).clamp(min=1e-4)
+    return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _by_sign(positive: torch.Tensor, if_pos: float, if_not: float, dtype: torch.dtype) -> torch.Tensor:
+    """``if_pos`` where ``positive``, else ``if_not``, in ``dtype`` (torch.where of two Python floats would round
+    them to float32 first)."""
+    return torch.where(positive, torch.tensor(if_pos, dtype=dtype), torch.tensor(if_not, dtype=dtype))
+
+
+def off_policy_mask(
+    advantages: torch.Tensor, logp: torch.Tensor, sampling_logp: torch.Tensor, mask: torch.Tensor, threshold: float
+) -> torch.Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask [DeepSeek-V3.2, Eq. 9]: 0 for a rollout with A < 0 whose mean
+    per-token ``sampling_logp - logp`` (an estimate of KL(pi_sampling || pi)) exceeds ``threshold``, else 1:
+    ``[N, 1]`` (``[N, T]`` for per-token advantages), detached. Tokens whose sampler log-prob is NaN count 0."""
+    m = mask.to(logp.dtype)
+    gap = torch.nan_to_num(sampling_logp - logp.detach(), nan=0.0)  # [N, T]
+    mean_gap = (gap * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)  # [N, 1]
+    return ((advantages >= 0) | (mean_gap <= threshold)).to(logp.dtype)
+
+
+def _with_off_policy_mask(token_weights, threshold, advantages, logp, sampled, mask):
+    """``token_weights`` (None: all 1) times :func:`off_policy_mask` against the sampler's log-probs ``sampled``."""
+    keep = off_policy_mask(advantages, logp, sampled, mask, threshold)  # [N, 1]
+    return keep if token_weights is None else token_weights * keep
 
 
 def _kl_term(logp: torch.Tensor, ref_logp: torch.Tensor | None, kind: str) -> torch.Tensor:

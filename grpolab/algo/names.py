@@ -10,6 +10,8 @@ CREDITS = ("grpo", "rtg-group", "rtg-mc")
 CORRECTIONS = ("none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
 """``--engine-correction``: how the sampler/trainer mismatch is reweighted (grpolab.algo.engine_correction)."""
 KL_ESTIMATORS = ("k1", "k2", "k3")
-AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
+AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum")
 """``--aggregation``: how per-token terms combine (grpolab.algo.loss.aggregate)."""
 IMPORTANCE_SAMPLING = ("token", "sequence")
+LOSS_TYPES = ("clip", "cispo", "sapo", "luspo", "vespo")
+"""``--loss-type``: the per-token policy term (grpolab.algo.loss.policy_term)."""

@@ -12,6 +12,7 @@ from grpolab.algo.names import (
     ESTIMATORS,
     IMPORTANCE_SAMPLING,
     KL_ESTIMATORS,
+    LOSS_TYPES,
     SCALES,
 )
 from grpolab.config.fields import bad, check_counts
@@ -34,8 +35,38 @@ class ObjectiveSection:
     state) or 'rtg-mc' (reward-to-go minus a Monte Carlo value of the turn's state from --branches continuations)."""
     branches: int = 4
     """rtg-mc: continuations branched from each visited state to estimate its value."""
-    aggregation: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = "seq-mean-token-mean"
-    """How per-token terms combine (grpolab.algo.loss.aggregate); the last is Dr. GRPO."""
+    aggregation: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"] = (
+        "seq-mean-token-mean"
+    )
+    """How per-token terms combine (grpolab.algo.loss.aggregate): seq-mean-token-mean is GRPO's (TRL's grpo), token-mean
+    DAPO's (TRL's dapo/bnpo/cispo/vespo), seq-mean-token-sum-norm Dr. GRPO's, seq-mean-token-sum LUSPO's."""
+    loss_type: Literal["clip", "cispo", "sapo", "luspo", "vespo"] = "clip"
+    """The per-token policy term (grpolab.algo.loss.policy_term; docs/loss-variants.md): clip (PPO/GRPO's clipped
+    ratio), cispo (the importance weight truncated at --cispo-cap and detached, times A log pi: MiniMax-M1), sapo
+    (a smooth sigmoid gate in place of the clip: Qwen's SAPO), luspo (the clipped term summed over each rollout's
+    tokens, i.e. --aggregation seq-mean-token-sum; the paper uses it with --importance-sampling sequence), vespo
+    (a gamma-shaped weight of the rollout's importance weight, times A log pi). Their aggregation stays
+    --aggregation's (TRL aggregates cispo and vespo as token-mean, sapo as seq-mean-token-mean)."""
+    cispo_cap: float = 5.0
+    """cispo: the importance weight's upper bound (TRL's epsilon_high under loss_type='cispo'; 5 as TRL's docs and
+    ScaleRL recommend). No lower bound."""
+    sapo_temperature_pos: float = 1.0
+    """sapo: the gate's temperature for tokens with a positive advantage (TRL's default)."""
+    sapo_temperature_neg: float = 1.05
+    """sapo: the gate's temperature for the others (TRL's default)."""
+    vespo_k_pos: float = 2.0
+    """vespo: the power k of phi(w) = exp(lambda + k log w - lambda w) where A >= 0 (TRL's default)."""
+    vespo_lambda_pos: float = 3.0
+    """vespo: lambda of phi where A >= 0 (TRL's default)."""
+    vespo_k_neg: float = 3.0
+    """vespo: k of phi where A < 0 (TRL's default)."""
+    vespo_lambda_neg: float = 2.0
+    """vespo: lambda of phi where A < 0 (TRL's default)."""
+    off_policy_mask_threshold: float = 0.0
+    """DeepSeek-V3.2's off-policy sequence mask: a rollout with a negative advantage whose mean per-token
+    log pi_sampling - log pi (the sampler's log-probs when the engine gives them, else the sampling-time ones)
+    exceeds this carries no policy loss. 0 = off. Acts only once the weights have moved (mu > 1) or the sampler
+    differs from the trainer."""
     clip_low: float = 0.2
     """Ratio clip below: 1 - clip_low."""
     clip_high: float = 0.2
@@ -83,6 +114,7 @@ class ObjectiveSection:
             raise bad("branches", f"rtg-mc needs >= 1 branch, got {self.branches}")
         if self.aggregation not in AGGREGATIONS:
             raise bad("aggregation", f"unknown aggregation {self.aggregation!r}; choose from {AGGREGATIONS}")
+        self._validate_loss_type()
         if self.scale_rewards not in SCALES:
             raise bad("scale_rewards", f"must be one of {SCALES}, got {self.scale_rewards!r}")
         if self.scale_rewards != "group" and self.estimator != "grpo_std":
@@ -107,6 +139,28 @@ class ObjectiveSection:
             raise bad("engine_correction", f"must be one of {CORRECTIONS}, got {self.engine_correction!r}")
         if not self.engine_correction_cap > 1:
             raise bad("engine_correction_cap", f"must be > 1, got {self.engine_correction_cap:g}")
+
+    def _validate_loss_type(self) -> None:
+        if self.loss_type not in LOSS_TYPES:
+            raise bad("loss_type", f"must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+        if self.loss_type == "luspo" and self.aggregation not in ("seq-mean-token-mean", "seq-mean-token-sum"):
+            raise bad("aggregation", "luspo sums each rollout's terms (seq-mean-token-sum); leave --aggregation out")
+        if self.clip_delta and self.loss_type not in ("clip", "luspo"):
+            raise bad("clip_delta", f"caps the clipped ratio of --loss-type clip or luspo, not {self.loss_type}")
+        if self.loss_type == "vespo" and self.engine_correction != "none":
+            raise bad("engine_correction", "vespo would fold the correction into its sequence weight; not built")
+        positive = ("cispo_cap", "sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise bad(name, f"must be > 0, got {getattr(self, name):g}")
+        for name in ("vespo_k_pos", "vespo_k_neg", "off_policy_mask_threshold"):
+            if getattr(self, name) < 0:
+                raise bad(name, f"must be >= 0, got {getattr(self, name):g}")
+
+    @property
+    def loss_aggregation(self) -> str:
+        """The aggregation the loss uses: --aggregation's, or seq-mean-token-sum for luspo."""
+        return "seq-mean-token-sum" if self.loss_type == "luspo" else self.aggregation
 
     @property
     def group_baseline(self) -> bool:

@@ -317,7 +317,7 @@ def attach_observers(trainer) -> None:
                 trainer.policy.model,
                 cfg.probe.probe_every,
                 cfg.probe.probe_groups,
-                cfg.objective.aggregation,
+                cfg.objective.loss_aggregation,
                 cfg.max_policy_tokens,
                 cfg.generation.temperature,
                 world,

@@ -31,6 +31,7 @@ import torch
 
 from grpolab.algo.engine_correction import engine_weights, mismatch
 from grpolab.algo.loss import (
+    TermParams,
     entropy_threshold,
     high_entropy_mask,
     loss_token_mask,
@@ -167,6 +168,7 @@ class Updater:
         )
         self.policy, self.optimizer, self.scheduler, self.world = policy, optimizer, scheduler, world
         self.eos_id, self.reference, self.reference_is_base = eos_id, reference, reference_is_base
+        self.term_params = TermParams(**{f.name: getattr(objective, f.name) for f in dataclasses.fields(TermParams)})
         self.watched: WatchedTokens | None = None
         """The last update's :class:`WatchedTokens` (None unless it was given ``watch`` rows)."""
 
@@ -309,7 +311,7 @@ class Updater:
     ) -> bool:
         """One pass: its loss, backward, and its share of the loss statistics. Returns whether the loss was finite.
         ``first``: the first of the mu optimizer steps (the engine mismatch is measured there)."""
-        obj, train = self.objective, self.policy
+        train = self.policy
         padding = c_i >= plan.real
         sub = select(x.batch, idx)
         with train.sync(c_i == len(plan.chunks) - 1):  # reduce over ranks once, after the last pass
@@ -322,6 +324,7 @@ class Updater:
                 )
                 weights = selection = high_entropy_mask(ent, sub_mask, x.threshold.to(ent.device))
             old = x.old_logp.get(c_i, logp.detach())  # [n, T] the trainer's log-probs at sampling time
+            sampler = None  # the rollout engine's log-probs of these rows, when it gave them
             if x.sampler_logp is not None and not padding:
                 sampler = x.sampler_logp[idx.cpu(), : sub_mask.shape[1]].to(old.device)  # [n, T]
                 correction = self._correction(old, sampler, sub_mask)
@@ -331,25 +334,7 @@ class Updater:
                     self._count_mismatch(old, sampler, sub_mask, correction, sums)
             adv = _rows_adv(x.adv, idx, sub_mask.shape[1])  # [n] or [n, T]
             watching = x.watched is not None and not padding
-            loss, st = policy_loss(
-                logp,
-                old,
-                adv,
-                sub_mask,
-                clip_low=obj.clip_low,
-                clip_high=obj.clip_high,
-                ref_logp=x.ref_logp.get(c_i),
-                beta=obj.beta,
-                kl=obj.kl,
-                aggregation=obj.aggregation,
-                max_len=self.max_policy_tokens,
-                num_seqs=x.num_seqs,
-                num_tokens=x.num_tokens,
-                importance_sampling=obj.importance_sampling,
-                clip_delta=obj.clip_delta or None,
-                token_weights=weights,
-                token_values=watching,  # --log-token-credit records the loss's own per-token values
-            )
+            loss, st = self._loss(logp, old, adv, sub_mask, x, c_i, weights, sampler, watching)
             if watching:
                 self._keep_watched(x.watched, idx, logp.detach(), st, sub_mask, selection, first)
             if padding:
@@ -360,6 +345,34 @@ class Updater:
         if not padding:
             self._add_stats(sums, loss, st, float(sub_mask.sum()))
         return finite
+
+    def _loss(self, logp, old, adv, mask, x: _Inputs, c_i: int, weights, sampler, watching: bool):
+        """The pass's policy loss (grpolab.algo.loss.policy_loss) with the run's objective and the step's
+        normalisers; ``watching``: with the per-token values --log-token-credit records."""
+        obj = self.objective
+        return policy_loss(
+            logp,
+            old,
+            adv,
+            mask,
+            clip_low=obj.clip_low,
+            clip_high=obj.clip_high,
+            ref_logp=x.ref_logp.get(c_i),
+            beta=obj.beta,
+            kl=obj.kl,
+            aggregation=obj.loss_aggregation,
+            max_len=self.max_policy_tokens,
+            num_seqs=x.num_seqs,
+            num_tokens=x.num_tokens,
+            importance_sampling=obj.importance_sampling,
+            clip_delta=obj.clip_delta or None,
+            token_weights=weights,
+            token_values=watching,
+            loss_type=obj.loss_type,
+            params=self.term_params,
+            off_policy_threshold=obj.off_policy_mask_threshold or None,
+            sampling_logp=sampler,
+        )
 
     def _add_stats(self, sums: dict, loss: torch.Tensor, st: dict, n_tok: float) -> None:
         """A pass's share of the step's loss statistics (means over the mu passes; token sums for token means)."""

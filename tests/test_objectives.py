@@ -1,0 +1,251 @@
+"""The policy terms other than the clipped ratio (--loss-type cispo, sapo, luspo, vespo) and DeepSeek-V3.2's off-policy
+sequence mask, each against values computed here by hand, element by element, from the papers' formulas; and
+micro-batches of any size giving the whole batch's gradient for each. (Against TRL's own loss: test_vs_trl.py.)"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grpolab.algo.loss import (
+    LOSS_TYPES,
+    TermParams,
+    aggregate,
+    cispo_term,
+    off_policy_mask,
+    policy_loss,
+    sapo_term,
+    vespo_weight,
+)
+from grpolab.config.train import ConfigError, TrainConfig
+
+
+def _random(seed: int, N: int = 6, T: int = 7, spread: float = 0.3):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(N, T, generator=g, dtype=torch.float64) * 3
+    logp = (old + spread * torch.randn(N, T, generator=g, dtype=torch.float64)).requires_grad_(True)
+    lengths = torch.randint(1, T + 1, (N,), generator=g)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+    adv = torch.randn(N, generator=g, dtype=torch.float64)
+    return logp, old, mask, adv
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+# ---------------------------------------------------------------- each term by hand
+
+
+def test_cispo_term_hand_computed():
+    # three tokens: ratio 0.5 (kept), 1.0 (kept), 3.0 (truncated at cap 2)
+    logp = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float64, requires_grad=True)
+    ratio = torch.tensor([[0.5, 1.0, 3.0]], dtype=torch.float64)
+    adv = torch.tensor([[2.0]], dtype=torch.float64)
+    term, truncated = cispo_term(ratio, logp, adv, cap=2.0)
+    assert term.tolist() == [[0.5 * 2 * -1.0, 1.0 * 2 * -2.0, 2.0 * 2 * -0.5]]
+    assert truncated.tolist() == [[False, False, True]]
+    term.sum().backward()  # the weight is a constant: d/dlogp = min(ratio, cap) * A, the truncated token included
+    assert logp.grad.tolist() == [[1.0, 2.0, 4.0]]
+
+
+def test_sapo_term_hand_computed_and_its_gradient_at_ratio_one_is_grpo_s():
+    ratio = torch.tensor([[0.7, 1.0, 1.4], [0.7, 1.0, 1.4]], dtype=torch.float64, requires_grad=True)
+    adv = torch.tensor([[1.5], [-0.5]], dtype=torch.float64)
+    tp, tn = 1.0, 1.05
+    term, clipped = sapo_term(ratio, adv, tp, tn)
+    for i, (a, tau) in enumerate([(1.5, tp), (-0.5, tn)]):
+        for t, r in enumerate([0.7, 1.0, 1.4]):
+            assert term[i, t].item() == pytest.approx(4 / tau * _sigmoid(tau * (r - 1)) * a, rel=1e-14)
+    assert not clipped.any()
+    term.sum().backward()
+    for i, (a, tau) in enumerate([(1.5, tp), (-0.5, tn)]):
+        for t, r in enumerate([0.7, 1.0, 1.4]):
+            s = _sigmoid(tau * (r - 1))
+            assert ratio.grad[i, t].item() == pytest.approx(4 * s * (1 - s) * a, rel=1e-12)
+    assert ratio.grad[0, 1].item() == pytest.approx(1.5, rel=1e-14)  # at ratio 1: A, as GRPO
+    assert ratio.grad[1, 1].item() == pytest.approx(-0.5, rel=1e-14)
+    # the gate fades away from 1: a token far off-policy moves less than one near it
+    assert abs(ratio.grad[0, 2]) < abs(ratio.grad[0, 1]) and abs(ratio.grad[0, 0]) < abs(ratio.grad[0, 1])
+
+
+def test_vespo_weight_hand_computed():
+    p = TermParams()
+    # rollout 0: two tokens, log ratios 0.1 and 0.2 (w = e^0.3), A > 0; rollout 1: one token (second masked), log
+    # ratio -0.4, A < 0; rollout 2: on-policy (w = 1): phi = 1
+    log_ratio = torch.tensor([[0.1, 0.2], [-0.4, 9.0], [0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1], [1, 0], [1, 1]])
+    adv = torch.tensor([[1.0], [-2.0], [0.5]], dtype=torch.float64)
+    phi = vespo_weight(log_ratio, mask, adv, p)
+
+    def by_hand(w: float, k: float, lam: float) -> float:  # phi(w) = e^lam w^k e^(-lam w)
+        return math.exp(lam) * w**k * math.exp(-lam * w)
+
+    assert phi[0, 0].item() == pytest.approx(by_hand(math.exp(0.3), p.vespo_k_pos, p.vespo_lambda_pos), rel=1e-12)
+    assert phi[1, 0].item() == pytest.approx(by_hand(math.exp(-0.4), p.vespo_k_neg, p.vespo_lambda_neg), rel=1e-12)
+    assert phi[2, 0].item() == pytest.approx(1.0, rel=1e-15)
+    assert phi[0, 0] < 1 and phi[1, 0] < 1  # the weight falls off on both sides of w = 1
+
+
+def test_vespo_term_is_phi_times_a_logp_with_phi_detached():
+    logp, old, mask, adv = _random(3, spread=0.05)
+    loss, _ = policy_loss(logp, old, adv, mask, loss_type="vespo", aggregation="token-mean")
+    m = mask.double()
+    expected, grad = 0.0, torch.zeros_like(old)
+    for i in range(len(m)):
+        n = int(m[i].sum())
+        w = math.exp(float((logp.detach()[i, :n] - old[i, :n]).sum()))
+        k, lam = (2.0, 3.0) if adv[i] >= 0 else (3.0, 2.0)
+        phi = math.exp(lam + k * math.log(w) - lam * w)
+        expected += -(phi * adv[i] * logp[i, :n]).sum().item()
+        grad[i, :n] = -phi * adv[i]
+    total = m.sum().item()
+    assert loss.item() == pytest.approx(expected / total, rel=1e-12)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, grad / total, rtol=1e-12, atol=0)
+
+
+def test_luspo_sums_each_rollout_s_clipped_terms():
+    logp, old, mask, adv = _random(4)
+    a = policy_loss(logp, old, adv, mask, loss_type="luspo", aggregation="seq-mean-token-sum", clip_high=0.28)[0]
+    expected = 0.0
+    for i in range(mask.shape[0]):
+        n = int(mask[i].sum())
+        r = torch.exp(logp[i, :n] - old[i, :n])
+        expected += -torch.minimum(r * adv[i], r.clamp(0.8, 1.28) * adv[i]).sum().item()
+    assert a.item() == pytest.approx(expected / mask.shape[0], rel=1e-12)
+    # sequence ratio (the paper's setting): each rollout's term times its length
+    s = policy_loss(
+        logp, old, adv, mask, loss_type="luspo", aggregation="seq-mean-token-sum", importance_sampling="sequence"
+    )[0]
+    expected = 0.0
+    for i in range(mask.shape[0]):
+        n = int(mask[i].sum())
+        r = torch.exp((logp[i, :n] - old[i, :n]).mean())
+        expected += -n * torch.minimum(r * adv[i], r.clamp(0.8, 1.2) * adv[i]).item()
+    assert s.item() == pytest.approx(expected / mask.shape[0], rel=1e-12)
+
+
+def test_seq_mean_token_sum_hand_computed():
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert aggregate(values, mask, "seq-mean-token-sum").item() == pytest.approx((3 + 4) / 2)
+    assert aggregate(values, mask, "seq-mean-token-sum", num_seqs=7).item() == pytest.approx(7 / 7)
+
+
+def test_off_policy_mask_drops_negative_advantages_that_drifted_only():
+    logp = torch.tensor([[-1.0, -1.0], [-1.0, -1.0], [-1.0, -1.0], [-1.0, -1.0]], dtype=torch.float64)
+    sampled = torch.tensor([[-0.2, -0.4], [-0.2, -0.4], [-0.95, -1.0], [-0.2, math.nan]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1], [1, 1], [1, 1], [1, 1]])
+    adv = torch.tensor([[-1.0], [1.0], [-1.0], [-1.0]], dtype=torch.float64)
+    # mean gaps: 0.7, 0.7, 0.025, (0.8 + 0) / 2 = 0.4 (a NaN sampler log-prob counts 0)
+    keep = off_policy_mask(adv, logp, sampled, mask, threshold=0.5)
+    assert keep.tolist() == [[0.0], [1.0], [1.0], [1.0]]
+    assert off_policy_mask(adv, logp, sampled, mask, threshold=0.3).tolist() == [[0.0], [1.0], [1.0], [0.0]]
+
+
+def test_the_off_policy_mask_removes_the_masked_rollout_from_the_loss_and_keeps_the_normaliser():
+    logp, old, mask, adv = _random(6)
+    adv[0] = -abs(adv[0])
+    sampled = old.clone()
+    sampled[0] = logp.detach()[0] + 1.0  # rollout 0 drifted far: mean gap 1 > 0.5
+    masked, _ = policy_loss(logp, old, adv, mask, off_policy_threshold=0.5, sampling_logp=sampled)
+    weights = torch.ones_like(old)
+    weights[0] = 0
+    by_weights, _ = policy_loss(logp, old, adv, mask, token_weights=weights)
+    assert masked.item() == pytest.approx(by_weights.item(), rel=1e-14)
+    unmasked, _ = policy_loss(logp, old, adv, mask, off_policy_threshold=0.5)  # vs old: no gap reaches 0.5 here
+    assert unmasked.item() == pytest.approx(policy_loss(logp, old, adv, mask)[0].item(), rel=1e-14)
+
+
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo", "luspo"])
+def test_at_ratio_one_every_term_has_grpo_s_gradient(loss_type):
+    logp, _, mask, adv = _random(7)
+    agg = "seq-mean-token-sum" if loss_type == "luspo" else "token-mean"
+    ours, _ = policy_loss(logp, logp.detach(), adv, mask, loss_type=loss_type, aggregation=agg)
+    (g_ours,) = torch.autograd.grad(ours, logp)
+    clip, _ = policy_loss(logp, logp.detach(), adv, mask, aggregation=agg)
+    (g_clip,) = torch.autograd.grad(clip, logp)
+    torch.testing.assert_close(g_ours, g_clip, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo"])
+def test_off_policy_the_terms_differ_from_the_clip(loss_type):
+    logp, old, mask, adv = _random(8)
+    (g,) = torch.autograd.grad(policy_loss(logp, old, adv, mask, loss_type=loss_type)[0], logp)
+    (g_clip,) = torch.autograd.grad(policy_loss(logp, old, adv, mask)[0], logp)
+    assert (g - g_clip).abs().max() > 1e-3
+
+
+def test_an_unknown_loss_type_is_refused():
+    logp, old, mask, adv = _random(0)
+    with pytest.raises(ValueError, match="unknown loss type"):
+        policy_loss(logp, old, adv, mask, loss_type="ppo2")
+
+
+# ---------------------------------------------------------------- micro-batches
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("sizes", [[1, 5], [2, 3, 1], [4, 2]])
+def test_micro_batches_of_any_size_give_the_whole_batch_gradient(loss_type, sizes):
+    g = torch.Generator().manual_seed(11)
+    N, T = 6, 7
+    lengths = [7, 2, 3, 1, 5, 4]
+    mask = torch.tensor([[1] * n + [0] * (T - n) for n in lengths])
+    old = torch.randn(N, T, generator=g, dtype=torch.float64) - 2
+    ref = old + 0.5 * torch.randn(N, T, generator=g, dtype=torch.float64)
+    logp0 = old + 0.3 * torch.randn(N, T, generator=g, dtype=torch.float64)
+    sampled = old + 0.5 * torch.rand(N, T, generator=g, dtype=torch.float64)  # some rollouts past the threshold
+    adv = torch.randn(N, generator=g, dtype=torch.float64)
+    aggregation = "seq-mean-token-sum" if loss_type == "luspo" else "token-mean"
+    common = dict(
+        beta=0.04, loss_type=loss_type, aggregation=aggregation, params=TermParams(cispo_cap=1.1), clip_high=0.28
+    )
+    common |= dict(off_policy_threshold=0.2)
+    whole = logp0.clone().requires_grad_(True)
+    loss, _ = policy_loss(whole, old, adv, mask, ref_logp=ref, sampling_logp=sampled, **common)
+    loss.backward()
+    micro = logp0.clone().requires_grad_(True)
+    total, start = 0.0, 0
+    for size in sizes:
+        idx = torch.arange(start, start + size)
+        start += size
+        cols = int(mask[idx].sum(0).nonzero().max()) + 1  # the pass's trailing padding cut, as the trainer's
+        sl = (idx[:, None], torch.arange(cols)[None, :])
+        part, _ = policy_loss(
+            micro[sl], old[sl], adv[idx], mask[sl], ref_logp=ref[sl], sampling_logp=sampled[sl], **common,
+            num_seqs=N, num_tokens=float(mask.sum()),
+        )  # fmt: skip
+        part.backward()
+        total += part.item()
+    assert total == pytest.approx(loss.item(), rel=1e-12)
+    torch.testing.assert_close(micro.grad, whole.grad, rtol=1e-12, atol=1e-15)
+    assert whole.grad.abs().sum() > 0
+
+
+# ---------------------------------------------------------------- the config
+
+
+@pytest.mark.parametrize(
+    "over,field",
+    [
+        (dict(loss_type="ppo"), "loss_type"),
+        (dict(loss_type="luspo", aggregation="token-mean"), "aggregation"),
+        (dict(loss_type="sapo", clip_delta=2.0), "clip_delta"),
+        (dict(loss_type="vespo", engine_correction="token-truncate"), "engine_correction"),
+        (dict(loss_type="cispo", cispo_cap=0.0), "cispo_cap"),
+        (dict(sapo_temperature_neg=-1.0), "sapo_temperature_neg"),
+        (dict(off_policy_mask_threshold=-0.1), "off_policy_mask_threshold"),
+    ],
+)
+def test_invalid_objective_options_name_the_field(over, field):
+    with pytest.raises(ConfigError, match="--" + field.replace("_", "-")):
+        TrainConfig(**over).validate()
+
+
+def test_luspo_aggregates_by_the_rollout_s_sum():
+    assert TrainConfig(loss_type="luspo").objective.loss_aggregation == "seq-mean-token-sum"
+    assert TrainConfig(loss_type="cispo", aggregation="token-mean").objective.loss_aggregation == "token-mean"
