@@ -9,11 +9,14 @@ import math
 import pytest
 import torch
 
+from grpolab.algo.advantages import batch_standardise, normalize_then_sum
+from grpolab.algo.entropy_bonus import EntropyControl, entropy_bonus
 from grpolab.algo.loss import (
     LOSS_TYPES,
     TermParams,
     aggregate,
     cispo_term,
+    effective_aggregation,
     off_policy_mask,
     policy_loss,
     sapo_term,
@@ -247,5 +250,211 @@ def test_invalid_objective_options_name_the_field(over, field):
 
 
 def test_luspo_aggregates_by_the_rollout_s_sum():
-    assert TrainConfig(loss_type="luspo").objective.loss_aggregation == "seq-mean-token-sum"
-    assert TrainConfig(loss_type="cispo", aggregation="token-mean").objective.loss_aggregation == "token-mean"
+    assert effective_aggregation("luspo", "seq-mean-token-mean") == "seq-mean-token-sum"
+    assert effective_aggregation("cispo", "token-mean") == "token-mean"
+
+
+# ---------------------------------------------------------------- GDPO: each reward normalised, then summed
+
+
+def _gdpo_by_hand(components: list[list[float]], weights: list[float], G: int, bessel: bool = False) -> list[float]:
+    """GDPO as TRL's normalize_then_sum computes it, element by element: per group and function (c - mean) /
+    (std + 1e-4), the weighted sum, then (s - mean) / (std + 1e-4) over the batch; ``bessel``: TRL's sample std."""
+    n, K = len(components), len(weights)
+
+    def std(xs):
+        m = sum(xs) / len(xs)
+        return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - (1 if bessel else 0)))
+
+    summed = [0.0] * n
+    for start in range(0, n, G):
+        for k in range(K):
+            col = [components[i][k] for i in range(start, start + G)]
+            m, s = sum(col) / G, std(col)
+            for j, i in enumerate(range(start, start + G)):
+                summed[i] += weights[k] * (col[j] - m) / (s + 1e-4)
+    m, s = sum(summed) / n, std(summed)
+    return [(x - m) / (s + 1e-4) for x in summed]
+
+
+def test_normalize_then_sum_hand_computed():
+    # two groups of 3; function 0 is 0/1, function 1 ten times wider; group 2's function 0 is constant
+    comps = [[1.0, 30.0], [0.0, 10.0], [0.0, 20.0], [1.0, 0.0], [1.0, 40.0], [1.0, 20.0]]
+    weights = [1.0, 0.5]
+    summed = normalize_then_sum(torch.tensor(comps), torch.tensor(weights), [3, 3])
+    adv = batch_standardise(summed, float(summed.sum()), float(summed.pow(2).sum()), 6.0)
+    assert adv.tolist() == pytest.approx(_gdpo_by_hand(comps, weights, 3), rel=1e-9, abs=1e-12)
+    # a function constant within a group adds exactly 0 there: group 2 is moved by function 1 alone
+    g2 = normalize_then_sum(torch.tensor(comps)[3:, 1:], torch.tensor([0.5]), [3])
+    assert torch.equal(summed[3:], g2)
+
+
+def test_normalize_then_sum_with_trl_s_sample_std_differs_by_one_factor():
+    """TRL divides by the sample std (n - 1) at both stages. Within groups of one size G the factor is common to every
+    value and cancels in the batch division; the batch's own, sqrt(n / (n - 1)) over the step's n rollouts, stays:
+    TRL's advantages are grpolab's times sqrt((n - 1) / n) (up to the 1e-4 terms)."""
+    g = torch.Generator().manual_seed(2)
+    comps = torch.cat([torch.randint(0, 2, (32, 1), generator=g), torch.rand(32, 1, generator=g) * 5], dim=1)
+    summed = normalize_then_sum(comps, torch.tensor([1.0, 2.0]), [8] * 4)
+    ours = batch_standardise(summed, float(summed.sum()), float(summed.pow(2).sum()), 32.0)
+    trl = _gdpo_by_hand(comps.tolist(), [1.0, 2.0], 8, bessel=True)
+    assert (ours * math.sqrt(31 / 32)).tolist() == pytest.approx(trl, rel=1e-3, abs=1e-4)
+    assert ours.tolist() != pytest.approx(trl, rel=1e-3, abs=1e-4)
+
+
+def test_a_run_with_normalize_then_sum_credits_gdpo_s_advantages(tmp_path, monkeypatch):
+    """Two reward functions of different spread: the logged advantages are GDPO's of the logged completions' rewards
+    (recomputed here by hand), and not the summed reward's group-normalised ones."""
+    import json
+
+    from helpers import train_cli
+    from reward_fixtures import code_sum_mod4, odd_code_sum
+
+    fns = ["--reward-fn", "reward_fixtures:odd_code_sum", "--reward-fn", "reward_fixtures:code_sum_mod4"]
+    gdpo = ["--reward-weights", "1", "5", "--reward-normalisation", "normalize-then-sum", "--format-weight", "0"]
+    run = train_cli(tmp_path, "gdpo", 1, *fns, *gdpo)
+    rows = [json.loads(line) for line in open(run / "rollouts.jsonl")]
+    texts = [r["completion"] for r in rows]
+    comps = [list(c) for c in zip(odd_code_sum(texts, None), code_sum_mod4(texts, None))]
+    expected = _gdpo_by_hand(comps, [1.0, 5.0], 4)
+    assert [r["advantage"] for r in rows] == pytest.approx(expected, rel=1e-5, abs=1e-5)
+    plain = []
+    for start in range(0, len(rows), 4):  # sum, then grpo_std per group
+        total = [1.0 * a + 5.0 * b for a, b in comps[start : start + 4]]
+        m = sum(total) / 4
+        s = math.sqrt(sum((x - m) ** 2 for x in total) / 4)
+        plain += [(x - m) / (s + 1e-4) for x in total]
+    assert [r["advantage"] for r in rows] != pytest.approx(plain, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        dict(reward_normalisation="normalize-then-sum", estimator="rloo"),
+        dict(reward_normalisation="normalize-then-sum", scale_rewards="batch"),
+        dict(reward_normalisation="normalize-then-sum", task="arith-multiturn"),
+        dict(reward_normalisation="sum-then-normalise"),
+    ],
+)
+def test_invalid_reward_normalisation_is_refused(over):
+    with pytest.raises(ConfigError, match="--reward-normalisation"):
+        TrainConfig(**over).validate()
+
+
+# ---------------------------------------------------------------- the entropy bonus
+
+
+def test_entropy_bonus_is_the_step_s_token_mean_share():
+    ent = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert entropy_bonus(ent, mask, 3.0).item() == pytest.approx((1 + 2 + 4) / 3)
+    assert entropy_bonus(ent, mask, 10.0).item() == pytest.approx(7 / 10)  # a micro-batch of a 10-token step
+
+
+def test_the_adaptive_coefficient_on_a_scripted_entropy_sequence():
+    """target 0.5, delta 0.1, c in [0, 0.25]: the bonus applies only after a step at or below the target, and c
+    rises on such steps, falls on the others, within its bounds."""
+    control = EntropyControl(0.1, adaptive=True, target=0.5, delta=0.1, low=0.0, high=0.25)
+    applied, coefs = [], []
+    for h in [0.9, 0.4, 0.3, 0.2, 0.6, 0.7, 0.8, 0.5]:
+        applied.append(control.applied())
+        control.observe(h)
+        coefs.append(control.coef)
+    assert applied == pytest.approx([0.0, 0.0, 0.1, 0.2, 0.25, 0.0, 0.0, 0.0])
+    assert coefs == pytest.approx([0.0, 0.1, 0.2, 0.25, 0.15, 0.05, 0.0, 0.1])
+    fixed = EntropyControl(0.3)
+    fixed.observe(0.0)
+    assert fixed.applied() == 0.3 and fixed.coef == 0.3
+
+
+def _updater_gradient(model, batch, adv, **options) -> dict[str, torch.Tensor]:
+    """The gradient one Updater pass leaves (lr 0, so the weights stay) under TrainConfig ``options``."""
+    import copy
+
+    from transformers import get_scheduler
+
+    from grpolab.common.distributed import SINGLE
+    from grpolab.training.forward import TrainModule
+    from grpolab.training.update import Updater
+
+    m = copy.deepcopy(model)
+    cfg = TrainConfig(max_grad_norm=0.0, **options)
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    policy = TrainModule(m, 1.0)
+    upd = Updater(
+        cfg.objective, cfg.update, 0.0, cfg.max_policy_tokens, policy, opt, get_scheduler("constant", opt), SINGLE,
+        eos_id=2, terms=cfg.terms,
+    )  # fmt: skip
+    metrics = upd(batch, adv)
+    return {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}, metrics
+
+
+def test_the_entropy_bonus_s_gradient_is_the_same_in_micro_batches_and_reaches_rows_without_advantage():
+    from test_loss import _model_and_batch
+
+    from grpolab.models.logprobs import completion_logprobs
+
+    model, batch = _model_and_batch()
+    model = model.double()
+    adv = torch.tensor([1.0, 0.0, 0.25, 0.0, 0.8, -0.1], dtype=torch.float64)  # two rows carry no advantage
+    bonus = dict(entropy_coef=0.1, aggregation="token-mean")
+    whole, metrics = _updater_gradient(model, batch, adv, **bonus)
+    micro, _ = _updater_gradient(model, batch, adv, micro_batch=2, **bonus)
+    for name in whole:
+        torch.testing.assert_close(micro[name], whole[name], rtol=1e-10, atol=1e-14)
+    # the same gradient by hand: the policy term plus -c H, H over every completion token (both zero rows too)
+    m = model
+    m.zero_grad()
+    both = completion_logprobs(m, batch, entropy=True)
+    logp, ent = both[..., 0], both[..., 1]
+    mask = batch.completion_mask
+    loss = policy_loss(logp, logp.detach(), adv, mask, aggregation="token-mean")[0] - 0.1 * entropy_bonus(
+        ent, mask, float(mask.sum())
+    )
+    loss.backward()
+    for name, p in m.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(whole[name], p.grad, rtol=1e-10, atol=1e-14)
+    m.zero_grad()
+    assert metrics["loss/entropy"] == pytest.approx(float(entropy_bonus(ent, mask, float(mask.sum()))), rel=1e-12)
+    assert metrics["loss/entropy_coef"] == 0.1
+
+
+def test_a_run_with_the_adaptive_entropy_bonus_resumes_exactly(tmp_path):
+    """Stopped after 2 steps and resumed, a run with --adaptive-entropy gives the uninterrupted run's metrics and
+    weights: the coefficient and the last entropy are in the checkpoint."""
+    from helpers import assert_same_metrics, assert_same_params, train_cli
+
+    from grpolab.training.runlog import read_metrics
+
+    ent = ["--entropy-coef", "0.05", "--adaptive-entropy", "--entropy-target", "5", "--entropy-coef-delta", "0.02"]
+    ent += ["--mu", "2", "--save-every", "2"]
+    whole = train_cli(tmp_path, "whole", 4, *ent)
+    train_cli(tmp_path, "split", 2, *ent)
+    split = train_cli(tmp_path, "split", 4, *ent, resume=True)
+    assert_same_metrics(whole, split)
+    assert_same_params(whole, split, step=4)
+    coefs = [r["loss/entropy_coef"] for r in read_metrics(whole / "metrics.jsonl")[1:]]
+    assert coefs == pytest.approx([0.0, 0.09, 0.13, 0.17])  # none before a measurement; then +2 delta a step (mu 2)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [dict(), dict(chunk_tokens=3), dict(shared_prefix=True), dict(packed=True), dict(packed=True, chunk_tokens=2)],
+)
+def test_the_training_forward_s_entropies_equal_the_sampler_s_on_every_path(path):
+    """completion_logprobs(entropy=True) on each path of the update's forward (plain, LM head in chunks, shared
+    prompt, packed rows): its log-probs and entropies are the plain path's in float64, and its entropies are
+    completion_entropy's (which computes in float32)."""
+    from test_loss import _model_and_batch
+
+    from grpolab.models.logprobs import completion_entropy, completion_logprobs
+
+    model, batch = _model_and_batch()
+    model = model.double().eval()
+    both = completion_logprobs(model, batch, entropy=True, **path)  # [N, T, 2]
+    plain = completion_logprobs(model, batch, entropy=True)
+    torch.testing.assert_close(both, plain, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(both[..., 0], completion_logprobs(model, batch), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(both[..., 1], completion_entropy(model, batch).double(), rtol=1e-6, atol=1e-6)
+    assert both[..., 1][batch.completion_mask.bool()].min() > 0

@@ -227,6 +227,8 @@ OBJECTIVES = {
         dict(loss_type="grpo", off_policy_mask_threshold=0.05),
         dict(off_policy_threshold=0.05, agg="seq-mean-token-mean"),
     ),
+    # the entropy bonus: L - c H, H the token mean entropy whatever the aggregation
+    "entropy-bonus": (dict(loss_type="dapo", entropy_coef=0.05), dict(agg="token-mean", entropy_coef=0.05)),
 }
 
 
@@ -290,10 +292,11 @@ def _float64_logprobs(trainer, batch):
 
     def in_float64(model, *args, **kwargs):
         logps, entropies, aux = forward(model, *args, **kwargs)
-        ours = completion_logprobs(model, batch)
+        ours = completion_logprobs(model, batch, entropy=True)  # [N, T, 2]: log-probs and entropies
         m = batch.completion_mask.bool()
-        assert (logps.double()[m] - ours[m]).abs().max() < 1e-5  # TRL's fp32 head: the same log-probs, rounded
-        return ours, entropies, aux
+        assert (logps.double()[m] - ours[..., 0][m]).abs().max() < 1e-5  # TRL's fp32 head: the same, rounded
+        assert (entropies.double()[m] - ours[..., 1][m]).abs().max() < 1e-5
+        return ours[..., 0], ours[..., 1], aux
 
     trainer._get_per_token_logps_and_entropies = in_float64
 
@@ -305,6 +308,7 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("name", list(OBJECTIVES))
 @pytest.mark.slow
 def test_each_objective_s_loss_and_gradient_equal_trl_s_in_float64(float64_setup, tmp_path, name):
+    from grpolab.algo.entropy_bonus import entropy_bonus
     from grpolab.algo.loss import TermParams
 
     policy, batch = float64_setup
@@ -336,8 +340,11 @@ def test_each_objective_s_loss_and_gradient_equal_trl_s_in_float64(float64_setup
     opts = dict(ours_options)
     aggregation = opts.pop("agg")
     cap = opts.pop("cispo_cap", 5.0)
-    logp = completion_logprobs(model, batch)
+    coef = opts.pop("entropy_coef", 0.0)
+    both = completion_logprobs(model, batch, entropy=True)
+    logp, entropy = both[..., 0], both[..., 1]
     ours, st = policy_loss(logp, old, adv, mask, aggregation=aggregation, params=TermParams(cispo_cap=cap), **opts)
+    ours = ours - coef * entropy_bonus(entropy, mask, float(mask.sum()))
     our_grad = torch.autograd.grad(ours, params, retain_graph=True)
     assert abs(ours.item() - trl_loss.item()) <= 1e-6 * abs(trl_loss.item())
     for a, b in zip(our_grad, trl_grad):
@@ -345,7 +352,50 @@ def test_each_objective_s_loss_and_gradient_equal_trl_s_in_float64(float64_setup
     # the comparison is not vacuous: the objective's gradient differs from the plain clipped one's (GRPO's, the
     # default aggregation: luspo differs from it by its aggregation alone)
     plain, _ = policy_loss(logp, old, adv, mask, aggregation="seq-mean-token-mean" if "luspo" in name else aggregation)
+    if name == "entropy-bonus":
+        plain = plain - 0.0 * entropy.sum()  # the same graph without the bonus
     plain_grad = torch.autograd.grad(plain, params)
     assert max(_relative(a, b) for a, b in zip(our_grad, plain_grad)) > 1e-3
     if name == "cispo":
         assert 0 < st["clip_frac"].item() < 1, "some weights must be truncated, some not"
+
+
+@pytest.mark.slow
+def test_the_adaptive_entropy_coefficient_follows_trl_s_step_by_step(float64_setup, tmp_path):
+    """TRL's use_adaptive_entropy over five optimizer steps on the same batch, the target placed between the batch's
+    entropy and a value it never reaches: grpolab's EntropyControl applies and moves the coefficient as TRL does
+    (no bonus at the first step, then c, c + delta, ...), and each step's loss equals TRL's."""
+    from grpolab.algo.entropy_bonus import EntropyControl, entropy_bonus
+
+    policy, batch = float64_setup
+    model = policy.model
+    mask = batch.completion_mask
+    with torch.no_grad():
+        h = float(entropy_bonus(completion_logprobs(model, batch, entropy=True)[..., 1], mask, float(mask.sum())))
+    options = dict(entropy_coef=0.02, entropy_coef_delta=0.01, entropy_coef_max=0.045, entropy_target=h + 0.1)
+    trainer = _trl_trainer(policy, tmp_path, loss_type="dapo", use_adaptive_entropy=True, **options)
+    _float64_logprobs(trainer, batch)
+    control = EntropyControl(0.02, adaptive=True, target=h + 0.1, delta=0.01, high=0.045)
+    adv = torch.tensor([0.5, -0.5, 1.0, -1.0, 0.3, -0.3, 0.0, 0.7], dtype=torch.float64)
+    inputs = {
+        "prompt_ids": batch.prompt_ids,
+        "prompt_mask": batch.prompt_mask,
+        "completion_ids": batch.completion_ids,
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": None,
+        "num_items_in_batch": mask.sum(),
+    }
+    applied = []
+    model.train()
+    for _ in range(5):
+        trl_loss = trainer._compute_loss(model, inputs)
+        both = completion_logprobs(model, batch, entropy=True)
+        logp, ent = both[..., 0], both[..., 1]
+        bonus = entropy_bonus(ent, mask, float(mask.sum()))
+        ours = policy_loss(logp, logp.detach(), adv, mask, aggregation="token-mean")[0] - control.applied() * bonus
+        assert abs(ours.item() - trl_loss.item()) <= 1e-9 * abs(trl_loss.item())
+        applied.append(control.applied())
+        control.observe(float(bonus))
+        assert control.coef == pytest.approx(trainer.entropy_coef, abs=1e-15)
+    assert applied == pytest.approx([0.0, 0.03, 0.04, 0.045, 0.045])

@@ -69,6 +69,37 @@ def ragged_advantages(groups: list[torch.Tensor], estimator: str) -> torch.Tenso
     return torch.cat([compute_advantages(g[None, :], estimator)[0] for g in groups])
 
 
+def normalize_then_sum(components: torch.Tensor, weights: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """GDPO's decoupled normalisation (``--reward-normalisation normalize-then-sum``): each reward function's values
+    standardised within each group, ``(c_k - mean_group c_k) / (std_group c_k + 1e-4)`` (population std, as
+    ``grpo_std``), then summed with the functions' weights: components ``[n, K]``, weights ``[K]``, the groups'
+    sizes (in order) -> ``[n]`` (float64). Summing first (the usual) lets the function with the widest spread set the
+    advantage; here each function moves it by the same amount per group standard deviation of its own.
+
+    Each group's result sums to 0, so the step's mean is 0: :func:`batch_standardise` divides by the std alone. A
+    function constant within a group contributes exactly 0 to it (centred on its first value, as
+    :func:`compute_advantages` is)."""
+    w = weights.double()
+    parts = []
+    for g in components.double().split(sizes):  # [n_b, K]
+        shifted = g - g[:1]
+        centred = shifted - shifted.mean(dim=0, keepdim=True)
+        std = centred.pow(2).mean(dim=0, keepdim=True).sqrt()  # [1, K]
+        parts.append((centred / (std + STD_EPS)) @ w)  # [n_b]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+
+
+def batch_standardise(summed: torch.Tensor, total: float, total_sq: float, count: float) -> torch.Tensor:
+    """GDPO's second normalisation: ``summed`` ``[n]`` divided by the population std of the whole step's values
+    (all ranks: their ``total``, ``total_sq`` = sum of squares and ``count``) plus 1e-4. The mean is not subtracted:
+    it is 0 by construction (:func:`normalize_then_sum`); TRL subtracts it, which differs by rounding only. TRL divides
+    by sample stds (n - 1) at both stages: its advantages are these times sqrt((n - 1) / n) over the step's n
+    rollouts (the groups' factor cancels), up to the 1e-4 terms; grpolab keeps the population form of grpo_std."""
+    mean = total / max(count, 1.0)
+    std = max(total_sq / max(count, 1.0) - mean * mean, 0.0) ** 0.5
+    return summed / (std + STD_EPS)
+
+
 def estimator_for_scale(estimator: str, scale: str) -> str:
     """``--scale-rewards``: which standard deviation divides grpo_std's centred advantages. ``group`` is grpo_std
     itself; ``batch`` and ``none`` start from the group-mean advantage (``grpo``); ``batch`` then divides it by

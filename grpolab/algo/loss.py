@@ -83,6 +83,12 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> 
     raise ValueError(f"unknown KL estimator {kind!r}; choose from {KL_ESTIMATORS}")
 
 
+def effective_aggregation(loss_type: str, aggregation: str) -> str:
+    """The aggregation a run's loss uses: ``aggregation``, or ``seq-mean-token-sum`` for luspo (GSPO's sequence loss
+    scaled by the rollout's length: each rollout's terms summed)."""
+    return "seq-mean-token-sum" if loss_type == "luspo" else aggregation
+
+
 def aggregate(
     values: torch.Tensor,
     mask: torch.Tensor,

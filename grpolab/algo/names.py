@@ -15,3 +15,5 @@ AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", 
 IMPORTANCE_SAMPLING = ("token", "sequence")
 LOSS_TYPES = ("clip", "cispo", "sapo", "luspo", "vespo")
 """``--loss-type``: the per-token policy term (grpolab.algo.loss.policy_term)."""
+NORMALISATIONS = ("sum-then-normalize", "normalize-then-sum")
+"""``--reward-normalisation``: several reward functions summed before the advantage, or each normalised first (GDPO)."""

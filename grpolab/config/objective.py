@@ -13,6 +13,7 @@ from grpolab.algo.names import (
     IMPORTANCE_SAMPLING,
     KL_ESTIMATORS,
     LOSS_TYPES,
+    NORMALISATIONS,
     SCALES,
 )
 from grpolab.config.fields import bad, check_counts
@@ -29,6 +30,11 @@ class ObjectiveSection:
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """grpo_std: which standard deviation divides the group-centred advantages: each group's (group, the usual
     grpo_std), the whole step's rewards' (batch), or none (then grpo_std is grpo). Population std in both cases."""
+    reward_normalisation: Literal["sum-then-normalize", "normalize-then-sum"] = "sum-then-normalize"
+    """With several reward functions: sum them (with --reward-weights) and then take --estimator's advantage of the
+    sum (the usual; TRL's default), or normalize-then-sum (GDPO): standardise each function's rewards within each
+    group, sum them with the weights, and divide by the step's std of that sum. normalize-then-sum is its own
+    advantage: it takes the default --estimator grpo_std and --scale-rewards group, single-turn rollouts only."""
     advantage: Literal["grpo", "rtg-group", "rtg-mc"] = "grpo"
     """How an episode's turns share credit (one turn: all the same): 'grpo' (every turn gets the episode's advantage,
     [Foundations, Eq. 22]), 'rtg-group' (each turn's reward-to-go minus the --estimator's baseline of the initial
@@ -40,33 +46,6 @@ class ObjectiveSection:
     )
     """How per-token terms combine (grpolab.algo.loss.aggregate): seq-mean-token-mean is GRPO's (TRL's grpo), token-mean
     DAPO's (TRL's dapo/bnpo/cispo/vespo), seq-mean-token-sum-norm Dr. GRPO's, seq-mean-token-sum LUSPO's."""
-    loss_type: Literal["clip", "cispo", "sapo", "luspo", "vespo"] = "clip"
-    """The per-token policy term (grpolab.algo.loss.policy_term; docs/loss-variants.md): clip (PPO/GRPO's clipped
-    ratio), cispo (the importance weight truncated at --cispo-cap and detached, times A log pi: MiniMax-M1), sapo
-    (a smooth sigmoid gate in place of the clip: Qwen's SAPO), luspo (the clipped term summed over each rollout's
-    tokens, i.e. --aggregation seq-mean-token-sum; the paper uses it with --importance-sampling sequence), vespo
-    (a gamma-shaped weight of the rollout's importance weight, times A log pi). Their aggregation stays
-    --aggregation's (TRL aggregates cispo and vespo as token-mean, sapo as seq-mean-token-mean)."""
-    cispo_cap: float = 5.0
-    """cispo: the importance weight's upper bound (TRL's epsilon_high under loss_type='cispo'; 5 as TRL's docs and
-    ScaleRL recommend). No lower bound."""
-    sapo_temperature_pos: float = 1.0
-    """sapo: the gate's temperature for tokens with a positive advantage (TRL's default)."""
-    sapo_temperature_neg: float = 1.05
-    """sapo: the gate's temperature for the others (TRL's default)."""
-    vespo_k_pos: float = 2.0
-    """vespo: the power k of phi(w) = exp(lambda + k log w - lambda w) where A >= 0 (TRL's default)."""
-    vespo_lambda_pos: float = 3.0
-    """vespo: lambda of phi where A >= 0 (TRL's default)."""
-    vespo_k_neg: float = 3.0
-    """vespo: k of phi where A < 0 (TRL's default)."""
-    vespo_lambda_neg: float = 2.0
-    """vespo: lambda of phi where A < 0 (TRL's default)."""
-    off_policy_mask_threshold: float = 0.0
-    """DeepSeek-V3.2's off-policy sequence mask: a rollout with a negative advantage whose mean per-token
-    log pi_sampling - log pi (the sampler's log-probs when the engine gives them, else the sampling-time ones)
-    exceeds this carries no policy loss. 0 = off. Acts only once the weights have moved (mu > 1) or the sampler
-    differs from the trainer."""
     clip_low: float = 0.2
     """Ratio clip below: 1 - clip_low."""
     clip_high: float = 0.2
@@ -114,7 +93,15 @@ class ObjectiveSection:
             raise bad("branches", f"rtg-mc needs >= 1 branch, got {self.branches}")
         if self.aggregation not in AGGREGATIONS:
             raise bad("aggregation", f"unknown aggregation {self.aggregation!r}; choose from {AGGREGATIONS}")
-        self._validate_loss_type()
+        if self.reward_normalisation not in NORMALISATIONS:
+            raise bad("reward_normalisation", f"must be one of {NORMALISATIONS}, got {self.reward_normalisation!r}")
+        if self.reward_normalisation == "normalize-then-sum" and (
+            self.estimator != "grpo_std" or self.scale_rewards != "group"
+        ):
+            raise bad(
+                "reward_normalisation",
+                "normalize-then-sum is GDPO's own advantage: leave out --estimator and --scale-rewards",
+            )
         if self.scale_rewards not in SCALES:
             raise bad("scale_rewards", f"must be one of {SCALES}, got {self.scale_rewards!r}")
         if self.scale_rewards != "group" and self.estimator != "grpo_std":
@@ -140,33 +127,90 @@ class ObjectiveSection:
         if not self.engine_correction_cap > 1:
             raise bad("engine_correction_cap", f"must be > 1, got {self.engine_correction_cap:g}")
 
-    def _validate_loss_type(self) -> None:
-        if self.loss_type not in LOSS_TYPES:
-            raise bad("loss_type", f"must be one of {LOSS_TYPES}, got {self.loss_type!r}")
-        if self.loss_type == "luspo" and self.aggregation not in ("seq-mean-token-mean", "seq-mean-token-sum"):
-            raise bad("aggregation", "luspo sums each rollout's terms (seq-mean-token-sum); leave --aggregation out")
-        if self.clip_delta and self.loss_type not in ("clip", "luspo"):
-            raise bad("clip_delta", f"caps the clipped ratio of --loss-type clip or luspo, not {self.loss_type}")
-        if self.loss_type == "vespo" and self.engine_correction != "none":
-            raise bad("engine_correction", "vespo would fold the correction into its sequence weight; not built")
-        positive = ("cispo_cap", "sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg")
-        for name in positive:
-            if not getattr(self, name) > 0:
-                raise bad(name, f"must be > 0, got {getattr(self, name):g}")
-        for name in ("vespo_k_pos", "vespo_k_neg", "off_policy_mask_threshold"):
-            if getattr(self, name) < 0:
-                raise bad(name, f"must be >= 0, got {getattr(self, name):g}")
-
-    @property
-    def loss_aggregation(self) -> str:
-        """The aggregation the loss uses: --aggregation's, or seq-mean-token-sum for luspo."""
-        return "seq-mean-token-sum" if self.loss_type == "luspo" else self.aggregation
-
     @property
     def group_baseline(self) -> bool:
         """Whether the estimator's baseline comes from the group (it then needs G >= 2, and a group whose rewards
         are all equal carries no gradient)."""
         return self.estimator in GROUP_BASELINES
+
+
+@dataclasses.dataclass(frozen=True)
+class TermSection:
+    """The per-token policy term (--loss-type) and its constants; the clip's bounds and the aggregation are the
+    objective's."""
+
+    loss_type: Literal["clip", "cispo", "sapo", "luspo", "vespo"] = "clip"
+    """The per-token policy term (grpolab.algo.loss.policy_term; docs/loss-variants.md): clip (PPO/GRPO's clipped
+    ratio), cispo (the importance weight truncated at --cispo-cap and detached, times A log pi: MiniMax-M1), sapo
+    (a smooth sigmoid gate in place of the clip: Qwen's SAPO), luspo (the clipped term summed over each rollout's
+    tokens, i.e. --aggregation seq-mean-token-sum; the paper uses it with --importance-sampling sequence), vespo
+    (a gamma-shaped weight of the rollout's importance weight, times A log pi). Their aggregation stays
+    --aggregation's (TRL aggregates cispo and vespo as token-mean, sapo as seq-mean-token-mean)."""
+    cispo_cap: float = 5.0
+    """cispo: the importance weight's upper bound (TRL's epsilon_high under loss_type='cispo'; 5 as TRL's docs and
+    ScaleRL recommend). No lower bound."""
+    sapo_temperature_pos: float = 1.0
+    """sapo: the gate's temperature for tokens with a positive advantage (TRL's default)."""
+    sapo_temperature_neg: float = 1.05
+    """sapo: the gate's temperature for the others (TRL's default)."""
+    vespo_k_pos: float = 2.0
+    """vespo: the power k of phi(w) = exp(lambda + k log w - lambda w) where A >= 0 (TRL's default)."""
+    vespo_lambda_pos: float = 3.0
+    """vespo: lambda of phi where A >= 0 (TRL's default)."""
+    vespo_k_neg: float = 3.0
+    """vespo: k of phi where A < 0 (TRL's default)."""
+    vespo_lambda_neg: float = 2.0
+    """vespo: lambda of phi where A < 0 (TRL's default)."""
+    off_policy_mask_threshold: float = 0.0
+    """DeepSeek-V3.2's off-policy sequence mask: a rollout with a negative advantage whose mean per-token
+    log pi_sampling - log pi (the sampler's log-probs when the engine gives them, else the sampling-time ones)
+    exceeds this carries no policy loss. 0 = off. Acts only once the weights have moved (mu > 1) or the sampler
+    differs from the trainer."""
+
+    entropy_coef: float = 0.0
+    """c of an entropy bonus, loss - c * H, H the mean entropy of the policy over the step's loss-carrying tokens (the
+    same for every aggregation, as TRL's entropy_coef). 0 = off. With --adaptive-entropy: the starting c."""
+    adaptive_entropy: bool = False
+    """Skywork-OR1's adaptive coefficient (TRL's use_adaptive_entropy): the bonus applies only while the last optimizer
+    step's entropy is <= --entropy-target, and after each optimizer step c rises by --entropy-coef-delta when it was,
+    falls by it when not, within [--entropy-coef-min, --entropy-coef-max]."""
+    entropy_target: float = 0.2
+    """--adaptive-entropy: the entropy (nats) at or below which the bonus applies (TRL's default; set it near the
+    entropy early in training, logged as loss/entropy, for it to engage before the policy collapses)."""
+    entropy_coef_delta: float = 0.005
+    """--adaptive-entropy: c's step."""
+    entropy_coef_min: float = 0.0
+    """--adaptive-entropy: c's lower bound."""
+    entropy_coef_max: float = 1.0
+    """--adaptive-entropy: c's upper bound."""
+
+    @property
+    def entropy_bonus(self) -> bool:
+        """Whether the loss carries an entropy bonus (adaptive: even while c is 0, so that it can come back)."""
+        return self.entropy_coef != 0.0 or self.adaptive_entropy
+
+    def validate(self) -> None:
+        """Each option alone; against the objective's options: :meth:`check_with`."""
+        if self.loss_type not in LOSS_TYPES:
+            raise bad("loss_type", f"must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+        positive = ("cispo_cap", "sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise bad(name, f"must be > 0, got {getattr(self, name):g}")
+        if not self.entropy_coef_min <= self.entropy_coef_max:
+            raise bad("entropy_coef_min", f"must be <= --entropy-coef-max = {self.entropy_coef_max:g}")
+        for name in ("vespo_k_pos", "vespo_k_neg", "off_policy_mask_threshold", "entropy_coef_delta"):
+            if getattr(self, name) < 0:
+                raise bad(name, f"must be >= 0, got {getattr(self, name):g}")
+
+    def check_with(self, objective: ObjectiveSection) -> None:
+        """The term against the objective's aggregation, clip and engine correction."""
+        if self.loss_type == "luspo" and objective.aggregation not in ("seq-mean-token-mean", "seq-mean-token-sum"):
+            raise bad("aggregation", "luspo sums each rollout's terms (seq-mean-token-sum); leave --aggregation out")
+        if objective.clip_delta and self.loss_type not in ("clip", "luspo"):
+            raise bad("clip_delta", f"caps the clipped ratio of --loss-type clip or luspo, not {self.loss_type}")
+        if self.loss_type == "vespo" and objective.engine_correction != "none":
+            raise bad("engine_correction", "vespo would fold the correction into its sequence weight; not built")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from grpolab.common.errors import ConfigError
 from grpolab.config import fields
 from grpolab.config.fields import bad
-from grpolab.config.objective import ObjectiveSection, OptimizerSection, UpdateSection
+from grpolab.config.objective import ObjectiveSection, OptimizerSection, TermSection, UpdateSection
 from grpolab.config.rollout import EngineSection, GenerationSection, GroupsSection, RewardSection, SandboxSection
 from grpolab.config.run import EvalSection, LoggingSection, MachineSection, ProbeSection, RunSection
 from grpolab.config.task import (
@@ -60,6 +60,7 @@ class TrainConfig:
     reward: RewardSection = RewardSection()
     code_sandbox: SandboxSection = SandboxSection()
     objective: ObjectiveSection = ObjectiveSection()
+    terms: TermSection = TermSection()
     update: UpdateSection = UpdateSection()
     optimizer: OptimizerSection = OptimizerSection()
     eval: EvalSection = EvalSection()
@@ -139,6 +140,8 @@ class TrainConfig:
                 f"{self.objective.advantage} shares credit across an episode's turns; give --env, --tools or "
                 "--task arith-multiturn (a single-turn rollout has one turn: its credit is grpo's)",
             )
+        if self.multi_turn and self.objective.reward_normalisation == "normalize-then-sum":
+            raise bad("reward_normalisation", "normalize-then-sum normalises each --reward-fn's rewards; not episodes")
         if self.multi_turn and self.reward.overlong_buffer:
             raise bad(
                 "overlong_buffer", "punishes one completion's length; an episode is bounded by --max-episode-tokens"
@@ -147,6 +150,7 @@ class TrainConfig:
     def _validate_objective(self) -> None:
         """The estimator against the groups, the loss against the step's size."""
         obj, groups = self.objective, self.groups
+        self.terms.check_with(obj)
         if obj.group_baseline and groups.group_size < 2:
             raise bad(
                 "group_size",

@@ -23,8 +23,10 @@ def completion_logprobs(
     chunk_tokens: int | None = None,
     shared_prefix: bool = False,
     packed: bool = False,
+    entropy: bool = False,
 ) -> torch.Tensor:
-    """``[N, T]`` log pi(o_t | q, o_<t) of each completion token (0 where masked).
+    """``[N, T]`` log pi(o_t | q, o_<t) of each completion token (0 where masked); with ``entropy``, ``[N, T, 2]``:
+    each position's log-prob and the entropy of pi(. | q, o_<t) (both differentiable: the entropy bonus's).
 
     The LM head runs at completion positions only: the prompt's logits are never formed.
     With a large vocabulary (SmolLM2: 49,152) and long completions the ``[N, T, V]`` logits would dominate
@@ -43,20 +45,22 @@ def completion_logprobs(
     if chunk_tokens is None:
         chunk_tokens = 0 if N * (T + 1) * V <= LOGITS_BUDGET else max(1, LOGITS_BUDGET // V)
     target, mask = batch.completion_ids, batch.completion_mask  # [N, T]
+    score = _token_scores if entropy else _token_logprobs  # [..., V] -> [..., 2] or [...]
+    m = mask[..., None] if entropy else mask
     if packed:
-        return _packed_logprobs(model, head, batch, temperature, chunk_tokens)
+        return _packed_logprobs(model, head, batch, temperature, chunk_tokens, score)
     if shared_prefix:
         first_logits, hidden = shared_prefix_hidden(model, *batch)  # [N, V], [N, T - 1, d] or None
-        first = _token_logprobs(first_logits[:, None], target[:, :1], temperature)  # [N, 1]
+        first = score(first_logits[:, None], target[:, :1], temperature)  # [N, 1]
         if hidden is None:
-            return first * mask
-        rest = _head_logprobs(head, hidden, target[:, 1:], temperature, chunk_tokens, mask[:, 1:])  # [N, T - 1]
-        return torch.cat([first, rest], dim=1) * mask
+            return first * m
+        rest = _head_logprobs(head, hidden, target[:, 1:], temperature, chunk_tokens, mask[:, 1:], score)  # [N, T - 1]
+        return torch.cat([first, rest], dim=1) * m
     if not chunk_tokens:
         logits = model(**_model_inputs(batch), logits_to_keep=T + 1).logits
-        return _token_logprobs(logits[:, :-1], target, temperature) * mask
+        return score(logits[:, :-1], target, temperature) * m
     hidden = _completion_hidden(model, batch)  # [N, T, d]
-    return _head_logprobs(head, hidden, target, temperature, chunk_tokens, mask) * mask
+    return _head_logprobs(head, hidden, target, temperature, chunk_tokens, mask, score) * m
 
 
 def _model_inputs(batch: Batch) -> dict[str, torch.Tensor]:
@@ -74,27 +78,29 @@ def _completion_hidden(model, batch: Batch) -> torch.Tensor:
 
 
 def _head_logprobs(
-    head, hidden: torch.Tensor, target: torch.Tensor, temperature: float, chunk_tokens: int, mask: torch.Tensor
+    head, hidden: torch.Tensor, target: torch.Tensor, temperature: float, chunk_tokens: int, mask: torch.Tensor, score
 ) -> torch.Tensor:
     """``[N, T]`` log-probs of ``target`` from hidden states ``[N, T, d]``: all at once when ``chunk_tokens`` is 0;
     else only at the tokens ``mask`` keeps (padding costs nothing), ``chunk_tokens`` of them at a time under
     activation checkpointing, 0 elsewhere."""
     if not chunk_tokens:
-        return _token_logprobs(head(hidden), target, temperature)
+        return score(head(hidden), target, temperature)
     keep = mask.bool()  # [N, T]
-    logp = _tokens_logprobs(head, hidden[keep], target[keep], temperature, chunk_tokens)  # [M]: real tokens in order
-    return hidden.new_zeros(target.shape, dtype=logp.dtype).index_put((keep,), logp)  # [N, T]
+    logp = _tokens_logprobs(head, hidden[keep], target[keep], temperature, chunk_tokens, score)  # [M]: real tokens
+    return hidden.new_zeros((*target.shape, *logp.shape[1:]), dtype=logp.dtype).index_put((keep,), logp)  # [N, T]
 
 
-def _tokens_logprobs(head, h: torch.Tensor, tgt: torch.Tensor, temperature: float, chunk_tokens: int) -> torch.Tensor:
+def _tokens_logprobs(
+    head, h: torch.Tensor, tgt: torch.Tensor, temperature: float, chunk_tokens: int, score
+) -> torch.Tensor:
     """``[M]`` log-probs of tokens ``tgt`` ``[M]`` from their hidden states ``[M, d]``: all at once when
     ``chunk_tokens`` is 0 (or M fits in it), else ``chunk_tokens`` at a time under activation checkpointing, so a
     chunk's ``[chunk, V]`` logits exist only while its log-probs are computed (forward, and again in backward)."""
     if not chunk_tokens or h.shape[0] <= chunk_tokens:
-        return _token_logprobs(head(h), tgt, temperature)
+        return score(head(h), tgt, temperature)
 
     def chunk_logp(h_c: torch.Tensor, tgt_c: torch.Tensor) -> torch.Tensor:
-        return _token_logprobs(head(h_c), tgt_c, temperature)  # [c, V] logits -> [c]
+        return score(head(h_c), tgt_c, temperature)  # [c, V] logits -> [c]
 
     parts = [
         torch.utils.checkpoint.checkpoint(
@@ -105,7 +111,7 @@ def _tokens_logprobs(head, h: torch.Tensor, tgt: torch.Tensor, temperature: floa
     return torch.cat(parts)
 
 
-def _packed_logprobs(model, head, batch: Batch, temperature: float, chunk_tokens: int) -> torch.Tensor:
+def _packed_logprobs(model, head, batch: Batch, temperature: float, chunk_tokens: int, score) -> torch.Tensor:
     """``[N, T]`` completion log-probs with the rows packed: padding-free.
 
     Each row's real tokens (prompt, then completion; where the masks are 1) are laid end to end in one sequence
@@ -127,8 +133,8 @@ def _packed_logprobs(model, head, batch: Batch, temperature: float, chunk_tokens
     at = torch.cat([torch.zeros_like(batch.prompt_mask, dtype=torch.bool), keep], dim=1)[attn].nonzero()[:, 0]  # [M]
     # Completion token k sits at packed index at[k]; the token before it (same row: a prompt has >= 1 token)
     # predicts it. Row-major order, the order of ``completion_ids[keep]``.
-    logp = _tokens_logprobs(head, hidden[at - 1], ids[at], temperature, chunk_tokens)  # [M]
-    return hidden.new_zeros(keep.shape, dtype=logp.dtype).index_put((keep,), logp)  # [N, T]
+    logp = _tokens_logprobs(head, hidden[at - 1], ids[at], temperature, chunk_tokens, score)  # [M]
+    return hidden.new_zeros((*keep.shape, *logp.shape[1:]), dtype=logp.dtype).index_put((keep,), logp)  # [N, T]
 
 
 def _token_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -139,6 +145,17 @@ def _token_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: flo
     if temperature != 1.0:
         logits = logits / temperature
     return logits.gather(-1, target.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _token_scores(logits: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``[..., 2]``: :func:`_token_logprobs` and the entropy of softmax(logits / temperature), from one softmax."""
+    if logits.dtype != torch.float64:
+        logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)  # [..., V]
+    logp = logp_all.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    return torch.stack([logp, logprob_entropy(logp_all)], dim=-1)
 
 
 @torch.no_grad()

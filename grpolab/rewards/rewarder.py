@@ -182,6 +182,11 @@ class Rewarder:
     overlong_penalty: float = 1.0
 
     @property
+    def weights(self) -> dict[str, float]:
+        """Component name -> its weight in the total (the overlong penalty's: 1)."""
+        return {name: w for name, _, w in self.reward_fns} | ({"overlong": 1.0} if self.overlong_buffer else {})
+
+    @property
     def names(self) -> list[str]:
         """Component names; the first plays the accuracy reward's part (``reward/accuracy``)."""
         return [name for name, _, _ in self.reward_fns] + (["overlong"] if self.overlong_buffer else [])

@@ -12,9 +12,19 @@ from collections.abc import Callable
 
 import torch
 
-from grpolab.algo.advantages import STD_EPS, batch_std, compute_advantages, estimator_for_scale, ragged_advantages
+from grpolab.algo.advantages import (
+    STD_EPS,
+    batch_standardise,
+    batch_std,
+    compute_advantages,
+    estimator_for_scale,
+    normalize_then_sum,
+    ragged_advantages,
+)
 from grpolab.algo.group_budget import prompt_weights
 from grpolab.algo.groups import common_size
+from grpolab.common import distributed as dist_
+from grpolab.common.distributed import SINGLE, World
 from grpolab.config.objective import ObjectiveSection
 from grpolab.env.credit import episode_credit
 from grpolab.rollout.collect import StepRollouts
@@ -22,11 +32,19 @@ from grpolab.training.step import Advantages
 
 
 def step_advantages(
-    roll: StepRollouts, objective: ObjectiveSection, device, values: Callable | None = None
+    roll: StepRollouts,
+    objective: ObjectiveSection,
+    device,
+    values: Callable | None = None,
+    reward_weights: dict[str, float] | None = None,
+    world: World = SINGLE,
 ) -> Advantages:
     """This rank's advantages, group by group (``[n]``); for episodes also each policy token's (``[m, T]``) and
-    each turn's. ``values(rows, sizes)``: rtg-mc's branched state values (``grpolab.env.credit.mc_values``)."""
+    each turn's. ``values(rows, sizes)``: rtg-mc's branched state values (``grpolab.env.credit.mc_values``).
+    ``reward_weights``: each reward component's weight, for --reward-normalisation normalize-then-sum."""
     groups = roll.groups
+    if objective.reward_normalisation == "normalize-then-sum":
+        return Advantages(_decoupled(roll, reward_weights or {}, world).to(device))
     rewards = groups.rows.scores.total.to(device)  # [n]
     estimator = estimator_for_scale(objective.estimator, objective.scale_rewards)  # batch|none: from grpo
     scale = None
@@ -42,6 +60,20 @@ def step_advantages(
     else:
         adv = ragged_advantages(list(rewards.split(groups.sizes)), estimator)  # [n]
     return Advantages(adv if scale is None else adv / scale)
+
+
+def _decoupled(roll: StepRollouts, weights: dict[str, float], world: World) -> torch.Tensor:
+    """GDPO's advantages ``[n]`` (float32): each reward component normalised per group, the weighted sum, divided by
+    its std over the whole step (every rank's rollouts)."""
+    rows = roll.groups.rows
+    names = list(weights)
+    if rows.n:
+        comps = torch.stack([rows.scores.components[k].double() for k in names], dim=1)  # [n, K]
+    else:
+        comps = torch.zeros(0, len(names), dtype=torch.float64)
+    summed = normalize_then_sum(comps, torch.tensor([weights[k] for k in names]), roll.groups.sizes)  # [n]
+    total, total_sq, count = dist_.all_sum([float(summed.sum()), float(summed.pow(2).sum()), float(len(summed))], world)
+    return batch_standardise(summed, total, total_sq, count).float()
 
 
 def _episode_advantages(roll: StepRollouts, objective: ObjectiveSection, estimator: str, device, scale, values):

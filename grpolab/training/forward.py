@@ -38,10 +38,11 @@ class LogProbs(nn.Module):
         self.shared_prefix = shared_prefix
         self.packed = packed
 
-    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, entropy: bool = False) -> torch.Tensor:
+        """``[N, T]`` log-probs; ``entropy``: ``[N, T, 2]``, each position's log-prob and entropy."""
         batch = Batch(prompt_ids, prompt_mask, completion_ids, completion_mask)
         return completion_logprobs(
-            self.model, batch, self.temperature, shared_prefix=self.shared_prefix, packed=self.packed
+            self.model, batch, self.temperature, shared_prefix=self.shared_prefix, packed=self.packed, entropy=entropy
         )
 
 
@@ -154,6 +155,12 @@ class TrainModule:
     def logprobs(self, batch: Batch) -> torch.Tensor:
         """``[n, T]`` completion log-probs, through the DDP/FSDP wrapper when there is one."""
         return self.wrapped(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+
+    def logprobs_and_entropy(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[n, T]`` completion log-probs and ``[n, T]`` the entropy at each completion position, both
+        differentiable (the entropy bonus), from one forward through the wrapper."""
+        both = self.wrapped(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, True)
+        return both[..., 0], both[..., 1]
 
     @contextlib.contextmanager
     def sync(self, enabled: bool):

@@ -20,6 +20,7 @@ import torch
 
 from grpolab.algo.advantages import compute_advantages
 from grpolab.algo.groups import offsets, varies
+from grpolab.algo.loss import effective_aggregation
 from grpolab.common import distributed as dist_
 from grpolab.common.batch import select
 from grpolab.common.distributed import World
@@ -317,7 +318,7 @@ def attach_observers(trainer) -> None:
                 trainer.policy.model,
                 cfg.probe.probe_every,
                 cfg.probe.probe_groups,
-                cfg.objective.loss_aggregation,
+                effective_aggregation(cfg.terms.loss_type, cfg.objective.aggregation),
                 cfg.max_policy_tokens,
                 cfg.generation.temperature,
                 world,

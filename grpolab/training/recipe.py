@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from grpolab.algo.entropy_bonus import EntropyControl
 from grpolab.algo.group_budget import RankControl
 from grpolab.common import distributed as dist_
 from grpolab.common.distributed import SINGLE, World
@@ -206,6 +207,8 @@ class TrainRecipe:
         trainer.rollouts_total = state.get("rollouts_total", self.start * self.cfg.rollouts_per_step)
         if trainer.control is not None and "rank_control" in state:
             trainer.control = RankControl(**state["rank_control"])
+        if trainer.updater.entropy is not None and "entropy_control" in state:
+            trainer.updater.entropy = EntropyControl(**state["entropy_control"])
         if self.world.is_main:
             for name in ("metrics.jsonl", "samples.jsonl", "rollouts.jsonl", "token_credit.jsonl", "probe.jsonl"):
                 truncate_jsonl(out / name, self.start)

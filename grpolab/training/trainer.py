@@ -103,7 +103,8 @@ class GRPOTrainer:
         roll = self.collector.collect(step)
         t_collected = time.perf_counter()
         # 3. advantages: one per rollout [Foundations, Thm 3.1], or per turn of an episode (--advantage)
-        result = StepResult(step, roll, step_advantages(roll, self.cfg.objective, self.device, self._mc_values))
+        adv = step_advantages(roll, self.cfg.objective, self.device, self._mc_values, self.reward.weights, self.world)
+        result = StepResult(step, roll, adv)
         for observer in self.observers:  # the policy that sampled
             observer.before_update(result)
         # 4. loss and update (the watched rollouts' per-token values kept for the observers)
@@ -253,6 +254,7 @@ class GRPOTrainer:
             self.policy.eos_id,
             reference=self.ref,
             reference_is_base=self.ref_is_base,
+            terms=cfg.terms,
         )
 
     def _setup_task(self) -> None:
@@ -351,6 +353,8 @@ class GRPOTrainer:
             state = {"seed": self.cfg.run.seed, "world_size": self.world.size, "rollouts_total": self.rollouts_total}
             if self.control is not None:
                 state["rank_control"] = dataclasses.asdict(self.control)
+            if self.updater.entropy is not None:
+                state["entropy_control"] = dataclasses.asdict(self.updater.entropy)
             try:
                 checkpoint.save(
                     out,

@@ -30,8 +30,10 @@ from typing import NamedTuple
 import torch
 
 from grpolab.algo.engine_correction import engine_weights, mismatch
+from grpolab.algo.entropy_bonus import EntropyControl, entropy_bonus
 from grpolab.algo.loss import (
     TermParams,
+    effective_aggregation,
     entropy_threshold,
     high_entropy_mask,
     loss_token_mask,
@@ -40,7 +42,7 @@ from grpolab.algo.loss import (
 from grpolab.common import distributed as dist_
 from grpolab.common.batch import Batch, select
 from grpolab.common.distributed import World
-from grpolab.config.objective import ObjectiveSection, UpdateSection
+from grpolab.config.objective import ObjectiveSection, TermSection, UpdateSection
 from grpolab.training.forward import TrainModule
 
 
@@ -134,6 +136,7 @@ class _Inputs(NamedTuple):
     num_seqs: int  # N, all ranks
     num_tokens: float  # loss-carrying tokens, all ranks
     watched: WatchedTokens | None = None
+    bonus_tokens: float = 0.0  # the entropy bonus's tokens (loss-carrying, and selected by entropy), all ranks
 
 
 SUMS = ("loss", "policy", "kl_tok", "clip_tok", "ratio_tok", "diff_sum", "diff_tok", "weight_tok")
@@ -159,6 +162,7 @@ class Updater:
         eos_id: int,
         reference: TrainModule | None = None,
         reference_is_base: bool = False,
+        terms: TermSection | None = None,
     ):
         self.objective, self.passes, self.max_grad_norm, self.max_policy_tokens = (
             objective,
@@ -168,7 +172,18 @@ class Updater:
         )
         self.policy, self.optimizer, self.scheduler, self.world = policy, optimizer, scheduler, world
         self.eos_id, self.reference, self.reference_is_base = eos_id, reference, reference_is_base
-        self.term_params = TermParams(**{f.name: getattr(objective, f.name) for f in dataclasses.fields(TermParams)})
+        self.terms = terms = terms or TermSection()  # the policy term: --loss-type and its constants
+        self.term_params = TermParams(**{f.name: getattr(terms, f.name) for f in dataclasses.fields(TermParams)})
+        self.aggregation = effective_aggregation(terms.loss_type, objective.aggregation)
+        self.entropy: EntropyControl | None = None
+        """The entropy bonus's coefficient and schedule (--entropy-coef, --adaptive-entropy); None without one."""
+        if terms.entropy_bonus:
+            t = terms
+            self.entropy = EntropyControl(
+                t.entropy_coef, t.adaptive_entropy, t.entropy_target, t.entropy_coef_delta, t.entropy_coef_min,
+                t.entropy_coef_max,
+            )  # fmt: skip
+        self._bonus_coef = 0.0  # the coefficient of the optimizer step being taken
         self.watched: WatchedTokens | None = None
         """The last update's :class:`WatchedTokens` (None unless it was given ``watch`` rows)."""
 
@@ -210,13 +225,14 @@ class Updater:
         # to the loss and its gradient (every term is ratio * 0), so it is not run at all; nor is a
         # rollout with no loss-carrying token. Normalisers stay those of the whole batch, so the gradient is unchanged.
         credited = adv != 0 if adv.dim() == 1 else ((adv != 0) & loss_mask[:, : adv.shape[1]].bool()).any(dim=1)
-        live = carries if obj.beta > 0 else carries & credited
+        live = carries if obj.beta > 0 or self.entropy is not None else carries & credited
         plan = self._plan(batch, live.nonzero().squeeze(1), N)
         old_logp, ref_logp = self._old_and_ref_logprobs(batch, plan)
         self.watched = None if watch is None else self._watch(watch, batch, loss_mask, plan)
         inputs = _Inputs(
-            batch, adv, loss_mask, entropy, threshold, old_logp, sampler_logp, ref_logp, N, num_tokens, self.watched
-        )
+            batch, adv, loss_mask, entropy, threshold, old_logp, sampler_logp, ref_logp, N, num_tokens, self.watched,
+            self._bonus_tokens(entropy, loss_mask, threshold, n, num_tokens),
+        )  # fmt: skip
         params = [p for p in self.policy.module.model.parameters() if p.requires_grad]
         sums = dict.fromkeys(SUMS, 0.0)
         sums["diff_max"] = 0.0
@@ -224,9 +240,12 @@ class Updater:
         for it in range(obj.mu):
             self.optimizer.zero_grad(set_to_none=True)
             finite = True
+            self._bonus_coef, sums["entropy_sum"] = (self.entropy.applied() if self.entropy else 0.0), 0.0
             for c_i, idx in enumerate(plan.chunks):
                 finite = self._loss_and_backward(inputs, plan, c_i, idx, sums, first=it == 0) and finite
             norm = self._optimizer_step(params, finite)
+            if self.entropy is not None:
+                self._observe_entropy(sums, inputs.bonus_tokens, first=it == 0)
             if norm is None:
                 skipped += 1
             else:
@@ -315,7 +334,10 @@ class Updater:
         padding = c_i >= plan.real
         sub = select(x.batch, idx)
         with train.sync(c_i == len(plan.chunks) - 1):  # reduce over ranks once, after the last pass
-            logp = train.logprobs(sub)  # [n, T]
+            if self.entropy is not None:
+                logp, ent_now = train.logprobs_and_entropy(sub)  # [n, T] each, differentiable
+            else:
+                logp = train.logprobs(sub)  # [n, T]
             sub_mask = sub.completion_mask if padding else x.loss_mask[idx, : sub.completion_mask.shape[1]]
             weights = selection = None
             if x.threshold is not None:
@@ -337,6 +359,10 @@ class Updater:
             loss, st = self._loss(logp, old, adv, sub_mask, x, c_i, weights, sampler, watching)
             if watching:
                 self._keep_watched(x.watched, idx, logp.detach(), st, sub_mask, selection, first)
+            if self.entropy is not None:  # - c H: this pass's share of the step's mean entropy
+                h = entropy_bonus(ent_now, sub_mask if selection is None else sub_mask * selection, x.bonus_tokens)
+                loss = loss - self._bonus_coef * h
+                sums["entropy_sum"] += 0.0 if padding else float(h.detach()) * x.bonus_tokens
             if padding:
                 loss = loss * 0.0
             # A non-finite loss still runs backward: the ranks stay in step, and the update is skipped.
@@ -360,7 +386,7 @@ class Updater:
             ref_logp=x.ref_logp.get(c_i),
             beta=obj.beta,
             kl=obj.kl,
-            aggregation=obj.loss_aggregation,
+            aggregation=self.aggregation,
             max_len=self.max_policy_tokens,
             num_seqs=x.num_seqs,
             num_tokens=x.num_tokens,
@@ -368,11 +394,30 @@ class Updater:
             clip_delta=obj.clip_delta or None,
             token_weights=weights,
             token_values=watching,
-            loss_type=obj.loss_type,
+            loss_type=self.terms.loss_type,
             params=self.term_params,
-            off_policy_threshold=obj.off_policy_mask_threshold or None,
+            off_policy_threshold=self.terms.off_policy_mask_threshold or None,
             sampling_logp=sampler,
         )
+
+    def _bonus_tokens(self, entropy, loss_mask, threshold, n: int, num_tokens: float) -> float:
+        """The entropy bonus's token count over all ranks: the loss-carrying tokens (those the entropy selection
+        keeps, with --top-entropy-quantile); 0 without a bonus."""
+        if self.entropy is None:
+            return 0.0
+        if threshold is None:
+            return num_tokens
+        ent = entropy[:n].to(loss_mask.device)
+        return dist_.all_sum([float(high_entropy_mask(ent, loss_mask, threshold.to(ent.device)).sum())], self.world)[0]
+
+    def _observe_entropy(self, sums: dict, bonus_tokens: float, first: bool) -> None:
+        """After an optimizer step: its mean entropy (all ranks) moves the adaptive coefficient; the first one's
+        (the sampling policy's) and its coefficient are the step's ``loss/entropy``, ``loss/entropy_coef``."""
+        total = dist_.all_sum([sums["entropy_sum"]], self.world)[0]
+        mean = total / max(bonus_tokens, 1.0)
+        if first:
+            sums["entropy_first"], sums["entropy_coef"] = mean, self._bonus_coef
+        self.entropy.observe(mean)
 
     def _add_stats(self, sums: dict, loss: torch.Tensor, st: dict, n_tok: float) -> None:
         """A pass's share of the step's loss statistics (means over the mu passes; token sums for token means)."""
@@ -471,8 +516,12 @@ class Updater:
         local = [sums[k] for k in SUMS] + [plan.rows.numel(), float(loss_mask[plan.rows].sum())]
         totals = dict(zip([*SUMS, "active", "active_tok"], dist_.all_sum(local, self.world)))
         active_tokens = max(1.0, totals["active_tok"])
+        bonus = {}
+        if self.entropy is not None:
+            bonus = {"loss/entropy": sums["entropy_first"], "loss/entropy_coef": sums["entropy_coef"]}
         return {
             **self._engine_metrics(totals, sums["diff_max"]),
+            **bonus,
             "loss/total": totals["loss"],
             "loss/policy": totals["policy"],
             "loss/kl": totals["kl_tok"] / active_tokens if self.has_reference else None,
