@@ -1,5 +1,8 @@
-"""Loss variants side by side on the built-in task: token vs sequence (GSPO) importance ratios with mu = 2,
-and with vs without --mask-truncated.
+"""Loss variants side by side on the built-in task, all with mu = 2 (two updates per batch, so that the ratios move
+away from 1 and the objectives differ): token vs sequence (GSPO) importance ratios, with vs without
+--mask-truncated, and the policy terms TRL added (--loss-type cispo, sapo, luspo, vespo, each with the aggregation
+TRL gives it), GDPO's --reward-normalisation normalize-then-sum (the built-in reward is accuracy + 0.1 format) and
+the adaptive entropy bonus.
 
 One `grpolab train` run per (variant, seed) (two at a time with --jobs 2), then `grpolab rank` on each run's
 final checkpoint with the variant's own options (the gradient that variant uses). Prints, per variant and
@@ -8,7 +11,7 @@ token entropy over the last 50 steps, the effective rank of the per-rollout grad
 the wall time; then the mean over seeds. Writes summary.json into --out.
 
     python benchmarks/loss_variants.py --out runs/variants [--seeds 0,1] [--steps 300] [--jobs 2]
-        [--variants token,sequence,sequence-gspo-clip,mask-truncated]
+        [--variants token,sequence,sequence-gspo-clip,mask-truncated,cispo,sapo,luspo,vespo,gdpo,entropy]
 
 Runs already finished in --out are reused (delete a run directory to redo it).
 """
@@ -33,6 +36,13 @@ VARIANTS: dict[str, list[str]] = {
     "sequence": MU2 + ["--importance-sampling", "sequence"],
     "sequence-gspo-clip": MU2 + ["--importance-sampling", "sequence", "--clip-low", "3e-4", "--clip-high", "4e-4"],
     "mask-truncated": MU2 + ["--mask-truncated"],
+    "cispo": MU2 + ["--loss-type", "cispo", "--aggregation", "token-mean"],
+    "sapo": MU2 + ["--loss-type", "sapo"],
+    "luspo": MU2 + ["--loss-type", "luspo", "--importance-sampling", "sequence"],
+    "vespo": MU2 + ["--loss-type", "vespo", "--aggregation", "token-mean"],
+    "gdpo": MU2 + ["--reward-normalisation", "normalize-then-sum"],
+    # the bonus engages once the entropy falls to 0.1 (it starts near 0.3 and ends near 0.12 without it)
+    "entropy": MU2 + ["--adaptive-entropy", "--entropy-target", "0.1", "--entropy-coef-delta", "0.002"],
 }
 
 
@@ -140,13 +150,26 @@ def main() -> None:
             f"{r['entropy']:>8.3f} {r['clip_frac']:>6.3f} {r['effective_rank']:>7.2f} [{r['effective_rank_lo']:.2f}, "
             f"{r['effective_rank_hi']:.2f}] {r['wall_s']:>5.0f}s"
         )
+    print(f"\nper variant, mean over seeds [95% t interval]; minus {results[0]['variant']} (paired by seed)")
+    base = {r["seed"]: r for r in results if r["variant"] == results[0]["variant"]}
     for v in dict.fromkeys(r["variant"] for r in results):
         rs = [r for r in results if r["variant"] == v]
+        diff = [r["sampled"] - base[r["seed"]]["sampled"] for r in rs if r["seed"] in base]
         print(
-            f"{v:<20} mean {statistics.fmean(r['sampled'] for r in rs):>8.3f} {statistics.fmean(r['greedy'] for r in rs):>7.3f} "
-            f"{statistics.fmean(r['truncated_frac'] for r in rs):>6.3f} {statistics.fmean(r['entropy'] for r in rs):>8.3f} "
-            f"{statistics.fmean(r['clip_frac'] for r in rs):>6.3f} {statistics.fmean(r['effective_rank'] for r in rs):>7.2f}"
+            f"{v:<20} sampled {_mean_ci([r['sampled'] for r in rs])}  greedy {_mean_ci([r['greedy'] for r in rs])}  "
+            f"eff. rank {_mean_ci([r['effective_rank'] for r in rs])}  sampled minus base {_mean_ci(diff)}"
         )
+
+
+def _mean_ci(xs: list[float]) -> str:
+    """The mean and its 95% t interval (two-sided) over seeds."""
+    from grpolab.analysis.sweep import T975
+
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return f"{m:.3f}"
+    half = T975[len(xs) - 1] * statistics.stdev(xs) / len(xs) ** 0.5
+    return f"{m:.3f} [{m - half:.3f}, {m + half:.3f}]"
 
 
 if __name__ == "__main__":

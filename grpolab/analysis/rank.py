@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from grpolab.algo.advantages import compute_advantages
-from grpolab.algo.loss import loss_token_mask
-from grpolab.algo.names import ESTIMATORS
+from grpolab.algo.loss import effective_aggregation, loss_token_mask
+from grpolab.algo.names import AGGREGATIONS, ESTIMATORS, LOSS_TYPES
 from grpolab.analysis.config import ProbeConfig
 from grpolab.analysis.pool import ProbeSampler, probe_sampler
 from grpolab.common import distributed, streams
@@ -64,8 +64,11 @@ class RankConfig(ProbeConfig):
     """Probe prompts per checkpoint (the first of the task's fixed 500-question probe set)."""
     estimator: str = "grpo"
     """Advantage estimator for A (the Foundations paper analyses the group mean, 'grpo')."""
-    aggregation: str = "seq-mean-token-mean"
-    """Per-token weights of psi, as in the loss (1/|o_i| for GRPO)."""
+    aggregation: str = dataclasses.field(default="seq-mean-token-mean", metadata=FROM_RUN)
+    """Per-token weights of psi, as in the loss (1/|o_i| for GRPO; a run: its own)."""
+    loss_type: str = dataclasses.field(default="clip", metadata=FROM_RUN)
+    """The run's policy term: at the sampling weights (ratio 1) every --loss-type has the clip's gradient, so it
+    changes only the aggregation (luspo: seq-mean-token-sum). A run: its own."""
     mask_truncated: bool = dataclasses.field(default=False, metadata=FROM_RUN)
     """Give completions cut at --max-new-tokens no weight, as --mask-truncated in training (a run: its own)."""
     top_entropy_quantile: float = dataclasses.field(default=1.0, metadata=FROM_RUN)
@@ -110,7 +113,8 @@ def measure_prompt(policy: Policy, sampler: ProbeSampler, record: dict, R: int, 
         row.update(spectrum_metrics(torch.zeros(R)))
         return row
     # the loss's per-token weights, times the tokens that carry loss (--mask-truncated, --top-entropy-quantile)
-    weights = token_weights(batch.completion_mask, cfg.aggregation, cfg.max_new_tokens) * loss_token_mask(
+    aggregation = effective_aggregation(cfg.loss_type, cfg.aggregation)
+    weights = token_weights(batch.completion_mask, aggregation, cfg.max_new_tokens) * loss_token_mask(
         batch.completion_ids,
         batch.completion_mask,
         policy.eos_id,
@@ -212,6 +216,11 @@ def run_rank(cfg: RankConfig, log=print, given: Given = NOTHING) -> dict:
     ckpts = [(s, check_intact(t)) for s, t in select_steps(run_targets(cfg.checkpoint), cfg.steps)]
     task, records, sampler = probe_task(ckpts[0][1], cfg, given)
     cfg = task.fill(cfg)  # what was measured with: the run's sampling, reward and token options where not given
+    if cfg.aggregation not in AGGREGATIONS or cfg.loss_type not in LOSS_TYPES:
+        raise ConfigError(
+            f"rank: aggregation {cfg.aggregation!r} / loss type {cfg.loss_type!r}: choose from {AGGREGATIONS} / "
+            f"{LOSS_TYPES}"
+        )
     mine = world.split(len(records))
     results = []
     total = len(ckpts) * len(cfg.group_sizes) * len(mine)

@@ -22,7 +22,7 @@ from grpolab.config.train import ConfigError, TrainConfig
 from grpolab.training.runlog import read_metrics
 
 # two-sided 97.5% Student-t quantiles by degrees of freedom, for the CI over few seeds
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 @dataclasses.dataclass
@@ -120,7 +120,7 @@ def mean_ci_t(values: list[float]) -> tuple[float, float, float]:
     m = statistics.fmean(values)
     if len(values) < 2:
         return m, math.nan, math.nan
-    half = _T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    half = T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
     return m, m - half, m + half
 
 
