@@ -249,6 +249,12 @@ def test_invalid_objective_options_name_the_field(over, field):
         TrainConfig(**over).validate()
 
 
+@pytest.mark.parametrize("trl,aggregation", [("dapo", "token-mean"), ("grpo", "seq-mean-token-mean")])
+def test_trl_s_aggregation_loss_types_point_to_aggregation(trl, aggregation):
+    with pytest.raises(ConfigError, match=f"--loss-type: TRL's .* --aggregation {aggregation} "):
+        TrainConfig(loss_type=trl).validate()
+
+
 def test_luspo_aggregates_by_the_rollout_s_sum():
     assert effective_aggregation("luspo", "seq-mean-token-mean") == "seq-mean-token-sum"
     assert effective_aggregation("cispo", "token-mean") == "token-mean"
@@ -458,3 +464,55 @@ def test_the_training_forward_s_entropies_equal_the_sampler_s_on_every_path(path
     torch.testing.assert_close(both[..., 0], completion_logprobs(model, batch), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(both[..., 1], completion_entropy(model, batch).double(), rtol=1e-6, atol=1e-6)
     assert both[..., 1][batch.completion_mask.bool()].min() > 0
+
+
+# ---------------------------------------------------------------- the probe's rows for any objective
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(loss_type="clip", aggregation="seq-mean-token-mean"),
+        dict(loss_type="cispo", aggregation="token-mean", params=TermParams(cispo_cap=1.01)),
+        dict(loss_type="sapo", aggregation="seq-mean-token-mean"),
+        dict(loss_type="luspo", aggregation="seq-mean-token-sum", importance_sampling="sequence"),
+        dict(loss_type="vespo", aggregation="token-mean"),
+    ],
+    ids=lambda o: o["loss_type"],
+)
+def test_the_gram_of_logp_weights_is_the_gram_of_explicit_per_rollout_gradients(options):
+    """Away from ratio 1 (old log-probs shifted): the score Gram matrix with logp_weights' weights equals the Gram
+    matrix of each rollout's own gradient of the objective's loss, computed by a backward of its own (float64,
+    built-in model), to 1e-8."""
+    from test_loss import _model_and_batch
+
+    from grpolab.algo.loss import logp_weights
+    from grpolab.common.batch import select
+    from grpolab.models.logprobs import completion_logprobs
+    from grpolab.probes.gram import score_gram
+
+    model, batch = _model_and_batch()
+    model = model.double().eval()
+    N = batch.completion_ids.shape[0]
+    with torch.no_grad():
+        logp = completion_logprobs(model, batch)
+    g = torch.Generator().manual_seed(3)
+    old = logp + 0.2 * torch.randn(logp.shape, generator=g, dtype=torch.float64)
+    adv = torch.tensor([1.0, -0.5, 0.25, -1.5, 0.8, -0.1], dtype=torch.float64)
+    mask = batch.completion_mask
+    w = logp_weights(logp, old, adv, mask, **options)
+    psi = score_gram(model, batch, w)
+    params = [p for p in model.parameters() if p.requires_grad]
+    rows = []
+    for i in range(N):  # rollout i's gradient: the loss's terms of row i alone (whole-batch normalisers)
+        sub = select(batch, torch.tensor([i]))
+        lp = completion_logprobs(model, sub)
+        T = lp.shape[1]
+        loss, _ = policy_loss(lp, old[i : i + 1, :T], adv[i : i + 1], sub.completion_mask, **options, num_seqs=N,
+                              num_tokens=float(mask.sum()))  # fmt: skip
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        rows.append(
+            torch.cat([(gr if gr is not None else torch.zeros_like(p)).flatten() for gr, p in zip(grads, params)])
+        )
+    explicit = torch.stack(rows) @ torch.stack(rows).T
+    torch.testing.assert_close(psi.double(), explicit, rtol=1e-8, atol=1e-8 * float(explicit.abs().max()))

@@ -266,6 +266,20 @@ def policy_loss(
         return loss, _token_stats(policy, kl_tok, clipped_taken, ratio, mask.to(logp.dtype)) | values
 
 
+def logp_weights(
+    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, **loss_options
+) -> torch.Tensor:
+    """``[N, T]`` float64: d loss / d logp_it, the weight of each token's score grad log pi(o_it) in the gradient of
+    :func:`policy_loss` (with ``loss_options``): grad L = sum_it w_it grad logp_it, for any loss type, aggregation and
+    ratio. So the per-rollout gradient rows the probes take the spectrum of are ``sum_t w_it grad logp_it`` (the Gram
+    matrix of ``grpolab.probes.gram.score_gram`` with these weights), whatever the objective; at ratio 1 with the
+    clip they are -A_i times the aggregation's weights. (The KL term, if ``beta`` is given, is included.)"""
+    leaf = logp.detach().double().requires_grad_(True)
+    loss, _ = policy_loss(leaf, old_logp.detach().double(), advantages.detach().double(), mask, **loss_options)
+    (w,) = torch.autograd.grad(loss, leaf)
+    return w
+
+
 def policy_term(
     loss_type: str,
     logp: torch.Tensor,

@@ -19,6 +19,13 @@ from grpolab.algo.names import (
 from grpolab.config.fields import bad, check_counts
 
 GROUP_BASELINES = ("grpo", "grpo_std", "rloo")
+# TRL's loss_type values that name an aggregation of the clipped term, and grpolab's --aggregation for each
+TRL_AGGREGATION_LOSS_TYPES = {
+    "grpo": "seq-mean-token-mean",
+    "dapo": "token-mean",
+    "bnpo": "token-mean",
+    "dr_grpo": "seq-mean-token-sum-norm",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +198,12 @@ class TermSection:
 
     def validate(self) -> None:
         """Each option alone; against the objective's options: :meth:`check_with`."""
+        if self.loss_type in TRL_AGGREGATION_LOSS_TYPES:
+            raise bad(
+                "loss_type",
+                f"TRL's loss_type={self.loss_type!r} is an aggregation here: --aggregation "
+                f"{TRL_AGGREGATION_LOSS_TYPES[self.loss_type]} (the policy term stays --loss-type clip)",
+            )
         if self.loss_type not in LOSS_TYPES:
             raise bad("loss_type", f"must be one of {LOSS_TYPES}, got {self.loss_type!r}")
         positive = ("cispo_cap", "sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg")

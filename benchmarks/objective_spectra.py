@@ -1,0 +1,183 @@
+"""What each policy term does to the gradient, from one checkpoint: the spectrum of the per-rollout gradient matrix
+(effective rank, top-1 energy) of each --loss-type's update, and where its update moves the log-probs.
+
+The same G rollouts of each of --prompts probe prompts (the probe's seeded draw, scored by the task's reward) are
+given to every objective. For each objective, from the same weights:
+
+1. first pass (ratio 1): the per-rollout rows sum_t w_it grad log pi(o_it), w = d loss / d logp
+   (grpolab.algo.loss.logp_weights), and one AdamW step on every probe group's loss (whole-step normalisers);
+2. second pass (mu = 2): the same rows at the moved weights, against the sampling-time log-probs, where the
+   objectives part ways (ratios away from 1), and a second AdamW step;
+3. after the two steps: |d log pi| per token, and the share of it on the final-answer tokens (token_credit's
+   segments).
+
+Rank and top-1 energy are means over the prompts whose rewards vary, with normal 95% intervals over those prompts.
+At ratio 1 every objective has the clip's direction for its aggregation: the first-pass columns differ only by the
+aggregation. Writes objectives.json into --out.
+
+    python benchmarks/objective_spectra.py --model smollm2-135m-instruct --data train.parquet \\
+        --reward-fn reward.py:last_letter --max-new-tokens 16 --prompts 48 --group-size 8 --lr 2e-5 --out runs/obj
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from grpolab.algo.advantages import compute_advantages
+from grpolab.algo.loss import TermParams, logp_weights, policy_loss
+from grpolab.analysis.pool import probe_sampler
+from grpolab.analysis.rank import RankConfig
+from grpolab.common import streams
+from grpolab.common.given import NOTHING
+from grpolab.common.rng import set_threads
+from grpolab.common.stats import mean_ci
+from grpolab.config.rollout import RewardSection
+from grpolab.eval.runs import check_intact, load_task_policy, probe_task, run_targets
+from grpolab.models.logprobs import completion_logprobs
+from grpolab.probes.gram import score_gram
+from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
+from grpolab.probes.token_credit import token_segments, token_spans
+
+# name: policy_loss options (each with the aggregation TRL gives it; clip twice, to separate aggregation from term)
+OBJECTIVES = {
+    "clip": dict(loss_type="clip", aggregation="seq-mean-token-mean"),
+    "clip-token-mean": dict(loss_type="clip", aggregation="token-mean"),
+    "cispo": dict(loss_type="cispo", aggregation="token-mean"),
+    "sapo": dict(loss_type="sapo", aggregation="seq-mean-token-mean"),
+    "luspo": dict(loss_type="luspo", aggregation="seq-mean-token-sum", importance_sampling="sequence"),
+    "vespo": dict(loss_type="vespo", aggregation="token-mean"),
+}
+
+
+def draw_groups(args) -> tuple:
+    """The probe's policy and its live groups: (batch, rewards, advantages) of each prompt whose rewards vary."""
+    reward = RewardSection(reward_fn=tuple(args.reward_fn)) if args.reward_fn else RewardSection()
+    cfg = RankConfig(
+        checkpoint=args.model, data=args.data, reward=reward, max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature, prompts=args.prompts, group_sizes=(args.group_size,), seed=args.seed,
+    )  # fmt: skip
+    step, target = run_targets(cfg.checkpoint)[-1]
+    target = check_intact(target)
+    task, records, sampler = probe_task(target, cfg, NOTHING)
+    policy = load_task_policy(target, task, sampler=sampler)
+    policy.model.eval()
+    groups = []
+    with contextlib.closing(probe_sampler(policy, task, "hf", print, records)) as draw:
+        for k, record in enumerate(records[: args.prompts]):
+            batch, rewards, _ = draw(record, args.group_size, (streams.PROBE, args.seed, step, k))
+            if bool((rewards != rewards[0]).any()):
+                groups.append((batch, rewards, compute_advantages(rewards[None, :].float(), "grpo_std")[0]))
+    return policy, groups
+
+
+def _rows_spectrum(model, batch, old, adv, options) -> dict:
+    """Spectrum of the group's per-rollout gradient rows under ``options`` at ``model``'s weights."""
+    with torch.no_grad():
+        logp = completion_logprobs(model, batch)
+    w = logp_weights(logp, old, adv, batch.completion_mask, **options)  # [G, T]
+    psi = score_gram(model, batch, w)
+    return spectrum_metrics(singular_values_from_gram(psi, torch.ones(psi.shape[0], dtype=torch.float64)))
+
+
+def _step(model, opt, groups, olds, options) -> dict:
+    """One AdamW step on every group's loss, with the whole step's normalisers; the mean |log ratio| it started
+    from and the share of tokens where the term clipped (truncated)."""
+    opt.zero_grad(set_to_none=True)
+    N = sum(b.completion_ids.shape[0] for b, _, _ in groups)
+    tokens = float(sum(b.completion_mask.sum() for b, _, _ in groups))
+    gap = clipped = 0.0
+    for (batch, _, adv), old in zip(groups, olds):
+        logp = completion_logprobs(model, batch)
+        loss, st = policy_loss(logp, old, adv.double(), batch.completion_mask, num_seqs=N, num_tokens=tokens, **options)
+        loss.backward()
+        m = batch.completion_mask.bool()
+        gap += float((logp.detach() - old)[m].abs().sum())
+        clipped += float(st["clip_frac"]) * float(m.sum())
+    opt.step()
+    return {"abs_log_ratio": gap / tokens, "clip_frac": clipped / tokens}
+
+
+def answer_share(tokenizer, groups, olds, model) -> float:
+    """Share of sum |d log pi| over the probe's tokens that lies on final-answer tokens."""
+    on_answer = total = 0.0
+    for (batch, _, _), old in zip(groups, olds):
+        with torch.no_grad():
+            d = (completion_logprobs(model, batch) - old).abs()
+        for i in range(batch.completion_ids.shape[0]):
+            n = int(batch.completion_mask[i].sum())
+            ids = batch.completion_ids[i, :n].tolist()
+            seg = token_segments(token_spans(lambda x: tokenizer.decode(x), ids))
+            on_answer += sum(float(d[i, t]) for t in range(n) if seg[t] == "answer")
+            total += float(d[i, :n].sum())
+    return on_answer / total if total else float("nan")
+
+
+def one_objective(policy, groups, olds, name: str, options: dict, lr: float, cap: float) -> dict:
+    opts = {**options, "params": TermParams(cispo_cap=cap)}
+    model = copy.deepcopy(policy.model)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    t0 = time.perf_counter()
+    first = [_rows_spectrum(model, b, old, a, opts) for (b, _, a), old in zip(groups, olds)]
+    pass1 = _step(model, opt, groups, olds, opts)
+    second = [_rows_spectrum(model, b, old, a, opts) for (b, _, a), old in zip(groups, olds)]
+    pass2 = _step(model, opt, groups, olds, opts)
+    out = {"objective": name, "options": {k: v for k, v in options.items()}, "pass1": pass1, "pass2": pass2}
+    for label, rows in (("ratio1", first), ("pass2", second)):
+        for key in ("effective_rank", "top1_fraction"):
+            out[f"{label}_{key}"] = mean_ci([r[key] for r in rows])
+    out["answer_share"] = answer_share(policy.tokenizer, groups, olds, model)
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--data", default="")
+    p.add_argument("--reward-fn", action="append", default=[])
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--prompts", type=int, default=48)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=2e-5)
+    p.add_argument("--cispo-cap", type=float, default=5.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--objectives", default=",".join(OBJECTIVES))
+    p.add_argument("--out", default="runs/objectives")
+    args = p.parse_args()
+    set_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    policy, groups = draw_groups(args)
+    print(f"{len(groups)} of {args.prompts} prompts have reward variance (G = {args.group_size})")
+    olds = []
+    for batch, _, _ in groups:  # the sampling-time log-probs: the same for every objective
+        with torch.no_grad():
+            olds.append(completion_logprobs(policy.model, batch).double())
+    results = []
+    for name in args.objectives.split(","):
+        res = one_objective(policy, groups, olds, name, OBJECTIVES[name], args.lr, args.cispo_cap)
+        results.append(res)
+        r1, r2 = res["ratio1_effective_rank"], res["pass2_effective_rank"]
+        t1, t2 = res["ratio1_top1_fraction"], res["pass2_top1_fraction"]
+        print(
+            f"{name:<16} ratio 1: rank {r1[0]:.3f} [{r1[1]:.3f}, {r1[2]:.3f}] top1 {t1[0]:.3f} | "
+            f"pass 2: rank {r2[0]:.3f} [{r2[1]:.3f}, {r2[2]:.3f}] top1 {t2[0]:.3f} [{t2[1]:.3f}, {t2[2]:.3f}] | "
+            f"|log r| {res['pass2']['abs_log_ratio']:.4f} clipped {res['pass2']['clip_frac']:.3f} | "
+            f"answer share {res['answer_share']:.3f} ({res['seconds']:.0f} s)"
+        )
+    (out / "objectives.json").write_text(
+        json.dumps({"args": vars(args), "groups": len(groups), "results": results}, indent=2)
+    )
+
+
+if __name__ == "__main__":
+    main()
