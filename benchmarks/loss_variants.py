@@ -11,7 +11,7 @@ token entropy over the last 50 steps, the effective rank of the per-rollout grad
 the wall time; then the mean over seeds. Writes summary.json into --out.
 
     python benchmarks/loss_variants.py --out runs/variants [--seeds 0,1] [--steps 300] [--jobs 2]
-        [--variants token,sequence,sequence-gspo-clip,mask-truncated,cispo,sapo,luspo,vespo,gdpo,entropy]
+        [--variants token,sequence,sequence-gspo-clip,mask-truncated,token-mean,cispo,sapo,luspo,vespo,gdpo,entropy]
 
 Runs already finished in --out are reused (delete a run directory to redo it).
 """
@@ -36,6 +36,7 @@ VARIANTS: dict[str, list[str]] = {
     "sequence": MU2 + ["--importance-sampling", "sequence"],
     "sequence-gspo-clip": MU2 + ["--importance-sampling", "sequence", "--clip-low", "3e-4", "--clip-high", "4e-4"],
     "mask-truncated": MU2 + ["--mask-truncated"],
+    "token-mean": MU2 + ["--aggregation", "token-mean"],  # TRL's default loss_type, dapo
     "cispo": MU2 + ["--loss-type", "cispo", "--aggregation", "token-mean"],
     "sapo": MU2 + ["--loss-type", "sapo"],
     "luspo": MU2 + ["--loss-type", "luspo", "--importance-sampling", "sequence"],

@@ -516,3 +516,28 @@ def test_the_gram_of_logp_weights_is_the_gram_of_explicit_per_rollout_gradients(
         )
     explicit = torch.stack(rows) @ torch.stack(rows).T
     torch.testing.assert_close(psi.double(), explicit, rtol=1e-8, atol=1e-8 * float(explicit.abs().max()))
+
+
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo", "luspo", "vespo"])
+def test_the_rank_probe_and_the_token_credit_view_take_every_objective(tmp_path, loss_type):
+    """A run with each --loss-type, mu = 2, the online probe and the token-credit records: the probe measures its
+    groups (at ratio 1 each term's gradient is the clip's with the loss's aggregation) and the credit view records
+    the watched rollouts' tokens with the loss's own ratios; their values are finite."""
+    import json
+
+    from helpers import train_cli
+
+    from grpolab.training.runlog import read_metrics
+
+    extra = ["--importance-sampling", "sequence"] if loss_type == "luspo" else []
+    run = train_cli(
+        tmp_path, loss_type, 2, "--loss-type", loss_type, *extra, "--mu", "2", "--probe-every", "1",
+        "--probe-groups", "2", "--log-token-credit", "2", "--reward-fn", "reward_fixtures:odd_code_sum",
+        "--format-weight", "0",
+    )  # fmt: skip
+    rows = read_metrics(run / "metrics.jsonl")[1:]
+    assert all(r["probe/groups_measured"] > 0 and math.isfinite(r["probe/eff_rank"]) for r in rows)
+    assert all(math.isfinite(r["credit/abs_mean"]) for r in rows)
+    records = [json.loads(line) for line in open(run / "token_credit.jsonl")]
+    assert len(records) == 4 and all(len(r["ratio"]) == len(r["dlogp"]) for r in records)
+    assert any(abs(x - 1.0) > 1e-6 for r in records for x in r["ratio"] if x is not None)  # mu 2: off ratio 1
