@@ -18,46 +18,27 @@ from grpolab.rollout.sampler import sample
 PAIRS = [("grpo", "seq-mean-token-mean"), ("bnpo", "token-mean"), ("dr_grpo", "seq-mean-token-sum-norm")]
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    policy = load_policy("builtin")
+def _sampled(policy, seed: int, max_new_tokens: int = 12):
+    """8 rollouts (4 arithmetic prompts x 2) of the built-in policy, drawn from streams (seed, i)."""
     prompts = [policy.prompt_ids({"question": q}) for q in ("12+7-3", "23*7", "45-(12+7)", "161/7")]
-    batch = sample(
+    return sample(
         policy.model,
         [p for p in prompts for _ in range(2)],
-        [(11, i) for i in range(8)],
-        max_new_tokens=12,
+        [(seed, i) for i in range(8)],
+        max_new_tokens=max_new_tokens,
         temperature=1.0,
         top_p=1.0,
         eos_id=policy.eos_id,
         pad_id=policy.pad_id,
     )
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    policy = load_policy("builtin")
+    batch = _sampled(policy, 11)
     adv = torch.tensor([0.5, -0.5, 1.0, -1.0, 0.3, -0.3, 0.0, 0.0])
-    trainers = {}
-    for loss_type, _ in PAIRS:
-        cfg = GRPOConfig(
-            output_dir=str(tmp_path_factory.mktemp(loss_type)),
-            per_device_train_batch_size=8,
-            num_generations=2,
-            max_completion_length=12,
-            beta=0.0,
-            use_cpu=True,
-            bf16=False,
-            loss_type=loss_type,
-            report_to="none",
-            save_strategy="no",
-            gradient_checkpointing=False,
-        )
-        trainers[loss_type] = GRPOTrainer(
-            model=policy.model,
-            reward_funcs=lambda completions, **k: [0.0] * len(completions),
-            args=cfg,
-            train_dataset=Dataset.from_list([{"prompt": "1+1\n"}] * 8),
-            processing_class=policy.tokenizer,
-        )
+    trainers = {lt: _trl_trainer(policy, tmp_path_factory.mktemp(lt), loss_type=lt) for lt, _ in PAIRS}
     return policy, batch, adv, trainers
 
 
@@ -103,34 +84,11 @@ VARIANTS = {
 
 @pytest.fixture(scope="module")
 def variant_trainers(setup, tmp_path_factory):
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
     policy = setup[0]
-    out = {}
-    for name, extra in VARIANTS.items():
-        cfg = GRPOConfig(
-            output_dir=str(tmp_path_factory.mktemp(name)),
-            per_device_train_batch_size=8,
-            num_generations=2,
-            max_completion_length=12,
-            beta=0.0,
-            use_cpu=True,
-            bf16=False,
-            loss_type="grpo",
-            report_to="none",
-            save_strategy="no",
-            gradient_checkpointing=False,
-            **extra,
-        )
-        out[name] = GRPOTrainer(
-            model=policy.model,
-            reward_funcs=lambda completions, **k: [0.0] * len(completions),
-            args=cfg,
-            train_dataset=Dataset.from_list([{"prompt": "1+1\n"}] * 8),
-            processing_class=policy.tokenizer,
-        )
-    return out
+    return {
+        name: _trl_trainer(policy, tmp_path_factory.mktemp(name), loss_type="grpo", **extra)
+        for name, extra in VARIANTS.items()
+    }
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -142,17 +100,7 @@ def test_variant_loss_and_gradient_equal_trl(setup, variant_trainers, name):
     policy, batch, adv, _ = setup
     model, trainer = policy.model, variant_trainers[name]
     if name == "mask-truncated":  # completions long enough that some end before the limit
-        prompts = [policy.prompt_ids({"question": q}) for q in ("12+7-3", "23*7", "45-(12+7)", "161/7")]
-        batch = sample(
-            model,
-            [p for p in prompts for _ in range(2)],
-            [(12, i) for i in range(8)],
-            max_new_tokens=20,
-            temperature=1.0,
-            top_p=1.0,
-            eos_id=policy.eos_id,
-            pad_id=policy.pad_id,
-        )
+        batch = _sampled(policy, 12, max_new_tokens=20)
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     with torch.no_grad():
@@ -237,17 +185,7 @@ def float64_setup():
     """The built-in model in float64 and a sampled batch of 8 rollouts (4 prompts x 2)."""
     policy = load_policy("builtin")
     policy.model.double()
-    prompts = [policy.prompt_ids({"question": q}) for q in ("12+7-3", "23*7", "45-(12+7)", "161/7")]
-    batch = sample(
-        policy.model,
-        [p for p in prompts for _ in range(2)],
-        [(13, i) for i in range(8)],
-        max_new_tokens=12,
-        temperature=1.0,
-        top_p=1.0,
-        eos_id=policy.eos_id,
-        pad_id=policy.pad_id,
-    )
+    batch = _sampled(policy, 13)
     return policy, batch
 
 

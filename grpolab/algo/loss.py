@@ -56,7 +56,9 @@ from grpolab.algo.names import AGGREGATIONS, IMPORTANCE_SAMPLING, KL_ESTIMATORS,
 
 @dataclasses.dataclass(frozen=True)
 class TermParams:
-    """The constants of the policy terms other than ``clip`` (defaults: TRL's, except ``cispo_cap``)."""
+    """The constants of the policy terms other than ``clip`` (defaults: TRL's, except ``cispo_cap``). The same names
+    as the run's options (grpolab.config.objective.TermSection), which the trainer copies here: the math does not
+    import the config."""
 
     cispo_cap: float = 5.0
     """cispo: the importance weight's upper bound (MiniMax-M1's 1 + eps_high^IS; TRL's ``epsilon_high`` under
