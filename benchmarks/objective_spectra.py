@@ -12,8 +12,9 @@ given to every objective. For each objective, from the same weights:
    segments).
 
 Rank and top-1 energy are means over the prompts whose rewards vary, with normal 95% intervals over those prompts.
-At ratio 1 every objective has the clip's direction for its aggregation: the first-pass columns differ only by the
-aggregation. Writes objectives.json into --out.
+At ratio 1 every objective has the clip's direction for its aggregation (tests/test_objectives.py), so the
+first-pass spectrum is measured once per direction (seq-mean-token-sum's is token-mean's, times a constant). Writes
+objectives.json into --out; prints a line per objective as it finishes.
 
     python benchmarks/objective_spectra.py --model smollm2-135m-instruct --data train.parquet \\
         --reward-fn reward.py:last_letter --max-new-tokens 16 --prompts 48 --group-size 8 --lr 2e-5 --out runs/obj
@@ -119,12 +120,18 @@ def answer_share(tokenizer, groups, olds, model) -> float:
     return on_answer / total if total else float("nan")
 
 
-def one_objective(policy, groups, olds, name: str, options: dict, lr: float, cap: float) -> dict:
+def one_objective(policy, groups, olds, name: str, options: dict, lr: float, cap: float, at_ratio1: dict) -> dict:
+    """``at_ratio1``: the first pass's spectra by direction, shared by the objectives: at ratio 1 each term's rows are
+    the clip's with its aggregation, and seq-mean-token-sum weighs tokens as token-mean does (times a constant)."""
     opts = {**options, "params": TermParams(cispo_cap=cap)}
     model = copy.deepcopy(policy.model)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     t0 = time.perf_counter()
-    first = [_rows_spectrum(model, b, old, a, opts) for (b, _, a), old in zip(groups, olds)]
+    direction = "token-mean" if options["aggregation"] == "seq-mean-token-sum" else options["aggregation"]
+    if direction not in at_ratio1:
+        clip = {"loss_type": "clip", "aggregation": direction}
+        at_ratio1[direction] = [_rows_spectrum(model, b, old, a, clip) for (b, _, a), old in zip(groups, olds)]
+    first = at_ratio1[direction]
     pass1 = _step(model, opt, groups, olds, opts)
     second = [_rows_spectrum(model, b, old, a, opts) for (b, _, a), old in zip(groups, olds)]
     pass2 = _step(model, opt, groups, olds, opts)
@@ -162,9 +169,9 @@ def main() -> None:
     for batch, _, _ in groups:  # the sampling-time log-probs: the same for every objective
         with torch.no_grad():
             olds.append(completion_logprobs(policy.model, batch).double())
-    results = []
+    results, at_ratio1 = [], {}
     for name in args.objectives.split(","):
-        res = one_objective(policy, groups, olds, name, OBJECTIVES[name], args.lr, args.cispo_cap)
+        res = one_objective(policy, groups, olds, name, OBJECTIVES[name], args.lr, args.cispo_cap, at_ratio1)
         results.append(res)
         r1, r2 = res["ratio1_effective_rank"], res["pass2_effective_rank"]
         t1, t2 = res["ratio1_top1_fraction"], res["pass2_top1_fraction"]
