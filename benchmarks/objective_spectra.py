@@ -8,10 +8,11 @@ given to every objective. For each objective, from the same weights:
    (grpolab.algo.loss.logp_weights), and one AdamW step on every probe group's loss (whole-step normalisers);
 2. second pass (mu = 2): the same rows at the moved weights, against the sampling-time log-probs, where the
    objectives part ways (ratios away from 1), and a second AdamW step;
-3. after the two steps: |d log pi| per token, and the share of it on the final-answer tokens (token_credit's
-   segments).
+3. after the two steps: |d log pi| per token, and each group's share of it on the final-answer tokens
+   (token_credit's segments).
 
-Rank and top-1 energy are means over the prompts whose rewards vary, with normal 95% intervals over those prompts.
+Rank, top-1 energy and the answer share are means over the prompts whose rewards vary, with normal 95% intervals
+over those prompts.
 At ratio 1 every objective has the clip's direction for its aggregation (tests/test_objectives.py), so the
 first-pass spectrum is measured once per direction (seq-mean-token-sum's is token-mean's, times a constant). Writes
 objectives.json into --out; prints a line per objective as it finishes.
@@ -105,19 +106,21 @@ def _step(model, opt, groups, olds, options) -> dict:
     return {"abs_log_ratio": gap / tokens, "clip_frac": clipped / tokens}
 
 
-def answer_share(tokenizer, groups, olds, model) -> float:
-    """Share of sum |d log pi| over the probe's tokens that lies on final-answer tokens."""
-    on_answer = total = 0.0
+def answer_shares(tokenizer, groups, olds, model) -> list[float]:
+    """Each probe group's share of its sum |d log pi| (from the sampling-time log-probs to ``model``'s) that lies on
+    final-answer tokens (token_credit's segments); NaN for a group whose log-probs did not move."""
+    shares = []
     for (batch, _, _), old in zip(groups, olds):
         with torch.no_grad():
             d = (completion_logprobs(model, batch) - old).abs()
+        on_answer = total = 0.0
         for i in range(batch.completion_ids.shape[0]):
             n = int(batch.completion_mask[i].sum())
-            ids = batch.completion_ids[i, :n].tolist()
-            seg = token_segments(token_spans(lambda x: tokenizer.decode(x), ids))
+            seg = token_segments(token_spans(tokenizer.decode, batch.completion_ids[i, :n].tolist()))
             on_answer += sum(float(d[i, t]) for t in range(n) if seg[t] == "answer")
             total += float(d[i, :n].sum())
-    return on_answer / total if total else float("nan")
+        shares.append(on_answer / total if total else float("nan"))
+    return shares
 
 
 def one_objective(policy, groups, olds, name: str, options: dict, lr: float, cap: float, at_ratio1: dict) -> dict:
@@ -139,7 +142,7 @@ def one_objective(policy, groups, olds, name: str, options: dict, lr: float, cap
     for label, rows in (("ratio1", first), ("pass2", second)):
         for key in ("effective_rank", "top1_fraction"):
             out[f"{label}_{key}"] = mean_ci([r[key] for r in rows])
-    out["answer_share"] = answer_share(policy.tokenizer, groups, olds, model)
+    out["answer_share"] = mean_ci([x for x in answer_shares(policy.tokenizer, groups, olds, model) if x == x])
     out["seconds"] = time.perf_counter() - t0
     return out
 
@@ -179,7 +182,8 @@ def main() -> None:
             f"{name:<16} ratio 1: rank {r1[0]:.3f} [{r1[1]:.3f}, {r1[2]:.3f}] top1 {t1[0]:.3f} | "
             f"pass 2: rank {r2[0]:.3f} [{r2[1]:.3f}, {r2[2]:.3f}] top1 {t2[0]:.3f} [{t2[1]:.3f}, {t2[2]:.3f}] | "
             f"|log r| {res['pass2']['abs_log_ratio']:.4f} clipped {res['pass2']['clip_frac']:.3f} | "
-            f"answer share {res['answer_share']:.3f} ({res['seconds']:.0f} s)"
+            f"answer share {res['answer_share'][0]:.3f} [{res['answer_share'][1]:.3f}, {res['answer_share'][2]:.3f}] "
+            f"({res['seconds']:.0f} s)"
         )
     (out / "objectives.json").write_text(
         json.dumps({"args": vars(args), "groups": len(groups), "results": results}, indent=2)
