@@ -49,15 +49,7 @@ def test_loss_and_gradient_equal_trl(setup, loss_type, aggregation):
     model = policy.model
     trainer = trainers[loss_type]
     params = [p for p in model.parameters() if p.requires_grad]
-    inputs = {
-        "prompt_ids": batch.prompt_ids,
-        "prompt_mask": batch.prompt_mask,
-        "completion_ids": batch.completion_ids,
-        "completion_mask": batch.completion_mask,
-        "advantages": adv,
-        "old_per_token_logps": None,
-        "num_items_in_batch": batch.completion_mask.sum(),
-    }
+    inputs = _trl_inputs(batch, batch.completion_mask, adv, None)
     model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by TRL's training loop; one step, no accumulation
     trl_loss = trainer._compute_loss(model, inputs)
@@ -111,15 +103,7 @@ def test_variant_loss_and_gradient_equal_trl(setup, variant_trainers, name):
     if name == "mask-truncated":  # TRL zeroes a truncated completion's mask when it generates; ours is the same rule
         mask = loss_token_mask(batch.completion_ids, mask, policy.eos_id, mask_truncated=True).long()
         assert 0 < mask.any(1).sum() < mask.shape[0], "the batch must hold truncated and finished completions"
-    inputs = {
-        "prompt_ids": batch.prompt_ids,
-        "prompt_mask": batch.prompt_mask,
-        "completion_ids": batch.completion_ids,
-        "completion_mask": mask,
-        "advantages": adv,
-        "old_per_token_logps": old,
-        "num_items_in_batch": mask.sum(),
-    }
+    inputs = _trl_inputs(batch, mask, adv, old)
     trainer.current_gradient_accumulation_steps = 1
     trl_loss = trainer._compute_loss(model, inputs)
     trl_grad = torch.autograd.grad(trl_loss, params, allow_unused=True)
@@ -239,6 +223,20 @@ def _float64_logprobs(trainer, batch):
     trainer._get_per_token_logps_and_entropies = in_float64
 
 
+def _trl_inputs(batch, mask, adv, old) -> dict:
+    """The batch as TRL's _compute_loss takes it: ``mask`` the completion mask, ``old`` the old log-probs (None:
+    on-policy), the token count of the whole batch as num_items_in_batch."""
+    return {
+        "prompt_ids": batch.prompt_ids,
+        "prompt_mask": batch.prompt_mask,
+        "completion_ids": batch.completion_ids,
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": old,
+        "num_items_in_batch": mask.sum(),
+    }
+
+
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp(min=1e-300))
 
@@ -261,15 +259,7 @@ def test_each_objective_s_loss_and_gradient_equal_trl_s_in_float64(float64_setup
     old = (logp0 + 0.3 * torch.randn(logp0.shape, generator=g, dtype=torch.float64)).detach()
     adv = torch.tensor([0.5, -0.5, 1.0, -1.0, 0.3, -0.3, 0.0, 0.7], dtype=torch.float64)
     mask = batch.completion_mask
-    inputs = {
-        "prompt_ids": batch.prompt_ids,
-        "prompt_mask": batch.prompt_mask,
-        "completion_ids": batch.completion_ids,
-        "completion_mask": mask,
-        "advantages": adv,
-        "old_per_token_logps": old,
-        "num_items_in_batch": mask.sum(),
-    }
+    inputs = _trl_inputs(batch, mask, adv, old)
     _float64_logprobs(trainer, batch)
     trl_loss = trainer._compute_loss(model, inputs)
     assert trl_loss.dtype == torch.float64
@@ -315,15 +305,7 @@ def test_the_adaptive_entropy_coefficient_follows_trl_s_step_by_step(float64_set
     _float64_logprobs(trainer, batch)
     control = EntropyControl(0.02, adaptive=True, target=h + 0.1, delta=0.01, high=0.045)
     adv = torch.tensor([0.5, -0.5, 1.0, -1.0, 0.3, -0.3, 0.0, 0.7], dtype=torch.float64)
-    inputs = {
-        "prompt_ids": batch.prompt_ids,
-        "prompt_mask": batch.prompt_mask,
-        "completion_ids": batch.completion_ids,
-        "completion_mask": mask,
-        "advantages": adv,
-        "old_per_token_logps": None,
-        "num_items_in_batch": mask.sum(),
-    }
+    inputs = _trl_inputs(batch, mask, adv, None)
     applied = []
     model.train()
     for _ in range(5):
