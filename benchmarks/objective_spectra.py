@@ -39,11 +39,12 @@ from grpolab.analysis.rank import RankConfig
 from grpolab.common import streams
 from grpolab.common.given import NOTHING
 from grpolab.common.rng import set_threads
-from grpolab.common.stats import mean_ci
+from grpolab.common.stats import mean_ci, percentile_interval
 from grpolab.config.rollout import RewardSection
 from grpolab.eval.runs import check_intact, load_task_policy, probe_task, run_targets
 from grpolab.models.logprobs import completion_logprobs
 from grpolab.probes.gram import score_gram
+from grpolab.probes.mse import rows_mse
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
 from grpolab.probes.token_credit import token_segments, token_spans
 
@@ -70,25 +71,70 @@ def draw_groups(args) -> tuple:
     task, records, sampler = probe_task(target, cfg, NOTHING)
     policy = load_task_policy(target, task, sampler=sampler)
     policy.model.eval()
-    groups = []
+    groups, pools = [], []
     with contextlib.closing(probe_sampler(policy, task, "hf", print, records)) as draw:
         for k, record in enumerate(records[: args.prompts]):
             batch, rewards, _ = draw(record, args.group_size, (streams.PROBE, args.seed, step, k))
             if bool((rewards != rewards[0]).any()):
                 groups.append((batch, rewards, compute_advantages(rewards[None, :].float(), "grpo_std")[0]))
-    return policy, groups
+            if args.mse_pool:  # `grpolab mse`'s pool keys
+                pools.append(draw(record, args.mse_pool, (streams.POOL, args.seed, k))[:2])
+    return policy, groups, pools
 
 
-def _rows_spectrum(model, batch, old, adv, options) -> dict:
+# Each aggregation's ratio-1 row as a multiple of the plain score psi_i = sum_t grad log pi(o_it), from the lengths
+# |o_i| [N] of a pool: seq-mean-token-mean (clip, sapo) divides by the rollout's length; token-mean (cispo, vespo)
+# by the group's token count, held here at its mean over the pool (the MSE needs rows that depend on one rollout
+# each); seq-mean-token-sum (luspo) keeps psi_i.
+ROW_SCALES = {
+    "seq-mean-token-mean": lambda L: 1.0 / L,
+    "token-mean": lambda L: torch.full_like(L, 1.0 / float(L.mean())),
+    "seq-mean-token-sum": lambda L: torch.ones_like(L),
+}
+
+
+def _ratio_ci(num: list[float], den: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """sum(num) / sum(den) over prompts with a 95% percentile bootstrap interval (prompts resampled)."""
+    n, d = torch.tensor(num, dtype=torch.float64), torch.tensor(den, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(len(num), (2000, len(num)), generator=gen)
+    lo, hi = percentile_interval((n[idx].sum(1) / d[idx].sum(1)).tolist())
+    return float(n.sum() / d.sum()), lo, hi
+
+
+def pool_mse(policy, pools, G: int, temperature: float) -> dict:
+    """Per aggregation, at ratio 1: the MSE at G of the grpo estimator and of the oracle about the oracle's mean, mean
+    over prompts with 95% intervals, and their ratio (grpolab.probes.mse.rows_mse: the rows need not be scores)."""
+    per = {d: [] for d in ROW_SCALES}
+    for batch, rewards in pools:
+        if bool((rewards == rewards[0]).all()):  # no spread in the pool: every estimate is 0
+            for rows in per.values():
+                rows.append({"grpo": 0.0, "rloo": 0.0, "oracle": 0.0})
+            continue
+        psi = score_gram(policy.model, batch, batch.completion_mask.double(), temperature=temperature)  # [N, N]
+        L = batch.completion_mask.sum(dim=1).double()  # [N]
+        for d, scale in ROW_SCALES.items():
+            c = scale(L)
+            per[d].append(rows_mse(psi * c[:, None] * c[None, :], rewards, G))
+    out = {}
+    for d, rows in per.items():
+        grpo, oracle = [r["grpo"] for r in rows], [r["oracle"] for r in rows]
+        out[d] = {"grpo": mean_ci(grpo), "oracle": mean_ci(oracle), "grpo_over_oracle": _ratio_ci(grpo, oracle)}
+        out[d]["rloo"] = mean_ci([r.get("rloo", 0.0) for r in rows])
+    out["pools_with_spread"] = sum(bool((r != r[0]).any()) for _, r in pools)
+    return out
+
+
+def _rows_spectrum(model, batch, old, adv, options, temperature: float) -> dict:
     """Spectrum of the group's per-rollout gradient rows under ``options`` at ``model``'s weights."""
     with torch.no_grad():
-        logp = completion_logprobs(model, batch)
+        logp = completion_logprobs(model, batch, temperature)
     w = logp_weights(logp, old, adv, batch.completion_mask, **options)  # [G, T]
-    psi = score_gram(model, batch, w)
+    psi = score_gram(model, batch, w, temperature=temperature)
     return spectrum_metrics(singular_values_from_gram(psi, torch.ones(psi.shape[0], dtype=torch.float64)))
 
 
-def _step(model, opt, groups, olds, options) -> dict:
+def _step(model, opt, groups, olds, options, temperature: float) -> dict:
     """One AdamW step on every group's loss, with the whole step's normalisers; the mean |log ratio| it started
     from and the share of tokens where the term clipped (truncated)."""
     opt.zero_grad(set_to_none=True)
@@ -96,7 +142,7 @@ def _step(model, opt, groups, olds, options) -> dict:
     tokens = float(sum(b.completion_mask.sum() for b, _, _ in groups))
     gap = clipped = 0.0
     for (batch, _, adv), old in zip(groups, olds):
-        logp = completion_logprobs(model, batch)
+        logp = completion_logprobs(model, batch, temperature)
         loss, st = policy_loss(logp, old, adv.double(), batch.completion_mask, num_seqs=N, num_tokens=tokens, **options)
         loss.backward()
         m = batch.completion_mask.bool()
@@ -106,13 +152,13 @@ def _step(model, opt, groups, olds, options) -> dict:
     return {"abs_log_ratio": gap / tokens, "clip_frac": clipped / tokens}
 
 
-def answer_shares(tokenizer, groups, olds, model) -> list[float]:
+def answer_shares(tokenizer, groups, olds, model, temperature: float) -> list[float]:
     """Each probe group's share of its sum |d log pi| (from the sampling-time log-probs to ``model``'s) that lies on
     final-answer tokens (token_credit's segments); NaN for a group whose log-probs did not move."""
     shares = []
     for (batch, _, _), old in zip(groups, olds):
         with torch.no_grad():
-            d = (completion_logprobs(model, batch) - old).abs()
+            d = (completion_logprobs(model, batch, temperature) - old).abs()
         on_answer = total = 0.0
         for i in range(batch.completion_ids.shape[0]):
             n = int(batch.completion_mask[i].sum())
@@ -123,26 +169,27 @@ def answer_shares(tokenizer, groups, olds, model) -> list[float]:
     return shares
 
 
-def one_objective(policy, groups, olds, name: str, options: dict, lr: float, cap: float, at_ratio1: dict) -> dict:
-    """``at_ratio1``: the first pass's spectra by direction, shared by the objectives: at ratio 1 each term's rows are
+def one_objective(policy, groups, olds, name: str, options: dict, args, at_ratio1: dict) -> dict:
+    """One objective's figures, from the policy's weights (``args``: lr, cispo_cap, temperature). ``at_ratio1``: the first pass's spectra by direction, shared by the objectives: at ratio 1 each term's rows are
     the clip's with its aggregation, and seq-mean-token-sum weighs tokens as token-mean does (times a constant)."""
-    opts = {**options, "params": TermParams(cispo_cap=cap)}
+    opts = {**options, "params": TermParams(cispo_cap=args.cispo_cap)}
+    T = args.temperature
     model = copy.deepcopy(policy.model)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     t0 = time.perf_counter()
     direction = "token-mean" if options["aggregation"] == "seq-mean-token-sum" else options["aggregation"]
     if direction not in at_ratio1:
         clip = {"loss_type": "clip", "aggregation": direction}
-        at_ratio1[direction] = [_rows_spectrum(model, b, old, a, clip) for (b, _, a), old in zip(groups, olds)]
+        at_ratio1[direction] = [_rows_spectrum(model, b, old, a, clip, T) for (b, _, a), old in zip(groups, olds)]
     first = at_ratio1[direction]
-    pass1 = _step(model, opt, groups, olds, opts)
-    second = [_rows_spectrum(model, b, old, a, opts) for (b, _, a), old in zip(groups, olds)]
-    pass2 = _step(model, opt, groups, olds, opts)
+    pass1 = _step(model, opt, groups, olds, opts, T)
+    second = [_rows_spectrum(model, b, old, a, opts, T) for (b, _, a), old in zip(groups, olds)]
+    pass2 = _step(model, opt, groups, olds, opts, T)
     out = {"objective": name, "options": {k: v for k, v in options.items()}, "pass1": pass1, "pass2": pass2}
     for label, rows in (("ratio1", first), ("pass2", second)):
         for key in ("effective_rank", "top1_fraction"):
             out[f"{label}_{key}"] = mean_ci([r[key] for r in rows])
-    out["answer_share"] = mean_ci([x for x in answer_shares(policy.tokenizer, groups, olds, model) if x == x])
+    out["answer_share"] = mean_ci([x for x in answer_shares(policy.tokenizer, groups, olds, model, T) if x == x])
     out["seconds"] = time.perf_counter() - t0
     return out
 
@@ -161,20 +208,27 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--objectives", default=",".join(OBJECTIVES))
+    p.add_argument("--mse-pool", type=int, default=16, help="rollouts per prompt for the MSE at ratio 1 (0: none)")
     p.add_argument("--out", default="runs/objectives")
     args = p.parse_args()
     set_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    policy, groups = draw_groups(args)
+    policy, groups, pools = draw_groups(args)
     print(f"{len(groups)} of {args.prompts} prompts have reward variance (G = {args.group_size})")
+    mse = pool_mse(policy, pools, args.group_size, args.temperature) if pools else {}
+    for d, m in mse.items():
+        if d != "pools_with_spread":
+            (g, gl, gh), (o, ol, oh), (q, ql, qh) = m["grpo"], m["oracle"], m["grpo_over_oracle"]
+            print(f"MSE at ratio 1, {d:<20} grpo {g:.4g} [{gl:.4g}, {gh:.4g}] oracle {o:.4g} [{ol:.4g}, {oh:.4g}] "
+                  f"grpo / oracle {q:.3f} [{ql:.3f}, {qh:.3f}]")  # fmt: skip
     olds = []
     for batch, _, _ in groups:  # the sampling-time log-probs: the same for every objective
         with torch.no_grad():
-            olds.append(completion_logprobs(policy.model, batch).double())
+            olds.append(completion_logprobs(policy.model, batch, args.temperature).double())
     results, at_ratio1 = [], {}
     for name in args.objectives.split(","):
-        res = one_objective(policy, groups, olds, name, OBJECTIVES[name], args.lr, args.cispo_cap, at_ratio1)
+        res = one_objective(policy, groups, olds, name, OBJECTIVES[name], args, at_ratio1)
         results.append(res)
         r1, r2 = res["ratio1_effective_rank"], res["pass2_effective_rank"]
         t1, t2 = res["ratio1_top1_fraction"], res["pass2_top1_fraction"]
@@ -186,7 +240,7 @@ def main() -> None:
             f"({res['seconds']:.0f} s)"
         )
     (out / "objectives.json").write_text(
-        json.dumps({"args": vars(args), "groups": len(groups), "results": results}, indent=2)
+        json.dumps({"args": vars(args), "groups": len(groups), "mse": mse, "results": results}, indent=2)
     )
 
 

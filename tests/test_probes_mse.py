@@ -25,6 +25,7 @@ from grpolab.probes.mse import (
     predicted_mse,
     prompt_moments,
     rloo_weights,
+    rows_mse,
 )
 
 P = torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64)
@@ -140,6 +141,99 @@ def test_pool_moments_are_unbiased_on_the_bandit():
         v = torch.tensor(vals)
         se = float(v.std()) / math.sqrt(len(vals))
         assert abs(float(v.mean()) - exact[k]) < 4 * se, (k, float(v.mean()), exact[k], se)
+
+
+LENGTHS = torch.tensor([4.0, 1.0, 16.0], dtype=torch.float64)  # per-arm lengths: phi = psi / |o| has E phi != 0
+
+
+def _phi(arms, pi):
+    """Length-normalised scores (e_a - pi) / L_a: the rows of a seq-mean aggregation, not scores."""
+    return (torch.nn.functional.one_hot(arms, 3).double() - pi) / LENGTHS[arms][..., None]
+
+
+def _enumerated_rows_mse(G):
+    """E||g - mu||^2 of the grpo, rloo and oracle estimators built on _phi, mu = E[(r - v) phi], summed over every
+    sequence of G (arm, reward) outcomes."""
+    pi = torch.softmax(THETA, 0)
+    v = float((pi * P).sum())
+    mu = (pi * (P - v))[:, None] * _phi(torch.arange(3), pi)  # [K, K] per arm: E[(r - v) | a] phi(a) pi_a
+    mu = mu.sum(dim=0)
+    seqs = list(itertools.product([(a, r) for a in range(3) for r in (0, 1)], repeat=G))
+    arms = torch.tensor([[a for a, _ in s] for s in seqs])  # [S, G]
+    r = torch.tensor([[float(x) for _, x in s] for s in seqs], dtype=torch.float64)
+    prob = (pi[arms] * torch.where(r > 0, P[arms], 1 - P[arms])).prod(dim=1)
+    phi = _phi(arms, pi)  # [S, G, K]
+    adv = {
+        "grpo": r - r.mean(dim=1, keepdim=True),
+        "rloo": r - (r.sum(dim=1, keepdim=True) - r) / (G - 1),
+        "oracle": r - v,
+    }
+    c = (G - 1) / G
+    out = {}
+    for name, a in adv.items():
+        g = (a[..., None] * phi).mean(dim=1)  # [S, K]
+        assert torch.allclose((prob[:, None] * g).sum(0), (c if name == "grpo" else 1.0) * mu)  # the stated means
+        out[name] = float((prob * ((g - mu) ** 2).sum(dim=1)).sum())
+    out["mu2"] = float((mu * mu).sum())
+    return out
+
+
+@pytest.mark.slow
+def test_rows_mse_is_unbiased_for_rows_that_are_not_scores():
+    """rows_mse over small pools averages to the enumerated MSE of length-normalised rows (E phi != 0), where the
+    score-function moments of prompt_moments are biased (the check would catch a formula that assumed E phi = 0)."""
+    G, N = 3, 6
+    exact = _enumerated_rows_mse(G)
+    pi = torch.softmax(THETA, 0)
+    gen = torch.Generator().manual_seed(11)
+    got, assuming_scores = {k: [] for k in exact}, []
+    for _ in range(3000):
+        arms = torch.multinomial(pi, N, replacement=True, generator=gen)
+        rewards = torch.bernoulli(P[arms], generator=gen)
+        phi = _phi(arms, pi)
+        for k, val in rows_mse(phi @ phi.T, rewards, G).items():
+            got[k].append(val)
+        assuming_scores.append(mse_from_moments(prompt_moments(phi @ phi.T, rewards), "grpo", G))
+    for k, vals in got.items():
+        v = torch.tensor(vals)
+        se = float(v.std()) / math.sqrt(len(vals))
+        assert abs(float(v.mean()) - exact[k]) < 4 * se, (k, float(v.mean()), exact[k], se)
+    wrong = torch.tensor(assuming_scores)
+    assert abs(float(wrong.mean()) - exact["grpo"]) > 6 * float(wrong.std()) / math.sqrt(len(wrong))
+
+
+def test_rows_mse_on_scores_agrees_with_the_closed_form():
+    """For true scores (E psi = 0) both pooled estimates are unbiased for the same MSE: over many bandit pools their
+    means agree with the closed form."""
+    pi = torch.softmax(THETA, 0)
+    exact = {e: mse_from_moments(bandit_moments(P, THETA), e, 4) for e in ("grpo", "rloo", "oracle")}
+    gen = torch.Generator().manual_seed(3)
+    got = {e: [] for e in exact}
+    for _ in range(1500):
+        arms = torch.multinomial(pi, 8, replacement=True, generator=gen)
+        rewards = torch.bernoulli(P[arms], generator=gen)
+        res = rows_mse(bandit_pool_gram(arms, pi), rewards, 4)
+        for e in exact:
+            got[e].append(res[e])
+    for e, vals in got.items():
+        v = torch.tensor(vals)
+        assert abs(float(v.mean()) - exact[e]) < 4 * float(v.std()) / math.sqrt(len(vals)), e
+
+
+def test_rows_mse_draws_subsets_when_there_are_too_many():
+    """Past max_subsets the subsets are drawn (seeded): close to the full enumeration, and reproducible."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 5, generator=gen, dtype=torch.float64)
+    r = torch.bernoulli(torch.full((12,), 0.5, dtype=torch.float64), generator=gen)
+    full = rows_mse(x @ x.T, r, 6)  # C(12, 6) = 924 subsets
+    drawn = rows_mse(x @ x.T, r, 6, max_subsets=400, seed=1)
+    assert drawn == rows_mse(x @ x.T, r, 6, max_subsets=400, seed=1)
+    assert drawn["oracle"] == full["oracle"] and drawn["mu2"] == full["mu2"]
+    assert drawn["grpo"] == pytest.approx(full["grpo"], rel=0.1) and drawn["grpo"] != full["grpo"]
+    with pytest.raises(ValueError, match="4 to 48"):
+        rows_mse(x[:3] @ x[:3].T, r[:3], 2)
+    with pytest.raises(ValueError, match="G must be"):
+        rows_mse(x @ x.T, r, 1)
 
 
 def test_pool_gram_matches_explicit_scores():

@@ -140,6 +140,72 @@ def prompt_moments(psi: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]
     return {"A2": float(A2), "O2": float(O2), "H2": float(H2), "mu2": float(mu2)}
 
 
+def rows_mse(
+    gram: torch.Tensor, rewards: torch.Tensor, G: int, max_subsets: int = 20000, seed: int = 0
+) -> dict[str, float]:
+    """MSE at G of the grpo, rloo and oracle estimators g = (1/G) sum_i A_i phi_i for per-rollout rows phi_i that
+    need not be scores (E phi != 0: a length-normalised score phi_i = psi_i / |o_i|, the row of a seq-mean
+    aggregation), about mu = E[(r - v) phi], the oracle's mean. ``prompt_moments`` assumes E psi = 0 (its mu2 and
+    the Hoeffding terms); this does not, at the cost of enumerating subsets. Unbiased, from one prompt's pool:
+
+        mu2 = ||mu||^2: mean over ordered distinct (a, b, c, d) of (r_a - r_b)(r_c - r_d) Phi_ac
+            (E[(r_a - r_b) phi_a] = E[r phi] - v E[phi] = mu, and the two factors are independent);
+        O2 = E[(r - v)^2 ||phi||^2]: mean_i Phi_ii q_i, as in ``prompt_moments`` (q_i needs no E phi = 0);
+        E||g||^2: mean over G-subsets S of the pool of ||(1/G) sum_{i in S} A_i phi_i||^2, A from S alone.
+
+    Then MSE_oracle = (O2 - mu2) / G, MSE_rloo = E||g_rloo||^2 - mu2 (E g_rloo = mu) and MSE_grpo =
+    E||g_grpo||^2 - (2c - 1) mu2 (g_grpo = c g_rloo, c = (G - 1) / G). All C(N, G) subsets when there are at most
+    ``max_subsets``, else that many drawn at random (seeded; still unbiased).
+
+    gram: ``[N, N]`` Phi_ij = <phi_i, phi_j>; rewards: ``[N]``; 4 <= N <= 48, 2 <= G <= N.
+    """
+    import itertools
+
+    N = rewards.shape[0]
+    if not 4 <= N <= 48:
+        raise ValueError(f"rows_mse needs a pool of 4 to 48 rollouts, got {N}")
+    if not 2 <= G <= N:
+        raise ValueError(f"G must be in [2, {N}], got {G}")
+    P = gram.double()
+    r = rewards.double()
+    diff = r[:, None] - r[None, :]  # [N, N] r_a - r_b
+    # mu2: the full U-statistic over distinct 4-tuples (a, b, c, d), as one [N, N, N, N] tensor
+    ne = ~torch.eye(N, dtype=torch.bool)  # [N, N]
+    distinct = torch.ones(N, N, N, N, dtype=torch.bool)
+    for x, y in itertools.combinations(range(4), 2):  # every pair of the four indices differs
+        view = [1, 1, 1, 1]
+        view[x] = view[y] = N
+        distinct &= ne.view(view)
+    terms = diff[:, :, None, None] * diff[None, None, :, :] * P[:, None, :, None]  # [a, b, c, d]
+    mu2 = terms[distinct].mean()
+    s1 = diff.sum(dim=1)
+    q = (s1 * s1 - (diff * diff).sum(dim=1)) / ((N - 1) * (N - 2))  # q_i, as in prompt_moments
+    O2 = (torch.diagonal(P) * q).mean()
+    # E||g||^2 over G-subsets of the pool
+    total = math.comb(N, G)
+    if total <= max_subsets:
+        subsets = torch.tensor(list(itertools.combinations(range(N), G)))  # [S, G]
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        subsets = torch.stack([torch.randperm(N, generator=gen)[:G] for _ in range(max_subsets)])
+    rs = r[subsets]  # [S, G]
+    Ps = P[subsets[:, :, None], subsets[:, None, :]]  # [S, G, G]
+
+    def second_moment(a: torch.Tensor) -> float:  # mean over subsets of ||(1/G) sum_i a_i phi_i||^2
+        return float(torch.einsum("si,sij,sj->s", a, Ps, a).mean()) / (G * G)
+
+    grpo = rs - rs.mean(dim=1, keepdim=True)
+    rloo = rs - (rs.sum(dim=1, keepdim=True) - rs) / (G - 1)
+    c = (G - 1) / G
+    mu2, O2 = float(mu2), float(O2)
+    return {
+        "grpo": second_moment(grpo) - (2 * c - 1) * mu2,
+        "rloo": second_moment(rloo) - mu2,
+        "oracle": (O2 - mu2) / G,
+        "mu2": mu2,
+    }
+
+
 def rloo_weights(rewards: torch.Tensor) -> torch.Tensor:
     """``[N]`` coefficients a_n of mu_hat = sum_n a_n psi_n, the leave-one-out estimate over the pool."""
     N = rewards.shape[0]
