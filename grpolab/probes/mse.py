@@ -70,6 +70,7 @@ exact G (G - 1) form moves it by about one.)
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -159,8 +160,6 @@ def rows_mse(
 
     gram: ``[N, N]`` Phi_ij = <phi_i, phi_j>; rewards: ``[N]``; 4 <= N <= 48, 2 <= G <= N.
     """
-    import itertools
-
     N = rewards.shape[0]
     if not 4 <= N <= 48:
         raise ValueError(f"rows_mse needs a pool of 4 to 48 rollouts, got {N}")
@@ -169,25 +168,11 @@ def rows_mse(
     P = gram.double()
     r = rewards.double()
     diff = r[:, None] - r[None, :]  # [N, N] r_a - r_b
-    # mu2: the full U-statistic over distinct 4-tuples (a, b, c, d), as one [N, N, N, N] tensor
-    ne = ~torch.eye(N, dtype=torch.bool)  # [N, N]
-    distinct = torch.ones(N, N, N, N, dtype=torch.bool)
-    for x, y in itertools.combinations(range(4), 2):  # every pair of the four indices differs
-        view = [1, 1, 1, 1]
-        view[x] = view[y] = N
-        distinct &= ne.view(view)
-    terms = diff[:, :, None, None] * diff[None, None, :, :] * P[:, None, :, None]  # [a, b, c, d]
-    mu2 = terms[distinct].mean()
+    mu2 = float(_mu_norm_sq(P, diff))
     s1 = diff.sum(dim=1)
     q = (s1 * s1 - (diff * diff).sum(dim=1)) / ((N - 1) * (N - 2))  # q_i, as in prompt_moments
-    O2 = (torch.diagonal(P) * q).mean()
-    # E||g||^2 over G-subsets of the pool
-    total = math.comb(N, G)
-    if total <= max_subsets:
-        subsets = torch.tensor(list(itertools.combinations(range(N), G)))  # [S, G]
-    else:
-        gen = torch.Generator().manual_seed(seed)
-        subsets = torch.stack([torch.randperm(N, generator=gen)[:G] for _ in range(max_subsets)])
+    O2 = float((torch.diagonal(P) * q).mean())
+    subsets = _subsets(N, G, max_subsets, seed)  # [S, G]
     rs = r[subsets]  # [S, G]
     Ps = P[subsets[:, :, None], subsets[:, None, :]]  # [S, G, G]
 
@@ -197,13 +182,35 @@ def rows_mse(
     grpo = rs - rs.mean(dim=1, keepdim=True)
     rloo = rs - (rs.sum(dim=1, keepdim=True) - rs) / (G - 1)
     c = (G - 1) / G
-    mu2, O2 = float(mu2), float(O2)
     return {
         "grpo": second_moment(grpo) - (2 * c - 1) * mu2,
         "rloo": second_moment(rloo) - mu2,
         "oracle": (O2 - mu2) / G,
         "mu2": mu2,
     }
+
+
+def _mu_norm_sq(P: torch.Tensor, diff: torch.Tensor) -> torch.Tensor:
+    """||mu||^2 without bias: the mean over ordered distinct (a, b, c, d) of diff_ab diff_cd P_ac (``rows_mse``), as
+    one ``[N, N, N, N]`` tensor (N <= 48: at most 5.3 M entries)."""
+    N = P.shape[0]
+    ne = ~torch.eye(N, dtype=torch.bool)  # [N, N]
+    distinct = torch.ones(N, N, N, N, dtype=torch.bool)
+    for x, y in itertools.combinations(range(4), 2):  # every pair of the four indices differs
+        view = [1, 1, 1, 1]
+        view[x] = view[y] = N
+        distinct &= ne.view(view)
+    terms = diff[:, :, None, None] * diff[None, None, :, :] * P[:, None, :, None]  # [a, b, c, d]
+    return terms[distinct].mean()
+
+
+def _subsets(N: int, G: int, max_subsets: int, seed: int) -> torch.Tensor:
+    """``[S, G]`` index sets: every G-subset of range(N) when there are at most ``max_subsets``, else that many
+    drawn uniformly (seeded)."""
+    if math.comb(N, G) <= max_subsets:
+        return torch.tensor(list(itertools.combinations(range(N), G)))
+    gen = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(N, generator=gen)[:G] for _ in range(max_subsets)])
 
 
 def rloo_weights(rewards: torch.Tensor) -> torch.Tensor:
