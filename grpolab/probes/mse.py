@@ -116,6 +116,15 @@ def derived_constants(m: dict[str, float]) -> dict[str, float]:
 # ---------------------------------------------------------------- unbiased moments from a pool
 
 
+def _oracle_q(diff: torch.Tensor) -> torch.Tensor:
+    """``[N]`` q_i = mean over ordered distinct (j, k), both != i, of (r_i - r_j)(r_i - r_k), from ``diff`` ``[N, N]``
+    = r_i - r_j: an unbiased (r_i - v)^2 from rollouts other than i, whatever psi (module docstring, O2)."""
+    N = diff.shape[0]
+    s1 = diff.sum(dim=1)  # sum_{j != i} (r_i - r_j) (the j = i term is 0)
+    s2 = (diff * diff).sum(dim=1)
+    return (s1 * s1 - s2) / ((N - 1) * (N - 2))
+
+
 def prompt_moments(psi: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]:
     """Unbiased estimates of A2, O2, H2, mu2 from one prompt's pool.
 
@@ -130,11 +139,7 @@ def prompt_moments(psi: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]
     off = ~torch.eye(N, dtype=torch.bool)  # [N, N] i != j
     A2 = (r * r * d).mean()
     diff = r[:, None] - r[None, :]  # [N, N] r_i - r_j
-    # q_i: mean over ordered distinct (j, k), both != i, of (r_i - r_j)(r_i - r_k)
-    s1 = diff.sum(dim=1)  # sum_{j != i} (r_i - r_j) (the j = i term is 0)
-    s2 = (diff * diff).sum(dim=1)
-    q = (s1 * s1 - s2) / ((N - 1) * (N - 2))
-    O2 = (d * q).mean()
+    O2 = (d * _oracle_q(diff)).mean()
     H2 = ((diff * diff) * (d[:, None] - 2 * P + d[None, :]) / 4)[off].mean()
     b = (r.sum() - r[:, None] - r[None, :]) / (N - 2)  # [N, N] mean of the other N-2 rewards
     mu2 = ((r[:, None] - b) * (r[None, :] - b) * P)[off].mean()
@@ -151,7 +156,7 @@ def rows_mse(
 
         mu2 = ||mu||^2: mean over ordered distinct (a, b, c, d) of (r_a - r_b)(r_c - r_d) Phi_ac
             (E[(r_a - r_b) phi_a] = E[r phi] - v E[phi] = mu, and the two factors are independent);
-        O2 = E[(r - v)^2 ||phi||^2]: mean_i Phi_ii q_i, as in ``prompt_moments`` (q_i needs no E phi = 0);
+        O2 = E[(r - v)^2 ||phi||^2]: mean_i Phi_ii q_i (``_oracle_q``, as in ``prompt_moments``: no E phi = 0);
         E||g||^2: mean over G-subsets S of the pool of ||(1/G) sum_{i in S} A_i phi_i||^2, A from S alone.
 
     Then MSE_oracle = (O2 - mu2) / G, MSE_rloo = E||g_rloo||^2 - mu2 (E g_rloo = mu) and MSE_grpo =
@@ -169,9 +174,7 @@ def rows_mse(
     r = rewards.double()
     diff = r[:, None] - r[None, :]  # [N, N] r_a - r_b
     mu2 = float(_mu_norm_sq(P, diff))
-    s1 = diff.sum(dim=1)
-    q = (s1 * s1 - (diff * diff).sum(dim=1)) / ((N - 1) * (N - 2))  # q_i, as in prompt_moments
-    O2 = float((torch.diagonal(P) * q).mean())
+    O2 = float((torch.diagonal(P) * _oracle_q(diff)).mean())
     subsets = _subsets(N, G, max_subsets, seed)  # [S, G]
     rs = r[subsets]  # [S, G]
     Ps = P[subsets[:, :, None], subsets[:, None, :]]  # [S, G, G]
