@@ -105,24 +105,28 @@ def _ratio_ci(num: list[float], den: list[float], seed: int = 0) -> tuple[float,
 def pool_mse(policy, pools, G: int, temperature: float) -> dict:
     """Per aggregation, at ratio 1: the MSE at G of the grpo estimator and of the oracle about the oracle's mean, mean
     over prompts with 95% intervals, and their ratio (grpolab.probes.mse.rows_mse: the rows need not be scores)."""
-    per = {d: [] for d in ROW_SCALES}
+    per, spread = {d: [] for d in ROW_SCALES}, 0
     for batch, rewards in pools:
         if bool((rewards == rewards[0]).all()):  # no spread in the pool: every estimate is 0
             for rows in per.values():
                 rows.append({"grpo": 0.0, "rloo": 0.0, "oracle": 0.0})
             continue
+        spread += 1
         psi = score_gram(policy.model, batch, batch.completion_mask.double(), temperature=temperature)  # [N, N]
         L = batch.completion_mask.sum(dim=1).double()  # [N]
         for d, scale in ROW_SCALES.items():
             c = scale(L)
             per[d].append(rows_mse(psi * c[:, None] * c[None, :], rewards, G))
-    out = {}
+    by_aggregation = {}
     for d, rows in per.items():
         grpo, oracle = [r["grpo"] for r in rows], [r["oracle"] for r in rows]
-        out[d] = {"grpo": mean_ci(grpo), "oracle": mean_ci(oracle), "grpo_over_oracle": _ratio_ci(grpo, oracle)}
-        out[d]["rloo"] = mean_ci([r.get("rloo", 0.0) for r in rows])
-    out["pools_with_spread"] = sum(bool((r != r[0]).any()) for _, r in pools)
-    return out
+        by_aggregation[d] = {
+            "grpo": mean_ci(grpo),
+            "rloo": mean_ci([r["rloo"] for r in rows]),
+            "oracle": mean_ci(oracle),
+            "grpo_over_oracle": _ratio_ci(grpo, oracle),
+        }
+    return {"pools_with_spread": spread, "by_aggregation": by_aggregation}
 
 
 def _rows_spectrum(model, batch, old, adv, options, temperature: float) -> dict:
@@ -170,8 +174,9 @@ def answer_shares(tokenizer, groups, olds, model, temperature: float) -> list[fl
 
 
 def one_objective(policy, groups, olds, name: str, options: dict, args, at_ratio1: dict) -> dict:
-    """One objective's figures, from the policy's weights (``args``: lr, cispo_cap, temperature). ``at_ratio1``: the first pass's spectra by direction, shared by the objectives: at ratio 1 each term's rows are
-    the clip's with its aggregation, and seq-mean-token-sum weighs tokens as token-mean does (times a constant)."""
+    """One objective's figures, from the policy's weights (``args``: lr, cispo_cap, temperature). ``at_ratio1``: the
+    first pass's spectra by direction, shared by the objectives: at ratio 1 each term's rows are the clip's with its
+    aggregation, and seq-mean-token-sum weighs tokens as token-mean does (times a constant)."""
     opts = {**options, "params": TermParams(cispo_cap=args.cispo_cap)}
     T = args.temperature
     model = copy.deepcopy(policy.model)
@@ -217,11 +222,10 @@ def main() -> None:
     policy, groups, pools = draw_groups(args)
     print(f"{len(groups)} of {args.prompts} prompts have reward variance (G = {args.group_size})")
     mse = pool_mse(policy, pools, args.group_size, args.temperature) if pools else {}
-    for d, m in mse.items():
-        if d != "pools_with_spread":
-            (g, gl, gh), (o, ol, oh), (q, ql, qh) = m["grpo"], m["oracle"], m["grpo_over_oracle"]
-            print(f"MSE at ratio 1, {d:<20} grpo {g:.4g} [{gl:.4g}, {gh:.4g}] oracle {o:.4g} [{ol:.4g}, {oh:.4g}] "
-                  f"grpo / oracle {q:.3f} [{ql:.3f}, {qh:.3f}]")  # fmt: skip
+    for d, m in mse.get("by_aggregation", {}).items():
+        (g, gl, gh), (o, ol, oh), (q, ql, qh) = m["grpo"], m["oracle"], m["grpo_over_oracle"]
+        print(f"MSE at ratio 1, {d:<20} grpo {g:.4g} [{gl:.4g}, {gh:.4g}] oracle {o:.4g} [{ol:.4g}, {oh:.4g}] "
+              f"grpo / oracle {q:.3f} [{ql:.3f}, {qh:.3f}]")  # fmt: skip
     olds = []
     for batch, _, _ in groups:  # the sampling-time log-probs: the same for every objective
         with torch.no_grad():
