@@ -32,18 +32,24 @@ P = torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64)
 THETA = torch.tensor([0.0, 0.5, -0.5], dtype=torch.float64)
 
 
+def _outcome_sequences(p, pi, G):
+    """Every sequence of G (arm, reward) outcomes of the bandit: arms ``[S, G]``, rewards ``[S, G]`` and each
+    sequence's probability ``[S]`` (summing to 1)."""
+    seqs = list(itertools.product([(a, r) for a in range(len(p)) for r in (0, 1)], repeat=G))
+    arms = torch.tensor([[a for a, _ in s] for s in seqs])  # [S, G]
+    rewards = torch.tensor([[float(r) for _, r in s] for s in seqs], dtype=torch.float64)
+    prob = (pi[arms] * torch.where(rewards > 0, p[arms], 1 - p[arms])).prod(dim=1)  # [S]
+    assert float(prob.sum()) == pytest.approx(1.0, abs=1e-12)
+    return arms, rewards, prob
+
+
 def _enumerated_mse(p, theta, estimator, G):
     """E||g - grad J||^2 by summing over every sequence of G (arm, reward) outcomes."""
     pi = torch.softmax(theta, 0)
     J = float((pi * p).sum())
     grad = bandit_true_gradient(p, theta)
-    outcomes = [(a, r) for a in range(len(p)) for r in (0, 1)]
-    seqs = list(itertools.product(outcomes, repeat=G))
-    arms = torch.tensor([[a for a, _ in s] for s in seqs])  # [S, G]
-    rewards = torch.tensor([[float(r) for _, r in s] for s in seqs], dtype=torch.float64)
-    prob = (pi[arms] * torch.where(rewards > 0, p[arms], 1 - p[arms])).prod(dim=1)  # [S]
+    arms, rewards, prob = _outcome_sequences(p, pi, G)
     err = ((bandit_estimates(arms, rewards, pi, J, estimator) - grad) ** 2).sum(dim=1)
-    assert float(prob.sum()) == pytest.approx(1.0, abs=1e-12)
     return float((prob * err).sum())
 
 
@@ -158,10 +164,7 @@ def _enumerated_rows_mse(G):
     v = float((pi * P).sum())
     mu = (pi * (P - v))[:, None] * _phi(torch.arange(3), pi)  # [K, K] per arm: E[(r - v) | a] phi(a) pi_a
     mu = mu.sum(dim=0)
-    seqs = list(itertools.product([(a, r) for a in range(3) for r in (0, 1)], repeat=G))
-    arms = torch.tensor([[a for a, _ in s] for s in seqs])  # [S, G]
-    r = torch.tensor([[float(x) for _, x in s] for s in seqs], dtype=torch.float64)
-    prob = (pi[arms] * torch.where(r > 0, P[arms], 1 - P[arms])).prod(dim=1)
+    arms, r, prob = _outcome_sequences(P, pi, G)
     phi = _phi(arms, pi)  # [S, G, K]
     adv = {
         "grpo": r - r.mean(dim=1, keepdim=True),
