@@ -1,12 +1,14 @@
 """Rollouts: sample completions from the policy (the ``hf`` rollout engine's sampler).
 
 Sampling is a hand-written loop over the model's KV cache rather than
-``model.generate`` for two reasons no library option covers: (1) each rollout
+``model.generate`` for reasons no library option covers: (1) each rollout
 draws its randomness from its own counter-based stream, keyed by
 ``(seed, step, prompt, rollout)``, so a rollout does not depend on which batch
 or process produced it (resume and multi-process runs reproduce it exactly);
 (2) rows that have emitted EOS are dropped from the batch and the cache, so
-finished sequences cost nothing.
+finished sequences cost nothing; (3) the cache is allocated once and written
+in place (``grpolab.models.decode_cache``), where transformers' own cache copies
+itself at every new token; (4) each distinct prompt is prefilled once.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import torch
 from transformers import DynamicCache
 
 from grpolab.common.batch import Batch, left_pad
+from grpolab.models.attention import upcast_dtype
+from grpolab.models.decode_cache import SlabCache, slab_supported
 from grpolab.models.logprobs import logprob_entropy, sampling_logprobs
 from grpolab.models.shared_prefix import distinct_prompts
 
@@ -82,6 +86,12 @@ class Sampled(NamedTuple):
     entropy: torch.Tensor  # [N, T] the sampling policy's entropy, nats
 
 
+CACHES = ("slab", "dynamic")
+"""How the decode loop keeps its keys and values: ``slab``, a buffer allocated once and written in place
+(:mod:`grpolab.models.decode_cache`); ``dynamic``, transformers' ``DynamicCache``, which copies itself at every token
+(the loop's earlier form, kept for models the slab does not hold and as the reference the tests compare with)."""
+
+
 def sample(
     model,
     prompts: list[list[int]],
@@ -92,14 +102,17 @@ def sample(
     top_p: float,
     eos_id: int,
     pad_id: int,
+    cache: str = "slab",
 ) -> Batch:
     """Sample one completion per prompt (repeat a prompt G times for a group).
 
     ``keys[n]`` seeds rollout n's random stream. Completions stop at EOS (kept,
     and masked in) or after ``max_new_tokens``. Each distinct prompt is prefilled
     once and its cache copied to its rows: the same tokens as a prefill per row.
+    ``cache``: one of :data:`CACHES` (the same tokens either way, to float rounding).
     """
-    return _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pad_id, False).batch
+    settings = SamplingSettings(max_new_tokens, temperature, top_p)
+    return _sample(model, prompts, keys, settings, eos_id, pad_id, False, cache).batch
 
 
 def sample_with_stats(
@@ -112,16 +125,18 @@ def sample_with_stats(
     top_p: float,
     eos_id: int,
     pad_id: int,
+    cache: str = "slab",
 ) -> Sampled:
     """:func:`sample`, the same tokens, with the sampler's log-prob of each sampled token and the entropy of
     its distribution at every completion token ``[N, T]``, from the logits it already has: no extra forward."""
-    return _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pad_id, True)
+    settings = SamplingSettings(max_new_tokens, temperature, top_p)
+    return _sample(model, prompts, keys, settings, eos_id, pad_id, True, cache)
 
 
 def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
-    """The KV cache of every row's prompt, the logits of its first completion token ``[N, V]``, and the prompts'
-    position ids ``[N, P]``. Each distinct prompt is prefilled once (a group's G rows share theirs) and its cache
-    copied to its rows."""
+    """The KV cache of each *distinct* prompt ``[U, ...]``, the logits of every row's first completion token
+    ``[N, V]``, the prompts' position ids ``[N, P]`` and each row's distinct prompt ``[N]`` (a group's G rows share
+    theirs: each distinct prompt is prefilled once)."""
     # Position ids count real tokens only, so left padding does not shift them.
     position = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [N, P]
     first, inverse = distinct_prompts(prompt_ids, prompt_mask)  # [U], [N]
@@ -134,58 +149,122 @@ def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
         use_cache=True,
         logits_to_keep=1,
     )
-    cache.batch_select_indices(inverse)  # [U, ...] -> [N, ...]
-    return cache, out.logits[:, -1][inverse], position
+    return cache, out.logits[:, -1][inverse], position, inverse
+
+
+class _SlabDecode:
+    """Decode steps over a :class:`SlabCache`: the attention mask and the positions are preallocated too and read
+    as views, so a step allocates nothing that grows with the completion. Slot j holds row ``rows[j]``."""
+
+    def __init__(self, prefill, inverse, prompt_mask, position, max_new_tokens: int, cache_dtype):
+        N, P = prompt_mask.shape
+        capacity = P + max_new_tokens - 1  # the last token is sampled, never fed back
+        self.cache = SlabCache.from_prefill(prefill, inverse, capacity, cache_dtype)
+        self.attn = prompt_mask.new_ones(N, capacity)  # [N, P + T - 1]: prompt padding, then every new token
+        self.attn[:, :P] = prompt_mask
+        self.pos = position[:, -1] + 1  # [N] the next token's position id
+        self.rows = torch.arange(N, device=prompt_mask.device)
+
+    def drop(self, done: torch.Tensor) -> torch.Tensor:
+        """Drops the slots where ``done`` ``[n]``; returns the kept slots' order (index the step's tokens with it)."""
+        order = self.cache.drop(done)  # [n']
+        n = order.numel()
+        moved = order != torch.arange(n, device=order.device)
+        if moved.any():  # the rows moved into holes bring their mask rows along
+            self.attn[:n][moved] = self.attn[order[moved]]
+        self.pos, self.rows = self.pos[order], self.rows[order]
+        return order
+
+    def step(self, model, tok: torch.Tensor) -> torch.Tensor:
+        """Feeds the live rows' tokens ``[n]``; returns the next logits ``[n, V]``."""
+        n, L = self.rows.numel(), self.cache.get_seq_length()
+        out = model(
+            input_ids=tok[:, None],
+            attention_mask=self.attn[:n, : L + 1],  # a view: no concatenation
+            position_ids=self.pos[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.pos = self.pos + 1
+        return out.logits[:, -1]
+
+
+class _DynamicDecode:
+    """Decode steps over transformers' ``DynamicCache``: the loop's earlier form. The cache and the attention mask
+    grow by concatenation at every token; finished rows are dropped by copying the whole cache."""
+
+    def __init__(self, prefill, inverse, prompt_mask, position):
+        prefill.batch_select_indices(inverse)  # [U, ...] -> [N, ...]
+        self.cache, self.attn = prefill, prompt_mask
+        self.pos = position[:, -1] + 1  # [n]
+        self.rows = torch.arange(prompt_mask.shape[0], device=prompt_mask.device)
+
+    def drop(self, done: torch.Tensor) -> torch.Tensor:
+        keep = (~done).nonzero().squeeze(1)
+        self.attn, self.pos, self.rows = self.attn[keep], self.pos[keep], self.rows[keep]
+        self.cache.batch_select_indices(keep)
+        return keep
+
+    def step(self, model, tok: torch.Tensor) -> torch.Tensor:
+        self.attn = torch.cat([self.attn, self.attn.new_ones(self.attn.shape[0], 1)], dim=1)  # [n, P + t + 1]
+        out = model(
+            input_ids=tok[:, None],
+            attention_mask=self.attn,
+            position_ids=self.pos[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.pos = self.pos + 1
+        return out.logits[:, -1]
+
+
+def _decoder(cache: str, model, prefill, inverse, prompt_mask, position, max_new_tokens: int):
+    """The decode steps ``cache`` names; ``slab`` falls back to ``dynamic`` for a model whose prefill wrote another
+    kind of cache layer. A half-precision model on the CPU whose attention takes keys of another dtype
+    (``grpolab.models.attention``) caches them in fp32."""
+    if cache not in CACHES:
+        raise ValueError(f"unknown decode cache {cache!r}; choose from {CACHES}")
+    if cache == "dynamic" or not slab_supported(prefill):
+        return _DynamicDecode(prefill, inverse, prompt_mask, position)
+    return _SlabDecode(prefill, inverse, prompt_mask, position, max_new_tokens, upcast_dtype(model))
 
 
 @torch.no_grad()
-def _sample(model, prompts, keys, max_new_tokens, temperature, top_p, eos_id, pad_id, want_stats: bool) -> Sampled:
-    N = len(prompts)
+def _sample(model, prompts, keys, s: SamplingSettings, eos_id, pad_id, want_stats: bool, cache: str) -> Sampled:
+    N, T = len(prompts), s.max_new_tokens
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))  # [N, P]
-    u = rollout_uniforms(keys, max_new_tokens).to(device)  # [N, T]
-    out_ids = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    lengths = torch.full((N,), max_new_tokens, dtype=torch.long, device=device)
+    u = rollout_uniforms(keys, T).to(device)  # [N, T]
+    out_ids = torch.full((N, T), pad_id, dtype=torch.long, device=device)
+    lengths = torch.full((N,), T, dtype=torch.long, device=device)
+    ent = torch.zeros((N, T), device=device) if want_stats else None
+    lp = torch.zeros((N, T), device=device) if want_stats else None
 
-    cache, logits, position = _prefill(model, prompt_ids, prompt_mask)  # logits [N, V]
-    attn = prompt_mask
-    next_pos = position[:, -1] + 1  # [n]
-    active = torch.arange(N, device=device)  # rows still generating
-    ent = torch.zeros((N, max_new_tokens), device=device) if want_stats else None
-    lp = torch.zeros((N, max_new_tokens), device=device) if want_stats else None
-    for t in range(max_new_tokens):
+    prefill, logits, position, inverse = _prefill(model, prompt_ids, prompt_mask)  # logits [N, V]
+    decode = _decoder(cache, model, prefill, inverse, prompt_mask, position, T)
+    for t in range(T):
+        rows = decode.rows  # [n] the rows still generating, in the decoder's slot order
         if want_stats:
-            logp = sampling_logprobs(logits, temperature)  # [n, V]
-            ent[active, t] = logprob_entropy(logp)
-        tok = _pick(logits, u[active, t], temperature, top_p)  # [n]
+            logp = sampling_logprobs(logits, s.temperature)  # [n, V]
+            ent[rows, t] = logprob_entropy(logp)
+        tok = _pick(logits, u[rows, t], s.temperature, s.top_p)  # [n]
         if want_stats:
-            lp[active, t] = logp.gather(1, tok[:, None]).squeeze(1) - nucleus_log_mass(logits, temperature, top_p)
-        out_ids[active, t] = tok
+            lp[rows, t] = logp.gather(1, tok[:, None]).squeeze(1) - nucleus_log_mass(logits, s.temperature, s.top_p)
+        out_ids[rows, t] = tok
         done = tok == eos_id
-        lengths[active[done]] = t + 1
-        if t == max_new_tokens - 1:
+        lengths[rows[done]] = t + 1
+        if t == T - 1:
             break
         if done.any():
-            keep = (~done).nonzero().squeeze(1)
-            if keep.numel() == 0:
+            if bool(done.all()):
                 break
-            active, tok, attn, next_pos = active[keep], tok[keep], attn[keep], next_pos[keep]
-            cache.batch_select_indices(keep)
-        attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)  # [n, P + t + 1]
-        out = model(
-            input_ids=tok[:, None],
-            attention_mask=attn,
-            position_ids=next_pos[:, None],
-            past_key_values=cache,
-            use_cache=True,
-        )
-        logits = out.logits[:, -1]
-        next_pos = next_pos + 1
+            tok = tok[decode.drop(done)]
+        logits = decode.step(model, tok)
 
-    T = int(lengths.max())
-    completion_mask = (torch.arange(T, device=device)[None, :] < lengths[:, None]).long()  # [N, T]
-    completion_ids = out_ids[:, :T].masked_fill(completion_mask == 0, pad_id)
+    L = int(lengths.max())
+    completion_mask = (torch.arange(L, device=device)[None, :] < lengths[:, None]).long()  # [N, L]
+    completion_ids = out_ids[:, :L].masked_fill(completion_mask == 0, pad_id)
     batch = Batch(prompt_ids, prompt_mask, completion_ids, completion_mask)
     if not want_stats:
         return Sampled(batch, None, None)
-    return Sampled(batch, lp[:, :T] * completion_mask, ent[:, :T] * completion_mask)  # [N, T] each
+    return Sampled(batch, lp[:, :L] * completion_mask, ent[:, :L] * completion_mask)  # [N, L] each

@@ -1,0 +1,147 @@
+"""The decode loop's preallocated cache (grpolab.models.decode_cache) against transformers' growing one.
+
+In float64 the two loops must give the same completions for the same keys (every token) and the same log-probs and
+entropies to 1e-10, on the built-in Llama, random GPT-2 and Qwen2 layouts and SmolLM2; rows that stop at EOS at
+different steps must give the tokens they give alone; a group's shared prompt prefill must give what each row's own
+prefill gives.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import gpt2, qwen2
+
+from grpolab.models.decode_cache import SlabCache
+from grpolab.rollout.sampler import sample_with_stats
+
+QUESTIONS = ["12+7", "45-(12+7)", "3*4", "161/7", "9"]
+
+
+def _eos_boost(model, eos: int, boost: float):
+    """Raise EOS's logit so that completions end at varied lengths."""
+
+    def hook(module, inputs, logits):
+        logits = logits.clone()
+        logits[..., eos] += boost
+        return logits
+
+    model.get_output_embeddings().register_forward_hook(hook)
+    return model
+
+
+def _model(layout: str, tok):
+    ids = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    if layout == "builtin":
+        from grpolab.models.policy import load_policy
+
+        return load_policy("builtin").model  # the shipped warm start: it ends its answers itself
+    torch.manual_seed(5)
+    if layout == "gpt2":
+        return _eos_boost(gpt2(len(tok), seed=3, **ids).eval(), tok.eos_token_id, 2.5)
+    return _eos_boost(qwen2(len(tok), **ids).eval(), tok.eos_token_id, 2.5)
+
+
+def _prompts(tok, questions, groups: int = 2):
+    ps = [[tok.bos_token_id] + tok(q + "\n", add_special_tokens=False)["input_ids"] for q in questions]
+    return [p for p in ps for _ in range(groups)]  # groups of rows sharing their prompt, prompts of varied lengths
+
+
+def _both(model, prompts, keys, tok, **kw):
+    args = dict(max_new_tokens=24, temperature=1.0, top_p=1.0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    args |= kw
+    return (sample_with_stats(model, prompts, keys, cache=c, **args) for c in ("slab", "dynamic"))
+
+
+def _assert_same(a, b, tol: float = 1e-10) -> None:
+    assert torch.equal(a.batch.completion_ids, b.batch.completion_ids)
+    assert torch.equal(a.batch.completion_mask, b.batch.completion_mask)
+    assert float((a.logprobs - b.logprobs).abs().max()) <= tol
+    assert float((a.entropy - b.entropy).abs().max()) <= tol
+
+
+@pytest.mark.parametrize("layout", ["builtin", "gpt2", "qwen2"])
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_slab_decode_equals_the_growing_cache_in_float64(layout, top_p, char_tokenizer):
+    tok = char_tokenizer
+    model = _model(layout, tok).double()
+    prompts = _prompts(tok, QUESTIONS)
+    keys = [(7, i) for i in range(len(prompts))]
+    slab, dynamic = _both(model, prompts, keys, tok, top_p=top_p)
+    _assert_same(slab, dynamic)
+    lengths = slab.batch.completion_mask.sum(1)
+    assert len(set(lengths.tolist())) >= 3  # rows stopped at different steps: the slab dropped rows mid-way
+
+
+@pytest.mark.parametrize("layout", ["builtin", "qwen2"])
+def test_rows_that_stop_early_give_what_they_give_alone(layout, char_tokenizer):
+    """Rows leave the slab at different steps (their slots refilled by moving other rows); each row's tokens and
+    log-probs are those of the row sampled on its own."""
+    tok = char_tokenizer
+    model = _model(layout, tok).double()
+    prompts = _prompts(tok, QUESTIONS, groups=1)
+    keys = [(11, i) for i in range(len(prompts))]
+    together, _ = _both(model, prompts, keys, tok)
+    lengths = together.batch.completion_mask.sum(1).tolist()
+    assert len(set(lengths)) >= 3
+    for i in range(len(prompts)):
+        alone, _ = _both(model, [prompts[i]], [keys[i]], tok)
+        L = lengths[i]
+        assert int(alone.batch.completion_mask.sum()) == L
+        assert torch.equal(alone.batch.completion_ids[0, :L], together.batch.completion_ids[i, :L])
+        assert float((alone.logprobs[0, :L] - together.logprobs[i, :L]).abs().max()) <= 1e-10
+
+
+def test_shared_prompt_prefill_gives_each_rows_own_prefill(char_tokenizer):
+    """A group's rows share one prefill of their prompt (its cache copied to each row's slab); each row sampled on
+    its own, with its own prefill, gives the same tokens and log-probs."""
+    tok = char_tokenizer
+    model = _model("qwen2", tok).double()
+    prompts = _prompts(tok, QUESTIONS[:2], groups=3)
+    keys = [(2, i) for i in range(len(prompts))]
+    shared, _ = _both(model, prompts, keys, tok)
+    for i in range(len(prompts)):
+        alone, _ = _both(model, [prompts[i]], [keys[i]], tok)
+        L = int(alone.batch.completion_mask.sum())
+        assert torch.equal(alone.batch.completion_ids[0, :L], shared.batch.completion_ids[i, :L])
+        assert float((alone.logprobs[0, :L] - shared.logprobs[i, :L]).abs().max()) <= 1e-10
+
+
+def test_dropping_rows_moves_only_the_last_live_rows_into_the_holes():
+    """SlabCache.drop: kept slots below the new end stay, the last kept rows fill the holes, and the live
+    columns of every moved row are its own."""
+    N, H, L, d = 6, 2, 5, 3
+    keys = torch.arange(N * H * L * d, dtype=torch.float64).view(N, H, L, d)
+
+    class Prefill:
+        layers = [type("L", (), {"keys": keys, "values": -keys})()]
+
+    cache = SlabCache.from_prefill(Prefill(), torch.arange(N), capacity=L + 2)
+    done = torch.tensor([False, True, False, True, False, False])
+    order = cache.drop(done)
+    assert order.tolist() == [0, 4, 2, 5]  # slots 1 and 3 finished: rows 4 and 5 move in, in order
+    layer = cache.layers[0]
+    assert cache.n == 4 and layer.keys.shape == (4, H, L, d)
+    assert torch.equal(layer.keys, keys[order]) and torch.equal(layer.values, -keys[order])
+    k, v = layer.update(torch.ones(4, H, 1, d, dtype=torch.float64), torch.zeros(4, H, 1, d, dtype=torch.float64))
+    assert k.shape == (4, H, L + 1, d) and bool((k[:, :, L] == 1).all()) and bool((v[:, :, L] == 0).all())
+    assert k.data_ptr() == layer.buffer_k.data_ptr()  # a view of the buffer, not a copy
+    with pytest.raises(RuntimeError, match="decode cache full"):
+        layer.update(torch.ones(4, H, 2, d, dtype=torch.float64), torch.ones(4, H, 2, d, dtype=torch.float64))
+
+
+@pytest.mark.slow
+@pytest.mark.smollm2
+def test_smollm2_slab_decode_equals_the_growing_cache_in_float64():
+    from grpolab.models.policy import load_policy
+
+    policy = load_policy("smollm2-135m-instruct", torch.float64)
+    tok = policy.tokenizer
+    records = [{"prompt": q} for q in ("What is 12+7?", "Name a colour.", "Say hi")]
+    prompts = [policy.prompt_ids(r) for r in records for _ in range(2)]
+    assert len({len(p) for p in prompts}) == 3  # left padding in the batch
+    keys = [(3, i) for i in range(len(prompts))]
+    args = dict(max_new_tokens=12, temperature=1.0, top_p=0.95, eos_id=policy.eos_id, pad_id=policy.pad_id)
+    slab, dynamic = (sample_with_stats(policy.model, prompts, keys, cache=c, **args) for c in ("slab", "dynamic"))
+    assert tok.decode(slab.batch.completion_ids[0]).strip()
+    _assert_same(slab, dynamic)
