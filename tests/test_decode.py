@@ -30,7 +30,8 @@ def _eos_boost(model, eos: int, boost: float):
     return model
 
 
-def _model(layout: str, tok):
+def _plain_model(layout: str, tok):
+    """The built-in warm start, or a random GPT-2 or Qwen2 layout."""
     ids = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     if layout == "builtin":
         from grpolab.models.policy import load_policy
@@ -38,8 +39,14 @@ def _model(layout: str, tok):
         return load_policy("builtin").model  # the shipped warm start: it ends its answers itself
     torch.manual_seed(5)
     if layout == "gpt2":
-        return _eos_boost(gpt2(len(tok), seed=3, **ids).eval(), tok.eos_token_id, 2.5)
-    return _eos_boost(qwen2(len(tok), **ids).eval(), tok.eos_token_id, 2.5)
+        return gpt2(len(tok), seed=3, **ids).eval()
+    return qwen2(len(tok), **ids).eval()
+
+
+def _model(layout: str, tok):
+    """:func:`_plain_model`, EOS raised in the random ones."""
+    model = _plain_model(layout, tok)
+    return model if layout == "builtin" else _eos_boost(model, tok.eos_token_id, 2.5)
 
 
 def _prompts(tok, questions, groups: int = 2):
@@ -145,3 +152,87 @@ def test_smollm2_slab_decode_equals_the_growing_cache_in_float64():
     slab, dynamic = (sample_with_stats(policy.model, prompts, keys, cache=c, **args) for c in ("slab", "dynamic"))
     assert tok.decode(slab.batch.completion_ids[0]).strip()
     _assert_same(slab, dynamic)
+
+
+# ---------------------------------------------------------------- the sampler's own copy of the weights
+
+
+def _llama_gqa(tok, **config):
+    """A random Llama with grouped-query attention (SmolLM2's layout in small)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(9)
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True, **config,
+    )  # fmt: skip
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _boosted_copy(model, tok, **kw):
+    """The sampler's copy of ``model`` (built before EOS is raised, so that its check compares like with like), then
+    EOS raised in both, so that completions end at varied lengths."""
+    from grpolab.rollout.weights import SamplerWeights
+
+    weights = SamplerWeights(model, **kw)
+    assert weights.decoder is not None, weights.note
+    for m in (model, weights.model):
+        _eos_boost(m, tok.eos_token_id, 2.5)
+    return weights
+
+
+@pytest.mark.parametrize("layout", ["llama-gqa", "qwen2", "builtin"])
+def test_fused_decoder_samples_what_the_models_forward_samples_in_float64(layout, char_tokenizer):
+    """The fused decode step (one product for query, key and value, one for gate and up) over a float64 copy gives
+    the tokens and log-probs of the model's own forward: Llama with grouped heads, Qwen2 (query/key/value biases),
+    the built-in Llama."""
+    tok = char_tokenizer
+    model = (_llama_gqa(tok) if layout == "llama-gqa" else _plain_model(layout, tok)).double()
+    weights = _boosted_copy(model, tok, dtype=torch.float64, pack=False, always_copy=True)
+    prompts = _prompts(tok, QUESTIONS)
+    keys = [(4, i) for i in range(len(prompts))]
+    args = dict(max_new_tokens=20, temperature=0.8, top_p=1.0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    fused = sample_with_stats(weights.model, prompts, keys, decoder=weights.decoder, **args)
+    plain = sample_with_stats(model, prompts, keys, cache="dynamic", **args)
+    _assert_same(fused, plain)
+    assert len(set(fused.batch.completion_mask.sum(1).tolist())) >= 2  # rows left the slab mid-way
+
+
+def test_the_copy_follows_the_policys_weights_at_each_sync_and_not_before(char_tokenizer):
+    tok = char_tokenizer
+    model = _llama_gqa(tok).double()
+    weights = _boosted_copy(model, tok, dtype=torch.float64, pack=False, always_copy=True)
+    prompts, keys = _prompts(tok, QUESTIONS[:2]), [(5, i) for i in range(4)]
+    args = dict(max_new_tokens=12, temperature=1.0, top_p=1.0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+
+    def draw(m, decoder=None):
+        return sample_with_stats(m, prompts, keys, decoder=decoder, **args)
+
+    before = draw(weights.model, weights.decoder)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    stale = draw(weights.model, weights.decoder)
+    _assert_same(stale, before)  # the copy does not move until it is synced
+    weights.sync()
+    _assert_same(draw(weights.model, weights.decoder), draw(model))
+
+
+def test_a_bf16_copy_samples_close_to_the_float32_policy_and_keeps_fp32_rotary_tables(char_tokenizer):
+    tok = char_tokenizer
+    model = _llama_gqa(tok)
+    weights = _boosted_copy(model, tok, dtype=torch.bfloat16)
+    assert weights.copied
+    assert next(weights.model.parameters()).dtype == torch.bfloat16
+    assert weights.model.model.rotary_emb.inv_freq.dtype == torch.float32
+    assert next(model.parameters()).dtype == torch.float32  # the policy keeps its own
+    prompts, keys = _prompts(tok, QUESTIONS), [(6, i) for i in range(10)]
+    args = dict(max_new_tokens=16, temperature=1.0, top_p=1.0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    low = sample_with_stats(weights.model, prompts, keys, decoder=weights.decoder, **args)
+    from grpolab.models.logprobs import completion_logprobs
+
+    with torch.no_grad():
+        exact = completion_logprobs(model, low.batch)  # the fp32 policy's log-probs of the bf16 sampler's tokens
+    m = low.batch.completion_mask.bool()
+    diff = (exact - low.logprobs)[m].abs()
+    assert 0 < float(diff.mean()) < 0.05  # bf16 rounding: a mismatch, and a small one

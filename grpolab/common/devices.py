@@ -68,3 +68,17 @@ def prepare_device(device: torch.device) -> None:
 def parse_dtype(name: str) -> torch.dtype | None:
     """``--dtype``: auto -> None (:func:`default_dtype` of the device decides), else the torch dtype."""
     return {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[name]
+
+
+def rollout_dtype(choice: str, trainer: torch.dtype, device: torch.device) -> torch.dtype:
+    """``--rollout-dtype``: the dtype the rollout engine samples in, for a trainer in ``trainer`` on ``device``.
+
+    float32, bfloat16: that dtype. auto: the trainer's own dtype.
+    """
+    if choice == "float32":
+        return torch.float32
+    if choice == "bfloat16":
+        return torch.bfloat16
+    if choice != "auto":
+        raise ValueError(f"--rollout-dtype must be auto, float32 or bfloat16, got {choice!r}")
+    return trainer

@@ -12,7 +12,8 @@ prompt, the policy's weights and ``keys[n]``, never on the other rows of the cal
 is the same whichever batch or process produced it.
 
 :class:`HFEngine` is grpolab's own sampler (``grpolab.rollout.sampler``) over the policy's live
-transformers weights: it needs no sync. :class:`grpolab.rollout.vllm_engine.VLLMEngine` is vLLM on a copy of
+transformers weights, or over a copy of them in the rollout dtype (``grpolab.rollout.weights``; on the CPU with
+its linear layers packed for oneDNN), refreshed at each ``weights_changed``. :class:`grpolab.rollout.vllm_engine.VLLMEngine` is vLLM on a copy of
 them, pushed at each ``weights_changed``. :func:`build_engine` makes the one ``--rollout-engine`` names.
 """
 
@@ -24,8 +25,10 @@ from typing import Protocol
 
 import torch
 
+from grpolab.common.devices import rollout_dtype
 from grpolab.config.rollout import EngineSection
 from grpolab.rollout.sampler import Sampled, SamplingSettings, sample_with_stats
+from grpolab.rollout.weights import SamplerWeights
 
 __all__ = ["HFEngine", "RolloutEngine", "SamplingSettings", "build_engine"]
 
@@ -45,10 +48,13 @@ class RolloutEngine(Protocol):
 
 
 class HFEngine:
-    """grpolab's sampler (:func:`grpolab.rollout.sampler.sample_with_stats`) on the policy's own transformers model.
+    """grpolab's sampler (:func:`grpolab.rollout.sampler.sample_with_stats`) on the policy's transformers model.
 
+    ``dtype``: the dtype it samples in (default: the policy's). In another dtype, or on the CPU where oneDNN's
+    packed linear layers run, it samples with a copy of the weights (:class:`grpolab.rollout.weights.SamplerWeights`)
+    that :meth:`weights_changed` refreshes; else with the live weights. ``pack``: allow the packed copy.
     ``full_weights``: a context inside which every parameter is whole on this process (FSDP gathers its
-    shards there; ``grpolab.training.forward.TrainModule.full_weights``). The model samples in eval mode
+    shards there; ``grpolab.training.forward.TrainModule.full_weights``). The live model samples in eval mode
     and is put back in the mode it was in afterwards.
     """
 
@@ -59,34 +65,49 @@ class HFEngine:
         eos_id: int,
         pad_id: int,
         full_weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+        dtype: torch.dtype | None = None,
+        pack: bool = True,
     ):
         self.model, self.eos_id, self.pad_id, self.full_weights = model, eos_id, pad_id, full_weights
+        dtype = dtype or next(model.parameters()).dtype
+        self.weights = SamplerWeights(model, dtype, pack, full_weights)
 
     def generate(self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings) -> Sampled:
+        if self.weights.copied:  # a copy of its own: always whole, always in eval mode
+            return self._sample(self.weights.model, prompts, keys, settings, self.weights.decoder)
         was_training = self.model.training
         self.model.eval()
         with self.full_weights():
-            out = sample_with_stats(
-                self.model,
-                prompts,
-                keys,
-                max_new_tokens=settings.max_new_tokens,
-                temperature=settings.temperature,
-                top_p=settings.top_p,
-                eos_id=-1 if settings.ignore_eos else self.eos_id,  # no token is -1: no row stops early
-                pad_id=self.pad_id,
-            )
+            out = self._sample(self.model, prompts, keys, settings)
         self.model.train(was_training)
         return out
 
+    def _sample(self, model, prompts, keys, settings: SamplingSettings, decoder=None) -> Sampled:
+        return sample_with_stats(
+            model,
+            prompts,
+            keys,
+            max_new_tokens=settings.max_new_tokens,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            eos_id=-1 if settings.ignore_eos else self.eos_id,  # no token is -1: no row stops early
+            pad_id=self.pad_id,
+            decoder=decoder,
+        )
+
     def weights_changed(self) -> None:
-        """Nothing to do: it samples from the live weights."""
+        """Refresh the sampler's copy of the weights (nothing to do when it samples from the live ones)."""
+        self.weights.sync()
 
 
 def build_engine(engine: EngineSection, seed: int, policy, full_weights=contextlib.nullcontext) -> RolloutEngine:
     """The rollout engine ``engine.rollout_engine`` names, over ``policy``'s model (``seed``: vLLM's own)."""
+    param = next(policy.model.parameters())
+    dtype = rollout_dtype(engine.rollout_dtype, param.dtype, param.device)
     if engine.rollout_engine == "hf":
-        return HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id, full_weights=full_weights)
+        return HFEngine(
+            policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id, full_weights=full_weights, dtype=dtype
+        )
     from grpolab.rollout.vllm_engine import VLLMEngine, VLLMSettings
 
     settings = VLLMSettings(engine.vllm_max_len, not engine.vllm_compile, engine.vllm_memory, engine.vllm_sleep)
@@ -97,4 +118,5 @@ def build_engine(engine: EngineSection, seed: int, policy, full_weights=contextl
         seed=seed,
         settings=settings,
         full_weights=full_weights,
+        dtype=dtype,
     )

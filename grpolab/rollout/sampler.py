@@ -103,16 +103,18 @@ def sample(
     eos_id: int,
     pad_id: int,
     cache: str = "slab",
+    decoder=None,
 ) -> Batch:
     """Sample one completion per prompt (repeat a prompt G times for a group).
 
     ``keys[n]`` seeds rollout n's random stream. Completions stop at EOS (kept,
     and masked in) or after ``max_new_tokens``. Each distinct prompt is prefilled
     once and its cache copied to its rows: the same tokens as a prefill per row.
-    ``cache``: one of :data:`CACHES` (the same tokens either way, to float rounding).
+    ``cache``: one of :data:`CACHES` (the same tokens either way, to float rounding). ``decoder``: a
+    :class:`grpolab.models.fused_decode.FusedDecoder` of ``model`` for the decode steps (with the slab cache).
     """
     settings = SamplingSettings(max_new_tokens, temperature, top_p)
-    return _sample(model, prompts, keys, settings, eos_id, pad_id, False, cache).batch
+    return _sample(model, prompts, keys, settings, eos_id, pad_id, False, cache, decoder).batch
 
 
 def sample_with_stats(
@@ -126,11 +128,12 @@ def sample_with_stats(
     eos_id: int,
     pad_id: int,
     cache: str = "slab",
+    decoder=None,
 ) -> Sampled:
     """:func:`sample`, the same tokens, with the sampler's log-prob of each sampled token and the entropy of
     its distribution at every completion token ``[N, T]``, from the logits it already has: no extra forward."""
     settings = SamplingSettings(max_new_tokens, temperature, top_p)
-    return _sample(model, prompts, keys, settings, eos_id, pad_id, True, cache)
+    return _sample(model, prompts, keys, settings, eos_id, pad_id, True, cache, decoder)
 
 
 def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
@@ -154,9 +157,11 @@ def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
 
 class _SlabDecode:
     """Decode steps over a :class:`SlabCache`: the attention mask and the positions are preallocated too and read
-    as views, so a step allocates nothing that grows with the completion. Slot j holds row ``rows[j]``."""
+    as views, so a step allocates nothing that grows with the completion. Slot j holds row ``rows[j]``. With a
+    ``fused`` decoder (:class:`grpolab.models.fused_decode.FusedDecoder`) the steps run through it instead of the
+    model's forward."""
 
-    def __init__(self, prefill, inverse, prompt_mask, position, max_new_tokens: int, cache_dtype):
+    def __init__(self, prefill, inverse, prompt_mask, position, max_new_tokens: int, cache_dtype, fused=None):
         N, P = prompt_mask.shape
         capacity = P + max_new_tokens - 1  # the last token is sampled, never fed back
         self.cache = SlabCache.from_prefill(prefill, inverse, capacity, cache_dtype)
@@ -164,6 +169,7 @@ class _SlabDecode:
         self.attn[:, :P] = prompt_mask
         self.pos = position[:, -1] + 1  # [N] the next token's position id
         self.rows = torch.arange(N, device=prompt_mask.device)
+        self.fused = fused
 
     def drop(self, done: torch.Tensor) -> torch.Tensor:
         """Drops the slots where ``done`` ``[n]``; returns the kept slots' order (index the step's tokens with it)."""
@@ -178,6 +184,10 @@ class _SlabDecode:
     def step(self, model, tok: torch.Tensor) -> torch.Tensor:
         """Feeds the live rows' tokens ``[n]``; returns the next logits ``[n, V]``."""
         n, L = self.rows.numel(), self.cache.get_seq_length()
+        if self.fused is not None:
+            logits = self.fused.step(tok, self.pos, self.attn[:n, : L + 1], self.cache)
+            self.pos = self.pos + 1
+            return logits
         out = model(
             input_ids=tok[:, None],
             attention_mask=self.attn[:n, : L + 1],  # a view: no concatenation
@@ -218,19 +228,19 @@ class _DynamicDecode:
         return out.logits[:, -1]
 
 
-def _decoder(cache: str, model, prefill, inverse, prompt_mask, position, max_new_tokens: int):
+def _decoder(cache: str, model, prefill, inverse, prompt_mask, position, max_new_tokens: int, fused):
     """The decode steps ``cache`` names; ``slab`` falls back to ``dynamic`` for a model whose prefill wrote another
     kind of cache layer. A half-precision model on the CPU whose attention takes keys of another dtype
-    (``grpolab.models.attention``) caches them in fp32."""
+    (``grpolab.models.attention``) caches them in fp32. ``fused``: a fused decoder, for the slab only."""
     if cache not in CACHES:
         raise ValueError(f"unknown decode cache {cache!r}; choose from {CACHES}")
     if cache == "dynamic" or not slab_supported(prefill):
         return _DynamicDecode(prefill, inverse, prompt_mask, position)
-    return _SlabDecode(prefill, inverse, prompt_mask, position, max_new_tokens, upcast_dtype(model))
+    return _SlabDecode(prefill, inverse, prompt_mask, position, max_new_tokens, upcast_dtype(model), fused)
 
 
 @torch.no_grad()
-def _sample(model, prompts, keys, s: SamplingSettings, eos_id, pad_id, want_stats: bool, cache: str) -> Sampled:
+def _sample(model, prompts, keys, s: SamplingSettings, eos_id, pad_id, want_stats: bool, cache: str, fused) -> Sampled:
     N, T = len(prompts), s.max_new_tokens
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))  # [N, P]
@@ -241,7 +251,7 @@ def _sample(model, prompts, keys, s: SamplingSettings, eos_id, pad_id, want_stat
     lp = torch.zeros((N, T), device=device) if want_stats else None
 
     prefill, logits, position, inverse = _prefill(model, prompt_ids, prompt_mask)  # logits [N, V]
-    decode = _decoder(cache, model, prefill, inverse, prompt_mask, position, T)
+    decode = _decoder(cache, model, prefill, inverse, prompt_mask, position, T, fused)
     for t in range(T):
         rows = decode.rows  # [n] the rows still generating, in the decoder's slot order
         if want_stats:

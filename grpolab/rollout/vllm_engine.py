@@ -35,7 +35,7 @@ import json
 import os
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -44,6 +44,7 @@ from grpolab.common.batch import Batch, left_pad
 from grpolab.common.rng import rng_state, set_rng_state
 from grpolab.config.rollout import VLLM_INSTALL_HINT
 from grpolab.rollout.sampler import Sampled, SamplingSettings
+from grpolab.rollout.weights import base_model, served_weights
 
 
 def _import_vllm():
@@ -67,40 +68,9 @@ def rollout_seed(key: tuple[int, ...]) -> int:
     return int((int(state[0]) << 31) ^ int(state[1]))
 
 
-def _base_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers model under a peft wrapper (or the model itself)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def served_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """The weights vLLM serves, under transformers' names: with LoRA, each adapted layer's base weight plus
-    the adapter's delta (a new tensor; the training weights are not touched). A tied weight is given under each
-    of its names: vLLM's loader needs ``lm_head.weight`` even for a tied model."""
-    base = _base_model(model)
-    modules = dict(base.named_modules())
-    for name, tensor in base.named_parameters(remove_duplicate=False):
-        if ".lora_" in name:
-            continue  # the adapter's own factors: folded into their layer's weight below
-        if ".base_layer." in name:  # a LoRA-wrapped layer: name.base_layer.weight -> name.weight
-            layer, _, leaf = name.partition(".base_layer.")
-            if leaf == "weight":
-                tensor = _merged(modules[layer], tensor)
-            name = f"{layer}.{leaf}"
-        yield name, tensor.detach()
-
-
-def _merged(lora, weight: torch.Tensor) -> torch.Tensor:
-    """``weight + sum of the active adapters' deltas`` as a new tensor."""
-    merged = weight.detach().clone()
-    for adapter in lora.active_adapters:
-        if adapter in lora.lora_A:
-            merged += lora.get_delta_weight(adapter).to(merged.dtype)
-    return merged
-
-
 def _config_dir(model: torch.nn.Module, dtype: torch.dtype) -> str:
     """A scratch directory holding the model's config.json (no weights: vLLM starts on placeholders)."""
-    base = _base_model(model)
+    base = base_model(model)
     config = base.config.to_dict()
     config.pop("quantization_config", None)  # a GGUF-loaded model's weights are plain tensors by now
     config["architectures"] = [type(base).__name__]
@@ -138,7 +108,7 @@ _STARTED: dict[str, _SharedLLM] = {}
 def _start(model: torch.nn.Module, dtype: torch.dtype, device: torch.device, seed: int, s: VLLMSettings) -> _SharedLLM:
     """vLLM on the model's architecture, started once per process for each (architecture, settings)."""
     vllm = _import_vllm()
-    base = _base_model(model)
+    base = base_model(model)
     limit = getattr(base.config, "max_position_embeddings", s.max_model_len) or s.max_model_len
     max_len = min(s.max_model_len, limit)
     key = json.dumps([base.config.to_json_string(), str(dtype), str(device), max_len, dataclasses.asdict(s)])
@@ -187,7 +157,8 @@ def shutdown() -> None:
 class VLLMEngine:
     """vLLM sampling from a copy of ``model``'s weights, pushed after every optimizer step.
 
-    ``full_weights``: a context inside which every parameter is whole on this process (FSDP).
+    ``dtype``: the engine's (``--rollout-dtype``; default: the model's). ``full_weights``: a context inside which
+    every parameter is whole on this process (FSDP).
     """
 
     def __init__(
@@ -199,12 +170,14 @@ class VLLMEngine:
         seed: int = 0,
         settings: VLLMSettings = VLLMSettings(),
         full_weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+        dtype: torch.dtype | None = None,
     ):
         self.model, self.eos_id, self.pad_id, self.full_weights = model, eos_id, pad_id, full_weights
         self.settings = settings
         param = next(model.parameters())
         self.device = param.device
-        self._shared = _start(model, param.dtype, param.device, seed, settings)
+        self.dtype = dtype or param.dtype  # vLLM casts each weight it is sent to its own dtype as it loads it
+        self._shared = _start(model, self.dtype, param.device, seed, settings)
         self._asleep = False
         self.sync()
 

@@ -1,0 +1,222 @@
+"""The weights a rollout engine samples with, and how they follow the trainer's.
+
+Both engines may hold their own copy of the policy: vLLM always (``grpolab.rollout.vllm_engine``), grpolab's sampler
+when it samples in another dtype than the trainer's (``--rollout-dtype``) or when its linear layers are packed for
+the CPU's matrix kernels (:mod:`grpolab.models.packed_linear`). Either copy is refreshed from the trainer's weights
+at every weight sync, cast to the engine's dtype; the trainer keeps its own weights and dtype.
+
+:func:`served_weights` is what every copy is made from: the policy's weights under transformers' names, a LoRA
+adapter folded into its layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from grpolab.models.attention import upcast_dtype, use_grouped_sdpa
+from grpolab.models.decode_cache import SlabCache
+from grpolab.models.fused_decode import FusedDecoder, fused_supported
+from grpolab.models.packed_linear import PackedLinear, PlainLinear, packing_available, worth_packing
+
+
+def base_model(model: nn.Module) -> nn.Module:
+    """The transformers model under a peft wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def served_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights an engine serves, under transformers' names: with LoRA, each adapted layer's base weight plus
+    the adapter's delta (a new tensor; the training weights are not touched). A tied weight is given under each
+    of its names: vLLM's loader needs ``lm_head.weight`` even for a tied model."""
+    base = base_model(model)
+    modules = dict(base.named_modules())
+    for name, tensor in base.named_parameters(remove_duplicate=False):
+        if ".lora_" in name:
+            continue  # the adapter's own factors: folded into their layer's weight below
+        if ".base_layer." in name:  # a LoRA-wrapped layer: name.base_layer.weight -> name.weight
+            layer, _, leaf = name.partition(".base_layer.")
+            if leaf == "weight":
+                tensor = _merged(modules[layer], tensor)
+            name = f"{layer}.{leaf}"
+        yield name, tensor.detach()
+
+
+def _merged(lora, weight: torch.Tensor) -> torch.Tensor:
+    """``weight + sum of the active adapters' deltas`` as a new tensor."""
+    merged = weight.detach().clone()
+    for adapter in lora.active_adapters:
+        if adapter in lora.lora_A:
+            merged += lora.get_delta_weight(adapter).to(merged.dtype)
+    return merged
+
+
+class SamplerWeights:
+    """The model grpolab's sampler runs: the policy's own, or a copy in ``dtype`` refreshed at :meth:`sync`.
+
+    A copy is made when ``dtype`` is not the policy's, or when ``pack``, the CPU's oneDNN kernels run in ``dtype``
+    (:func:`grpolab.models.packed_linear.packing_available`) and the model has linear layers large enough to gain
+    from them: then each such layer of the copy is a :class:`PackedLinear`. A copy of a Llama-layout model also gets
+    a :class:`grpolab.models.fused_decode.FusedDecoder` (:attr:`decoder`) for its decode steps, checked against the
+    policy's own forward first (:attr:`note` says why there is none). Otherwise the sampler runs the policy's live
+    weights, as before any of this (and a sync does nothing). A copy attends with
+    :func:`grpolab.models.attention.grouped_sdpa_forward`, which takes a decode cache of another dtype (fp32 under
+    bf16 on the CPU).
+
+    ``full_weights``: a context inside which every parameter is whole on this process (FSDP). ``fuse``: allow the
+    fused decoder; ``always_copy``: make a copy even where the live weights would do (tests compare the two).
+    """
+
+    def __init__(
+        self,
+        policy: nn.Module,
+        dtype: torch.dtype,
+        pack: bool = True,
+        full_weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+        fuse: bool = True,
+        always_copy: bool = False,
+    ):
+        self.policy, self.dtype, self.full_weights = policy, dtype, full_weights
+        param = next(policy.parameters())
+        self.pack = (
+            pack
+            and param.device.type == "cpu"
+            and packing_available(dtype)
+            and any(worth_packing(m) for m in base_model(policy).modules())
+        )
+        self.copied = always_copy or self.pack or dtype != param.dtype
+        self.decoder: FusedDecoder | None = None
+        self.note: str | None = None
+        """Why the copy has no fused decoder (None when it has one, or there is no copy)."""
+        self.model = policy
+        if not self.copied:
+            return
+        served = self._served()
+        self.note = fused_supported(base_model(policy)) if fuse else "fusion off"
+        if self.note is None:
+            self.model, self.decoder, self._targets = self._build_fused(served)
+            self.note = _check(self.policy, self.model, self.decoder, self.full_weights)
+            if self.note:
+                self.decoder = None
+        if self.decoder is None:
+            self.model, self._targets = self._build_packed(served)
+
+    def _served(self) -> dict[str, torch.Tensor]:
+        with torch.no_grad(), self.full_weights():
+            return dict(served_weights(self.policy))
+
+    def _build_packed(self, served: dict) -> tuple[nn.Module, dict]:
+        """A copy whose large linear layers are :class:`PackedLinear` (when packing runs here), and, per served
+        weight, what loads a new value of it."""
+        model = _skeleton(base_model(self.policy), self.dtype, next(self.policy.parameters()).device)
+        params = dict(model.named_parameters(remove_duplicate=False))
+        targets = {name: _copier(params[name], self.dtype) for name in served if name in params}
+        if self.pack:
+            for name, module in list(model.named_modules()):
+                if worth_packing(module) and f"{name}.weight" in served:
+                    packed = PackedLinear()
+                    _replace(model, name, packed)
+                    targets[f"{name}.weight"] = _repacker(packed, f"{name}.bias", self.dtype)
+                    targets.pop(f"{name}.bias", None)  # loaded with its weight
+        _load(targets, served)
+        return model, targets
+
+    def _build_fused(self, served: dict) -> tuple[nn.Module, FusedDecoder, dict]:
+        """A copy whose projections are the fused decoder's products; its other parameters (embedding, norms) are
+        loaded by the returned targets, the products by :meth:`FusedDecoder.load`."""
+        model = _skeleton(base_model(self.policy), self.dtype, next(self.policy.parameters()).device)
+        decoder = FusedDecoder(model, PackedLinear if self.pack else PlainLinear)
+        decoder.attach()
+        params = dict(model.named_parameters(remove_duplicate=False))
+        targets = {name: _copier(params[name], self.dtype) for name in served if name in params}
+        decoder.load(served, self.dtype)
+        left = set(served) - set(targets) - decoder.read
+        if left:
+            raise ValueError(f"the sampler's copy of the model has no place for {sorted(left)[:3]}")
+        _load(targets, served)
+        return model, decoder, targets
+
+    def sync(self) -> None:
+        """Refresh the copy from the policy's current weights (nothing to do without a copy)."""
+        if not self.copied:
+            return
+        served = self._served()
+        with torch.no_grad():
+            _load(self._targets, served)
+            if self.decoder is not None:
+                self.decoder.load(served, self.dtype)
+
+
+def _load(targets: dict, served: dict) -> None:
+    with torch.no_grad():
+        for name, load in targets.items():
+            load(served[name], served)
+
+
+def _check(policy: nn.Module, model: nn.Module, decoder: FusedDecoder, full_weights) -> str | None:
+    """None if a prefill through the copy's forward and one fused decode step give the policy's own last logits
+    (to the copy's precision), else what differs. Two rows of four tokens, one left-padded."""
+    param = next(policy.parameters())
+    vocab = model.config.vocab_size
+    ids = torch.tensor([[3, 5, 7, 11], [0, 13, 17, 19]], device=param.device) % vocab  # [2, 4]
+    mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]], device=param.device)
+    position = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad(), full_weights():
+        was = policy.training
+        policy.eval()
+        want = policy(input_ids=ids, attention_mask=mask, position_ids=position).logits[:, -1].float()  # [2, V]
+        policy.train(was)
+    with torch.no_grad():
+        prefill = DynamicCache()
+        model(input_ids=ids[:, :3], attention_mask=mask[:, :3], position_ids=position[:, :3], past_key_values=prefill)
+        cache = SlabCache.from_prefill(prefill, torch.arange(2, device=param.device), 4, upcast_dtype(model))
+        got = decoder.step(ids[:, 3], position[:, 3], mask, cache).float()
+    err = float((got - want).abs().max()) / max(1.0, float(want.abs().max()))
+    tol = 5e-2 if next(model.parameters()).dtype in (torch.bfloat16, torch.float16) else 1e-3
+    return None if err <= tol else f"its fused decode step differs from the model's forward by {err:.2g} (relative)"
+
+
+def _skeleton(base: nn.Module, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """A model of ``base``'s class and config in ``dtype``, its parameters not yet filled (the buffers, such as
+    rotary tables, copied from ``base``), in eval mode, attending with grpolab's sdpa function."""
+    config = copy.deepcopy(base.config)  # its own: setting the copy's attention must not touch the policy's
+    with torch.device("meta"):
+        model = type(base)(config).to(dtype)
+    model.to_empty(device=device).eval()
+    buffers = dict(base.named_buffers())
+    for name, _ in list(model.named_buffers()):
+        owner, _, leaf = name.rpartition(".")
+        # Buffers (rotary tables) are in no checkpoint: the policy's own, in their own dtype (fp32 rotary
+        # frequencies stay fp32 under a bf16 copy, as in a model loaded in bf16)
+        model.get_submodule(owner)._buffers[leaf] = buffers[name].clone()
+    use_grouped_sdpa(model, always=True)
+    return model.requires_grad_(False)
+
+
+def _copier(param: torch.Tensor, dtype: torch.dtype):
+    """Loads a served tensor into ``param``, cast to ``dtype``."""
+
+    def load(tensor: torch.Tensor, served: dict) -> None:
+        param.data.copy_(tensor.to(dtype))
+
+    return load
+
+
+def _repacker(layer: PackedLinear, bias_name: str, dtype: torch.dtype):
+    """Repacks ``layer`` from a served weight (and the served bias of that name, if any), cast to ``dtype``."""
+
+    def load(weight: torch.Tensor, served: dict) -> None:
+        bias = served.get(bias_name)
+        layer.load(weight.to(dtype), None if bias is None else bias.to(dtype))
+
+    return load
+
+
+def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, module)
