@@ -19,6 +19,21 @@ engine_logp_t)). The weight multiplies each token's policy term (``policy_loss``
 - ``sequence-mask``: 1 where 1/C <= R <= C, else 0.
 
 The weights are constants of the loss (no gradient flows through them).
+
+Top-p. An engine that samples from the nucleus reports the log-prob of the distribution it sampled from, renormalised
+over the nucleus: log(p_engine / S_engine), S the nucleus's mass. The trainer's log-prob is over the whole
+vocabulary, so their difference carries log S on every token: the ratio would be the kept mass (0.9 at top-p 0.9),
+not a mismatch (the trap TRL's issue 6789 describes). The update therefore puts the engine's log-prob back on the
+whole vocabulary first, adding the trainer's own log nucleus mass at that position (:func:`on_full_support`; the
+same top-p rule, computed from the trainer's logits). Then r_t = (p_trainer / S_trainer) / (p_engine / S_engine):
+the ratio of the two *sampling* distributions at the sampled token, which is 1 for an engine that computes what the
+trainer computes, at any top-p; what remains is the engine's numerics (another kernel, another precision). The
+truncation itself is part of how rollouts are drawn and is not reweighted (no engine samples outside its nucleus,
+so no weight could restore those tokens).
+
+:func:`mismatch_sums` and :func:`mismatch_metrics` measure the mismatch on every step (``engine/*``), in the forms
+peers report it: the share of tokens whose ratio leaves [0.9, 1.1], the ratio's and the log-ratio's spread, and the
+sequence-level log-ratio log R.
 """
 
 from __future__ import annotations
@@ -50,8 +65,62 @@ def engine_weights(
     return torch.where(m.bool(), weights, torch.zeros_like(weights))
 
 
-def mismatch(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor) -> tuple[float, int, float]:
-    """``(sum, count, max)`` of |trainer_logp - engine_logp| over the tokens of ``mask``: the parts of
-    ``engine/logprob_diff_mean`` (sum / count over every rank) and ``engine/logprob_diff_max``."""
-    diff = (trainer_logp - engine_logp).detach().abs()[mask.bool()]
-    return float(diff.sum()), int(diff.numel()), float(diff.max()) if diff.numel() else 0.0
+BAND = (0.9, 1.1)
+"""The ratio band whose leavers ``engine/ratio_outside_frac`` counts (the band TRL's issue 6789 reports: 7.5% of
+Qwen2.5-0.5B's tokens outside it under vLLM)."""
+
+SUM_KEYS = ("tok", "abs", "d", "d2", "r", "r2", "out", "seq", "s", "s2")
+"""What :func:`mismatch_sums` adds up (over passes and ranks): tokens; sum |log r|; sum log r; sum (log r)^2; sum r;
+sum r^2; tokens outside :data:`BAND`; sequences; sum log R; sum (log R)^2."""
+MAX_KEYS = ("abs_max", "seq_abs_max")
+"""What :func:`mismatch_sums` takes the maximum of: max |log r| over tokens, max |log R| over sequences."""
+
+
+def on_full_support(engine_logp: torch.Tensor, trainer_log_mass: torch.Tensor) -> torch.Tensor:
+    """An engine's log-probs of the distribution it sampled from (renormalised over its top-p nucleus) put on the
+    whole vocabulary with the trainer's log nucleus mass at each position: ``[N, T]`` + ``[N, T]`` (see the module
+    docstring; a mass of 0, top-p 1, changes nothing)."""
+    return engine_logp + trainer_log_mass.to(engine_logp.dtype)
+
+
+def mismatch_sums(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """The sums (:data:`SUM_KEYS`) and maxima (:data:`MAX_KEYS`) over the tokens of ``mask`` ``[N, T]``, and over its
+    rows with any token, from which :func:`mismatch_metrics` makes the step's ``engine/*`` statistics. Log-probs
+    ``[N, T]``; log r = trainer - engine per token, log R its sum over a row's tokens. In float64."""
+    m = mask.bool()
+    d = (trainer_logp - engine_logp).detach().double() * m  # [N, T] log r, 0 off the mask
+    tok = d[m]  # [M]
+    r = tok.exp()
+    rows = m.any(dim=1)
+    seq = d.sum(dim=1)[rows]  # [rows] log R
+    lo, hi = BAND
+    return {
+        "tok": float(tok.numel()), "abs": float(tok.abs().sum()), "d": float(tok.sum()), "d2": float((tok**2).sum()),
+        "r": float(r.sum()), "r2": float((r**2).sum()), "out": float(((r < lo) | (r > hi)).sum()),
+        "seq": float(seq.numel()), "s": float(seq.sum()), "s2": float((seq**2).sum()),
+        "abs_max": float(tok.abs().max()) if tok.numel() else 0.0,
+        "seq_abs_max": float(seq.abs().max()) if seq.numel() else 0.0,
+    }  # fmt: skip
+
+
+def mismatch_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """``engine/*`` from the step's :func:`mismatch_sums` added over passes and ranks (maxima: their maximum); empty
+    when no token was compared. Means and (population) standard deviations over tokens and over sequences."""
+    n, k = sums["tok"], sums["seq"]
+    if not n:
+        return {}
+
+    def std(total: float, squares: float, count: float) -> float:
+        return max(squares / count - (total / count) ** 2, 0.0) ** 0.5
+
+    return {
+        "engine/logprob_diff_mean": sums["abs"] / n,
+        "engine/logprob_diff_max": sums["abs_max"],
+        "engine/logratio_mean": sums["d"] / n,
+        "engine/logratio_std": std(sums["d"], sums["d2"], n),
+        "engine/ratio_std": std(sums["r"], sums["r2"], n),
+        "engine/ratio_outside_frac": sums["out"] / n,
+        "engine/seq_logratio_mean": sums["s"] / k,
+        "engine/seq_logratio_std": std(sums["s"], sums["s2"], k),
+        "engine/seq_logratio_max": sums["seq_abs_max"],
+    }

@@ -24,9 +24,12 @@ def completion_logprobs(
     shared_prefix: bool = False,
     packed: bool = False,
     entropy: bool = False,
+    top_p: float = 1.0,
 ) -> torch.Tensor:
     """``[N, T]`` log pi(o_t | q, o_<t) of each completion token (0 where masked); with ``entropy``, ``[N, T, 2]``:
-    each position's log-prob and the entropy of pi(. | q, o_<t) (both differentiable: the entropy bonus's).
+    each position's log-prob and the entropy of pi(. | q, o_<t) (both differentiable: the entropy bonus's). With
+    ``top_p`` < 1 one more column ``[..., -1]``: the log of the mass top-p sampling keeps at that position
+    (:func:`nucleus_log_mass`; no gradient), which puts a sampler's nucleus log-probs on this model's scale.
 
     The LM head runs at completion positions only: the prompt's logits are never formed.
     With a large vocabulary (SmolLM2: 49,152) and long completions the ``[N, T, V]`` logits would dominate
@@ -45,8 +48,8 @@ def completion_logprobs(
     if chunk_tokens is None:
         chunk_tokens = 0 if N * (T + 1) * V <= LOGITS_BUDGET else max(1, LOGITS_BUDGET // V)
     target, mask = batch.completion_ids, batch.completion_mask  # [N, T]
-    score = _token_scores if entropy else _token_logprobs  # [..., V] -> [..., 2] or [...]
-    m = mask[..., None] if entropy else mask
+    score = _scorer(entropy, top_p)  # [..., V] -> [..., k] or [...]
+    m = mask[..., None] if entropy or top_p < 1 else mask
     if packed:
         return _packed_logprobs(model, head, batch, temperature, chunk_tokens, score)
     if shared_prefix:
@@ -137,6 +140,22 @@ def _packed_logprobs(model, head, batch: Batch, temperature: float, chunk_tokens
     return hidden.new_zeros((*keep.shape, *logp.shape[1:]), dtype=logp.dtype).index_put((keep,), logp)  # [N, T]
 
 
+def _scorer(entropy: bool, top_p: float):
+    """What each position's logits ``[..., V]`` become: the target's log-prob ``[...]``, with ``entropy`` and the entropy
+    ``[..., 2]``, and with ``top_p`` < 1 the log nucleus mass as a last column."""
+    if top_p >= 1.0:
+        return _token_scores if entropy else _token_logprobs
+
+    def score(logits: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
+        out = _token_scores(logits, target, temperature) if entropy else _token_logprobs(logits, target, temperature)
+        with torch.no_grad():
+            mass = nucleus_log_mass(logits.reshape(-1, logits.shape[-1]), temperature, top_p)  # [M]
+        mass = mass.view(logits.shape[:-1]).to(out.dtype)[..., None]
+        return torch.cat([out if entropy else out[..., None], mass], dim=-1)
+
+    return score
+
+
 def _token_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
     """log softmax(logits / temperature) at ``target``: ``[..., V]``, ``[...]`` -> ``[...]`` (fp32, or fp64 for fp64
     logits)."""
@@ -192,3 +211,17 @@ def token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def logprob_entropy(logp: torch.Tensor) -> torch.Tensor:
     """Entropy (nats) of the distribution whose log-probs are ``logp``, over the last dimension: ``[..., V] -> [...]``."""
     return -(logp.exp() * logp).sum(-1)
+
+
+def nucleus_log_mass(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """log of the probability mass that top-p sampling keeps (the smallest prefix with mass >= top_p, the sampler's
+    rule: ``grpolab.rollout.sampler``) at temperature T: ``[n, V] -> [n]``; 0 with top_p = 1. A kept token's log-prob
+    under the distribution that was sampled from is its log-prob at T minus this."""
+    if top_p >= 1.0 or temperature == 0.0:
+        return torch.zeros(
+            logits.shape[0], device=logits.device, dtype=torch.promote_types(logits.dtype, torch.float32)
+        )
+    sorted_p = torch.softmax(logits.double() / temperature, dim=-1).sort(dim=-1, descending=True).values
+    keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
+    mass = torch.log((sorted_p * keep).sum(-1))
+    return mass if logits.dtype == torch.float64 else mass.float()

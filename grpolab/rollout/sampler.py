@@ -23,7 +23,7 @@ from transformers import DynamicCache
 from grpolab.common.batch import Batch, left_pad
 from grpolab.models.attention import upcast_dtype
 from grpolab.models.decode_cache import SlabCache, slab_supported
-from grpolab.models.logprobs import logprob_entropy, sampling_logprobs
+from grpolab.models.logprobs import logprob_entropy, nucleus_log_mass, sampling_logprobs
 from grpolab.models.shared_prefix import distinct_prompts
 
 
@@ -65,17 +65,6 @@ def _pick(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: floa
     cdf = probs.cumsum(-1)
     j = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=probs.shape[-1] - 1)
     return j.squeeze(1)
-
-
-def nucleus_log_mass(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """log of the probability mass that top-p sampling keeps (the smallest prefix with mass >= top_p, :func:`_pick`'s
-    rule) at temperature T: ``[n, V] -> [n]``; 0 with top_p = 1. A kept token's log-prob under the distribution that
-    was sampled from is its log-prob at T minus this."""
-    if top_p >= 1.0 or temperature == 0.0:
-        return torch.zeros(logits.shape[0], device=logits.device)
-    sorted_p = torch.softmax(logits.double() / temperature, dim=-1).sort(dim=-1, descending=True).values
-    keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
-    return torch.log((sorted_p * keep).sum(-1)).float()
 
 
 class Sampled(NamedTuple):
@@ -259,7 +248,8 @@ def _sample(model, prompts, keys, s: SamplingSettings, eos_id, pad_id, want_stat
             ent[rows, t] = logprob_entropy(logp)
         tok = _pick(logits, u[rows, t], s.temperature, s.top_p)  # [n]
         if want_stats:
-            lp[rows, t] = logp.gather(1, tok[:, None]).squeeze(1) - nucleus_log_mass(logits, s.temperature, s.top_p)
+            nucleus = nucleus_log_mass(logits, s.temperature, s.top_p).float()  # [n] the kept mass's log
+            lp[rows, t] = logp.gather(1, tok[:, None]).squeeze(1) - nucleus
         out_ids[rows, t] = tok
         done = tok == eos_id
         lengths[rows[done]] = t + 1

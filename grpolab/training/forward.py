@@ -38,11 +38,20 @@ class LogProbs(nn.Module):
         self.shared_prefix = shared_prefix
         self.packed = packed
 
-    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, entropy: bool = False) -> torch.Tensor:
-        """``[N, T]`` log-probs; ``entropy``: ``[N, T, 2]``, each position's log-prob and entropy."""
+    def forward(
+        self, prompt_ids, prompt_mask, completion_ids, completion_mask, entropy: bool = False, top_p: float = 1.0
+    ) -> torch.Tensor:
+        """``[N, T]`` log-probs; ``entropy``: ``[N, T, 2]``, each position's log-prob and entropy; ``top_p`` < 1: one
+        more column, the log nucleus mass (:func:`grpolab.models.logprobs.completion_logprobs`)."""
         batch = Batch(prompt_ids, prompt_mask, completion_ids, completion_mask)
         return completion_logprobs(
-            self.model, batch, self.temperature, shared_prefix=self.shared_prefix, packed=self.packed, entropy=entropy
+            self.model,
+            batch,
+            self.temperature,
+            shared_prefix=self.shared_prefix,
+            packed=self.packed,
+            entropy=entropy,
+            top_p=top_p,
         )
 
 
@@ -156,11 +165,14 @@ class TrainModule:
         """``[n, T]`` completion log-probs, through the DDP/FSDP wrapper when there is one."""
         return self.wrapped(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
 
-    def logprobs_and_entropy(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[n, T]`` completion log-probs and ``[n, T]`` the entropy at each completion position, both
-        differentiable (the entropy bonus), from one forward through the wrapper."""
-        both = self.wrapped(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, True)
-        return both[..., 0], both[..., 1]
+    def scores(self, batch: Batch, entropy: bool = False, top_p: float = 1.0) -> tuple[torch.Tensor, ...]:
+        """From one forward through the wrapper: ``[n, T]`` completion log-probs, then (``entropy``) the entropy at
+        each completion position, both differentiable (the entropy bonus), then (``top_p`` < 1) the log mass top-p
+        sampling keeps there (no gradient)."""
+        if not entropy and top_p >= 1.0:
+            return (self.logprobs(batch),)
+        out = self.wrapped(*batch, entropy=entropy, top_p=top_p)  # [n, T, k]
+        return out.unbind(dim=-1)
 
     @contextlib.contextmanager
     def sync(self, enabled: bool):

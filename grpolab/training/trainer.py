@@ -255,6 +255,7 @@ class GRPOTrainer:
             reference=self.ref,
             reference_is_base=self.ref_is_base,
             terms=cfg.terms,
+            top_p=cfg.generation.top_p,
         )
 
     def _setup_task(self) -> None:

@@ -29,7 +29,14 @@ from typing import NamedTuple
 
 import torch
 
-from grpolab.algo.engine_correction import engine_weights, mismatch
+from grpolab.algo.engine_correction import (
+    MAX_KEYS,
+    SUM_KEYS,
+    engine_weights,
+    mismatch_metrics,
+    mismatch_sums,
+    on_full_support,
+)
 from grpolab.algo.entropy_bonus import EntropyControl, entropy_bonus
 from grpolab.algo.loss import (
     TermParams,
@@ -130,7 +137,7 @@ class _Inputs(NamedTuple):
     loss_mask: torch.Tensor  # [n, T]
     entropy: torch.Tensor | None  # [n, T]
     threshold: torch.Tensor | None  # the entropy selection's threshold, or None
-    old_logp: dict[int, torch.Tensor]  # pass -> [rows, T]
+    old_logp: dict[int, tuple[torch.Tensor, ...]]  # pass -> [rows, T] log-probs (and top-p < 1: log nucleus mass)
     sampler_logp: torch.Tensor | None  # [n, T] the rollout engine's log-probs of the sampled tokens
     ref_logp: dict[int, torch.Tensor]
     num_seqs: int  # N, all ranks
@@ -139,7 +146,8 @@ class _Inputs(NamedTuple):
     bonus_tokens: float = 0.0  # the entropy bonus's tokens (loss-carrying, and selected by entropy), all ranks
 
 
-SUMS = ("loss", "policy", "kl_tok", "clip_tok", "ratio_tok", "diff_sum", "diff_tok", "weight_tok")
+MISMATCH = tuple(f"mismatch_{k}" for k in SUM_KEYS)
+SUMS = ("loss", "policy", "kl_tok", "clip_tok", "ratio_tok", "weight_tok", *MISMATCH)
 
 
 class Updater:
@@ -163,6 +171,7 @@ class Updater:
         reference: TrainModule | None = None,
         reference_is_base: bool = False,
         terms: TermSection | None = None,
+        top_p: float = 1.0,
     ):
         self.objective, self.passes, self.max_grad_norm, self.max_policy_tokens = (
             objective,
@@ -172,6 +181,7 @@ class Updater:
         )
         self.policy, self.optimizer, self.scheduler, self.world = policy, optimizer, scheduler, world
         self.eos_id, self.reference, self.reference_is_base = eos_id, reference, reference_is_base
+        self.top_p = top_p  # the sampler's: its nucleus log-probs are put on the trainer's scale (engine_correction)
         self.terms = terms = terms or TermSection()  # the policy term: --loss-type and its constants
         self.term_params = TermParams(**{f.name: getattr(terms, f.name) for f in dataclasses.fields(TermParams)})
         self.aggregation = effective_aggregation(terms.loss_type, objective.aggregation)
@@ -234,8 +244,7 @@ class Updater:
             self._bonus_tokens(entropy, loss_mask, threshold, n, num_tokens),
         )  # fmt: skip
         params = [p for p in self.policy.module.model.parameters() if p.requires_grad]
-        sums = dict.fromkeys(SUMS, 0.0)
-        sums["diff_max"] = 0.0
+        sums = dict.fromkeys(SUMS, 0.0) | dict.fromkeys(MAX_KEYS, 0.0)
         grad_norm, skipped = 0.0, 0
         for it in range(obj.mu):
             self.optimizer.zero_grad(set_to_none=True)
@@ -317,7 +326,7 @@ class Updater:
         for c_i, idx in enumerate(plan.chunks):
             sub = select(batch, idx)
             if self.objective.mu > 1:
-                old_logp[c_i] = self.policy.logprobs(sub)
+                old_logp[c_i] = self.policy.scores(sub, top_p=self.top_p)  # [n, T] each
             if self.reference is not None:
                 ref_logp[c_i] = self.reference.logprobs(sub)
             elif self.reference_is_base:
@@ -334,10 +343,8 @@ class Updater:
         padding = c_i >= plan.real
         sub = select(x.batch, idx)
         with train.sync(c_i == len(plan.chunks) - 1):  # reduce over ranks once, after the last pass
-            if self.entropy is not None:
-                logp, ent_now = train.logprobs_and_entropy(sub)  # [n, T] each, differentiable
-            else:
-                logp = train.logprobs(sub)  # [n, T]
+            cols = train.scores(sub, entropy=self.entropy is not None, top_p=self.top_p)  # [n, T] each
+            logp, ent_now = cols[0], cols[1] if self.entropy is not None else None  # differentiable
             sub_mask = sub.completion_mask if padding else x.loss_mask[idx, : sub.completion_mask.shape[1]]
             weights = selection = None
             if x.threshold is not None:
@@ -345,10 +352,13 @@ class Updater:
                     torch.zeros_like(logp) if padding else x.entropy[idx.cpu(), : sub_mask.shape[1]].to(sub_mask.device)
                 )
                 weights = selection = high_entropy_mask(ent, sub_mask, x.threshold.to(ent.device))
-            old = x.old_logp.get(c_i, logp.detach())  # [n, T] the trainer's log-probs at sampling time
+            # [n, T] the trainer's log-probs at sampling time, and (top-p < 1) its log nucleus mass then
+            old, *old_mass = x.old_logp.get(c_i, (logp.detach(), *cols[2 if self.entropy is not None else 1 :]))
             sampler = None  # the rollout engine's log-probs of these rows, when it gave them
             if x.sampler_logp is not None and not padding:
                 sampler = x.sampler_logp[idx.cpu(), : sub_mask.shape[1]].to(old.device)  # [n, T]
+                if old_mass:  # the nucleus's log-probs on the whole vocabulary (engine_correction says why)
+                    sampler = on_full_support(sampler, old_mass[0])
                 correction = self._correction(old, sampler, sub_mask)
                 if correction is not None:
                     weights = correction if weights is None else weights * correction
@@ -475,12 +485,13 @@ class Updater:
 
     @staticmethod
     def _count_mismatch(old, sampler_logp, mask, correction: torch.Tensor | None, sums: dict) -> None:
-        """Adds the pass's |trainer - sampler| log-prob differences over its loss tokens (and the correction's
-        weights) to the step's sums."""
-        total, count, largest = mismatch(old, sampler_logp, mask)
-        sums["diff_sum"] += total
-        sums["diff_tok"] += count
-        sums["diff_max"] = max(sums["diff_max"], largest)
+        """Adds the pass's trainer/sampler mismatch over its loss tokens (:func:`mismatch_sums`; and the
+        correction's weights) to the step's sums."""
+        part = mismatch_sums(old, sampler_logp, mask)
+        for k in SUM_KEYS:
+            sums[f"mismatch_{k}"] += part[k]
+        for k in MAX_KEYS:
+            sums[k] = max(sums[k], part[k])
         if correction is not None:
             sums["weight_tok"] += float(correction.sum())
 
@@ -498,17 +509,16 @@ class Updater:
         self.scheduler.step()
         return norm if stepped else None
 
-    def _engine_metrics(self, totals: dict, diff_max: float) -> dict:
-        """engine/*: the sampler-trainer log-prob mismatch over the tokens the update scores (no sampler log-probs:
-        none), and the correction's mean weight."""
-        if not totals["diff_tok"]:
+    def _engine_metrics(self, totals: dict, sums: dict) -> dict:
+        """engine/*: the sampler-trainer mismatch over the tokens the update scores (no sampler log-probs: none;
+        :func:`grpolab.algo.engine_correction.mismatch_metrics`), and the correction's mean weight."""
+        parts = {k: totals[f"mismatch_{k}"] for k in SUM_KEYS}
+        if not parts["tok"]:
             return {}
-        out = {
-            "engine/logprob_diff_mean": totals["diff_sum"] / totals["diff_tok"],
-            "engine/logprob_diff_max": dist_.all_max_float(diff_max, self.world),
-        }
+        parts |= {k: dist_.all_max_float(sums[k], self.world) for k in MAX_KEYS}
+        out = mismatch_metrics(parts)
         if self.objective.engine_correction != "none":
-            out["engine/correction_weight_mean"] = totals["weight_tok"] / totals["diff_tok"]
+            out["engine/correction_weight_mean"] = totals["weight_tok"] / parts["tok"]
         return out
 
     def _metrics(self, sums: dict, plan: MicroBatchPlan, loss_mask, N: int, grad_norm: float, skipped: int) -> dict:
@@ -520,7 +530,7 @@ class Updater:
         if self.entropy is not None:
             bonus = {"loss/entropy": sums["entropy_first"], "loss/entropy_coef": sums["entropy_coef"]}
         return {
-            **self._engine_metrics(totals, sums["diff_max"]),
+            **self._engine_metrics(totals, sums),
             **bonus,
             "loss/total": totals["loss"],
             "loss/policy": totals["policy"],
