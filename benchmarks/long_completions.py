@@ -2,7 +2,8 @@
 
     pip install -e ".[bench]"      # trl, an optional extra
     python benchmarks/long_completions.py [--shapes 2x4x128,2x4x512,2x4x1024] [--steps 2] [--warmup 1]
-                                          [--configs trl-default,grpolab,grpolab-vllm] [--threads 2]
+                                          [--configs trl-default,trl-static-cache,grpolab,grpolab-vllm]
+                                          [--rollout-dtypes float32,bfloat16] [--threads 2]
                                           [--micro-batch-tokens 2048] [--plot docs/img/long_completions.png]
 
 SmolLM2-135M-Instruct (``--model``), B prompts x G rollouts of T new tokens each (``--shapes BxGxT,...``). Every
@@ -12,10 +13,15 @@ every rollout carries gradient), and the end-of-sequence token cannot stop a com
 the CPU, one process per configuration (none inherits another's allocator or threads), ``--threads`` threads each:
 
 - ``trl-default``: TRL's GRPOConfig defaults (gradient checkpointing on) but fp32 (its bf16 default is off on a CPU);
+- ``trl-static-cache``: the same with ``generation_kwargs={"cache_implementation": "static"}``, the preallocated cache
+  an informed TRL user would set for long completions;
 - ``grpolab``: grpolab's hf engine with ``--micro-batch-tokens`` (the update in passes of that many tokens; 0: one
   pass) and ``--gradient-checkpointing`` unless ``--no-checkpointing``;
 - ``grpolab-vllm``: the same with the vllm rollout engine in the trainer's process (eager; its KV cache
   ``VLLM_CPU_KVCACHE_SPACE`` = 1 GiB, enough for 20k tokens).
+
+Each grpolab configuration runs once per ``--rollout-dtypes`` entry (``--rollout-dtype``; the trainer stays fp32,
+the engine correction is ``auto``); bfloat16's are named ``grpolab-bf16`` and ``grpolab-vllm-bf16``.
 
 Both tools train the same model object, loaded by grpolab, so TRL's generation also runs on grpolab's grouped-query
 attention (``grpolab/models/attention.py``): the comparison is of the trainers, not of that kernel.
@@ -23,7 +29,8 @@ attention (``grpolab/models/attention.py``): the comparison is of the trainers, 
 Prints, per configuration and T: the median step time over the steps after the warm-up, split into generation and
 update (grpolab's own timers; TRL: the time in its ``_generate``, and the rest of the step), and the process's peak
 memory (max RSS). Then one line per T and engine:
-``T=1024: TRL default / grpolab step 2.73x, memory 0.41 (grpolab / TRL)``. ``--json`` writes every figure,
+``T=1024: TRL default / grpolab step 2.73x, memory 0.41 (grpolab / TRL)``, against each TRL configuration run.
+``--json`` writes every figure,
 ``--plot`` draws time and memory against T.
 """
 
@@ -38,7 +45,9 @@ import subprocess
 import sys
 import time
 
-CONFIGS = ("trl-default", "grpolab", "grpolab-vllm")
+TRL_CONFIGS = ("trl-default", "trl-static-cache")
+CONFIGS = (*TRL_CONFIGS, "grpolab", "grpolab-vllm")
+DTYPE_SUFFIX = {"float32": "", "bfloat16": "-bf16"}
 
 
 def run_trl(args) -> list[dict]:
@@ -71,12 +80,10 @@ def run_trl(args) -> list[dict]:
             steps.append({"step": total, "generate": gen, "update": total - gen})
             print(f"STEP {len(steps)} {total:.2f} s: generate {gen:.2f} s, rest {total - gen:.2f} s", flush=True)
 
-    cfg = trl_config(
-        args,
-        "/tmp/grpolab-trl-long",
-        generation_kwargs={"min_new_tokens": args.max_new_tokens},  # EOS cannot end a completion before T
-        learning_rate=1e-6,
-    )
+    generation = {"min_new_tokens": args.max_new_tokens}  # EOS cannot end a completion before T
+    if args.only == "trl-static-cache":
+        generation["cache_implementation"] = "static"
+    cfg = trl_config(args, "/tmp/grpolab-trl-long", generation_kwargs=generation, learning_rate=1e-6)
     trainer = GRPOTrainer(
         model=policy.model,
         reward_funcs=reward,
@@ -103,7 +110,7 @@ def run_trl(args) -> list[dict]:
     return steps
 
 
-def run_grpolab(args, engine: str) -> list[dict]:
+def run_grpolab(args, engine: str, dtype: str) -> list[dict]:
     """grpolab's trainer on the shape; per step its time, generation and update (its own timers)."""
     from grpolab.config.train import TrainConfig
     from grpolab.training.recipe import build_trainer
@@ -127,6 +134,7 @@ def run_grpolab(args, engine: str) -> list[dict]:
         micro_batch_tokens=args.micro_batch_tokens,
         device="cpu",
         rollout_engine=engine,
+        rollout_dtype=dtype,
         vllm_max_len=args.max_new_tokens + 256,
         reward_fn="vs_trl:parity_reward",
         format_weight=0.0,
@@ -154,10 +162,11 @@ def run_one(args) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    if args.only == "trl-default":
+    if args.only in TRL_CONFIGS:
         steps = run_trl(args)
     else:
-        steps = run_grpolab(args, "vllm" if args.only == "grpolab-vllm" else "hf")
+        dtype = "bfloat16" if args.only.endswith("-bf16") else "float32"
+        steps = run_grpolab(args, "vllm" if args.only.startswith("grpolab-vllm") else "hf", dtype)
     print("STEPS " + json.dumps(steps))
     print("PEAK_MB " + str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))  # Linux: KiB
 
@@ -190,15 +199,16 @@ def measure(args, name: str, argv: list[str]) -> dict:
 
 
 def ratio_lines(results: dict[int, dict[str, dict]]) -> list[str]:
-    """``T=1024: TRL default / grpolab step 2.73x, memory 0.41 (grpolab / TRL)``, per T and engine, hf first."""
+    """``T=1024: TRL default / grpolab step 2.73x, memory 0.41 (grpolab / TRL default)``, per T, TRL configuration
+    and grpolab configuration."""
     lines = []
     for T, by in sorted(results.items()):
-        trl = by.get("trl-default")
-        for ours in ("grpolab", "grpolab-vllm"):
-            if trl and ours in by:
+        for theirs in (c for c in TRL_CONFIGS if c in by):
+            trl, label = by[theirs], theirs.removeprefix("trl-").replace("-", " ")
+            for ours in (c for c in by if c.startswith("grpolab")):
                 lines.append(
-                    f"T={T}: TRL default / {ours} step {trl['step'] / by[ours]['step']:.2f}x, "
-                    f"memory {by[ours]['peak_mb'] / trl['peak_mb']:.2f} ({ours} / TRL)"
+                    f"T={T}: TRL {label} / {ours} step {trl['step'] / by[ours]['step']:.2f}x, "
+                    f"memory {by[ours]['peak_mb'] / trl['peak_mb']:.2f} ({ours} / TRL {label})"
                 )
     return lines
 
@@ -211,7 +221,7 @@ def plot(results: dict[int, dict[str, dict]], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))
-    names = [n for n in CONFIGS if any(n in by for by in results.values())]
+    names = list(dict.fromkeys(n for by in results.values() for n in by))
     for name in names:
         Ts = sorted(T for T, by in results.items() if name in by)
         ax_t.plot(Ts, [results[T][name]["step"] for T in Ts], marker="o", label=f"{name} step")
@@ -236,11 +246,12 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"which of {', '.join(CONFIGS)} (comma-separated)")
+    p.add_argument("--rollout-dtypes", default="float32,bfloat16", help="grpolab's --rollout-dtype values to run")
     p.add_argument("--micro-batch-tokens", type=int, default=2048, help="grpolab's update passes (0: one pass)")
     p.add_argument("--no-checkpointing", action="store_true", help="grpolab without activation checkpointing")
     p.add_argument("--json", default="", help="write every figure here")
     p.add_argument("--plot", default="", help="draw time and memory against T here (PNG)")
-    p.add_argument("--only", choices=CONFIGS, help=argparse.SUPPRESS)
+    p.add_argument("--only", help=argparse.SUPPRESS)
     p.add_argument("--prompts", type=int, default=2, help=argparse.SUPPRESS)
     p.add_argument("--group-size", type=int, default=4, help=argparse.SUPPRESS)
     p.add_argument("--tokens", dest="max_new_tokens", type=int, default=128, help=argparse.SUPPRESS)
@@ -248,16 +259,20 @@ def main() -> None:
     if args.only:
         run_one(args)
         return
-    argv = [a for a in _without(sys.argv[1:], ("--shapes", "--json", "--plot", "--configs"))]
+    argv = [a for a in _without(sys.argv[1:], ("--shapes", "--json", "--plot", "--configs", "--rollout-dtypes"))]
     results: dict[int, dict[str, dict]] = {}
+    names = []
+    for c in (c for c in CONFIGS if c in args.configs.split(",")):
+        names += [c] if c in TRL_CONFIGS else [c + DTYPE_SUFFIX[d] for d in args.rollout_dtypes.split(",")]
     for shape in args.shapes.split(","):
         args.prompts, args.group_size, args.max_new_tokens = map(int, shape.split("x"))
-        for name in (c for c in CONFIGS if c in args.configs.split(",")):
+        for name in names:
             results.setdefault(args.max_new_tokens, {})[name] = measure(args, name, argv)
     print(
         f"config: {args.model}, B x G = {args.prompts} x {args.group_size}, every completion runs to T (EOS ignored), "
-        f"parity reward, mu=1, beta=0, fp32, {args.threads} threads; grpolab: --micro-batch-tokens "
-        f"{args.micro_batch_tokens}, checkpointing {'off' if args.no_checkpointing else 'on'}"
+        f"parity reward, mu=1, beta=0, fp32 trainers, {args.threads} threads; grpolab: --micro-batch-tokens "
+        f"{args.micro_batch_tokens}, checkpointing {'off' if args.no_checkpointing else 'on'}, rollouts in "
+        f"{args.rollout_dtypes}, engine correction auto"
     )
     for line in ratio_lines(results):
         print(line)

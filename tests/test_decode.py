@@ -236,3 +236,27 @@ def test_a_bf16_copy_samples_close_to_the_float32_policy_and_keeps_fp32_rotary_t
     m = low.batch.completion_mask.bool()
     diff = (exact - low.logprobs)[m].abs()
     assert 0 < float(diff.mean()) < 0.05  # bf16 rounding: a mismatch, and a small one
+
+
+def test_the_copys_prefill_computes_each_fused_product_once_and_forgets_it(char_tokenizer):
+    """The prompt's prefill runs the copy's own forward, whose query/key/value and gate/up projections are slices of
+    the fused products: each product runs once per layer (not once per slice), and the sampler drops the
+    remembered activations once the prefill is done."""
+    from grpolab.models.fused_decode import _Shared
+
+    tok = char_tokenizer
+    model = _llama_gqa(tok)
+    weights = _boosted_copy(model, tok, dtype=torch.float32, pack=False, always_copy=True)
+    calls = []
+    for layer in weights.decoder.layers:
+        for product in (layer.qkv, layer.gate_up):
+            product.register_forward_hook(lambda m, i, o: calls.append(m))
+    ids = torch.tensor([_prompts(tok, QUESTIONS[:1], groups=1)[0]])
+    with torch.no_grad():
+        weights.model(input_ids=ids)
+    assert len(calls) == 2 * len(weights.decoder.layers)  # one qkv and one gate_up product per layer
+    shared = [m for m in weights.model.modules() if isinstance(m, _Shared)]
+    assert shared and all(m._last is not None for m in shared)
+    args = dict(max_new_tokens=3, temperature=1.0, top_p=1.0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    sample_with_stats(weights.model, [ids[0].tolist()], [(0,)], decoder=weights.decoder, **args)
+    assert all(m._last is None for m in shared)

@@ -164,3 +164,36 @@ def test_a_float64_run_at_top_p_reports_no_mismatch_and_weights_of_one(tmp_path,
     assert abs(m["engine/logratio_mean"]) < 1e-6 and m["engine/logprob_diff_max"] < 1e-5
     assert m["engine/correction_weight_mean"] == pytest.approx(1.0, abs=1e-6)
     assert m["engine/ratio_outside_frac"] == 0.0
+
+
+def test_auto_is_none_for_an_exact_engine_and_the_measured_mode_elsewhere():
+    from grpolab.algo.engine_correction import AUTO, resolve_correction
+
+    assert AUTO in CORRECTIONS and AUTO != "none"
+    assert resolve_correction("auto", exact_engine=True) == "none"
+    assert resolve_correction("auto", exact_engine=False) == AUTO
+    assert resolve_correction("auto", exact_engine=False, loss_type="vespo") == "none"
+    for mode in CORRECTIONS:
+        assert resolve_correction(mode, exact_engine=True) == mode
+
+
+def test_a_bf16_sampler_is_measured_corrected_and_recorded_as_resolved(tmp_path):
+    """--rollout-dtype bfloat16 on the built-in model: the run samples with a bf16 copy, logs a mismatch the fp32
+    sampler does not have, weighs it with auto's mode, and config.json records what auto resolved to (a resumed run
+    takes those values)."""
+    import json
+
+    from helpers import metrics_by_step, quiet, small_cfg
+
+    from grpolab.algo.engine_correction import AUTO
+    from grpolab.training.recipe import train
+
+    low = train(small_cfg(tmp_path / "bf16", steps=1, rollout_dtype="bfloat16"), log=quiet)
+    exact = train(small_cfg(tmp_path / "fp32", steps=1), log=quiet)
+    saved = {k: json.loads((run / "config.json").read_text()) for k, run in (("bf16", low), ("fp32", exact))}
+    assert (saved["bf16"]["rollout_dtype"], saved["bf16"]["engine_correction"]) == ("bfloat16", AUTO)
+    assert (saved["fp32"]["rollout_dtype"], saved["fp32"]["engine_correction"]) == ("float32", "none")
+    m_low, m_exact = metrics_by_step(low)[1], metrics_by_step(exact)[1]
+    assert m_low["engine/logratio_std"] > 100 * m_exact["engine/logratio_std"]
+    assert 0 < m_low["engine/correction_weight_mean"] != 1.0
+    assert "engine/correction_weight_mean" not in m_exact

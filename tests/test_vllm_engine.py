@@ -240,3 +240,23 @@ def test_episodes_through_the_engine_score_as_the_trainer_scores_them(tmp_path):
         assert {c["turn"][i] for i in replies} == {0, 1}
         assert all(c["logp_sampler"][i] is None for i, s in enumerate(c["segment"]) if s == "context")
         assert [c["logp_sampler"][i] for i in replies] == pytest.approx([c["logp"][i] for i in replies], abs=1e-3)
+
+
+# ---------------------------------------------------------------- sampling precision
+
+
+def test_a_bf16_engine_samples_in_bf16_and_its_mismatch_is_measured_and_corrected(tmp_path):
+    """--rollout-dtype bfloat16: vLLM holds bf16 weights (cast from the fp32 trainer's at each sync), its
+    log-probs differ from the trainer's by bf16's rounding, logged per token and per sequence, and auto corrects
+    it; the fp32 engine's mismatch is far smaller."""
+    from grpolab.algo.engine_correction import AUTO
+
+    low = train(_vllm_cfg(tmp_path / "bf16", steps=1, rollout_dtype="bfloat16"), log=quiet)
+    exact = train(_vllm_cfg(tmp_path / "fp32", steps=1), log=quiet)
+    saved = json.loads((low / "config.json").read_text())
+    assert (saved["rollout_dtype"], saved["engine_correction"]) == ("bfloat16", AUTO)
+    m_low, m_exact = metrics_by_step(low)[1], metrics_by_step(exact)[1]
+    assert 1e-3 < m_low["engine/logratio_std"] < 0.5
+    assert m_low["engine/logratio_std"] > 10 * m_exact["engine/logratio_std"]
+    assert m_low["engine/seq_logratio_std"] > m_exact["engine/seq_logratio_std"]
+    assert 0 < m_low["engine/correction_weight_mean"] != 1.0

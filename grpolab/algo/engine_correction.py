@@ -42,6 +42,19 @@ import torch
 
 from grpolab.algo.names import CORRECTIONS  # noqa: F401 - re-exported
 
+AUTO = "token-truncate"
+"""What ``--engine-correction auto`` uses where the sampler is not exact (see :func:`resolve_correction`)."""
+
+
+def resolve_correction(choice: str, exact_engine: bool, loss_type: str = "clip") -> str:
+    """The mode ``--engine-correction choice`` means for a run: ``auto`` is none where the engine computes what the
+    trainer computes (``exact_engine``: grpolab's sampler in the trainer's dtype, whose log-probs differ from the
+    trainer's by rounding alone), and :data:`AUTO` elsewhere (another dtype, or vLLM's kernels); none under vespo,
+    which takes no correction. Any other choice is itself."""
+    if choice != "auto":
+        return choice
+    return "none" if exact_engine or loss_type == "vespo" else AUTO
+
 
 def engine_weights(
     trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor, mode: str, cap: float

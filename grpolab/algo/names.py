@@ -8,7 +8,9 @@ SCALES = ("group", "batch", "none")
 CREDITS = ("grpo", "rtg-group", "rtg-mc")
 """``--advantage``: how an episode's turns share its credit [Foundations, Sec. 6]."""
 CORRECTIONS = ("none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
-"""``--engine-correction``: how the sampler/trainer mismatch is reweighted (grpolab.algo.engine_correction)."""
+"""How the sampler/trainer mismatch is reweighted (grpolab.algo.engine_correction)."""
+CORRECTION_CHOICES = ("auto", *CORRECTIONS)
+"""``--engine-correction``: a mode of :data:`CORRECTIONS`, or auto (grpolab.algo.engine_correction.resolve_correction)."""
 KL_ESTIMATORS = ("k1", "k2", "k3")
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum")
 """``--aggregation``: how per-token terms combine (grpolab.algo.loss.aggregate)."""

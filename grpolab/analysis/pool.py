@@ -59,10 +59,17 @@ class ProbeSampler:
 
 
 def probe_sampler(
-    policy: Policy, task, engine: str = "hf", log=print, records: list[dict] = (), given: Given = NOTHING
+    policy: Policy,
+    task,
+    engine: str = "hf",
+    log=print,
+    records: list[dict] = (),
+    given: Given = NOTHING,
+    rollout_dtype: str | None = None,
 ) -> ProbeSampler:
     """The :class:`ProbeSampler` of ``policy`` on ``task`` (a :class:`grpolab.eval.runs.RunTask`: the run's, with
-    the probe's sampling and reward options on top) through the rollout engine ``engine`` ('hf' or 'vllm'). A reward
+    the probe's sampling and reward options on top) through the rollout engine ``engine`` ('hf' or 'vllm') sampling in
+    ``rollout_dtype`` (``--rollout-dtype``'s names; None: the policy's own, so the probe samples what it measures). A reward
     function that needs a column ``records`` lack is named now, in one line, not scored 0 on every rollout; a code
     reward's sandbox starts now (``given``: reward functions given to the Python API). Close it when done
     (:meth:`ProbeSampler.close`)."""
@@ -78,7 +85,9 @@ def probe_sampler(
     if records and (data.data or data.eval_data):
         check_columns(reward.reward_fns, records, f"the probe prompts of {data.eval_data or data.data}")
     reward.start(log)
-    service = RolloutService(build_engine(EngineSection(rollout_engine=engine), task.seed, policy), policy, reward)
+    own = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
+    section = EngineSection(rollout_engine=engine, rollout_dtype=rollout_dtype or own)
+    service = RolloutService(build_engine(section, task.seed, policy), policy, reward)
     return ProbeSampler(service, SamplingSettings(gen.max_new_tokens, gen.temperature, gen.top_p))
 
 

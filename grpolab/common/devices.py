@@ -73,12 +73,11 @@ def parse_dtype(name: str) -> torch.dtype | None:
 def rollout_dtype(choice: str, trainer: torch.dtype, device: torch.device) -> torch.dtype:
     """``--rollout-dtype``: the dtype the rollout engine samples in, for a trainer in ``trainer`` on ``device``.
 
-    float32, bfloat16: that dtype. auto: the trainer's own dtype.
+    float32, bfloat16, float64: that dtype. auto: the trainer's own dtype.
     """
-    if choice == "float32":
-        return torch.float32
-    if choice == "bfloat16":
-        return torch.bfloat16
-    if choice != "auto":
-        raise ValueError(f"--rollout-dtype must be auto, float32 or bfloat16, got {choice!r}")
-    return trainer
+    if choice == "auto":
+        return trainer
+    dtype = getattr(torch, choice, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"--rollout-dtype must be auto, float32, bfloat16 or float64, got {choice!r}")
+    return dtype

@@ -7,7 +7,7 @@ from typing import Literal
 
 from grpolab.algo.names import (
     AGGREGATIONS,
-    CORRECTIONS,
+    CORRECTION_CHOICES,
     CREDITS,
     ESTIMATORS,
     IMPORTANCE_SAMPLING,
@@ -75,11 +75,15 @@ class ObjectiveSection:
     threshold over every token of the step) carries policy loss; 1 = every token."""
     mu: int = 1
     """Updates per batch; for mu > 1 the sampling-time log-probs give the importance ratio."""
-    engine_correction: Literal["none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"] = "none"
-    """Correct for the sampler computing other probabilities than the trainer (another kernel or precision, top-p):
-    weight each token's policy term by r = pi_trainer / pi_sampler, truncated at --engine-correction-cap (token or
-    whole sequence), or mask tokens (sequences) with r outside [1/cap, cap]. The mismatch is logged either way
-    (engine/logprob_diff_mean, _max)."""
+    engine_correction: Literal["auto", "none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"] = (
+        "auto"
+    )
+    """Correct for the sampler computing other probabilities than the trainer (another kernel or precision): weight
+    each token's policy term by r = pi_trainer / pi_sampler, truncated at --engine-correction-cap (token or whole
+    sequence), or mask tokens (sequences) with r outside [1/cap, cap]. auto: none where the sampler computes what the
+    trainer does (the hf engine in the trainer's dtype), else the mode docs/precision.md measured best
+    (grpolab.algo.engine_correction.AUTO). The mismatch is logged either way (engine/*); at top-p < 1 both sides are
+    the nucleus's, so top-p alone is no mismatch."""
     engine_correction_cap: float = 2.0
     """C > 1 of --engine-correction."""
 
@@ -129,8 +133,8 @@ class ObjectiveSection:
             raise bad("kl", f"unknown KL estimator {self.kl!r}; choose from {KL_ESTIMATORS}")
         if self.beta < 0:
             raise bad("beta", f"must be >= 0, got {self.beta}")
-        if self.engine_correction not in CORRECTIONS:
-            raise bad("engine_correction", f"must be one of {CORRECTIONS}, got {self.engine_correction!r}")
+        if self.engine_correction not in CORRECTION_CHOICES:
+            raise bad("engine_correction", f"must be one of {CORRECTION_CHOICES}, got {self.engine_correction!r}")
         if not self.engine_correction_cap > 1:
             raise bad("engine_correction_cap", f"must be > 1, got {self.engine_correction_cap:g}")
 
@@ -222,7 +226,7 @@ class TermSection:
             raise bad("aggregation", "luspo sums each rollout's terms (seq-mean-token-sum); leave --aggregation out")
         if objective.clip_delta and self.loss_type not in ("clip", "luspo"):
             raise bad("clip_delta", f"caps the clipped ratio of --loss-type clip or luspo, not {self.loss_type}")
-        if self.loss_type == "vespo" and objective.engine_correction != "none":
+        if self.loss_type == "vespo" and objective.engine_correction not in ("none", "auto"):
             raise bad("engine_correction", "vespo would fold the correction into its sequence weight; not built")
 
 

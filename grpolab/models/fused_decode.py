@@ -46,14 +46,35 @@ def fused_supported(model: nn.Module) -> str | None:
 
 class FusedSlice(nn.Module):
     """A slice ``[start, end)`` of a fused product's output features: what one of the fused projections gives
-    (the prompt's prefill runs the model's forward, whose projections read the decoder's fused weights this way)."""
+    (the prompt's prefill runs the model's forward, whose projections read the decoder's fused weights this way).
 
-    def __init__(self, fused: nn.Module, start: int, end: int):
+    The projections of one fused product are called on the same input one after another (query, key, value; gate,
+    up), so the product is computed once per input: ``shared`` remembers the last input and its output."""
+
+    def __init__(self, shared: _Shared, start: int, end: int):
         super().__init__()
-        self.fused, self.start, self.end = fused, start, end
+        self.shared, self.start, self.end = shared, start, end
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fused(x)[..., self.start : self.end]
+        return self.shared(x)[..., self.start : self.end]
+
+
+class _Shared(nn.Module):
+    """A fused product with a memory of one input: called again on the very same tensor, it returns the output it
+    gave (the memory holds the last input and output until the next call)."""
+
+    def __init__(self, product: nn.Module):
+        super().__init__()
+        self.product = product
+        self._last: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._last is None or self._last[0] is not x:
+            self._last = (x, self.product(x))
+        return self._last[1]
+
+    def forget(self) -> None:
+        self._last = None
 
 
 class _Layer:
@@ -114,15 +135,22 @@ class FusedDecoder:
 
     def attach(self) -> None:
         """Points the model's projections at the fused products (see the class docstring)."""
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q, kv, inter = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        self.shared = []
         for layer, block in zip(self.layers, self.model.get_decoder().layers):
             attn, mlp = block.self_attn, block.mlp
-            attn.q_proj, attn.k_proj = FusedSlice(layer.qkv, 0, q), FusedSlice(layer.qkv, q, q + kv)
-            attn.v_proj, attn.o_proj = FusedSlice(layer.qkv, q + kv, q + 2 * kv), layer.o
-            mlp.gate_proj = FusedSlice(layer.gate_up, 0, self.intermediate)
-            mlp.up_proj = FusedSlice(layer.gate_up, self.intermediate, 2 * self.intermediate)
+            qkv, gate_up = _Shared(layer.qkv), _Shared(layer.gate_up)
+            self.shared += [qkv, gate_up]
+            attn.q_proj, attn.k_proj = FusedSlice(qkv, 0, q), FusedSlice(qkv, q, q + kv)
+            attn.v_proj, attn.o_proj = FusedSlice(qkv, q + kv, q + 2 * kv), layer.o
+            mlp.gate_proj, mlp.up_proj = FusedSlice(gate_up, 0, inter), FusedSlice(gate_up, inter, 2 * inter)
             mlp.down_proj = layer.down
         self.model.lm_head = self.head
+
+    def forget(self) -> None:
+        """Drops the projections' memory of the last input (the prefill's activations): call after a prefill."""
+        for shared in getattr(self, "shared", []):
+            shared.forget()
 
     @torch.no_grad()
     def step(self, tok: torch.Tensor, position: torch.Tensor, mask: torch.Tensor, cache: SlabCache) -> torch.Tensor:
@@ -135,8 +163,8 @@ class FusedDecoder:
         keep = mask.bool()[:, None, None, :]  # [n, 1, 1, L + 1]
         for layer, slab in zip(self.layers, cache.layers):
             qkv = layer.qkv(layer.norm_in(h))  # [n, (H + 2 Hk) d]
-            q = _rotate(qkv[:, : H * d].view(n, H, 1, d), cos, sin)  # [n, H, 1, d]
-            k = _rotate(qkv[:, H * d : (H + Hk) * d].view(n, Hk, 1, d), cos, sin)  # [n, Hk, 1, d]
+            qk = _rotate(qkv[:, : (H + Hk) * d].view(n, H + Hk, 1, d), cos, sin)  # queries and keys: one rotation
+            q, k = qk[:, :H], qk[:, H:]  # [n, H, 1, d], [n, Hk, 1, d]
             keys, values = slab.update(k, qkv[:, (H + Hk) * d :].view(n, Hk, 1, d))  # [n, Hk, L + 1, d] views
             # An fp32 cache under bf16 weights attends in fp32 (grpolab.models.attention says why)
             out = F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=keep, enable_gqa=Hk < H)

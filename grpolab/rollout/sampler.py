@@ -159,6 +159,8 @@ class _SlabDecode:
         self.pos = position[:, -1] + 1  # [N] the next token's position id
         self.rows = torch.arange(N, device=prompt_mask.device)
         self.fused = fused
+        if fused is not None:
+            fused.forget()  # the prefill's activations, which its projections remembered
 
     def drop(self, done: torch.Tensor) -> torch.Tensor:
         """Drops the slots where ``done`` ``[n]``; returns the kept slots' order (index the step's tokens with it)."""

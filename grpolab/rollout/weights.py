@@ -174,6 +174,7 @@ def _check(policy: nn.Module, model: nn.Module, decoder: FusedDecoder, full_weig
     with torch.no_grad():
         prefill = DynamicCache()
         model(input_ids=ids[:, :3], attention_mask=mask[:, :3], position_ids=position[:, :3], past_key_values=prefill)
+        decoder.forget()
         cache = SlabCache.from_prefill(prefill, torch.arange(2, device=param.device), 4, upcast_dtype(model))
         got = decoder.step(ids[:, 3], position[:, 3], mask, cache).float()
     err = float((got - want).abs().max()) / max(1.0, float(want.abs().max()))

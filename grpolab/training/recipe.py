@@ -180,7 +180,8 @@ class TrainRecipe:
         )
         # What config.json records: the run's own model (not a checkpoint it resumed from) and the process count.
         model = self.saved["model"] if self.saved else cfg.policy.model
-        self.config_dict = {**cfg.to_dict(), "model": model, "world_size": self.world.size}
+        engine_options = {k: fields.get(self.trainer.cfg, k) for k in ("rollout_dtype", "engine_correction")}
+        self.config_dict = {**cfg.to_dict(), **engine_options, "model": model, "world_size": self.world.size}
         if fingerprint is not None:
             self.config_dict["model_fingerprint"] = fingerprint
         hub = hub_sources(

@@ -24,9 +24,10 @@ from pathlib import Path
 import torch
 from transformers import get_scheduler
 
+from grpolab.algo.engine_correction import resolve_correction
 from grpolab.algo.group_budget import RankControl, rank_control
 from grpolab.common import distributed as dist_
-from grpolab.common.devices import parse_dtype, resolve_device
+from grpolab.common.devices import parse_dtype, resolve_device, rollout_dtype
 from grpolab.common.distributed import SINGLE, World
 from grpolab.common.given import NOTHING, Given
 from grpolab.config.train import TrainConfig
@@ -89,6 +90,7 @@ class GRPOTrainer:
         # parameters the training forward leaves (FSDP's shards); the data may put solved examples in the prompts;
         # the rollout engine samples the policy as it is then.
         self._setup_policy(adapter_from)
+        self._resolve_engine_options(engine)
         self._setup_reference(reference)
         self._setup_optimizer()
         self._setup_task()
@@ -204,6 +206,18 @@ class GRPOTrainer:
         if not cfg.update.keep_dropout:  # before the reference is copied from it
             disable_dropout(self.policy.model)
         self.policy.model.train()
+
+    def _resolve_engine_options(self, engine: RolloutEngine | None) -> None:
+        """--rollout-dtype auto and --engine-correction auto as this run uses them, now the policy's dtype and device
+        are known: written into the config (config.json records them; a resumed run takes them as they were)."""
+        cfg, param = self.cfg, next(self.policy.model.parameters())
+        dtype = rollout_dtype(cfg.engine.rollout_dtype, param.dtype, param.device)
+        # An engine given in place of --rollout-engine's (the tests' scripted ones) is taken as exact: no correction
+        exact = engine is not None or (cfg.engine.rollout_engine == "hf" and dtype == param.dtype)
+        correction = resolve_correction(cfg.objective.engine_correction, exact, cfg.terms.loss_type)
+        self.cfg = cfg.replace(rollout_dtype=str(dtype).removeprefix("torch."), engine_correction=correction)
+        if "auto" in (cfg.engine.rollout_dtype, cfg.objective.engine_correction):
+            self.log(f"rollouts sampled in {self.cfg.engine.rollout_dtype}, engine correction {correction}")
 
     def _setup_reference(self, reference: torch.nn.Module | None) -> None:
         """The KL reference: the starting policy, frozen (only when the KL term is on). With LoRA it is the same
