@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 from grpolab.config.train import ConfigError
 from grpolab.models import checkpoint
 from grpolab.models.policy import ASSET_DIR
-from grpolab.training.recipe import build_trainer, train
+from grpolab.training.recipe import build_trainer, run_training, saved_config, train
 from grpolab.training.runlog import read_metrics
 from grpolab.training.setup import checked_config
 
@@ -294,6 +294,24 @@ def test_incomplete_checkpoints_are_ignored_and_resume_uses_the_last_complete_on
     assert sorted(rows) == [0, 1, 2, 3]
     assert [s for s, _ in checkpoint.checkpoint_dirs(out)] == [1, 2, 3]
     assert not (ckpts / ".tmp_step_6").exists()  # stale temporary directories are cleaned on the next save
+
+
+@pytest.mark.slow
+def test_a_resumed_run_keeps_the_rollout_dtype_and_correction_it_resolved_at_start(tmp_path):
+    out = train(small_cfg(tmp_path / "R", steps=2, save_every=1), log=quiet)
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["rollout_dtype"], saved["engine_correction"]) == ("float32", "none")  # auto, as resolved
+    # left on auto, the resumed run continues with the recorded values; another value is another run
+    recipe = run_training(small_cfg(out, steps=3, resume=True), log=quiet)
+    assert (recipe.cfg.engine.rollout_dtype, recipe.cfg.objective.engine_correction) == ("float32", "none")
+    with pytest.raises(ConfigError, match="--engine-correction is 'token-mask' but the run was started with 'none'"):
+        train(small_cfg(out, steps=4, resume=True, engine_correction="token-mask"), log=quiet)
+    # a run recorded before these options existed sampled with the policy itself and corrected nothing
+    (out / "config.json").write_text(
+        json.dumps({k: v for k, v in saved.items() if k not in ("rollout_dtype", "engine_correction")})
+    )
+    before = saved_config(out)
+    assert (before.engine.rollout_dtype, before.objective.engine_correction) == ("auto", "none")
 
 
 def test_resume_without_a_checkpoint_raises(tmp_path):

@@ -34,6 +34,10 @@ MODEL_DEFAULTS = {
     "other": {"prompts_per_step": 4, "eval_questions": 50, "eval_samples": 2, "format_weight": 0.0, "threads": 0},
 }
 
+# Options whose ``auto`` a run resolves when it starts (once the policy's dtype and device are known); config.json
+# records the resolved value, and a resumed run left on ``auto`` continues with it.
+RESOLVED_AT_START = ("rollout_dtype", "engine_correction")
+
 
 @fields.sectioned
 class TrainConfig:
@@ -219,7 +223,14 @@ class TrainConfig:
         free |= {"eval_every", "fsdp"}
         free -= {"seed"}
         mine, theirs = self.to_dict(), saved.to_dict()
-        return [k for k in mine if k not in free and mine[k] != theirs[k]]
+        kept = {k for k in RESOLVED_AT_START if mine[k] == "auto"}  # takes the run's own (:meth:`continuing`)
+        return [k for k in mine if k not in free | kept and mine[k] != theirs[k]]
+
+    def continuing(self, saved: TrainConfig) -> TrainConfig:
+        """This config (a resumed run's) with the options resolved at start (RESOLVED_AT_START) that it leaves on
+        ``auto`` taken as the run ``saved`` resolved them: the same run, whatever ``auto`` would pick today."""
+        kept = {k: fields.get(saved, k) for k in RESOLVED_AT_START if fields.get(self, k) == "auto"}
+        return self.replace(**kept) if kept else self
 
 
 def model_defaults(model: str) -> dict:

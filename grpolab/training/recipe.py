@@ -141,6 +141,7 @@ class TrainRecipe:
         self.out, self.start, self.ckpt, self.saved = Path(cfg.run.out), 0, None, None
         if cfg.run.resume:
             self.saved = _read_resumable(self.out, cfg, self.given)
+            self.cfg = cfg.continuing(TrainConfig.from_dict(self.saved))
             try:
                 self.start, self.ckpt = checkpoint.newest_intact(self.out, warn=self.log)
             except checkpoint.CheckpointError as e:
@@ -345,14 +346,24 @@ def saved_config(out: str | Path) -> TrainConfig:
     path = Path(out) / "config.json"
     if not path.is_file():
         raise ConfigError(f"--resume: {out} holds no run (no config.json)")
-    return TrainConfig.from_dict(json.loads(path.read_text()))
+    return TrainConfig.from_dict(_saved_dict(path))
+
+
+# What a run's config.json left out before an option existed: the value its runs had (it sampled with the policy
+# itself, so in the trainer's dtype, and corrected nothing).
+_BEFORE_RECORDED = {"rollout_dtype": "auto", "engine_correction": "none"}
+
+
+def _saved_dict(path: Path) -> dict:
+    """A run's config.json, with the options it predates given the values that run used."""
+    return {**_BEFORE_RECORDED, **json.loads(path.read_text())}
 
 
 def _read_resumable(out: Path, cfg: TrainConfig, given: Given) -> dict:
     """The saved config.json of the run --resume continues, after checking it can be continued with ``cfg``."""
     if not checkpoint.checkpoint_dirs(out):
         raise ConfigError(f"--resume: no complete checkpoint in {out / 'checkpoints'}")
-    saved = json.loads((out / "config.json").read_text())
+    saved = _saved_dict(out / "config.json")
     _check_objects(saved, cfg, given)
     started = TrainConfig.from_dict(saved)
     for key in cfg.resume_conflicts(started):
