@@ -1,8 +1,8 @@
 """What sampling in bf16 does to the gradient, and what each --engine-correction mode does about it, at a checkpoint.
 
-    python benchmarks/precision.py --model RUN_OR_MODEL [--data FILE --reward-fn FILE:FN] [--prompts 32]
-                                   [--group-size 8] [--max-new-tokens 16] [--temperature 0.7] [--cap 2]
-                                   [--out runs/precision]
+    python benchmarks/precision.py --model RUN_OR_MODEL [--step-index -1] [--data FILE] [--reward-fn FILE:FN]
+                                   [--prompts 32] [--group-size 8] [--max-new-tokens 16] [--temperature 0.7]
+                                   [--cap 2] [--out runs/precision]
 
 For each probe prompt (the probe's seeded draw), G rollouts are drawn twice by grpolab's hf engine with the same keys,
 so with the same uniforms: in fp32 (``--rollout-dtype float32``: the sampler's packed fp32 copy) and in bf16
@@ -10,16 +10,20 @@ so with the same uniforms: in fp32 (``--rollout-dtype float32``: the sampler's p
 
 1. the token log-ratio log r = log pi_trainer - log pi_sampler over every completion token: quantiles, standard
    deviation, the share of tokens with r outside [0.9, 1.1], and the sequence log-ratio log R (as ``engine/*``);
-2. per correction mode (none and the four of grpolab.algo.engine_correction, cap ``--cap``), with grpo_std
-   advantages and the clip loss at ratio 1 (seq-mean-token-mean), over the prompts whose rewards vary:
+2. per weighting of the policy term, with grpo_std advantages and the clip loss at ratio 1 (seq-mean-token-mean) over
+   the prompts whose rewards vary: the four --engine-correction modes (cap ``--cap``), none, and ``exact``: every
+   token of rollout i weighted by its whole sequence ratio R_i, uncapped, which makes the sum an unbiased estimate of
+   the trainer's own on-policy gradient from the sampler's rollouts (importance sampling; the modes are its truncated
+   or masked approximations, none ignores the mismatch):
    - the effective rank of each group's per-rollout gradient rows (mean over groups, 95% interval);
-   - the step's gradient g (all groups, the step's normalisers), against the same rollouts' on-policy gradient
-     (mode none: every weight 1): relative error ||g - g_none|| / ||g_none|| and cosine;
-   - and against the on-policy gradient of the fp32 draw with the same keys (its mode none): relative error and
-     cosine. Where the bf16 sampler picked other tokens the two draws differ, and no weight can undo that: this is
-     the precision's whole effect on the step, the first only what the correction changes.
+   - the relative error ||g - g_exact|| / ||g_exact|| and the cosine of the step's gradient g (all groups, the step's
+     normalisers) against the same rollouts' exact on-policy gradient, and, per group, the same two figures as
+     means with 95% intervals over the groups;
+   - the same against the fp32 draw's gradient (mode none) of the same keys: where the bf16 sampler picked other
+     tokens the draws differ, and no weight undoes that; this is the precision's whole effect on the step, sampling
+     noise included.
 
-Prints a line per draw and mode; writes precision.json into ``--out``.
+Prints a line per draw and weighting; writes precision.json into ``--out``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import time
 from pathlib import Path
 
@@ -90,10 +95,14 @@ def log_ratio_summary(groups, trainer: list[torch.Tensor]) -> dict:
     return {"quantiles": {q: float(d.quantile(q)) for q in QUANTILES}, "tokens": d.numel(), **mismatch_metrics(sums)}
 
 
-def token_weights(groups, trainer, mode: str, cap: float) -> list[torch.Tensor]:
-    """d loss / d logp per token ``[G, T]`` of each group: the clip at ratio 1 with the mode's correction weights,
+WEIGHTINGS = ("exact", *CORRECTIONS)
+
+
+def token_weights(groups, trainer, weighting: str, cap: float) -> list[torch.Tensor]:
+    """d loss / d logp per token ``[G, T]`` of each group: the clip at ratio 1 with the weighting's token weights,
     grpo_std advantages, seq-mean-token-mean over the whole step (groups without reward spread: 0)."""
     N = sum(b.completion_ids.shape[0] for b, _, _ in groups)
+    mode, cap = ("sequence-truncate", math.inf) if weighting == "exact" else (weighting, cap)
     out = []
     for (batch, sampler_logp, rewards), logp in zip(groups, trainer):
         adv = compute_advantages(rewards[None, :].double(), "grpo_std")[0]  # [G]
@@ -102,37 +111,55 @@ def token_weights(groups, trainer, mode: str, cap: float) -> list[torch.Tensor]:
     return out
 
 
-def gradient(model, groups, weights, temperature: float) -> torch.Tensor:
-    """The step's gradient, flat ``[D]`` float64: sum over groups of grad sum_it w_it log pi(o_it)."""
+def group_gradient(model, batch, w: torch.Tensor, temperature: float) -> torch.Tensor:
+    """One group's share of the step's gradient, flat ``[D]`` float32: grad sum_it w_it log pi(o_it)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    total = [torch.zeros_like(p, dtype=torch.float64) for p in params]
-    for (batch, _, _), w in zip(groups, weights):
-        if not bool(w.any()):
-            continue
-        logp = completion_logprobs(model, batch, temperature)
-        grads = torch.autograd.grad((logp.double() * w).sum(), params, allow_unused=True)
-        for t, g in zip(total, grads):
-            if g is not None:
-                t += g.double()
-    return torch.cat([t.reshape(-1) for t in total])
+    logp = completion_logprobs(model, batch, temperature)
+    grads = torch.autograd.grad((logp.double() * w).sum(), params, allow_unused=True)
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, params)])
 
 
-def ranks(model, groups, weights, temperature: float) -> list[float]:
-    """Effective rank of each live group's per-rollout gradient rows sum_t w_it grad log pi(o_it)."""
-    out = []
-    for (batch, _, rewards), w in zip(groups, weights):
-        if bool((rewards != rewards[0]).any()):
-            psi = score_gram(model, batch, w, temperature=temperature)
-            out.append(
-                spectrum_metrics(singular_values_from_gram(psi, torch.ones(psi.shape[0]).double()))["effective_rank"]
-            )
-    return out
+def effective_rank(model, batch, w: torch.Tensor, temperature: float) -> float:
+    """Effective rank of a group's per-rollout gradient rows sum_t w_it grad log pi(o_it)."""
+    psi = score_gram(model, batch, w, temperature=temperature)
+    return spectrum_metrics(singular_values_from_gram(psi, torch.ones(psi.shape[0]).double()))["effective_rank"]
 
 
 def compare(g: torch.Tensor, ref: torch.Tensor) -> dict:
-    """Relative error ||g - ref|| / ||ref|| and cosine."""
+    """Relative error ||g - ref|| / ||ref|| and cosine (in float64)."""
+    g, ref = g.double(), ref.double()
     n = float(ref.norm())
     return {"rel_error": float((g - ref).norm()) / n, "cosine": float(g @ ref) / (float(g.norm()) * n)}
+
+
+def measure_draw(
+    model, groups, trainer, cap: float, temperature: float, fp32_step, names=WEIGHTINGS
+) -> tuple[dict, torch.Tensor]:
+    """Per weighting: per-group ranks and comparisons with the exact weighting, and the step's (all groups)
+    comparisons with the exact weighting and with ``fp32_step`` (the fp32 draw's step gradient; None for that
+    draw itself), for the weightings ``names`` (with exact and none always). Returns the figures and this draw's
+    mode-none step gradient."""
+    names = ("exact", "none", *(n for n in names if n not in ("exact", "none")))
+    weights = {name: token_weights(groups, trainer, name, cap) for name in names}
+    step = {name: None for name in names}
+    per_group = {name: {"rank": [], "rel_error": [], "cosine": []} for name in names}
+    for k, (batch, _, rewards) in enumerate(groups):
+        if not bool((rewards != rewards[0]).any()):
+            continue  # no reward spread: every advantage, so every weighting's gradient, is 0
+        grads = {name: group_gradient(model, batch, weights[name][k], temperature) for name in names}
+        for name, g in grads.items():
+            step[name] = g if step[name] is None else step[name] + g
+            row = per_group[name]
+            row["rank"].append(effective_rank(model, batch, weights[name][k], temperature))
+            for key, v in compare(g, grads["exact"]).items():
+                row[key].append(v)
+        del grads
+    out = {}
+    for name in names:
+        out[name] = {f"group_{k}": mean_ci(v) for k, v in per_group[name].items()}
+        out[name]["step_vs_exact"] = compare(step[name], step["exact"])
+        out[name]["step_vs_fp32_draw"] = compare(step[name], fp32_step if fp32_step is not None else step["none"])
+    return out, step["none"]
 
 
 def main() -> None:
@@ -148,6 +175,12 @@ def main() -> None:
     p.add_argument("--cap", type=float, default=2.0, help="--engine-correction-cap")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--fp32-weightings",
+        default=",".join(WEIGHTINGS),
+        help="the weightings measured on the fp32 draw (exact and none always): its mismatch is rounding, so every "
+        "mode gives none's gradient to about 1e-4; 'none' saves two thirds of its time",
+    )
     p.add_argument("--out", default="runs/precision")
     args = p.parse_args()
     set_threads(args.threads)
@@ -157,29 +190,26 @@ def main() -> None:
     policy, step, groups = draw(args)
     model, T = policy.model, args.temperature
     results: dict = {"args": vars(args), "step": step, "draws": {}}
-    reference = None
+    fp32_step = None
     for dtype in DRAWS:
         with torch.no_grad():
             trainer = [completion_logprobs(model, b, T).double() for b, _, _ in groups[dtype]]
         live = sum(bool((r != r[0]).any()) for _, _, r in groups[dtype])
-        summary = {"live_groups": live, "log_ratio": log_ratio_summary(groups[dtype], trainer), "modes": {}}
-        q = summary["log_ratio"]["quantiles"]
+        ratios = log_ratio_summary(groups[dtype], trainer)
+        q = ratios["quantiles"]
         print(f"step {step} {dtype}: {live} of {args.prompts} groups with reward spread; log r quantiles "
               + " ".join(f"{k:g}:{v:+.2e}" for k, v in q.items())
-              + f"; outside [0.9, 1.1] {summary['log_ratio']['engine/ratio_outside_frac']:.4f}", flush=True)  # fmt: skip
-        on_policy = None
-        for mode in CORRECTIONS:
-            w = token_weights(groups[dtype], trainer, mode, args.cap)
-            g = gradient(model, groups[dtype], w, T)
-            on_policy = g if mode == "none" else on_policy
-            reference = g if mode == "none" and dtype == "float32" else reference
-            row = {"rank": mean_ci(ranks(model, groups[dtype], w, T)), "same_rollouts": compare(g, on_policy)}
-            row["vs_fp32_draw"] = compare(g, reference)
-            summary["modes"][mode] = row
-            r, s, f = row["rank"], row["same_rollouts"], row["vs_fp32_draw"]
-            print(f"  {mode:<18} rank {r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]  vs same rollouts: rel {s['rel_error']:.2e}"
-                  f" cos {s['cosine']:.6f}  vs fp32 draw: rel {f['rel_error']:.3f} cos {f['cosine']:.4f}", flush=True)  # fmt: skip
-        results["draws"][dtype] = summary
+              + f"; outside [0.9, 1.1] {ratios['engine/ratio_outside_frac']:.4f}", flush=True)  # fmt: skip
+        names = args.fp32_weightings.split(",") if dtype == "float32" else WEIGHTINGS
+        figures, none_step = measure_draw(model, groups[dtype], trainer, args.cap, T, fp32_step, names)
+        fp32_step = none_step if dtype == "float32" else fp32_step
+        results["draws"][dtype] = {"live_groups": live, "log_ratio": ratios, "weightings": figures}
+        for name, f in figures.items():
+            r, ge, gc = f["group_rank"], f["group_rel_error"], f["group_cosine"]
+            se, sf = f["step_vs_exact"], f["step_vs_fp32_draw"]
+            print(f"  {name:<18} rank {r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}] | vs exact: step rel {se['rel_error']:.2e} "
+                  f"cos {se['cosine']:.5f}, per group rel {ge[0]:.2e} [{ge[1]:.2e}, {ge[2]:.2e}] cos {gc[0]:.5f} | "
+                  f"vs fp32 draw: rel {sf['rel_error']:.3f} cos {sf['cosine']:.4f}", flush=True)  # fmt: skip
     results["seconds"] = time.perf_counter() - t0
     (out / "precision.json").write_text(json.dumps(results, indent=2))
     print(f"{out / 'precision.json'} ({results['seconds']:.0f} s)")

