@@ -23,7 +23,8 @@ so with the same uniforms: in fp32 (``--rollout-dtype float32``: the sampler's p
      tokens the draws differ, and no weight undoes that; this is the precision's whole effect on the step, sampling
      noise included.
 
-Prints a line per draw and weighting; writes precision.json into ``--out``.
+Prints a line per draw and weighting; writes precision.json into ``--out``. ``--tables A/precision.json
+B/precision.json`` prints the markdown tables of saved results (docs/precision.md).
 """
 
 from __future__ import annotations
@@ -162,6 +163,35 @@ def measure_draw(
     return out, step["none"]
 
 
+def tables(paths: list[str]) -> str:
+    """Markdown tables of saved ``precision.json`` files (one per checkpoint): the log-ratio per draw, then the
+    gradient per draw and weighting."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    lines = ["| step | draw | tokens | log r sd | r sd | outside [0.9, 1.1] | log R mean | log R sd | max \\|log R\\| | "
+             + " | ".join(f"q{q:g}" for q in QUANTILES) + " |",
+             "| ---: | --- |" + " ---: |" * (7 + len(QUANTILES))]  # fmt: skip
+    for run in runs:
+        for dtype, d in run["draws"].items():
+            r = d["log_ratio"]
+            figures = (r["engine/logratio_std"], r["engine/ratio_std"], r["engine/ratio_outside_frac"],
+                       r["engine/seq_logratio_mean"], r["engine/seq_logratio_std"], r["engine/seq_logratio_max"])  # fmt: skip
+            quantiles = " | ".join(f"{r['quantiles'][f'{q:g}']:+.2g}" for q in QUANTILES)
+            lines.append(f"| {run['step']} | {dtype} | {r['tokens']} | "
+                         + " | ".join(f"{x:.3g}" for x in figures) + f" | {quantiles} |")  # fmt: skip
+    lines += ["", "| step | draw | groups with spread | weighting | effective rank (95% CI) | step: rel. error vs exact "
+              "| step: cosine vs exact | per group: rel. error (95% CI) | step vs the fp32 draw: rel. error, cosine |",
+              "| ---: | --- | ---: | --- | --- | ---: | ---: | --- | --- |"]  # fmt: skip
+    for run in runs:
+        for dtype, d in run["draws"].items():
+            for name, f in d["weightings"].items():
+                r, ge = f["group_rank"], f["group_rel_error"]
+                se, sf = f["step_vs_exact"], f["step_vs_fp32_draw"]
+                lines.append(f"| {run['step']} | {dtype} | {d['live_groups']} | {name} | {r[0]:.2f} [{r[1]:.2f}, {r[2]:.2f}] "
+                             f"| {se['rel_error']:.3g} | {se['cosine']:.4f} | {ge[0]:.3g} [{ge[1]:.2g}, {ge[2]:.2g}] "
+                             f"| {sf['rel_error']:.3f}, {sf['cosine']:.3f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct", help="a model, or a run (its --step-index checkpoint)")
@@ -182,7 +212,11 @@ def main() -> None:
         "mode gives none's gradient to about 1e-4; 'none' saves two thirds of its time",
     )
     p.add_argument("--out", default="runs/precision")
+    p.add_argument("--tables", nargs="+", metavar="JSON", help="print markdown tables of saved precision.json files")
     args = p.parse_args()
+    if args.tables:
+        print(tables(args.tables))
+        return
     set_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
