@@ -105,6 +105,8 @@ class FusedDecoder:
         self.head = make_linear()
         self.read: set[str] = set()
         """The served weights :meth:`load` read (the others are the model's own parameters)."""
+        self.shared: list[_Shared] = []
+        """The fused products the model's projections read after :meth:`attach`, each with its memory of one input."""
 
     def load(self, served: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
         """(Re)fills every fused product from ``served`` (transformers' names, as
@@ -136,7 +138,6 @@ class FusedDecoder:
     def attach(self) -> None:
         """Points the model's projections at the fused products (see the class docstring)."""
         q, kv, inter = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
-        self.shared = []
         for layer, block in zip(self.layers, self.model.get_decoder().layers):
             attn, mlp = block.self_attn, block.mlp
             qkv, gate_up = _Shared(layer.qkv), _Shared(layer.gate_up)
@@ -149,7 +150,7 @@ class FusedDecoder:
 
     def forget(self) -> None:
         """Drops the projections' memory of the last input (the prefill's activations): call after a prefill."""
-        for shared in getattr(self, "shared", []):
+        for shared in self.shared:
             shared.forget()
 
     @torch.no_grad()

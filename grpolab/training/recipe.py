@@ -33,7 +33,7 @@ from grpolab.common.distributed import SINGLE, World
 from grpolab.common.given import NOTHING, Given, is_description
 from grpolab.common.progress import progress_bar
 from grpolab.config import fields
-from grpolab.config.train import ConfigError, TrainConfig
+from grpolab.config.train import RESOLVED_AT_START, ConfigError, TrainConfig
 from grpolab.models import checkpoint
 from grpolab.models.policy import load_policy
 from grpolab.training.observers import attach_observers
@@ -140,8 +140,8 @@ class TrainRecipe:
         cfg = self.cfg
         self.out, self.start, self.ckpt, self.saved = Path(cfg.run.out), 0, None, None
         if cfg.run.resume:
-            self.saved = _read_resumable(self.out, cfg, self.given)
-            self.cfg = cfg.continuing(TrainConfig.from_dict(self.saved))
+            self.saved, started = _read_resumable(self.out, cfg, self.given)
+            self.cfg = cfg.continuing(started)
             try:
                 self.start, self.ckpt = checkpoint.newest_intact(self.out, warn=self.log)
             except checkpoint.CheckpointError as e:
@@ -181,7 +181,7 @@ class TrainRecipe:
         )
         # What config.json records: the run's own model (not a checkpoint it resumed from) and the process count.
         model = self.saved["model"] if self.saved else cfg.policy.model
-        engine_options = {k: fields.get(self.trainer.cfg, k) for k in ("rollout_dtype", "engine_correction")}
+        engine_options = {k: fields.get(self.trainer.cfg, k) for k in RESOLVED_AT_START}  # as the trainer resolved them
         self.config_dict = {**cfg.to_dict(), **engine_options, "model": model, "world_size": self.world.size}
         if fingerprint is not None:
             self.config_dict["model_fingerprint"] = fingerprint
@@ -359,8 +359,9 @@ def _saved_dict(path: Path) -> dict:
     return {**_BEFORE_RECORDED, **json.loads(path.read_text())}
 
 
-def _read_resumable(out: Path, cfg: TrainConfig, given: Given) -> dict:
-    """The saved config.json of the run --resume continues, after checking it can be continued with ``cfg``."""
+def _read_resumable(out: Path, cfg: TrainConfig, given: Given) -> tuple[dict, TrainConfig]:
+    """The saved config.json of the run --resume continues, as written and as a config, after checking it can be
+    continued with ``cfg``."""
     if not checkpoint.checkpoint_dirs(out):
         raise ConfigError(f"--resume: no complete checkpoint in {out / 'checkpoints'}")
     saved = _saved_dict(out / "config.json")
@@ -372,7 +373,7 @@ def _read_resumable(out: Path, cfg: TrainConfig, given: Given) -> dict:
             f"--resume: --{key.replace('_', '-')} is {now!r} but the run was started with {was!r}; "
             "continuing it with another value would not be the same run (start a new one with another --out)"
         )
-    return saved
+    return saved, started
 
 
 def _resume_object(model: torch.nn.Module, ckpt: Path, start: str | None, beta: float, log) -> torch.nn.Module | None:
