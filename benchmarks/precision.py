@@ -39,7 +39,13 @@ from pathlib import Path
 import torch
 
 from grpolab.algo.advantages import compute_advantages
-from grpolab.algo.engine_correction import CORRECTIONS, engine_weights, mismatch_metrics, mismatch_sums
+from grpolab.algo.engine_correction import (
+    CORRECTIONS,
+    MAX_KEYS,
+    engine_weights,
+    mismatch_metrics,
+    mismatch_sums,
+)
 from grpolab.algo.loss import logp_weights
 from grpolab.analysis.pool import probe_sampler
 from grpolab.analysis.rank import RankConfig
@@ -90,7 +96,7 @@ def log_ratio_summary(groups, trainer: list[torch.Tensor]) -> dict:
     sums, logs = None, []
     for (batch, sampler_logp, _), logp in zip(groups, trainer):
         part = mismatch_sums(logp, sampler_logp.double(), batch.completion_mask)
-        sums = part if sums is None else {k: (max if k.endswith("max") else sum)((sums[k], part[k])) for k in part}
+        sums = part if sums is None else {k: (max if k in MAX_KEYS else sum)((sums[k], part[k])) for k in part}
         logs.append((logp - sampler_logp.double())[batch.completion_mask.bool()])
     d = torch.cat(logs)
     return {"quantiles": {q: float(d.quantile(q)) for q in QUANTILES}, "tokens": d.numel(), **mismatch_metrics(sums)}
