@@ -52,3 +52,30 @@ def length_times_weight(completions, records):
 def needs_missing_column(prompts, completions, no_such_column, **kwargs):
     """TRL form, declaring a column that the test data does not have."""
     return [0.0 for _ in completions]
+
+
+def always_one(completions, records):
+    """1 for every completion: a reward that cannot tell a right answer from a wrong one."""
+    return [1.0 for _ in completions]
+
+
+def pays_for_length(completions, records):
+    """The completion's length in characters over 50: a reward that pays for length, not for the answer."""
+    return [len(c) / 50 for c in completions]
+
+
+def mostly_one(completions, records):
+    """1 unless the sum of the completion's character codes is divisible by 20 (about 5% of completions): a reward
+    near its ceiling from the start, with a contrast in a third of groups of 8."""
+    return [float(sum(map(ord, c)) % 20 != 0) for c in completions]
+
+
+def strict_answer_tag(completions, records):
+    """A parser that rejects every answer not written as '<answer>N</answer>' by raising (the built-in model writes
+    '#### N'): the reward function fails on every completion."""
+    out = []
+    for c in completions:
+        if "<answer>" not in c:
+            raise ValueError(f"no <answer> tag in {c[-40:]!r}")
+        out.append(float(c.split("<answer>")[1].split("</answer>")[0].strip() == "1"))
+    return out

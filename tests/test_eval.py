@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from helpers import run_cli
 
-from grpolab.common.stats import Z95, clustered_accuracy_interval, wilson_interval
+from grpolab.common.stats import Z95, clustered_accuracy_interval, default_pass_k, pass_at_k, wilson_interval
 from grpolab.eval.accuracy import accuracy_summary
 from grpolab.training.runlog import read_metrics
 
@@ -72,6 +72,59 @@ def test_accuracy_summary_per_category():
     assert (m["eval/sampled_a_lo"], m["eval/sampled_a_hi"]) == pytest.approx(clustered_accuracy_interval([0.5, 1.0]))
 
 
+def _pass_by_enumeration(n: int, c: int, k: int) -> float:
+    """pass@k by brute force: the share of the k-subsets of n samples (c of them right) that hold a right one."""
+    import itertools
+
+    outcomes = [1] * c + [0] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_pass_at_k_equals_enumeration_over_every_subset(n):
+    for c in range(n + 1):
+        values = [pass_at_k(n, c, k) for k in range(1, n + 1)]
+        for k, v in zip(range(1, n + 1), values):
+            assert v == pytest.approx(_pass_by_enumeration(n, c, k), abs=1e-12)
+            assert values[0] - 1e-12 <= v <= 1.0  # between pass@1 (= c / n) and 1
+        assert values[0] == pytest.approx(c / n) and values == sorted(values)  # non-decreasing in k
+
+
+def test_pass_at_k_is_not_the_best_of_the_first_k():
+    # 8 samples, the right one last: the first 4 hold none, but a random 4 of 8 hold it half of the time
+    assert pass_at_k(8, 1, 4) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        pass_at_k(4, 1, 5)
+    assert default_pass_k(8) == (1, 2, 4, 8) and default_pass_k(6) == (1, 2, 4, 6) and default_pass_k(1) == (1,)
+
+
+def test_accuracy_summary_gives_pass_at_k_with_intervals_over_questions():
+    sampled = [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0]]
+    m = accuracy_summary([1.0, 0.0, 1.0], sampled, ["a"] * 3, (1, 4))
+    assert m["eval/pass@1"] == pytest.approx(m["eval/accuracy_sampled"])
+    assert m["eval/pass@4"] == pytest.approx(2 / 3)  # the first and third questions have a right sample
+    per_q = [1.0, 0.0, 1.0]
+    assert (m["eval/pass@4_lo"], m["eval/pass@4_hi"]) == pytest.approx(clustered_accuracy_interval(per_q))
+    assert "eval/pass@2" in accuracy_summary([1.0], [[1.0, 0.0]], ["a"])  # default: 1, 2
+    with pytest.raises(ValueError, match="pass@8 needs at least 8"):
+        accuracy_summary([1.0], [[1.0, 0.0]], ["a"], (8,))
+    # a reward that is not 0/1 has no pass@k
+    assert not any(k.startswith("eval/pass@") for k in accuracy_summary([0.5], [[0.5, 0.2]], ["a"]))
+
+
+def test_pass_k_options_are_checked():
+    from grpolab.commands.eval import EvalConfig
+    from grpolab.config.train import ConfigError, TrainConfig
+
+    with pytest.raises(ConfigError, match="--pass-k: pass@8 needs --samples >= 8"):
+        EvalConfig(samples=4, pass_k=(1, 8)).validate()
+    with pytest.raises(ConfigError, match="--pass-k: each k must be >= 1"):
+        EvalConfig(samples=4, pass_k=(0,)).validate()
+    with pytest.raises(ConfigError, match="--pass-k: pass@8 needs --eval-samples >= 8"):
+        TrainConfig(eval_samples=4, pass_k=(8,)).validate()
+
+
 @pytest.mark.slow
 def test_eval_cli_on_builtin(tmp_path):
     res = run_cli(
@@ -90,6 +143,7 @@ def test_eval_cli_on_builtin(tmp_path):
     # the built-in warm start solves about half of the test set greedily (0.54 on 500 questions)
     assert 0.25 <= m["eval/accuracy_greedy"] <= 0.85
     assert len(report["examples"]) == 30 and "sampled_correct" in report["examples"][0]
+    assert m["eval/pass@1"] <= m["eval/pass@2"] <= 1 and "pass@k" in res.stdout
 
 
 def _eval(**kw) -> dict:

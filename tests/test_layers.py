@@ -23,7 +23,7 @@ LAYERS = [
     ["models"],  # models and policies (their prompts come from records), log-probs, checkpoints
     ["rewards", "env", "probes"],  # scoring; environments and tools; the gradient's measurements
     ["rollout"],  # engines, episodes, the rollout service, the collector
-    ["eval"],  # held-out accuracy, reading a run directory
+    ["eval", "doctor"],  # held-out accuracy, reading a run directory; the doctor's checks of a run's metrics
     ["training"],  # the trainer, the update, the run around the steps
     ["report"],  # the report page, plots, the token view
     ["analysis"],  # the offline probes (rank, mse, groupsize, multiturn, sweep, theory)

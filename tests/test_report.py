@@ -96,6 +96,9 @@ def test_the_page_holds_the_runs_figures_samples_probes_and_config(run):
     config = json.loads((run / "demo" / "config.json").read_text())
     assert f"<code>{html.escape(json.dumps(config['lr']))}</code>" in text
     assert text.count("data:image/png;base64,") >= 6
+    # the doctor's section first (two steps: too few for a check, so nothing found) and pass@k against k
+    assert text.index('id="doctor"') < text.index('id="eval"') and "No problems found" in text
+    assert 'id="passk"' in text and "eval/pass@4" in json.dumps(after)
 
 
 @pytest.mark.slow
@@ -160,7 +163,8 @@ def test_the_page_opens_in_headless_chromium_without_console_errors(run):
     assert errors == []
     assert [u for u in requests if not u.startswith("data:")] == [page_path.as_uri()]  # nothing fetched but the page
     assert len(images) >= 6 and all(images)
-    assert headings[0].startswith("Held-out accuracy") and "Gradient probes" in headings
+    assert headings[0].startswith("Doctor") and headings[1].startswith("Held-out accuracy")
+    assert "Gradient probes" in headings
     from PIL import Image
 
     with Image.open(shot) as im:

@@ -40,6 +40,7 @@ commands:
   multiturn  per-stage bias of GRPO's advantage in multi-turn tasks (chain: exact; an environment's episodes on a
              policy: --env arith, --env FILE.py:Class, --tools FILE.py:fn)
   merge   fold a LoRA checkpoint's adapter into its base model and save a plain model directory
+  doctor  why a run is not learning: each condition its metrics show, with the evidence and one change to make
   report  one self-contained HTML page for a run: accuracy before/after with intervals, plots, samples, probe outputs
   tokens  a run's recorded completions token by token, coloured by what the update did to each (--log-token-credit)
   sweep   budget-fixed GRPO runs over group sizes and seeds: accuracy per G [U-statistic, Table 2 / Figure 5]
@@ -385,6 +386,39 @@ def cmd_merge(args: list[str]) -> None:
     print(f"merged {Path(ns.checkpoint)} into {base}: {ns.out}")
 
 
+def cmd_doctor(args: list[str]) -> None:
+    import argparse
+
+    from grpolab.doctor.conditions import NAMES
+
+    parser = argparse.ArgumentParser(
+        prog="grpolab doctor",
+        description="Read a run directory (metrics.jsonl, samples.jsonl, rollouts.jsonl when logged, config.json) and "
+        "print, most serious first, each condition that keeps it from learning: " + ", ".join(NAMES) + ". Each "
+        "comes with its evidence (metric, steps, threshold), one change to make and, where the run's samples show "
+        "it, an example. The checks are replayed at the steps training checks (every --doctor-every steps): a "
+        "finding says the step it was first found at and whether the last check still found it. A healthy run "
+        "gets 'no problems found' and the figures that say so. Exit status 0 either way.",
+    )
+    parser.add_argument(
+        "run_dir", metavar="RUN_DIR", help="a run directory (grpolab train/demo --out), finished or not"
+    )
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON instead of text")
+    parser.add_argument(
+        "--every", type=int, default=0, metavar="N", help="check every N steps (default: the run's --doctor-every)"
+    )
+    ns = parser.parse_args(args)
+    if ns.every < 0:
+        parser.error("--every must be >= 0")
+    import json
+
+    from grpolab.doctor.examine import DEFAULT_EVERY, as_json, examine, format_findings
+
+    run, findings = examine(ns.run_dir, ns.every or None)
+    every = ns.every or int(run.config.get("doctor_every") or DEFAULT_EVERY)
+    print(json.dumps(as_json(run, findings, every), indent=2) if ns.json else format_findings(run, findings, every))
+
+
 def cmd_report(args: list[str]) -> None:
     import argparse
 
@@ -557,6 +591,7 @@ COMMANDS = {
     "sweep": cmd_sweep,
     "multiturn": cmd_multiturn,
     "merge": cmd_merge,
+    "doctor": cmd_doctor,
     "report": cmd_report,
     "tokens": cmd_tokens,
 }

@@ -21,9 +21,10 @@ from grpolab.common.given import NOTHING, Given
 from grpolab.config import fields
 from grpolab.config.fields import FROM_RUN, takes_object
 from grpolab.config.rollout import EngineSection, RewardSection, SandboxSection
-from grpolab.config.run import MachineSection
+from grpolab.config.run import MachineSection, check_pass_k
 from grpolab.config.task import ArithmeticSection, DataSection, EpisodesSection, PromptSection
 from grpolab.env import environment
+from grpolab.eval.accuracy import pass_ks
 from grpolab.eval.runs import RunTask, Target, load_task_policy, resolve_target
 
 
@@ -44,6 +45,10 @@ class EvalConfig:
     Default: 500 for the built-in model and its runs, 200 for other models and theirs."""
     samples: int = 4
     """k: samples per question at --temperature for the sampled accuracy; 0 = greedy only."""
+    pass_k: tuple[int, ...] = ()
+    """k of pass@k (the chance that one of k samples is right, by the unbiased estimator over the --samples samples
+    of each question, 95% intervals over questions), e.g. 1,4,8 with --samples 8; each at most --samples. Default:
+    1, 2, 4, ... up to --samples."""
     temperature: float = dataclasses.field(default=1.0, metadata=FROM_RUN)
     """Sampling temperature of the sampled accuracy (a run: its --temperature)."""
     max_new_tokens: int = dataclasses.field(default=48, metadata=FROM_RUN)
@@ -86,6 +91,7 @@ class EvalConfig:
             or (self.questions is not None and self.questions < 1)
         ):
             raise ConfigError("--questions and --batch-size must be >= 1, --samples and --show >= 0")
+        check_pass_k(self.pass_k, self.samples, "--samples")
         if self.temperature <= 0:
             raise ConfigError(f"--temperature must be > 0 (greedy accuracy is always reported), got {self.temperature}")
 
@@ -188,6 +194,7 @@ def _evaluate(cfg: EvalConfig, task: RunTask, service, held_out: list[dict], log
                 batch_size=batch_size,
                 progress=lambda done, _: bar.update(done),
                 score=score,
+                pass_k=cfg.pass_k,
             )
     finally:
         close_reward([score])
@@ -247,6 +254,9 @@ def format_eval(report: dict, show: int = 3) -> str:
     )
     for name, g, s, n in rows:
         lines.append(f"{name:<12} {n:>9}  {cell(g):<22}" + (f"  {cell(s)}" if sampled else ""))
+    ks = pass_ks(m)
+    if ks:
+        lines.append("pass@k [95% CI over questions]: " + "  ".join(f"k={k} {cell(f'eval/pass@{k}')}" for k in ks))
     for ex in report["examples"][:show]:
         if "reward" in ex:  # scored by a reward function
             outcome = f"reward {ex['reward']:g}"

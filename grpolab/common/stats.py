@@ -51,3 +51,24 @@ def percentile_interval(values, level: float = 0.95) -> tuple[float, float]:
     v = sorted(values)
     n = len(v) - 1
     return v[int((1 - level) / 2 * n)], v[int((1 + level) / 2 * n)]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimate of pass@k from ``n`` samples of which ``c`` are correct: the chance that k of them,
+    drawn without replacement, hold at least one correct, 1 - C(n-c, k) / C(n, k) [Codex, Sec. 2.1] (not "is one of
+    the first k right", whose variance is larger). Computed as 1 - prod_{i=n-c+1}^{n} (1 - k/i), which no
+    factorial overflows."""
+    if not 1 <= k <= n or not 0 <= c <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def default_pass_k(samples: int) -> tuple[int, ...]:
+    """The k of pass@k reported for ``samples`` samples per question: the powers of two up to it, and it."""
+    ks = [2**i for i in range(samples.bit_length()) if 2**i <= samples]
+    return tuple(ks + ([samples] if samples and ks[-1] != samples else []))

@@ -57,6 +57,14 @@ class MachineSection:
             raise bad("device", str(e)) from None
 
 
+def check_pass_k(pass_k: tuple[int, ...], samples: int | None, flag: str) -> None:
+    """--pass-k: each k at least 1 and at most the samples drawn per question (``samples``: None, not known yet)."""
+    if any(k < 1 for k in pass_k):
+        raise bad("pass_k", f"each k must be >= 1, got {','.join(map(str, pass_k))}")
+    if samples is not None and pass_k and max(pass_k) > samples:
+        raise bad("pass_k", f"pass@{max(pass_k)} needs {flag} >= {max(pass_k)} (samples per question), got {samples}")
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalSection:
     """Held-out evaluation during training."""
@@ -71,8 +79,14 @@ class EvalSection:
     """The reward whose mean is the held-out accuracy ('module:function' or 'file.py:function', either form);
     default: the first --reward-fn for prompt data, the built-in answer check otherwise."""
 
+    pass_k: tuple[int, ...] = ()
+    """k of pass@k (eval/pass@k: the chance that one of k samples is right, by the unbiased estimator over the
+    --eval-samples samples of each question, 95% intervals over questions), e.g. 1,4,8; each at most
+    --eval-samples. Default: 1, 2, 4, ... up to --eval-samples."""
+
     def validate(self) -> None:
         check_counts(self, positive=("eval_questions",), non_negative=("eval_every", "eval_samples"))
+        check_pass_k(self.pass_k, self.eval_samples, "--eval-samples")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +115,22 @@ class ProbeSection:
 
     def validate(self) -> None:
         check_counts(self, non_negative=("probe_every", "probe_groups", "log_token_credit"))
+
+
+@dataclasses.dataclass(frozen=True)
+class DoctorSection:
+    """The doctor's checks while training (`grpolab doctor RUN` reads a run afterwards)."""
+
+    doctor: Literal["on", "off"] = "on"
+    """Check the run every --doctor-every steps for conditions that keep it from learning (no signal, truncation, a
+    reward that never sees an answer, too big a step, entropy collapse, sampler mismatch, saturation, reward hacking
+    signs): a condition found for the first time is one line in the log, every check is logged as doctor/* metrics;
+    warnings never stop the run. 'off' = no checks."""
+    doctor_every: int = 5
+    """Steps between two checks (and the last step)."""
+
+    def validate(self) -> None:
+        check_counts(self, positive=("doctor_every",))
 
 
 @dataclasses.dataclass(frozen=True)

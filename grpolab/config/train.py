@@ -13,7 +13,7 @@ from grpolab.config import fields
 from grpolab.config.fields import bad
 from grpolab.config.objective import ObjectiveSection, OptimizerSection, TermSection, UpdateSection
 from grpolab.config.rollout import EngineSection, GenerationSection, GroupsSection, RewardSection, SandboxSection
-from grpolab.config.run import EvalSection, LoggingSection, MachineSection, ProbeSection, RunSection
+from grpolab.config.run import DoctorSection, EvalSection, LoggingSection, MachineSection, ProbeSection, RunSection
 from grpolab.config.task import (
     ArithmeticSection,
     DataSection,
@@ -70,6 +70,7 @@ class TrainConfig:
     eval: EvalSection = EvalSection()
     probe: ProbeSection = ProbeSection()
     logging: LoggingSection = LoggingSection()
+    diagnosis: DoctorSection = DoctorSection()
 
     # ------------------------------------------------------------------ derived
     @property
@@ -220,6 +221,7 @@ class TrainConfig:
         ``--max-rollouts``), where and on how many processes it runs, what it logs and how often it evaluates and
         saves."""
         free = {*fields.options_of(RunSection), *fields.options_of(MachineSection), *fields.options_of(LoggingSection)}
+        free |= {*fields.options_of(DoctorSection)}
         free |= {"eval_every", "fsdp"}
         free -= {"seed"}
         mine, theirs = self.to_dict(), saved.to_dict()

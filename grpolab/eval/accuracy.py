@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from grpolab.common import streams
 from grpolab.common.distributed import SINGLE, World, gather_concat
-from grpolab.common.stats import clustered_accuracy_interval, mean_ci, wilson_interval
+from grpolab.common.stats import clustered_accuracy_interval, default_pass_k, mean_ci, pass_at_k, wilson_interval
 from grpolab.data.records import question_of
 from grpolab.rewards.builtin import accuracy_reward
 from grpolab.rollout.engine import SamplingSettings
@@ -50,14 +50,18 @@ def episode_scores(episodes: list[Episode], records: list[dict], score) -> list[
 
 
 def accuracy_summary(
-    greedy_ok: list[float], sampled_ok: list[list[float]] | None, categories: list[str]
+    greedy_ok: list[float],
+    sampled_ok: list[list[float]] | None,
+    categories: list[str],
+    pass_k: tuple[int, ...] = (),
 ) -> dict[str, float]:
     """Accuracies with 95% intervals, overall and per category.
 
     ``greedy_ok[i]`` is 1 if question i's greedy answer is right; ``sampled_ok[i]`` holds its k
     sampled outcomes (None: no sampled evaluation). Keys: ``eval/accuracy_greedy`` (+ ``_lo``,
     ``_hi``), ``eval/accuracy_sampled`` (+ ``_lo``, ``_hi``), ``eval/greedy_<cat>`` (+ bounds) and
-    ``eval/sampled_<cat>`` (+ bounds).
+    ``eval/sampled_<cat>`` (+ bounds); for 0/1 outcomes, ``eval/pass@<k>`` (+ bounds) for each k of ``pass_k``
+    (default: :func:`grpolab.common.stats.default_pass_k` of the samples per question), :func:`pass_at_k_summary`.
     """
     out: dict[str, float] = {}
     # Rewards other than 0/1 (a reward function's mean): a normal interval of the mean, not a binomial one.
@@ -84,11 +88,29 @@ def accuracy_summary(
                 _, out[sampled_key + "_lo"], out[sampled_key + "_hi"] = mean_ci(sampled_ok[idx[0]])
 
     add("eval/accuracy_greedy", "eval/accuracy_sampled", list(range(len(greedy_ok))))
+    if sampled_ok and binary:
+        out.update(pass_at_k_summary(sampled_ok, pass_k or default_pass_k(len(sampled_ok[0]))))
     by_cat: dict[str, list[int]] = defaultdict(list)
     for i, cat in enumerate(categories):
         by_cat[cat].append(i)
     for cat, idx in sorted(by_cat.items()):
         add(f"eval/greedy_{cat}", f"eval/sampled_{cat}", idx)
+    return out
+
+
+def pass_at_k_summary(sampled_ok: list[list[float]], ks: tuple[int, ...]) -> dict[str, float]:
+    """``eval/pass@<k>`` for each k: the mean over questions of the unbiased pass@k of each question's n samples
+    (:func:`grpolab.common.stats.pass_at_k`), with a 95% interval over questions (the question is the unit, as for the
+    sampled accuracy). pass@1 is the sampled accuracy. A k above the samples per question is an error."""
+    n = len(sampled_ok[0])
+    out: dict[str, float] = {}
+    for k in ks:
+        if k > n:
+            raise ValueError(f"pass@{k} needs at least {k} samples per question; the evaluation drew {n}")
+        per_q = [pass_at_k(n, int(sum(s)), k) for s in sampled_ok]
+        out[f"eval/pass@{k}"] = sum(per_q) / len(per_q)
+        if len(per_q) > 1:
+            out[f"eval/pass@{k}_lo"], out[f"eval/pass@{k}_hi"] = clustered_accuracy_interval(per_q)
     return out
 
 
@@ -120,13 +142,14 @@ def evaluate(
     world: World = SINGLE,
     progress: Callable[[int, int], None] | None = None,
     score: Callable[[list[str], list[dict]], list[float]] | None = accuracy_reward,
+    pass_k: tuple[int, ...] = (),
 ) -> tuple[dict[str, float], list[dict]]:
     """Accuracy on ``records``: the mean of ``score`` (default: the built-in answer check, 0 or 1) over the
     completions (an environment task's episodes) that ``service`` (a :class:`grpolab.rollout.service.RolloutService`)
     draws.
 
     Returns ``(metrics, examples)``: the keys of :func:`accuracy_summary` (greedy, and sampled
-    over ``samples`` draws per question at ``temperature``); ``examples`` holds each question
+    over ``samples`` draws per question at ``temperature``, and pass@k for ``pass_k``); ``examples`` holds each question
     with its greedy completion and its fraction of correct samples. Sampling keys depend on
     ``seed`` and the question index only, so the same policy always gets the same score, on one
     process or split over ``world`` (each rank answers a block of the questions; every rank gets
@@ -158,7 +181,7 @@ def evaluate(
         flat = gather_concat(episode_scores(sampled, rep, score), world)  # question-major: `samples` per question
         sampled_ok = [flat[i * samples : (i + 1) * samples] for i in range(len(records))]
         stages["sampled"] = gather_concat(_facts(sampled), world)
-    metrics = accuracy_summary(greedy_ok, sampled_ok, [r.get("category", "all") for r in records])
+    metrics = accuracy_summary(greedy_ok, sampled_ok, [r.get("category", "all") for r in records], pass_k)
     if service.multi_turn:
         for name, per_episode in stages.items():
             metrics.update(episode_metrics(per_episode, name))
@@ -199,4 +222,16 @@ def format_accuracy(metrics: dict[str, float], prefix: str = "eval/accuracy_") -
         if key in metrics:
             lo, hi = metrics.get(key + "_lo", float("nan")), metrics.get(key + "_hi", float("nan"))
             parts.append(f"{kind} {metrics[key]:.3f} [{lo:.3f}, {hi:.3f}]")
+    ks = pass_ks(metrics)
+    if len(ks) > 1:
+        parts.append(" ".join(f"pass@{k} {metrics[f'eval/pass@{k}']:.3f}" for k in ks))
     return "  ".join(parts)
+
+
+def pass_ks(metrics: dict) -> list[int]:
+    """The k of the ``eval/pass@<k>`` keys in ``metrics``, ascending."""
+    return sorted(
+        int(key[len("eval/pass@") :])
+        for key in metrics
+        if key.startswith("eval/pass@") and key[-3:] not in ("_lo", "_hi")
+    )

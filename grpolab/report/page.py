@@ -4,6 +4,7 @@ The page is a single file with no external references (images are embedded as ba
 PNG, the style sheet is inline, there is no script), so it opens offline and can be sent
 to a colleague as it is. Sections, in order:
 
+0. the doctor's findings (:mod:`grpolab.doctor`), most serious first, each linked to the plot that shows it;
 1. the run (model, task, steps, estimator) and the before/after evaluation table, overall
    and per category, with the 95% intervals the evaluation logged;
 2. the metric plots (the run's plot.png, redrawn if missing, and a second figure of the
@@ -30,6 +31,8 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
+from grpolab.report.findings import CSS as FINDINGS_CSS
+from grpolab.report.findings import doctor_section, pass_k_html
 from grpolab.report.token_view.page import TOKEN_CSS, credit_section
 from grpolab.training.runlog import read_metrics
 
@@ -487,18 +490,20 @@ def build_report(
     credit = credit_section(run_dir, rows, quantity)
     if credit:
         credit = f'<h2 id="credit">Where the credit lands</h2>\n{credit}'
+    doctor = f'<h2 id="doctor">Doctor: is the run learning?</h2>\n{doctor_section(run_dir)}' if rows else ""
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>grpolab report: {_e(run_dir.name)}</title><style>{_CSS}{TOKEN_CSS}</style></head>
+<title>grpolab report: {_e(run_dir.name)}</title><style>{_CSS}{TOKEN_CSS}{FINDINGS_CSS}</style></head>
 <body>
 <h1>grpolab run <code>{_e(run_dir.name)}</code></h1>
 <p class="sub">{_e(run_dir.resolve())} · report written {now}</p>
-<p class="nav"><a href="#eval">evaluation</a><a href="#plots">plots</a>{'<a href="#signal">signal</a>' if signal else ""}<a href="#samples">samples</a>
+<p class="nav">{'<a href="#doctor">doctor</a>' if doctor else ""}<a href="#eval">evaluation</a><a href="#plots">plots</a>{'<a href="#signal">signal</a>' if signal else ""}<a href="#samples">samples</a>
 {'<a href="#credit">where the credit lands</a>' if credit else ""}<a href="#probes">probes</a><a href="#config">configuration</a></p>
 {fact_table}
+{doctor}
 <h2 id="eval">Held-out accuracy, before and after</h2>
-{evaluation_table(rows)}{_all_evaluations(rows)}
+{evaluation_table(rows)}{_all_evaluations(rows)}{pass_k_html(rows)}
 <h2 id="plots">Metrics</h2>
 {_plots(run_dir, rows)}
 {signal}

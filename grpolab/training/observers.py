@@ -31,7 +31,7 @@ from grpolab.probes.gram import score_gram, token_weights
 from grpolab.probes.mse import groupsize_constants, loo_vector, optimal_group_size, prompt_moments, sketch_dim_for
 from grpolab.probes.spectrum import advantage_effective_rank, singular_values_from_gram, spectrum_metrics
 from grpolab.probes.token_credit import credit_row, join_credit_rows, pick_rollouts, record_aggregates
-from grpolab.rollout.rows import rollout_lengths
+from grpolab.rollout.rows import rollout_lengths, truncated_flags
 from grpolab.training.books import episode_fields, rollout_record
 from grpolab.training.step import StepObserver, StepResult
 
@@ -41,14 +41,15 @@ class RolloutLog(StepObserver):
     the update's groups, in prompt order, on every rank. An episode's also show its conversation, its turns'
     rewards and, with ``every``, their advantages."""
 
-    def __init__(self, samples: int, every: bool, world: World):
-        self.samples, self.every, self.world = samples, every, world
+    def __init__(self, samples: int, every: bool, world: World, eos_id: int | None = None):
+        self.samples, self.every, self.world, self.eos_id = samples, every, world, eos_id
 
     def before_update(self, result: StepResult) -> None:
         roll, adv = result.collected, result.advantages
         groups = roll.groups
         rows = groups.rows
         tokens = rollout_lengths(rows)
+        cut = truncated_flags(rows, self.eos_id) if self.eos_id is not None else None  # what the doctor shows
         position = roll.positions
         starts = offsets(groups.sizes)
         local = {"samples": [], "rollouts": []}
@@ -59,6 +60,8 @@ class RolloutLog(StepObserver):
                     "question": question_of(rec),
                     "completion": rows.texts[first],
                     "reward": rows.scores.total[first].item(),
+                    "tokens": int(tokens[first]),
+                    **({"truncated": bool(cut[first])} if cut else {}),
                     **episode_fields(rows, first),
                 }
                 local["samples"].append((position[b], sample))
@@ -304,12 +307,39 @@ class TokenCredit(StepObserver):
         result.metrics["time/credit_s"] = time.perf_counter() - t0
 
 
+class WeightChange(StepObserver):
+    """How far the step moved the weights: ``doctor/weight_change``, the relative change ||theta' - theta|| / ||theta||
+    over a fixed sample of the trainable weights (the first ``per_tensor`` entries of each tensor; this rank's shard
+    under FSDP). The doctor reads it for a policy that does not move (a learning rate too low for the weights'
+    precision) or moves too far in one step; none of the logged losses shows either when --mu is 1 and --beta 0.
+    A sample, not every weight: a copy of the whole model every step would double its memory."""
+
+    def __init__(self, model: torch.nn.Module, per_tensor: int = 4096):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.per_tensor = per_tensor
+        self.before: list[torch.Tensor] = []
+
+    def _sample(self) -> list[torch.Tensor]:
+        local = (getattr(p, "to_local", lambda p=p: p)() for p in self.params)  # a DTensor's own shard
+        return [t.detach().reshape(-1)[: self.per_tensor].float().clone() for t in local]
+
+    def before_update(self, result: StepResult) -> None:
+        self.before = self._sample()
+
+    def after_update(self, result: StepResult) -> None:
+        after = self._sample()
+        moved = sum(float((a - b).pow(2).sum()) for a, b in zip(after, self.before))
+        size = sum(float(b.pow(2).sum()) for b in self.before)
+        result.metrics["doctor/weight_change"] = math.sqrt(moved / size) if size > 0 else 0.0
+        self.before = []
+
+
 def attach_observers(trainer) -> None:
     """Give ``trainer`` the observers its config asks for: the rollout logs and advantage statistics always, the
     spectrum probe with --probe-every, the token-credit records with --log-token-credit."""
     cfg, world, device = trainer.cfg, trainer.world, trainer.device
     observers = [
-        RolloutLog(cfg.logging.log_samples, cfg.logging.log_rollouts, world),
+        RolloutLog(cfg.logging.log_samples, cfg.logging.log_rollouts, world, trainer.policy.eos_id),
         AdvantageProbe(cfg.probe.probe_eps),
     ]
     if cfg.probe.probe_every:
@@ -332,4 +362,6 @@ def attach_observers(trainer) -> None:
         observers.append(
             TokenCredit(cfg.probe.log_token_credit, trainer.train_module, trainer.updater, tokenizer, world, device)
         )
+    if cfg.diagnosis.doctor == "on":
+        observers.append(WeightChange(trainer.policy.model))
     trainer.observers.extend(observers)

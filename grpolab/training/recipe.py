@@ -8,7 +8,7 @@ Set-up, in named steps whose order matters:
 3. the trainer, with the checkpoint's weights and the run's original KL reference on resume;
 4. the training state: on resume the optimizer, schedule and random state and the truncated logs,
    otherwise ``config.json``;
-5. the metrics logger (rank 0).
+5. the metrics logger and the doctor's watcher (rank 0).
 
 ``train()`` then runs the steps with evaluations, logs and checkpoints; SIGTERM/SIGINT finish the
 current step, save it and stop (:class:`TrainingInterrupted`).
@@ -34,10 +34,11 @@ from grpolab.common.given import NOTHING, Given, is_description
 from grpolab.common.progress import progress_bar
 from grpolab.config import fields
 from grpolab.config.train import RESOLVED_AT_START, ConfigError, TrainConfig
+from grpolab.doctor.examine import Watcher
 from grpolab.models import checkpoint
 from grpolab.models.policy import load_policy
 from grpolab.training.observers import attach_observers
-from grpolab.training.runlog import RunLogger, git_revision, truncate_jsonl
+from grpolab.training.runlog import RunLogger, git_revision, read_metrics, truncate_jsonl
 from grpolab.training.setup import checked_config, hub_sources, seed_process
 from grpolab.training.trainer import GRPOTrainer
 
@@ -112,6 +113,7 @@ class TrainRecipe:
     def __init__(self, cfg: TrainConfig, log=print, given: Given = NOTHING):
         self.requested, self.log, self.given = cfg, log, given
         self.logger: RunLogger | None = None
+        self.doctor: Watcher | None = None
         self.status = StatusLine()  # what the trainer is doing, on the progress bar once train() starts one
 
     # ------------------------------------------------------------------ setup
@@ -220,6 +222,8 @@ class TrainRecipe:
     def _setup_logging(self) -> None:
         if self.world.is_main:
             cfg = self.cfg
+            # a resumed run's rows so far (cut back to the checkpoint): the doctor checks the whole run
+            rows = read_metrics(self.out / "metrics.jsonl") if self.ckpt is not None else []
             self.logger = RunLogger(
                 self.out,
                 config=self.config_dict,
@@ -227,6 +231,8 @@ class TrainRecipe:
                 wandb=cfg.logging.wandb,
                 warn=self.log,
             )
+            if cfg.diagnosis.doctor == "on":
+                self.doctor = Watcher(self.config_dict, cfg.diagnosis.doctor_every, rows, log=self.log)
 
     # ------------------------------------------------------------------ train
     def train(self) -> Path:
@@ -267,6 +273,8 @@ class TrainRecipe:
         last = step == cfg.run.steps or self._budget_spent()
         if (cfg.eval.eval_every and step % cfg.eval.eval_every == 0) or last:
             metrics.update(self._evaluate(step, train_samples=out_step.samples, log_metrics=False))
+        if self.doctor:
+            metrics.update(self.doctor.check(step, metrics, last=last))
         if self.logger:
             self.logger.log(step, metrics)
             if out_step.rollouts is not None:
@@ -286,6 +294,8 @@ class TrainRecipe:
         if self.logger:
             if log_metrics:
                 self.logger.log(step, metrics)
+                if self.doctor:
+                    self.doctor.add(step, metrics)
             if train_samples is not None:
                 self.logger.log_samples(step, [{"kind": "train", **s} for s in train_samples])
             self.logger.log_samples(step, [{"kind": "eval", **e} for e in examples])

@@ -345,6 +345,7 @@ class GRPOTrainer:
                 world=self.world,
                 progress=lambda done, total: self.status(f"eval at step {step}: {done}/{total} completions"),
                 score=self.eval_reward,
+                pass_k=cfg.eval.pass_k,
             )
         metrics["time/eval_s"] = time.perf_counter() - t0
         self.log(

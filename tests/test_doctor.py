@@ -1,0 +1,337 @@
+"""The doctor (grpolab.doctor): each check at the edge of its thresholds on hand-made metric rows, the ordering of
+findings, and each condition caught first on a short built-in run that has exactly that fault; no false alarm on a
+healthy run; the watcher in training; `grpolab doctor` and the report's section."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import quiet, run_cli, small_cfg
+
+from grpolab.doctor import conditions as C
+from grpolab.doctor.conditions import Finding, RunFacts, diagnose
+from grpolab.doctor.examine import Watcher, examine, format_findings, replay
+
+FIXTURES = Path(__file__).parent / "fixtures" / "recorded"  # real runs: config.json, metrics.jsonl, samples.jsonl
+FACTS = RunFacts(max_new_tokens=32, group_size=8, lr=1e-5, answer_check="####")
+
+
+def rows(n: int = 10, **values) -> list[dict]:
+    """``n`` training rows of a healthy run (a contrast in most groups, nothing cut, small steady steps), with
+    ``values`` set at every step (a list: one value per step)."""
+    base = {
+        "reward/mean": 0.5, "reward/std": 0.5, "reward/frac_zero_std": 0.1, "reward/accuracy": 0.5,
+        "reward/format": 0.9, "reward/errors": 0, "sampling/rollouts": 64, "completion/truncated_frac": 0.0,
+        "completion/len_mean": 20.0, "policy/entropy": 0.5, "loss/clip_frac": 0.0, "loss/ratio_mean": 1.0,
+        "grad/norm": 1.0, "charts/lr": 1e-5, "doctor/weight_change": 1e-4, "engine/logratio_std": 1e-5,
+        "loss/skipped_updates": 0,
+    }  # fmt: skip
+    out = []
+    for i in range(n):
+        row = {"step": i + 1, **base}
+        for k, v in values.items():
+            row[k] = v[i] if isinstance(v, list) else v
+        out.append(row)
+    return out
+
+
+def names(found: list[Finding]) -> list[str]:
+    return [f.name for f in found]
+
+
+# ---------------------------------------------------------------- each threshold at its edge
+
+
+def test_a_healthy_run_has_no_finding():
+    assert diagnose(rows(), FACTS) == []
+    assert diagnose(rows(2, **{"reward/frac_zero_std": 1.0}), FACTS) == []  # under MIN_STEPS: no check yet
+
+
+def test_no_signal_at_its_share_and_which_kind():
+    edge = C.NO_SIGNAL_SHARE
+    assert C.no_signal(rows(**{"reward/frac_zero_std": edge - 1e-9}), FACTS) is None
+    wrong = C.no_signal(rows(**{"reward/frac_zero_std": edge, "reward/accuracy": 0.05}), FACTS)
+    assert wrong.severity == "error" and "all wrong" in wrong.title
+    assert "--group-size 16" in wrong.fix and "--sampling adaptive" in wrong.fix  # 1 - .95^16 - .05^16 = 0.56
+    right = C.no_signal(rows(**{"reward/frac_zero_std": edge, "reward/accuracy": C.RIGHT_SHARE}), FACTS)
+    assert "all right" in right.title and "harder data" in right.fix
+    constant = C.no_signal(rows(**{"reward/frac_zero_std": 1.0, "reward/std": 0.0, "reward/mean": 0.3}), FACTS)
+    assert "same reward, 0.3" in constant.title and "check the reward function" in constant.fix
+    # the first reward exactly 1 everywhere, the total still varying (a format term): no signal from the task
+    task = C.no_signal(rows(**{"reward/accuracy": 1.0}), FACTS)
+    assert "gives every completion 1" in task.title and "learns the other terms" in task.evidence
+    # a run whose reward rose before its groups ran out of contrast: saturation's case, not this one
+    learned = rows(**{"reward/mean": [0.2] * 5 + [0.9] * 5, "reward/frac_zero_std": [0.1] * 5 + [0.9] * 5})
+    assert C.no_signal(learned, FACTS) is None and C.saturation(learned, FACTS) is not None
+
+
+def test_the_group_size_that_gives_a_contrast():
+    assert C.contrast_group_size(0.05, 8) == 16  # 1 - .95^16 = 0.56 >= 0.5; G = 8 gives 0.34
+    assert C.contrast_group_size(0.02, 8) == 64  # .476 at 32, .726 at 64
+    assert C.contrast_group_size(0.001, 8) is None  # past MAX_GROUP: change the data
+    assert C.contrast_group_size(0.5, 4) == 8
+
+
+def test_truncation_at_its_shares_and_the_length_it_recommends():
+    assert C.truncation(rows(**{"completion/truncated_frac": C.TRUNC_SHARE - 1e-9}), FACTS) is None
+    warn = C.truncation(rows(**{"completion/truncated_frac": C.TRUNC_SHARE}), FACTS)
+    assert warn.severity == "warning" and "--max-new-tokens 64" in warn.fix and "20%" in warn.title
+    err = C.truncation(rows(**{"completion/truncated_frac": C.TRUNC_SEVERE}), FACTS)
+    assert err.severity == "error" and "--max-new-tokens 128" in err.fix
+    assert C.recommended_length(96, 0.5) == 256 and C.recommended_length(16, 0.9) == 64
+    # under the share, the rollouts show the truncated ones scoring lower than the rest
+    cut = [{"step": 10, "tokens": 32, "reward": 0.0}] * 2
+    rest = [{"step": 10, "tokens": 10, "reward": C.TRUNC_GAP}] * 18
+    gap = C.truncation(rows(**{"completion/truncated_frac": 0.1}), FACTS, cut + rest)
+    assert gap.severity == "warning" and "score 0.10 below" in gap.evidence
+    small = [{"step": 10, "tokens": 10, "reward": C.TRUNC_GAP - 0.01}] * 18
+    assert C.truncation(rows(**{"completion/truncated_frac": 0.1}), FACTS, cut + small) is None
+
+
+def test_the_reward_never_sees_an_answer():
+    half = 0.5 * 64 * 2  # ERROR_SHARE of 64 rollouts x 2 functions
+    assert C.reward_blind(rows(**{"reward/errors": half - 1}), FACTS) is None
+    assert "failed on 50%" in C.reward_blind(rows(**{"reward/errors": half}), FACTS).title
+    floor = C.FORMAT_FLOOR
+    blind = C.reward_blind(rows(**{"reward/format": floor, "reward/accuracy": floor}), FACTS)
+    assert blind.severity == "error" and "'#### <number>'" in blind.fix
+    assert C.reward_blind(rows(**{"reward/format": floor + 0.01, "reward/accuracy": 0.0}), FACTS) is None
+    # a reward function of the user's own: the built-in format check says nothing about it
+    own = RunFacts(answer_check="")
+    assert C.reward_blind(rows(**{"reward/format": 0.0, "reward/accuracy": 0.0}), own) is None
+
+
+def test_no_movement_by_the_weights_the_ratio_and_the_kl():
+    assert C.no_movement(rows(**{"doctor/weight_change": C.NO_MOVE_CHANGE}), FACTS) is None
+    still = C.no_movement(rows(**{"doctor/weight_change": C.NO_MOVE_CHANGE * 0.99}), FACTS)
+    assert still.severity == "error" and "--lr 0.001" in still.fix
+    one_moves = rows(**{"doctor/weight_change": [1e-9] * 9 + [1e-4]})
+    assert C.no_movement(one_moves, FACTS) is None
+    # every advantage 0: the weights stand still for no_signal's reason
+    assert C.no_movement(rows(**{"doctor/weight_change": 0.0, "reward/frac_zero_std": 1.0}), FACTS) is None
+    assert "learning rate is 0" in C.no_movement(rows(**{"charts/lr": 0.0}), FACTS).title
+    mu = RunFacts(mu=2, lr=1e-5)
+    flat = rows(**{"doctor/weight_change": None, "loss/ratio_mean": 1 + C.RATIO_FLAT / 2})
+    assert "between a step's epochs" in C.no_movement(flat, mu).title
+    moving = rows(**{"doctor/weight_change": None, "loss/ratio_mean": 1 + C.RATIO_FLAT * 2})
+    assert C.no_movement(moving, mu) is None
+    kl = RunFacts(beta=0.04, warmup_steps=2)
+    assert "left its reference" in C.no_movement(rows(**{"doctor/weight_change": None, "loss/kl": 0.0}), kl).title
+    assert C.no_movement(rows(**{"doctor/weight_change": None, "loss/kl": C.KL_FLOOR}), kl) is None
+
+
+def test_too_big_a_step_by_each_sign():
+    assert C.big_step(rows(**{"loss/clip_frac": C.CLIP_HIGH - 1e-9}), FACTS) is None
+    assert C.big_step(rows(**{"loss/clip_frac": C.CLIP_HIGH}), FACTS).severity == "warning"
+    assert C.big_step(rows(**{"loss/clip_frac": C.CLIP_SEVERE}), FACTS).severity == "error"
+    assert C.big_step(rows(**{"loss/ratio_mean": 1 + C.RATIO_DRIFT}), FACTS) is not None
+    assert C.big_step(rows(**{"loss/ratio_mean": 1 + C.RATIO_DRIFT * 0.9}), FACTS) is None
+    jump = C.big_step(rows(**{"doctor/weight_change": [1e-4] * 9 + [C.BIG_CHANGE]}), FACTS)
+    assert jump.severity == "error" and "--lr 1e-06" in jump.fix
+    assert C.big_step(rows(**{"doctor/weight_change": [1e-4] * 9 + [C.BIG_CHANGE * 0.9]}), FACTS) is None
+    spike = rows(12, **{"grad/norm": [1.0] * 11 + [C.GRAD_SPIKE]})
+    assert "grad/norm" in C.big_step(spike, FACTS).evidence
+    assert C.big_step(rows(12, **{"grad/norm": [1.0] * 11 + [C.GRAD_SPIKE * 0.9]}), FACTS) is None
+    kl = [0.01] * 7 + [C.KL_HIGH * 0.5] * 4 + [C.KL_HIGH]  # 4x or more in WINDOW steps, and over KL_HIGH
+    assert "loss/kl" in C.big_step(rows(12, **{"loss/kl": kl}), FACTS).evidence
+    skipped = C.big_step(rows(**{"loss/skipped_updates": [0] * 9 + [1]}), FACTS)
+    assert skipped.severity == "error" and "non-finite" in skipped.evidence
+    assert "--mu 1" in C.big_step(rows(**{"loss/clip_frac": 0.3}), RunFacts(mu=4)).fix
+
+
+def test_entropy_against_the_runs_own_start():
+    collapse = [0.5, 0.5] + [0.5 * C.ENTROPY_COLLAPSE] * 8
+    assert "collapse" in C.entropy(rows(**{"policy/entropy": collapse}), FACTS).title
+    at_ceiling = rows(**{"policy/entropy": collapse, "reward/accuracy": C.CEILING})
+    assert C.entropy(at_ceiling, FACTS) is None  # a low entropy at the reward's ceiling is what learning looks like
+    assert C.entropy(rows(**{"policy/entropy": [0.5, 0.5] + [0.051] * 8}), FACTS) is None
+    blow = [0.5, 0.5] + [1.5] * 8  # 3x the start, and over 1 nat
+    assert "blow-up" in C.entropy(rows(**{"policy/entropy": blow}), FACTS).title
+    assert C.entropy(rows(**{"policy/entropy": [0.2, 0.2] + [0.6] * 8}), FACTS) is None  # 3x but under 1 nat
+    assert (
+        C.entropy(rows(4, **{"policy/entropy": [0.5, 0.5, 9.0, 9.0]}), FACTS) is None
+    )  # too few steps after the start
+
+
+def test_sampler_mismatch_only_without_a_correction():
+    assert C.sampler_mismatch(rows(**{"engine/logratio_std": C.MISMATCH_STD * 0.9}), FACTS) is None
+    found = C.sampler_mismatch(rows(**{"engine/logratio_std": C.MISMATCH_STD}), FACTS)
+    assert found.severity == "warning" and "sequence-truncate" in found.fix
+    corrected = RunFacts(engine_correction="sequence-truncate")
+    assert C.sampler_mismatch(rows(**{"engine/logratio_std": 0.2}), corrected) is None
+
+
+def test_saturation_by_the_rank_the_ceiling_and_spent_groups():
+    def probed(values):
+        out = rows(len(values) * 3)
+        for i, v in enumerate(values):
+            out[3 * i + 2]["probe/eff_rank"] = v
+        return out
+
+    # early 5.0 (mean of the first two probes): the threshold is 1 + 0.5 * (5 - 1) = 3.0
+    found = C.saturation(probed([5.0, 5.0, 4.0, 3.0, 3.0]), FACTS)
+    assert found.severity == "info" and found.threshold == pytest.approx(3.0) and "probe/eff_rank" in found.keys
+    assert C.saturation(probed([5.0, 5.0, 4.0, 3.01, 3.01]), FACTS) is None
+    assert "ceiling" in C.saturation(rows(**{"reward/accuracy": C.CEILING}), FACTS).evidence
+    assert C.saturation(rows(**{"reward/accuracy": C.CEILING - 0.01}), FACTS) is None
+
+
+def test_reward_hacking_signs():
+    rise = {"reward/mean": [0.2] * 5 + [0.8] * 5, "reward/std": 0.3}
+    length = C.reward_hacking(rows(**rise, **{"completion/len_mean": [20.0] * 5 + [30.0] * 5}), FACTS)
+    assert "completion/len_mean 20.0 -> 30.0" in length.evidence
+    assert C.reward_hacking(rows(**rise, **{"completion/len_mean": [20.0] * 5 + [29.0] * 5}), FACTS) is None
+    evals = [{"step": 0, "eval/accuracy_greedy": 0.5, "eval/accuracy_greedy_lo": 0.4, "eval/accuracy_greedy_hi": 0.6}]
+    flat = evals + rows(**rise) + [{"step": 10, "eval/accuracy_greedy": 0.5}]
+    assert "eval/accuracy_greedy went 0.500 -> 0.500" in C.reward_hacking(flat, FACTS).evidence
+    up = evals + rows(**rise) + [{"step": 10, "eval/accuracy_greedy": 0.61}]
+    assert C.reward_hacking(up, FACTS) is None  # the held-out accuracy rose beyond its interval: no hacking
+    facts = RunFacts(components=("length",), reward_weights=(1.0, 0.5))
+    carried = rows(**rise, **{"reward/length": [0.0] * 5 + [1.0] * 5, "reward/accuracy": 0.5})
+    assert "reward/length carries 83%" in C.reward_hacking(carried, facts).evidence
+    same = [{"step": 10, "prompt": p, "completion": "x"} for p in range(4) for _ in range(4)]
+    assert "identical completions" in C.reward_hacking(rows(**rise), FACTS, same).evidence
+    assert C.identical_groups(same[:8] + [{"step": 10, "prompt": 2, "completion": c} for c in "abcd"]) == (10, 2 / 3)
+
+
+def test_the_held_out_accuracy_fell():
+    first = {"step": 0, "eval/accuracy_greedy": 0.5, "eval/accuracy_greedy_lo": 0.4, "eval/accuracy_greedy_hi": 0.6}
+    last = {"step": 10, "eval/accuracy_greedy": 0.3, "eval/accuracy_greedy_lo": 0.2, "eval/accuracy_greedy_hi": 0.39}
+    assert C.eval_drop([first, *rows(), last], FACTS).severity == "warning"
+    assert C.eval_drop([first, *rows(), {**last, "eval/accuracy_greedy_hi": 0.4}], FACTS) is None
+
+
+def test_causes_come_before_what_they_explain():
+    # cut completions give every rollout 0: truncation, then the reward that sees no answer, then no signal
+    cut = rows(**{"completion/truncated_frac": 1.0, "reward/format": 0.0, "reward/accuracy": 0.0, "reward/std": 0.0})
+    assert names(diagnose(cut, FACTS)) == ["truncation", "reward_blind", "no_signal"]
+    # a warning that explains an error is listed as one, first
+    mild = rows(**{"completion/truncated_frac": 0.3, "reward/format": 0.0, "reward/accuracy": 0.0})
+    found = diagnose(mild, FACTS)
+    assert names(found)[:2] == ["truncation", "reward_blind"] and found[0].severity == "warning"
+    assert C.explained(found[0], found) == ["reward_blind", "no_signal"]
+    # a cause found after its effect does not explain it
+    late = [Finding("big_step", "warning", "", "", "", (), (1, 1), first_step=10),
+            Finding("no_signal", "error", "", "", "", (), (1, 1), first_step=5)]  # fmt: skip
+    assert names(C.order(late)) == ["no_signal", "big_step"]
+
+
+def test_replay_finds_what_each_check_step_found():
+    cut = [0.0] * 5 + [0.9] * 5 + [0.0] * 10  # truncated for five steps in the middle of the run
+    found = replay(rows(20, **{"completion/truncated_frac": cut}), FACTS, every=5)
+    assert [(f.name, f.first_step, f.ongoing) for f in found] == [("truncation", 10, False)]
+
+
+# ---------------------------------------------------------------- each fault on a short built-in run
+
+
+FAULTS = {
+    "no_signal": dict(reward_fn=("reward_fixtures:always_one",)),
+    "truncation": dict(max_new_tokens=2),
+    "reward_blind": dict(reward_fn=("reward_fixtures:strict_answer_tag",)),
+    "no_movement": dict(lr=1e-9),
+    "big_step": dict(lr=1e-1, mu=4),
+    "reward_hacking": dict(reward_fn=("reward_fixtures:pays_for_length",), steps=15, eval_every=5, lr=1e-3),
+    "sampler_mismatch": dict(rollout_dtype="bfloat16", engine_correction="none"),
+    "entropy": dict(entropy_coef=1.0, lr=1e-3, steps=12),
+    "saturation": dict(reward_fn=("reward_fixtures:mostly_one",), group_size=8),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_each_fault_is_named_first(fault, tmp_path):
+    from grpolab.training.recipe import train
+
+    options = {"steps": 8, "warmup_steps": 0, "log_rollouts": True, **FAULTS[fault]}
+    out = train(small_cfg(tmp_path / fault, **options), log=quiet)
+    run, found = examine(out)
+    assert found and found[0].name == fault, format_findings(run, found, 5)
+    assert found[0].first_step <= 15
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get(f"doctor/{fault}", 0) > 0 for r in logged)  # the run's own checks found it too
+
+
+def test_a_healthy_builtin_run_finds_nothing_and_says_so(tmp_path, capsys):
+    from grpolab.training.recipe import train
+
+    lines: list[str] = []
+    out = train(small_cfg(tmp_path / "ok", steps=15, eval_every=5, warmup_steps=0), log=lines.append)
+    assert not [line for line in lines if line.startswith("doctor")]
+    res = run_cli(["doctor", str(out)], cwd=tmp_path)
+    assert res.returncode == 0 and "no problems found" in res.stdout and "training reward" in res.stdout
+    data = json.loads(run_cli(["doctor", str(out), "--json"], cwd=tmp_path).stdout)
+    assert data["healthy"] and data["findings"] == []
+
+
+def test_the_watcher_says_a_new_condition_once_and_doctor_off_is_silent(tmp_path):
+    from grpolab.training.recipe import train
+
+    lines: list[str] = []
+    out = train(small_cfg(tmp_path / "cut", steps=12, max_new_tokens=2, eval_every=0), log=lines.append)
+    said = [line for line in lines if line.startswith("doctor")]
+    assert sum("Truncation" in line for line in said) == 1 and "--max-new-tokens 8" in said[0]
+    assert said[0].startswith("doctor [error] step 5:")
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    checked = [r["step"] for r in logged if "doctor/truncation" in r]
+    assert checked == [5, 10, 12] and all(r["doctor/truncation"] == 3 for r in logged if "doctor/truncation" in r)
+    assert all("doctor/weight_change" in r for r in logged if r["step"] > 0)
+    lines.clear()
+    off = train(small_cfg(tmp_path / "off", steps=6, max_new_tokens=2, doctor="off", eval_every=0), log=lines.append)
+    assert not [line for line in lines if line.startswith("doctor")]
+    assert not any(k.startswith("doctor/") for line in (off / "metrics.jsonl").read_text().splitlines() for k in json.loads(line))  # fmt: skip
+
+
+def test_a_check_that_fails_never_stops_the_run(monkeypatch):
+    import grpolab.doctor.examine as examine_module
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in a check")
+
+    monkeypatch.setattr(examine_module, "diagnose", broken)
+    said: list[str] = []
+    watcher = Watcher({}, every=1, log=said.append)
+    assert watcher.check(1, rows(1)[0]) == {} and watcher.check(2, rows(1)[0]) == {}
+    assert len(said) == 1 and "a bug in a check" in said[0] and "training goes on" in said[0]
+
+
+def test_a_resumed_run_does_not_repeat_what_it_said(tmp_path):
+    logged = [{**r, "doctor/truncation": 3} for r in rows(5, **{"completion/truncated_frac": 1.0})]
+    said: list[str] = []
+    watcher = Watcher({"max_new_tokens": 2}, every=5, rows=logged, log=said.append)
+    levels = watcher.check(10, rows(10, **{"completion/truncated_frac": 1.0})[-1])
+    assert levels["doctor/truncation"] == 3 and said == []
+
+
+# ---------------------------------------------------------------- recorded real runs
+
+
+def test_smollm2_at_32_tokens_is_told_truncation_at_the_first_check():
+    run, found = examine(FIXTURES / "smollm2-word-problems-32")
+    first = found[0]
+    assert first.name == "truncation" and first.first_step == 5, format_findings(run, found, 5)
+    assert "--max-new-tokens 128" in first.fix
+
+
+@pytest.mark.slow
+def test_the_demos_first_50_steps_raise_nothing_above_info(tmp_path):
+    from grpolab.config.train import TrainConfig
+    from grpolab.training.recipe import train
+
+    out = train(TrainConfig(steps=50, out=str(tmp_path / "demo"), progress=False), log=quiet)
+    found = examine(out)[1]
+    assert all(f.severity == "info" for f in found), [(f.name, f.evidence) for f in found]
+
+
+def test_the_report_opens_with_the_findings_each_linked_to_its_plot(tmp_path):
+    from grpolab.report.page import build_report
+    from grpolab.training.recipe import train
+
+    out = train(small_cfg(tmp_path / "cut", steps=6, max_new_tokens=2, eval_every=0), log=quiet)
+    page = build_report(out).read_text()
+    found = examine(out)[1]
+    assert page.index('id="doctor"') < page.index('id="eval"')
+    for f in found:  # each finding links to its own figure on the page
+        assert f'href="#doctor-{f.name}"' in page and f'<figure id="doctor-{f.name}">' in page
+    assert page.index("Truncation: 100%") < page.index("The reward never sees an answer")
