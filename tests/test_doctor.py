@@ -75,19 +75,27 @@ def test_the_group_size_that_gives_a_contrast():
 
 
 def test_truncation_at_its_shares_and_the_length_it_recommends():
-    assert C.truncation(rows(**{"completion/truncated_frac": C.TRUNC_SHARE - 1e-9}), FACTS) is None
-    warn = C.truncation(rows(**{"completion/truncated_frac": C.TRUNC_SHARE}), FACTS)
+    share = "completion/truncated_frac"
+    assert C.truncation(rows(**{share: C.TRUNC_SHARE - 1e-9}), FACTS) is None  # nothing says the cut ones lose
+    warn = C.truncation(rows(**{share: C.TRUNC_SHARE}), FACTS)  # the cut ones' scores unknown: a warning
     assert warn.severity == "warning" and "--max-new-tokens 64" in warn.fix and "20%" in warn.title
-    err = C.truncation(rows(**{"completion/truncated_frac": C.TRUNC_SEVERE}), FACTS)
+    err = C.truncation(rows(**{share: C.TRUNC_SEVERE, "doctor/truncated_reward_gap": 0.0}), FACTS)
     assert err.severity == "error" and "--max-new-tokens 128" in err.fix
     assert C.recommended_length(96, 0.5) == 256 and C.recommended_length(16, 0.9) == 64
-    # under the share, the rollouts show the truncated ones scoring lower than the rest
-    cut = [{"step": 10, "tokens": 32, "reward": 0.0}] * 2
-    rest = [{"step": 10, "tokens": 10, "reward": C.TRUNC_GAP}] * 18
-    gap = C.truncation(rows(**{"completion/truncated_frac": 0.1}), FACTS, cut + rest)
-    assert gap.severity == "warning" and "score 0.10 below" in gap.evidence
-    small = [{"step": 10, "tokens": 10, "reward": C.TRUNC_GAP - 0.01}] * 18
-    assert C.truncation(rows(**{"completion/truncated_frac": 0.1}), FACTS, cut + small) is None
+    # between the shares, the cut completions' scores decide: lower by TRUNC_GAP, a warning; like the rest, info
+    gap = "doctor/truncated_reward_gap"
+    assert C.truncation(rows(**{share: 0.5, gap: C.TRUNC_GAP}), FACTS).severity == "warning"
+    assert C.truncation(rows(**{share: 0.5, gap: C.TRUNC_GAP - 0.01}), FACTS).severity == "info"
+    # under TRUNC_SHARE, a few cut completions that score lower: info
+    assert C.truncation(rows(**{share: C.TRUNC_GAP_SHARE, gap: C.TRUNC_GAP}), FACTS).severity == "info"
+    assert C.truncation(rows(**{share: C.TRUNC_GAP_SHARE - 0.01, gap: 1.0}), FACTS) is None
+    # without the metric, the logged rollouts give the gap
+    cut = [{"step": 10, "tokens": 32, "reward": 0.0}] * 6
+    rest = [{"step": 10, "tokens": 10, "reward": C.TRUNC_GAP}] * 14
+    logged = C.truncation(rows(**{share: 0.3}), FACTS, cut + rest)
+    assert logged.severity == "warning" and "score 0.10 below" in logged.evidence
+    rest = [{"step": 10, "tokens": 10, "reward": C.TRUNC_GAP - 0.01}] * 14
+    assert C.truncation(rows(**{share: 0.3}), FACTS, cut + rest).severity == "info"
 
 
 def test_the_reward_never_sees_an_answer():

@@ -50,16 +50,18 @@ RISE_SD = 0.5
 start's rollout standard deviations (reward/std): scale-free, and well above the step-to-step noise of a window's
 mean (about sd / sqrt(WINDOW * rollouts))."""
 TRUNC_SHARE = 0.2
-"""Share of completions stopped by --max-new-tokens (completion/truncated_frac) from which truncation is reported:
+"""Share of completions stopped by --max-new-tokens (completion/truncated_frac) from which truncation is a warning:
 one in five completions scored before it could answer."""
 TRUNC_SEVERE = 0.8
 """Above this share, truncation is an error: most completions never reach an answer (TRL's old 256-token default cut
 97-99% of reasoning completions)."""
 TRUNC_GAP = 0.1
-"""With the rollouts logged: truncated completions scoring this much below the rest (rewards in [0, 1]) is reported
-even under TRUNC_SHARE, once at least TRUNC_GAP_SHARE of them are cut."""
+"""How much lower (in the first reward, for rewards in [0, 1]) the cut completions must score than the rest for a
+share under TRUNC_SEVERE to be a warning: cut completions that score like the rest were cut after they went wrong
+(a ramble on a short-answer task), and a longer limit would not raise the reward. Measured per step in training
+(doctor/truncated_reward_gap), else from the logged rollouts; unknown: a warning."""
 TRUNC_GAP_SHARE = 0.05
-"""The least share of truncated rollouts for which their mean reward is compared with the rest's."""
+"""Under TRUNC_SHARE, from this share on, cut completions scoring TRUNC_GAP below the rest are reported as info."""
 ERROR_SHARE = 0.5
 """Reward-function evaluations that raised or gave a non-finite value (reward/errors), as a share of all: above it
 most rollouts are scored 0 for the function's fault, not the completion's."""
@@ -69,7 +71,8 @@ FORMAT_FLOOR = 0.1
 NO_MOVE_CHANGE = 1e-6
 """A relative weight change per step (doctor/weight_change) below this at every step of WINDOW: at that rate a
 thousand steps move the weights by 0.1%. The built-in model's default --lr 5e-5 moves them 2e-4 to 5e-4 a step;
-SmolLM2 at --lr 1e-5 about 1e-4 (docs/doctor.md)."""
+SmolLM2 at --lr 1e-5 2e-5 to 3e-5 (docs/doctor.md); the first step of a warm-up moves nothing (its learning rate is
+0, as in transformers' schedules)."""
 BIG_CHANGE = 0.03
 """A step that changes the weights by 3% (doctor/weight_change) is too big: the built-in model at --lr 1e-3 (20x its
 default) moves 0.4-0.9% a step and still trains; at --lr 1e-2 it moves 6-9% and its answers are gone in two steps."""
@@ -368,14 +371,23 @@ def _task_blind(w: Sequence[dict], value: float) -> Finding:
 
 
 def truncation(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = ()) -> Finding | None:
-    """A large share of completions stop at --max-new-tokens, or (rollouts logged) the truncated ones score lower
-    than the rest."""
+    """Completions stopped by --max-new-tokens: an error when most are; a warning when TRUNC_SHARE are and they score
+    TRUNC_GAP below the rest (or their scores are unknown); info when they score like the rest, or when fewer are cut
+    but those score lower."""
     w = _window(rows)
     share = _mean(w, "completion/truncated_frac")
-    if share is None:
+    if share is None or share < TRUNC_GAP_SHARE:
         return None
-    gap = truncated_gap(rollouts, facts.max_new_tokens) if share < TRUNC_SHARE else None
-    if share < TRUNC_SHARE and (gap is None or gap < TRUNC_GAP):
+    gap = _mean(w, "doctor/truncated_reward_gap")
+    if gap is None:
+        gap = truncated_gap([r for r in rollouts if r["step"] <= w[-1]["step"]], facts.max_new_tokens)
+    if share >= TRUNC_SEVERE:
+        severity = "error"
+    elif share >= TRUNC_SHARE:
+        severity = "warning" if gap is None or gap >= TRUNC_GAP else "info"
+    elif gap is not None and gap >= TRUNC_GAP:
+        severity = "info"
+    else:
         return None
     length = recommended_length(facts.max_new_tokens, share)
     evidence = (
@@ -383,14 +395,14 @@ def truncation(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] =
         f"{facts.max_new_tokens})"
     )
     if gap is not None:
-        evidence += f"; truncated completions score {gap:.2f} below the rest (threshold {TRUNC_GAP})"
+        evidence += f"; the cut completions score {gap:.2f} below the rest (threshold {TRUNC_GAP})"
     return Finding(
-        "truncation", "error" if share >= TRUNC_SEVERE else "warning",
+        "truncation", severity,
         f"Truncation: {100 * share:.0f}% of completions stop at --max-new-tokens {facts.max_new_tokens}",
         evidence,
         f"--max-new-tokens {length} (completions cut before their answer are scored as wrong; "
         "--mask-truncated leaves them out of the loss)",
-        ("completion/truncated_frac", "completion/len_mean"), _span(w), TRUNC_SHARE,
+        ("completion/truncated_frac", "doctor/truncated_reward_gap", "completion/len_mean"), _span(w), TRUNC_SHARE,
     )  # fmt: skip
 
 
@@ -402,13 +414,14 @@ def recommended_length(max_new_tokens: int, share: float) -> int:
 
 
 def truncated_gap(rollouts: Sequence[dict], max_new_tokens: int) -> float | None:
-    """Mean reward of the rest minus that of the truncated rollouts (``tokens >= max_new_tokens``), over the last
-    WINDOW logged steps; None when under TRUNC_GAP_SHARE of them are truncated."""
-    steps = sorted({r["step"] for r in rollouts})[-WINDOW:]
-    last = [r for r in rollouts if r["step"] in set(steps) and "tokens" in r]
+    """From logged rollouts (their total reward): the mean reward of those that ended before ``max_new_tokens`` minus
+    that of those cut by it (``tokens >= max_new_tokens``), over the last WINDOW logged steps; None unless both kinds
+    are there."""
+    steps = set(sorted({r["step"] for r in rollouts})[-WINDOW:])
+    last = [r for r in rollouts if r["step"] in steps and "tokens" in r]
     cut = [r["reward"] for r in last if r["tokens"] >= max_new_tokens]
     rest = [r["reward"] for r in last if r["tokens"] < max_new_tokens]
-    if not cut or not rest or len(cut) < TRUNC_GAP_SHARE * len(last):
+    if not cut or not rest:
         return None
     return statistics.fmean(rest) - statistics.fmean(cut)
 

@@ -307,12 +307,18 @@ class TokenCredit(StepObserver):
         result.metrics["time/credit_s"] = time.perf_counter() - t0
 
 
-class WeightChange(StepObserver):
-    """How far the step moved the weights: ``doctor/weight_change``, the relative change ||theta' - theta|| / ||theta||
-    over a fixed sample of the trainable weights (the first ``per_tensor`` entries of each tensor; this rank's shard
-    under FSDP). The doctor reads it for a policy that does not move (a learning rate too low for the weights'
-    precision) or moves too far in one step; none of the logged losses shows either when --mu is 1 and --beta 0.
-    A sample, not every weight: a copy of the whole model every step would double its memory."""
+class DoctorInstruments(StepObserver):
+    """What the doctor (grpolab.doctor) reads that no other metric shows, every step:
+
+    - ``doctor/weight_change``: how far the step moved the weights, ||theta' - theta|| / ||theta|| over a fixed sample
+      of the trainable weights (the first ``per_tensor`` entries of each tensor; this rank's shard under FSDP): a
+      policy that does not move (a learning rate too low for the weights' precision) or moves too far in one step,
+      which none of the losses shows at --mu 1 and --beta 0. A sample, not every weight: a copy of the whole model
+      every step would double its memory.
+    - ``doctor/truncated_reward_gap``: the mean first reward (reward/accuracy's) of the step's rollouts that ended
+      before --max-new-tokens minus that of those cut by it (all ranks; None unless both kinds are there): whether the
+      limit costs reward or only cuts completions that were wrong anyway.
+    """
 
     def __init__(self, model: torch.nn.Module, per_tensor: int = 4096):
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -332,6 +338,12 @@ class WeightChange(StepObserver):
         size = sum(float(b.pow(2).sum()) for b in self.before)
         result.metrics["doctor/weight_change"] = math.sqrt(moved / size) if size > 0 else 0.0
         self.before = []
+        gen = result.collected.generated
+        cut = [a for a, t in zip(gen.accuracy, gen.truncated) if t]
+        rest = [a for a, t in zip(gen.accuracy, gen.truncated) if not t]
+        result.metrics["doctor/truncated_reward_gap"] = (
+            sum(rest) / len(rest) - sum(cut) / len(cut) if cut and rest else None
+        )
 
 
 def attach_observers(trainer) -> None:
@@ -363,5 +375,5 @@ def attach_observers(trainer) -> None:
             TokenCredit(cfg.probe.log_token_credit, trainer.train_module, trainer.updater, tokenizer, world, device)
         )
     if cfg.diagnosis.doctor == "on":
-        observers.append(WeightChange(trainer.policy.model))
+        observers.append(DoctorInstruments(trainer.policy.model))
     trainer.observers.extend(observers)
