@@ -60,9 +60,8 @@ def main() -> None:
             continue
         f = found[0]
         rest = ", ".join(g.name for g in found[1:]) or "-"
-        print(
-            f"| {fault} | {f.name}: {f.title} | {f.severity} | {f.first_step} | {f.evidence} | {rest} ({seconds:.0f} s) |"
-        )
+        cells = [fault, f"{f.name}: {f.title}", f.severity, str(f.first_step), f.evidence, f"{rest} ({seconds:.0f} s)"]
+        print("| " + " | ".join(c.replace("|", r"\|") for c in cells) + " |")
 
 
 if __name__ == "__main__":
