@@ -13,13 +13,24 @@ From the shell: ``grpolab train --help``.
 
 __version__ = "0.1.0"
 
-__all__ = ["Run", "train", "evaluate", "rank", "mse", "groupsize", "multiturn_bias", "ConfigError", "TrainConfig"]
+__all__ = [
+    "Run",
+    "train",
+    "evaluate",
+    "diagnose",
+    "rank",
+    "mse",
+    "groupsize",
+    "multiturn_bias",
+    "ConfigError",
+    "TrainConfig",
+]
 
 
 def __getattr__(name: str):
     # Imported on first use: `import grpolab` (and the CLI, which sets OpenMP's environment before torch loads)
     # does not pull in torch and transformers.
-    if name in ("Run", "train", "evaluate", "rank", "mse", "groupsize", "multiturn_bias"):
+    if name in ("Run", "train", "evaluate", "diagnose", "rank", "mse", "groupsize", "multiturn_bias"):
         from grpolab.commands import api
 
         return getattr(api, name)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import quiet, run_cli, small_cfg
 
+import grpolab
 from grpolab.doctor import conditions as C
 from grpolab.doctor.conditions import Finding, RunFacts, diagnose
 from grpolab.doctor.examine import Watcher, examine, format_findings, replay
@@ -256,6 +257,7 @@ def test_each_fault_is_named_first(fault, tmp_path):
     out = train(small_cfg(tmp_path / fault, **options), log=quiet)
     run, found = examine(out)
     assert found and found[0].name == fault, format_findings(run, found, 5)
+    assert [f["name"] for f in grpolab.diagnose(out)] == names(found)  # the Python API gives the same
     assert found[0].first_step <= 15
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert any(r.get(f"doctor/{fault}", 0) > 0 for r in logged)  # the run's own checks found it too
@@ -271,6 +273,7 @@ def test_a_healthy_builtin_run_finds_nothing_and_says_so(tmp_path, capsys):
     assert res.returncode == 0 and "no problems found" in res.stdout and "training reward" in res.stdout
     data = json.loads(run_cli(["doctor", str(out), "--json"], cwd=tmp_path).stdout)
     assert data["healthy"] and data["findings"] == []
+    assert grpolab.diagnose(out) == []
 
 
 def test_the_watcher_says_a_new_condition_once_and_doctor_off_is_silent(tmp_path):

@@ -37,7 +37,7 @@ from grpolab.config.train import ConfigError, TrainConfig
 from grpolab.eval.runs import run_defaults_for
 from grpolab.models.policy import Policy
 
-__all__ = ["Run", "train", "evaluate", "rank", "mse", "groupsize", "multiturn_bias"]
+__all__ = ["Run", "train", "evaluate", "diagnose", "rank", "mse", "groupsize", "multiturn_bias"]
 
 
 @dataclasses.dataclass
@@ -67,6 +67,11 @@ class Run:
         from grpolab.training.runlog import read_metrics
 
         return read_metrics(self.dir / "metrics.jsonl")
+
+    @property
+    def findings(self) -> list[dict]:
+        """What ``grpolab doctor`` finds in the run (:func:`diagnose`): empty for a run with no problem."""
+        return diagnose(self.dir)
 
     @property
     def evaluations(self) -> list[dict]:
@@ -227,6 +232,24 @@ def evaluate(
     base_of = run_defaults_for(EvalConfig, "model")
     cfg, given = _config(EvalConfig, "eval", "model", model, tokenizer, config, keywords, base_of)
     return run_eval(cfg, log, given)
+
+
+def diagnose(run: str | Path | Run, every: int | None = None) -> list[dict]:
+    """The conditions that keep a run from learning, as ``grpolab doctor RUN --json`` gives them, most serious
+    first: each a dict with ``name``, ``severity`` ('error', 'warning', 'info'), ``title``, ``evidence``, ``fix``,
+    the ``keys`` that show it, ``first_step``, ``ongoing``, an ``example`` from the run's samples and what it
+    ``explains``. ``every``: the steps between two checks (default: the run's --doctor-every).
+
+    Example::
+
+        for f in grpolab.diagnose("runs/x"):
+            print(f["severity"], f["title"], "->", f["fix"])
+    """
+    from grpolab.doctor.examine import DEFAULT_EVERY, as_json, examine
+
+    found_in = run.dir if isinstance(run, Run) else run
+    data, findings = examine(found_in, every)
+    return as_json(data, findings, every or int(data.config.get("doctor_every") or DEFAULT_EVERY))["findings"]
 
 
 def _probe(command: str, cls, run, model_field: str, model, tokenizer, config, log, keywords: dict):
