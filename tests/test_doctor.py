@@ -12,6 +12,10 @@ from helpers import quiet, run_cli, small_cfg
 
 import grpolab
 from grpolab.doctor import conditions as C
+from grpolab.doctor import optimisation as O
+from grpolab.doctor import rows as R
+from grpolab.doctor import signal as S
+from grpolab.doctor import task as T
 from grpolab.doctor.conditions import Finding, RunFacts, diagnose
 from grpolab.doctor.examine import Watcher, examine, format_findings, replay
 
@@ -51,125 +55,125 @@ def test_a_healthy_run_has_no_finding():
 
 
 def test_no_signal_at_its_share_and_which_kind():
-    edge = C.NO_SIGNAL_SHARE
-    assert C.no_signal(rows(**{"reward/frac_zero_std": edge - 1e-9}), FACTS) is None
-    wrong = C.no_signal(rows(**{"reward/frac_zero_std": edge, "reward/accuracy": 0.05}), FACTS)
+    edge = S.NO_SIGNAL_SHARE
+    assert S.no_signal(rows(**{"reward/frac_zero_std": edge - 1e-9}), FACTS) is None
+    wrong = S.no_signal(rows(**{"reward/frac_zero_std": edge, "reward/accuracy": 0.05}), FACTS)
     assert wrong.severity == "error" and "all wrong" in wrong.title
     assert "--group-size 16" in wrong.fix and "--sampling adaptive" in wrong.fix  # 1 - .95^16 - .05^16 = 0.56
-    right = C.no_signal(rows(**{"reward/frac_zero_std": edge, "reward/accuracy": C.RIGHT_SHARE}), FACTS)
+    right = S.no_signal(rows(**{"reward/frac_zero_std": edge, "reward/accuracy": S.RIGHT_SHARE}), FACTS)
     assert "all right" in right.title and "harder data" in right.fix
-    constant = C.no_signal(rows(**{"reward/frac_zero_std": 1.0, "reward/std": 0.0, "reward/mean": 0.3}), FACTS)
+    constant = S.no_signal(rows(**{"reward/frac_zero_std": 1.0, "reward/std": 0.0, "reward/mean": 0.3}), FACTS)
     assert "same reward, 0.3" in constant.title and "check the reward function" in constant.fix
     # the first reward exactly 1 everywhere, the total still varying (a format term): no signal from the task
-    task = C.no_signal(rows(**{"reward/accuracy": 1.0}), FACTS)
+    task = S.no_signal(rows(**{"reward/accuracy": 1.0}), FACTS)
     assert "gives every completion 1" in task.title and "learns the other terms" in task.evidence
     # a run whose reward rose before its groups ran out of contrast: saturation's case, not this one
     learned = rows(**{"reward/mean": [0.2] * 5 + [0.9] * 5, "reward/frac_zero_std": [0.1] * 5 + [0.9] * 5})
-    assert C.no_signal(learned, FACTS) is None and C.saturation(learned, FACTS) is not None
+    assert S.no_signal(learned, FACTS) is None and S.saturation(learned, FACTS) is not None
 
 
 def test_the_group_size_that_gives_a_contrast():
-    assert C.contrast_group_size(0.05, 8) == 16  # 1 - .95^16 = 0.56 >= 0.5; G = 8 gives 0.34
-    assert C.contrast_group_size(0.02, 8) == 64  # .476 at 32, .726 at 64
-    assert C.contrast_group_size(0.001, 8) is None  # past MAX_GROUP: change the data
-    assert C.contrast_group_size(0.5, 4) == 8
+    assert S.contrast_group_size(0.05, 8) == 16  # 1 - .95^16 = 0.56 >= 0.5; G = 8 gives 0.34
+    assert S.contrast_group_size(0.02, 8) == 64  # .476 at 32, .726 at 64
+    assert S.contrast_group_size(0.001, 8) is None  # past MAX_GROUP: change the data
+    assert S.contrast_group_size(0.5, 4) == 8
 
 
 def test_truncation_at_its_shares_and_the_length_it_recommends():
     share = "completion/truncated_frac"
-    assert C.truncation(rows(**{share: C.TRUNC_SHARE - 1e-9}), FACTS) is None  # nothing says the cut ones lose
-    warn = C.truncation(rows(**{share: C.TRUNC_SHARE}), FACTS)  # the cut ones' scores unknown: a warning
+    assert S.truncation(rows(**{share: S.TRUNC_SHARE - 1e-9}), FACTS) is None  # nothing says the cut ones lose
+    warn = S.truncation(rows(**{share: S.TRUNC_SHARE}), FACTS)  # the cut ones' scores unknown: a warning
     assert warn.severity == "warning" and "--max-new-tokens 64" in warn.fix and "20%" in warn.title
-    err = C.truncation(rows(**{share: C.TRUNC_SEVERE, "doctor/truncated_reward_gap": 0.0}), FACTS)
+    err = S.truncation(rows(**{share: S.TRUNC_SEVERE, "doctor/truncated_reward_gap": 0.0}), FACTS)
     assert err.severity == "error" and "--max-new-tokens 128" in err.fix
-    assert C.recommended_length(96, 0.5) == 256 and C.recommended_length(16, 0.9) == 64
+    assert S.recommended_length(96, 0.5) == 256 and S.recommended_length(16, 0.9) == 64
     # between the shares, the cut completions' scores decide: lower by TRUNC_GAP, a warning; like the rest, info
     gap = "doctor/truncated_reward_gap"
-    assert C.truncation(rows(**{share: 0.5, gap: C.TRUNC_GAP}), FACTS).severity == "warning"
-    assert C.truncation(rows(**{share: 0.5, gap: C.TRUNC_GAP - 0.01}), FACTS).severity == "info"
+    assert S.truncation(rows(**{share: 0.5, gap: S.TRUNC_GAP}), FACTS).severity == "warning"
+    assert S.truncation(rows(**{share: 0.5, gap: S.TRUNC_GAP - 0.01}), FACTS).severity == "info"
     # under TRUNC_SHARE, a few cut completions that score lower: info
-    assert C.truncation(rows(**{share: C.TRUNC_GAP_SHARE, gap: C.TRUNC_GAP}), FACTS).severity == "info"
-    assert C.truncation(rows(**{share: C.TRUNC_GAP_SHARE - 0.01, gap: 1.0}), FACTS) is None
+    assert S.truncation(rows(**{share: S.TRUNC_GAP_SHARE, gap: S.TRUNC_GAP}), FACTS).severity == "info"
+    assert S.truncation(rows(**{share: S.TRUNC_GAP_SHARE - 0.01, gap: 1.0}), FACTS) is None
     # without the metric, the logged rollouts give the gap
     cut = [{"step": 10, "tokens": 32, "reward": 0.0}] * 6
-    rest = [{"step": 10, "tokens": 10, "reward": C.TRUNC_GAP}] * 14
-    logged = C.truncation(rows(**{share: 0.3}), FACTS, cut + rest)
+    rest = [{"step": 10, "tokens": 10, "reward": S.TRUNC_GAP}] * 14
+    logged = S.truncation(rows(**{share: 0.3}), FACTS, cut + rest)
     assert logged.severity == "warning" and "score 0.10 below" in logged.evidence
-    rest = [{"step": 10, "tokens": 10, "reward": C.TRUNC_GAP - 0.01}] * 14
-    assert C.truncation(rows(**{share: 0.3}), FACTS, cut + rest).severity == "info"
+    rest = [{"step": 10, "tokens": 10, "reward": S.TRUNC_GAP - 0.01}] * 14
+    assert S.truncation(rows(**{share: 0.3}), FACTS, cut + rest).severity == "info"
 
 
 def test_the_reward_never_sees_an_answer():
     half = 0.5 * 64 * 2  # ERROR_SHARE of 64 rollouts x 2 functions
-    assert C.reward_blind(rows(**{"reward/errors": half - 1}), FACTS) is None
-    assert "failed on 50%" in C.reward_blind(rows(**{"reward/errors": half}), FACTS).title
-    floor = C.FORMAT_FLOOR
-    blind = C.reward_blind(rows(**{"reward/format": floor, "reward/accuracy": floor}), FACTS)
+    assert S.reward_blind(rows(**{"reward/errors": half - 1}), FACTS) is None
+    assert "failed on 50%" in S.reward_blind(rows(**{"reward/errors": half}), FACTS).title
+    floor = S.FORMAT_FLOOR
+    blind = S.reward_blind(rows(**{"reward/format": floor, "reward/accuracy": floor}), FACTS)
     assert blind.severity == "error" and "'#### <number>'" in blind.fix
-    assert C.reward_blind(rows(**{"reward/format": floor + 0.01, "reward/accuracy": 0.0}), FACTS) is None
+    assert S.reward_blind(rows(**{"reward/format": floor + 0.01, "reward/accuracy": 0.0}), FACTS) is None
     # a reward function of the user's own: the built-in format check says nothing about it
     own = RunFacts(answer_check="")
-    assert C.reward_blind(rows(**{"reward/format": 0.0, "reward/accuracy": 0.0}), own) is None
+    assert S.reward_blind(rows(**{"reward/format": 0.0, "reward/accuracy": 0.0}), own) is None
 
 
 def test_no_movement_by_the_weights_the_ratio_and_the_kl():
-    assert C.no_movement(rows(**{"doctor/weight_change": C.NO_MOVE_CHANGE}), FACTS) is None
-    still = C.no_movement(rows(**{"doctor/weight_change": C.NO_MOVE_CHANGE * 0.99}), FACTS)
+    assert O.no_movement(rows(**{"doctor/weight_change": O.NO_MOVE_CHANGE}), FACTS) is None
+    still = O.no_movement(rows(**{"doctor/weight_change": O.NO_MOVE_CHANGE * 0.99}), FACTS)
     assert still.severity == "error" and "--lr 0.001" in still.fix
     one_moves = rows(**{"doctor/weight_change": [1e-9] * 9 + [1e-4]})
-    assert C.no_movement(one_moves, FACTS) is None
+    assert O.no_movement(one_moves, FACTS) is None
     # every advantage 0: the weights stand still for no_signal's reason
-    assert C.no_movement(rows(**{"doctor/weight_change": 0.0, "reward/frac_zero_std": 1.0}), FACTS) is None
-    assert "learning rate is 0" in C.no_movement(rows(**{"charts/lr": 0.0}), FACTS).title
+    assert O.no_movement(rows(**{"doctor/weight_change": 0.0, "reward/frac_zero_std": 1.0}), FACTS) is None
+    assert "learning rate is 0" in O.no_movement(rows(**{"charts/lr": 0.0}), FACTS).title
     mu = RunFacts(mu=2, lr=1e-5)
-    flat = rows(**{"doctor/weight_change": None, "loss/ratio_mean": 1 + C.RATIO_FLAT / 2})
-    assert "between a step's epochs" in C.no_movement(flat, mu).title
-    moving = rows(**{"doctor/weight_change": None, "loss/ratio_mean": 1 + C.RATIO_FLAT * 2})
-    assert C.no_movement(moving, mu) is None
+    flat = rows(**{"doctor/weight_change": None, "loss/ratio_mean": 1 + O.RATIO_FLAT / 2})
+    assert "between a step's epochs" in O.no_movement(flat, mu).title
+    moving = rows(**{"doctor/weight_change": None, "loss/ratio_mean": 1 + O.RATIO_FLAT * 2})
+    assert O.no_movement(moving, mu) is None
     kl = RunFacts(beta=0.04, warmup_steps=2)
-    assert "left its reference" in C.no_movement(rows(**{"doctor/weight_change": None, "loss/kl": 0.0}), kl).title
-    assert C.no_movement(rows(**{"doctor/weight_change": None, "loss/kl": C.KL_FLOOR}), kl) is None
+    assert "left its reference" in O.no_movement(rows(**{"doctor/weight_change": None, "loss/kl": 0.0}), kl).title
+    assert O.no_movement(rows(**{"doctor/weight_change": None, "loss/kl": O.KL_FLOOR}), kl) is None
 
 
 def test_too_big_a_step_by_each_sign():
-    assert C.big_step(rows(**{"loss/clip_frac": C.CLIP_HIGH - 1e-9}), FACTS) is None
-    assert C.big_step(rows(**{"loss/clip_frac": C.CLIP_HIGH}), FACTS).severity == "warning"
-    assert C.big_step(rows(**{"loss/clip_frac": C.CLIP_SEVERE}), FACTS).severity == "error"
-    assert C.big_step(rows(**{"loss/ratio_mean": 1 + C.RATIO_DRIFT}), FACTS) is not None
-    assert C.big_step(rows(**{"loss/ratio_mean": 1 + C.RATIO_DRIFT * 0.9}), FACTS) is None
-    jump = C.big_step(rows(**{"doctor/weight_change": [1e-4] * 9 + [C.BIG_CHANGE]}), FACTS)
+    assert O.big_step(rows(**{"loss/clip_frac": O.CLIP_HIGH - 1e-9}), FACTS) is None
+    assert O.big_step(rows(**{"loss/clip_frac": O.CLIP_HIGH}), FACTS).severity == "warning"
+    assert O.big_step(rows(**{"loss/clip_frac": O.CLIP_SEVERE}), FACTS).severity == "error"
+    assert O.big_step(rows(**{"loss/ratio_mean": 1 + O.RATIO_DRIFT}), FACTS) is not None
+    assert O.big_step(rows(**{"loss/ratio_mean": 1 + O.RATIO_DRIFT * 0.9}), FACTS) is None
+    jump = O.big_step(rows(**{"doctor/weight_change": [1e-4] * 9 + [O.BIG_CHANGE]}), FACTS)
     assert jump.severity == "error" and "--lr 1e-06" in jump.fix
-    assert C.big_step(rows(**{"doctor/weight_change": [1e-4] * 9 + [C.BIG_CHANGE * 0.9]}), FACTS) is None
-    spike = rows(12, **{"grad/norm": [1.0] * 11 + [C.GRAD_SPIKE]})
-    assert "grad/norm" in C.big_step(spike, FACTS).evidence
-    assert C.big_step(rows(12, **{"grad/norm": [1.0] * 11 + [C.GRAD_SPIKE * 0.9]}), FACTS) is None
-    kl = [0.01] * 7 + [C.KL_HIGH * 0.5] * 4 + [C.KL_HIGH]  # 4x or more in WINDOW steps, and over KL_HIGH
-    assert "loss/kl" in C.big_step(rows(12, **{"loss/kl": kl}), FACTS).evidence
-    skipped = C.big_step(rows(**{"loss/skipped_updates": [0] * 9 + [1]}), FACTS)
+    assert O.big_step(rows(**{"doctor/weight_change": [1e-4] * 9 + [O.BIG_CHANGE * 0.9]}), FACTS) is None
+    spike = rows(12, **{"grad/norm": [1.0] * 11 + [O.GRAD_SPIKE]})
+    assert "grad/norm" in O.big_step(spike, FACTS).evidence
+    assert O.big_step(rows(12, **{"grad/norm": [1.0] * 11 + [O.GRAD_SPIKE * 0.9]}), FACTS) is None
+    kl = [0.01] * 7 + [O.KL_HIGH * 0.5] * 4 + [O.KL_HIGH]  # 4x or more in WINDOW steps, and over KL_HIGH
+    assert "loss/kl" in O.big_step(rows(12, **{"loss/kl": kl}), FACTS).evidence
+    skipped = O.big_step(rows(**{"loss/skipped_updates": [0] * 9 + [1]}), FACTS)
     assert skipped.severity == "error" and "non-finite" in skipped.evidence
-    assert "--mu 1" in C.big_step(rows(**{"loss/clip_frac": 0.3}), RunFacts(mu=4)).fix
+    assert "--mu 1" in O.big_step(rows(**{"loss/clip_frac": 0.3}), RunFacts(mu=4)).fix
 
 
 def test_entropy_against_the_runs_own_start():
-    collapse = [0.5, 0.5] + [0.5 * C.ENTROPY_COLLAPSE] * 8
-    assert "collapse" in C.entropy(rows(**{"policy/entropy": collapse}), FACTS).title
-    at_ceiling = rows(**{"policy/entropy": collapse, "reward/accuracy": C.CEILING})
-    assert C.entropy(at_ceiling, FACTS) is None  # a low entropy at the reward's ceiling is what learning looks like
-    assert C.entropy(rows(**{"policy/entropy": [0.5, 0.5] + [0.051] * 8}), FACTS) is None
+    collapse = [0.5, 0.5] + [0.5 * O.ENTROPY_COLLAPSE] * 8
+    assert "collapse" in O.entropy(rows(**{"policy/entropy": collapse}), FACTS).title
+    at_ceiling = rows(**{"policy/entropy": collapse, "reward/accuracy": R.CEILING})
+    assert O.entropy(at_ceiling, FACTS) is None  # a low entropy at the reward's ceiling is what learning looks like
+    assert O.entropy(rows(**{"policy/entropy": [0.5, 0.5] + [0.051] * 8}), FACTS) is None
     blow = [0.5, 0.5] + [1.5] * 8  # 3x the start, and over 1 nat
-    assert "blow-up" in C.entropy(rows(**{"policy/entropy": blow}), FACTS).title
-    assert C.entropy(rows(**{"policy/entropy": [0.2, 0.2] + [0.6] * 8}), FACTS) is None  # 3x but under 1 nat
+    assert "blow-up" in O.entropy(rows(**{"policy/entropy": blow}), FACTS).title
+    assert O.entropy(rows(**{"policy/entropy": [0.2, 0.2] + [0.6] * 8}), FACTS) is None  # 3x but under 1 nat
     assert (
-        C.entropy(rows(4, **{"policy/entropy": [0.5, 0.5, 9.0, 9.0]}), FACTS) is None
+        O.entropy(rows(4, **{"policy/entropy": [0.5, 0.5, 9.0, 9.0]}), FACTS) is None
     )  # too few steps after the start
 
 
 def test_sampler_mismatch_only_without_a_correction():
-    assert C.sampler_mismatch(rows(**{"engine/logratio_std": C.MISMATCH_STD * 0.9}), FACTS) is None
-    found = C.sampler_mismatch(rows(**{"engine/logratio_std": C.MISMATCH_STD}), FACTS)
+    assert O.sampler_mismatch(rows(**{"engine/logratio_std": O.MISMATCH_STD * 0.9}), FACTS) is None
+    found = O.sampler_mismatch(rows(**{"engine/logratio_std": O.MISMATCH_STD}), FACTS)
     assert found.severity == "warning" and "sequence-truncate" in found.fix
     corrected = RunFacts(engine_correction="sequence-truncate")
-    assert C.sampler_mismatch(rows(**{"engine/logratio_std": 0.2}), corrected) is None
+    assert O.sampler_mismatch(rows(**{"engine/logratio_std": 0.2}), corrected) is None
 
 
 def test_saturation_by_the_rank_the_ceiling_and_spent_groups():
@@ -180,36 +184,36 @@ def test_saturation_by_the_rank_the_ceiling_and_spent_groups():
         return out
 
     # early 5.0 (mean of the first two probes): the threshold is 1 + 0.5 * (5 - 1) = 3.0
-    found = C.saturation(probed([5.0, 5.0, 4.0, 3.0, 3.0]), FACTS)
+    found = S.saturation(probed([5.0, 5.0, 4.0, 3.0, 3.0]), FACTS)
     assert found.severity == "info" and found.threshold == pytest.approx(3.0) and "probe/eff_rank" in found.keys
-    assert C.saturation(probed([5.0, 5.0, 4.0, 3.01, 3.01]), FACTS) is None
-    assert "ceiling" in C.saturation(rows(**{"reward/accuracy": C.CEILING}), FACTS).evidence
-    assert C.saturation(rows(**{"reward/accuracy": C.CEILING - 0.01}), FACTS) is None
+    assert S.saturation(probed([5.0, 5.0, 4.0, 3.01, 3.01]), FACTS) is None
+    assert "ceiling" in S.saturation(rows(**{"reward/accuracy": R.CEILING}), FACTS).evidence
+    assert S.saturation(rows(**{"reward/accuracy": R.CEILING - 0.01}), FACTS) is None
 
 
 def test_reward_hacking_signs():
     rise = {"reward/mean": [0.2] * 5 + [0.8] * 5, "reward/std": 0.3}
-    length = C.reward_hacking(rows(**rise, **{"completion/len_mean": [20.0] * 5 + [30.0] * 5}), FACTS)
+    length = T.reward_hacking(rows(**rise, **{"completion/len_mean": [20.0] * 5 + [30.0] * 5}), FACTS)
     assert "completion/len_mean 20.0 -> 30.0" in length.evidence
-    assert C.reward_hacking(rows(**rise, **{"completion/len_mean": [20.0] * 5 + [29.0] * 5}), FACTS) is None
+    assert T.reward_hacking(rows(**rise, **{"completion/len_mean": [20.0] * 5 + [29.0] * 5}), FACTS) is None
     evals = [{"step": 0, "eval/accuracy_greedy": 0.5, "eval/accuracy_greedy_lo": 0.4, "eval/accuracy_greedy_hi": 0.6}]
     flat = evals + rows(**rise) + [{"step": 10, "eval/accuracy_greedy": 0.5}]
-    assert "eval/accuracy_greedy went 0.500 -> 0.500" in C.reward_hacking(flat, FACTS).evidence
+    assert "eval/accuracy_greedy went 0.500 -> 0.500" in T.reward_hacking(flat, FACTS).evidence
     up = evals + rows(**rise) + [{"step": 10, "eval/accuracy_greedy": 0.61}]
-    assert C.reward_hacking(up, FACTS) is None  # the held-out accuracy rose beyond its interval: no hacking
+    assert T.reward_hacking(up, FACTS) is None  # the held-out accuracy rose beyond its interval: no hacking
     facts = RunFacts(components=("length",), reward_weights=(1.0, 0.5))
     carried = rows(**rise, **{"reward/length": [0.0] * 5 + [1.0] * 5, "reward/accuracy": 0.5})
-    assert "reward/length carries 83%" in C.reward_hacking(carried, facts).evidence
+    assert "reward/length carries 83%" in T.reward_hacking(carried, facts).evidence
     same = [{"step": 10, "prompt": p, "completion": "x"} for p in range(4) for _ in range(4)]
-    assert "identical completions" in C.reward_hacking(rows(**rise), FACTS, same).evidence
-    assert C.identical_groups(same[:8] + [{"step": 10, "prompt": 2, "completion": c} for c in "abcd"]) == (10, 2 / 3)
+    assert "identical completions" in T.reward_hacking(rows(**rise), FACTS, same).evidence
+    assert T.identical_groups(same[:8] + [{"step": 10, "prompt": 2, "completion": c} for c in "abcd"]) == (10, 2 / 3)
 
 
 def test_the_held_out_accuracy_fell():
     first = {"step": 0, "eval/accuracy_greedy": 0.5, "eval/accuracy_greedy_lo": 0.4, "eval/accuracy_greedy_hi": 0.6}
     last = {"step": 10, "eval/accuracy_greedy": 0.3, "eval/accuracy_greedy_lo": 0.2, "eval/accuracy_greedy_hi": 0.39}
-    assert C.eval_drop([first, *rows(), last], FACTS).severity == "warning"
-    assert C.eval_drop([first, *rows(), {**last, "eval/accuracy_greedy_hi": 0.4}], FACTS) is None
+    assert T.eval_drop([first, *rows(), last], FACTS).severity == "warning"
+    assert T.eval_drop([first, *rows(), {**last, "eval/accuracy_greedy_hi": 0.4}], FACTS) is None
 
 
 def test_causes_come_before_what_they_explain():

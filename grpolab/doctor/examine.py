@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from grpolab.data.answers import extract_final_number, last_boxed
-from grpolab.doctor.conditions import LEVEL, NAMES, Finding, RunFacts, diagnose, explained, order, training_rows
+from grpolab.doctor.conditions import LEVEL, NAMES, Finding, RunFacts, diagnose, explained, order
+from grpolab.doctor.rows import training_rows
 
 DEFAULT_EVERY = 5
 """Steps between two checks (``--doctor-every``); see conditions.WINDOW."""

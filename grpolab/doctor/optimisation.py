@@ -1,0 +1,204 @@
+"""The checks of the update: does the policy move (no_movement), too far (big_step), towards one answer or towards
+noise (entropy), and does the update score the policy that sampled (sampler_mismatch)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from grpolab.doctor.rows import (
+    CEILING,
+    MIN_STEPS,
+    WINDOW,
+    Finding,
+    RunFacts,
+    mean,
+    span,
+    steps_of,
+    training_rows,
+    values,
+    window,
+)
+from grpolab.doctor.signal import NO_SIGNAL_SHARE
+from grpolab.probes.signals import series
+
+NO_MOVE_CHANGE = 1e-6
+"""A relative weight change per step (doctor/weight_change) below this at every step of WINDOW: at that rate a
+thousand steps move the weights by 0.1%. The built-in model's default --lr 5e-5 moves them 2e-4 to 5e-4 a step;
+SmolLM2 at --lr 1e-5 2e-5 to 3e-5 (docs/doctor.md); the first step of a warm-up moves nothing (its learning rate is
+0, as in transformers' schedules)."""
+BIG_CHANGE = 0.03
+"""A step that changes the weights by 3% (doctor/weight_change) is too big: the built-in model at --lr 1e-3 (20x its
+default) moves 0.4-0.9% a step and still trains; at --lr 1e-2 it moves 6-9% and its answers are gone in two steps."""
+RATIO_FLAT = 1e-7
+"""With --mu > 1: a mean importance ratio within this of 1 (float rounding) over WINDOW steps says the policy did not
+move between the step's epochs."""
+KL_FLOOR = 1e-8
+"""With --beta > 0: a KL to the reference below this (float rounding) after warm-up says the policy has not moved
+from where it started."""
+CLIP_HIGH = 0.2
+"""Clipped share of tokens (loss/clip_frac) above which the step is too big: PPO-style runs clip a few percent; a
+fifth of the tokens at the clip means most of the update is the clip's, not the gradient's."""
+CLIP_SEVERE = 0.4
+"""Above this clipped share (or with updates skipped for a non-finite loss) a too-big step is an error."""
+RATIO_DRIFT = 0.1
+"""|loss/ratio_mean - 1| above this: the policy moved 10% in probability per token within one step's epochs."""
+KL_HIGH = 0.1
+"""A KL to the reference above this (nats per token) that is also KL_GROWTH times what it was WINDOW steps before is
+growing without bound."""
+KL_GROWTH = 4.0
+"""See KL_HIGH."""
+GRAD_SPIKE = 10.0
+"""A gradient norm this many times the median of the run's earlier ones is a spike (the pre-clip norm)."""
+ENTROPY_START = 2
+"""The run's starting entropy: the mean over its first this many steps (few: an overshooting update changes the
+entropy within steps; the built-in model's step-to-step spread is about 5%)."""
+ENTROPY_COLLAPSE = 0.1
+"""Token entropy under this share of the start's, while the reward is below CEILING: the policy stopped exploring
+before it learned the task (with the reward at its ceiling, a low entropy is what learning looks like)."""
+ENTROPY_BLOWUP = 3.0
+"""Token entropy above this multiple of the start's (and above ENTROPY_BLOWUP_FLOOR nats): the policy is drifting
+towards noise."""
+ENTROPY_BLOWUP_FLOOR = 1.0
+"""See ENTROPY_BLOWUP: a start near 0 makes any rise a large multiple."""
+MISMATCH_STD = 0.01
+"""Spread of the per-token log-ratio of trainer to sampler (engine/logratio_std) above which the sampler's
+mismatch biases the update unless corrected: an fp32 copy stays under 1e-4, a bf16 one is 0.05-0.3
+(docs/precision.md), where the uncorrected step gradient was 19-49% off the exact one."""
+
+
+def no_movement(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = ()) -> Finding | None:
+    """The policy does not move: a learning rate of 0, or (where they can show it) a ratio that stays at 1 across a
+    step's epochs and a KL that stays at 0."""
+    w = window(rows)
+    if not w:
+        return None
+    if all(r.get("charts/lr") == 0 for r in w):
+        return Finding(
+            "no_movement", "error", "No movement: the learning rate is 0",
+            f"charts/lr 0 over {steps_of(w)}",
+            f"--lr {5e-5 if facts.lr <= 0 else facts.lr * 10:g} (the built-in model trains at 5e-5, 100M-1B models at "
+            "1e-6 to 1e-5)",
+            ("charts/lr", "reward/mean"), span(w), 0.0,
+        )  # fmt: skip
+    signal = mean(w, "reward/frac_zero_std")
+    if signal is not None and signal >= NO_SIGNAL_SHARE:
+        return None  # the advantages are (mostly) 0: no_signal says why
+    change = values(w, "doctor/weight_change")
+    if len(change) == len(w) and all(v < NO_MOVE_CHANGE for v in change):
+        return Finding(
+            "no_movement", "error", "No movement: the update does not change the weights",
+            f"doctor/weight_change at most {max(change):.2g} per step over {steps_of(w)} (threshold {NO_MOVE_CHANGE:g})",
+            f"--lr {facts.lr * 100:g} (the built-in model trains at 5e-5, 100M-1B models at 1e-6 to 1e-5; bf16 "
+            "weights cannot register steps much under 1e-3 of their size: --dtype float32)",
+            ("doctor/weight_change", "charts/lr"), span(w), NO_MOVE_CHANGE,
+        )  # fmt: skip
+    ratio = values(w, "loss/ratio_mean")
+    if facts.mu > 1 and len(ratio) == len(w) and all(abs(v - 1) < RATIO_FLAT for v in ratio):
+        return Finding(
+            "no_movement", "error", "No movement: the policy does not change between a step's epochs",
+            f"|loss/ratio_mean - 1| < {RATIO_FLAT:g} over {steps_of(w)} with --mu {facts.mu}",
+            f"--lr {facts.lr * 10:g} (and check that the optimizer updates the policy's parameters)",
+            ("loss/ratio_mean",), span(w), RATIO_FLAT,
+        )  # fmt: skip
+    after = [r for r in w if r["step"] > facts.warmup_steps]
+    kl = values(after, "loss/kl")
+    if facts.beta > 0 and len(after) >= MIN_STEPS and len(kl) == len(after) and all(abs(v) < KL_FLOOR for v in kl):
+        return Finding(
+            "no_movement", "error", "No movement: the policy has not left its reference",
+            f"loss/kl < {KL_FLOOR:g} over {steps_of(after)} with --beta {facts.beta:g}",
+            f"--lr {facts.lr * 10:g}",
+            ("loss/kl",), span(after), KL_FLOOR,
+        )  # fmt: skip
+    return None
+
+
+def big_step(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = ()) -> Finding | None:
+    """Too big a step: a high clipped share, a ratio that drifts from 1, a KL growing without bound, a gradient-norm
+    spike, or updates skipped for a non-finite loss."""
+    w = window(rows)
+    if not w:
+        return None
+    signs, severe = [], False
+    clip = mean(w, "loss/clip_frac")
+    if clip is not None and clip >= CLIP_HIGH:
+        signs.append(f"loss/clip_frac {clip:.2f} (threshold {CLIP_HIGH})")
+        severe |= clip >= CLIP_SEVERE
+    ratio = mean(w, "loss/ratio_mean")
+    if ratio is not None and abs(ratio - 1) >= RATIO_DRIFT:
+        signs.append(f"loss/ratio_mean {ratio:.3f} (|r - 1| threshold {RATIO_DRIFT})")
+    kl = series(training_rows(rows), "loss/kl")
+    if len(kl) > WINDOW and kl[-1][1] >= KL_HIGH and kl[-1][1] >= KL_GROWTH * max(kl[-1 - WINDOW][1], 0.0):
+        signs.append(f"loss/kl {kl[-1 - WINDOW][1]:.3g} -> {kl[-1][1]:.3g} in {WINDOW} steps (threshold {KL_HIGH})")
+    norms = values(training_rows(rows), "grad/norm")
+    if len(norms) > 2 * WINDOW:
+        median = statistics.median(norms[:-WINDOW])
+        peak = max(norms[-WINDOW:])
+        if median > 0 and peak >= GRAD_SPIKE * median:
+            signs.append(f"grad/norm {peak:.3g}, {peak / median:.0f}x the run's median (threshold {GRAD_SPIKE:g}x)")
+    change = values(w, "doctor/weight_change")
+    if change and max(change) >= BIG_CHANGE:
+        signs.append(f"doctor/weight_change {max(change):.3f} in one step (threshold {BIG_CHANGE})")
+        severe = True
+    skipped = sum(values(w, "loss/skipped_updates"))
+    if skipped:
+        signs.append(f"{skipped:.0f} update(s) skipped for a non-finite loss (loss/skipped_updates)")
+        severe = True
+    if not signs:
+        return None
+    lower = f"--lr {facts.lr / 10:g}" + (" and --mu 1" if facts.mu > 1 else "")
+    return Finding(
+        "big_step", "error" if severe else "warning", "Too big a step: the update overshoots",
+        "; ".join(signs) + f" over {steps_of(w)}",
+        lower + " (a smaller step keeps the ratio near 1 and the clip rarely hit)",
+        ("doctor/weight_change", "loss/clip_frac", "loss/ratio_mean", "loss/kl", "grad/norm"), span(w), None,
+    )  # fmt: skip
+
+
+def entropy(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = ()) -> Finding | None:
+    """The token entropy collapsed (below ENTROPY_COLLAPSE of its start while the reward is below its ceiling) or blew
+    up (ENTROPY_BLOWUP times the start's), against the run's own first steps."""
+    t = training_rows(rows)
+    if len(t) < ENTROPY_START + MIN_STEPS:
+        return None
+    w = t[max(ENTROPY_START, len(t) - WINDOW) :]  # the last WINDOW steps after the start's
+    start, now = mean(t[:ENTROPY_START], "policy/entropy"), mean(w, "policy/entropy")
+    if start is None or now is None or start <= 0:
+        return None
+    keys = ("policy/entropy", "reward/mean")
+    acc = mean(w, "reward/accuracy")
+    if now <= ENTROPY_COLLAPSE * start and (acc is None or acc < CEILING):
+        return Finding(
+            "entropy", "warning", "Entropy collapse: the policy stopped exploring before it learned the task",
+            f"policy/entropy {now:.3g} over {steps_of(w)}, {now / start:.2f} of its start {start:.3g} (threshold "
+            f"{ENTROPY_COLLAPSE}); reward/accuracy {acc if acc is not None else float('nan'):.2f} (< {CEILING})",
+            "--clip-high 0.28 (clip-higher lets unlikely tokens grow) or --entropy-coef 0.001; a lower --lr",
+            keys, span(w), ENTROPY_COLLAPSE * start,
+        )  # fmt: skip
+    if now >= ENTROPY_BLOWUP * start and now >= ENTROPY_BLOWUP_FLOOR:
+        return Finding(
+            "entropy", "warning", "Entropy blow-up: the policy is drifting towards noise",
+            f"policy/entropy {now:.3g} over {steps_of(w)}, {now / start:.1f}x its start {start:.3g} (threshold "
+            f"{ENTROPY_BLOWUP:g}x)",
+            f"--lr {facts.lr / 10:g}; a lower --temperature; no --entropy-coef",
+            keys, span(w), ENTROPY_BLOWUP * start,
+        )  # fmt: skip
+    return None
+
+
+def sampler_mismatch(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = ()) -> Finding | None:
+    """The sampler's log-probs differ from the trainer's (engine/*) and nothing corrects it."""
+    if facts.engine_correction != "none":
+        return None
+    w = window(rows)
+    spread = mean(w, "engine/logratio_std")
+    if spread is None or spread < MISMATCH_STD:
+        return None
+    worst = max(values(w, "engine/logprob_diff_max"), default=float("nan"))
+    return Finding(
+        "sampler_mismatch", "warning", "Sampler mismatch: the rollouts come from a policy the update does not score",
+        f"engine/logratio_std {spread:.3g} over {steps_of(w)} (threshold {MISMATCH_STD}); largest token "
+        f"|log-prob difference| {worst:.3g}; --engine-correction none",
+        "--engine-correction sequence-truncate (reweights each rollout by its trainer/sampler ratio, capped)",
+        ("engine/logratio_std", "engine/logprob_diff_max"), span(w), MISMATCH_STD,
+    )  # fmt: skip

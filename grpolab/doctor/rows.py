@@ -1,0 +1,167 @@
+"""What every check of the doctor reads with: a finding, the run's options the checks need, and the metric rows
+read over a window of steps (the rows are ``metrics.jsonl``'s, oldest first)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Sequence
+
+WINDOW = 5
+"""Training steps a check reads: one step's 8-32 groups are too few to tell a trend from noise, and five let the
+first check in training come at step 5."""
+
+MIN_STEPS = 3
+"""No check before the run has this many training steps."""
+
+SEVERITIES = ("error", "warning", "info")
+LEVEL = {"error": 3, "warning": 2, "info": 1}
+"""A finding's severity as the number logged in ``doctor/<name>`` (0: not found at that check)."""
+
+RISE_SD = 0.5
+"""The reward has risen when its mean over the last WINDOW steps exceeds its mean over the first by this many of the
+start's rollout standard deviations (reward/std): scale-free, and well above the step-to-step noise of a window's
+mean (about sd / sqrt(WINDOW * rollouts))."""
+CEILING = 0.9
+"""A mean first reward (reward/accuracy) at or above this over WINDOW steps is near its ceiling (for rewards in
+[0, 1])."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFacts:
+    """The options of a run that the checks read (from its config.json)."""
+
+    max_new_tokens: int = 48
+    group_size: int = 8
+    lr: float = 5e-5
+    warmup_steps: int = 0
+    mu: int = 1
+    beta: float = 0.0
+    engine_correction: str = "none"
+    answer_check: str = ""
+    """'####' or 'boxed' when the run's accuracy is the built-in answer check; '' when a reward function replaces it
+    or the task is an environment's."""
+    reward_functions: int = 2
+    """Functions scored per rollout (reward/errors counts their failures)."""
+    reward_weights: tuple[float, ...] = ()
+    components: tuple[str, ...] = ()
+    """The reward/<name> keys of the functions after the first (their unweighted means), in order."""
+    sampling: str = "fixed"
+
+    @classmethod
+    def of(cls, config: dict) -> RunFacts:
+        fns = tuple(config.get("reward_fn") or ())
+        fmt = config.get("format", "")
+        multi = bool(config.get("env") or config.get("tools") or config.get("task") == "arith-multiturn")
+        check = "" if fns or multi or fmt == "prompt" else ("boxed" if fmt == "math" else "####")
+        names = tuple(_function_name(p) for p in fns)
+        weights = tuple(config.get("reward_weights") or ()) or (1.0,) * len(fns)
+        return cls(
+            max_new_tokens=int(config.get("max_new_tokens", 48)),
+            group_size=int(config.get("group_size", 8)),
+            lr=float(config.get("lr", 5e-5)),
+            warmup_steps=int(config.get("warmup_steps", 0)),
+            mu=int(config.get("mu", 1)),
+            beta=float(config.get("beta", 0.0)),
+            engine_correction=str(config.get("engine_correction", "none")),
+            answer_check=check,
+            reward_functions=len(fns) if fns else 2,
+            reward_weights=weights,
+            components=names[1:],
+            sampling=str(config.get("sampling", "fixed")),
+        )
+
+
+def _function_name(path: str) -> str:
+    return str(path).rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One condition found in a run."""
+
+    name: str
+    """The condition's id: the check's name (``doctor/<name>`` in the metrics)."""
+    severity: str
+    """'error', 'warning' or 'info'."""
+    title: str
+    """One line naming it."""
+    evidence: str
+    """Which metric, over which steps, against what threshold."""
+    fix: str
+    """One concrete change: a flag and a value, or what to check."""
+    keys: tuple[str, ...]
+    """The metrics that show it (what the report plots for it)."""
+    steps: tuple[int, int]
+    """The steps the evidence covers."""
+    threshold: float | None = None
+    """The threshold the main metric crossed (drawn on the report's plot)."""
+    example: dict | None = None
+    """From the run's own samples, where one shows it (filled by :mod:`grpolab.doctor.examine`)."""
+    first_step: int | None = None
+    """The check step at which it was first found (filled when a run is replayed)."""
+    ongoing: bool = True
+    """Still found at the run's last check (filled when a run is replayed)."""
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def training_rows(rows: Sequence[dict]) -> list[dict]:
+    """The rows of training steps (an evaluation-only row, such as step 0's, has no reward/mean)."""
+    return [r for r in rows if r.get("reward/mean") is not None]
+
+
+def window(rows: Sequence[dict]) -> list[dict]:
+    t = training_rows(rows)
+    return t[-WINDOW:] if len(t) >= MIN_STEPS else []
+
+
+def values(rows: Sequence[dict], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
+
+
+def mean(rows: Sequence[dict], key: str) -> float | None:
+    v = values(rows, key)
+    return statistics.fmean(v) if v else None
+
+
+def span(rows: Sequence[dict]) -> tuple[int, int]:
+    return rows[0]["step"], rows[-1]["step"]
+
+
+def steps_of(rows: Sequence[dict]) -> str:
+    a, b = span(rows)
+    return f"step {a}" if a == b else f"steps {a}-{b}"
+
+
+def reward_rise(rows: Sequence[dict]) -> tuple[float, float] | None:
+    """(rise, start sd): the mean reward over the last WINDOW training steps minus that over the first WINDOW, and the
+    mean rollout standard deviation (reward/std) of the first WINDOW. None before 2 * WINDOW steps."""
+    t = training_rows(rows)
+    if len(t) < 2 * WINDOW:
+        return None
+    first, last = t[:WINDOW], t[-WINDOW:]
+    return mean(last, "reward/mean") - mean(first, "reward/mean"), mean(first, "reward/std") or 0.0
+
+
+def learned(rows: Sequence[dict], sds: float = RISE_SD) -> bool:
+    """Has the training reward risen by ``sds`` start standard deviations (and by something)?"""
+    rise = reward_rise(rows)
+    return rise is not None and rise[0] > 0 and rise[0] >= sds * rise[1]
+
+
+def held_out(rows: Sequence[dict]) -> tuple[dict, dict] | None:
+    """The first and last rows with a greedy held-out accuracy, when there are two."""
+    evals = [r for r in rows if r.get("eval/accuracy_greedy") is not None]
+    return (evals[0], evals[-1]) if len(evals) >= 2 else None
+
+
+def held_out_rose(rows: Sequence[dict]) -> bool:
+    """Did the held-out greedy accuracy rise beyond its first evaluation's 95% interval?"""
+    pair = held_out(rows)
+    if pair is None:
+        return False
+    first, last = pair
+    return last["eval/accuracy_greedy"] > first.get("eval/accuracy_greedy_hi", first["eval/accuracy_greedy"])
