@@ -286,8 +286,10 @@ def test_the_watcher_says_a_new_condition_once_and_doctor_off_is_silent(tmp_path
     lines: list[str] = []
     out = train(small_cfg(tmp_path / "cut", steps=12, max_new_tokens=2, eval_every=0), log=lines.append)
     said = [line for line in lines if line.startswith("doctor")]
-    assert sum("Truncation" in line for line in said) == 1 and "--max-new-tokens 8" in said[0]
-    assert said[0].startswith("doctor [error] step 5:")
+    assert sum("Truncation" in line for line in said) == 1
+    assert said[0] == (
+        "doctor [error] step 5: Truncation: 100% of completions stop at --max-new-tokens 2; change: --max-new-tokens 8"
+    )
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     checked = [r["step"] for r in logged if "doctor/truncation" in r]
     assert checked == [5, 10, 12] and all(r["doctor/truncation"] == 3 for r in logged if "doctor/truncation" in r)

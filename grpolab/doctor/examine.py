@@ -231,9 +231,15 @@ class Watcher:
         for f in found:
             if f.name not in self.seen:
                 self.seen.add(f.name)
-                self.log(f"doctor [{f.severity}] step {step}: {f.title}. {f.evidence}. Change: {f.fix}")
+                self.log(f"doctor [{f.severity}] step {step}: {f.title}; change: {first_change(f.fix)}")
         levels = {f.name: LEVEL[f.severity] for f in found}
         return {f"doctor/{n}": levels.get(n, 0) for n in NAMES}
+
+
+def first_change(fix: str) -> str:
+    """The first change of a finding's ``fix``, without its reasons (the in-training line; ``grpolab doctor`` gives the
+    whole of it with the evidence)."""
+    return fix.split("; or ")[0].split(" (")[0]
 
 
 def _without_doctor(row: dict) -> dict:
