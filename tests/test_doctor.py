@@ -201,6 +201,20 @@ def test_reward_hacking_signs():
     assert "eval/accuracy_greedy went 0.500 -> 0.500" in T.reward_hacking(flat, FACTS).evidence
     up = evals + rows(**rise) + [{"step": 10, "eval/accuracy_greedy": 0.61}]
     assert T.reward_hacking(up, FACTS) is None  # the held-out accuracy rose beyond its interval: no hacking
+    # greedy flat but sampled (what the training reward measures) up, as in the demo: the reward and the task agree
+    sampled = {"eval/accuracy_sampled": 0.2, "eval/accuracy_sampled_lo": 0.18, "eval/accuracy_sampled_hi": 0.22}
+    both = [
+        {**evals[0], **sampled},
+        *rows(**rise),
+        {"step": 10, "eval/accuracy_greedy": 0.5, "eval/accuracy_sampled": 0.4},
+    ]
+    assert T.reward_hacking(both, FACTS) is None
+    down = [
+        {**evals[0], **sampled},
+        *rows(**rise),
+        {"step": 10, "eval/accuracy_greedy": 0.55, "eval/accuracy_sampled": 0.2},
+    ]
+    assert "eval/accuracy_sampled went 0.200 -> 0.200" in T.reward_hacking(down, FACTS).evidence
     facts = RunFacts(components=("length",), reward_weights=(1.0, 0.5))
     carried = rows(**rise, **{"reward/length": [0.0] * 5 + [1.0] * 5, "reward/accuracy": 0.5})
     assert "reward/length carries 83%" in T.reward_hacking(carried, facts).evidence
@@ -214,6 +228,14 @@ def test_the_held_out_accuracy_fell():
     last = {"step": 10, "eval/accuracy_greedy": 0.3, "eval/accuracy_greedy_lo": 0.2, "eval/accuracy_greedy_hi": 0.39}
     assert T.eval_drop([first, *rows(), last], FACTS).severity == "warning"
     assert T.eval_drop([first, *rows(), {**last, "eval/accuracy_greedy_hi": 0.4}], FACTS) is None
+    sampled = {"eval/accuracy_sampled": 0.3, "eval/accuracy_sampled_lo": 0.25, "eval/accuracy_sampled_hi": 0.35}
+    fell = {
+        "step": 10,
+        "eval/accuracy_sampled": 0.2,
+        "eval/accuracy_sampled_lo": 0.15,
+        "eval/accuracy_sampled_hi": 0.24,
+    }
+    assert "eval/accuracy_sampled 0.300" in T.eval_drop([{**first, **sampled}, *rows(), fell], FACTS).evidence
 
 
 def test_causes_come_before_what_they_explain():

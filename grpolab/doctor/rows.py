@@ -152,16 +152,21 @@ def learned(rows: Sequence[dict], sds: float = RISE_SD) -> bool:
     return rise is not None and rise[0] > 0 and rise[0] >= sds * rise[1]
 
 
-def held_out(rows: Sequence[dict]) -> tuple[dict, dict] | None:
-    """The first and last rows with a greedy held-out accuracy, when there are two."""
-    evals = [r for r in rows if r.get("eval/accuracy_greedy") is not None]
+ACCURACIES = ("eval/accuracy_sampled", "eval/accuracy_greedy")
+"""The held-out accuracies a check compares: sampled at the run's temperature (what the training reward measures)
+first, then greedy."""
+
+
+def held_out(rows: Sequence[dict], key: str = "eval/accuracy_greedy") -> tuple[dict, dict] | None:
+    """The first and last rows with the held-out accuracy ``key``, when there are two."""
+    evals = [r for r in rows if r.get(key) is not None]
     return (evals[0], evals[-1]) if len(evals) >= 2 else None
 
 
 def held_out_rose(rows: Sequence[dict]) -> bool:
-    """Did the held-out greedy accuracy rise beyond its first evaluation's 95% interval?"""
-    pair = held_out(rows)
-    if pair is None:
-        return False
-    first, last = pair
-    return last["eval/accuracy_greedy"] > first.get("eval/accuracy_greedy_hi", first["eval/accuracy_greedy"])
+    """Did a held-out accuracy (sampled or greedy) rise beyond its first evaluation's 95% interval?"""
+    for key in ACCURACIES:
+        pair = held_out(rows, key)
+        if pair is not None and pair[1][key] > pair[0].get(key + "_hi", pair[0][key]):
+            return True
+    return False

@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Sequence
 
 from grpolab.doctor.rows import (
+    ACCURACIES,
     WINDOW,
     Finding,
     RunFacts,
@@ -46,16 +47,15 @@ def reward_hacking(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dic
     t = training_rows(rows)
     signs, keys = [], []
     rise = reward_rise(rows)
-    pair = held_out(rows)
-    if rise is not None and rise[0] > 0 and rise[0] >= HACK_RISE_SD * rise[1] and pair is not None:
-        first, last = pair
-        if last["eval/accuracy_greedy"] <= first["eval/accuracy_greedy"]:
+    key = next((k for k in ACCURACIES if held_out(rows, k) is not None), None)  # sampled, as the reward is
+    if rise is not None and rise[0] > 0 and rise[0] >= HACK_RISE_SD * rise[1] and key is not None:
+        first, last = held_out(rows, key)
+        if last[key] <= first[key]:
             signs.append(
                 f"training reward/mean +{rise[0]:.3f} (threshold {HACK_RISE_SD:g} start sd = {rise[1]:.3f}) while "
-                f"eval/accuracy_greedy went {first['eval/accuracy_greedy']:.3f} -> {last['eval/accuracy_greedy']:.3f} "
-                f"(steps {first['step']}-{last['step']})"
+                f"{key} went {first[key]:.3f} -> {last[key]:.3f} (steps {first['step']}-{last['step']})"
             )
-            keys += ["reward/mean", "eval/accuracy_greedy"]
+            keys += ["reward/mean", key]
     if len(t) >= 2 * WINDOW and learned(rows):
         l0, l1 = mean(t[:WINDOW], "completion/len_mean"), mean(t[-WINDOW:], "completion/len_mean")
         corr = _correlation(values(t, "completion/len_mean"), values(t, "reward/mean"))
@@ -133,20 +133,21 @@ def identical_groups(rollouts: Sequence[dict]) -> tuple[int, float] | None:
 
 
 def eval_drop(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = ()) -> Finding | None:
-    """The held-out greedy accuracy fell: its last evaluation's interval lies wholly below its first's."""
-    pair = held_out(rows)
-    if pair is None:
-        return None
-    first, last = pair
-    hi, lo = last.get("eval/accuracy_greedy_hi"), first.get("eval/accuracy_greedy_lo")
-    if hi is None or lo is None or hi >= lo:
-        return None
-    return Finding(
-        "eval_drop", "warning", "The held-out accuracy fell",
-        f"eval/accuracy_greedy {first['eval/accuracy_greedy']:.3f} [{lo:.3f}, {first['eval/accuracy_greedy_hi']:.3f}] "
-        f"at step {first['step']} -> {last['eval/accuracy_greedy']:.3f} [{last['eval/accuracy_greedy_lo']:.3f}, "
-        f"{hi:.3f}] at step {last['step']} (95% intervals apart)",
-        f"go back to an earlier checkpoint (grpolab eval --model RUN --step N) and train with --lr {facts.lr / 10:g} or "
-        "--beta 0.04 (a KL to the reference keeps the policy near its start)",
-        ("eval/accuracy_greedy",), (first["step"], last["step"]),
-    )  # fmt: skip
+    """A held-out accuracy (sampled or greedy) fell: its last evaluation's interval lies wholly below its first's."""
+    for key in ACCURACIES:
+        pair = held_out(rows, key)
+        if pair is None:
+            continue
+        first, last = pair
+        hi, lo = last.get(key + "_hi"), first.get(key + "_lo")
+        if hi is None or lo is None or hi >= lo:
+            continue
+        return Finding(
+            "eval_drop", "warning", "The held-out accuracy fell",
+            f"{key} {first[key]:.3f} [{lo:.3f}, {first[key + '_hi']:.3f}] at step {first['step']} -> {last[key]:.3f} "
+            f"[{last[key + '_lo']:.3f}, {hi:.3f}] at step {last['step']} (95% intervals apart)",
+            f"go back to an earlier checkpoint (grpolab eval --model RUN --step N) and train with --lr {facts.lr / 10:g} "
+            "or --beta 0.04 (a KL to the reference keeps the policy near its start)",
+            (key,), (first["step"], last["step"]),
+        )  # fmt: skip
+    return None
