@@ -127,7 +127,7 @@ class DoctorSection:
     signs): a condition found for the first time is one line in the log, every check is logged as doctor/* metrics;
     warnings never stop the run. 'off' = no checks."""
     doctor_every: int = 5
-    """Steps between two checks (and the last step)."""
+    """Steps between two checks (each at a multiple of it; `grpolab doctor RUN` also checks the last step)."""
 
     def validate(self) -> None:
         check_counts(self, positive=("doctor_every",))

@@ -56,7 +56,7 @@ def _jsonl(path: Path) -> list[dict]:
 
 
 def check_steps(rows: Sequence[dict], every: int) -> list[int]:
-    """The steps a run checks: every ``every``-th training step and its last."""
+    """The steps the doctor replays: every ``every``-th training step (those a run checks itself) and the last."""
     steps = [r["step"] for r in training_rows(rows)]
     if not steps:
         return []
@@ -217,10 +217,11 @@ class Watcher:
         """A row the run logged without a check (its step-0 evaluation)."""
         self.rows.append({"step": step, **_without_doctor(metrics)})
 
-    def check(self, step: int, metrics: dict, last: bool = False) -> dict:
-        """Add the step's row; at a check step (or the ``last``), return ``doctor/*`` and say what is new."""
+    def check(self, step: int, metrics: dict) -> dict:
+        """Add the step's row; at a check step (a multiple of ``every``: the same steps whether or not the run was
+        resumed in between), return ``doctor/*`` and say what is new."""
         self.add(step, metrics)
-        if self.broken or not (last or step % self.every == 0):
+        if self.broken or step % self.every:
             return {}
         try:
             found = diagnose(self.rows, self.facts)

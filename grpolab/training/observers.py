@@ -316,8 +316,8 @@ class DoctorInstruments(StepObserver):
       which none of the losses shows at --mu 1 and --beta 0. A sample, not every weight: a copy of the whole model
       every step would double its memory.
     - ``doctor/truncated_reward_gap``: the mean first reward (reward/accuracy's) of the step's rollouts that ended
-      before --max-new-tokens minus that of those cut by it (all ranks; None unless both kinds are there): whether the
-      limit costs reward or only cuts completions that were wrong anyway.
+      before --max-new-tokens minus that of those cut by it (all ranks; only at steps that have both kinds): whether
+      the limit costs reward or only cuts completions that were wrong anyway.
     """
 
     def __init__(self, model: torch.nn.Module, per_tensor: int = 4096):
@@ -341,9 +341,8 @@ class DoctorInstruments(StepObserver):
         gen = result.collected.generated
         cut = [a for a, t in zip(gen.accuracy, gen.truncated) if t]
         rest = [a for a, t in zip(gen.accuracy, gen.truncated) if not t]
-        result.metrics["doctor/truncated_reward_gap"] = (
-            sum(rest) / len(rest) - sum(cut) / len(cut) if cut and rest else None
-        )
+        if cut and rest:  # logged only where both kinds are there
+            result.metrics["doctor/truncated_reward_gap"] = sum(rest) / len(rest) - sum(cut) / len(cut)
 
 
 def attach_observers(trainer) -> None:

@@ -274,7 +274,7 @@ class TrainRecipe:
         if (cfg.eval.eval_every and step % cfg.eval.eval_every == 0) or last:
             metrics.update(self._evaluate(step, train_samples=out_step.samples, log_metrics=False))
         if self.doctor:
-            metrics.update(self.doctor.check(step, metrics, last=last))
+            metrics.update(self.doctor.check(step, metrics))
         if self.logger:
             self.logger.log(step, metrics)
             if out_step.rollouts is not None:
