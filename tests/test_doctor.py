@@ -156,7 +156,11 @@ def test_too_big_a_step_by_each_sign():
 
 def test_entropy_against_the_runs_own_start():
     collapse = [0.5, 0.5] + [0.5 * O.ENTROPY_COLLAPSE] * 8
-    assert "collapse" in O.entropy(rows(**{"policy/entropy": collapse}), FACTS).title
+    early = O.entropy(rows(**{"policy/entropy": collapse}), FACTS)
+    assert early.severity == "warning" and "before it learned" in early.title
+    rose = {"reward/mean": [0.2] * 5 + [0.6] * 5, "reward/std": 0.4}  # up by one start sd: it learned, then settled
+    settled = O.entropy(rows(**{"policy/entropy": collapse, **rose}), FACTS)
+    assert settled.severity == "info" and "after the reward rose" in settled.title
     at_ceiling = rows(**{"policy/entropy": collapse, "reward/accuracy": R.CEILING})
     assert O.entropy(at_ceiling, FACTS) is None  # a low entropy at the reward's ceiling is what learning looks like
     assert O.entropy(rows(**{"policy/entropy": [0.5, 0.5] + [0.051] * 8}), FACTS) is None
@@ -374,3 +378,14 @@ def test_the_report_opens_with_the_findings_each_linked_to_its_plot(tmp_path):
     for f in found:  # each finding links to its own figure on the page
         assert f'href="#doctor-{f.name}"' in page and f'<figure id="doctor-{f.name}">' in page
     assert page.index("Truncation: 100%") < page.index("The reward never sees an answer")
+
+
+def test_a_run_cut_mid_line_is_read_and_a_missing_one_is_one_error(tmp_path):
+    run = tmp_path / "cut"
+    run.mkdir()
+    lines = [json.dumps(r) for r in rows(10, **{"completion/truncated_frac": 1.0})]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 11, "reward/me')  # killed while writing
+    (run / "config.json").write_text(json.dumps({"max_new_tokens": 16}))
+    assert [f.name for f in examine(run)[1]][0] == "truncation"
+    res = run_cli(["doctor", str(tmp_path / "nothing")], cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.strip().endswith("not a run directory (no metrics.jsonl)")

@@ -12,6 +12,7 @@ from grpolab.doctor.rows import (
     WINDOW,
     Finding,
     RunFacts,
+    learned,
     mean,
     span,
     steps_of,
@@ -54,8 +55,10 @@ ENTROPY_START = 2
 """The run's starting entropy: the mean over its first this many steps (few: an overshooting update changes the
 entropy within steps; the built-in model's step-to-step spread is about 5%)."""
 ENTROPY_COLLAPSE = 0.1
-"""Token entropy under this share of the start's, while the reward is below CEILING: the policy stopped exploring
-before it learned the task (with the reward at its ceiling, a low entropy is what learning looks like)."""
+"""Token entropy under this share of the start's, while the reward is below CEILING: the policy stopped exploring.
+A warning when the reward has not risen (it stopped before it learned the task); info when it has (it settled on
+the answers it learned, and will rarely sample the ones it still gets wrong); nothing at the ceiling, where a low
+entropy is what learning looks like."""
 ENTROPY_BLOWUP = 3.0
 """Token entropy above this multiple of the start's (and above ENTROPY_BLOWUP_FLOOR nats): the policy is drifting
 towards noise."""
@@ -168,11 +171,18 @@ def entropy(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = ()
     keys = ("policy/entropy", "reward/mean")
     acc = mean(w, "reward/accuracy")
     if now <= ENTROPY_COLLAPSE * start and (acc is None or acc < CEILING):
+        after = learned(rows)
+        title = (
+            "Entropy collapse after the reward rose: the policy has settled on its answers"
+            if after
+            else "Entropy collapse: the policy stopped exploring before it learned the task"
+        )
         return Finding(
-            "entropy", "warning", "Entropy collapse: the policy stopped exploring before it learned the task",
+            "entropy", "info" if after else "warning", title,
             f"policy/entropy {now:.3g} over {steps_of(w)}, {now / start:.2f} of its start {start:.3g} (threshold "
             f"{ENTROPY_COLLAPSE}); reward/accuracy {acc if acc is not None else float('nan'):.2f} (< {CEILING})",
-            "--clip-high 0.28 (clip-higher lets unlikely tokens grow) or --entropy-coef 0.001; a lower --lr",
+            "--clip-high 0.28 (clip-higher lets unlikely tokens grow) or --entropy-coef 0.001; a lower --lr"
+            + ("; or stop here (saturation)" if after else ""),
             keys, span(w), ENTROPY_COLLAPSE * start,
         )  # fmt: skip
     if now >= ENTROPY_BLOWUP * start and now >= ENTROPY_BLOWUP_FLOOR:

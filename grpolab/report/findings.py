@@ -33,12 +33,17 @@ def _png(data: bytes, alt: str) -> str:
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
 
 
+def plotted_keys(rows: list[dict], finding: Finding) -> list[str]:
+    """The metrics of ``finding`` that the run logged, at most 3: the panels of its figure."""
+    return [k for k in finding.keys if any(r.get(k) is not None for r in rows)][:3]
+
+
 def finding_figure(rows: list[dict], finding: Finding) -> bytes | None:
     """The metrics of ``finding`` against step (one panel each, at most 3), its threshold on the first panel and the
     steps of its evidence shaded; PNG bytes, None when the run logged none of them."""
     from grpolab.report.plotting import plt
 
-    keys = [k for k in finding.keys if any(r.get(k) is not None for r in rows)][:3]
+    keys = plotted_keys(rows, finding)
     if not keys:
         return None
     fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 2.8), squeeze=False)
@@ -99,7 +104,7 @@ def doctor_section(run_dir: str | Path) -> str:
     items = "".join(_finding_html(f, findings, figures[f.name] is not None) for f in findings)
     plots = "".join(
         f'<figure id="doctor-{_e(f.name)}">{_png(figures[f.name], f.name)}'
-        f"<figcaption>{_e(f.title)}: {_e(', '.join(f.keys))}</figcaption></figure>"
+        f"<figcaption>{_e(f.title)}: {_e(', '.join(plotted_keys(run.rows, f)))}</figcaption></figure>"
         for f in findings
         if figures[f.name] is not None
     )
