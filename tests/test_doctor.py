@@ -350,6 +350,16 @@ def test_a_resumed_run_does_not_repeat_what_it_said(tmp_path):
 # ---------------------------------------------------------------- recorded real runs
 
 
+def test_a_smollm2_run_that_learns_raises_nothing_above_info_and_sees_saturation_ahead():
+    from grpolab.probes.signals import saturation_step, series
+
+    run, found = examine(FIXTURES / "smollm2-last-letter")  # 48 steps, held-out greedy 0.18 -> 0.89
+    assert all(f.severity == "info" for f in found), format_findings(run, found, 5)
+    saturation = next(f for f in found if f.name == "saturation")
+    plateau = saturation_step(series(run.rows, "eval/accuracy_greedy"))  # docs/foundations.md's rule
+    assert saturation.first_step == 15 and plateau == 36  # the warning 21 steps ahead of the plateau
+
+
 def test_smollm2_at_32_tokens_is_told_truncation_at_the_first_check():
     run, found = examine(FIXTURES / "smollm2-word-problems-32")
     first = found[0]
