@@ -399,3 +399,48 @@ def test_a_run_cut_mid_line_is_read_and_a_missing_one_is_one_error(tmp_path):
     assert [f.name for f in examine(run)[1]][0] == "truncation"
     res = run_cli(["doctor", str(tmp_path / "nothing")], cwd=tmp_path)
     assert res.returncode == 2 and res.stderr.strip().endswith("not a run directory (no metrics.jsonl)")
+
+
+def test_the_remaining_thresholds_at_their_edges():
+    import statistics
+
+    from grpolab.doctor.rows import RISE_SD, learned
+
+    # RISE_SD: the reward has risen by half the start's rollout spread
+    rise = {"reward/std": 0.5, "reward/mean": [0.25] * 5 + [0.25 + RISE_SD * 0.5] * 5}
+    assert learned(rows(**rise)) and not learned(rows(**{**rise, "reward/mean": [0.25] * 5 + [0.49] * 5}))
+    # CONSTANT_STD: a reward with less spread than float rounding is constant
+    flat = {"reward/frac_zero_std": 1.0, "reward/mean": 0.3}
+    assert "same reward" in S.no_signal(rows(**flat, **{"reward/std": S.CONSTANT_STD / 2}), FACTS).title
+    assert "same reward" not in S.no_signal(rows(**flat, **{"reward/std": S.CONSTANT_STD}), FACTS).title
+    # HACK_RISE_SD: a training reward up by one start sd while the held-out accuracy does not move
+    evals = [{"step": 0, "eval/accuracy_greedy": 0.5}], [{"step": 10, "eval/accuracy_greedy": 0.5}]
+    up = {"reward/std": 0.25, "reward/mean": [0.25] * 5 + [0.25 + T.HACK_RISE_SD * 0.25] * 5}
+    assert T.reward_hacking([*evals[0], *rows(**up), *evals[1]], FACTS) is not None
+    under = {**up, "reward/mean": [0.25] * 5 + [0.49] * 5}
+    assert T.reward_hacking([*evals[0], *rows(**under), *evals[1]], FACTS) is None
+    # LENGTH_CORR: length 1.5x with the reward, correlated at least 0.8 (the reward risen and nothing else)
+    length = [20.0] * 5 + [30.0] * 5
+    for noise in (0.05, 0.3):
+        reward = [0.2 + 0.03 * (x - 20) + (noise if i % 2 else -noise) for i, x in enumerate(length)]
+        corr = statistics.correlation(length, reward)
+        found = T.reward_hacking(
+            rows(**{"completion/len_mean": length, "reward/mean": reward, "reward/std": 0.3}), FACTS
+        )
+        assert (found is not None) == (corr >= T.LENGTH_CORR), (noise, corr)
+    # COMPONENT_SHARE: one weighted component carrying 0.8 of the reward's rise, the first reward flat
+    facts = RunFacts(components=("length",), reward_weights=(1.0, 1.0))
+    total = {"reward/mean": [0.25] * 5 + [0.75] * 5, "reward/std": 1.0}  # rise 0.5, under RISE_SD: no other sign
+    carried = T.reward_hacking(rows(**total, **{"reward/length": [0.0] * 5 + [T.COMPONENT_SHARE * 0.5] * 5}), facts)
+    assert "reward/length carries 80%" in carried.evidence
+    assert T.reward_hacking(rows(**total, **{"reward/length": [0.0] * 5 + [0.39] * 5}), facts) is None
+    # IDENTICAL_SHARE: half of the last step's groups with one completion each (after the reward rose)
+    same = [{"step": 10, "prompt": p, "completion": "x" if p < 2 else f"x{g}"} for p in range(4) for g in range(4)]
+    assert "50% of step 10's groups" in T.reward_hacking(rows(**rise), FACTS, same).evidence
+    fewer = [{**r, "completion": f"x{i}"} if r["prompt"] == 1 else r for i, r in enumerate(same)]
+    assert T.reward_hacking(rows(**rise), FACTS, fewer) is None
+    # KL_GROWTH: KL over KL_HIGH and KL_GROWTH times what it was WINDOW steps before
+    kl = [O.KL_HIGH / O.KL_GROWTH] * 7 + [O.KL_HIGH / 2] * 4 + [O.KL_HIGH]
+    assert "loss/kl" in O.big_step(rows(12, **{"loss/kl": kl}), FACTS).evidence
+    slower = [O.KL_HIGH / 3.9] * 7 + [O.KL_HIGH / 2] * 4 + [O.KL_HIGH]
+    assert O.big_step(rows(12, **{"loss/kl": slower}), FACTS) is None
