@@ -8,7 +8,6 @@ Written by hand, as the rest of the page: ``html.escape`` guards every value tak
 from __future__ import annotations
 
 import html
-import io
 from pathlib import Path
 
 from grpolab.doctor.conditions import Finding
@@ -41,7 +40,7 @@ def plotted_keys(rows: list[dict], finding: Finding) -> list[str]:
 def finding_figure(rows: list[dict], finding: Finding) -> bytes | None:
     """The metrics of ``finding`` against step (one panel each, at most 3), its threshold on the first panel and the
     steps of its evidence shaded; PNG bytes, None when the run logged none of them."""
-    from grpolab.report.plotting import plt
+    from grpolab.report.plotting import figure_png, plt
 
     keys = plotted_keys(rows, finding)
     if not keys:
@@ -59,11 +58,7 @@ def finding_figure(rows: list[dict], finding: Finding) -> bytes | None:
         ax.set_xlabel("step", fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=85)
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig, dpi=85)
 
 
 def _finding_html(f: Finding, findings: list[Finding], has_plot: bool) -> str:
@@ -118,7 +113,7 @@ def doctor_section(run_dir: str | Path) -> str:
 def pass_k_figure(rows: list[dict]) -> bytes | None:
     """pass@k against k at the first and the last evaluation that logged it, with 95% intervals (PNG bytes)."""
     from grpolab.eval.accuracy import pass_ks
-    from grpolab.report.plotting import plt
+    from grpolab.report.plotting import figure_png, plt
 
     evals = [r for r in rows if pass_ks(r)]
     if not evals:
@@ -139,11 +134,7 @@ def pass_k_figure(rows: list[dict]) -> bytes | None:
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig, dpi=90)
 
 
 def pass_k_html(rows: list[dict]) -> str:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import base64
 import datetime
 import html
-import io
 import json
 import math
 from collections.abc import Iterable
@@ -165,7 +164,7 @@ def _all_evaluations(rows: list[dict]) -> str:
 
 def _detail_figure(rows: list[dict]) -> bytes | None:
     """Optimisation metrics against step, as PNG bytes: whatever of them the run logged."""
-    from grpolab.report.plotting import plt
+    from grpolab.report.plotting import figure_png, plt
 
     keys = [
         ("grad/norm", "gradient norm"),
@@ -190,18 +189,14 @@ def _detail_figure(rows: list[dict]) -> bytes | None:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys) :]:
         ax.axis("off")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig, dpi=90)
 
 
 def signal_panel(rows: list[dict]) -> str:
     """The run's signals over training (effective rank at G and G/2, sigma_r, frac_zero_std), its saturation step
     marked, and a one-line reading of each; empty for a run without ``--probe-every``."""
     from grpolab.probes import signals
-    from grpolab.report.plotting import plt
+    from grpolab.report.plotting import figure_png, plt
 
     if not signals.series(rows, "probe/eff_rank"):
         return ""
@@ -218,12 +213,9 @@ def signal_panel(rows: list[dict]) -> str:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
+    png = figure_png(fig, dpi=90)
     items = "".join(f"<li>{_e(line)}</li>" for line in signals.readings(rows))
-    return f"{_img_bytes(buf.getvalue(), 'signals over training')}<ul>{items}</ul>"
+    return f"{_img_bytes(png, 'signals over training')}<ul>{items}</ul>"
 
 
 def _plots(run_dir: Path, rows: list[dict]) -> str:

@@ -20,6 +20,17 @@ def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
     return Path(path)
 
 
+def figure_png(fig, dpi: int = 90) -> bytes:
+    """Lay ``fig`` out, render it as PNG bytes (for a page that embeds it) and free it."""
+    import io
+
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
     return [p[0] for p in pts], [p[1] for p in pts]
