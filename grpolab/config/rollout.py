@@ -122,8 +122,19 @@ class EngineSection:
     VLLM_CPU_KVCACHE_SPACE GiB (2 unless set)."""
     vllm_sleep: bool = False
     """vllm on CUDA: free the engine's weights and KV cache while the trainer updates (vLLM's sleep mode)."""
+    max_staleness: int = 0
+    """K: the rollouts of step t are drawn with the weights that step t - K drew with (exactly those, not the newest
+    at hand), as a generator K steps behind the trainer draws them; steps 1..K+1 draw with the starting weights.
+    0 = on-policy, the synchronous loop. K >= 1: the hf engine samples from a copy of the weights refreshed K steps
+    late (held-out evaluations use the current weights), --engine-correction auto corrects the staleness
+    (sequence-truncate), and async/staleness is logged. So far in this process only (no generator process yet), on
+    one process, without --resume."""
 
     def validate(self) -> None:
+        if self.max_staleness < 0:
+            raise bad("max_staleness", f"must be >= 0, got {self.max_staleness}")
+        if self.max_staleness and self.rollout_engine != "hf":
+            raise bad("max_staleness", "K >= 1 runs on the hf engine so far; use --rollout-engine hf or K = 0")
         if self.rollout_engine not in ("hf", "vllm"):
             raise bad("rollout_engine", f"must be 'hf' or 'vllm', got {self.rollout_engine!r}")
         if self.rollout_dtype not in ROLLOUT_DTYPES:

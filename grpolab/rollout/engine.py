@@ -67,10 +67,11 @@ class HFEngine:
         full_weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
         dtype: torch.dtype | None = None,
         pack: bool = True,
+        lag: int = 0,
     ):
         self.model, self.eos_id, self.pad_id, self.full_weights = model, eos_id, pad_id, full_weights
         dtype = dtype or next(model.parameters()).dtype
-        self.weights = SamplerWeights(model, dtype, pack, full_weights)
+        self.weights = SamplerWeights(model, dtype, pack, full_weights, lag=lag)
 
     def generate(self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings) -> Sampled:
         if self.weights.copied:  # a copy of its own: always whole, always in eval mode
@@ -96,8 +97,13 @@ class HFEngine:
         )
 
     def weights_changed(self) -> None:
-        """Refresh the sampler's copy of the weights (nothing to do when it samples from the live ones)."""
+        """Refresh the sampler's copy of the weights (nothing to do when it samples from the live ones); with
+        ``lag`` K, to the weights of K syncs before (:class:`grpolab.rollout.weights.SamplerWeights`)."""
         self.weights.sync()
+
+    def current_weights(self) -> contextlib.AbstractContextManager:
+        """Inside the block, draw with the policy's current weights (a lagged engine's evaluation)."""
+        return self.weights.current()
 
 
 def build_engine(engine: EngineSection, seed: int, policy, full_weights=contextlib.nullcontext) -> RolloutEngine:
@@ -106,7 +112,12 @@ def build_engine(engine: EngineSection, seed: int, policy, full_weights=contextl
     dtype = rollout_dtype(engine.rollout_dtype, param.dtype, param.device)
     if engine.rollout_engine == "hf":
         return HFEngine(
-            policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id, full_weights=full_weights, dtype=dtype
+            policy.model,
+            eos_id=policy.eos_id,
+            pad_id=policy.pad_id,
+            full_weights=full_weights,
+            dtype=dtype,
+            lag=engine.max_staleness,
         )
     from grpolab.rollout.vllm_engine import VLLMEngine, VLLMSettings
 

@@ -14,6 +14,7 @@ the run's :class:`grpolab.rewards.rewarder.Rewarder`. Each command builds one, f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 
@@ -110,6 +111,18 @@ class RolloutService:
     def weights_changed(self) -> None:
         """The policy's weights were updated: the engine draws from the new ones from now on."""
         self.engine.weights_changed()
+
+    def current_weights(self) -> contextlib.AbstractContextManager:
+        """Inside the block, the engine draws with the policy's current weights (an engine that lags them,
+        ``--max-staleness``, catches up for a held-out evaluation; every other engine already does)."""
+        current = getattr(self.engine, "current_weights", None)
+        return current() if current is not None else contextlib.nullcontext()
+
+    def weights_version(self) -> int | None:
+        """The number of the weight sync whose weights the engine draws with (0: the starting ones), for an engine
+        that lags the policy's; None for one that draws with the current weights."""
+        weights = getattr(self.engine, "weights", None)
+        return weights.version if getattr(weights, "lag", 0) else None
 
     def pop_env_time(self) -> float:
         """Seconds spent in the environments since the last call."""

@@ -11,6 +11,7 @@ adapter folded into its layer.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 from collections.abc import Callable, Iterator
@@ -70,6 +71,13 @@ class SamplerWeights:
 
     ``full_weights``: a context inside which every parameter is whole on this process (FSDP). ``fuse``: allow the
     fused decoder; ``always_copy``: make a copy even where the live weights would do (tests compare the two).
+
+    ``lag`` K >= 1 (``--max-staleness``): the copy (always one) is refreshed K syncs late. Each :meth:`sync` keeps a
+    snapshot of the policy's weights and loads the one taken K syncs before, so after the s-th sync the copy holds
+    the weights of sync s - K (the starting ones while s <= K): the rollouts of step t are drawn with the weights
+    after step t - K - 1, exactly those. :attr:`version` is the number of the sync whose weights the copy holds
+    (0: the starting weights); :meth:`current` loads the policy's current weights for the time of a block (a
+    held-out evaluation) and puts the stale ones back after it.
     """
 
     def __init__(
@@ -80,8 +88,12 @@ class SamplerWeights:
         full_weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
         fuse: bool = True,
         always_copy: bool = False,
+        lag: int = 0,
     ):
         self.policy, self.dtype, self.full_weights = policy, dtype, full_weights
+        self.lag, self.version, self.syncs = lag, 0, 0
+        self._pending: collections.deque[tuple[int, dict[str, torch.Tensor]]] = collections.deque()
+        self._serving: dict[str, torch.Tensor] | None = None  # with a lag: the weights the copy holds
         param = next(policy.parameters())
         self.pack = (
             pack
@@ -89,7 +101,7 @@ class SamplerWeights:
             and packing_available(dtype)
             and any(worth_packing(m) for m in base_model(policy).modules())
         )
-        self.copied = always_copy or self.pack or dtype != param.dtype
+        self.copied = always_copy or lag > 0 or self.pack or dtype != param.dtype
         self.decoder: FusedDecoder | None = None
         self.note: str | None = None
         """Why the copy has no fused decoder (None when it has one, or there is no copy)."""
@@ -105,6 +117,8 @@ class SamplerWeights:
                 self.decoder = None
         if self.decoder is None:
             self.model, self._targets = self._build_packed(served)
+        if lag:
+            self._serving = _snapshot(served)
 
     def _served(self) -> dict[str, torch.Tensor]:
         with torch.no_grad(), self.full_weights():
@@ -142,14 +156,49 @@ class SamplerWeights:
         return model, decoder, targets
 
     def sync(self) -> None:
-        """Refresh the copy from the policy's current weights (nothing to do without a copy)."""
+        """Refresh the copy from the policy's current weights (nothing to do without a copy); with a lag, keep them
+        and load those of ``lag`` syncs before."""
         if not self.copied:
             return
-        served = self._served()
+        self.syncs += 1
+        if not self.lag:
+            self._load_served(self._served())
+            return
+        self._pending.append((self.syncs, _snapshot(self._served())))
+        if len(self._pending) > self.lag:
+            self.version, self._serving = self._pending.popleft()
+            self._load_served(self._serving)
+
+    @property
+    def held(self) -> dict[str, torch.Tensor] | None:
+        """With a lag: the served weights the copy holds now (under transformers' names), those of sync
+        :attr:`version`; None without one."""
+        return self._serving
+
+    @contextlib.contextmanager
+    def current(self) -> Iterator[None]:
+        """The policy's current weights in the copy inside the block, the lagged ones back after it (no lag: the
+        copy holds the current weights already)."""
+        if not self.lag:
+            yield
+            return
+        self._load_served(self._served())
+        try:
+            yield
+        finally:
+            self._load_served(self._serving)
+
+    def _load_served(self, served: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
             _load(self._targets, served)
             if self.decoder is not None:
                 self.decoder.load(served, self.dtype)
+
+
+def _snapshot(served: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A copy of served weights that later updates of the policy do not change (a tied weight stays one tensor)."""
+    copies: dict[int, torch.Tensor] = {}
+    return {name: copies.setdefault(id(t), t.detach().clone()) for name, t in served.items()}
 
 
 def _load(targets: dict, served: dict) -> None:

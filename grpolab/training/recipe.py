@@ -143,6 +143,8 @@ class TrainRecipe:
         self.out, self.start, self.ckpt, self.saved = Path(cfg.run.out), 0, None, None
         if cfg.run.resume:
             self.saved, started = _read_resumable(self.out, cfg, self.given)
+            if started.engine.max_staleness:  # the weights of the steps in flight are not in a checkpoint yet
+                raise ConfigError("--resume: a run with --max-staleness >= 1 cannot be resumed yet")
             self.cfg = cfg.continuing(started)
             try:
                 self.start, self.ckpt = checkpoint.newest_intact(self.out, warn=self.log)

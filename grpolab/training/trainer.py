@@ -102,6 +102,7 @@ class GRPOTrainer:
         t_step = time.perf_counter()
         self._apply_control()
         # 1-2. rollouts (episodes) and their rewards; --sampling decides how many of which prompts
+        drawn_with = self.service.weights_version()  # --max-staleness: the sync whose weights draw this step
         roll = self.collector.collect(step)
         t_collected = time.perf_counter()
         # 3. advantages: one per rollout [Foundations, Thm 3.1], or per turn of an episode (--advantage)
@@ -130,6 +131,9 @@ class GRPOTrainer:
         if self.service.multi_turn:
             times["time/env_s"] = self.service.pop_env_time()
         result.metrics = {**step_metrics(roll, self.rollouts_total, result.update, times), **result.metrics}
+        if drawn_with is not None:  # every rollout of the step was drawn with the same weights
+            staleness = step - 1 - drawn_with  # optimizer steps between the drawing weights and the updated ones
+            result.metrics.update({"async/staleness_mean": float(staleness), "async/staleness_max": staleness})
         self._update_control(result)
         return result
 
@@ -213,7 +217,9 @@ class GRPOTrainer:
         cfg, param = self.cfg, next(self.policy.model.parameters())
         dtype = rollout_dtype(cfg.engine.rollout_dtype, param.dtype, param.device)
         # An engine given in place of --rollout-engine's (the tests' scripted ones) is taken as exact: no correction
+        # (--max-staleness K >= 1: the engine draws with older weights, a mismatch the correction weighs)
         exact = engine is not None or (cfg.engine.rollout_engine == "hf" and dtype == param.dtype)
+        exact = exact and not cfg.engine.max_staleness
         correction = resolve_correction(cfg.objective.engine_correction, exact, cfg.terms.loss_type)
         self.cfg = cfg.replace(rollout_dtype=str(dtype).removeprefix("torch."), engine_correction=correction)
         if "auto" in (cfg.engine.rollout_dtype, cfg.objective.engine_correction):
@@ -334,7 +340,7 @@ class GRPOTrainer:
         cfg = self.cfg
         if not self.held_out:  # --data with --eval-fraction 0: no held-out evaluation
             return {}, []
-        with self.train_module.full_weights():
+        with self.train_module.full_weights(), self.service.current_weights():
             metrics, examples = evaluate(
                 self.service,
                 self.held_out,
