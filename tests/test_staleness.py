@@ -84,6 +84,8 @@ def test_two_seeded_stale_runs_are_identical_and_measure_their_staleness(tmp_pat
     assert (runs[0] / "rollouts.jsonl").read_text() == (runs[1] / "rollouts.jsonl").read_text()
     steps = rows[0][1:]
     assert [r["async/staleness_max"] for r in steps] == [0, 1, 1, 1]
+    logged = [json.loads(line) for line in (runs[0] / "rollouts.jsonl").read_text().splitlines()]
+    assert {(r["step"], r["weights"]) for r in logged} == {(1, 0), (2, 0), (3, 1), (4, 2)}  # each rollout's weights
     # step 1 draws with the weights the trainer scores (no mismatch); later steps with one step older ones
     assert steps[0]["engine/logratio_std"] < 1e-5 and all(r["engine/logratio_std"] > 1e-4 for r in steps[1:])
     # sequence-truncate (auto under staleness) weighs each stale rollout by its capped trainer/sampler ratio
@@ -91,17 +93,30 @@ def test_two_seeded_stale_runs_are_identical_and_measure_their_staleness(tmp_pat
     assert all(abs(r["engine/correction_weight_mean"] - 1) > 1e-5 for r in steps[1:])
 
 
-def test_what_staleness_does_not_support_yet_is_refused_in_one_line(tmp_path):
+def test_what_staleness_does_not_support_yet_is_refused_in_one_line():
     from grpolab.config.train import TrainConfig
-    from grpolab.training.recipe import train
 
     with pytest.raises(ConfigError, match="--max-staleness: must be >= 0"):
         TrainConfig(max_staleness=-1).validate()
     with pytest.raises(ConfigError, match="--max-staleness: K >= 1 runs on one process so far"):
         TrainConfig(max_staleness=1, prompts_per_step=4).validate_world(2)
-    run = train(small_cfg(tmp_path / "r", steps=2, max_staleness=1), log=quiet)
-    with pytest.raises(ConfigError, match="--resume: a run with --max-staleness >= 1 cannot be resumed yet"):
-        train(small_cfg(run, steps=3, max_staleness=1, resume=True), log=quiet)
+
+
+def test_a_resumed_stale_run_continues_as_the_uninterrupted_one(tmp_path):
+    from helpers import assert_same_params, metrics_by_step, rollouts_of
+
+    from grpolab.training.recipe import train
+
+    options = dict(max_staleness=2, log_rollouts=True, warmup_steps=0, save_every=2)
+    whole = train(small_cfg(tmp_path / "whole", steps=5, **options), log=quiet)
+    cut = train(small_cfg(tmp_path / "cut", steps=3, **options), log=quiet)  # saved at 2 and 3 (the last)
+    import shutil
+
+    shutil.rmtree(cut / "checkpoints" / "step_3")  # resume from step 2: two steps' weights in flight
+    resumed = train(small_cfg(cut, steps=5, resume=True, **options), log=quiet)
+    assert metrics_by_step(resumed) == metrics_by_step(whole)
+    assert rollouts_of(resumed) == rollouts_of(whole)
+    assert_same_params(whole, resumed, step=5)
 
 
 def test_the_ratio_the_correction_weighs_is_pi_theta_over_the_stale_behaviour_policy_in_float64(tmp_path):

@@ -127,8 +127,9 @@ class EngineSection:
     at hand), as a generator K steps behind the trainer draws them; steps 1..K+1 draw with the starting weights.
     0 = on-policy, the synchronous loop. K >= 1: the hf engine samples from a copy of the weights refreshed K steps
     late (held-out evaluations use the current weights), --engine-correction auto corrects the staleness
-    (sequence-truncate), and async/staleness is logged. So far in this process only (no generator process yet), on
-    one process, without --resume."""
+    (sequence-truncate), async/staleness is logged and each rollout in rollouts.jsonl names the weights that drew it;
+    checkpoints keep the weights in flight, so --resume continues as the uninterrupted run. So far in this process
+    only (no generator process yet), on one process."""
 
     def validate(self) -> None:
         if self.max_staleness < 0:

@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import safetensors.torch
 import torch
 
 from grpolab.common.errors import CheckpointError  # noqa: F401 - raised here, re-exported
@@ -139,15 +140,18 @@ def save(
     *,
     model_state: dict | None = None,
     optimizer_state: dict | None = None,
+    tensors: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Write ``checkpoints/step_{step}`` atomically. ``model_state``/``optimizer_state`` replace the
-    model's and optimizer's own state dicts (FSDP: the whole tensors gathered from the shards)."""
+    model's and optimizer's own state dicts (FSDP: the whole tensors gathered from the shards); ``tensors``: more
+    safetensors files to keep beside them, by file name (read back with :func:`load_tensors`)."""
     root = Path(run_dir) / "checkpoints"
     tmp = root / f".tmp_step_{step}"
     try:
         return _save(
-            root, tmp, step, model, tokenizer, optimizer, scheduler, state, keep, run_dir, model_state, optimizer_state
-        )
+            root, tmp, step, model, tokenizer, optimizer, scheduler, state, keep, run_dir, model_state, optimizer_state,
+            tensors or {},
+        )  # fmt: skip
     except OSError as e:  # a full disk, a read-only or vanished directory: earlier checkpoints are untouched
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"could not write checkpoint step_{step} in {root}: {e.strerror or e}") from e
@@ -166,6 +170,7 @@ def _save(
     run_dir,
     model_state,
     optimizer_state,
+    tensors: dict[str, dict[str, torch.Tensor]],
 ) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp_step_*"):  # left by a run killed mid-save
@@ -179,6 +184,8 @@ def _save(
     torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng.pt")
+    for name, named in tensors.items():  # each tensor its own (safetensors refuses shared storage)
+        safetensors.torch.save_file({k: v.detach().contiguous().clone() for k, v in named.items()}, tmp / name)
     with open(tmp / _DONE, "w") as f:
         json.dump({"step": step, **state}, f, indent=2)
         f.flush()
@@ -191,6 +198,11 @@ def _save(
         for _, old in checkpoint_dirs(run_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def load_tensors(ckpt: Path, name: str) -> dict[str, torch.Tensor]:
+    """A safetensors file that :func:`save` kept beside the model (``tensors``)."""
+    return safetensors.torch.load_file(Path(ckpt) / name)
 
 
 def _is_sharded(model) -> bool:

@@ -175,6 +175,26 @@ class SamplerWeights:
         :attr:`version`; None without one."""
         return self._serving
 
+    def lag_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """With a lag: what a checkpoint keeps of it, (the sync counts, the held and pending weights by
+        ``held/<name>`` and ``<sync>/<name>``), so that a resumed run draws what the uninterrupted one would."""
+        counts = {"version": self.version, "syncs": self.syncs, "pending": [v for v, _ in self._pending]}
+        tensors = {f"held/{n}": t for n, t in (self._serving or {}).items()}
+        for version, served in self._pending:
+            tensors.update({f"{version}/{n}": t for n, t in served.items()})
+        return counts, tensors
+
+    def restore_lag(self, counts: dict, tensors: dict[str, torch.Tensor]) -> None:
+        """Take back :meth:`lag_state`'s weights and counts, and load the held weights into the copy."""
+
+        def part(prefix: str) -> dict[str, torch.Tensor]:
+            return {n[len(prefix) + 1 :]: t for n, t in tensors.items() if n.startswith(prefix + "/")}
+
+        self.version, self.syncs = counts["version"], counts["syncs"]
+        self._serving = part("held")
+        self._pending = collections.deque((v, part(str(v))) for v in counts["pending"])
+        self._load_served(self._serving)
+
     @contextlib.contextmanager
     def current(self) -> Iterator[None]:
         """The policy's current weights in the copy inside the block, the lagged ones back after it (no lag: the

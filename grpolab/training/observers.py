@@ -66,8 +66,12 @@ class RolloutLog(StepObserver):
                 }
                 local["samples"].append((position[b], sample))
             if self.every:
+                version = {} if result.weights_version is None else {"weights": result.weights_version}
                 local["rollouts"] += [
-                    (position[b], rollout_record(b, g, rec, rows, tokens, adv.rollout, first + g, adv.turns))
+                    (
+                        position[b],
+                        {**rollout_record(b, g, rec, rows, tokens, adv.rollout, first + g, adv.turns), **version},
+                    )
                     for g in range(groups.sizes[k])
                 ]
         parts = dist_.gather(local, self.world)

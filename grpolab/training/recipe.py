@@ -143,8 +143,6 @@ class TrainRecipe:
         self.out, self.start, self.ckpt, self.saved = Path(cfg.run.out), 0, None, None
         if cfg.run.resume:
             self.saved, started = _read_resumable(self.out, cfg, self.given)
-            if started.engine.max_staleness:  # the weights of the steps in flight are not in a checkpoint yet
-                raise ConfigError("--resume: a run with --max-staleness >= 1 cannot be resumed yet")
             self.cfg = cfg.continuing(started)
             try:
                 self.start, self.ckpt = checkpoint.newest_intact(self.out, warn=self.log)
@@ -215,6 +213,7 @@ class TrainRecipe:
             trainer.control = RankControl(**state["rank_control"])
         if trainer.updater.entropy is not None and "entropy_control" in state:
             trainer.updater.entropy = EntropyControl(**state["entropy_control"])
+        trainer.restore_stale_weights(self.ckpt, state)
         if self.world.is_main:
             for name in ("metrics.jsonl", "samples.jsonl", "rollouts.jsonl", "token_credit.jsonl", "probe.jsonl"):
                 truncate_jsonl(out / name, self.start)

@@ -31,6 +31,9 @@ class StepResult:
     collected: StepRollouts
     """The rollouts the step drew and scored (``grpolab.rollout.collect``)."""
     advantages: Advantages
+    weights_version: int | None = None
+    """--max-staleness: the weight sync whose weights drew the step's rollouts (0: the starting weights); None when
+    they are the current ones."""
     watch: list[int] | None = None
     """Rollouts (this rank's) whose tokens the update keeps per token (--log-token-credit)."""
     update: dict = dataclasses.field(default_factory=dict)

@@ -55,6 +55,9 @@ from grpolab.training.setup import checked_config
 from grpolab.training.step import StepObserver, StepResult
 from grpolab.training.update import Updater
 
+STALE_WEIGHTS = "stale_weights.safetensors"
+"""The file of a checkpoint that keeps --max-staleness's held and pending weights."""
+
 
 class GRPOTrainer:
     """One run's policy, KL reference, optimizer and update, its task's data, reward and environment, and the
@@ -107,7 +110,7 @@ class GRPOTrainer:
         t_collected = time.perf_counter()
         # 3. advantages: one per rollout [Foundations, Thm 3.1], or per turn of an episode (--advantage)
         adv = step_advantages(roll, self.cfg.objective, self.device, self._mc_values, self.reward.weights, self.world)
-        result = StepResult(step, roll, adv)
+        result = StepResult(step, roll, adv, weights_version=drawn_with)
         for observer in self.observers:  # the policy that sampled
             observer.before_update(result)
         # 4. loss and update (the watched rollouts' per-token values kept for the observers)
@@ -361,6 +364,13 @@ class GRPOTrainer:
         return metrics, examples[: cfg.logging.log_samples]
 
     # ------------------------------------------------------------------ checkpoints
+    def restore_stale_weights(self, ckpt: Path, state: dict) -> None:
+        """--max-staleness on resume: the engine's held and pending weights as the checkpoint kept them."""
+        if self.cfg.engine.max_staleness and "stale_weights" in state:
+            self.service.engine.weights.restore_lag(
+                state["stale_weights"], checkpoint.load_tensors(ckpt, STALE_WEIGHTS)
+            )
+
     def save(self, out: Path, step: int) -> None:
         """Rank 0 writes ``checkpoints/step_N``; under FSDP every rank first sends it its shards.
 
@@ -377,6 +387,9 @@ class GRPOTrainer:
                 state["rank_control"] = dataclasses.asdict(self.control)
             if self.updater.entropy is not None:
                 state["entropy_control"] = dataclasses.asdict(self.updater.entropy)
+            tensors = {}
+            if self.cfg.engine.max_staleness:  # the weights of the steps in flight: a resume draws with them
+                state["stale_weights"], tensors[STALE_WEIGHTS] = self.service.engine.weights.lag_state()
             try:
                 checkpoint.save(
                     out,
@@ -389,6 +402,7 @@ class GRPOTrainer:
                     keep=self.cfg.logging.keep_checkpoints,
                     model_state=model_state,
                     optimizer_state=optim_state,
+                    tensors=tensors,
                 )
             except checkpoint.CheckpointError as e:
                 error = e
