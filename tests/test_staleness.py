@@ -98,8 +98,20 @@ def test_what_staleness_does_not_support_yet_is_refused_in_one_line():
 
     with pytest.raises(ConfigError, match="--max-staleness: must be >= 0"):
         TrainConfig(max_staleness=-1).validate()
-    with pytest.raises(ConfigError, match="--max-staleness: K >= 1 runs on one process so far"):
-        TrainConfig(max_staleness=1, prompts_per_step=4).validate_world(2)
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_at_k_1(tmp_path, monkeypatch):
+    from helpers import assert_same_metrics, assert_same_params, rollouts_of, run_cli, train_args, train_cli
+
+    options = ["--max-staleness", "1", "--warmup-steps", "0"]
+    one = train_cli(tmp_path, "one", 3, *options)
+    res = run_cli([*train_args(tmp_path, "two", 3, *options), "--nproc", "2"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    two = tmp_path / "two"
+    assert rollouts_of(two) == rollouts_of(one) and {r["weights"] for r in rollouts_of(one)} == {0, 1}
+    assert_same_metrics(one, two)
+    assert_same_params(one, two, step=3)
 
 
 def test_a_resumed_stale_run_continues_as_the_uninterrupted_one(tmp_path):

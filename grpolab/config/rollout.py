@@ -128,8 +128,8 @@ class EngineSection:
     0 = on-policy, the synchronous loop. K >= 1: the hf engine samples from a copy of the weights refreshed K steps
     late (held-out evaluations use the current weights), --engine-correction auto corrects the staleness
     (sequence-truncate), async/staleness is logged and each rollout in rollouts.jsonl names the weights that drew it;
-    checkpoints keep the weights in flight, so --resume continues as the uninterrupted run. So far in this process
-    only (no generator process yet), on one process."""
+    checkpoints keep the weights in flight, so --resume continues as the uninterrupted run; P processes draw what one
+    draws. So far in the trainer's process (no generator process yet)."""
 
     def validate(self) -> None:
         if self.max_staleness < 0:

@@ -199,8 +199,6 @@ class TrainConfig:
             raise bad("nproc", f"must be >= 1, got {self.run.nproc}")
         if world_size == 1:
             return
-        if self.engine.max_staleness:
-            raise bad("max_staleness", "K >= 1 runs on one process so far; use --nproc 1 or K = 0")
         if self.groups.prompts_per_step % world_size:
             raise bad(
                 "prompts_per_step",
