@@ -219,6 +219,9 @@ def test_reward_hacking_signs():
         {"step": 10, "eval/accuracy_greedy": 0.55, "eval/accuracy_sampled": 0.2},
     ]
     assert "eval/accuracy_sampled went 0.200 -> 0.200" in T.reward_hacking(down, FACTS).evidence
+    # the components' names are the run's own reward/<name> keys, made unique as the rewarder makes them
+    named = RunFacts.of({"reward_fn": ["a.py:length", "b.py:length", "c:accuracy"], "reward_weights": [1, 1, 1]})
+    assert named.components == ("length_2", "accuracy_2") and named.reward_weights == (1, 1, 1)
     facts = RunFacts(components=("length",), reward_weights=(1.0, 0.5))
     carried = rows(**rise, **{"reward/length": [0.0] * 5 + [1.0] * 5, "reward/accuracy": 0.5})
     assert "reward/length carries 83%" in T.reward_hacking(carried, facts).evidence

@@ -8,6 +8,9 @@ import math
 import statistics
 from collections.abc import Sequence
 
+from grpolab.common.given import NOTHING
+from grpolab.rewards.rewarder import metric_names
+
 WINDOW = 5
 """Training steps a check reads: one step's 8-32 groups are too few to tell a trend from noise, and five let the
 first check in training come at step 5."""
@@ -55,7 +58,7 @@ class RunFacts:
         fmt = config.get("format", "")
         multi = bool(config.get("env") or config.get("tools") or config.get("task") == "arith-multiturn")
         check = "" if fns or multi or fmt == "prompt" else ("boxed" if fmt == "math" else "####")
-        names = tuple(_function_name(p) for p in fns)
+        names = tuple(metric_names([NOTHING.name_of(str(p)) for p in fns]))  # as the run named their metrics
         weights = tuple(config.get("reward_weights") or ()) or (1.0,) * len(fns)
         return cls(
             max_new_tokens=int(config.get("max_new_tokens", 48)),
@@ -71,10 +74,6 @@ class RunFacts:
             components=names[1:],
             sampling=str(config.get("sampling", "fixed")),
         )
-
-
-def _function_name(path: str) -> str:
-    return str(path).rsplit(":", 1)[-1].rsplit(".", 1)[-1]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,20 +54,28 @@ def reward_functions(
     if len(weights) != len(paths):
         raise ConfigError(f"--reward-weights: {len(weights)} weight(s) for {len(paths)} --reward-fn")
     out: list[tuple[str, RewardFn, float]] = []
-    taken: set[str] = set()
-    for i, (path, w) in enumerate(zip(paths, weights)):
+    names = metric_names([given.name_of(path) for path in paths])
+    for path, name, w in zip(paths, names, weights):
         fn = load_reward_fn(path, given)
         if isinstance(fn, CodeReward):  # this run's own, with its own sandbox
             fn = fn.for_run(CodeRewardSettings.of(sandbox) if sandbox is not None else fn.settings)
         if reward_form(fn) == "trl":
             fn = from_trl(fn, prompt_of, chat)
-        base = given.name_of(path)
-        name, k = base, 2
-        while name in taken or (name in _RESERVED and not (i == 0 and name == "accuracy")):
-            name, k = f"{base}_{k}", k + 1
-        taken.add(name)
         out.append((name, fn, float(w)))
     return out if episodes else out + [("format", format_reward, format_weight)]
+
+
+def metric_names(bases: list[str]) -> list[str]:
+    """The names of reward functions with short names ``bases`` (``Given.name_of``), as their ``reward/<name>``
+    metrics have them: made unique (``name_2``, ...), and never one of the built-in metric names, except ``accuracy``
+    for the first."""
+    out: list[str] = []
+    for i, base in enumerate(bases):
+        name, k = base, 2
+        while name in out or (name in _RESERVED and not (i == 0 and name == "accuracy")):
+            name, k = f"{base}_{k}", k + 1
+        out.append(name)
+    return out
 
 
 def eval_reward(
