@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from grpolab.common.jsonlines import read_jsonl, step_record
 from grpolab.data.answers import extract_final_number, last_boxed
 from grpolab.doctor.conditions import LEVEL, NAMES, Finding, RunFacts, diagnose, explained, order
 from grpolab.doctor.rows import training_rows
@@ -38,21 +39,14 @@ class RunData:
         if not (path / "metrics.jsonl").is_file():
             raise FileNotFoundError(f"{path}: not a run directory (no metrics.jsonl)")
         config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
-        return cls(path, config, _jsonl(path / "metrics.jsonl"), _jsonl(path / "samples.jsonl"),
-                   _jsonl(path / "rollouts.jsonl"))  # fmt: skip
+        return cls(path, config, _rows(path / "metrics.jsonl"), _rows(path / "samples.jsonl"),
+                   _rows(path / "rollouts.jsonl"))  # fmt: skip
 
 
-def _jsonl(path: Path) -> list[dict]:
-    """The records of a JSON-lines file (none if it is missing); a line cut by a killed run is skipped."""
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+def _rows(path: Path) -> list[dict]:
+    """The records of one of a run's JSON-lines files (none if it is missing); a line cut by a killed run is
+    skipped."""
+    return read_jsonl(path, step_record)[0] if path.is_file() else []
 
 
 def check_steps(rows: Sequence[dict], every: int) -> list[int]:

@@ -7,11 +7,12 @@ Written by hand, as the rest of the page: ``html.escape`` guards every value tak
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 from grpolab.doctor.conditions import Finding
 from grpolab.doctor.examine import examine, explained, summary_figures
+from grpolab.report.markup import escape as _e
+from grpolab.report.markup import png_img as _png
 
 CSS = """
 .finding { border-left: 4px solid #d0d7de; padding: .3em .8em; margin: .6em 0; background: #f6f8fa; }
@@ -20,16 +21,6 @@ CSS = """
 .finding.error .sev { color: #cf222e; } .finding.warning .sev { color: #9a6700; } .finding.info .sev { color: #0969da; }
 .finding p { margin: .25em 0; } .healthy { color: #1a7f37; font-weight: 600; }
 """
-
-
-def _e(value) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _png(data: bytes, alt: str) -> str:
-    import base64
-
-    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
 
 
 def plotted_keys(rows: list[dict], finding: Finding) -> list[str]:

@@ -22,9 +22,7 @@ every value taken from the run.
 
 from __future__ import annotations
 
-import base64
 import datetime
-import html
 import json
 import math
 from collections.abc import Iterable
@@ -32,6 +30,8 @@ from pathlib import Path
 
 from grpolab.report.findings import CSS as FINDINGS_CSS
 from grpolab.report.findings import doctor_section, pass_k_html
+from grpolab.report.markup import escape as _e
+from grpolab.report.markup import png_img as _img_bytes
 from grpolab.report.token_view.page import TOKEN_CSS, credit_section
 from grpolab.training.runlog import read_metrics
 
@@ -57,10 +57,6 @@ details summary { cursor: pointer; color: #0969da; } .grid { display: grid; grid
 """
 
 
-def _e(value) -> str:
-    return html.escape(str(value), quote=True)
-
-
 def _num(x, digits: int = 3) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "–"
@@ -71,10 +67,6 @@ def _num(x, digits: int = 3) -> str:
 
 def _png(path: Path) -> str:
     return _img_bytes(path.read_bytes(), path.name)
-
-
-def _img_bytes(data: bytes, alt: str) -> str:
-    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
 
 
 def _table(header: list[str] | None, rows: Iterable[list[str]], left: int = 1) -> str:

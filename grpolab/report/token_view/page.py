@@ -3,12 +3,13 @@ over training as a figure."""
 
 from __future__ import annotations
 
-import base64
-import html
 import io
 import math
 from pathlib import Path
 
+from grpolab.common.jsonlines import read_jsonl, step_record
+from grpolab.report.markup import escape as _e
+from grpolab.report.markup import png_img
 from grpolab.report.token_view.records import (
     CREDIT_FILE,
     AdvantageSplit,
@@ -19,7 +20,6 @@ from grpolab.report.token_view.records import (
     is_context,
     number,
     quantity_of,
-    read_jsonl,
     read_token_credit,
     recorded_steps,
     rollout_head,
@@ -45,10 +45,6 @@ TOKEN_CSS = """
 .tc-bar { display: inline-flex; vertical-align: middle; margin: 0 .4em; border: 1px solid #d0d7de; }
 .tc-bar span { display: inline-block; width: 1.5em; height: 1em; }
 """
-
-
-def _e(value) -> str:
-    return html.escape(str(value), quote=True)
 
 
 def _token_spans_html(record: dict, scale: ColourScale, values: list[float | None]) -> str:
@@ -196,7 +192,7 @@ def _metric_rows(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
-    rows, _ = read_jsonl(path, lambda o: None if isinstance(o, dict) and isinstance(o.get("step"), int) else "bad")
+    rows, _ = read_jsonl(path, step_record)
     return rows
 
 
@@ -225,8 +221,7 @@ def token_credit_html(run_dir: str | Path, quantity: str = "dlogp", per_side: in
         parts.append(f"<p>{CREDIT_FILE} holds no readable records.</p>")
     figure = credit_figure(_metric_rows(run_dir))
     if figure:
-        data = base64.b64encode(figure).decode()
-        parts.append(f'<img alt="token credit over training" src="data:image/png;base64,{data}">')
+        parts.append(png_img(figure, "token credit over training"))
     return "".join(parts)
 
 

@@ -3,7 +3,6 @@ rollouts of a step, the colour scale and the per-token text both views share."""
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -11,6 +10,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+
+from grpolab.common.jsonlines import read_jsonl
 
 CREDIT_FILE = "token_credit.jsonl"
 PER_TOKEN = ("ids", "segment", "dlogp", "logp", "logp_sampler", "entropy", "adv", "ratio", "clipped")
@@ -174,25 +175,6 @@ def _record_problem(obj) -> str | None:
         if isinstance(obj.get(key), list) and len(obj[key]) != len(tokens):
             return f"{key} has {len(obj[key])} entries for {len(tokens)} tokens"
     return None
-
-
-def read_jsonl(path: Path, check: Callable[[object], str | None]) -> tuple[list[dict], list[str]]:
-    """The objects of a JSON-lines file that ``check`` accepts, and one reason per line skipped."""
-    kept, skipped = [], []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            skipped.append(f"line {n}: not JSON ({e.msg})")
-            continue
-        problem = check(obj)
-        if problem is None:
-            kept.append(obj)
-        else:
-            skipped.append(f"line {n}: {problem}")
-    return kept, skipped
 
 
 def read_token_credit(run_dir: str | Path, warn: Callable[[str], None] | None = None) -> list[dict]:
