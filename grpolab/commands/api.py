@@ -245,11 +245,10 @@ def diagnose(run: str | Path | Run, every: int | None = None) -> list[dict]:
         for f in grpolab.diagnose("runs/x"):
             print(f["severity"], f["title"], "->", f["fix"])
     """
-    from grpolab.doctor.examine import DEFAULT_EVERY, as_json, examine
+    from grpolab.doctor.examine import as_json, check_every, examine
 
-    found_in = run.dir if isinstance(run, Run) else run
-    data, findings = examine(found_in, every)
-    return as_json(data, findings, every or int(data.config.get("doctor_every") or DEFAULT_EVERY))["findings"]
+    data, findings = examine(run.dir if isinstance(run, Run) else run, every)
+    return as_json(data, findings, check_every(data, every))["findings"]
 
 
 def _probe(command: str, cls, run, model_field: str, model, tokenizer, config, log, keywords: dict):

@@ -412,10 +412,10 @@ def cmd_doctor(args: list[str]) -> None:
         parser.error("--every must be >= 0")
     import json
 
-    from grpolab.doctor.examine import DEFAULT_EVERY, as_json, examine, format_findings
+    from grpolab.doctor.examine import as_json, check_every, examine, format_findings
 
     run, findings = examine(ns.run_dir, ns.every or None)
-    every = ns.every or int(run.config.get("doctor_every") or DEFAULT_EVERY)
+    every = check_every(run, ns.every or None)
     print(json.dumps(as_json(run, findings, every), indent=2) if ns.json else format_findings(run, findings, every))
 
 

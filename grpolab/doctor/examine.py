@@ -17,10 +17,10 @@ from pathlib import Path
 from grpolab.common.jsonlines import read_jsonl, step_record
 from grpolab.data.answers import extract_final_number, last_boxed
 from grpolab.doctor.conditions import LEVEL, NAMES, Finding, RunFacts, diagnose, explained, order
-from grpolab.doctor.rows import training_rows
+from grpolab.doctor.rows import WINDOW, mean, training_rows
 
 DEFAULT_EVERY = 5
-"""Steps between two checks (``--doctor-every``); see conditions.WINDOW."""
+"""Steps between two checks (``--doctor-every``); see rows.WINDOW."""
 
 
 @dataclasses.dataclass
@@ -74,12 +74,17 @@ def replay(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = (),
     return order([dataclasses.replace(f, first_step=first[n], ongoing=n in last_names) for n, f in latest.items()])
 
 
+def check_every(run: RunData, every: int | None = None) -> int:
+    """The steps between two checks: ``every`` if given, else the run's own --doctor-every."""
+    return every or int(run.config.get("doctor_every") or DEFAULT_EVERY)
+
+
 def examine(run_dir: str | Path, every: int | None = None) -> tuple[RunData, list[Finding]]:
-    """A run directory's findings, with examples from its samples and rollouts."""
+    """A run directory's findings, checked every :func:`check_every` steps, with examples from its samples and
+    rollouts."""
     run = RunData.read(run_dir)
     facts = RunFacts.of(run.config)
-    every = every or int(run.config.get("doctor_every") or DEFAULT_EVERY)
-    found = replay(run.rows, facts, run.rollouts, every)
+    found = replay(run.rows, facts, run.rollouts, check_every(run, every))
     return run, [dataclasses.replace(f, example=example_for(f, run, facts)) for f in found]
 
 
@@ -134,17 +139,12 @@ def summary_figures(run: RunData) -> list[str]:
     if not t:
         return ["no training step logged yet"]
     out = [f"{len(t)} training steps (last: step {t[-1]['step']})"]
-    head, tail = t[:5], t[-5:]
-
-    def mean(rows, key):
-        v = [r[key] for r in rows if isinstance(r.get(key), int | float)]
-        return sum(v) / len(v) if v else None
-
+    head, tail = t[:WINDOW], t[-WINDOW:]
     for key, name in (("reward/mean", "training reward"), ("reward/frac_zero_std", "groups with equal rewards"),
                       ("completion/truncated_frac", "truncated completions"), ("policy/entropy", "token entropy")):  # fmt: skip
         a, b = mean(head, key), mean(tail, key)
         if a is not None and b is not None:
-            out.append(f"{name} ({key}): {a:.3f} over the first 5 steps, {b:.3f} over the last 5")
+            out.append(f"{name} ({key}): {a:.3f} over the first {WINDOW} steps, {b:.3f} over the last {WINDOW}")
     evals = [r for r in run.rows if r.get("eval/accuracy_greedy") is not None]
     if len(evals) >= 1:
         e0, e1 = evals[0], evals[-1]
