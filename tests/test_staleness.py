@@ -1,5 +1,5 @@
 """--max-staleness K: the rollouts of step t drawn with exactly the weights of step t - K (a checksum of the weights
-the engine drew with against those the trainer had), the same run every time, the staleness logged and corrected,
+the engine drew with against those the trainer had; in the trainer's process and in a generator process), the same run every time, the staleness logged and corrected,
 held-out evaluations on the current weights, and the settings not supported yet refused in one line."""
 
 from __future__ import annotations
@@ -30,30 +30,43 @@ def policy_digest(trainer) -> str:
 
 
 def engine_digest(trainer) -> str:
-    """The checksum of the weights the engine's copy holds (and draws with)."""
+    """The checksum of the weights the (inline) engine's copy holds (and draws with)."""
     return digest(trainer.service.engine.weights.held)
 
 
+@pytest.mark.parametrize("generator", ["inline", "process"])
 @pytest.mark.parametrize("K", [1, 2])
-def test_step_t_draws_with_exactly_the_weights_of_step_t_minus_k(tmp_path, K):
+def test_step_t_draws_with_exactly_the_weights_of_step_t_minus_k(tmp_path, K, generator):
     from grpolab.training.recipe import build_trainer
 
-    trainer = build_trainer(small_cfg(tmp_path, max_staleness=K, warmup_steps=0), log=quiet)
+    trainer = build_trainer(small_cfg(tmp_path, max_staleness=K, warmup_steps=0, generator=generator), log=quiet)
+    engine = trainer.service.engine
+    if generator == "process":
+        engine.digests = []  # the generator process reports the checksum of the weights each draw used
     after = [policy_digest(trainer)]  # after[s]: the policy's weights after step s (0: the start)
     drawn = []
-    for t in range(1, 7):
-        drawn.append(engine_digest(trainer))
-        metrics = trainer.step(t).metrics
-        after.append(policy_digest(trainer))
-        assert metrics["async/staleness_max"] == min(K, t - 1)
-    # synchronously step t draws with the weights after step t - 1; K steps behind, after step t - 1 - K
-    assert drawn == [after[max(0, t - 1 - K)] for t in range(1, 7)]
-    assert len(set(after)) == 7  # every step moved the weights
-    # a held-out evaluation draws with the current weights, and the stale ones are back after it
-    evaluated = {k: v for k, v in trainer.evaluate(6)[0].items() if not k.startswith("time/")}
-    assert evaluated == fresh_evaluation(trainer)  # as an engine that holds the current weights draws
-    assert engine_digest(trainer) == after[6 - K]
-    assert trainer.cfg.objective.engine_correction == "sequence-truncate"  # auto corrects the staleness
+    try:
+        for t in range(1, 7):
+            if generator == "inline":
+                drawn.append(engine_digest(trainer))
+            metrics = trainer.step(t).metrics
+            after.append(policy_digest(trainer))
+            assert metrics["async/staleness_max"] == min(K, t - 1)
+        drawn = drawn or engine.digests
+        # synchronously step t draws with the weights after step t - 1; K steps behind, after step t - 1 - K
+        assert drawn == [after[max(0, t - 1 - K)] for t in range(1, 7)]
+        assert len(set(after)) == 7  # every step moved the weights
+        # a held-out evaluation draws with the current weights, and the stale ones are back after it
+        evaluated = {k: v for k, v in trainer.evaluate(6)[0].items() if not k.startswith("time/")}
+        assert evaluated == fresh_evaluation(trainer)  # as an engine that holds the current weights draws
+        if generator == "inline":
+            assert engine_digest(trainer) == after[6 - K]
+        else:
+            assert set(engine.digests[6:]) == {after[6]}  # the evaluation's draws
+            assert engine.prefetches["used"] == 5
+        assert trainer.cfg.objective.engine_correction == "sequence-truncate"  # auto corrects the staleness
+    finally:
+        trainer.close()
 
 
 def fresh_evaluation(trainer) -> dict:

@@ -619,7 +619,7 @@ def run(argv: list[str]) -> None:
     if cmd not in COMMANDS:
         print(f"error: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
         raise SystemExit(2)
-    from grpolab.common.errors import CheckpointError
+    from grpolab.common.errors import CheckpointError, GeneratorError
     from grpolab.config.train import ConfigError
     from grpolab.data.jsonl import DataError
     from grpolab.sandbox import SandboxError
@@ -639,6 +639,9 @@ def run(argv: list[str]) -> None:
     except (ConfigError, DataError, FileNotFoundError, CheckpointError, SandboxError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    except GeneratorError as e:  # a failure of the run, not of its options
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
     except KeyboardInterrupt:
         print("interrupted; resume with --resume from the last checkpoint", file=sys.stderr)
         raise SystemExit(130) from None

@@ -15,3 +15,8 @@ class ConfigError(ValueError):
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written, or none intact could be found: the message says where and why.
     (Here, with no torch import, so that the command line can name it before it loads torch.)"""
+
+
+class GeneratorError(RuntimeError):
+    """The generator process (``--generator process``) died, hung past ``--generator-timeout`` or failed: the
+    message says what it was doing and what happened to it."""

@@ -67,10 +67,16 @@ def use_grouped_sdpa(model: torch.nn.Module, always: bool = False) -> bool:
     heads, kv = getattr(config, "num_attention_heads", 0), getattr(config, "num_key_value_heads", None)
     if not always and (not kv or kv >= heads):
         return False
-    AttentionInterface.register(NAME, grouped_sdpa_forward)
-    AttentionMaskInterface.register(NAME, sdpa_mask)  # the masks transformers builds for sdpa
+    register_grouped_sdpa()
     model.set_attn_implementation(NAME)
     return True
+
+
+def register_grouped_sdpa() -> None:
+    """Make :func:`grouped_sdpa_forward` known to transformers under :data:`NAME` (a model whose config names it
+    can then be built, as in a process of its own that did not load the policy)."""
+    AttentionInterface.register(NAME, grouped_sdpa_forward)
+    AttentionMaskInterface.register(NAME, sdpa_mask)  # the masks transformers builds for sdpa
 
 
 def upcast_dtype(model: torch.nn.Module) -> torch.dtype | None:

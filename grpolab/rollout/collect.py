@@ -172,10 +172,24 @@ class Collector:
     # ------------------------------------------------------------------ one sampling call
     def _generate(self, step: int, items: list[tuple[int, dict, range]]) -> tuple[Rows, float, float]:
         """Rollouts ``g in gs`` of prompts ``(b, record, gs)``; returns the rows and (generation, scoring) seconds."""
+        return self.service.sample(*self._requests(step, items), self.settings.sampling)
+
+    def _requests(self, step: int, items: list[tuple[int, dict, range]]) -> tuple[list[dict], list[tuple]]:
+        """The records and rollout keys of rollouts ``g in gs`` of prompts ``(b, record, gs)``."""
         recs = [rec for _, rec, gs in items for _ in gs]
         seed = self.settings.seed
         keys = [(streams.ROLLOUT, seed, step, b, g) for b, _, gs in items for g in gs]  # global b: P-independent
-        return self.service.sample(recs, keys, self.settings.sampling)
+        return recs, keys
+
+    def prefetch(self, step: int) -> bool:
+        """Ask the service to start drawing ``step``'s first sampling call now (the whole step under --sampling
+        fixed; the first round or the pilot otherwise), as :meth:`collect` will ask for it; whether it started.
+        The records come from the sampler's draw for ``step``, a function of the step alone."""
+        s = self.settings
+        n = s.pilot_size if s.mode == "adaptive" else s.group_size
+        recs = self.sampler.draw(step, s.prompts_per_step)
+        items = [(b, recs[b], range(n)) for b in self.world.split(s.prompts_per_step)]
+        return self.service.prefetch(*self._requests(step, items), s.sampling)
 
     def _per_rollout(self, rows: Rows) -> Generated:
         """This rank's rollouts of a sampling call, for the step's metrics (every rank's are gathered)."""

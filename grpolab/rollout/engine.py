@@ -68,10 +68,11 @@ class HFEngine:
         dtype: torch.dtype | None = None,
         pack: bool = True,
         lag: int = 0,
+        always_copy: bool = False,
     ):
         self.model, self.eos_id, self.pad_id, self.full_weights = model, eos_id, pad_id, full_weights
         dtype = dtype or next(model.parameters()).dtype
-        self.weights = SamplerWeights(model, dtype, pack, full_weights, lag=lag)
+        self.weights = SamplerWeights(model, dtype, pack, full_weights, lag=lag, always_copy=always_copy)
 
     def generate(self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings) -> Sampled:
         if self.weights.copied:  # a copy of its own: always whole, always in eval mode
@@ -105,11 +106,36 @@ class HFEngine:
         """Inside the block, draw with the policy's current weights (a lagged engine's evaluation)."""
         return self.weights.current()
 
+    def weights_version(self) -> int | None:
+        """With a lag: the number of the weight sync whose weights it draws with (0: the starting ones); else None."""
+        return self.weights.version if self.weights.lag else None
+
+    def lag_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """With a lag: the weights in flight, for a checkpoint (:meth:`SamplerWeights.lag_state`)."""
+        return self.weights.lag_state()
+
+    def restore_lag(self, counts: dict, tensors: dict[str, torch.Tensor]) -> None:
+        """Take back :meth:`lag_state`'s weights."""
+        self.weights.restore_lag(counts, tensors)
+
 
 def build_engine(engine: EngineSection, seed: int, policy, full_weights=contextlib.nullcontext) -> RolloutEngine:
     """The rollout engine ``engine.rollout_engine`` names, over ``policy``'s model (``seed``: vLLM's own)."""
     param = next(policy.model.parameters())
     dtype = rollout_dtype(engine.rollout_dtype, param.dtype, param.device)
+    if engine.rollout_engine == "hf" and engine.in_process:
+        from grpolab.rollout.generator import ProcessEngine
+
+        return ProcessEngine(
+            policy.model,
+            eos_id=policy.eos_id,
+            pad_id=policy.pad_id,
+            full_weights=full_weights,
+            dtype=dtype,
+            lag=engine.max_staleness,
+            threads=engine.generator_threads or torch.get_num_threads(),
+            timeout=engine.generator_timeout,
+        )
     if engine.rollout_engine == "hf":
         return HFEngine(
             policy.model,

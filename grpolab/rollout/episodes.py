@@ -156,6 +156,20 @@ class EpisodeRunner:
         self._play_from(episodes, 0, settings)
         return episodes
 
+    def first_turn(self, records: list[dict], keys: list[tuple], settings: SamplingSettings):
+        """The ``engine.generate`` arguments of :meth:`play`'s first call for single-turn ``records``: what an engine
+        may draw ahead of it."""
+        return self._request([self._start(rec, key) for rec, key in zip(records, keys)], 0, settings)
+
+    def _request(self, live: list[Episode], h: int, settings: SamplingSettings):
+        """``engine.generate``'s arguments for turn ``h`` of ``live``: contexts, keys, settings (the longest room)."""
+        rooms = [self._room(e, settings.max_new_tokens) for e in live]
+        return (
+            [e.segments[-1].context() for e in live],
+            [turn_key(e.key, h) for e in live],
+            dataclasses.replace(settings, max_new_tokens=max(rooms)),
+        )
+
     def _start(self, record: dict, key: tuple) -> Episode:
         if self.env_factory is None:
             return Episode(record, tuple(key), None, [], 0, [Segment(self.policy.prompt_ids(record))])
@@ -193,11 +207,7 @@ class EpisodeRunner:
         rooms = [self._room(e, settings.max_new_tokens) for e in live]
         for e in live:
             e.starts.append((len(e.segments) - 1, len(e.segments[-1].ids), e.used, len(e.messages)))
-        out = self.engine.generate(
-            [e.segments[-1].context() for e in live],
-            [turn_key(e.key, h) for e in live],
-            dataclasses.replace(settings, max_new_tokens=max(rooms)),
-        )
+        out = self.engine.generate(*self._request(live, h, settings))
         replies = _replies(out, rooms, self.policy.eos_id)
         texts = self.policy.decode(*_padded([ids for ids, *_ in replies], self.policy.pad_id))
         for e, (ids, logp, ent, ended), text in zip(live, replies, texts):

@@ -121,15 +121,28 @@ class RolloutService:
     def weights_version(self) -> int | None:
         """The number of the weight sync whose weights the engine draws with (0: the starting ones), for an engine
         that lags the policy's; None for one that draws with the current weights."""
-        weights = getattr(self.engine, "weights", None)
-        return weights.version if getattr(weights, "lag", 0) else None
+        version = getattr(self.engine, "weights_version", None)
+        return version() if version is not None else None
+
+    def prefetch(self, records: list[dict], keys: list[tuple], settings: SamplingSettings) -> bool:
+        """Ask an engine that draws ahead (a generator process under --max-staleness) to start on the rollouts a
+        later :meth:`sample` of the same records, keys and settings will ask for; whether it started. Single-turn
+        rollouts only: an episode's later turns depend on the environment's answers."""
+        start = getattr(self.engine, "prefetch", None)
+        if start is None or self.multi_turn or not records:
+            return False
+        return start(*self.runner.first_turn(records, keys, settings))
 
     def pop_env_time(self) -> float:
         """Seconds spent in the environments since the last call."""
         return self.runner.pop_env_time()
 
     def close(self) -> None:
-        """Stop what the service owns: the environment's tool worker and the reward's sandbox."""
+        """Stop what the service owns: the environment's tool worker, the reward's sandbox and an engine's process
+        (a generator process)."""
+        stop = getattr(self.engine, "close", None)
+        if stop is not None:
+            stop()
         if self.env is not None:
             self.env.close()
         if self.reward is not None:

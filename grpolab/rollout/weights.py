@@ -20,7 +20,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from grpolab.models.attention import upcast_dtype, use_grouped_sdpa
+from grpolab.models.attention import NAME as ATTENTION_NAME
+from grpolab.models.attention import register_grouped_sdpa, upcast_dtype, use_grouped_sdpa
 from grpolab.models.decode_cache import SlabCache
 from grpolab.models.fused_decode import FusedDecoder, fused_supported
 from grpolab.models.packed_linear import PackedLinear, PlainLinear, packing_available, worth_packing
@@ -254,17 +255,33 @@ def _check(policy: nn.Module, model: nn.Module, decoder: FusedDecoder, full_weig
 def _skeleton(base: nn.Module, dtype: torch.dtype, device: torch.device) -> nn.Module:
     """A model of ``base``'s class and config in ``dtype``, its parameters not yet filled (the buffers, such as
     rotary tables, copied from ``base``), in eval mode, attending with grpolab's sdpa function."""
-    config = copy.deepcopy(base.config)  # its own: setting the copy's attention must not touch the policy's
+    return skeleton(type(base), base.config, dict(base.named_buffers()), dtype, device)
+
+
+def skeleton(
+    model_class: type,
+    config,
+    buffers: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    device: torch.device | str,
+    grouped: bool = True,
+) -> nn.Module:
+    """A ``model_class(config)`` in ``dtype`` on ``device``, its parameters not yet filled, its buffers (rotary
+    tables) ``buffers``'s, in eval mode and without gradients. ``grouped``: attending with grpolab's sdpa function
+    (:func:`grpolab.models.attention.grouped_sdpa_forward`); else with the attention ``config`` names."""
+    config = copy.deepcopy(config)  # its own: setting the copy's attention must not touch the policy's
+    if getattr(config, "_attn_implementation", None) == ATTENTION_NAME:
+        register_grouped_sdpa()  # a process that never loaded the policy builds a model naming it
     with torch.device("meta"):
-        model = type(base)(config).to(dtype)
+        model = model_class(config).to(dtype)
     model.to_empty(device=device).eval()
-    buffers = dict(base.named_buffers())
     for name, _ in list(model.named_buffers()):
         owner, _, leaf = name.rpartition(".")
         # Buffers (rotary tables) are in no checkpoint: the policy's own, in their own dtype (fp32 rotary
         # frequencies stay fp32 under a bf16 copy, as in a model loaded in bf16)
-        model.get_submodule(owner)._buffers[leaf] = buffers[name].clone()
-    use_grouped_sdpa(model, always=True)
+        model.get_submodule(owner)._buffers[leaf] = buffers[name].to(device).clone()
+    if grouped:
+        use_grouped_sdpa(model, always=True)
     return model.requires_grad_(False)
 
 

@@ -108,6 +108,8 @@ class GRPOTrainer:
         drawn_with = self.service.weights_version()  # --max-staleness: the sync whose weights draw this step
         roll = self.collector.collect(step)
         t_collected = time.perf_counter()
+        if self.cfg.engine.max_staleness:  # a generator process draws the next step's rollouts during the update
+            self.collector.prefetch(step + 1)
         # 3. advantages: one per rollout [Foundations, Thm 3.1], or per turn of an episode (--advantage)
         adv = step_advantages(roll, self.cfg.objective, self.device, self._mc_values, self.reward.weights, self.world)
         result = StepResult(step, roll, adv, weights_version=drawn_with)
@@ -367,9 +369,7 @@ class GRPOTrainer:
     def restore_stale_weights(self, ckpt: Path, state: dict) -> None:
         """--max-staleness on resume: the engine's held and pending weights as the checkpoint kept them."""
         if self.cfg.engine.max_staleness and "stale_weights" in state:
-            self.service.engine.weights.restore_lag(
-                state["stale_weights"], checkpoint.load_tensors(ckpt, STALE_WEIGHTS)
-            )
+            self.service.engine.restore_lag(state["stale_weights"], checkpoint.load_tensors(ckpt, STALE_WEIGHTS))
 
     def save(self, out: Path, step: int) -> None:
         """Rank 0 writes ``checkpoints/step_N``; under FSDP every rank first sends it its shards.
@@ -389,7 +389,7 @@ class GRPOTrainer:
                 state["entropy_control"] = dataclasses.asdict(self.updater.entropy)
             tensors = {}
             if self.cfg.engine.max_staleness:  # the weights of the steps in flight: a resume draws with them
-                state["stale_weights"], tensors[STALE_WEIGHTS] = self.service.engine.weights.lag_state()
+                state["stale_weights"], tensors[STALE_WEIGHTS] = self.service.engine.lag_state()
             try:
                 checkpoint.save(
                     out,

@@ -1,0 +1,172 @@
+"""--generator process: the rollouts drawn in a process of its own. At K = 0 the run is bit for bit the synchronous
+loop's (metrics, rollouts, weights); at K >= 1 the next step's rollouts are drawn ahead, during the update, and the
+run is the one-process lagged run's; a generator that dies or hangs ends the run in one error, within a bounded
+time, with its checkpoints intact and no process left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import metrics_by_step, quiet, rollouts_of, small_cfg, train_args
+
+from grpolab.common.errors import GeneratorError
+from grpolab.config.train import ConfigError
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    last = max((run / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    return load_file(last / "model.safetensors")
+
+
+def assert_bit_identical(a: Path, b: Path) -> None:
+    """Two runs' metrics (times aside), rollouts and final weights are equal: no tolerance."""
+    assert metrics_by_step(a) == metrics_by_step(b)
+    assert rollouts_of(a) == rollouts_of(b)
+    wa, wb = final_weights(a), final_weights(b)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_k_0_through_the_generator_process_is_bit_identical_to_the_synchronous_loop(tmp_path):
+    from grpolab.training.recipe import train
+
+    options = dict(steps=4, log_rollouts=True, threads=1)
+    sync = train(small_cfg(tmp_path / "sync", **options), log=quiet)
+    process = train(small_cfg(tmp_path / "process", generator="process", max_staleness=0, **options), log=quiet)
+    assert_bit_identical(sync, process)
+    assert "async/staleness_max" not in metrics_by_step(process)[2]  # K = 0: on-policy, nothing stale to log
+
+
+def test_k_1_through_the_generator_process_is_the_lagged_run_and_draws_each_step_ahead(tmp_path):
+    from grpolab.training.recipe import build_trainer, train
+
+    options = dict(steps=4, log_rollouts=True, max_staleness=1, warmup_steps=0)
+    inline = train(small_cfg(tmp_path / "inline", generator="inline", **options), log=quiet)
+    process = train(small_cfg(tmp_path / "process", **options), log=quiet)  # auto: a process when K >= 1
+    assert_bit_identical(inline, process)
+    trainer = build_trainer(small_cfg(tmp_path / "t", **options), log=quiet)
+    try:
+        for t in range(1, 5):
+            trainer.step(t)
+        # steps 2..4 were each asked for before the update of the step before, and used as drawn
+        assert trainer.engine.prefetches == {"used": 3, "dropped": 0}
+        spans = trainer.engine.spans
+        assert [kind for kind, *_ in spans].count("generate") == 4 and all(end >= start for _, start, end in spans)
+    finally:
+        trainer.close()
+    assert not trainer.engine.process.is_alive()
+
+
+def test_a_request_other_than_the_one_drawn_ahead_is_drawn_afresh(tmp_path):
+    from grpolab.rollout.engine import SamplingSettings
+    from grpolab.training.recipe import build_trainer
+
+    trainer = build_trainer(small_cfg(tmp_path, max_staleness=1, warmup_steps=0), log=quiet)
+    engine = trainer.engine
+    try:
+        prompts, keys = [[1, 5, 6], [1, 7]], [(9, 1), (9, 2)]
+        settings = SamplingSettings(8, 1.0, 1.0, True)
+        trainer.step(1)  # its own draw, and step 2's drawn ahead with the weights after step 1
+        assert engine.prefetch(prompts, keys, settings)  # in place of step 2's, which is dropped
+        engine.weights_changed()  # now a draw uses the weights after step 1
+        ahead = engine.generate(prompts, keys, settings)  # the one drawn ahead
+        again = engine.generate(prompts, keys, settings)  # drawn afresh: the same rollouts
+        assert engine.prefetch(prompts, keys, settings)  # ahead for the next sync's weights ...
+        stale = engine.generate(prompts, keys, settings)  # ... so not what this draw asks for: dropped
+        other = engine.generate(prompts, [(9, 3), (9, 4)], settings)
+        assert engine.prefetches == {"used": 1, "dropped": 2}
+        for out in (again, stale):
+            assert torch.equal(out.batch.completion_ids, ahead.batch.completion_ids)
+            assert torch.equal(out.logprobs, ahead.logprobs)
+        assert not torch.equal(other.batch.completion_ids, ahead.batch.completion_ids)
+    finally:
+        trainer.close()
+
+
+def test_a_hung_generator_is_one_error_after_the_timeout_and_is_stopped(tmp_path):
+    from grpolab.training.recipe import build_trainer
+
+    trainer = build_trainer(small_cfg(tmp_path, max_staleness=1, warmup_steps=0, generator_timeout=2), log=quiet)
+    process = trainer.engine.process
+    try:
+        trainer.step(1)
+        os.kill(process.pid, signal.SIGSTOP)  # alive, answering nothing
+        t0 = time.monotonic()
+        with pytest.raises(GeneratorError, match=r"gave no answer in 2 s while .*--generator-timeout"):
+            trainer.step(2)  # step 2's rollouts may be in the pipe already (drawn ahead): then step 3 waits
+            trainer.step(3)
+        assert time.monotonic() - t0 < 20
+        assert not process.is_alive()
+    finally:
+        trainer.close()
+
+
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started that still run (Linux's /proc)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with open(task / "children") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def test_a_killed_generator_ends_the_run_in_one_error_with_its_checkpoint_intact_and_no_process_left(tmp_path):
+    from grpolab.models.checkpoint import newest_intact
+
+    out = tmp_path / "run"
+    args = train_args(tmp_path, "run", 40, "--max-staleness", "1", "--save-every", "2")
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "COLUMNS": "200"}
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "grpolab", *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoints" / "step_2" / "manifest.json").exists():
+            assert trainer.poll() is None and time.monotonic() < deadline, "the run ended before its checkpoint"
+            time.sleep(0.2)
+        started = children(trainer.pid)  # the generator, and multiprocessing's resource tracker
+        (generator,) = [pid for pid in started if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        os.kill(generator, signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = trainer.communicate(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    assert took < 30
+    assert trainer.returncode == 1
+    lines = [line for line in err.decode().splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "the generator process" in lines[0] and "died (killed by SIGKILL)" in lines[0]
+    step, ckpt = newest_intact(out, warn=quiet)
+    assert step >= 2 and (ckpt / "stale_weights.safetensors").exists()
+    assert not any(alive(pid) for pid in started)
+
+
+def test_generator_options_are_checked_in_one_line():
+    from grpolab.config.train import TrainConfig
+
+    with pytest.raises(ConfigError, match="--generator: must be 'auto', 'inline' or 'process'"):
+        TrainConfig(generator="thread").validate()
+    with pytest.raises(ConfigError, match="--generator-threads: must be >= 0"):
+        TrainConfig(generator_threads=-1).validate()
+    with pytest.raises(ConfigError, match="--generator-timeout: must be > 0"):
+        TrainConfig(generator_timeout=0).validate()
+    assert TrainConfig(max_staleness=1).engine.in_process and not TrainConfig().engine.in_process
+    assert not TrainConfig(max_staleness=1, generator="inline").engine.in_process
