@@ -80,9 +80,12 @@ def test_a_request_other_than_the_one_drawn_ahead_is_drawn_afresh(tmp_path):
         ahead = engine.generate(prompts, keys, settings)  # the one drawn ahead
         again = engine.generate(prompts, keys, settings)  # drawn afresh: the same rollouts
         assert engine.prefetch(prompts, keys, settings)  # ahead for the next sync's weights ...
-        stale = engine.generate(prompts, keys, settings)  # ... so not what this draw asks for: dropped
+        stale = engine.generate(prompts, keys, settings)  # ... so not what this draw asks for: drawn afresh
         other = engine.generate(prompts, [(9, 3), (9, 4)], settings)
-        assert engine.prefetches == {"used": 1, "dropped": 2}
+        assert engine.prefetches == {"used": 1, "dropped": 1}
+        engine.weights_changed()
+        engine.generate(prompts, keys, settings)  # the draw ahead waited for its own request
+        assert engine.prefetches == {"used": 2, "dropped": 1}
         for out in (again, stale):
             assert torch.equal(out.batch.completion_ids, ahead.batch.completion_ids)
             assert torch.equal(out.logprobs, ahead.logprobs)

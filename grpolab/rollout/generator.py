@@ -13,8 +13,9 @@ versions a later draw may still ask for (the newest K + 1).
 
 Overlap: :meth:`ProcessEngine.prefetch` asks, before the update of step t, for the rollouts of step t + 1; with
 K >= 1 their weights (those after step t - K) already exist. When the collector then asks for exactly that draw (the
-same prompts, keys, settings and version) it gets the prefetched rows; any other request is drawn afresh and the
-prefetched rows are dropped. With K = 0 nothing can be prefetched and the process draws what the trainer's own engine
+same prompts, keys, settings and version) it gets the prefetched rows; any other request (a held-out evaluation, a
+changed group size, a later round) is drawn afresh, and the rows drawn ahead wait for their own request or are
+dropped when the next draw ahead replaces them. With K = 0 nothing can be prefetched and the process draws what the trainer's own engine
 would, at the same threads, bit for bit.
 
 Messages run in order over one pipe, so a draw asked before a weight sync uses the weights it names even while the
@@ -281,11 +282,10 @@ class ProcessEngine:
         request = (self._draw_version(), prompts, [tuple(k) for k in keys], settings)
         if self._prefetched is not None and self._prefetched[0] == request:
             tag = self._prefetched[1]
+            self._prefetched = None
             self.prefetches["used"] += 1
-        else:
-            self._drop_prefetch()
+        else:  # drawn afresh; a draw ahead stays for the request it was made for (an evaluation comes between)
             tag = self._send("draw", *request, self.digests is not None)
-        self._prefetched = None
         out, span, digest = self._answer(tag, f"drawing {len(prompts)} rollouts")
         self.spans.append(("generate", *span))
         if self.digests is not None:
