@@ -159,6 +159,9 @@ def test_a_killed_generator_ends_the_run_in_one_error_with_its_checkpoint_intact
     assert len(lines) == 1 and "the generator process" in lines[0] and "died (killed by SIGKILL)" in lines[0]
     step, ckpt = newest_intact(out, warn=quiet)
     assert step >= 2 and (ckpt / "stale_weights.safetensors").exists()
+    deadline = time.monotonic() + 10  # multiprocessing's resource tracker exits once its last holder has
+    while any(alive(pid) for pid in started) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not any(alive(pid) for pid in started)
 
 

@@ -123,19 +123,6 @@ def build_engine(engine: EngineSection, seed: int, policy, full_weights=contextl
     """The rollout engine ``engine.rollout_engine`` names, over ``policy``'s model (``seed``: vLLM's own)."""
     param = next(policy.model.parameters())
     dtype = rollout_dtype(engine.rollout_dtype, param.dtype, param.device)
-    if engine.rollout_engine == "hf" and engine.in_process:
-        from grpolab.rollout.generator import ProcessEngine
-
-        return ProcessEngine(
-            policy.model,
-            eos_id=policy.eos_id,
-            pad_id=policy.pad_id,
-            full_weights=full_weights,
-            dtype=dtype,
-            lag=engine.max_staleness,
-            threads=engine.generator_threads or torch.get_num_threads(),
-            timeout=engine.generator_timeout,
-        )
     if engine.rollout_engine == "hf":
         return HFEngine(
             policy.model,

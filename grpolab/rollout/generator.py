@@ -45,11 +45,13 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.multiprocessing as mp
 
+from grpolab.common.devices import rollout_dtype
 from grpolab.common.errors import GeneratorError
+from grpolab.config.rollout import EngineSection
 from grpolab.rollout.sampler import Sampled, SamplingSettings
 from grpolab.rollout.weights import base_model, served_weights, skeleton
 
-__all__ = ["GeneratorSpec", "ProcessEngine", "weights_digest"]
+__all__ = ["GeneratorSpec", "ProcessEngine", "build_process_engine", "weights_digest"]
 
 START_TIMEOUT = 300.0
 """Seconds the child may take to start (import torch and transformers, build its replica) when --generator-timeout
@@ -366,7 +368,8 @@ class ProcessEngine:
         try:
             self._conn.send((kind, self._tag, *payload))
         except (BrokenPipeError, OSError):
-            raise self._failure(f"sending it a {kind} request") from None
+            what = {"draw": "a draw", "sync": "new weights", "state": "a request for its weights"}.get(kind, kind)
+            raise self._failure(f"being sent {what}") from None
         return self._tag
 
     def _answer(self, tag: int, doing: str, timeout: float | None = None):
@@ -418,3 +421,19 @@ class ProcessEngine:
             self.process.kill()
             self.process.join()
         self._conn.close()
+
+
+def build_process_engine(engine: EngineSection, policy, full_weights=contextlib.nullcontext) -> ProcessEngine:
+    """A generator process for ``policy`` as the run's ``engine`` options ask (--max-staleness, --rollout-dtype,
+    --generator-threads, --generator-timeout); ``full_weights``: the context in which the weights are whole (FSDP)."""
+    param = next(policy.model.parameters())
+    return ProcessEngine(
+        policy.model,
+        eos_id=policy.eos_id,
+        pad_id=policy.pad_id,
+        full_weights=full_weights,
+        dtype=rollout_dtype(engine.rollout_dtype, param.dtype, param.device),
+        lag=engine.max_staleness,
+        threads=engine.generator_threads or torch.get_num_threads(),
+        timeout=engine.generator_timeout,
+    )

@@ -59,6 +59,15 @@ STALE_WEIGHTS = "stale_weights.safetensors"
 """The file of a checkpoint that keeps --max-staleness's held and pending weights."""
 
 
+def staleness_metrics(step: int, drawn_with: int | None) -> dict:
+    """``async/staleness_*`` of a step whose rollouts were all drawn with the weights of sync ``drawn_with`` (None:
+    with the current ones, nothing to log): the optimizer steps between those and the weights the update starts from."""
+    if drawn_with is None:
+        return {}
+    staleness = step - 1 - drawn_with
+    return {"async/staleness_mean": float(staleness), "async/staleness_max": staleness}
+
+
 class GRPOTrainer:
     """One run's policy, KL reference, optimizer and update, its task's data, reward and environment, and the
     rollout service every rollout is drawn through; :meth:`step` runs one GRPO step.
@@ -136,9 +145,7 @@ class GRPOTrainer:
         if self.service.multi_turn:
             times["time/env_s"] = self.service.pop_env_time()
         result.metrics = {**step_metrics(roll, self.rollouts_total, result.update, times), **result.metrics}
-        if drawn_with is not None:  # every rollout of the step was drawn with the same weights
-            staleness = step - 1 - drawn_with  # optimizer steps between the drawing weights and the updated ones
-            result.metrics.update({"async/staleness_mean": float(staleness), "async/staleness_max": staleness})
+        result.metrics.update(staleness_metrics(step, drawn_with))
         self._update_control(result)
         return result
 
@@ -327,7 +334,12 @@ class GRPOTrainer:
         """The rollout engine, the service every rollout of the run is drawn through (training's, evaluation's,
         rtg-mc's branches) and the collector of a step's rollouts."""
         cfg, t0 = self.cfg, time.perf_counter()
-        self.engine = engine or build_engine(cfg.engine, cfg.run.seed, self.policy, self.train_module.full_weights)
+        full_weights = self.train_module.full_weights
+        if engine is None and cfg.engine.in_process:  # --generator process: the hf engine in a process of its own
+            from grpolab.rollout.generator import build_process_engine
+
+            engine = build_process_engine(cfg.engine, self.policy, full_weights)
+        self.engine = engine or build_engine(cfg.engine, cfg.run.seed, self.policy, full_weights)
         if engine is None and cfg.engine.rollout_engine != "hf":
             mode = "compiled" if cfg.engine.vllm_compile else "eager"
             self.log(
