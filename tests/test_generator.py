@@ -5,6 +5,7 @@ time, with its checkpoints intact and no process left behind."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -174,5 +175,8 @@ def test_generator_options_are_checked_in_one_line():
         TrainConfig(generator_threads=-1).validate()
     with pytest.raises(ConfigError, match="--generator-timeout: must be > 0"):
         TrainConfig(generator_timeout=0).validate()
+    if importlib.util.find_spec("vllm") is not None:  # vLLM's options are checked only where it is installed
+        with pytest.raises(ConfigError, match="--max-staleness: K >= 1 with vllm draws in the generator process"):
+            TrainConfig(max_staleness=1, rollout_engine="vllm", generator="inline").validate()
     assert TrainConfig(max_staleness=1).engine.in_process and not TrainConfig().engine.in_process
     assert not TrainConfig(max_staleness=1, generator="inline").engine.in_process

@@ -260,3 +260,30 @@ def test_a_bf16_engine_samples_in_bf16_and_its_mismatch_is_measured_and_correcte
     assert m_low["engine/logratio_std"] > 10 * m_exact["engine/logratio_std"]
     assert m_low["engine/seq_logratio_std"] > m_exact["engine/seq_logratio_std"]
     assert 0 < m_low["engine/correction_weight_mean"] != 1.0
+
+
+# ---------------------------------------------------------------- in a generator process
+
+
+def test_vllm_in_the_generator_process_draws_what_it_draws_in_the_trainers_and_lags_at_k_1(tmp_path):
+    """--generator process with vllm: at K = 0 the same rollouts, rewards and weights as vLLM in the trainer's
+    process; at K = 1 each step's rollouts come from the weights of the step before (sampler log-probs off the
+    trainer's from step 2 on, which a current engine's are not), every step after the first drawn ahead."""
+    from helpers import rollouts_of
+
+    inline = train(_vllm_cfg(tmp_path / "inline", steps=3, lr=1e-3, log_rollouts=True), log=quiet)
+    process = train(
+        _vllm_cfg(tmp_path / "process", steps=3, lr=1e-3, log_rollouts=True, generator="process"), log=quiet
+    )
+    assert rollouts_of(process) == rollouts_of(inline)
+    mi, mp = metrics_by_step(inline), metrics_by_step(process)
+    assert all(mi[s]["reward/mean"] == mp[s]["reward/mean"] for s in (1, 2, 3))
+    for k, v in state_dict(inline / "checkpoints" / "step_3").items():
+        assert torch.allclose(v, state_dict(process / "checkpoints" / "step_3")[k], atol=1e-6), k
+    trainer = build_trainer(_vllm_cfg(tmp_path / "k1", steps=4, lr=1e-3, max_staleness=1), log=quiet)
+    try:
+        logratio = [trainer.step(t).metrics["engine/logratio_std"] for t in range(1, 5)]
+        assert trainer.engine.prefetches == {"used": 3, "dropped": 0}
+    finally:
+        trainer.close()
+    assert logratio[0] < 1e-4 < min(logratio[1:])  # step 1 draws with the weights it updates; later ones a step behind

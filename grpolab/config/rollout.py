@@ -125,16 +125,16 @@ class EngineSection:
     max_staleness: int = 0
     """K: the rollouts of step t are drawn with the weights that step t - K drew with (exactly those, not the newest
     at hand), as a generator K steps behind the trainer draws them; steps 1..K+1 draw with the starting weights.
-    0 = on-policy, the synchronous loop. K >= 1: the hf engine samples from a copy of the weights refreshed K steps
-    late (held-out evaluations use the current weights), --engine-correction auto corrects the staleness
+    0 = on-policy, the synchronous loop. K >= 1: the engine samples from weights K steps late, in a generator
+    process by default (held-out evaluations use the current weights), --engine-correction auto corrects the staleness
     (sequence-truncate), async/staleness is logged and each rollout in rollouts.jsonl names the weights that drew it;
     checkpoints keep the weights in flight, so --resume continues as the uninterrupted run; P processes draw what one
     draws. With --generator process the next step's rollouts are drawn while the trainer updates."""
     generator: Literal["auto", "inline", "process"] = "auto"
-    """Where the hf engine draws: 'inline', in the trainer's process between updates; 'process', in a generator
+    """Where the rollout engine draws: 'inline', in the trainer's process between updates; 'process', in a generator
     process of its own that takes the weights through shared memory after each optimizer step and, with
     --max-staleness K >= 1, draws the next step's rollouts while the trainer updates (rewards are still scored in the
-    trainer's process). The rollouts are the same either way. auto: process when K >= 1, else inline."""
+    trainer's process). The hf engine's rollouts are the same either way. auto: process when K >= 1, else inline."""
     generator_threads: int = 0
     """--generator process: the generator's torch threads; 0 = as many as the trainer's (--threads)."""
     generator_timeout: float = 900.0
@@ -145,18 +145,16 @@ class EngineSection:
     def in_process(self) -> bool:
         """Whether the rollouts are drawn in a generator process (--generator, auto resolved)."""
         if self.generator == "auto":
-            return self.max_staleness > 0 and self.rollout_engine == "hf"
+            return self.max_staleness > 0
         return self.generator == "process"
 
     def validate(self) -> None:
         if self.max_staleness < 0:
             raise bad("max_staleness", f"must be >= 0, got {self.max_staleness}")
-        if self.max_staleness and self.rollout_engine != "hf":
-            raise bad("max_staleness", "K >= 1 runs on the hf engine so far; use --rollout-engine hf or K = 0")
+        if self.max_staleness and self.rollout_engine == "vllm" and self.generator == "inline":
+            raise bad("max_staleness", "K >= 1 with vllm draws in the generator process; use --generator process")
         if self.generator not in ("auto", "inline", "process"):
             raise bad("generator", f"must be 'auto', 'inline' or 'process', got {self.generator!r}")
-        if self.generator == "process" and self.rollout_engine != "hf":
-            raise bad("generator", "a generator process runs the hf engine so far; use --rollout-engine hf")
         if self.generator_threads < 0:
             raise bad("generator_threads", f"must be >= 0, got {self.generator_threads}")
         if not self.generator_timeout > 0:

@@ -1,7 +1,8 @@
-"""A generator process: grpolab's sampler in a process of its own, drawing while the trainer updates.
+"""A generator process: a rollout engine in a process of its own, drawing while the trainer updates.
 
 :class:`ProcessEngine` is a rollout engine (``grpolab.rollout.engine.RolloutEngine``) whose draws run in a child
-process. The child holds a replica of the policy's model and an :class:`grpolab.rollout.engine.HFEngine` over it;
+process. The child holds a replica of the policy's model and an :class:`grpolab.rollout.engine.HFEngine` over it (or
+a :class:`grpolab.rollout.vllm_engine.VLLMEngine`, vLLM in the child's process, each version pushed into it);
 the trainer keeps everything else (the collector, the rewards, the environments, the update).
 
 Weights: after each optimizer step the trainer writes the served weights (``grpolab.rollout.weights.
@@ -79,6 +80,11 @@ class GeneratorSpec:
     trainable: bool
     """Whether the policy's parameters require gradients: the replica's then do too, because some of torch's CPU
     kernels differ in their last bits with it, and the replica must draw what the policy's own weights draw."""
+    vllm: object = None
+    """vLLM's start settings (:class:`grpolab.rollout.vllm_engine.VLLMSettings`) when the generator runs vLLM on the
+    replica (each version pushed into it as the in-process engine pushes the trainer's); None: grpolab's sampler."""
+    seed: int = 0
+    """vLLM's own seed (the run's)."""
 
 
 class SharedWeights:
@@ -137,9 +143,21 @@ class _Generator:
         self.params = dict(self.replica.named_parameters(remove_duplicate=False))
         self.versions = {0: self._copy_slot()}
         self._load(0)
-        self.engine = HFEngine(
-            self.replica, eos_id=spec.eos_id, pad_id=spec.pad_id, dtype=spec.dtype, always_copy=spec.always_copy
-        )
+        if spec.vllm is not None:
+            from grpolab.rollout.vllm_engine import VLLMEngine
+
+            self.engine = VLLMEngine(
+                self.replica,
+                eos_id=spec.eos_id,
+                pad_id=spec.pad_id,
+                seed=spec.seed,
+                settings=spec.vllm,
+                dtype=spec.dtype,
+            )
+        else:
+            self.engine = HFEngine(
+                self.replica, eos_id=spec.eos_id, pad_id=spec.pad_id, dtype=spec.dtype, always_copy=spec.always_copy
+            )
         self.loaded = 0
 
     def _copy_slot(self) -> dict[str, torch.Tensor]:
@@ -199,7 +217,8 @@ def serve(spec: GeneratorSpec, shared: SharedWeights, buffers: dict, conn, paren
     _die_with_parent()
     try:
         generator = _Generator(spec, shared, buffers)
-        conn.send(("ready", 0, generator.engine.weights.note))
+        weights = getattr(generator.engine, "weights", None)
+        conn.send(("ready", 0, getattr(weights, "note", None)))
         while True:
             if not conn.poll(1.0):
                 if os.getppid() != parent:
@@ -233,6 +252,8 @@ class ProcessEngine:
         lag: int = 0,
         threads: int = 1,
         timeout: float = 900.0,
+        vllm=None,
+        seed: int = 0,
     ):
         self.model, self.full_weights, self.lag, self.timeout = model, full_weights, lag, timeout
         self.syncs = 0
@@ -265,6 +286,8 @@ class ProcessEngine:
             threads,
             always_copy=lag > 0,
             trainable=param.requires_grad,
+            vllm=vllm,
+            seed=seed,
         )
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
@@ -423,10 +446,18 @@ class ProcessEngine:
         self._conn.close()
 
 
-def build_process_engine(engine: EngineSection, policy, full_weights=contextlib.nullcontext) -> ProcessEngine:
-    """A generator process for ``policy`` as the run's ``engine`` options ask (--max-staleness, --rollout-dtype,
-    --generator-threads, --generator-timeout); ``full_weights``: the context in which the weights are whole (FSDP)."""
+def build_process_engine(
+    engine: EngineSection, seed: int, policy, full_weights=contextlib.nullcontext
+) -> ProcessEngine:
+    """A generator process for ``policy`` as the run's ``engine`` options ask (--rollout-engine, --max-staleness,
+    --rollout-dtype, --generator-threads, --generator-timeout, vLLM's); ``seed``: vLLM's; ``full_weights``: the
+    context in which the weights are whole (FSDP)."""
     param = next(policy.model.parameters())
+    vllm = None
+    if engine.rollout_engine == "vllm":
+        from grpolab.rollout.vllm_engine import VLLMSettings
+
+        vllm = VLLMSettings(engine.vllm_max_len, not engine.vllm_compile, engine.vllm_memory, engine.vllm_sleep)
     return ProcessEngine(
         policy.model,
         eos_id=policy.eos_id,
@@ -436,4 +467,6 @@ def build_process_engine(engine: EngineSection, policy, full_weights=contextlib.
         lag=engine.max_staleness,
         threads=engine.generator_threads or torch.get_num_threads(),
         timeout=engine.generator_timeout,
+        vllm=vllm,
+        seed=seed,
     )

@@ -335,10 +335,10 @@ class GRPOTrainer:
         rtg-mc's branches) and the collector of a step's rollouts."""
         cfg, t0 = self.cfg, time.perf_counter()
         full_weights = self.train_module.full_weights
-        if engine is None and cfg.engine.in_process:  # --generator process: the hf engine in a process of its own
+        if engine is None and cfg.engine.in_process:  # --generator process: the engine in a process of its own
             from grpolab.rollout.generator import build_process_engine
 
-            engine = build_process_engine(cfg.engine, self.policy, full_weights)
+            engine = build_process_engine(cfg.engine, cfg.run.seed, self.policy, full_weights)
         self.engine = engine or build_engine(cfg.engine, cfg.run.seed, self.policy, full_weights)
         if engine is None and cfg.engine.rollout_engine != "hf":
             mode = "compiled" if cfg.engine.vllm_compile else "eager"
