@@ -222,9 +222,9 @@ def _wait_for_step(run: Path, step: int, proc: subprocess.Popen, timeout: float 
     t0 = time.time()
     while time.time() - t0 < timeout:
         path = run / "metrics.jsonl"
-        if path.exists() and any(
-            json.loads(line).get("step", 0) >= step for line in path.read_text().splitlines() if line.strip()
-        ):
+        # whole lines only: the run may be writing its last one as we read
+        lines = path.read_text().split("\n")[:-1] if path.exists() else []
+        if any(json.loads(line).get("step", 0) >= step for line in lines if line.strip()):
             return
         assert proc.poll() is None, proc.stdout.read()
         time.sleep(0.05)
