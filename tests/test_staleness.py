@@ -4,22 +4,13 @@ held-out evaluations on the current weights, and the settings not supported yet 
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import pytest
 from helpers import quiet, small_cfg
 
 from grpolab.config.train import ConfigError
-
-
-def digest(weights: dict) -> str:
-    """A checksum of weights by name."""
-    h = hashlib.sha256()
-    for name, p in sorted(weights.items()):
-        h.update(name.encode())
-        h.update(p.detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()
+from grpolab.rollout.generator import weights_digest as digest  # the checksum the generator process reports
 
 
 def policy_digest(trainer) -> str:
@@ -127,12 +118,13 @@ def test_two_processes_equal_one_at_k_1(tmp_path, monkeypatch):
     assert_same_params(one, two, step=3)
 
 
-def test_a_resumed_stale_run_continues_as_the_uninterrupted_one(tmp_path):
+@pytest.mark.parametrize("generator", ["inline", "process"])
+def test_a_resumed_stale_run_continues_as_the_uninterrupted_one(tmp_path, generator):
     from helpers import assert_same_params, metrics_by_step, rollouts_of
 
     from grpolab.training.recipe import train
 
-    options = dict(max_staleness=2, log_rollouts=True, warmup_steps=0, save_every=2)
+    options = dict(max_staleness=2, log_rollouts=True, warmup_steps=0, save_every=2, generator=generator)
     whole = train(small_cfg(tmp_path / "whole", steps=5, **options), log=quiet)
     cut = train(small_cfg(tmp_path / "cut", steps=3, **options), log=quiet)  # saved at 2 and 3 (the last)
     import shutil

@@ -50,7 +50,7 @@ from grpolab.common.devices import rollout_dtype
 from grpolab.common.errors import GeneratorError
 from grpolab.config.rollout import EngineSection
 from grpolab.rollout.sampler import Sampled, SamplingSettings
-from grpolab.rollout.weights import base_model, served_weights, skeleton
+from grpolab.rollout.weights import base_model, lag_state, restored_lag, served_weights, skeleton, snapshot
 
 __all__ = ["GeneratorSpec", "ProcessEngine", "build_process_engine", "weights_digest"]
 
@@ -104,6 +104,7 @@ class SharedWeights:
             sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
         self.layout = layout
         self.buffers = {str(d): torch.empty(n, dtype=d).share_memory_() for d, n in sizes.items()}
+        self._views = self.views()
 
     def views(self, buffers: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Each weight's view into ``buffers`` (default: this process's)."""
@@ -115,7 +116,7 @@ class SharedWeights:
 
     def write(self, served: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
-            for name, view in self.views().items():
+            for name, view in self._views.items():
                 view.copy_(served[name])
 
 
@@ -141,7 +142,7 @@ class _Generator:
         self.replica = skeleton(spec.model_class, spec.config, spec.buffers, spec.param_dtype, spec.device, False)
         self.replica.requires_grad_(spec.trainable)
         self.params = dict(self.replica.named_parameters(remove_duplicate=False))
-        self.versions = {0: self._copy_slot()}
+        self.versions = {0: snapshot(self.slot)}
         self._load(0)
         if spec.vllm is not None:
             from grpolab.rollout.vllm_engine import VLLMEngine
@@ -159,10 +160,6 @@ class _Generator:
                 self.replica, eos_id=spec.eos_id, pad_id=spec.pad_id, dtype=spec.dtype, always_copy=spec.always_copy
             )
         self.loaded = 0
-
-    def _copy_slot(self) -> dict[str, torch.Tensor]:
-        copies: dict[int, torch.Tensor] = {}  # a tied weight: one view, one copy
-        return {n: copies.setdefault(v.data_ptr(), v.clone()) for n, v in self.slot.items()}
 
     def _load(self, version: int) -> None:
         with torch.no_grad():
@@ -192,7 +189,7 @@ class _Generator:
         if kind == "sync":
             version, keep_from = message[2:]
             t0 = time.time()
-            self.versions[version] = self._copy_slot()
+            self.versions[version] = snapshot(self.slot)
             for v in [v for v in self.versions if v < keep_from]:  # never asked for again (the loaded: in place)
                 del self.versions[v]
             return "synced", tag, (t0, time.time())
@@ -356,19 +353,13 @@ class ProcessEngine:
         :meth:`grpolab.rollout.weights.SamplerWeights.lag_state` (so either engine resumes the other's)."""
         held = max(0, self.syncs - self.lag)
         versions = self._answer(self._send("state"), "handing over the weights in flight")
-        pending = [v for v in range(held + 1, self.syncs + 1)]
-        tensors = {f"held/{n}": t for n, t in versions[held].items()}
-        for v in pending:
-            tensors.update({f"{v}/{n}": t for n, t in versions[v].items()})
-        return {"version": held, "syncs": self.syncs, "pending": pending}, tensors
+        pending = [(v, versions[v]) for v in range(held + 1, self.syncs + 1)]
+        return lag_state(held, self.syncs, versions[held], pending)
 
     def restore_lag(self, counts: dict, tensors: dict[str, torch.Tensor]) -> None:
         """Take back :meth:`lag_state`'s weights: the child draws with them as the uninterrupted run would."""
-
-        def part(prefix: str) -> dict[str, torch.Tensor]:
-            return {n[len(prefix) + 1 :]: t for n, t in tensors.items() if n.startswith(prefix + "/")}
-
-        versions = {counts["version"]: part("held"), **{v: part(str(v)) for v in counts["pending"]}}
+        held, pending = restored_lag(counts, tensors)
+        versions = {counts["version"]: held, **dict(pending)}
         self._answer(self._send("restore", versions), "taking the checkpoint's weights in flight")
         self.syncs = counts["syncs"]
 

@@ -119,7 +119,7 @@ class SamplerWeights:
         if self.decoder is None:
             self.model, self._targets = self._build_packed(served)
         if lag:
-            self._serving = _snapshot(served)
+            self._serving = snapshot(served)
 
     def _served(self) -> dict[str, torch.Tensor]:
         with torch.no_grad(), self.full_weights():
@@ -165,7 +165,7 @@ class SamplerWeights:
         if not self.lag:
             self._load_served(self._served())
             return
-        self._pending.append((self.syncs, _snapshot(self._served())))
+        self._pending.append((self.syncs, snapshot(self._served())))
         if len(self._pending) > self.lag:
             self.version, self._serving = self._pending.popleft()
             self._load_served(self._serving)
@@ -177,23 +177,15 @@ class SamplerWeights:
         return self._serving
 
     def lag_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
-        """With a lag: what a checkpoint keeps of it, (the sync counts, the held and pending weights by
-        ``held/<name>`` and ``<sync>/<name>``), so that a resumed run draws what the uninterrupted one would."""
-        counts = {"version": self.version, "syncs": self.syncs, "pending": [v for v, _ in self._pending]}
-        tensors = {f"held/{n}": t for n, t in (self._serving or {}).items()}
-        for version, served in self._pending:
-            tensors.update({f"{version}/{n}": t for n, t in served.items()})
-        return counts, tensors
+        """With a lag: what a checkpoint keeps of it (:func:`lag_state`), so that a resumed run draws what the
+        uninterrupted one would."""
+        return lag_state(self.version, self.syncs, self._serving or {}, list(self._pending))
 
     def restore_lag(self, counts: dict, tensors: dict[str, torch.Tensor]) -> None:
         """Take back :meth:`lag_state`'s weights and counts, and load the held weights into the copy."""
-
-        def part(prefix: str) -> dict[str, torch.Tensor]:
-            return {n[len(prefix) + 1 :]: t for n, t in tensors.items() if n.startswith(prefix + "/")}
-
         self.version, self.syncs = counts["version"], counts["syncs"]
-        self._serving = part("held")
-        self._pending = collections.deque((v, part(str(v))) for v in counts["pending"])
+        self._serving, pending = restored_lag(counts, tensors)
+        self._pending = collections.deque(pending)
         self._load_served(self._serving)
 
     @contextlib.contextmanager
@@ -216,10 +208,32 @@ class SamplerWeights:
                 self.decoder.load(served, self.dtype)
 
 
-def _snapshot(served: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A copy of served weights that later updates of the policy do not change (a tied weight stays one tensor)."""
-    copies: dict[int, torch.Tensor] = {}
-    return {name: copies.setdefault(id(t), t.detach().clone()) for name, t in served.items()}
+def snapshot(served: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A copy of served weights that later updates of their source do not change. A tied weight (one tensor, or
+    views of the same memory, under several names) stays one tensor."""
+    copies: dict[tuple, torch.Tensor] = {}
+    return {name: copies.setdefault((t.data_ptr(), t.shape, t.dtype), t.detach().clone()) for name, t in served.items()}
+
+
+def lag_state(
+    version: int, syncs: int, held: dict[str, torch.Tensor], pending: list[tuple[int, dict[str, torch.Tensor]]]
+) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The form a checkpoint keeps a lag in, whichever engine held it: the counts (the held weights' sync
+    ``version``, the ``syncs`` so far, the pending syncs' numbers) and the tensors, ``held/<name>`` and
+    ``<sync>/<name>``."""
+    tensors = {f"held/{n}": t for n, t in held.items()}
+    for v, served in pending:
+        tensors.update({f"{v}/{n}": t for n, t in served.items()})
+    return {"version": version, "syncs": syncs, "pending": [v for v, _ in pending]}, tensors
+
+
+def restored_lag(counts: dict, tensors: dict[str, torch.Tensor]) -> tuple[dict, list[tuple[int, dict]]]:
+    """:func:`lag_state`'s form read back: the held weights and the pending ``(sync, weights)`` in order."""
+
+    def part(prefix: str) -> dict[str, torch.Tensor]:
+        return {n[len(prefix) + 1 :]: t for n, t in tensors.items() if n.startswith(prefix + "/")}
+
+    return part("held"), [(v, part(str(v))) for v in counts["pending"]]
 
 
 def _load(targets: dict, served: dict) -> None:
