@@ -155,6 +155,28 @@ def qwen2(vocab: int, **config):
     return Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, **(shape | config)))
 
 
+def model_and_batch():
+    """A tiny Llama (seed 7, train mode) on the built-in character tokenizer, and a seeded batch of 6 rows for it:
+    left-padded prompts [6, 6] (lengths 3, 5, 4, 6, 2, 5) and right-padded completions [6, 6] (lengths 4, 1, 6, 3,
+    5, 2; the even rows end in EOS, the odd ones are cut off)."""
+    from grpolab.models.builtin import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    model = tiny_llama(tok, seed=7).train()
+    g = torch.Generator().manual_seed(8)
+    prompt_lens, comp_lens = [3, 5, 4, 6, 2, 5], [4, 1, 6, 3, 5, 2]
+    prompts = [[tok.bos_token_id] + torch.randint(4, len(tok), (n - 1,), generator=g).tolist() for n in prompt_lens]
+    prompt_ids, prompt_mask = left_pad(prompts, tok.pad_token_id)  # [N, 6]
+    T = max(comp_lens)
+    comp_ids = torch.full((len(comp_lens), T), tok.pad_token_id, dtype=torch.long)
+    comp_mask = torch.zeros((len(comp_lens), T), dtype=torch.long)
+    for i, n in enumerate(comp_lens):
+        comp_ids[i, :n] = torch.randint(4, len(tok), (n,), generator=g)
+        comp_ids[i, n - 1] = tok.eos_token_id if i % 2 == 0 else comp_ids[i, n - 1]
+        comp_mask[i, :n] = 1
+    return model, Batch(prompt_ids, prompt_mask, comp_ids, comp_mask)
+
+
 # A chat template of the simplest shape: every message, then the assistant's turn.
 SIMPLE_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"

@@ -36,6 +36,7 @@ def assert_bit_identical(a: Path, b: Path) -> None:
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow
 def test_k_0_through_the_generator_process_is_bit_identical_to_the_synchronous_loop(tmp_path):
     from grpolab.training.recipe import train
 
@@ -46,6 +47,7 @@ def test_k_0_through_the_generator_process_is_bit_identical_to_the_synchronous_l
     assert "async/staleness_max" not in metrics_by_step(process)[2]  # K = 0: on-policy, nothing stale to log
 
 
+@pytest.mark.slow
 def test_k_1_through_the_generator_process_is_the_lagged_run_and_draws_each_step_ahead(tmp_path):
     from grpolab.training.recipe import build_trainer, train
 
@@ -66,6 +68,7 @@ def test_k_1_through_the_generator_process_is_the_lagged_run_and_draws_each_step
     assert not trainer.engine.process.is_alive()
 
 
+@pytest.mark.slow
 def test_a_request_other_than_the_one_drawn_ahead_is_drawn_afresh(tmp_path):
     from grpolab.rollout.engine import SamplingSettings
     from grpolab.training.recipe import build_trainer
@@ -95,6 +98,7 @@ def test_a_request_other_than_the_one_drawn_ahead_is_drawn_afresh(tmp_path):
         trainer.close()
 
 
+@pytest.mark.slow
 def test_a_hung_generator_is_one_error_after_the_timeout_and_is_stopped(tmp_path):
     from grpolab.training.recipe import build_trainer
 
@@ -131,6 +135,7 @@ def alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
+@pytest.mark.slow
 def test_a_killed_generator_ends_the_run_in_one_error_with_its_checkpoint_intact_and_no_process_left(tmp_path):
     from grpolab.models.checkpoint import newest_intact
 

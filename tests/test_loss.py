@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from helpers import model_and_batch
 
 from grpolab.algo.loss import AGGREGATIONS, aggregate, aggregation_weights, kl_penalty, policy_loss
 
@@ -271,35 +272,13 @@ def test_micro_batches_sum_to_the_whole_batch_gradient(aggregation, beta):
     assert whole.grad.abs().sum() > 0
 
 
-def _model_and_batch():
-    from helpers import tiny_llama
-
-    from grpolab.common.batch import Batch, left_pad
-    from grpolab.models.builtin import build_char_tokenizer
-
-    tok = build_char_tokenizer()
-    model = tiny_llama(tok, seed=7).train()
-    g = torch.Generator().manual_seed(8)
-    prompt_lens, comp_lens = [3, 5, 4, 6, 2, 5], [4, 1, 6, 3, 5, 2]
-    prompts = [[tok.bos_token_id] + torch.randint(4, len(tok), (n - 1,), generator=g).tolist() for n in prompt_lens]
-    prompt_ids, prompt_mask = left_pad(prompts, tok.pad_token_id)  # [N, 6]
-    T = max(comp_lens)
-    comp_ids = torch.full((len(comp_lens), T), tok.pad_token_id, dtype=torch.long)
-    comp_mask = torch.zeros((len(comp_lens), T), dtype=torch.long)
-    for i, n in enumerate(comp_lens):
-        comp_ids[i, :n] = torch.randint(4, len(tok), (n,), generator=g)
-        comp_ids[i, n - 1] = tok.eos_token_id if i % 2 == 0 else comp_ids[i, n - 1]
-        comp_mask[i, :n] = 1
-    return model, Batch(prompt_ids, prompt_mask, comp_ids, comp_mask)
-
-
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 def test_micro_batches_through_a_real_model_give_the_whole_batch_gradient(aggregation, beta):
     from grpolab.common.batch import select
     from grpolab.models.logprobs import completion_logprobs
 
-    model, batch = _model_and_batch()
+    model, batch = model_and_batch()
     N, max_len = batch.completion_ids.shape[0], 8
     mask = batch.completion_mask
     g = torch.Generator().manual_seed(9)
@@ -381,7 +360,7 @@ def test_a_token_budget_plan_gives_the_whole_batch_gradient(aggregation, packing
     from grpolab.training.forward import TrainModule
     from grpolab.training.update import Updater, token_budget_chunks
 
-    model, batch = _model_and_batch()
+    model, batch = model_and_batch()
     model = model.double()
     adv = torch.tensor([1.0, -0.5, 0.25, -1.5, 0.8, -0.1], dtype=torch.float64)
 

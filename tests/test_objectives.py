@@ -396,11 +396,11 @@ def _updater_gradient(model, batch, adv, **options) -> dict[str, torch.Tensor]:
 
 
 def test_the_entropy_bonus_s_gradient_is_the_same_in_micro_batches_and_reaches_rows_without_advantage():
-    from test_loss import _model_and_batch
+    from helpers import model_and_batch
 
     from grpolab.models.logprobs import completion_logprobs
 
-    model, batch = _model_and_batch()
+    model, batch = model_and_batch()
     model = model.double()
     adv = torch.tensor([1.0, 0.0, 0.25, 0.0, 0.8, -0.1], dtype=torch.float64)  # two rows carry no advantage
     bonus = dict(entropy_coef=0.1, aggregation="token-mean")
@@ -452,11 +452,11 @@ def test_the_training_forward_s_entropies_equal_the_sampler_s_on_every_path(path
     """completion_logprobs(entropy=True) on each path of the update's forward (plain, LM head in chunks, shared
     prompt, packed rows): its log-probs and entropies are the plain path's in float64, and its entropies are
     completion_entropy's (which computes in float32)."""
-    from test_loss import _model_and_batch
+    from helpers import model_and_batch
 
     from grpolab.models.logprobs import completion_entropy, completion_logprobs
 
-    model, batch = _model_and_batch()
+    model, batch = model_and_batch()
     model = model.double().eval()
     both = completion_logprobs(model, batch, entropy=True, **path)  # [N, T, 2]
     plain = completion_logprobs(model, batch, entropy=True)
@@ -484,14 +484,14 @@ def test_the_gram_of_logp_weights_is_the_gram_of_explicit_per_rollout_gradients(
     """Away from ratio 1 (old log-probs shifted): the score Gram matrix with logp_weights' weights equals the Gram
     matrix of each rollout's own gradient of the objective's loss, computed by a backward of its own (float64,
     built-in model), to 1e-8."""
-    from test_loss import _model_and_batch
+    from helpers import model_and_batch
 
     from grpolab.algo.loss import logp_weights
     from grpolab.common.batch import select
     from grpolab.models.logprobs import completion_logprobs
     from grpolab.probes.gram import score_gram
 
-    model, batch = _model_and_batch()
+    model, batch = model_and_batch()
     model = model.double().eval()
     N = batch.completion_ids.shape[0]
     with torch.no_grad():

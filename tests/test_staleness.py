@@ -12,6 +12,9 @@ from helpers import quiet, small_cfg
 from grpolab.config.train import ConfigError
 from grpolab.rollout.generator import weights_digest as digest  # the checksum the generator process reports
 
+# in the trainer's process, and in a generator process (a process started: the slow tier)
+GENERATORS = ["inline", pytest.param("process", marks=pytest.mark.slow)]
+
 
 def policy_digest(trainer) -> str:
     """The checksum of the weights the trainer's policy serves an engine now."""
@@ -25,7 +28,7 @@ def engine_digest(trainer) -> str:
     return digest(trainer.service.engine.weights.held)
 
 
-@pytest.mark.parametrize("generator", ["inline", "process"])
+@pytest.mark.parametrize("generator", GENERATORS)
 @pytest.mark.parametrize("K", [1, 2])
 def test_step_t_draws_with_exactly_the_weights_of_step_t_minus_k(tmp_path, K, generator):
     from grpolab.training.recipe import build_trainer
@@ -75,6 +78,7 @@ def fresh_evaluation(trainer) -> dict:
     return metrics
 
 
+@pytest.mark.slow  # K = 1, generator auto: draws in a generator process
 def test_two_seeded_stale_runs_are_identical_and_measure_their_staleness(tmp_path):
     from grpolab.training.recipe import train
 
@@ -118,7 +122,7 @@ def test_two_processes_equal_one_at_k_1(tmp_path, monkeypatch):
     assert_same_params(one, two, step=3)
 
 
-@pytest.mark.parametrize("generator", ["inline", "process"])
+@pytest.mark.parametrize("generator", GENERATORS)
 def test_a_resumed_stale_run_continues_as_the_uninterrupted_one(tmp_path, generator):
     from helpers import assert_same_params, metrics_by_step, rollouts_of
 
@@ -136,6 +140,7 @@ def test_a_resumed_stale_run_continues_as_the_uninterrupted_one(tmp_path, genera
     assert_same_params(whole, resumed, step=5)
 
 
+@pytest.mark.slow  # K = 1, generator auto: draws in a generator process
 def test_the_ratio_the_correction_weighs_is_pi_theta_over_the_stale_behaviour_policy_in_float64(tmp_path):
     import copy
 
