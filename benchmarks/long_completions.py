@@ -2,8 +2,9 @@
 
     pip install -e ".[bench]"      # trl, an optional extra
     python benchmarks/long_completions.py [--shapes 2x4x128,2x4x512,2x4x1024] [--steps 2] [--warmup 1]
-                                          [--configs trl-default,trl-static-cache,grpolab,grpolab-vllm]
-                                          [--rollout-dtypes float32,bfloat16] [--threads 2]
+                                          [--configs trl-default,trl-static-cache,trl-bf16,grpolab,grpolab-vllm]
+                                          [--rollout-dtypes float32,bfloat16] [--precisions 32-true,bf16-mixed]
+                                          [--threads 2]
                                           [--micro-batch-tokens 2048] [--plot docs/img/long_completions.png]
 
 SmolLM2-135M-Instruct (``--model``), B prompts x G rollouts of T new tokens each (``--shapes BxGxT,...``). Every
@@ -15,13 +16,18 @@ the CPU, one process per configuration (none inherits another's allocator or thr
 - ``trl-default``: TRL's GRPOConfig defaults (gradient checkpointing on) but fp32 (its bf16 default is off on a CPU);
 - ``trl-static-cache``: the same with ``generation_kwargs={"cache_implementation": "static"}``, the preallocated cache
   an informed TRL user would set for long completions;
+- ``trl-bf16``: TRL's defaults with ``bf16=True``, its GPU default: accelerate's bf16 autocast over the fp32 model
+  (on the CPU too, with ``use_cpu=True``), generation included;
 - ``grpolab``: grpolab's hf engine with ``--micro-batch-tokens`` (the update in passes of that many tokens; 0: one
   pass) and ``--gradient-checkpointing`` unless ``--no-checkpointing``;
 - ``grpolab-vllm``: the same with the vllm rollout engine in the trainer's process (eager; its KV cache
   ``VLLM_CPU_KVCACHE_SPACE`` = 1 GiB, enough for 20k tokens).
 
-Each grpolab configuration runs once per ``--rollout-dtypes`` entry (``--rollout-dtype``; the trainer stays fp32,
-the engine correction is ``auto``); bfloat16's are named ``grpolab-bf16`` and ``grpolab-vllm-bf16``.
+Each grpolab configuration runs once per ``--precisions`` entry and, under 32-true, once per ``--rollout-dtypes``
+entry (``--rollout-dtype``; the engine correction is ``auto``): bfloat16 rollouts under the fp32 trainer are named
+``grpolab-bf16`` and ``grpolab-vllm-bf16``; ``--precision bf16-mixed`` (bf16 autocast over fp32 masters, rollouts
+in bf16 by ``--rollout-dtype auto``) ``grpolab-mixed`` and ``grpolab-vllm-mixed``, with ``--fp32-head``
+``grpolab-mixed-head``.
 
 Both tools train the same model object, loaded by grpolab, so TRL's generation also runs on grpolab's grouped-query
 attention (``grpolab/models/attention.py``): the comparison is of the trainers, not of that kernel.
@@ -45,9 +51,10 @@ import subprocess
 import sys
 import time
 
-TRL_CONFIGS = ("trl-default", "trl-static-cache")
+TRL_CONFIGS = ("trl-default", "trl-static-cache", "trl-bf16")
 CONFIGS = (*TRL_CONFIGS, "grpolab", "grpolab-vllm")
 DTYPE_SUFFIX = {"float32": "", "bfloat16": "-bf16"}
+PRECISION_SUFFIX = {"bf16-mixed": "-mixed", "bf16-mixed-head": "-mixed-head"}  # (32-true: DTYPE_SUFFIX's)
 
 
 def run_trl(args) -> list[dict]:
@@ -83,7 +90,8 @@ def run_trl(args) -> list[dict]:
     generation = {"min_new_tokens": args.max_new_tokens}  # EOS cannot end a completion before T
     if args.only == "trl-static-cache":
         generation["cache_implementation"] = "static"
-    cfg = trl_config(args, "/tmp/grpolab-trl-long", generation_kwargs=generation, learning_rate=1e-6)
+    bf16 = {"bf16": True} if args.only == "trl-bf16" else {}
+    cfg = trl_config(args, "/tmp/grpolab-trl-long", generation_kwargs=generation, learning_rate=1e-6, **bf16)
     trainer = GRPOTrainer(
         model=policy.model,
         reward_funcs=reward,
@@ -110,7 +118,7 @@ def run_trl(args) -> list[dict]:
     return steps
 
 
-def run_grpolab(args, engine: str, dtype: str) -> list[dict]:
+def run_grpolab(args, engine: str, dtype: str, precision: str = "32-true", fp32_head: bool = False) -> list[dict]:
     """grpolab's trainer on the shape; per step its time, generation and update (its own timers)."""
     from grpolab.config.train import TrainConfig
     from grpolab.training.recipe import build_trainer
@@ -135,6 +143,8 @@ def run_grpolab(args, engine: str, dtype: str) -> list[dict]:
         device="cpu",
         rollout_engine=engine,
         rollout_dtype=dtype,
+        precision=precision,
+        fp32_head=fp32_head,
         vllm_max_len=args.max_new_tokens + 256,
         reward_fn="vs_trl:parity_reward",
         format_weight=0.0,
@@ -165,8 +175,11 @@ def run_one(args) -> None:
     if args.only in TRL_CONFIGS:
         steps = run_trl(args)
     else:
-        dtype = "bfloat16" if args.only.endswith("-bf16") else "float32"
-        steps = run_grpolab(args, "vllm" if args.only.startswith("grpolab-vllm") else "hf", dtype)
+        engine = "vllm" if args.only.startswith("grpolab-vllm") else "hf"
+        if "-mixed" in args.only:  # rollouts in the compute dtype: --rollout-dtype auto
+            steps = run_grpolab(args, engine, "auto", "bf16-mixed", args.only.endswith("-head"))
+        else:
+            steps = run_grpolab(args, engine, "bfloat16" if args.only.endswith("-bf16") else "float32")
     print("STEPS " + json.dumps(steps))
     print("PEAK_MB " + str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))  # Linux: KiB
 
@@ -246,7 +259,10 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"which of {', '.join(CONFIGS)} (comma-separated)")
-    p.add_argument("--rollout-dtypes", default="float32,bfloat16", help="grpolab's --rollout-dtype values to run")
+    p.add_argument("--rollout-dtypes", default="float32,bfloat16", help="grpolab's --rollout-dtype values (32-true)")
+    p.add_argument(
+        "--precisions", default="32-true", help="grpolab's --precision values: 32-true, bf16-mixed, bf16-mixed-head"
+    )
     p.add_argument("--micro-batch-tokens", type=int, default=2048, help="grpolab's update passes (0: one pass)")
     p.add_argument("--no-checkpointing", action="store_true", help="grpolab without activation checkpointing")
     p.add_argument("--json", default="", help="write every figure here")
@@ -259,20 +275,28 @@ def main() -> None:
     if args.only:
         run_one(args)
         return
-    argv = [a for a in _without(sys.argv[1:], ("--shapes", "--json", "--plot", "--configs", "--rollout-dtypes"))]
+    own = ("--shapes", "--json", "--plot", "--configs", "--rollout-dtypes", "--precisions")
+    argv = [a for a in _without(sys.argv[1:], own)]
     results: dict[int, dict[str, dict]] = {}
     names = []
     for c in (c for c in CONFIGS if c in args.configs.split(",")):
-        names += [c] if c in TRL_CONFIGS else [c + DTYPE_SUFFIX[d] for d in args.rollout_dtypes.split(",")]
+        if c in TRL_CONFIGS:
+            names.append(c)
+            continue
+        for precision in args.precisions.split(","):
+            if precision == "32-true":
+                names += [c + DTYPE_SUFFIX[d] for d in args.rollout_dtypes.split(",")]
+            else:
+                names.append(c + PRECISION_SUFFIX[precision])
     for shape in args.shapes.split(","):
         args.prompts, args.group_size, args.max_new_tokens = map(int, shape.split("x"))
         for name in names:
             results.setdefault(args.max_new_tokens, {})[name] = measure(args, name, argv)
     print(
         f"config: {args.model}, B x G = {args.prompts} x {args.group_size}, every completion runs to T (EOS ignored), "
-        f"parity reward, mu=1, beta=0, fp32 trainers, {args.threads} threads; grpolab: --micro-batch-tokens "
-        f"{args.micro_batch_tokens}, checkpointing {'off' if args.no_checkpointing else 'on'}, rollouts in "
-        f"{args.rollout_dtypes}, engine correction auto"
+        f"parity reward, mu=1, beta=0, {args.threads} threads; grpolab: --micro-batch-tokens "
+        f"{args.micro_batch_tokens}, checkpointing {'off' if args.no_checkpointing else 'on'}, precisions "
+        f"{args.precisions} (32-true's rollouts in {args.rollout_dtypes}), engine correction auto"
     )
     for line in ratio_lines(results):
         print(line)

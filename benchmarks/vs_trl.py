@@ -120,7 +120,7 @@ def trl_config(args, output_dir: str, **over):
     top-p 1, the shape and step count of ``args``; ``over``: anything else."""
     from trl import GRPOConfig
 
-    return GRPOConfig(
+    options = dict(
         output_dir=output_dir,
         per_device_train_batch_size=args.prompts * args.group_size,
         num_generations=args.group_size,
@@ -136,8 +136,8 @@ def trl_config(args, output_dir: str, **over):
         report_to="none",
         logging_steps=1000,
         disable_tqdm=True,
-        **over,
     )
+    return GRPOConfig(**{**options, **over})
 
 
 def run_grpolab(args, checkpointing: bool, engine: str = "hf") -> list[float]:

@@ -268,6 +268,9 @@ def assert_same_metrics(a: Path, b: Path) -> None:
         for k, v in x.items():
             if k.startswith(("time/", "engine/", "credit/")) or v is None:
                 continue
+            if k == "doctor/weights_unmoved_frac":  # a few of ~1e5 sampled fp32 weights sit at the edge of rounding
+                assert y[k] == pytest.approx(v, abs=1e-3), (x["step"], k, v, y[k])  # and flip with float noise
+                continue
             assert y[k] == pytest.approx(v, rel=1e-4, abs=1e-6), (x["step"], k, v, y[k])
 
 

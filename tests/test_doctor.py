@@ -135,6 +135,57 @@ def test_no_movement_by_the_weights_the_ratio_and_the_kl():
     assert O.no_movement(rows(**{"doctor/weight_change": None, "loss/kl": O.KL_FLOOR}), kl) is None
 
 
+def test_rounding_at_its_share_and_the_change_it_names():
+    key = "doctor/weights_unmoved_frac"
+    pure = RunFacts(lr=1e-6, precision="bf16-true", compensation="none")
+    assert O.rounding(rows(**{key: O.UNMOVED_SHARE - 1e-9}), pure) is None
+    found = O.rounding(rows(**{key: O.UNMOVED_SHARE}), pure)
+    assert found.severity == "warning" and "--precision bf16-mixed" in found.fix and "--compensation kahan" in found.fix
+    assert O.rounding(rows(**{key: O.UNMOVED_SEVERE - 1e-9}), pure).severity == "warning"
+    assert O.rounding(rows(**{key: O.UNMOVED_SEVERE}), pure).severity == "error"
+    kahan = O.rounding(rows(**{key: 0.6}), RunFacts(lr=1e-6, precision="bf16-true", compensation="kahan"))
+    assert "--compensation" not in kahan.fix and "--precision bf16-mixed" in kahan.fix
+    for fp32 in O.FP32_WEIGHTS:  # fp32 weights lose a step only under their own spacing: no_movement's lr
+        assert O.rounding(rows(**{key: 0.99}), RunFacts(lr=1e-9, precision=fp32)) is None
+    assert O.rounding(rows(**{key: [None] * 8 + [0.99] * 2}), pure) is None  # fewer than MIN_STEPS logged
+    assert O.rounding(rows(), pure) is None  # a run recorded before the instrument
+    # the precision as config.json records it, or as --dtype did before --precision
+    assert (RunFacts.of({"precision": "bf16-mixed"}).precision, RunFacts.of({"dtype": "bfloat16"}).compensation) == (
+        "bf16-mixed", "none")  # fmt: skip
+    assert RunFacts.of({"dtype": "auto"}).precision == ""
+
+
+def test_not_learning_when_the_groups_carry_signal_with_the_causes_it_sees():
+    n = O.FLAT_STEPS
+    first = {"step": 0, "eval/accuracy_greedy": 0.2, "eval/accuracy_greedy_hi": 0.25}
+    last = {"step": n, "eval/accuracy_greedy": 0.25}
+
+    def run(k: int = n, **values) -> list[dict]:
+        return [first, *rows(k, **values), last]
+
+    found = O.not_learning(run(), FACTS)
+    assert found.severity == "info" and "none of the instruments" in found.evidence  # a slow start looks the same
+    rounded = O.not_learning(run(**{"doctor/weights_unmoved_frac": 0.99}), FACTS)
+    assert rounded.severity == "warning" and "updates rounded away" in rounded.evidence
+    assert rounded.fix == "--precision bf16-mixed"
+    assert "barely move" in O.not_learning(run(**{"doctor/weight_change": 9.9 * O.NO_MOVE_CHANGE}), FACTS).evidence
+    assert "barely move" not in O.not_learning(run(**{"doctor/weight_change": 10 * O.NO_MOVE_CHANGE}), FACTS).evidence
+    assert O.not_learning([first, *rows(n), {**last, "eval/accuracy_greedy": 0.26}], FACTS) is None  # it rose
+    assert O.not_learning(rows(n), FACTS) is None  # no held-out evaluation to say it is flat
+    assert O.not_learning(run(n - 1), FACTS) is None  # fewer than FLAT_STEPS steps
+    assert O.not_learning(run(**{"reward/frac_zero_std": S.NO_SIGNAL_SHARE}), FACTS) is None  # no_signal's case
+    assert O.not_learning(run(**{"reward/frac_zero_std": S.NO_SIGNAL_SHARE - 1e-9}), FACTS) is not None
+    assert O.not_learning(run(**{"reward/accuracy": R.CEILING}), FACTS) is None  # saturated
+    # FLAT_SD: a rise of a quarter of the start's sd (0.5) is flat, more is slow learning
+    up = [0.25] * (n - 5) + [0.25 + O.FLAT_SD * 0.5] * 5
+    assert O.not_learning(run(**{"reward/mean": up}), FACTS) is not None
+    more = [0.25] * (n - 5) + [0.251 + O.FLAT_SD * 0.5] * 5
+    assert O.not_learning(run(**{"reward/mean": more}), FACTS) is None
+    # rounding is listed before the not learning it explains
+    both = diagnose(run(**{"doctor/weights_unmoved_frac": 0.99}), RunFacts(precision="bf16-true"))
+    assert names(both)[:2] == ["rounding", "not_learning"] and C.explained(both[0], both) == ["not_learning"]
+
+
 def test_too_big_a_step_by_each_sign():
     assert O.big_step(rows(**{"loss/clip_frac": O.CLIP_HIGH - 1e-9}), FACTS) is None
     assert O.big_step(rows(**{"loss/clip_frac": O.CLIP_HIGH}), FACTS).severity == "warning"

@@ -42,7 +42,7 @@ def ledger(monkeypatch):
                 book.outside += len(keys)
             return super().generate(prompts, keys, settings)
 
-    def scripted_build_engine(engine, seed, policy, full_weights=None):
+    def scripted_build_engine(engine, seed, policy, full_weights=None, **computes):
         book.engines_built += 1
         return Counted(policy.tokenizer)
 

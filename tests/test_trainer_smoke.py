@@ -66,8 +66,8 @@ def test_run_dir_holds_the_whole_config(base_run):
     cfg, out = base_run
     saved = json.loads((out / "config.json").read_text())
     # every option by its name (tuples -> lists); the options resolved at start as they resolved: the built-in model
-    # in fp32 samples in fp32 on its own weights, an exact engine, so no correction
-    resolved = checked_config(cfg).replace(rollout_dtype="float32", engine_correction="none")
+    # trains in fp32 (auto) and samples in fp32 on its own weights, an exact engine, so no correction
+    resolved = checked_config(cfg).replace(precision="32-true", rollout_dtype="float32", engine_correction="none")
     expected = json.loads(json.dumps(resolved.to_dict()))
     assert {k: v for k, v in saved.items() if k not in ("code_version", "world_size")} == expected
     assert (

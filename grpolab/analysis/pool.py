@@ -66,13 +66,15 @@ def probe_sampler(
     records: list[dict] = (),
     given: Given = NOTHING,
     rollout_dtype: str | None = None,
+    fp32_head: bool = False,
+    autocast: bool = False,
 ) -> ProbeSampler:
     """The :class:`ProbeSampler` of ``policy`` on ``task`` (a :class:`grpolab.eval.runs.RunTask`: the run's, with
     the probe's sampling and reward options on top) through the rollout engine ``engine`` ('hf' or 'vllm') sampling in
     ``rollout_dtype`` (``--rollout-dtype``'s names; None: the policy's own, so the probe samples what it measures). A reward
     function that needs a column ``records`` lack is named now, in one line, not scored 0 on every rollout; a code
-    reward's sandbox starts now (``given``: reward functions given to the Python API). Close it when done
-    (:meth:`ProbeSampler.close`)."""
+    reward's sandbox starts now (``given``: reward functions given to the Python API). ``fp32_head``, ``autocast``:
+    the engine computes as a trainer with ``--fp32-head``, under a mixed precision (``build_engine``). Close it when done (:meth:`ProbeSampler.close`)."""
     gen, data = task.generation, task.dataset
     reward = rewarder_for(
         task.reward,
@@ -87,7 +89,9 @@ def probe_sampler(
     reward.start(log)
     own = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
     section = EngineSection(rollout_engine=engine, rollout_dtype=rollout_dtype or own)
-    service = RolloutService(build_engine(section, task.seed, policy), policy, reward)
+    service = RolloutService(
+        build_engine(section, task.seed, policy, fp32_head=fp32_head, autocast=autocast), policy, reward
+    )
     return ProbeSampler(service, SamplingSettings(gen.max_new_tokens, gen.temperature, gen.top_p))
 
 

@@ -379,11 +379,18 @@ def cmd_merge(args: list[str]) -> None:
     parser.add_argument("--out", required=True, help="directory for the merged model")
     parser.add_argument("--model", default="", help="base model spec; default: the run's config.json")
     parser.add_argument("--gguf-file", default="", help="GGUF file of the base, when --model is a directory")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="the dtype the merged model is saved in (the merge itself runs in fp32); auto: the base model's own, "
+        "as its config.json records it (float32 for a GGUF base)",
+    )
     ns = parser.parse_args(args)
     from grpolab.commands.merge import merge_checkpoint
 
-    base = merge_checkpoint(ns.checkpoint, ns.out, ns.model, ns.gguf_file)
-    print(f"merged {Path(ns.checkpoint)} into {base}: {ns.out}")
+    base = merge_checkpoint(ns.checkpoint, ns.out, ns.model, ns.gguf_file, ns.dtype)
+    print(f"merged {Path(ns.checkpoint)} into {base}: {ns.out} ({ns.dtype})")
 
 
 def cmd_doctor(args: list[str]) -> None:

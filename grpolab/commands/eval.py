@@ -99,7 +99,6 @@ class EvalConfig:
 def run_eval(cfg: EvalConfig, log=print, given: Given = NOTHING) -> dict:
     """Evaluate; returns the report (also written to ``cfg.json`` when set). ``given``: Python objects given to the
     API in place of what options name."""
-    from grpolab.common.devices import parse_dtype
     from grpolab.common.rng import set_threads
 
     cfg.validate()
@@ -109,8 +108,9 @@ def run_eval(cfg: EvalConfig, log=print, given: Given = NOTHING) -> dict:
     task.validate()
     questions = cfg.questions or (500 if task.policy.model == "builtin" else 200)
     held_out, sampler = task.data(questions, log, given)
-    policy = _load_policy(cfg, target, task, parse_dtype(cfg.machine.dtype), sampler, len(held_out), log, given)
-    service = _service(cfg, task, policy, held_out, log, given)
+    precision = _precision(cfg, task, given)
+    policy = _load_policy(cfg, target, task, precision.param_dtype, sampler, len(held_out), log, given)
+    service = _service(cfg, task, policy, held_out, log, given, precision)
     t0 = time.perf_counter()
     try:
         metrics, examples = _evaluate(cfg, task, service, held_out, log, given)
@@ -122,6 +122,24 @@ def run_eval(cfg: EvalConfig, log=print, given: Given = NOTHING) -> dict:
         Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.json).write_text(json.dumps(report, indent=2))
     return report
+
+
+def _precision(cfg: EvalConfig, task: RunTask, given: Given):
+    """--precision (or its --dtype alias) on this device: the weights are loaded in its weights' dtype and sampled
+    in its compute dtype, as a run's rollouts are."""
+    from grpolab.common.devices import resolve_device
+    from grpolab.common.precision import resolve_precision
+
+    machine = cfg.machine.folded()
+    live = given.lookup(task.policy.model, "--model")
+    return resolve_precision(
+        machine.precision,
+        resolve_device(machine.device),
+        compensation=machine.compensation,
+        fp32_head=machine.fp32_head,
+        builtin=task.policy.model == "builtin",
+        given_dtype=next(live[0].parameters()).dtype if live is not None else None,
+    )
 
 
 def _load_policy(cfg: EvalConfig, target: Target, task: RunTask, dtype, sampler, questions: int, log, given):
@@ -141,14 +159,18 @@ def _load_policy(cfg: EvalConfig, target: Target, task: RunTask, dtype, sampler,
     return policy
 
 
-def _service(cfg: EvalConfig, task: RunTask, policy, held_out: list[dict], log, given: Given):
-    """The rollout service the questions are drawn through: the ``--rollout-engine`` on the policy's weights and,
-    for an environment task, its environment (each question one episode, opened once now to check it)."""
+def _service(cfg: EvalConfig, task: RunTask, policy, held_out: list[dict], log, given: Given, precision):
+    """The rollout service the questions are drawn through: the ``--rollout-engine`` on the policy's weights (in
+    ``precision``'s compute dtype) and, for an environment task, its environment (each question one episode, opened
+    once now to check it)."""
     from grpolab.rollout.engine import build_engine
     from grpolab.rollout.service import RolloutService
 
     t0 = time.perf_counter()
-    engine = build_engine(EngineSection(rollout_engine=cfg.rollout_engine), task.seed, policy)
+    section = EngineSection(
+        rollout_engine=cfg.rollout_engine, rollout_dtype=str(precision.compute_dtype).removeprefix("torch.")
+    )
+    engine = build_engine(section, task.seed, policy, fp32_head=precision.head_fp32)
     if cfg.rollout_engine != "hf":
         log(f"rollout engine: {cfg.rollout_engine}, started in {time.perf_counter() - t0:.0f} s")
     env = environment(task.episodes, task.arithmetic.max_operand, policy, held_out[0] if held_out else None, given)

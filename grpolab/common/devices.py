@@ -1,4 +1,5 @@
-"""Where the model and its tensors live: the ``--device`` flag, its default dtype, each process's device.
+"""Where the model and its tensors live: the ``--device`` flag and each process's device (what it computes in:
+``grpolab.common.precision``).
 
 Every tensor grpolab creates is created on the model's device (sampling streams, masks,
 rewards, advantages), so the CPU and a GPU take one code path; the tests pass the device
@@ -45,14 +46,6 @@ def resolve_device(spec: str, local_rank: int = 0, *, cuda_count: int | None = N
     return torch.device("cuda", index)
 
 
-def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on a CUDA device that supports it (half the memory, tensor cores); fp32 elsewhere (bf16 matmuls are slow on
-    a CPU, fp16 overflows without loss scaling)."""
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
-
-
 def prepare_device(device: torch.device) -> None:
     """Process-wide settings for running on ``device``, made when a model is loaded onto it.
 
@@ -63,21 +56,3 @@ def prepare_device(device: torch.device) -> None:
     """
     if device.type == "cuda" and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
         torch.backends.cuda.enable_cudnn_sdp(False)
-
-
-def parse_dtype(name: str) -> torch.dtype | None:
-    """``--dtype``: auto -> None (:func:`default_dtype` of the device decides), else the torch dtype."""
-    return {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[name]
-
-
-def rollout_dtype(choice: str, trainer: torch.dtype, device: torch.device) -> torch.dtype:
-    """``--rollout-dtype``: the dtype the rollout engine samples in, for a trainer in ``trainer`` on ``device``.
-
-    float32, bfloat16, float64: that dtype. auto: the trainer's own dtype.
-    """
-    if choice == "auto":
-        return trainer
-    dtype = getattr(torch, choice, None)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"--rollout-dtype must be auto, float32, bfloat16 or float64, got {choice!r}")
-    return dtype

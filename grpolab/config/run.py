@@ -31,6 +31,16 @@ class RunSection:
         check_counts(self, positive=("steps", "nproc"), non_negative=("max_rollouts",))
 
 
+DTYPE_ALIAS = {
+    "auto": ("auto", "kahan"),
+    "float32": ("32-true", "kahan"),
+    "float64": ("64-true", "kahan"),
+    "bfloat16": ("bf16-true", "none"),
+}
+"""``--dtype`` (before ``--precision``) -> (precision, compensation): what each value trained as. ``bfloat16`` held the
+weights in bf16 and stepped on them with plain AdamW, so it is ``bf16-true`` without compensation."""
+
+
 @dataclasses.dataclass(frozen=True)
 class MachineSection:
     """Where the model runs: device, precision and CPU threads."""
@@ -38,15 +48,42 @@ class MachineSection:
     device: str = "auto"
     """Where the model runs: auto (CUDA when torch sees a GPU, else the CPU), cpu, cuda or cuda:N. Under torchrun
     on CUDA each process takes cuda:LOCAL_RANK."""
-    dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
-    """Weights' dtype: auto = bfloat16 on a CUDA device that supports it, float32 otherwise (on the CPU bf16 is slow).
-    float64 is for exactness checks (two code paths that should agree do, to rounding of 1e-16), not for training."""
+    precision: Literal["auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true"] = "auto"
+    """What the weights are held in and the forward computes in (grpolab.common.precision; docs/precision.md):
+    32-true (fp32), bf16-mixed (fp32 master weights and optimizer state, forward and backward under bf16 autocast,
+    gradients reduced in fp32), 16-mixed (the same in fp16 with a gradient scaler; CUDA only), bf16-true (bf16 weights,
+    AdamW with Kahan summation: see --compensation), 64-true (fp64, for exactness checks). auto: bf16-mixed on a
+    CUDA device with bf16, 32-true on the CPU and for the built-in model. A precision the device cannot run is refused.
+    The rollout engine samples in its compute dtype (--rollout-dtype auto)."""
+    compensation: Literal["kahan", "none"] = "kahan"
+    """bf16-true's optimizer: kahan (torch-optimi's AdamW with Kahan summation: each update's rounded-off part is kept
+    in a bf16 buffer and added back) or none (plain AdamW on bf16 weights, as --dtype bfloat16 trained: a change under
+    half a bf16 spacing is lost, so at GRPO's learning rates most of the update is; kept for comparison)."""
+    fp32_head: bool = False
+    """The LM head's product in fp32 under a bf16 or fp16 precision (ScaleRL; MiniMax-M1), in the trainer and in
+    grpolab's sampler: fp32 weights and inputs, outside autocast (vLLM computes its head in its own dtype)."""
+    dtype: Literal["", "auto", "float32", "bfloat16", "float64"] = ""
+    """Alias of --precision kept for older commands and configs: float32 = 32-true, float64 = 64-true, bfloat16 =
+    bf16-true with --compensation none (what it trained as), auto = auto. Folded into --precision when a run starts."""
     threads: int | None = None
     """Torch intra-op threads; 0 = torch's default (every core). Default: 1 for builtin (fastest for the 0.5 M model on
     a shared CPU), 0 for other models."""
 
+    def folded(self) -> MachineSection:
+        """This section with a --dtype alias turned into the --precision (and --compensation) it stands for."""
+        if self.dtype in ("", "auto"):  # auto: whatever --precision says
+            return dataclasses.replace(self, dtype="") if self.dtype else self
+        precision, compensation = DTYPE_ALIAS[self.dtype]
+        if self.precision not in ("auto", precision):
+            raise bad(
+                "dtype",
+                f"{self.dtype} is --precision {precision}, but --precision {self.precision} is given too; give one",
+            )
+        return dataclasses.replace(self, precision=precision, compensation=compensation, dtype="")
+
     def validate(self) -> None:
         check_counts(self, non_negative=("threads",))
+        self.folded()
         if self.device in ("cpu", "auto"):  # valid on any machine; checked without importing torch
             return
         from grpolab.common.devices import DeviceError, resolve_device

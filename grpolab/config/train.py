@@ -8,6 +8,8 @@ keywords, ``--config`` TOML files and config.json all name an option by its own 
 
 from __future__ import annotations
 
+import dataclasses
+
 from grpolab.common.errors import ConfigError
 from grpolab.config import fields
 from grpolab.config.fields import bad
@@ -34,9 +36,12 @@ MODEL_DEFAULTS = {
     "other": {"prompts_per_step": 4, "eval_questions": 50, "eval_samples": 2, "format_weight": 0.0, "threads": 0},
 }
 
-# Options whose ``auto`` a run resolves when it starts (once the policy's dtype and device are known); config.json
+# Options whose ``auto`` a run resolves when it starts (once the device and the policy are known); config.json
 # records the resolved value, and a resumed run left on ``auto`` continues with it.
-RESOLVED_AT_START = ("rollout_dtype", "engine_correction")
+RESOLVED_AT_START = ("precision", "rollout_dtype", "engine_correction")
+# What a run's config.json left out before an option existed: the value its runs had (it sampled with the policy
+# itself, so in the trainer's dtype, and corrected nothing; its --dtype, folded into --precision, says the rest).
+BEFORE_RECORDED = {"rollout_dtype": "auto", "engine_correction": "none", "precision": "auto"}
 
 
 @fields.sectioned
@@ -113,7 +118,9 @@ class TrainConfig:
         (:func:`grpolab.data.task.resolve_format`)."""
         defaults = model_defaults(self.policy.model)
         fill = {k: v for k, v in defaults.items() if fields.get(self, k) is None}
-        return self.replace(**fill) if fill else self
+        cfg = self.replace(**fill) if fill else self
+        machine = cfg.machine.folded()  # --dtype, the alias, as the --precision it stands for
+        return cfg if machine is cfg.machine else dataclasses.replace(cfg, machine=machine)
 
     def checked(self, world_size: int = 1) -> TrainConfig:
         """Resolved (model defaults filled in) and validated for ``world_size`` processes."""
@@ -223,7 +230,7 @@ class TrainConfig:
         free = {*fields.options_of(RunSection), *fields.options_of(MachineSection), *fields.options_of(LoggingSection)}
         free |= {*fields.options_of(DoctorSection)}
         free |= {"eval_every", "fsdp"}
-        free -= {"seed"}
+        free -= {"seed", "precision", "compensation", "fp32_head"}  # the weights' dtype and how the update rounds
         mine, theirs = self.to_dict(), saved.to_dict()
         kept = {k for k in RESOLVED_AT_START if mine[k] == "auto"}  # takes the run's own (:meth:`continuing`)
         return [k for k in mine if k not in free | kept and mine[k] != theirs[k]]

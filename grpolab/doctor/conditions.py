@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from grpolab.doctor.optimisation import big_step, entropy, no_movement, sampler_mismatch
+from grpolab.doctor.optimisation import big_step, entropy, no_movement, not_learning, rounding, sampler_mismatch
 from grpolab.doctor.rows import LEVEL, SEVERITIES, Finding, RunFacts
 from grpolab.doctor.signal import no_signal, reward_blind, saturation, truncation
 from grpolab.doctor.task import eval_drop, reward_hacking
@@ -24,6 +24,7 @@ __all__ = ["CHECKS", "EXPLAINS", "LEVEL", "NAMES", "Finding", "RunFacts", "diagn
 
 
 CHECKS: tuple[Callable[..., Finding | None], ...] = (
+    rounding,
     big_step,
     entropy,
     reward_hacking,
@@ -34,19 +35,24 @@ CHECKS: tuple[Callable[..., Finding | None], ...] = (
     no_signal,
     eval_drop,
     saturation,
+    not_learning,
 )
 """Every check, causes before their symptoms (an order in which each comes before what it EXPLAINS): the order of
 findings of one severity."""
 NAMES = tuple(c.__name__ for c in CHECKS)
 
 EXPLAINS = {
-    "big_step": {"truncation", "reward_blind", "entropy", "no_signal", "eval_drop", "reward_hacking"},
-    "entropy": {"truncation", "reward_blind", "no_signal", "eval_drop"},
+    "rounding": {"no_movement", "not_learning"},
+    "big_step": {"truncation", "reward_blind", "entropy", "no_signal", "eval_drop", "reward_hacking", "not_learning"},
+    "entropy": {"truncation", "reward_blind", "no_signal", "eval_drop", "not_learning"},
     "reward_hacking": {"truncation", "eval_drop"},
     "truncation": {"reward_blind", "no_signal"},
     "reward_blind": {"no_signal"},
+    "no_movement": {"not_learning"},
+    "sampler_mismatch": {"not_learning"},
 }
-"""Conditions that cause others: an overshooting step breaks the policy's answers (cut, malformed, all wrong), a
+"""Conditions that cause others: an update the weights' precision rounds away leaves the policy standing, an
+overshooting step breaks the policy's answers (cut, malformed, all wrong), a
 reward that pays for length runs completions into the limit, a cut completion has no answer to check, a reward that
 finds no answer gives every rollout the same 0. A cause found no later than its effect is listed with the effect's
 severity (the cause of an error is one), before it."""

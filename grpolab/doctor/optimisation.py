@@ -1,5 +1,7 @@
-"""The checks of the update: does the policy move (no_movement), too far (big_step), towards one answer or towards
-noise (entropy), and does the update score the policy that sampled (sampler_mismatch)."""
+"""The checks of the update: does the policy move (no_movement), does the update survive the weights' precision
+(rounding), does it move too far (big_step), towards one answer or towards noise (entropy), does the update score the
+policy that sampled (sampler_mismatch), and, when the run does not learn although its groups carry signal, which of
+these the instruments point to (not_learning)."""
 
 from __future__ import annotations
 
@@ -7,13 +9,16 @@ import statistics
 from collections.abc import Sequence
 
 from grpolab.doctor.rows import (
+    ACCURACIES,
     CEILING,
     MIN_STEPS,
     WINDOW,
     Finding,
     RunFacts,
+    held_out,
     learned,
     mean,
+    reward_rise,
     span,
     steps_of,
     training_rows,
@@ -64,6 +69,21 @@ ENTROPY_BLOWUP = 3.0
 towards noise."""
 ENTROPY_BLOWUP_FLOOR = 1.0
 """See ENTROPY_BLOWUP: a start near 0 makes any rise a large multiple."""
+UNMOVED_SHARE = 0.5
+"""Of the sampled weights whose gradient was nonzero, the share a step left exactly as they were
+(doctor/weights_unmoved_frac), as a mean over WINDOW steps, from which the update is rounding itself away: fp32
+weights leave under 0.1% unmoved (0.003% on SmolLM2 at --lr 1e-6, 0.005-0.02% on the built-in model at 5e-5), plain
+AdamW on bf16 weights 99.6% on SmolLM2 at 1e-6 and 98% at 1e-5 (docs/precision.md)."""
+UNMOVED_SEVERE = 0.9
+"""From this unmoved share the run cannot learn as it is set up: an error (a warning between UNMOVED_SHARE and it)."""
+FLAT_SD = 0.25
+"""not_learning: a training reward whose mean over the last WINDOW steps is within this many of the start's rollout
+standard deviations of (or below) its mean over the first WINDOW is flat. Half of rows.RISE_SD, the rise that counts
+as learning: a run in between is learning slowly, not standing still."""
+FLAT_STEPS = 4 * WINDOW
+"""not_learning: training steps before a run is called flat. A healthy built-in run of 4 x 4 rollouts a step rose
+0.16 and 0.28 of its start's spread by steps 10 and 15 (noise that large at 16 rollouts), its 16-question evaluations
+within each other's intervals; at 20 steps a flat run has had four windows to move."""
 MISMATCH_STD = 0.01
 """Spread of the per-token log-ratio of trainer to sampler (engine/logratio_std) above which the sampler's
 mismatch biases the update unless corrected: an fp32 copy stays under 1e-4, a bf16 one is 0.05-0.3
@@ -93,7 +113,7 @@ def no_movement(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] 
             "no_movement", "error", "No movement: the update does not change the weights",
             f"doctor/weight_change at most {max(change):.2g} per step over {steps_of(w)} (threshold {NO_MOVE_CHANGE:g})",
             f"--lr {facts.lr * 100:g} (the built-in model trains at 5e-5, 100M-1B models at 1e-6 to 1e-5; bf16 "
-            "weights cannot register steps much under 1e-3 of their size: --dtype float32)",
+            "weights cannot register steps much under 1e-3 of their size: --precision bf16-mixed)",
             ("doctor/weight_change", "charts/lr"), span(w), NO_MOVE_CHANGE,
         )  # fmt: skip
     ratio = values(w, "loss/ratio_mean")
@@ -212,3 +232,90 @@ def sampler_mismatch(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[d
         "--engine-correction sequence-truncate (reweights each rollout by its trainer/sampler ratio, capped)",
         ("engine/logratio_std", "engine/logprob_diff_max"), span(w), MISMATCH_STD,
     )  # fmt: skip
+
+
+FP32_WEIGHTS = ("32-true", "64-true", "bf16-mixed", "16-mixed")
+"""The precisions whose weights are fp32 or fp64: an update they round away is one too small for any weight
+(no_movement's case, a learning rate to raise), not the precision's."""
+
+
+def rounding(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = ()) -> Finding | None:
+    """Updates rounded away: most weights with a nonzero gradient end the step exactly as they were
+    (doctor/weights_unmoved_frac over WINDOW steps at least UNMOVED_SHARE), the weights held in bf16 (bf16-true, or
+    a run recorded before --precision) too coarse for the step's size."""
+    w = window(rows)
+    unmoved = values(w, "doctor/weights_unmoved_frac")
+    if len(unmoved) < MIN_STEPS or facts.precision in FP32_WEIGHTS:
+        return None
+    share = statistics.fmean(unmoved)
+    if share < UNMOVED_SHARE:
+        return None
+    held = "bf16 weights stepped by plain AdamW" if facts.compensation == "none" else "bf16 weights"
+    fix = (
+        "--precision bf16-mixed (fp32 master weights and optimizer state, the forward in bf16: every update "
+        "registers)" + (", or --compensation kahan to keep bf16 weights" if facts.compensation == "none" else "")
+    )
+    return Finding(
+        "rounding", "error" if share >= UNMOVED_SEVERE else "warning",
+        "Updates rounded away: the weights' precision loses most of each step",
+        f"doctor/weights_unmoved_frac {share:.3f} over {steps_of(w)} (threshold {UNMOVED_SHARE}): of the sampled "
+        f"weights with a nonzero gradient, that share did not change ({held})",
+        fix, ("doctor/weights_unmoved_frac", "doctor/weight_change"), span(w), UNMOVED_SHARE,
+    )  # fmt: skip
+
+
+def not_learning(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = ()) -> Finding | None:
+    """Not learning: after FLAT_STEPS training steps the training reward is flat (its rise under FLAT_SD start
+    standard deviations), the held-out accuracy's last evaluation lies within its first's 95% interval, and yet most
+    groups carry signal (reward/frac_zero_std under NO_SIGNAL_SHARE) and the reward is below its ceiling. The finding
+    lists what the instruments point to (a warning): rounding, a standing policy, a sampler mismatch, a step the clip
+    takes. With none of them it is info: a run that learns slowly looks the same for a while (the built-in demo's
+    reward rose 0.06 of its spread in its first 50 steps, and it learns over 500)."""
+    t = training_rows(rows)
+    rise = reward_rise(rows)
+    if len(t) < FLAT_STEPS or rise is None or rise[0] > FLAT_SD * rise[1]:
+        return None
+    w = t[-WINDOW:]
+    zero, acc = mean(w, "reward/frac_zero_std"), mean(w, "reward/accuracy")
+    if zero is None or zero >= NO_SIGNAL_SHARE or (acc is not None and acc >= CEILING):
+        return None
+    flat = []
+    for key in ACCURACIES:
+        pair = held_out(rows, key)
+        if pair is not None and pair[1][key] <= pair[0].get(key + "_hi", pair[0][key]):
+            first, last = pair
+            flat.append(f"{key} {first[key]:.3f} at step {first['step']} -> {last[key]:.3f} at step {last['step']}")
+    if not flat:
+        return None  # no held-out evaluation says so, or one rose
+    causes = _causes(w, facts)
+    fix = causes[0][1] if causes else f"more steps, or --lr {facts.lr * 3:g}"
+    named = "; ".join(c for c, _ in causes) if causes else "none of the instruments points to a cause"
+    title = "Not learning: the groups carry signal, but neither reward nor accuracy moves"
+    if not causes:  # a slow start looks the same (the demo's first 50 steps): a fact, not yet a fault
+        title = "Not learning yet: the groups carry signal, but neither reward nor accuracy has moved"
+    return Finding(
+        "not_learning", "warning" if causes else "info", title,
+        f"reward/mean {mean(t[:WINDOW], 'reward/mean'):.3f} -> {mean(w, 'reward/mean'):.3f} (first and last {WINDOW} "
+        f"steps; a rise under {FLAT_SD} of the start's sd {rise[1]:.3f}); {'; '.join(flat)} (within its first "
+        f"interval); reward/frac_zero_std {zero:.2f} (< {NO_SIGNAL_SHARE}). Candidate causes: {named}",
+        fix, ("reward/mean", "eval/accuracy_greedy", "reward/frac_zero_std"), span(t), None,
+    )  # fmt: skip
+
+
+def _causes(w: Sequence[dict], facts: RunFacts) -> list[tuple[str, str]]:
+    """(what an instrument shows, the change it suggests) for each reason a run with signal may not learn that the
+    last WINDOW rows show, the likeliest first."""
+    out = []
+    unmoved = mean(w, "doctor/weights_unmoved_frac")
+    if unmoved is not None and unmoved >= UNMOVED_SHARE:
+        out.append((f"updates rounded away (doctor/weights_unmoved_frac {unmoved:.2f})", "--precision bf16-mixed"))
+    change = mean(w, "doctor/weight_change")
+    if change is not None and change < 10 * NO_MOVE_CHANGE:
+        out.append((f"the weights barely move (doctor/weight_change {change:.2g} a step)", f"--lr {facts.lr * 10:g}"))
+    spread = mean(w, "engine/logratio_std")
+    if spread is not None and spread >= MISMATCH_STD and facts.engine_correction == "none":
+        out.append((f"a sampler mismatch (engine/logratio_std {spread:.3g})", "--engine-correction sequence-truncate"))
+    clip = mean(w, "loss/clip_frac")
+    if clip is not None and clip >= CLIP_HIGH:
+        out.append((f"the clip takes the step (loss/clip_frac {clip:.2f})", f"--lr {facts.lr / 10:g}"))
+    return out

@@ -51,6 +51,10 @@ class RunFacts:
     components: tuple[str, ...] = ()
     """The reward/<name> keys of the functions after the first (their unweighted means), in order."""
     sampling: str = "fixed"
+    precision: str = ""
+    """--precision as the run resolved it ('' for a run recorded before it: see ``of``)."""
+    compensation: str = ""
+    """bf16-true's optimizer compensation ('kahan' or 'none')."""
 
     @classmethod
     def of(cls, config: dict) -> RunFacts:
@@ -73,7 +77,18 @@ class RunFacts:
             reward_weights=weights,
             components=names[1:],
             sampling=str(config.get("sampling", "fixed")),
+            **_precision_of(config),
         )
+
+
+def _precision_of(config: dict) -> dict:
+    """The run's precision and compensation from its config.json; a run recorded before --precision names a --dtype
+    (bfloat16: plain AdamW on bf16 weights)."""
+    precision, compensation = config.get("precision"), config.get("compensation", "kahan")
+    if not precision or precision == "auto":
+        precision, compensation = {"bfloat16": ("bf16-true", "none"), "float32": ("32-true", "kahan"),
+                                   "float64": ("64-true", "kahan")}.get(config.get("dtype"), ("", ""))  # fmt: skip
+    return {"precision": precision, "compensation": compensation}
 
 
 @dataclasses.dataclass(frozen=True)

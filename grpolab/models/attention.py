@@ -16,6 +16,11 @@ attention runs in fp32: PyTorch's CPU attention kernel is 6-10x slower in bf16 t
 (8 rows, 9 heads, 64 dimensions: 5.9 ms against 0.54 ms a call at 1,088 cached tokens, measured on this project's
 AVX512-BF16 CPU), while the linear layers around it gain from bf16. :func:`grouped_sdpa_forward` casts the query to
 the keys' dtype and its output back.
+
+A copy that computes as autocast does (a sampler for a bf16-mixed trainer: fp32 norms and residual stream, bf16
+products) attends as autocast's attention would: its queries, keys and values rounded to bf16 and its output too
+(:func:`attention_rounding` names the dtype; the CPU's bf16 attention kernel computes in fp32 between the two
+roundings as well), in fp32 for the speed above.
 """
 
 from __future__ import annotations
@@ -43,11 +48,19 @@ def grouped_sdpa_forward(
     CPU. query ``[B, H, q, d]``, key and value ``[B, H_kv, k, d]``, mask ``[B, 1, q, k]`` -> ``[B, q, H, d]``.
     Keys of another dtype than the query (an fp32 decode cache under a bf16 model): computed in the keys' dtype,
     returned in the query's."""
+    rounding = attention_rounding(module)
+    if rounding is not None:  # as autocast's attention: inputs and output in its dtype, computed in fp32 here
+        query, key, value = (rounded(t, rounding) for t in (query, key, value))
+        out, _ = _attend(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
+        return rounded(out, rounding), None
     if key.dtype != query.dtype:
-        out, _ = grouped_sdpa_forward(
-            module, query.to(key.dtype), key, value, attention_mask, dropout, scaling, is_causal, **kwargs
-        )
+        out, _ = _attend(module, query.to(key.dtype), key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
         return out.to(query.dtype), None
+    return _attend(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
+
+
+def _attend(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs):
+    """:func:`grouped_sdpa_forward` on a query and keys of one dtype."""
     grouped = getattr(module, "num_key_value_groups", 1) > 1
     if not grouped or attention_mask is None or query.device.type != "cpu" or kwargs.get("position_bias") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
@@ -79,10 +92,28 @@ def register_grouped_sdpa() -> None:
     AttentionMaskInterface.register(NAME, sdpa_mask)  # the masks transformers builds for sdpa
 
 
+ROUNDING = "grpolab_attention_rounding"
+"""The config attribute that names the dtype a copy's attention rounds to (:func:`attention_rounding`)."""
+
+
+def attention_rounding(module: torch.nn.Module) -> torch.dtype | None:
+    """The dtype ``module``'s (or its model's) attention rounds its queries, keys, values and output to, as autocast
+    computes attention: set on a sampler's copy that computes as autocast does; None otherwise."""
+    name = getattr(getattr(module, "config", None), ROUNDING, None)
+    return getattr(torch, name) if name else None
+
+
+def rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` rounded to ``dtype``'s precision, in fp32 (the CPU's attention is fast in fp32)."""
+    return t.to(dtype).to(torch.float32)
+
+
 def upcast_dtype(model: torch.nn.Module) -> torch.dtype | None:
     """The dtype a decode cache should hold for ``model``: fp32 for a half-precision model on the CPU whose attention
-    is :func:`grouped_sdpa_forward` (it then attends in fp32, see the module's docstring), else None (the model's
-    own dtype)."""
+    is :func:`grouped_sdpa_forward` (it then attends in fp32, see the module's docstring) or for a copy whose
+    attention rounds as autocast's (its keys fp32, its values bf16), else None (the model's own dtype)."""
+    if attention_rounding(model) is not None:
+        return torch.float32
     param = next(model.parameters())
     config = getattr(model, "config", None)
     ours = getattr(config, "_attn_implementation", None) == NAME

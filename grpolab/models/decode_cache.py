@@ -77,11 +77,18 @@ class SlabCache(Cache):
 
     @classmethod
     def from_prefill(
-        cls, prefill: Cache, rows: torch.Tensor, capacity: int, dtype: torch.dtype | None = None
+        cls,
+        prefill: Cache,
+        rows: torch.Tensor,
+        capacity: int,
+        dtype: torch.dtype | None = None,
+        rounding: torch.dtype | None = None,
     ) -> SlabCache:
         """The slab of N rows whose row i starts as row ``rows[i]`` of ``prefill``'s keys and values (the distinct
         prompts' caches ``[U, H_kv, P, d]``; ``rows`` ``[N]`` in 0..U-1), with room for ``capacity`` columns in all.
-        ``dtype``: the buffers' (default: the prefill's)."""
+        ``dtype``: the buffers' (default: the prefill's). ``rounding``: the prefill's keys and values rounded to that
+        dtype's precision as they are copied (a copy whose attention rounds as autocast's,
+        ``grpolab.models.attention``)."""
         layers = []
         for layer in prefill.layers:
             k, v = layer.keys, layer.values  # [U, H_kv, P, d]
@@ -89,8 +96,8 @@ class SlabCache(Cache):
             shape = (rows.shape[0], H, capacity, d)
             buf_k = torch.empty(shape, dtype=dtype or k.dtype, device=k.device)  # untouched columns: never read
             buf_v = torch.empty((*shape[:3], v.shape[-1]), dtype=dtype or v.dtype, device=v.device)
-            buf_k[:, :, :P] = k[rows]
-            buf_v[:, :, :P] = v[rows]
+            buf_k[:, :, :P] = k[rows] if rounding is None else k[rows].to(rounding)
+            buf_v[:, :, :P] = v[rows] if rounding is None else v[rows].to(rounding)
             layers.append(SlabLayer(buf_k, buf_v, P))
         return cls(layers)
 

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from grpolab.models.attention import attention_rounding
 from grpolab.models.decode_cache import SlabCache
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
@@ -42,6 +43,17 @@ def fused_supported(model: nn.Module) -> str | None:
     if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "grpolab_sdpa"):
         return f"it attends with {config._attn_implementation}, not sdpa"
     return None
+
+
+class CastInput(nn.Module):
+    """``inner(x)`` on ``x`` cast to ``dtype``: a head that computes in another dtype than the layers before it."""
+
+    def __init__(self, inner: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.inner, self.dtype = inner, dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x.to(self.dtype))
 
 
 class FusedSlice(nn.Module):
@@ -93,7 +105,9 @@ class FusedDecoder:
     prompt's prefill through the model's forward and the decode steps here share one copy of every weight.
     """
 
-    def __init__(self, model: nn.Module, make_linear):
+    def __init__(self, model: nn.Module, make_linear, head_dtype: torch.dtype | None = None):
+        """``head_dtype``: the LM head's dtype when it is not the products' (``--fp32-head``: its weight and input in
+        fp32)."""
         config = model.config
         self.model = model
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -101,8 +115,13 @@ class FusedDecoder:
         self.intermediate = config.intermediate_size
         inner = model.get_decoder()
         self.embed, self.norm, self.rotary = inner.embed_tokens, inner.norm, inner.rotary_emb
+        self.rounding = attention_rounding(model)
+        """A copy that computes as autocast does: the dtype its attention's inputs and output are rounded to."""
         self.layers = [_Layer(block, make_linear) for block in inner.layers]
         self.head = make_linear()
+        self.head_dtype = head_dtype
+        self.lm_head = self.head if head_dtype is None else CastInput(self.head, head_dtype)
+        """What computes the logits from the final norm's output: the head, on inputs cast to ``head_dtype``."""
         self.read: set[str] = set()
         """The served weights :meth:`load` read (the others are the model's own parameters)."""
         self.shared: list[_Shared] = []
@@ -133,7 +152,8 @@ class FusedDecoder:
             gate_up = torch.cat([w(f"{m}gate_proj.weight"), w(f"{m}up_proj.weight")])
             layer.gate_up.load(gate_up, None)
             layer.down.load(w(f"{m}down_proj.weight"), None)
-        self.head.load(w("lm_head.weight"), None)
+        self.read.add("lm_head.weight")
+        self.head.load(served["lm_head.weight"].to(self.head_dtype or dtype), None)  # an fp32 head from the masters
 
     def attach(self) -> None:
         """Points the model's projections at the fused products (see the class docstring)."""
@@ -146,7 +166,7 @@ class FusedDecoder:
             attn.v_proj, attn.o_proj = FusedSlice(qkv, q + kv, q + 2 * kv), layer.o
             mlp.gate_proj, mlp.up_proj = FusedSlice(gate_up, 0, inter), FusedSlice(gate_up, inter, 2 * inter)
             mlp.down_proj = layer.down
-        self.model.lm_head = self.head
+        self.model.lm_head = self.lm_head
 
     def forget(self) -> None:
         """Drops the projections' memory of the last input (the prefill's activations): call after a prefill."""
@@ -165,14 +185,17 @@ class FusedDecoder:
         for layer, slab in zip(self.layers, cache.layers):
             qkv = layer.qkv(layer.norm_in(h))  # [n, (H + 2 Hk) d]
             qk = _rotate(qkv[:, : (H + Hk) * d].view(n, H + Hk, 1, d), cos, sin)  # queries and keys: one rotation
-            q, k = qk[:, :H], qk[:, H:]  # [n, H, 1, d], [n, Hk, 1, d]
-            keys, values = slab.update(k, qkv[:, (H + Hk) * d :].view(n, Hk, 1, d))  # [n, Hk, L + 1, d] views
+            q, k, v = qk[:, :H], qk[:, H:], qkv[:, (H + Hk) * d :].view(n, Hk, 1, d)  # [n, H or Hk, 1, d]
+            if self.rounding is not None:  # as autocast's attention (grpolab.models.attention)
+                q, k, v = q.to(self.rounding), k.to(self.rounding), v.to(self.rounding)
+            keys, values = slab.update(k, v)  # [n, Hk, L + 1, d] views
             # An fp32 cache under bf16 weights attends in fp32 (grpolab.models.attention says why)
             out = F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=keep, enable_gqa=Hk < H)
+            out = out if self.rounding is None else out.to(self.rounding)
             h = h + layer.o(out.view(n, H * d).to(h.dtype))  # [n, D]
             gate_up = layer.gate_up(layer.norm_post(h))  # [n, 2 I]
             h = h + layer.down(F.silu(gate_up[:, :inter]) * gate_up[:, inter:])
-        return self.head(self.norm(h))  # [n, V]
+        return self.lm_head(self.norm(h))  # [n, V]
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

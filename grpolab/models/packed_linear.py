@@ -72,7 +72,8 @@ class PackedLinear(nn.Module):
         self.bias = None if bias is None else bias.detach().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        # an input in another dtype (an fp32 residual stream into bf16 products) is cast, as autocast casts it
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.weight.dtype), self.weight, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed for oneDNN"
@@ -92,4 +93,4 @@ class PlainLinear(nn.Module):
         self.bias = None if bias is None else bias.detach().clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.weight, self.bias)
+        return nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias)  # cast as PackedLinear does

@@ -199,13 +199,13 @@ def load_policy(
 ) -> Policy:
     """Model and tokenizer from ``spec`` (see :mod:`grpolab.models.loading`), the model on ``device``.
 
-    ``dtype`` None: :func:`grpolab.common.devices.default_dtype` of the device (bf16 on a capable GPU, else fp32); a model
-    object ``given`` to the Python API (as ``spec``) keeps its own dtype. Such an object is moved to ``device`` in
+    ``dtype`` None: fp32, the weights' dtype in every precision but bf16-true and 64-true (``grpolab.common.precision``;
+    the run passes its own); a model object ``given`` to the Python API (as ``spec``) keeps its own dtype. Such an object is moved to ``device`` in
     place.
     ``chat``: ``"auto"`` uses the chat template when the tokenizer has one (instruct models)
     and the model is not the built-in one; ``"on"``/``"off"`` force it.
     """
-    from grpolab.common.devices import default_dtype, prepare_device
+    from grpolab.common.devices import prepare_device
     from grpolab.models.attention import use_grouped_sdpa
     from grpolab.models.loading import load_gguf, resolve_gguf
 
@@ -219,13 +219,13 @@ def load_policy(
         model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
         source = spec
     elif gguf is not None:
-        dtype = dtype or default_dtype(device)
+        dtype = dtype or torch.float32
         directory, file, snap = gguf
         model, tokenizer = load_gguf(directory, file, dtype=dtype)
         source, origin = str(directory / file), snap.record() if snap else None
     else:
         path, snap = resolve_model_path(spec, revision)
-        model, tokenizer = _load_directory(path, dtype or default_dtype(device))
+        model, tokenizer = _load_directory(path, dtype or torch.float32)
         source, origin = str(path), snap.record() if snap else None
     model = _own_memory(model.to(device))
     use_grouped_sdpa(model)  # grouped heads without copying the keys and values under a mask (CPU)

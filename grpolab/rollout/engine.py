@@ -25,8 +25,9 @@ from typing import Protocol
 
 import torch
 
-from grpolab.common.devices import rollout_dtype
+from grpolab.common.precision import rollout_dtype
 from grpolab.config.rollout import EngineSection
+from grpolab.models.head import fp32_head
 from grpolab.rollout.sampler import Sampled, SamplingSettings, sample_with_stats
 from grpolab.rollout.weights import SamplerWeights
 
@@ -55,7 +56,9 @@ class HFEngine:
     that :meth:`weights_changed` refreshes; else with the live weights. ``pack``: allow the packed copy.
     ``full_weights``: a context inside which every parameter is whole on this process (FSDP gathers its
     shards there; ``grpolab.training.forward.TrainModule.full_weights``). The live model samples in eval mode
-    and is put back in the mode it was in afterwards.
+    and is put back in the mode it was in afterwards. ``fp32_head``: the LM head's product in fp32 when the engine
+    samples in bf16 or fp16 (``--fp32-head``). ``storage``: the copy's dtype outside its products, for a copy that
+    computes as a mixed-precision trainer's autocast does (:class:`grpolab.rollout.weights.SamplerWeights`).
     """
 
     def __init__(
@@ -69,17 +72,23 @@ class HFEngine:
         pack: bool = True,
         lag: int = 0,
         always_copy: bool = False,
+        fp32_head: bool = False,
+        storage: torch.dtype | None = None,
     ):
         self.model, self.eos_id, self.pad_id, self.full_weights = model, eos_id, pad_id, full_weights
         dtype = dtype or next(model.parameters()).dtype
-        self.weights = SamplerWeights(model, dtype, pack, full_weights, lag=lag, always_copy=always_copy)
+        self.fp32_head = fp32_head and dtype in (torch.bfloat16, torch.float16)
+        head = torch.float32 if self.fp32_head else None
+        self.weights = SamplerWeights(
+            model, dtype, pack, full_weights, lag=lag, always_copy=always_copy, head_dtype=head, storage=storage
+        )
 
     def generate(self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings) -> Sampled:
         if self.weights.copied:  # a copy of its own: always whole, always in eval mode
             return self._sample(self.weights.model, prompts, keys, settings, self.weights.decoder)
         was_training = self.model.training
         self.model.eval()
-        with self.full_weights():
+        with self.full_weights(), fp32_head(self.model, self.fp32_head):
             out = self._sample(self.model, prompts, keys, settings)
         self.model.train(was_training)
         return out
@@ -119,10 +128,21 @@ class HFEngine:
         self.weights.restore_lag(counts, tensors)
 
 
-def build_engine(engine: EngineSection, seed: int, policy, full_weights=contextlib.nullcontext) -> RolloutEngine:
-    """The rollout engine ``engine.rollout_engine`` names, over ``policy``'s model (``seed``: vLLM's own)."""
+def build_engine(
+    engine: EngineSection,
+    seed: int,
+    policy,
+    full_weights=contextlib.nullcontext,
+    fp32_head: bool = False,
+    autocast: bool = False,
+) -> RolloutEngine:
+    """The rollout engine ``engine.rollout_engine`` names, over ``policy``'s model (``seed``: vLLM's own;
+    ``fp32_head``: its LM head in fp32 when it samples in bf16 or fp16). ``--rollout-dtype auto``: the policy's own
+    dtype (a run resolves it to its precision's compute dtype first). ``autocast``: the trainer computes under
+    autocast in the engine's dtype, and grpolab's sampler computes as it does (its copy keeps the policy's dtype
+    outside the products); vLLM runs its model in its dtype throughout."""
     param = next(policy.model.parameters())
-    dtype = rollout_dtype(engine.rollout_dtype, param.dtype, param.device)
+    dtype = rollout_dtype(engine.rollout_dtype, param.dtype)
     if engine.rollout_engine == "hf":
         return HFEngine(
             policy.model,
@@ -131,10 +151,14 @@ def build_engine(engine: EngineSection, seed: int, policy, full_weights=contextl
             full_weights=full_weights,
             dtype=dtype,
             lag=engine.max_staleness,
+            fp32_head=fp32_head,
+            storage=param.dtype if autocast and dtype != param.dtype else None,
         )
     from grpolab.rollout.vllm_engine import VLLMEngine, VLLMSettings
 
-    settings = VLLMSettings(engine.vllm_max_len, not engine.vllm_compile, engine.vllm_memory, engine.vllm_sleep)
+    settings = VLLMSettings(
+        engine.vllm_max_len, not engine.vllm_compile, engine.vllm_memory, engine.vllm_sleep, fp32_head=fp32_head
+    )
     return VLLMEngine(
         policy.model,
         eos_id=policy.eos_id,

@@ -46,8 +46,8 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.multiprocessing as mp
 
-from grpolab.common.devices import rollout_dtype
 from grpolab.common.errors import GeneratorError
+from grpolab.common.precision import rollout_dtype
 from grpolab.config.rollout import EngineSection
 from grpolab.rollout.sampler import Sampled, SamplingSettings
 from grpolab.rollout.weights import base_model, lag_state, restored_lag, served_weights, skeleton, snapshot
@@ -85,6 +85,10 @@ class GeneratorSpec:
     replica (each version pushed into it as the in-process engine pushes the trainer's); None: grpolab's sampler."""
     seed: int = 0
     """vLLM's own seed (the run's)."""
+    fp32_head: bool = False
+    """The LM head's product in fp32 when the engine samples in bf16 or fp16 (--fp32-head)."""
+    storage: torch.dtype | None = None
+    """The copy's dtype outside its products (a sampler that computes as a mixed-precision trainer's autocast)."""
 
 
 class SharedWeights:
@@ -157,8 +161,9 @@ class _Generator:
             )
         else:
             self.engine = HFEngine(
-                self.replica, eos_id=spec.eos_id, pad_id=spec.pad_id, dtype=spec.dtype, always_copy=spec.always_copy
-            )
+                self.replica, eos_id=spec.eos_id, pad_id=spec.pad_id, dtype=spec.dtype, always_copy=spec.always_copy,
+                fp32_head=spec.fp32_head, storage=spec.storage,
+            )  # fmt: skip
         self.loaded = 0
 
     def _load(self, version: int) -> None:
@@ -233,6 +238,19 @@ def serve(spec: GeneratorSpec, shared: SharedWeights, buffers: dict, conn, paren
 
 
 # ---------------------------------------------------------------------- the trainer's side
+def _start_child(spec: GeneratorSpec, shared: SharedWeights):
+    """The generator process serving ``spec`` over ``shared``, started (spawned: no state of the trainer's comes
+    along but what it is given), and the trainer's end of its pipe."""
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    process = ctx.Process(
+        target=serve, args=(spec, shared, shared.buffers, child, os.getpid()), name="grpolab-generator", daemon=True
+    )
+    process.start()
+    child.close()
+    return conn, process
+
+
 class ProcessEngine:
     """A rollout engine drawing in a generator process (module docstring). ``model``: the policy's model (its
     weights are pushed at each :meth:`weights_changed`); ``lag``: --max-staleness K; ``threads``: the child's torch
@@ -251,6 +269,8 @@ class ProcessEngine:
         timeout: float = 900.0,
         vllm=None,
         seed: int = 0,
+        fp32_head: bool = False,
+        storage: torch.dtype | None = None,
     ):
         self.model, self.full_weights, self.lag, self.timeout = model, full_weights, lag, timeout
         self.syncs = 0
@@ -285,17 +305,10 @@ class ProcessEngine:
             trainable=param.requires_grad,
             vllm=vllm,
             seed=seed,
+            fp32_head=fp32_head,
+            storage=storage,
         )
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self.process = ctx.Process(
-            target=serve,
-            args=(spec, self.shared, self.shared.buffers, child, os.getpid()),
-            name="grpolab-generator",
-            daemon=True,
-        )
-        self.process.start()
-        child.close()
+        self._conn, self.process = _start_child(spec, self.shared)
         self.note = self._answer(0, "starting", max(self.timeout, START_TIMEOUT))
         """Why the generator's copy has no fused decoder (None when it has one, or samples the replica)."""
 
@@ -438,26 +451,37 @@ class ProcessEngine:
 
 
 def build_process_engine(
-    engine: EngineSection, seed: int, policy, full_weights=contextlib.nullcontext
+    engine: EngineSection,
+    seed: int,
+    policy,
+    full_weights=contextlib.nullcontext,
+    fp32_head: bool = False,
+    autocast: bool = False,
 ) -> ProcessEngine:
     """A generator process for ``policy`` as the run's ``engine`` options ask (--rollout-engine, --max-staleness,
     --rollout-dtype, --generator-threads, --generator-timeout, vLLM's); ``seed``: vLLM's; ``full_weights``: the
-    context in which the weights are whole (FSDP)."""
+    context in which the weights are whole (FSDP); ``fp32_head``, ``autocast``: as
+    :func:`grpolab.rollout.engine.build_engine` takes them."""
     param = next(policy.model.parameters())
+    dtype = rollout_dtype(engine.rollout_dtype, param.dtype)
     vllm = None
     if engine.rollout_engine == "vllm":
         from grpolab.rollout.vllm_engine import VLLMSettings
 
-        vllm = VLLMSettings(engine.vllm_max_len, not engine.vllm_compile, engine.vllm_memory, engine.vllm_sleep)
+        vllm = VLLMSettings(
+            engine.vllm_max_len, not engine.vllm_compile, engine.vllm_memory, engine.vllm_sleep, fp32_head=fp32_head
+        )
     return ProcessEngine(
         policy.model,
         eos_id=policy.eos_id,
         pad_id=policy.pad_id,
         full_weights=full_weights,
-        dtype=rollout_dtype(engine.rollout_dtype, param.dtype, param.device),
+        dtype=dtype,
         lag=engine.max_staleness,
         threads=engine.generator_threads or torch.get_num_threads(),
         timeout=engine.generator_timeout,
         vllm=vllm,
         seed=seed,
+        fp32_head=fp32_head,
+        storage=param.dtype if autocast and dtype != param.dtype else None,
     )

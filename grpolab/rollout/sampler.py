@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from grpolab.common.batch import Batch, left_pad
-from grpolab.models.attention import upcast_dtype
+from grpolab.models.attention import attention_rounding, upcast_dtype
 from grpolab.models.decode_cache import SlabCache, slab_supported
 from grpolab.models.logprobs import logprob_entropy, nucleus_log_mass, sampling_logprobs
 from grpolab.models.shared_prefix import distinct_prompts
@@ -150,10 +150,12 @@ class _SlabDecode:
     ``fused`` decoder (:class:`grpolab.models.fused_decode.FusedDecoder`) the steps run through it instead of the
     model's forward."""
 
-    def __init__(self, prefill, inverse, prompt_mask, position, max_new_tokens: int, cache_dtype, fused=None):
+    def __init__(
+        self, prefill, inverse, prompt_mask, position, max_new_tokens: int, cache_dtype, fused=None, rounding=None
+    ):
         N, P = prompt_mask.shape
         capacity = P + max_new_tokens - 1  # the last token is sampled, never fed back
-        self.cache = SlabCache.from_prefill(prefill, inverse, capacity, cache_dtype)
+        self.cache = SlabCache.from_prefill(prefill, inverse, capacity, cache_dtype, rounding)
         self.attn = prompt_mask.new_ones(N, capacity)  # [N, P + T - 1]: prompt padding, then every new token
         self.attn[:, :P] = prompt_mask
         self.pos = position[:, -1] + 1  # [N] the next token's position id
@@ -227,7 +229,8 @@ def _decoder(cache: str, model, prefill, inverse, prompt_mask, position, max_new
         raise ValueError(f"unknown decode cache {cache!r}; choose from {CACHES}")
     if cache == "dynamic" or not slab_supported(prefill):
         return _DynamicDecode(prefill, inverse, prompt_mask, position)
-    return _SlabDecode(prefill, inverse, prompt_mask, position, max_new_tokens, upcast_dtype(model), fused)
+    cache_dtype, rounding = upcast_dtype(model), attention_rounding(model)
+    return _SlabDecode(prefill, inverse, prompt_mask, position, max_new_tokens, cache_dtype, fused, rounding)
 
 
 @torch.no_grad()

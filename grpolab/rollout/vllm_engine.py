@@ -68,13 +68,17 @@ def rollout_seed(key: tuple[int, ...]) -> int:
     return int((int(state[0]) << 31) ^ int(state[1]))
 
 
-def _config_dir(model: torch.nn.Module, dtype: torch.dtype) -> str:
-    """A scratch directory holding the model's config.json (no weights: vLLM starts on placeholders)."""
+def _config_dir(model: torch.nn.Module, dtype: torch.dtype, fp32_head: bool = False) -> str:
+    """A scratch directory holding the model's config.json (no weights: vLLM starts on placeholders). ``fp32_head``:
+    vLLM's own switch for an fp32 LM head, ``head_dtype`` in the model's config (its logits processor then runs the
+    head's product in fp32; otherwise in the model's dtype, its logits cast to fp32 only after it)."""
     base = base_model(model)
     config = base.config.to_dict()
     config.pop("quantization_config", None)  # a GGUF-loaded model's weights are plain tensors by now
     config["architectures"] = [type(base).__name__]
     config["torch_dtype"] = config["dtype"] = str(dtype).removeprefix("torch.")
+    if fp32_head and dtype in (torch.bfloat16, torch.float16):
+        config["head_dtype"] = "float32"
     directory = tempfile.mkdtemp(prefix="grpolab-vllm-")
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f)
@@ -93,6 +97,8 @@ class VLLMSettings:
     """CUDA: the share of GPU memory vLLM may take (weights and KV cache)."""
     sleep: bool = False
     """CUDA: free the engine's weights and KV cache while the trainer updates (sleep mode)."""
+    fp32_head: bool = False
+    """The LM head's product in fp32 when the engine runs in bf16 or fp16 (``--fp32-head``; vLLM's ``head_dtype``)."""
 
 
 class _SharedLLM:
@@ -121,7 +127,7 @@ def _start(model: torch.nn.Module, dtype: torch.dtype, device: torch.device, see
     set_threads, threads, rng = torch.set_num_threads, torch.get_num_threads(), rng_state()
     try:
         llm = vllm.LLM(
-            model=_config_dir(model, dtype),
+            model=_config_dir(model, dtype, s.fp32_head),
             load_format="dummy",
             skip_tokenizer_init=True,
             dtype=str(dtype).removeprefix("torch."),

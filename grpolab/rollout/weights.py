@@ -21,9 +21,15 @@ from torch import nn
 from transformers import DynamicCache
 
 from grpolab.models.attention import NAME as ATTENTION_NAME
-from grpolab.models.attention import register_grouped_sdpa, upcast_dtype, use_grouped_sdpa
+from grpolab.models.attention import (
+    ROUNDING,
+    attention_rounding,
+    register_grouped_sdpa,
+    upcast_dtype,
+    use_grouped_sdpa,
+)
 from grpolab.models.decode_cache import SlabCache
-from grpolab.models.fused_decode import FusedDecoder, fused_supported
+from grpolab.models.fused_decode import CastInput, FusedDecoder, fused_supported
 from grpolab.models.packed_linear import PackedLinear, PlainLinear, packing_available, worth_packing
 
 
@@ -72,6 +78,12 @@ class SamplerWeights:
 
     ``full_weights``: a context inside which every parameter is whole on this process (FSDP). ``fuse``: allow the
     fused decoder; ``always_copy``: make a copy even where the live weights would do (tests compare the two).
+    ``head_dtype`` (``--fp32-head``): the copy's LM head in this dtype, on inputs cast to it; the live weights'
+    head is the caller's (:func:`grpolab.models.head.fp32_head`). ``storage``: the copy's dtype outside its linear
+    layers when it is not ``dtype``; the copy then computes as autocast does for a bf16-mixed trainer: embeddings,
+    norms and the residual stream in ``storage`` (fp32), every linear layer's product in ``dtype`` on its input cast
+    to it, and attention on queries, keys and values rounded to ``dtype`` (``grpolab.models.attention``), so that
+    sampler and trainer differ by their kernels alone.
 
     ``lag`` K >= 1 (``--max-staleness``): the copy (always one) is refreshed K syncs late. Each :meth:`sync` keeps a
     snapshot of the policy's weights and loads the one taken K syncs before, so after the s-th sync the copy holds
@@ -90,8 +102,13 @@ class SamplerWeights:
         fuse: bool = True,
         always_copy: bool = False,
         lag: int = 0,
+        head_dtype: torch.dtype | None = None,
+        storage: torch.dtype | None = None,
     ):
         self.policy, self.dtype, self.full_weights = policy, dtype, full_weights
+        self.head_dtype = None if head_dtype == dtype else head_dtype
+        self.storage = storage or dtype
+        self.mixed = self.storage != dtype
         self.lag, self.version, self.syncs = lag, 0, 0
         self._pending: collections.deque[tuple[int, dict[str, torch.Tensor]]] = collections.deque()
         self._serving: dict[str, torch.Tensor] | None = None  # with a lag: the weights the copy holds
@@ -102,59 +119,85 @@ class SamplerWeights:
             and packing_available(dtype)
             and any(worth_packing(m) for m in base_model(policy).modules())
         )
-        self.copied = always_copy or lag > 0 or self.pack or dtype != param.dtype
+        self.copied = always_copy or lag > 0 or self.pack or dtype != param.dtype or self.mixed
         self.decoder: FusedDecoder | None = None
         self.note: str | None = None
         """Why the copy has no fused decoder (None when it has one, or there is no copy)."""
         self.model = policy
         if not self.copied:
             return
-        served = self._served()
-        self.note = fused_supported(base_model(policy)) if fuse else "fusion off"
-        if self.note is None:
-            self.model, self.decoder, self._targets = self._build_fused(served)
-            self.note = _check(self.policy, self.model, self.decoder, self.full_weights)
-            if self.note:
-                self.decoder = None
-        if self.decoder is None:
-            self.model, self._targets = self._build_packed(served)
-        if lag:
-            self._serving = snapshot(served)
+        with self._served() as served:
+            self.note = fused_supported(base_model(policy)) if fuse else "fusion off"
+            if self.note is None:
+                self.model, self.decoder, self._targets = self._build_fused(served)
+                self.note = _check(self.policy, self.model, self.decoder, self.full_weights, dtype)
+                if self.note:
+                    self.decoder = None
+            if self.decoder is None:
+                self.model, self._targets = self._build_packed(served)
+            if lag:
+                self._serving = snapshot(served)
 
-    def _served(self) -> dict[str, torch.Tensor]:
+    @contextlib.contextmanager
+    def _served(self) -> Iterator[dict[str, torch.Tensor]]:
+        """The policy's served weights, valid inside the block (under FSDP they are views of the gathered shards,
+        released when it ends)."""
         with torch.no_grad(), self.full_weights():
-            return dict(served_weights(self.policy))
+            yield dict(served_weights(self.policy))
 
     def _build_packed(self, served: dict) -> tuple[nn.Module, dict]:
         """A copy whose large linear layers are :class:`PackedLinear` (when packing runs here), and, per served
         weight, what loads a new value of it."""
-        model = _skeleton(base_model(self.policy), self.dtype, next(self.policy.parameters()).device)
+        model = self._copy_skeleton()
         params = dict(model.named_parameters(remove_duplicate=False))
-        targets = {name: _copier(params[name], self.dtype) for name in served if name in params}
-        if self.pack:
-            for name, module in list(model.named_modules()):
-                if worth_packing(module) and f"{name}.weight" in served:
-                    packed = PackedLinear()
-                    _replace(model, name, packed)
-                    targets[f"{name}.weight"] = _repacker(packed, f"{name}.bias", self.dtype)
-                    targets.pop(f"{name}.bias", None)  # loaded with its weight
+        targets = {name: _copier(params[name], self.storage) for name in served if name in params}
+        head = _head_name(model)
+        for name, module in list(model.named_modules()):
+            if (
+                not isinstance(module, nn.Linear)
+                or f"{name}.weight" not in served
+                or (self.head_dtype and name == head)
+            ):
+                continue
+            if self.pack and worth_packing(module):
+                layer = PackedLinear()
+            elif self.mixed:  # every product in the compute dtype, as under autocast
+                layer = PlainLinear()
+            else:
+                continue
+            _replace(model, name, layer)
+            targets[f"{name}.weight"] = _repacker(layer, f"{name}.bias", self.dtype)
+            targets.pop(f"{name}.bias", None)  # loaded with its weight
+        if self.head_dtype is not None and head is not None:  # --fp32-head: the head alone in its own dtype
+            inner = PackedLinear() if self.pack and packing_available(self.head_dtype) else PlainLinear()
+            _replace(model, head, CastInput(inner, self.head_dtype))
+            targets[f"{head}.weight"] = _repacker(inner, f"{head}.bias", self.head_dtype)
+            targets.pop(f"{head}.bias", None)
         _load(targets, served)
         return model, targets
 
     def _build_fused(self, served: dict) -> tuple[nn.Module, FusedDecoder, dict]:
         """A copy whose projections are the fused decoder's products; its other parameters (embedding, norms) are
         loaded by the returned targets, the products by :meth:`FusedDecoder.load`."""
-        model = _skeleton(base_model(self.policy), self.dtype, next(self.policy.parameters()).device)
-        decoder = FusedDecoder(model, PackedLinear if self.pack else PlainLinear)
+        model = self._copy_skeleton()
+        decoder = FusedDecoder(model, PackedLinear if self.pack else PlainLinear, self.head_dtype)
         decoder.attach()
         params = dict(model.named_parameters(remove_duplicate=False))
-        targets = {name: _copier(params[name], self.dtype) for name in served if name in params}
+        targets = {name: _copier(params[name], self.storage) for name in served if name in params}
         decoder.load(served, self.dtype)
         left = set(served) - set(targets) - decoder.read
         if left:
             raise ValueError(f"the sampler's copy of the model has no place for {sorted(left)[:3]}")
         _load(targets, served)
         return model, decoder, targets
+
+    def _copy_skeleton(self) -> nn.Module:
+        """The copy's model in :attr:`storage`, its parameters not yet filled; a mixed copy's attention rounds to the
+        products' dtype."""
+        model = _skeleton(base_model(self.policy), self.storage, next(self.policy.parameters()).device)
+        if self.mixed:
+            setattr(model.config, ROUNDING, str(self.dtype).removeprefix("torch."))
+        return model
 
     def sync(self) -> None:
         """Refresh the copy from the policy's current weights (nothing to do without a copy); with a lag, keep them
@@ -163,9 +206,11 @@ class SamplerWeights:
             return
         self.syncs += 1
         if not self.lag:
-            self._load_served(self._served())
+            with self._served() as served:
+                self._load_served(served)
             return
-        self._pending.append((self.syncs, snapshot(self._served())))
+        with self._served() as served:
+            self._pending.append((self.syncs, snapshot(served)))
         if len(self._pending) > self.lag:
             self.version, self._serving = self._pending.popleft()
             self._load_served(self._serving)
@@ -195,7 +240,8 @@ class SamplerWeights:
         if not self.lag:
             yield
             return
-        self._load_served(self._served())
+        with self._served() as served:
+            self._load_served(served)
         try:
             yield
         finally:
@@ -242,7 +288,7 @@ def _load(targets: dict, served: dict) -> None:
             load(served[name], served)
 
 
-def _check(policy: nn.Module, model: nn.Module, decoder: FusedDecoder, full_weights) -> str | None:
+def _check(policy: nn.Module, model: nn.Module, decoder: FusedDecoder, full_weights, dtype: torch.dtype) -> str | None:
     """None if a prefill through the copy's forward and one fused decode step give the policy's own last logits
     (to the copy's precision), else what differs. Two rows of four tokens, one left-padded."""
     param = next(policy.parameters())
@@ -259,11 +305,18 @@ def _check(policy: nn.Module, model: nn.Module, decoder: FusedDecoder, full_weig
         prefill = DynamicCache()
         model(input_ids=ids[:, :3], attention_mask=mask[:, :3], position_ids=position[:, :3], past_key_values=prefill)
         decoder.forget()
-        cache = SlabCache.from_prefill(prefill, torch.arange(2, device=param.device), 4, upcast_dtype(model))
+        rows = torch.arange(2, device=param.device)
+        cache = SlabCache.from_prefill(prefill, rows, 4, upcast_dtype(model), attention_rounding(model))
         got = decoder.step(ids[:, 3], position[:, 3], mask, cache).float()
     err = float((got - want).abs().max()) / max(1.0, float(want.abs().max()))
-    tol = 5e-2 if next(model.parameters()).dtype in (torch.bfloat16, torch.float16) else 1e-3
+    tol = 5e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-3  # the products' dtype
     return None if err <= tol else f"its fused decode step differs from the model's forward by {err:.2g} (relative)"
+
+
+def _head_name(model: nn.Module) -> str | None:
+    """The module name of ``model``'s LM head (its output embedding), or None."""
+    head = model.get_output_embeddings()
+    return next((name for name, m in model.named_modules() if m is head), None)
 
 
 def _skeleton(base: nn.Module, dtype: torch.dtype, device: torch.device) -> nn.Module:

@@ -9,6 +9,14 @@ separately, which a wrapper around the model's ``forward`` would not see.
 Gradients: DDP and FSDP2 both *average* over ranks. Each rank's loss is its share of the
 global loss (global normalisers), so the driver scales it by the number of ranks
 (:attr:`TrainModule.loss_scale`) to make the average the global sum.
+
+Precision (``grpolab.common.precision``): the forward runs under the precision's autocast and, with ``--fp32-head``,
+its LM head in fp32 (:mod:`grpolab.models.head`), inside the wrapper, so every forward through it (the policy's, the
+reference's) computes alike and the backward follows. Under a mixed precision the weights are fp32 masters, so DDP
+reduces fp32 gradients; FSDP2 is told to reduce in fp32 too (its ``MixedPrecisionPolicy``), which also upcasts the
+bf16 gradients of bf16-true for the reduction. FSDP2 gathers the weights in their own dtype and autocast casts each
+product's, as on one process: gathering bf16 copies instead would halve the all-gather's bytes but round the norms'
+and the head's weights, which one process does not do.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from torch import nn
 
 from grpolab.common.batch import Batch
 from grpolab.common.distributed import SINGLE, World
+from grpolab.common.precision import Precision
+from grpolab.models.head import fp32_head
 from grpolab.models.logprobs import completion_logprobs
 from grpolab.models.shared_prefix import unsupported_reason
 
@@ -29,14 +39,23 @@ class LogProbs(nn.Module):
 
     ``shared_prefix``: rows with the same prompt share one prompt pass (grpolab.models.shared_prefix).
     ``packed``: the rows run as one padding-free sequence (grpolab.models.logprobs).
+    ``precision``: the autocast and head the forward runs under (the module docstring).
     """
 
-    def __init__(self, model: nn.Module, temperature: float = 1.0, shared_prefix: bool = False, packed: bool = False):
+    def __init__(
+        self,
+        model: nn.Module,
+        temperature: float = 1.0,
+        shared_prefix: bool = False,
+        packed: bool = False,
+        precision: Precision | None = None,
+    ):
         super().__init__()
         self.model = model
         self.temperature = temperature
         self.shared_prefix = shared_prefix
         self.packed = packed
+        self.precision = precision or Precision()
 
     def forward(
         self, prompt_ids, prompt_mask, completion_ids, completion_mask, entropy: bool = False, top_p: float = 1.0
@@ -44,15 +63,16 @@ class LogProbs(nn.Module):
         """``[N, T]`` log-probs; ``entropy``: ``[N, T, 2]``, each position's log-prob and entropy; ``top_p`` < 1: one
         more column, the log nucleus mass (:func:`grpolab.models.logprobs.completion_logprobs`)."""
         batch = Batch(prompt_ids, prompt_mask, completion_ids, completion_mask)
-        return completion_logprobs(
-            self.model,
-            batch,
-            self.temperature,
-            shared_prefix=self.shared_prefix,
-            packed=self.packed,
-            entropy=entropy,
-            top_p=top_p,
-        )
+        with self.precision.autocast(prompt_ids.device), fp32_head(self.model, self.precision.head_fp32):
+            return completion_logprobs(
+                self.model,
+                batch,
+                self.temperature,
+                shared_prefix=self.shared_prefix,
+                packed=self.packed,
+                entropy=entropy,
+                top_p=top_p,
+            )
 
 
 def _layer_modules(model: nn.Module) -> list[nn.Module]:
@@ -63,7 +83,8 @@ def _layer_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def shard(module: LogProbs) -> LogProbs:
-    """FSDP2: shard each decoder layer, then the rest (embeddings, final norm, head) as the root group.
+    """FSDP2: shard each decoder layer, then the rest (embeddings, final norm, head) as the root group; gradients
+    reduced in fp32 where the weights or the products are in less (the module docstring).
 
     The device mesh is built on the parameters' device type: left to itself, ``fully_shard``
     would take the machine's accelerator even for a model on the CPU. So FSDP's collectives go
@@ -71,12 +92,15 @@ def shard(module: LogProbs) -> LogProbs:
     """
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(next(module.parameters()).device.type, (dist.get_world_size(),))
+    param = next(module.parameters())
+    mesh = init_device_mesh(param.device.type, (dist.get_world_size(),))
+    low = param.dtype in (torch.bfloat16, torch.float16) or module.precision.mixed
+    policy = MixedPrecisionPolicy(reduce_dtype=torch.float32) if low else MixedPrecisionPolicy()
     for layer in _layer_modules(module.model):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(module, mesh=mesh)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(module, mesh=mesh, mp_policy=policy)
     return module
 
 
@@ -113,18 +137,20 @@ class TrainModule:
         shared_prefix: bool = False,
         packing: bool = False,
         log=print,
+        precision: Precision | None = None,
     ):
         """``shared_prefix``: encode each group's prompt once in the update, if the model can (checked here on a tiny
         batch against the plain path, on the whole model before any wrapper; if not, ``log`` says why, one line).
         ``packing``: run each pass's rows as one padding-free sequence, if the model can (checked the same way); it
-        replaces the shared prefix."""
+        replaces the shared prefix. ``precision``: what the forward computes in (the module docstring)."""
         self.world, self.fsdp = world, fsdp and world.distributed
         if packing:
             packing = _supported(model, temperature, "packed", log)
             shared_prefix = shared_prefix and not packing
         if shared_prefix:
             shared_prefix = _supported(model, temperature, "shared_prefix", log)
-        self.module = LogProbs(model, temperature, shared_prefix, packing)
+        self.module = LogProbs(model, temperature, shared_prefix, packing, precision)
+        self._gathered = False  # inside full_weights
         self.wrapped: nn.Module = self.module
         device = next(model.parameters()).device
         if self.fsdp:
@@ -193,10 +219,21 @@ class TrainModule:
     def full_weights(self):
         """Inside: every parameter whole on every rank, so each rank may run any number of forwards
         (sampling stops when a rank's own rollouts finish). Only FSDP does anything here: all-gather
-        every shard group once, keep it gathered through the forwards, reshard at the end."""
-        if not self.fsdp:
+        every shard group once, keep it gathered through the forwards, reshard at the end. Nested blocks
+        gather once: the outermost one reshards."""
+        if not self.fsdp or self._gathered:
             yield
             return
+        self._gathered = True
+        try:
+            with self._gather():
+                yield
+        finally:
+            self._gathered = False
+
+    @contextlib.contextmanager
+    def _gather(self):
+        """Every FSDP group unsharded for the block, resharded after it."""
         groups = self._fsdp_groups()
         for m in groups:
             m.unshard()

@@ -33,6 +33,7 @@ from grpolab.probes.spectrum import advantage_effective_rank, singular_values_fr
 from grpolab.probes.token_credit import credit_row, join_credit_rows, pick_rollouts, record_aggregates
 from grpolab.rollout.rows import rollout_lengths, truncated_flags
 from grpolab.training.books import episode_fields, rollout_record
+from grpolab.training.optim import exact_weights
 from grpolab.training.step import StepObserver, StepResult
 
 
@@ -319,29 +320,51 @@ class DoctorInstruments(StepObserver):
       policy that does not move (a learning rate too low for the weights' precision) or moves too far in one step,
       which none of the losses shows at --mu 1 and --beta 0. A sample, not every weight: a copy of the whole model
       every step would double its memory.
+    - ``doctor/weights_unmoved_frac``: of the same sample's weights whose gradient was nonzero at one of the step's
+      optimizer steps, the share whose value the step left exactly as it was: the update rounded away by the weights'
+      precision (bf16 weights under plain AdamW at GRPO's learning rates leave most unmoved; fp32 masters none). A
+      weight's value is its exact one (:func:`grpolab.training.optim.exact_weights`: with Kahan summation, the weight
+      plus its compensation). From the gradients as they were before each optimizer step with a learning rate above
+      0 (a hook: some optimizers use the gradient's memory during their step); not logged at a step with none.
     - ``doctor/truncated_reward_gap``: the mean first reward (reward/accuracy's) of the step's rollouts that ended
       before --max-new-tokens minus that of those cut by it (all ranks; only at steps that have both kinds): whether
       the limit costs reward or only cuts completions that were wrong anyway.
     """
 
-    def __init__(self, model: torch.nn.Module, per_tensor: int = 4096):
+    def __init__(self, model: torch.nn.Module, optimizer=None, per_tensor: int = 4096):
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.per_tensor = per_tensor
+        self.optimizer, self.per_tensor = optimizer, per_tensor
         self.before: list[torch.Tensor] = []
+        self.nonzero: list[torch.Tensor] | None = None  # [per_tensor] per tensor: a nonzero gradient at some step
+        if optimizer is not None:
+            optimizer.register_step_pre_hook(self._gradients_before_step)
 
     def _sample(self) -> list[torch.Tensor]:
-        local = (getattr(p, "to_local", lambda p=p: p)() for p in self.params)  # a DTensor's own shard
-        return [t.detach().reshape(-1)[: self.per_tensor].float().clone() for t in local]
+        return [exact_weights(self.optimizer, p, self.per_tensor).clone() for p in self.params]
+
+    def _gradients_before_step(self, optimizer, args, kwargs) -> None:
+        """Before each optimizer step: which sampled weights have a nonzero gradient (this rank's shard)."""
+        if self.nonzero is None or not any(group["lr"] for group in optimizer.param_groups):
+            return  # not inside an update this observer watches, or a step that can move nothing (warm-up's first)
+        for i, p in enumerate(self.params):
+            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            if grad is not None:
+                self.nonzero[i] |= grad.detach().reshape(-1)[: self.per_tensor] != 0
 
     def before_update(self, result: StepResult) -> None:
         self.before = self._sample()
+        self.nonzero = [torch.zeros_like(b, dtype=torch.bool) for b in self.before]
 
     def after_update(self, result: StepResult) -> None:
         after = self._sample()
         moved = sum(float((a - b).pow(2).sum()) for a, b in zip(after, self.before))
         size = sum(float(b.pow(2).sum()) for b in self.before)
         result.metrics["doctor/weight_change"] = math.sqrt(moved / size) if size > 0 else 0.0
-        self.before = []
+        counted = sum(int(n.sum()) for n in self.nonzero)
+        if counted:
+            unmoved = sum(int(((a == b) & n).sum()) for a, b, n in zip(after, self.before, self.nonzero))
+            result.metrics["doctor/weights_unmoved_frac"] = unmoved / counted
+        self.before, self.nonzero = [], None
         gen = result.collected.generated
         cut = [a for a, t in zip(gen.accuracy, gen.truncated) if t]
         rest = [a for a, t in zip(gen.accuracy, gen.truncated) if not t]
@@ -378,5 +401,5 @@ def attach_observers(trainer) -> None:
             TokenCredit(cfg.probe.log_token_credit, trainer.train_module, trainer.updater, tokenizer, world, device)
         )
     if cfg.diagnosis.doctor == "on":
-        observers.append(DoctorInstruments(trainer.policy.model))
+        observers.append(DoctorInstruments(trainer.policy.model, trainer.optimizer))
     trainer.observers.extend(observers)

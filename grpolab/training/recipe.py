@@ -33,7 +33,7 @@ from grpolab.common.distributed import SINGLE, World
 from grpolab.common.given import NOTHING, Given, is_description
 from grpolab.common.progress import progress_bar
 from grpolab.config import fields
-from grpolab.config.train import RESOLVED_AT_START, ConfigError, TrainConfig
+from grpolab.config.train import BEFORE_RECORDED, RESOLVED_AT_START, ConfigError, TrainConfig
 from grpolab.doctor.examine import Watcher
 from grpolab.models import checkpoint
 from grpolab.models.policy import load_policy
@@ -213,6 +213,8 @@ class TrainRecipe:
             trainer.control = RankControl(**state["rank_control"])
         if trainer.updater.entropy is not None and "entropy_control" in state:
             trainer.updater.entropy = EntropyControl(**state["entropy_control"])
+        if trainer.updater.scaler is not None and "grad_scaler" in state:
+            trainer.updater.scaler.load_state_dict(state["grad_scaler"])
         trainer.restore_stale_weights(self.ckpt, state)
         if self.world.is_main:
             for name in ("metrics.jsonl", "samples.jsonl", "rollouts.jsonl", "token_credit.jsonl", "probe.jsonl"):
@@ -360,14 +362,9 @@ def saved_config(out: str | Path) -> TrainConfig:
     return TrainConfig.from_dict(_saved_dict(path))
 
 
-# What a run's config.json left out before an option existed: the value its runs had (it sampled with the policy
-# itself, so in the trainer's dtype, and corrected nothing).
-_BEFORE_RECORDED = {"rollout_dtype": "auto", "engine_correction": "none"}
-
-
 def _saved_dict(path: Path) -> dict:
     """A run's config.json, with the options it predates given the values that run used."""
-    return {**_BEFORE_RECORDED, **json.loads(path.read_text())}
+    return {**BEFORE_RECORDED, **json.loads(path.read_text())}
 
 
 def _read_resumable(out: Path, cfg: TrainConfig, given: Given) -> tuple[dict, TrainConfig]:

@@ -27,9 +27,10 @@ from transformers import get_scheduler
 from grpolab.algo.engine_correction import resolve_correction
 from grpolab.algo.group_budget import RankControl, rank_control
 from grpolab.common import distributed as dist_
-from grpolab.common.devices import parse_dtype, resolve_device, rollout_dtype
+from grpolab.common.devices import resolve_device
 from grpolab.common.distributed import SINGLE, World
 from grpolab.common.given import NOTHING, Given
+from grpolab.common.precision import Precision, resolve_precision, rollout_dtype
 from grpolab.config.train import TrainConfig
 from grpolab.data.task import few_shot_examples, task_data
 from grpolab.env import environment
@@ -51,6 +52,7 @@ from grpolab.rollout.service import RolloutService
 from grpolab.training.books import step_metrics
 from grpolab.training.credit import cut_rows, loss_advantages, step_advantages
 from grpolab.training.forward import TrainModule
+from grpolab.training.optim import build_optimizer, build_scaler
 from grpolab.training.setup import checked_config
 from grpolab.training.step import StepObserver, StepResult
 from grpolab.training.update import Updater
@@ -195,10 +197,10 @@ class GRPOTrainer:
         cfg, log = self.cfg, self.log
         t0 = time.perf_counter()
         log(f"loading {cfg.policy.model}{' (' + cfg.policy.gguf_file + ')' if cfg.policy.gguf_file else ''} ...")
-        dtype = parse_dtype(cfg.machine.dtype)
+        self.precision = self._resolve_precision()
         self.policy: Policy = load_policy(
             cfg.policy.model,
-            dtype,
+            self._weights_dtype(),
             gguf_file=cfg.policy.gguf_file,
             revision=cfg.policy.revision,
             chat=cfg.prompt.chat,
@@ -210,6 +212,8 @@ class GRPOTrainer:
             f"loaded {self.policy.source}: {n_params / 1e6:.1f} M parameters, {next(self.policy.model.parameters()).dtype}"
             f" on {self.device}, in {time.perf_counter() - t0:.0f} s"
         )
+        if cfg.machine.precision == "auto" or self.precision.name != "32-true":
+            log(self.precision.describe(self.device))
         self.policy.system = system_prompt_for(cfg.dataset.format, cfg.prompt.system_prompt)
         if cfg.update.gradient_checkpointing:  # on the base model, before LoRA wraps it (peft then makes inputs
             enable_activation_checkpointing(self.policy.model)  # require grad)
@@ -223,14 +227,40 @@ class GRPOTrainer:
             disable_dropout(self.policy.model)
         self.policy.model.train()
 
+    def _resolve_precision(self) -> Precision:
+        """--precision as this run uses it (``auto`` resolved for the device and model, a choice the device cannot
+        run refused), written into the config like the engine's options (config.json records it)."""
+        cfg, machine = self.cfg, self.cfg.machine
+        live = self.given.lookup(cfg.policy.model, "--model")  # a model object given to the API
+        given_dtype = next(live[0].parameters()).dtype if live is not None else None
+        precision = resolve_precision(
+            machine.precision,
+            self.device,
+            compensation=machine.compensation,
+            fp32_head=machine.fp32_head,
+            builtin=cfg.policy.model == "builtin",
+            given_dtype=given_dtype,
+        )
+        self.cfg = cfg.replace(precision=precision.name)
+        return precision
+
+    def _weights_dtype(self):
+        """The dtype the policy is loaded in: the precision's, except that a LoRA run under bf16-mixed holds its
+        frozen base in bf16 (the products compute in bf16 anyway; the fp32 adapters are the masters that train)."""
+        if self.cfg.policy.lora_rank and self.precision.name == "bf16-mixed":
+            return self.precision.compute_dtype
+        return self.precision.param_dtype
+
     def _resolve_engine_options(self, engine: RolloutEngine | None) -> None:
-        """--rollout-dtype auto and --engine-correction auto as this run uses them, now the policy's dtype and device
+        """--rollout-dtype auto and --engine-correction auto as this run uses them, now the precision and device
         are known: written into the config (config.json records them; a resumed run takes them as they were)."""
         cfg, param = self.cfg, next(self.policy.model.parameters())
-        dtype = rollout_dtype(cfg.engine.rollout_dtype, param.dtype, param.device)
+        dtype = rollout_dtype(cfg.engine.rollout_dtype, self.precision.compute_dtype)
         # An engine given in place of --rollout-engine's (the tests' scripted ones) is taken as exact: no correction
-        # (--max-staleness K >= 1: the engine draws with older weights, a mismatch the correction weighs)
-        exact = engine is not None or (cfg.engine.rollout_engine == "hf" and dtype == param.dtype)
+        # (--max-staleness K >= 1: the engine draws with older weights, a mismatch the correction weighs). The hf
+        # engine is exact in the trainer's own dtype when the trainer computes in it (not under autocast).
+        own = dtype == param.dtype and not self.precision.mixed
+        exact = engine is not None or (cfg.engine.rollout_engine == "hf" and own)
         exact = exact and not cfg.engine.max_staleness
         correction = resolve_correction(cfg.objective.engine_correction, exact, cfg.terms.loss_type)
         self.cfg = cfg.replace(rollout_dtype=str(dtype).removeprefix("torch."), engine_correction=correction)
@@ -244,7 +274,8 @@ class GRPOTrainer:
         self.ref = None
         self.ref_is_base = cfg.objective.beta > 0 and cfg.policy.lora_rank > 0
         if cfg.objective.beta > 0 and not cfg.policy.lora_rank:
-            ref_model = reference.to(self.device) if reference is not None else copy.deepcopy(self.policy.model)
+            dtype = next(self.policy.model.parameters()).dtype  # a resumed run's start is loaded in fp32
+            ref_model = reference.to(self.device, dtype) if reference is not None else copy.deepcopy(self.policy.model)
             self.ref = self._train_module(ref_model.eval().requires_grad_(False))
 
     def _train_module(self, model: torch.nn.Module) -> TrainModule:
@@ -259,6 +290,7 @@ class GRPOTrainer:
             shared_prefix=shared,
             packing=cfg.update.packing,
             log=self.log,
+            precision=self.precision,
         )
 
     def _setup_optimizer(self) -> None:
@@ -267,7 +299,7 @@ class GRPOTrainer:
         # Before the optimizer: under FSDP the parameters it holds are the shards.
         self.train_module = self._train_module(self.policy.model)
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.optimizer.lr, weight_decay=cfg.optimizer.weight_decay)
+        self.optimizer = build_optimizer(params, cfg.optimizer.lr, cfg.optimizer.weight_decay, self.precision)
         self.scheduler = get_scheduler(
             {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[cfg.optimizer.lr_schedule],
             self.optimizer,
@@ -288,6 +320,7 @@ class GRPOTrainer:
             reference_is_base=self.ref_is_base,
             terms=cfg.terms,
             top_p=cfg.generation.top_p,
+            scaler=build_scaler(self.precision, self.device),
         )
 
     def _setup_task(self) -> None:
@@ -330,6 +363,13 @@ class GRPOTrainer:
         """The held-out accuracy's function when it is not one of the training reward's (the trainer then owns it)."""
         return None if any(fn is self.eval_reward for _, fn, _ in self.reward.reward_fns) else self.eval_reward
 
+    @property
+    def _sampler_computes(self) -> dict:
+        """``fp32_head`` and ``autocast`` of grpolab's sampler (``build_engine``'s): as the trainer computes, when it
+        samples in the trainer's compute dtype (--rollout-dtype auto under a mixed precision)."""
+        same = self.cfg.engine.rollout_dtype == str(self.precision.compute_dtype).removeprefix("torch.")
+        return {"fp32_head": self.precision.head_fp32, "autocast": self.precision.mixed and same}
+
     def _setup_rollouts(self, engine: RolloutEngine | None) -> None:
         """The rollout engine, the service every rollout of the run is drawn through (training's, evaluation's,
         rtg-mc's branches) and the collector of a step's rollouts."""
@@ -338,8 +378,10 @@ class GRPOTrainer:
         if engine is None and cfg.engine.in_process:  # --generator process: the engine in a process of its own
             from grpolab.rollout.generator import build_process_engine
 
-            engine = build_process_engine(cfg.engine, cfg.run.seed, self.policy, full_weights)
-        self.engine = engine or build_engine(cfg.engine, cfg.run.seed, self.policy, full_weights)
+            engine = build_process_engine(cfg.engine, cfg.run.seed, self.policy, full_weights, **self._sampler_computes)
+        self.engine = engine or build_engine(
+            cfg.engine, cfg.run.seed, self.policy, full_weights, **self._sampler_computes
+        )
         if engine is None and cfg.engine.rollout_engine != "hf":
             mode = "compiled" if cfg.engine.vllm_compile else "eager"
             self.log(
@@ -399,6 +441,8 @@ class GRPOTrainer:
                 state["rank_control"] = dataclasses.asdict(self.control)
             if self.updater.entropy is not None:
                 state["entropy_control"] = dataclasses.asdict(self.updater.entropy)
+            if self.updater.scaler is not None:  # 16-mixed: the loss scale and its growth count
+                state["grad_scaler"] = self.updater.scaler.state_dict()
             tensors = {}
             if self.cfg.engine.max_staleness:  # the weights of the steps in flight: a resume draws with them
                 state["stale_weights"], tensors[STALE_WEIGHTS] = self.service.engine.lag_state()

@@ -8,7 +8,8 @@ In order (:meth:`Updater.__call__`):
    ``--micro-batch-tokens`` padded tokens), the same number of passes on every rank;
 3. the sampling-time (old) and reference log-probs, once, before any weight moves;
 4. mu times: loss and backward per micro-batch, then the optimizer step (skipped, and counted,
-   when the loss or the gradient is not finite);
+   when the loss or the gradient is not finite; under fp16's loss scaling a gradient that overflowed
+   skips the step and halves the scale, counted apart);
 5. the metrics, summed over ranks.
 
 With ``watch`` rows (``--log-token-credit``), the update also keeps, for those rows, each token's
@@ -172,6 +173,7 @@ class Updater:
         reference_is_base: bool = False,
         terms: TermSection | None = None,
         top_p: float = 1.0,
+        scaler=None,
     ):
         self.objective, self.passes, self.max_grad_norm, self.max_policy_tokens = (
             objective,
@@ -196,6 +198,8 @@ class Updater:
         self._bonus_coef = 0.0  # the coefficient of the optimizer step being taken
         self.watched: WatchedTokens | None = None
         """The last update's :class:`WatchedTokens` (None unless it was given ``watch`` rows)."""
+        self.scaler = scaler
+        """The loss scaler of --precision 16-mixed (``torch.amp.GradScaler``; checkpointed by the run), else None."""
 
     @property
     def has_reference(self) -> bool:
@@ -245,21 +249,23 @@ class Updater:
         )  # fmt: skip
         params = [p for p in self.policy.module.model.parameters() if p.requires_grad]
         sums = dict.fromkeys(SUMS, 0.0) | dict.fromkeys(MAX_KEYS, 0.0)
-        grad_norm, skipped = 0.0, 0
+        grad_norm, skipped, overflows = 0.0, 0, 0
         for it in range(obj.mu):
             self.optimizer.zero_grad(set_to_none=True)
             finite = True
             self._bonus_coef, sums["entropy_sum"] = (self.entropy.applied() if self.entropy else 0.0), 0.0
             for c_i, idx in enumerate(plan.chunks):
                 finite = self._loss_and_backward(inputs, plan, c_i, idx, sums, first=it == 0) and finite
-            norm = self._optimizer_step(params, finite)
+            norm, overflow = self._optimizer_step(params, finite)
             if self.entropy is not None:
                 self._observe_entropy(sums, inputs.bonus_tokens, first=it == 0)
-            if norm is None:
+            if overflow:
+                overflows += 1
+            elif norm is None:
                 skipped += 1
             else:
                 grad_norm += norm / obj.mu
-        return self._metrics(sums, plan, loss_mask, N, grad_norm, skipped)
+        return self._metrics(sums, plan, loss_mask, N, grad_norm, skipped) | self._scaler_metrics(overflows)
 
     def skip(self) -> dict:
         """A step with no group to learn from (--sampling filter, every round all-equal): the weights stay,
@@ -377,7 +383,8 @@ class Updater:
                 loss = loss * 0.0
             # A non-finite loss still runs backward: the ranks stay in step, and the update is skipped.
             finite = bool(torch.isfinite(loss))
-            (loss * train.loss_scale).backward()
+            scaled = loss * train.loss_scale
+            (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
         if not padding:
             self._add_stats(sums, loss, st, float(sub_mask.sum()))
         return finite
@@ -495,19 +502,36 @@ class Updater:
         if correction is not None:
             sums["weight_tok"] += float(correction.sum())
 
-    def _optimizer_step(self, params: list[torch.Tensor], finite: bool) -> float | None:
-        """Clip and step; the gradient norm, or None when the loss or the gradient was not finite on some rank
-        (then the weights stay and the gradient is dropped). The schedule moves on either way."""
+    def _optimizer_step(self, params: list[torch.Tensor], finite: bool) -> tuple[float | None, bool]:
+        """Clip and step. Returns the gradient norm, or None when the loss or the gradient was not finite on some rank
+        (then the weights stay and the gradient is dropped), and whether the step was skipped for a loss-scaled
+        gradient's overflow (fp16: the scaler halves its scale; the loss itself was finite everywhere). The schedule
+        moves on either way."""
         max_norm = self.max_grad_norm if self.max_grad_norm > 0 else math.inf
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # the true gradients, for the norm, the clip and the step
         norm = self.policy.clip_grad_norm(params, max_norm)
         # The gradient (and so its norm) is the same on every rank after the reduction; the loss flags are not.
         stepped = dist_.all_true(finite and math.isfinite(norm), self.world)
-        if stepped:
+        overflow = False
+        if stepped and self.scaler is None:
             self.optimizer.step()
+        elif stepped:
+            self.scaler.step(self.optimizer)  # unscaled above, and finite: it steps
         else:
+            overflow = self.scaler is not None and dist_.all_true(finite, self.world)
             self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler.update()  # every rank saw the same overflow (the reduced gradient; FSDP: a sharded scaler)
         self.scheduler.step()
-        return norm if stepped else None
+        return (norm if stepped else None), overflow
+
+    def _scaler_metrics(self, overflows: int) -> dict:
+        """precision/*: the loss scale after the step and the optimizer steps skipped for an overflow (none without a
+        scaler)."""
+        if self.scaler is None:
+            return {}
+        return {"precision/loss_scale": float(self.scaler.get_scale()), "precision/overflow_skips": overflows}
 
     def _engine_metrics(self, totals: dict, sums: dict) -> dict:
         """engine/*: the sampler-trainer mismatch over the tokens the update scores (no sampler log-probs: none;

@@ -1,0 +1,194 @@
+"""The precision a run trains in (``--precision``): the weights' dtype, the dtype their products are computed in,
+and what keeps a low-precision update from rounding itself away.
+
+Named as Lightning names them:
+
+=============  ==================================  =====================================  ==========================
+precision      weights and optimizer state         forward and backward                   what the update needs
+=============  ==================================  =====================================  ==========================
+``32-true``    fp32                                fp32                                   nothing
+``bf16-mixed`` fp32 (master weights)               bf16 under ``torch.autocast``           nothing: fp32 masters
+``16-mixed``   fp32 (master weights)               fp16 under ``torch.autocast``           a gradient scaler (CUDA)
+``bf16-true``  bf16                                bf16                                   Kahan summation (or none)
+``64-true``    fp64                                fp64                                   nothing (exactness checks)
+=============  ==================================  =====================================  ==========================
+
+Why fp32 masters: a bf16 weight does not move for a change smaller than half its spacing, about 2^-9 of its size,
+and Adam moves a weight by about the learning rate a step; at GRPO's 1e-6 almost no bf16 weight moves at all
+(docs/precision.md measures it). ``bf16-true`` keeps the weights in bf16 and compensates: torch-optimi's AdamW with
+Kahan summation keeps each update's rounded-off part in a bf16 buffer and adds it back at the next step, so the
+weight's exact value is ``weight + compensation``.
+
+The log-probs, entropies and the loss are computed in fp32 from the head's output in every precision
+(``grpolab.models.logprobs``): PyTorch's CPU autocast, unlike CUDA's, does not keep ``log_softmax`` in fp32.
+``fp32_head``: the LM head's product itself in fp32 (ScaleRL; MiniMax-M1 Sec. 3.2): outside autocast, on fp32
+inputs and weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+
+from grpolab.common.errors import ConfigError
+
+PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
+COMPENSATIONS = ("kahan", "none")
+
+_PARAM = {
+    "32-true": torch.float32,
+    "bf16-mixed": torch.float32,
+    "16-mixed": torch.float32,
+    "bf16-true": torch.bfloat16,
+    "64-true": torch.float64,
+}
+_COMPUTE = {**_PARAM, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+class PrecisionError(ConfigError):
+    """A precision this device cannot run; the message says why and what to use (a ConfigError: one line)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """A resolved ``--precision`` (never ``auto``) and its two companions."""
+
+    name: str = "32-true"
+    compensation: str = "kahan"
+    """``bf16-true``'s optimizer: ``kahan`` (torch-optimi's AdamW with Kahan summation) or ``none`` (plain AdamW on
+    bf16 weights: the update rounds away; kept to measure what that does). Read only under ``bf16-true``."""
+    fp32_head: bool = False
+    """The LM head's product in fp32 (trainer and grpolab's sampler)."""
+
+    def __post_init__(self):
+        if self.name not in _PARAM:
+            raise PrecisionError(
+                f"--precision must be one of {', '.join(PRECISIONS[1:])} once resolved, got {self.name!r}"
+            )
+        if self.compensation not in COMPENSATIONS:
+            raise PrecisionError(f"--compensation must be one of {', '.join(COMPENSATIONS)}, got {self.compensation!r}")
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """The weights' (and the optimizer state's) dtype."""
+        return _PARAM[self.name]
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the forward's products: what a sampler that computes alike samples in."""
+        return _COMPUTE[self.name]
+
+    @property
+    def head_fp32(self) -> bool:
+        """Whether the LM head's product runs in fp32 where the rest computes in less (``fp32_head`` under a bf16 or
+        fp16 precision; fp32 and fp64 heads already are)."""
+        return self.fp32_head and self.compute_dtype in (torch.bfloat16, torch.float16)
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the forward runs under autocast (its products in :attr:`compute_dtype`, the weights another)."""
+        return self.param_dtype != self.compute_dtype
+
+    @property
+    def scaled(self) -> bool:
+        """Whether the loss is scaled (fp16's range: a gradient scaler skips the steps that overflow)."""
+        return self.compute_dtype == torch.float16
+
+    @property
+    def kahan(self) -> bool:
+        """Whether the optimizer compensates its rounding (``bf16-true`` with Kahan summation)."""
+        return self.name == "bf16-true" and self.compensation == "kahan"
+
+    def autocast(self, device: torch.device | str) -> contextlib.AbstractContextManager:
+        """The context the forward runs in: autocast to :attr:`compute_dtype` under a mixed precision, else nothing."""
+        if not self.mixed:
+            return contextlib.nullcontext()
+        return torch.autocast(torch.device(device).type, dtype=self.compute_dtype)
+
+    def describe(self, device: torch.device) -> str:
+        """One line for the run's log: what is held in which dtype, and what runs the products."""
+        name = str(self.param_dtype).removeprefix("torch.")
+        text = f"precision {self.name}: weights and optimizer state in {name}"
+        if self.mixed:
+            text += f", forward and backward under {str(self.compute_dtype).removeprefix('torch.')} autocast"
+            text += f" ({bf16_units(device)})" if self.compute_dtype == torch.bfloat16 else ""
+        if self.scaled:
+            text += ", loss scaled (steps that overflow are skipped and counted)"
+        if self.name == "bf16-true":
+            text += (
+                ", Kahan-compensated AdamW"
+                if self.kahan
+                else ", plain AdamW (updates under half a bf16 spacing are lost)"
+            )
+        return text + (", LM head in fp32" if self.head_fp32 else "")
+
+
+def bf16_units(device: torch.device) -> str:
+    """What computes bf16 products on ``device``, as torch reports it ('' where nothing does)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device) if torch.cuda.is_bf16_supported() else ""
+    if not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return ""
+    caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
+    units = [name.upper() for name in ("amx_bf16", "avx512_bf16") if caps.get(name)]
+    return f"CPU with {', '.join(units) or 'bf16 units'}"
+
+
+def auto_precision(device: torch.device, builtin: bool = False, given_dtype: torch.dtype | None = None) -> str:
+    """What ``--precision auto`` is on ``device``: ``bf16-mixed`` on a CUDA device with bf16 (fp32 otherwise), and on
+    the CPU ``32-true`` (docs/precision.md gives the measurements behind it). ``builtin``: the built-in 0.5 M-parameter
+    model, fp32 everywhere (too small to gain). ``given_dtype``: a model object's own dtype; an fp64 one stays fp64
+    (exactness checks)."""
+    if given_dtype == torch.float64:
+        return "64-true"
+    if builtin:
+        return "32-true"
+    if device.type == "cuda":
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
+    return "32-true"
+
+
+def resolve_precision(
+    choice: str,
+    device: torch.device,
+    *,
+    compensation: str = "kahan",
+    fp32_head: bool = False,
+    builtin: bool = False,
+    given_dtype: torch.dtype | None = None,
+) -> Precision:
+    """``--precision`` on ``device``: ``auto`` resolved (:func:`auto_precision`), and a choice the device cannot run
+    refused with a :class:`PrecisionError` (fp16 off CUDA; bf16 where nothing computes it natively)."""
+    name = auto_precision(device, builtin, given_dtype) if choice == "auto" else choice
+    precision = Precision(name, compensation, fp32_head)
+    check_supported(precision, device)
+    return precision
+
+
+def check_supported(precision: Precision, device: torch.device) -> None:
+    """Refuse, in one line, a precision ``device`` cannot run."""
+    low = {precision.param_dtype, precision.compute_dtype} - {torch.float32, torch.float64}
+    if torch.float16 in low and device.type != "cuda":
+        raise PrecisionError(
+            f"--precision {precision.name}: fp16 with loss scaling runs on CUDA devices only (this run is on "
+            f"{device.type}); use bf16-mixed or 32-true"
+        )
+    if torch.bfloat16 in low and not bf16_units(device):
+        where = "this GPU does not support bf16" if device.type == "cuda" else "this CPU has no bf16 units oneDNN uses"
+        raise PrecisionError(
+            f"--precision {precision.name}: {where}; use 32-true" + ("" if device.type != "cuda" else " or 16-mixed")
+        )
+
+
+def rollout_dtype(choice: str, compute: torch.dtype) -> torch.dtype:
+    """``--rollout-dtype``: the dtype the rollout engine samples in, for a trainer whose products compute in
+    ``compute`` (:attr:`Precision.compute_dtype`). float32, bfloat16, float64: that dtype. auto: ``compute``, so that
+    sampler and trainer compute alike (bf16 under bf16-mixed, fp32 under 32-true)."""
+    if choice == "auto":
+        return compute
+    dtype = getattr(torch, choice, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"--rollout-dtype must be auto, float32, bfloat16 or float64, got {choice!r}")
+    return dtype
