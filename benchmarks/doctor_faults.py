@@ -25,6 +25,9 @@ FAULTS = {
         reward_fn=("reward_fixtures:strict_answer_tag",)
     ),
     "--lr 1e-9": dict(lr=1e-9),
+    "--precision bf16-true --compensation none (plain AdamW on bf16 weights)": dict(
+        precision="bf16-true", compensation="none"
+    ),
     "--lr 1e-1 --mu 4": dict(lr=1e-1, mu=4),
     "a reward paying for length (15 steps, --lr 1e-3)": dict(
         reward_fn=("reward_fixtures:pays_for_length",), steps=15, eval_every=5, lr=1e-3

@@ -325,6 +325,7 @@ FAULTS = {
     "truncation": dict(max_new_tokens=2),
     "reward_blind": dict(reward_fn=("reward_fixtures:strict_answer_tag",)),
     "no_movement": dict(lr=1e-9),
+    "rounding": dict(precision="bf16-true", compensation="none"),  # plain AdamW on bf16 weights
     "big_step": dict(lr=1e-1, mu=4),
     "reward_hacking": dict(reward_fn=("reward_fixtures:pays_for_length",), steps=15, eval_every=5, lr=1e-3),
     "sampler_mismatch": dict(rollout_dtype="bfloat16", engine_correction="none"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -235,6 +236,14 @@ def test_lora_checkpoint_resume_and_merge(tmp_path):
     x = torch.tensor([[1, 5, 9, 12, 3]])
     assert torch.allclose(merged(x).logits, adapted(x).logits, atol=1e-5)
     assert not any("lora" in n for n, _ in merged.named_parameters())
+    # saved in the base model's dtype (the built-in's config says float32), or the one asked for; merged in fp32
+    assert json.loads((tmp_path / "merged" / "config.json").read_text())["dtype"] == "float32"
+    main(["merge", "--checkpoint", str(ckpt), "--out", str(tmp_path / "merged16"), "--dtype", "bfloat16"])
+    saved = json.loads((tmp_path / "merged16" / "config.json").read_text())
+    half = load_policy(str(tmp_path / "merged16"), torch.bfloat16).model
+    assert saved["dtype"] == "bfloat16" and next(half.parameters()).dtype == torch.bfloat16
+    for (name, p), q in zip(merged.named_parameters(), half.parameters()):
+        assert torch.equal(p.detach().to(torch.bfloat16), q.detach()), name  # the fp32 merge, rounded once
 
 
 # ---------------------------------------------------------------- MATH format

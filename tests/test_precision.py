@@ -50,7 +50,9 @@ def test_auto_is_bf16_mixed_on_a_gpu_and_fp32_on_the_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     assert auto_precision(torch.device("cuda", 0)) == "32-true"
     assert auto_precision(CPU) == "32-true"
-    assert auto_precision(CPU, given_dtype=torch.float64) == "64-true"  # an fp64 model object stays fp64
+    assert auto_precision(CPU, given_dtype=torch.float64) == "64-true"  # a model object keeps its dtype
+    assert auto_precision(CPU, given_dtype=torch.bfloat16) == "bf16-true"  # (compensated)
+    assert auto_precision(CPU, given_dtype=torch.float32) == "32-true"
 
 
 def test_what_the_device_cannot_run_is_refused_in_one_line(monkeypatch):
@@ -278,3 +280,24 @@ def test_an_update_at_lr_1e_6_registers_on_smollm2_in_each_precision_but_pure_bf
     assert shares[("bf16-mixed", "kahan")] >= 0.99
     assert shares[("bf16-true", "kahan")] >= 0.99
     assert shares[("bf16-true", "none")] < 0.02, shares
+
+
+def test_eval_samples_in_its_precisions_compute_dtype(monkeypatch):
+    """``grpolab eval --precision bf16-mixed``: the weights loaded in fp32, sampled by a bf16 copy that computes as
+    autocast does; 16-mixed on a CPU is refused before anything is loaded."""
+    import grpolab
+    from grpolab.rollout import engine as engines
+
+    built = []
+    original = engines.HFEngine.__init__
+
+    def recording(self, model, **kw):
+        original(self, model, **kw)
+        built.append((next(model.parameters()).dtype, self.weights.dtype, self.weights.storage))
+
+    monkeypatch.setattr(engines.HFEngine, "__init__", recording)
+    report = grpolab.evaluate(model="builtin", precision="bf16-mixed", questions=4, samples=0, log=quiet)
+    assert 0.0 <= report["metrics"]["eval/accuracy_greedy"] <= 1.0
+    assert built == [(torch.float32, torch.bfloat16, torch.float32)]
+    with pytest.raises(PrecisionError, match="16-mixed"):
+        grpolab.evaluate(model="builtin", precision="16-mixed", questions=4, samples=0, log=quiet)

@@ -99,6 +99,8 @@ class EvalConfig:
 def run_eval(cfg: EvalConfig, log=print, given: Given = NOTHING) -> dict:
     """Evaluate; returns the report (also written to ``cfg.json`` when set). ``given``: Python objects given to the
     API in place of what options name."""
+    from grpolab.common.devices import resolve_device
+    from grpolab.common.precision import machine_precision
     from grpolab.common.rng import set_threads
 
     cfg.validate()
@@ -108,7 +110,7 @@ def run_eval(cfg: EvalConfig, log=print, given: Given = NOTHING) -> dict:
     task.validate()
     questions = cfg.questions or (500 if task.policy.model == "builtin" else 200)
     held_out, sampler = task.data(questions, log, given)
-    precision = _precision(cfg, task, given)
+    precision = machine_precision(cfg.machine, resolve_device(cfg.machine.device), task.policy.model, given)
     policy = _load_policy(cfg, target, task, precision.param_dtype, sampler, len(held_out), log, given)
     service = _service(cfg, task, policy, held_out, log, given, precision)
     t0 = time.perf_counter()
@@ -122,24 +124,6 @@ def run_eval(cfg: EvalConfig, log=print, given: Given = NOTHING) -> dict:
         Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.json).write_text(json.dumps(report, indent=2))
     return report
-
-
-def _precision(cfg: EvalConfig, task: RunTask, given: Given):
-    """--precision (or its --dtype alias) on this device: the weights are loaded in its weights' dtype and sampled
-    in its compute dtype, as a run's rollouts are."""
-    from grpolab.common.devices import resolve_device
-    from grpolab.common.precision import resolve_precision
-
-    machine = cfg.machine.folded()
-    live = given.lookup(task.policy.model, "--model")
-    return resolve_precision(
-        machine.precision,
-        resolve_device(machine.device),
-        compensation=machine.compensation,
-        fp32_head=machine.fp32_head,
-        builtin=task.policy.model == "builtin",
-        given_dtype=next(live[0].parameters()).dtype if live is not None else None,
-    )
 
 
 def _load_policy(cfg: EvalConfig, target: Target, task: RunTask, dtype, sampler, questions: int, log, given):
@@ -170,7 +154,7 @@ def _service(cfg: EvalConfig, task: RunTask, policy, held_out: list[dict], log, 
     section = EngineSection(
         rollout_engine=cfg.rollout_engine, rollout_dtype=str(precision.compute_dtype).removeprefix("torch.")
     )
-    engine = build_engine(section, task.seed, policy, fp32_head=precision.head_fp32)
+    engine = build_engine(section, task.seed, policy, fp32_head=precision.head_fp32, autocast=precision.mixed)
     if cfg.rollout_engine != "hf":
         log(f"rollout engine: {cfg.rollout_engine}, started in {time.perf_counter() - t0:.0f} s")
     env = environment(task.episodes, task.arithmetic.max_operand, policy, held_out[0] if held_out else None, given)

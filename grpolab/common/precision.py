@@ -139,10 +139,13 @@ def bf16_units(device: torch.device) -> str:
 def auto_precision(device: torch.device, builtin: bool = False, given_dtype: torch.dtype | None = None) -> str:
     """What ``--precision auto`` is on ``device``: ``bf16-mixed`` on a CUDA device with bf16 (fp32 otherwise), and on
     the CPU ``32-true`` (docs/precision.md gives the measurements behind it). ``builtin``: the built-in 0.5 M-parameter
-    model, fp32 everywhere (too small to gain). ``given_dtype``: a model object's own dtype; an fp64 one stays fp64
-    (exactness checks)."""
+    model, fp32 everywhere (too small to gain). ``given_dtype``: a model object's own dtype, which auto keeps: an fp64
+    one trains in ``64-true`` (exactness checks), a bf16 one in ``bf16-true`` (with Kahan summation) where the device
+    computes bf16; an explicit precision converts the object in place."""
     if given_dtype == torch.float64:
         return "64-true"
+    if given_dtype == torch.bfloat16 and bf16_units(device):
+        return "bf16-true"
     if builtin:
         return "32-true"
     if device.type == "cuda":
@@ -165,6 +168,22 @@ def resolve_precision(
     precision = Precision(name, compensation, fp32_head)
     check_supported(precision, device)
     return precision
+
+
+def machine_precision(machine, device: torch.device, model: str, given=None) -> Precision:
+    """The precision a command's machine section asks for (``grpolab.config.run.MachineSection``: its --precision,
+    --compensation and --fp32-head, the --dtype alias folded in) on ``device`` for ``model`` (``given``: the objects
+    given to the Python API, where ``model`` may name one: its own dtype counts under auto)."""
+    machine = machine.folded()
+    live = given.lookup(model, "--model") if given is not None else None
+    return resolve_precision(
+        machine.precision,
+        device,
+        compensation=machine.compensation,
+        fp32_head=machine.fp32_head,
+        builtin=model == "builtin",
+        given_dtype=next(live[0].parameters()).dtype if live is not None else None,
+    )
 
 
 def check_supported(precision: Precision, device: torch.device) -> None:

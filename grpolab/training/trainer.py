@@ -30,7 +30,7 @@ from grpolab.common import distributed as dist_
 from grpolab.common.devices import resolve_device
 from grpolab.common.distributed import SINGLE, World
 from grpolab.common.given import NOTHING, Given
-from grpolab.common.precision import Precision, resolve_precision, rollout_dtype
+from grpolab.common.precision import Precision, machine_precision, rollout_dtype
 from grpolab.config.train import TrainConfig
 from grpolab.data.task import few_shot_examples, task_data
 from grpolab.env import environment
@@ -230,18 +230,8 @@ class GRPOTrainer:
     def _resolve_precision(self) -> Precision:
         """--precision as this run uses it (``auto`` resolved for the device and model, a choice the device cannot
         run refused), written into the config like the engine's options (config.json records it)."""
-        cfg, machine = self.cfg, self.cfg.machine
-        live = self.given.lookup(cfg.policy.model, "--model")  # a model object given to the API
-        given_dtype = next(live[0].parameters()).dtype if live is not None else None
-        precision = resolve_precision(
-            machine.precision,
-            self.device,
-            compensation=machine.compensation,
-            fp32_head=machine.fp32_head,
-            builtin=cfg.policy.model == "builtin",
-            given_dtype=given_dtype,
-        )
-        self.cfg = cfg.replace(precision=precision.name)
+        precision = machine_precision(self.cfg.machine, self.device, self.cfg.policy.model, self.given)
+        self.cfg = self.cfg.replace(precision=precision.name)
         return precision
 
     def _weights_dtype(self):
