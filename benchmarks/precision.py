@@ -63,9 +63,9 @@ DRAWS = ("float32", "bfloat16")
 QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 
 
-def draw(args) -> tuple:
-    """The checkpoint's policy (fp32) and, per dtype, each probe prompt's group: (batch, sampler log-probs,
-    rewards), the same keys in both."""
+def probe_setup(args) -> tuple:
+    """The checkpoint's policy (fp32, eval mode), the probe's task and prompts, and the checkpoint's step, from the
+    options both precision benchmarks take (``--model``, ``--step-index``, ``--data``, ``--reward-fn``, ...)."""
     reward = RewardSection(reward_fn=tuple(args.reward_fn)) if args.reward_fn else RewardSection()
     cfg = RankConfig(
         checkpoint=args.model, data=args.data, reward=reward, max_new_tokens=args.max_new_tokens,
@@ -75,6 +75,13 @@ def draw(args) -> tuple:
     task, records, sampler = probe_task(check_intact(target), cfg, NOTHING)
     policy = load_task_policy(target, task, sampler=sampler)
     policy.model.eval()
+    return policy, task, records, step
+
+
+def draw(args) -> tuple:
+    """The checkpoint's policy (fp32) and, per dtype, each probe prompt's group: (batch, sampler log-probs,
+    rewards), the same keys in both."""
+    policy, task, records, step = probe_setup(args)
     groups = {}
     for dtype in DRAWS:
         with contextlib.closing(probe_sampler(policy, task, "hf", print, records, rollout_dtype=dtype)) as sample:

@@ -35,18 +35,15 @@ import time
 from pathlib import Path
 
 import torch
+from precision import probe_setup  # benchmarks/precision.py, beside this file
 
 from grpolab.algo.advantages import compute_advantages
 from grpolab.algo.engine_correction import MAX_KEYS, mismatch_metrics, mismatch_sums
 from grpolab.algo.loss import logp_weights
 from grpolab.analysis.pool import probe_sampler
-from grpolab.analysis.rank import RankConfig
 from grpolab.common import streams
-from grpolab.common.given import NOTHING
 from grpolab.common.precision import Precision
 from grpolab.common.rng import set_threads
-from grpolab.config.rollout import RewardSection
-from grpolab.eval.runs import check_intact, load_task_policy, probe_task, run_targets
 from grpolab.training.forward import LogProbs
 
 # (name, precision, fp32 head): the trainers whose gradient is compared with 32-true's
@@ -70,20 +67,6 @@ PAIRINGS = (
     ("fp16 autocast sampler / 16-mixed, both fp32 head", "float16", True, True, "16-mixed, fp32 head"),
 )
 FP16_LOSS_SCALE = 2.0**16
-
-
-def setup(args):
-    """The policy (fp32, eval mode), the probe's task and prompts, and its first checkpoint step."""
-    reward = RewardSection(reward_fn=tuple(args.reward_fn)) if args.reward_fn else RewardSection()
-    cfg = RankConfig(
-        checkpoint=args.model, data=args.data, reward=reward, max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature, prompts=args.prompts, group_sizes=(args.group_size,), seed=args.seed,
-    )  # fmt: skip
-    step, target = run_targets(cfg.checkpoint)[args.step_index]
-    task, records, sampler = probe_task(check_intact(target), cfg, NOTHING)
-    policy = load_task_policy(target, task, sampler=sampler)
-    policy.model.eval()
-    return policy, task, records[: args.prompts], step
 
 
 def draw(policy, task, records, args, dtype: str, head: bool, autocast: bool, seed_shift: int = 0) -> list[tuple]:
@@ -197,7 +180,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    policy, task, records, step = setup(args)
+    policy, task, records, step = probe_setup(args)  # benchmarks/precision.py's
+    records = records[: args.prompts]
     model, T = policy.model, args.temperature
     results: dict = {"args": vars(args), "step": step, "gradient": {}, "mismatch": {}}
     fp32 = draw(policy, task, records, args, "float32", False, False)

@@ -143,8 +143,12 @@ def test_rounding_at_its_share_and_the_change_it_names():
     assert found.severity == "warning" and "--precision bf16-mixed" in found.fix and "--compensation kahan" in found.fix
     assert O.rounding(rows(**{key: O.UNMOVED_SEVERE - 1e-9}), pure).severity == "warning"
     assert O.rounding(rows(**{key: O.UNMOVED_SEVERE}), pure).severity == "error"
-    kahan = O.rounding(rows(**{key: 0.6}), RunFacts(lr=1e-6, precision="bf16-true", compensation="kahan"))
+    kahan = O.rounding(
+        rows(**{key: 0.6, "doctor/weights_unmoved_exact_frac": 0.01}),
+        RunFacts(lr=1e-6, precision="bf16-true", compensation="kahan"),
+    )
     assert "--compensation" not in kahan.fix and "--precision bf16-mixed" in kahan.fix
+    assert "Kahan summation keeps each update (doctor/weights_unmoved_exact_frac 0.010)" in kahan.evidence
     for fp32 in O.FP32_WEIGHTS:  # fp32 weights lose a step only under their own spacing: no_movement's lr
         assert O.rounding(rows(**{key: 0.99}), RunFacts(lr=1e-9, precision=fp32)) is None
     assert O.rounding(rows(**{key: [None] * 8 + [0.99] * 2}), pure) is None  # fewer than MIN_STEPS logged

@@ -250,7 +250,15 @@ def rounding(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = (
     share = statistics.fmean(unmoved)
     if share < UNMOVED_SHARE:
         return None
-    held = "bf16 weights stepped by plain AdamW" if facts.compensation == "none" else "bf16 weights"
+    if facts.compensation == "none":
+        held = "bf16 weights stepped by plain AdamW"
+    else:
+        exact = mean(w, "doctor/weights_unmoved_exact_frac")
+        kept = f"doctor/weights_unmoved_exact_frac {exact:.3f}" if exact is not None else "its compensation"
+        held = (
+            f"bf16 weights: Kahan summation keeps each update ({kept}), but the forward computes with the bf16 "
+            "weights, which move only once the compensation reaches half a bf16 spacing"
+        )
     fix = (
         "--precision bf16-mixed (fp32 master weights and optimizer state, the forward in bf16: every update "
         "registers)" + (", or --compensation kahan to keep bf16 weights" if facts.compensation == "none" else "")

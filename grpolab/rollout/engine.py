@@ -128,6 +128,12 @@ class HFEngine:
         self.weights.restore_lag(counts, tensors)
 
 
+def autocast_storage(policy: torch.dtype, dtype: torch.dtype, autocast: bool) -> torch.dtype | None:
+    """The dtype grpolab's sampler holds its copy in outside the products (``HFEngine``'s ``storage``): the policy's,
+    when it computes as autocast does in another dtype; else None (all in ``dtype``)."""
+    return policy if autocast and dtype != policy else None
+
+
 def build_engine(
     engine: EngineSection,
     seed: int,
@@ -152,7 +158,7 @@ def build_engine(
             dtype=dtype,
             lag=engine.max_staleness,
             fp32_head=fp32_head,
-            storage=param.dtype if autocast and dtype != param.dtype else None,
+            storage=autocast_storage(param.dtype, dtype, autocast),
         )
     from grpolab.rollout.vllm_engine import VLLMEngine, VLLMSettings
 

@@ -49,6 +49,7 @@ import torch.multiprocessing as mp
 from grpolab.common.errors import GeneratorError
 from grpolab.common.precision import rollout_dtype
 from grpolab.config.rollout import EngineSection
+from grpolab.rollout.engine import autocast_storage
 from grpolab.rollout.sampler import Sampled, SamplingSettings
 from grpolab.rollout.weights import base_model, lag_state, restored_lag, served_weights, skeleton, snapshot
 
@@ -483,5 +484,5 @@ def build_process_engine(
         vllm=vllm,
         seed=seed,
         fp32_head=fp32_head,
-        storage=param.dtype if autocast and dtype != param.dtype else None,
+        storage=autocast_storage(param.dtype, dtype, autocast),
     )

@@ -321,26 +321,31 @@ class DoctorInstruments(StepObserver):
       which none of the losses shows at --mu 1 and --beta 0. A sample, not every weight: a copy of the whole model
       every step would double its memory.
     - ``doctor/weights_unmoved_frac``: of the same sample's weights whose gradient was nonzero at one of the step's
-      optimizer steps, the share whose value the step left exactly as it was: the update rounded away by the weights'
-      precision (bf16 weights under plain AdamW at GRPO's learning rates leave most unmoved; fp32 masters none). A
-      weight's value is its exact one (:func:`grpolab.training.optim.exact_weights`: with Kahan summation, the weight
-      plus its compensation). From the gradients as they were before each optimizer step with a learning rate above
-      0 (a hook: some optimizers use the gradient's memory during their step); not logged at a step with none.
+      optimizer steps, the share the step left exactly as they were: the update rounded away by the weights'
+      precision (bf16 weights under plain AdamW at GRPO's learning rates leave most unmoved; fp32 masters none). The
+      weights as held, the ones the forward computes with. From the gradients as they were before each optimizer step
+      with a learning rate above 0 (a hook: some optimizers use the gradient's memory during their step); not logged
+      at a step with none.
+    - ``doctor/weights_unmoved_exact_frac``, with Kahan summation only: the same share of their exact values (the
+      weight plus the compensation the optimizer holds, :func:`grpolab.training.optim.exact_weights`): the update the
+      optimizer kept, against the one the held bf16 weights show.
     - ``doctor/truncated_reward_gap``: the mean first reward (reward/accuracy's) of the step's rollouts that ended
       before --max-new-tokens minus that of those cut by it (all ranks; only at steps that have both kinds): whether
       the limit costs reward or only cuts completions that were wrong anyway.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer=None, per_tensor: int = 4096):
+    def __init__(self, model: torch.nn.Module, optimizer=None, per_tensor: int = 4096, kahan: bool = False):
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer, self.per_tensor = optimizer, per_tensor
+        self.optimizer, self.per_tensor, self.kahan = optimizer, per_tensor, kahan
         self.before: list[torch.Tensor] = []
+        self.before_exact: list[torch.Tensor] = []
         self.nonzero: list[torch.Tensor] | None = None  # [per_tensor] per tensor: a nonzero gradient at some step
         if optimizer is not None:
             optimizer.register_step_pre_hook(self._gradients_before_step)
 
-    def _sample(self) -> list[torch.Tensor]:
-        return [exact_weights(self.optimizer, p, self.per_tensor).clone() for p in self.params]
+    def _sample(self, exact: bool = False) -> list[torch.Tensor]:
+        """The sampled weights as fp32, as held (``exact``: with Kahan's compensation added)."""
+        return [exact_weights(self.optimizer if exact else None, p, self.per_tensor).clone() for p in self.params]
 
     def _gradients_before_step(self, optimizer, args, kwargs) -> None:
         """Before each optimizer step: which sampled weights have a nonzero gradient (this rank's shard)."""
@@ -353,6 +358,7 @@ class DoctorInstruments(StepObserver):
 
     def before_update(self, result: StepResult) -> None:
         self.before = self._sample()
+        self.before_exact = self._sample(exact=True) if self.kahan else []
         self.nonzero = [torch.zeros_like(b, dtype=torch.bool) for b in self.before]
 
     def after_update(self, result: StepResult) -> None:
@@ -362,14 +368,21 @@ class DoctorInstruments(StepObserver):
         result.metrics["doctor/weight_change"] = math.sqrt(moved / size) if size > 0 else 0.0
         counted = sum(int(n.sum()) for n in self.nonzero)
         if counted:
-            unmoved = sum(int(((a == b) & n).sum()) for a, b, n in zip(after, self.before, self.nonzero))
-            result.metrics["doctor/weights_unmoved_frac"] = unmoved / counted
-        self.before, self.nonzero = [], None
+            result.metrics["doctor/weights_unmoved_frac"] = _unmoved(after, self.before, self.nonzero) / counted
+            if self.kahan:
+                exact = _unmoved(self._sample(exact=True), self.before_exact, self.nonzero) / counted
+                result.metrics["doctor/weights_unmoved_exact_frac"] = exact
+        self.before, self.before_exact, self.nonzero = [], [], None
         gen = result.collected.generated
         cut = [a for a, t in zip(gen.accuracy, gen.truncated) if t]
         rest = [a for a, t in zip(gen.accuracy, gen.truncated) if not t]
         if cut and rest:  # logged only where both kinds are there
             result.metrics["doctor/truncated_reward_gap"] = sum(rest) / len(rest) - sum(cut) / len(cut)
+
+
+def _unmoved(after: list[torch.Tensor], before: list[torch.Tensor], counted: list[torch.Tensor]) -> int:
+    """How many of the ``counted`` entries kept their value from ``before`` to ``after`` (per tensor, flat)."""
+    return sum(int(((a == b) & n).sum()) for a, b, n in zip(after, before, counted))
 
 
 def attach_observers(trainer) -> None:
@@ -401,5 +414,5 @@ def attach_observers(trainer) -> None:
             TokenCredit(cfg.probe.log_token_credit, trainer.train_module, trainer.updater, tokenizer, world, device)
         )
     if cfg.diagnosis.doctor == "on":
-        observers.append(DoctorInstruments(trainer.policy.model, trainer.optimizer))
+        observers.append(DoctorInstruments(trainer.policy.model, trainer.optimizer, kahan=trainer.precision.kahan))
     trainer.observers.extend(observers)
