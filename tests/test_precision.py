@@ -199,6 +199,7 @@ def test_kahan_summation_keeps_what_bf16_rounding_loses():
     assert err["kahan"] < 0.1 < err["none"], err
 
 
+@pytest.mark.slow  # three runs of the built-in model
 def test_bf16_true_with_kahan_resumes_as_the_uninterrupted_run(tmp_path):
     from helpers import assert_same_metrics
 
@@ -217,6 +218,7 @@ def test_bf16_true_with_kahan_resumes_as_the_uninterrupted_run(tmp_path):
     assert all(r["doctor/weights_unmoved_frac"] > r["doctor/weights_unmoved_exact_frac"] for r in rows)  # held: less
 
 
+@pytest.mark.slow  # three runs of the built-in model in fp16, which this CPU computes slowly
 def test_fp16_loss_scaling_skips_and_counts_overflows_and_resumes(tmp_path, monkeypatch):
     """16-mixed through the whole trainer on this CPU (its refusal lifted for the test: CPU autocast runs fp16, and
     torch's GradScaler takes the CPU): a first scale of 2^40 overflows the fp16 gradients, so the first steps are

@@ -155,8 +155,7 @@ def train(
 
     Args:
         model: a path, name or Hub id (``"org/name"``, ``revision=``) as ``--model`` takes (default ``builtin``), a
-            loaded transformers causal LM (give ``tokenizer=``; it trains in place: ``precision="auto"`` keeps its dtype, a
-            bf16 one training in bf16-true with Kahan summation; another ``precision`` converts it), or a finished
+            loaded transformers causal LM (``tokenizer=``; trains in place, its dtype kept under ``precision="auto"``), or a finished
             run's ``run.policy``.
         train_dataset: a ``datasets.Dataset`` (a DatasetDict of one split), a list of dicts, or a path or Hub id as
             ``--data`` takes (``data_config=``). Rows are read as a file's: a ``prompt`` column of text or chat
