@@ -171,6 +171,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default="runs/precision-gradient")
     p.add_argument("--pairings-only", action="store_true", help="measure the sampler/trainer pairings only")
+    p.add_argument(
+        "--trainers",
+        default=",".join(name for name, _, _ in TRAINERS[1:]),
+        help="which trainers' gradients to compare with 32-true's (comma-separated names of TRAINERS)",
+    )
+    p.add_argument("--no-pairings", action="store_true", help="the gradients only")
     p.add_argument("--tables", metavar="JSON", help="print the markdown tables of a saved precision_gradient.json")
     args = p.parse_args()
     if args.tables:
@@ -191,7 +197,7 @@ def main() -> None:
         ref_module, ref_precision = trainer_module(model, "32-true", T)
         weights = step_weights(fp32, scores(ref_module, fp32))
         reference = gradient(ref_module, ref_precision, fp32, weights)
-        for name, _, _ in TRAINERS[1:]:
+        for name in (n for n, _, _ in TRAINERS[1:] if n in args.trainers.split(",")):
             module, precision = trainer_module(model, name, T)
             results["gradient"][name] = compare(gradient(module, precision, fp32, weights), reference)
             f = results["gradient"][name]
@@ -202,7 +208,7 @@ def main() -> None:
         print(f"gradient 32-true, other keys      rel error {results['yardstick']['rel_error']:.3e} "
               f"cosine {results['yardstick']['cosine']:.4f}", flush=True)  # fmt: skip
         del reference
-    for name, dtype, head, autocast, trainer in PAIRINGS:
+    for name, dtype, head, autocast, trainer in () if args.no_pairings else PAIRINGS:
         same = (dtype, head, autocast) == ("float32", False, False)
         groups = fp32 if same else draw(policy, task, records, args, dtype, head, autocast)
         module, _ = trainer_module(model, trainer, T)
