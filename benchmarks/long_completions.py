@@ -27,7 +27,7 @@ Each grpolab configuration runs once per ``--precisions`` entry and, under 32-tr
 entry (``--rollout-dtype``; the engine correction is ``auto``): bfloat16 rollouts under the fp32 trainer are named
 ``grpolab-bf16`` and ``grpolab-vllm-bf16``; ``--precision bf16-mixed`` (bf16 autocast over fp32 masters, rollouts
 in bf16 by ``--rollout-dtype auto``) ``grpolab-mixed`` and ``grpolab-vllm-mixed``, with ``--fp32-head``
-``grpolab-mixed-head``.
+``grpolab-mixed-head``. A name ending in ``-nockpt`` (``--names``) runs without activation checkpointing.
 
 Both tools train the same model object, loaded by grpolab, so TRL's generation also runs on grpolab's grouped-query
 attention (``grpolab/models/attention.py``): the comparison is of the trainers, not of that kernel.
@@ -138,7 +138,7 @@ def run_grpolab(args, engine: str, dtype: str, precision: str = "32-true", fp32_
         steps=args.steps + args.warmup,
         out="/tmp/grpolab-long-run",
         progress=False,
-        gradient_checkpointing=not args.no_checkpointing,
+        gradient_checkpointing=not (args.no_checkpointing or args.only.endswith("-nockpt")),
         micro_batch_tokens=args.micro_batch_tokens,
         device="cpu",
         rollout_engine=engine,
@@ -176,8 +176,9 @@ def run_one(args) -> None:
         steps = run_trl(args)
     else:
         engine = "vllm" if args.only.startswith("grpolab-vllm") else "hf"
-        if "-mixed" in args.only:  # rollouts in the compute dtype: --rollout-dtype auto
-            steps = run_grpolab(args, engine, "auto", "bf16-mixed", args.only.endswith("-head"))
+        name = args.only.removesuffix("-nockpt")  # -nockpt: without activation checkpointing
+        if "-mixed" in name:  # rollouts in the compute dtype: --rollout-dtype auto
+            steps = run_grpolab(args, engine, "auto", "bf16-mixed", name.endswith("-head"))
         else:
             steps = run_grpolab(args, engine, "bfloat16" if args.only.endswith("-bf16") else "float32")
     print("STEPS " + json.dumps(steps))
@@ -265,6 +266,7 @@ def main() -> None:
     )
     p.add_argument("--micro-batch-tokens", type=int, default=2048, help="grpolab's update passes (0: one pass)")
     p.add_argument("--no-checkpointing", action="store_true", help="grpolab without activation checkpointing")
+    p.add_argument("--names", default="", help="run exactly these configurations (e.g. trl-default,grpolab-mixed)")
     p.add_argument("--json", default="", help="write every figure here")
     p.add_argument("--plot", default="", help="draw time and memory against T here (PNG)")
     p.add_argument("--only", help=argparse.SUPPRESS)
@@ -275,7 +277,7 @@ def main() -> None:
     if args.only:
         run_one(args)
         return
-    own = ("--shapes", "--json", "--plot", "--configs", "--rollout-dtypes", "--precisions")
+    own = ("--shapes", "--json", "--plot", "--configs", "--rollout-dtypes", "--precisions", "--names")
     argv = [a for a in _without(sys.argv[1:], own)]
     results: dict[int, dict[str, dict]] = {}
     names = []
@@ -288,6 +290,7 @@ def main() -> None:
                 names += [c + DTYPE_SUFFIX[d] for d in args.rollout_dtypes.split(",")]
             else:
                 names.append(c + PRECISION_SUFFIX[precision])
+    names = args.names.split(",") if args.names else names
     for shape in args.shapes.split(","):
         args.prompts, args.group_size, args.max_new_tokens = map(int, shape.split("x"))
         for name in names:
