@@ -6,6 +6,7 @@
                                           [--rollout-dtypes float32,bfloat16] [--precisions 32-true,bf16-mixed]
                                           [--threads 2]
                                           [--micro-batch-tokens 2048] [--plot docs/img/long_completions.png]
+                                          [--names trl-bf16,grpolab-mixed-head-nockpt] [--replot FILE.json]
 
 SmolLM2-135M-Instruct (``--model``), B prompts x G rollouts of T new tokens each (``--shapes BxGxT,...``). Every
 completion runs to T: a parity reward (1 for an odd number of characters, so about half of each group scores 1 and
@@ -234,14 +235,17 @@ def plot(results: dict[int, dict[str, dict]], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.5))
     names = list(dict.fromkeys(n for by in results.values() for n in by))
-    for name in names:
+    colours = plt.get_cmap("tab10")
+    for i, name in enumerate(names):
+        c = colours(i % 10)  # one colour a configuration: its step solid, its generation dashed
         Ts = sorted(T for T, by in results.items() if name in by)
-        ax_t.plot(Ts, [results[T][name]["step"] for T in Ts], marker="o", label=f"{name} step")
-        ax_t.plot(Ts, [results[T][name]["generate"] for T in Ts], ls="--", marker=".", label=f"{name} generation")
-        ax_m.plot(Ts, [results[T][name]["peak_mb"] / 1024 for T in Ts], marker="o", label=name)
-    ax_t.set(xlabel="new tokens per completion (T)", ylabel="median step time (s)", title="Time per step")
+        ax_t.plot(Ts, [results[T][name]["step"] for T in Ts], marker="o", color=c, label=name)
+        ax_t.plot(Ts, [results[T][name]["generate"] for T in Ts], ls="--", marker=".", color=c, alpha=0.7)
+        ax_m.plot(Ts, [results[T][name]["peak_mb"] / 1024 for T in Ts], marker="o", color=c, label=name)
+    title = "Time per step (solid) and its generation (dashed)"
+    ax_t.set(xlabel="new tokens per completion (T)", ylabel="median step time (s)", title=title)
     ax_m.set(xlabel="new tokens per completion (T)", ylabel="peak memory, max RSS (GB)", title="Peak memory")
     for ax in (ax_t, ax_m):
         ax.grid(alpha=0.3)
@@ -266,6 +270,7 @@ def main() -> None:
     )
     p.add_argument("--micro-batch-tokens", type=int, default=2048, help="grpolab's update passes (0: one pass)")
     p.add_argument("--no-checkpointing", action="store_true", help="grpolab without activation checkpointing")
+    p.add_argument("--replot", default="", metavar="JSON", help="only redraw --plot from a saved --json")
     p.add_argument("--names", default="", help="run exactly these configurations (e.g. trl-default,grpolab-mixed)")
     p.add_argument("--json", default="", help="write every figure here")
     p.add_argument("--plot", default="", help="draw time and memory against T here (PNG)")
@@ -276,6 +281,10 @@ def main() -> None:
     args = p.parse_args()
     if args.only:
         run_one(args)
+        return
+    if args.replot:  # redraw a saved --json's figures
+        with open(args.replot) as f:
+            plot({int(T): by for T, by in json.load(f).items()}, args.plot or "long_completions.png")
         return
     own = ("--shapes", "--json", "--plot", "--configs", "--rollout-dtypes", "--precisions", "--names")
     argv = [a for a in _without(sys.argv[1:], own)]
@@ -298,9 +307,11 @@ def main() -> None:
     print(
         f"config: {args.model}, B x G = {args.prompts} x {args.group_size}, every completion runs to T (EOS ignored), "
         f"parity reward, mu=1, beta=0, {args.threads} threads; grpolab: --micro-batch-tokens "
-        f"{args.micro_batch_tokens}, checkpointing {'off' if args.no_checkpointing else 'on'}, precisions "
-        f"{args.precisions} (32-true's rollouts in {args.rollout_dtypes}), engine correction auto"
-    )
+        f"{args.micro_batch_tokens}, checkpointing {'off' if args.no_checkpointing else 'on (off in -nockpt)'}, "
+        + (f"configurations {args.names}" if args.names else f"precisions {args.precisions} (32-true's rollouts in "
+           f"{args.rollout_dtypes})")
+        + ", engine correction auto"
+    )  # fmt: skip
     for line in ratio_lines(results):
         print(line)
     if args.json:
