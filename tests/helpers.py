@@ -428,3 +428,37 @@ def offline_hub(home: Path, monkeypatch) -> Path:
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", home / "datasets")
     return hub
+
+
+# ---------------------------------------------------------------- generator workers
+
+
+def free_port() -> int:
+    """A TCP port free on localhost now (a trainer's --generator-listen)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_worker(port: int, *extra: str, cwd=None) -> subprocess.Popen:
+    """``grpolab generator --connect 127.0.0.1:PORT`` in a process of its own, one thread."""
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    cmd = [sys.executable, "-m", "grpolab", "generator", "--connect", f"127.0.0.1:{port}", "--threads", "1", *extra]
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def assert_identical_runs(a: Path, b: Path, step: int) -> None:
+    """Two runs are the same bit for bit: every metric (times and the generators' own books aside), every
+    logged rollout, and the weights saved at ``step``."""
+    from safetensors.torch import load_file
+
+    def books(run: Path) -> dict:
+        return {s: {k: v for k, v in r.items() if not k.startswith("generators/")} for s, r in metrics_by_step(run).items()}  # fmt: skip
+
+    assert books(a) == books(b)
+    assert rollouts_of(a) == rollouts_of(b)
+    wa = load_file(str(a / "checkpoints" / f"step_{step}" / "model.safetensors"))
+    wb = load_file(str(b / "checkpoints" / f"step_{step}" / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

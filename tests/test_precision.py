@@ -4,6 +4,8 @@ scaler through a checkpoint, LoRA's layout under bf16-mixed, and the share of an
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 
 import pytest
@@ -273,9 +275,10 @@ def test_an_update_at_lr_1e_6_registers_on_smollm2_in_each_precision_but_pure_bf
     from grpolab.models.policy import load_policy
 
     shares = {}
+    loaded = load_policy("smollm2-135m-instruct", torch.float32)  # once; each precision steps a copy in its dtype
     for name, comp in (("32-true", "kahan"), ("bf16-mixed", "kahan"), ("bf16-true", "kahan"), ("bf16-true", "none")):
         p = Precision(name, comp)
-        policy = load_policy("smollm2-135m-instruct", p.param_dtype)
+        policy = dataclasses.replace(loaded, model=copy.deepcopy(loaded.model).to(p.param_dtype))
         N, T = 4, 32
         prompt_ids, prompt_mask = left_pad([policy.prompt_ids({"prompt": "What is 12 + 30?"})] * N, policy.pad_id)
         ids = torch.randint(100, 40000, (N, T), generator=torch.Generator().manual_seed(0))

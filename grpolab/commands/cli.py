@@ -44,6 +44,7 @@ commands:
   report  one self-contained HTML page for a run: accuracy before/after with intervals, plots, samples, probe outputs
   tokens  a run's recorded completions token by token, coloured by what the update did to each (--log-token-credit)
   sweep   budget-fixed GRPO runs over group sizes and seeds: accuracy per G [U-statistic, Table 2 / Figure 5]
+  generator  a generator worker: join a trainer (train --generators N) over the network and draw its rollouts
 
 Run `grpolab COMMAND --help` for a command's options.
 """
@@ -584,6 +585,46 @@ def cmd_theory(args: list[str]) -> None:
     print(json.dumps(res, indent=2) if cfg.json else format_advantages(res, cfg))
 
 
+def cmd_generator(args: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="grpolab generator",
+        description="A generator worker: join the trainer at HOST:PORT (grpolab train --generators N "
+        "--generator-listen HOST:PORT) and draw the rollouts it asks for, on this process's own device, engine, "
+        "rollout dtype and threads. The trainer sends the model's config and each weight version (a torch.distributed "
+        "broadcast: gloo on a CPU, NCCL on CUDA); nothing is loaded here. The worker exits when the trainer stops "
+        "it, ends or dies. A trainer listening on a non-local address needs a shared token: $GRPOLAB_GENERATOR_TOKEN "
+        "or --token-file, never a flag's value. Ports: the trainer's listening port, and one more it picks for the "
+        "weight broadcasts' rendezvous (both reachable from here).",
+    )
+    parser.add_argument("--connect", required=True, metavar="HOST:PORT", help="the trainer's --generator-listen")
+    parser.add_argument("--run", default=None, help="join only the run of this id (the trainer prints its own)")
+    parser.add_argument("--device", default="cpu", help="where this worker samples (cpu, cuda, cuda:1)")
+    parser.add_argument(
+        "--rollout-dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16", "float64"],
+        help="auto: the trainer's rollout dtype (another one samples with other kernels: the rollouts then depend "
+        "on which worker drew them)",
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="the rollout engine")
+    parser.add_argument("--token-file", default="", help="a file holding the shared token")
+    parser.add_argument(
+        "--retry", type=float, default=60.0, help="seconds to keep trying to reach a trainer not yet listening"
+    )
+    ns = parser.parse_args(args)
+    if ns.threads < 1:
+        parser.error("--threads must be >= 1")
+    from grpolab.rollout.workers import WorkerOptions, run_worker
+
+    options = WorkerOptions(
+        ns.connect, ns.run, ns.device, ns.rollout_dtype, ns.threads, ns.engine, ns.token_file, ns.retry
+    )
+    raise SystemExit(run_worker(options))
+
+
 COMMANDS = {
     "train": cmd_train,
     "eval": cmd_eval,
@@ -601,6 +642,7 @@ COMMANDS = {
     "doctor": cmd_doctor,
     "report": cmd_report,
     "tokens": cmd_tokens,
+    "generator": cmd_generator,
 }
 
 

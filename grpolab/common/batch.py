@@ -24,9 +24,10 @@ def select(batch: Batch, idx: torch.Tensor) -> Batch:
     return Batch(batch.prompt_ids[idx, first:], pm[:, first:], batch.completion_ids[idx, :last], cm[:, :last])
 
 
-def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[N, P]`` ids and mask with every sequence pushed to the right edge."""
-    P = max(len(s) for s in seqs)
+def left_pad(seqs: list[list[int]], pad_id: int, width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, P]`` ids and mask with every sequence pushed to the right edge; P is the longest's length, or
+    ``width`` if that is more."""
+    P = max(width, *(len(s) for s in seqs))
     ids = torch.full((len(seqs), P), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), P), dtype=torch.long)
     for i, s in enumerate(seqs):

@@ -139,11 +139,28 @@ class EngineSection:
     """--generator process: the generator's torch threads; 0 = as many as the trainer's (--threads)."""
     generator_timeout: float = 900.0
     """--generator process: seconds to wait for one answer of the generator (a draw, a weight sync) before it is
-    stopped and the run ends with an error naming what it was doing."""
+    stopped and the run ends with an error naming what it was doing. With --generators: a worker that gives no
+    answer in this time is dropped, and its rows are drawn by the others."""
+    generators: int = 0
+    """N >= 1: draw on generator workers (grpolab generator --connect HOST:PORT, started anywhere that reaches
+    --generator-listen) instead of in this process: the run waits for N to join before its first draw, splits each
+    draw's rows among those live, broadcasts each weight version to them (torch.distributed: gloo on a CPU, NCCL on
+    CUDA), redraws a lost worker's rows on the others from the same keys, and takes in workers that join later.
+    The rollouts do not depend on N where the workers sample as this process would (docs/distributed.md)."""
+    generator_listen: str = "127.0.0.1:29650"
+    """--generators: HOST:PORT to listen on for workers (port 0: any free one, printed). A non-local address needs
+    a shared token ($GRPOLAB_GENERATOR_TOKEN or --generator-token-file)."""
+    generator_wait: float = 60.0
+    """--generators: seconds to wait for a worker to join when none is live (after the first N have joined, for
+    which the wait is 300 s longer); then the run stops with an error."""
+    generator_token_file: str = ""
+    """--generators: a file holding the token workers must prove they share (else $GRPOLAB_GENERATOR_TOKEN)."""
 
     @property
     def in_process(self) -> bool:
         """Whether the rollouts are drawn in a generator process (--generator, auto resolved)."""
+        if self.generators:
+            return False
         if self.generator == "auto":
             return self.max_staleness > 0
         return self.generator == "process"
@@ -157,6 +174,12 @@ class EngineSection:
             raise bad("generator", f"must be 'auto', 'inline' or 'process', got {self.generator!r}")
         if self.generator_threads < 0:
             raise bad("generator_threads", f"must be >= 0, got {self.generator_threads}")
+        if self.generators < 0:
+            raise bad("generators", f"must be >= 0, got {self.generators}")
+        if self.generators and self.generator == "process":
+            raise bad("generators", "workers draw instead of the generator process; leave --generator on auto")
+        if not self.generator_wait > 0:
+            raise bad("generator_wait", f"must be > 0, got {self.generator_wait:g}")
         if not self.generator_timeout > 0:
             raise bad("generator_timeout", f"must be > 0, got {self.generator_timeout:g}")
         if self.rollout_engine not in ("hf", "vllm"):

@@ -229,7 +229,8 @@ class TrainConfig:
         saves."""
         free = {*fields.options_of(RunSection), *fields.options_of(MachineSection), *fields.options_of(LoggingSection)}
         free |= {*fields.options_of(DoctorSection)}
-        free |= {"eval_every", "fsdp"}
+        free |= {"eval_every", "fsdp", "generator_timeout"}
+        free |= {"generators", "generator_listen", "generator_wait", "generator_token_file"}  # any N draws alike
         free -= {"seed", "precision", "compensation", "fp32_head"}  # the weights' dtype and how the update rounds
         mine, theirs = self.to_dict(), saved.to_dict()
         kept = {k for k in RESOLVED_AT_START if mine[k] == "auto"}  # takes the run's own (:meth:`continuing`)

@@ -104,6 +104,7 @@ class HFEngine:
             eos_id=-1 if settings.ignore_eos else self.eos_id,  # no token is -1: no row stops early
             pad_id=self.pad_id,
             decoder=decoder,
+            prompt_width=settings.prompt_width,
         )
 
     def weights_changed(self) -> None:

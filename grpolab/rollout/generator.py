@@ -96,7 +96,7 @@ class SharedWeights:
     """Served weights in shared memory: one flat buffer per dtype, each weight a view into it (a tied weight is one
     view under its several names)."""
 
-    def __init__(self, served: dict[str, torch.Tensor]):
+    def __init__(self, served: dict[str, torch.Tensor], shared: bool = True):
         layout: dict[str, tuple[torch.dtype, int, torch.Size]] = {}
         sizes: dict[torch.dtype, int] = {}
         first: dict[int, str] = {}
@@ -108,8 +108,22 @@ class SharedWeights:
             layout[name] = (t.dtype, sizes.get(t.dtype, 0), t.shape)
             sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
         self.layout = layout
-        self.buffers = {str(d): torch.empty(n, dtype=d).share_memory_() for d, n in sizes.items()}
+        self.buffers = {str(d): torch.empty(n, dtype=d) for d, n in sizes.items()}
+        if shared:
+            self.buffers = {d: b.share_memory_() for d, b in self.buffers.items()}
         self._views = self.views()
+
+    @classmethod
+    def of_layout(cls, layout: dict[str, tuple[torch.dtype, int, torch.Size]]) -> SharedWeights:
+        """Buffers of this process (not shared) for ``layout`` (another process's :attr:`layout`), zero-filled."""
+        self = cls.__new__(cls)
+        self.layout = layout
+        sizes: dict[torch.dtype, int] = {}
+        for dtype, start, shape in layout.values():
+            sizes[dtype] = max(sizes.get(dtype, 0), start + shape.numel())
+        self.buffers = {str(d): torch.zeros(n, dtype=d) for d, n in sizes.items()}
+        self._views = self.views()
+        return self
 
     def views(self, buffers: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Each weight's view into ``buffers`` (default: this process's)."""
@@ -420,7 +434,7 @@ class ProcessEngine:
             elif not self.process.is_alive():
                 raise self._failure(doing)
             elif time.monotonic() > deadline:
-                self.close()
+                self.close(ask=False)  # a hung child reads nothing: asking could block on a full pipe
                 raise GeneratorError(
                     f"the generator process (pid {self.process.pid}) gave no answer in {timeout:g} s while "
                     f"{doing}; it was stopped (--generator-timeout sets the wait)"
@@ -436,9 +450,9 @@ class ProcessEngine:
         self.close()
         return GeneratorError(f"the generator process (pid {self.process.pid}) died ({how}) while {doing}")
 
-    def close(self) -> None:
-        """Stop the child (asked first, then terminated, then killed) and close the pipe."""
-        if self.process.is_alive():
+    def close(self, ask: bool = True) -> None:
+        """Stop the child (asked first, unless ``ask`` is False, then terminated, then killed) and close the pipe."""
+        if ask and self.process.is_alive():
             with contextlib.suppress(BrokenPipeError, OSError):
                 self._conn.send(("stop", 0))
             self.process.join(timeout=5)

@@ -35,6 +35,10 @@ class SamplingSettings:
     temperature: float
     top_p: float = 1.0
     ignore_eos: bool = False  # every row runs to max_new_tokens; an end-of-sequence token sampled on the way is kept
+    prompt_width: int = 0
+    """Left-pad the prompts to at least this many tokens (0: the call's longest). A row's arithmetic depends on where
+    its tokens sit in the padded batch (the CPU's vector reductions group them by position), so a draw split
+    among generator workers pads every part to the width of the whole call, and each row is computed as in it."""
 
 
 def rollout_uniforms(keys: list[tuple[int, ...]], length: int) -> torch.Tensor:
@@ -118,10 +122,11 @@ def sample_with_stats(
     pad_id: int,
     cache: str = "slab",
     decoder=None,
+    prompt_width: int = 0,
 ) -> Sampled:
     """:func:`sample`, the same tokens, with the sampler's log-prob of each sampled token and the entropy of
     its distribution at every completion token ``[N, T]``, from the logits it already has: no extra forward."""
-    settings = SamplingSettings(max_new_tokens, temperature, top_p)
+    settings = SamplingSettings(max_new_tokens, temperature, top_p, prompt_width=prompt_width)
     return _sample(model, prompts, keys, settings, eos_id, pad_id, True, cache, decoder)
 
 
@@ -237,7 +242,7 @@ def _decoder(cache: str, model, prefill, inverse, prompt_mask, position, max_new
 def _sample(model, prompts, keys, s: SamplingSettings, eos_id, pad_id, want_stats: bool, cache: str, fused) -> Sampled:
     N, T = len(prompts), s.max_new_tokens
     device = next(model.parameters()).device
-    prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))  # [N, P]
+    prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id, s.prompt_width))  # [N, P]
     u = rollout_uniforms(keys, T).to(device)  # [N, T]
     out_ids = torch.full((N, T), pad_id, dtype=torch.long, device=device)
     lengths = torch.full((N,), T, dtype=torch.long, device=device)

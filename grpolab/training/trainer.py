@@ -61,6 +61,12 @@ STALE_WEIGHTS = "stale_weights.safetensors"
 """The file of a checkpoint that keeps --max-staleness's held and pending weights."""
 
 
+def engine_metrics(engine) -> dict[str, float]:
+    """What an engine that keeps books of its own logs a step (generator workers: ``generators/*``); else none."""
+    books = getattr(engine, "pop_metrics", None)
+    return books() if books is not None else {}
+
+
 def staleness_metrics(step: int, drawn_with: int | None) -> dict:
     """``async/staleness_*`` of a step whose rollouts were all drawn with the weights of sync ``drawn_with`` (None:
     with the current ones, nothing to log): the optimizer steps between those and the weights the update starts from."""
@@ -148,6 +154,7 @@ class GRPOTrainer:
             times["time/env_s"] = self.service.pop_env_time()
         result.metrics = {**step_metrics(roll, self.rollouts_total, result.update, times), **result.metrics}
         result.metrics.update(staleness_metrics(step, drawn_with))
+        result.metrics.update(engine_metrics(self.service.engine))
         self._update_control(result)
         return result
 
@@ -371,6 +378,13 @@ class GRPOTrainer:
             from grpolab.rollout.generator import build_process_engine
 
             engine = build_process_engine(cfg.engine, cfg.run.seed, self.policy, full_weights, **self._sampler_computes)
+        elif engine is None and cfg.engine.generators:  # --generators N: workers that join over the network
+            from grpolab.rollout.workers import build_worker_pool
+
+            engine = build_worker_pool(
+                cfg.engine, cfg.run.seed, self.policy, full_weights, **self._sampler_computes,
+                run=Path(cfg.run.out).name, rank=self.world.rank, say=self.log,
+            )  # fmt: skip
         self.engine = engine or build_engine(
             cfg.engine, cfg.run.seed, self.policy, full_weights, **self._sampler_computes
         )
