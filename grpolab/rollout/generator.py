@@ -53,7 +53,7 @@ from grpolab.rollout.engine import autocast_storage
 from grpolab.rollout.sampler import Sampled, SamplingSettings
 from grpolab.rollout.weights import base_model, lag_state, restored_lag, served_weights, skeleton, snapshot
 
-__all__ = ["GeneratorSpec", "ProcessEngine", "build_process_engine", "weights_digest"]
+__all__ = ["GeneratorSpec", "ProcessEngine", "VersionedDraws", "build_process_engine", "weights_digest"]
 
 START_TIMEOUT = 300.0
 """Seconds the child may take to start (import torch and transformers, build its replica) when --generator-timeout
@@ -157,6 +157,7 @@ class _Generator:
         from grpolab.rollout.engine import HFEngine
 
         set_threads(spec.threads)
+        self.spec = spec
         self.slot = shared.views(buffers)
         self.replica = skeleton(spec.model_class, spec.config, spec.buffers, spec.param_dtype, spec.device, False)
         self.replica.requires_grad_(spec.trainable)
@@ -266,7 +267,40 @@ def _start_child(spec: GeneratorSpec, shared: SharedWeights):
     return conn, process
 
 
-class ProcessEngine:
+class VersionedDraws:
+    """Which weight version a draw names, for an engine that draws elsewhere (:class:`ProcessEngine`, and
+    :class:`grpolab.rollout.workers.WorkerPool`): ``syncs`` weight syncs so far, ``lag`` = --max-staleness K. A
+    step draws with version ``max(0, syncs - K)``, a held-out evaluation (inside :meth:`current_weights`) with the
+    newest."""
+
+    syncs: int = 0
+    lag: int = 0
+    _current: bool = False
+
+    @contextlib.contextmanager
+    def current_weights(self) -> Iterator[None]:
+        """Inside the block, draw with the policy's current weights (a held-out evaluation)."""
+        self._current = True
+        try:
+            yield
+        finally:
+            self._current = False
+
+    def weights_version(self) -> int | None:
+        """The sync whose weights a step draws with now (0: the starting ones); None without a lag."""
+        return max(0, self.syncs - self.lag) if self.lag else None
+
+    def _draw_version(self) -> int:
+        return self.syncs if self._current else max(0, self.syncs - self.lag)
+
+    def _ahead_version(self) -> int | None:
+        """The version the next step will draw with, if it exists already (K >= 1); None at K = 0 (it is the
+        update's result)."""
+        version = max(0, self.syncs + 1 - self.lag)
+        return version if version <= self.syncs else None
+
+
+class ProcessEngine(VersionedDraws):
     """A rollout engine drawing in a generator process (module docstring). ``model``: the policy's model (its
     weights are pushed at each :meth:`weights_changed`); ``lag``: --max-staleness K; ``threads``: the child's torch
     threads; ``timeout``: seconds any one answer may take."""
@@ -345,8 +379,8 @@ class ProcessEngine:
     def prefetch(self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings) -> bool:
         """Start drawing the next step's rollouts now, with the weights that step will use; False when they do not
         exist yet (K = 0: they are the update's result)."""
-        version = max(0, self.syncs + 1 - self.lag)
-        if version > self.syncs:
+        version = self._ahead_version()
+        if version is None:
             return False
         self._drop_prefetch()
         request = (version, prompts, [tuple(k) for k in keys], settings)
@@ -361,19 +395,6 @@ class ProcessEngine:
         self.syncs += 1
         keep_from = max(0, self.syncs - self.lag)
         self._sync_tag = self._send("sync", self.syncs, keep_from)
-
-    @contextlib.contextmanager
-    def current_weights(self) -> Iterator[None]:
-        """Inside the block, draw with the policy's current weights (a held-out evaluation)."""
-        self._current = True
-        try:
-            yield
-        finally:
-            self._current = False
-
-    def weights_version(self) -> int | None:
-        """The sync whose weights a step draws with now (0: the starting ones); None without a lag."""
-        return max(0, self.syncs - self.lag) if self.lag else None
 
     # ------------------------------------------------------------------ checkpoints
     def lag_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -395,9 +416,6 @@ class ProcessEngine:
     def _served(self) -> dict[str, torch.Tensor]:
         with torch.no_grad(), self.full_weights():
             return {n: t.cpu() for n, t in served_weights(self.model)}
-
-    def _draw_version(self) -> int:
-        return self.syncs if self._current else max(0, self.syncs - self.lag)
 
     def _drop_prefetch(self) -> None:
         if self._prefetched is not None:

@@ -43,13 +43,13 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 
 from grpolab.common.errors import ConfigError, GeneratorError
 from grpolab.common.precision import rollout_dtype
-from grpolab.rollout.generator import START_TIMEOUT, GeneratorSpec, SharedWeights, _Generator
+from grpolab.rollout.generator import START_TIMEOUT, GeneratorSpec, SharedWeights, VersionedDraws, _Generator
 from grpolab.rollout.sampler import Sampled, SamplingSettings
 from grpolab.rollout.weights import base_model, lag_state, restored_lag, served_weights
 from grpolab.rollout.wire import WireError, answer_challenge, challenge, check_answer, recv_frame, send_frame
@@ -225,7 +225,6 @@ def _join(sock: socket.socket, options: WorkerOptions):
     spec = _spec(welcome, dict(zip(welcome["buffers"], buffers)), options)
     slot = SharedWeights.of_layout(_layout_of(welcome["layout"]))
     generator = _Generator(spec, slot, slot.buffers)
-    generator.spec = spec
     generator.versions, generator.loaded = {}, -1  # the trainer sends the versions it needs
     send_frame(sock, {"kind": "ready"})
     host, _ = split_address(options.connect)
@@ -355,7 +354,7 @@ def _welcome(model, dtype, storage, eos_id, pad_id, lag, fp32_head, seed, timeou
     }
 
 
-class WorkerPool:
+class WorkerPool(VersionedDraws):
     """A rollout engine whose draws run on generator workers (module docstring). ``model``: the policy's model;
     ``expect``: workers to wait for before the first draw; ``listen``: HOST:PORT; ``token``: the shared secret
     (required unless ``listen`` is local); ``run``: the run id a worker may name; ``lag``: --max-staleness K;
@@ -399,11 +398,10 @@ class WorkerPool:
         self.spans: list[tuple[str, float, float]] = []
         self.prefetches = {"used": 0, "dropped": 0}
         self.digests: list[str] | None = None
-        self.counts = {"lost": 0, "redrawn": 0, "joined": 0, "refused": 0}
+        self.counts = {"lost": 0, "redrawn": 0, "refused": 0}
         self.broadcast_s = 0.0
         self._tag = 0
         self._prefetched = None
-        self._current = False
         self._live: list[_Worker] = []
         self._joining: queue.Queue[_Worker] = queue.Queue()
         self._closed = False
@@ -495,7 +493,6 @@ class WorkerPool:
                 for version in sorted(self.versions):
                     self._send_weights(worker, version)
                 self._live.append(worker)
-                self.counts["joined"] += 1
                 self.say(
                     f"generators: {worker.name} joined ({worker.about.get('engine')}, {worker.about.get('device')})"
                 )
@@ -514,8 +511,8 @@ class WorkerPool:
         return self._collect(request, parts)
 
     def prefetch(self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings) -> bool:
-        version = max(0, self.syncs + 1 - self.lag)
-        if version > self.syncs:
+        version = self._ahead_version()
+        if version is None:
             return False
         self._drop_prefetch()
         request = (version, prompts, [tuple(k) for k in keys], settings)
@@ -539,17 +536,6 @@ class WorkerPool:
             except _Lost as e:
                 self._drop(e.worker, e.why)
         self.broadcast_s += time.perf_counter() - t0
-
-    @contextlib.contextmanager
-    def current_weights(self) -> Iterator[None]:
-        self._current = True
-        try:
-            yield
-        finally:
-            self._current = False
-
-    def weights_version(self) -> int | None:
-        return max(0, self.syncs - self.lag) if self.lag else None
 
     def pop_metrics(self) -> dict[str, float]:
         """``generators/*`` since the last call: live workers, rows drawn by each (``rows_worker<id>``), the
@@ -603,9 +589,6 @@ class WorkerPool:
                     cast[key] = t.detach().to("cpu", self.send_dtype if t.is_floating_point() else t.dtype)
                 out[n] = cast[key]
             return out
-
-    def _draw_version(self) -> int:
-        return self.syncs if self._current else max(0, self.syncs - self.lag)
 
     def _drop_prefetch(self) -> None:
         if self._prefetched is not None:
