@@ -5,6 +5,7 @@ never outlives its trainer. The workers are processes: every test but the config
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -18,7 +19,7 @@ from helpers import assert_identical_runs, free_port, metrics_by_step, quiet, ro
 
 from grpolab.config.train import ConfigError
 
-OPTIONS = dict(steps=4, log_rollouts=True, warmup_steps=0, save_every=4)
+OPTIONS = dict(steps=4, log_rollouts=True, warmup_steps=0, save_every=2)
 
 
 def stop(workers: list[subprocess.Popen]) -> None:
@@ -28,14 +29,16 @@ def stop(workers: list[subprocess.Popen]) -> None:
         w.wait(timeout=30)
 
 
-def worker_run(tmp_path, name: str, n: int, K: int):
-    """A run of OPTIONS drawn on ``n`` workers (processes) at --max-staleness K; the workers' exit codes."""
+def worker_run(tmp_path, name: str, n: int, K: int, **over):
+    """A run of OPTIONS (and ``over``) drawn on ``n`` workers (processes) at --max-staleness K; the workers' exit
+    codes."""
     from grpolab.training.recipe import train
 
     port = free_port()
     workers = [start_worker(port) for _ in range(n)]
     try:
-        cfg = small_cfg(tmp_path / name, max_staleness=K, generators=n, generator_listen=f"127.0.0.1:{port}", **OPTIONS)
+        where = dict(generators=n, generator_listen=f"127.0.0.1:{port}")
+        cfg = small_cfg(tmp_path / name, max_staleness=K, **where, **{**OPTIONS, **over})
         return train(cfg, log=quiet), [w.wait(timeout=60) for w in workers]  # told to stop at the end
     finally:
         stop(workers)
@@ -43,14 +46,23 @@ def worker_run(tmp_path, name: str, n: int, K: int):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("K", [1])  # K = 0 too when run by hand (docs/distributed.md); 1 has more to get right
-def test_one_worker_draws_the_run_the_trainer_draws_itself_bit_for_bit(tmp_path, K):
+def test_one_worker_draws_the_run_the_trainer_draws_itself_bit_for_bit_and_resumes_it(tmp_path, K):
+    """Steps 1-3 on one worker, then --resume from step 2's checkpoint (a version in flight at K = 1) on a new
+    worker to step 4: the trainer's own run of 4 steps, bit for bit."""
+    import shutil
+
     from grpolab.training.recipe import train
 
     inline = train(small_cfg(tmp_path / "inline", max_staleness=K, generator="inline", **OPTIONS), log=quiet)
-    run, codes = worker_run(tmp_path, "workers", 1, K)
-    assert codes == [0]
+    cut, codes = worker_run(tmp_path, "workers", 1, K, steps=3)  # saved at 2 and 3 (the last)
+    shutil.rmtree(cut / "checkpoints" / "step_3")
+    run, resumed_codes = worker_run(tmp_path, "workers", 1, K, resume=True)
+    assert codes == resumed_codes == [0]
     assert_identical_runs(inline, run, step=4)
     assert metrics_by_step(run)[4]["generators/rows_worker1"] > 0
+    events = [json.loads(line) for line in (run / "generators.jsonl").read_text().splitlines()]
+    assert {e["step"] for e in events if e["kind"] == "draw"} == {1, 2, 3, 4}  # step 3's were cut and redrawn
+    assert sum(e["rows"] for e in events if e["kind"] == "draw" and e["step"] == 4) >= 16
 
 
 @pytest.mark.slow
@@ -160,6 +172,17 @@ def test_lost_late_and_stranger_workers_leave_the_run_as_the_trainer_draws_it(tm
     assert len(late_rows) >= 8
     assert stranger.returncode != 0 and "not 'another-run'" in stranger.stdout.read()
     assert said.count("refused a connection") == 2 and "lost worker 1" in said and "lost worker 2" in said
+    assert "step 1: generators: worker 1: " in said and " · worker 2: " in said  # who drew, how fast
+    # the timeline (generators.jsonl) and the report's section drawn from it
+    events = [json.loads(line) for line in (out / "generators.jsonl").read_text().splitlines()]
+    assert sorted(e["worker"] for e in events if e["kind"] == "lost") == [1, 2]
+    assert sum(e["kind"] == "refused" for e in events) == 2 and 3 in {
+        e["worker"] for e in events if e["kind"] == "joined"
+    }
+    from grpolab.report.page import build_report
+
+    page = build_report(out).read_text()
+    assert 'id="generators"' in page and "worker 3" in page and 'alt="generator timeline"' in page
 
 
 @pytest.mark.slow
@@ -200,3 +223,43 @@ def test_a_worker_never_outlives_its_trainer(tmp_path):
         assert time.monotonic() - t0 < 30
     finally:
         stop([*workers, trainer])
+
+
+EVENTS = [  # two workers over two steps: worker 2 lost in step 2, its part redrawn by worker 1
+    {"step": 1, "kind": "joined", "worker": 1, "at": 0.0},
+    {"step": 1, "kind": "joined", "worker": 2, "at": 0.1},
+    {"step": 1, "kind": "draw", "worker": 1, "start": 1.0, "end": 3.0, "rows": 8, "version": 0},
+    {"step": 1, "kind": "draw", "worker": 2, "start": 1.0, "end": 5.0, "rows": 8, "version": 0},
+    {"step": 1, "kind": "weights", "worker": 1, "start": 6.0, "end": 6.5, "version": 1},
+    {"step": 1, "kind": "weights", "worker": 2, "start": 6.5, "end": 7.0, "version": 1},
+    {"step": 2, "kind": "refused", "at": 7.5, "peer": "127.0.0.1:5"},
+    {"step": 2, "kind": "lost", "worker": 2, "at": 8.0, "why": "its connection failed"},
+    {"step": 2, "kind": "draw", "worker": 1, "start": 7.0, "end": 9.0, "rows": 8, "version": 1},
+    {"step": 2, "kind": "draw", "worker": 1, "start": 9.0, "end": 11.0, "rows": 8, "version": 1},
+]
+
+
+def test_the_step_line_says_each_workers_rows_and_rate_while_drawing():
+    from grpolab.rollout.workers import step_line
+
+    step1 = [e for e in EVENTS if e["step"] == 1]
+    assert step_line(step1) == (
+        "generators: worker 1: 8 rows in 2.00 s (4.0/s) · worker 2: 8 rows in 4.00 s (2.0/s) · weights 1.00 s"
+    )
+    step2 = [e for e in EVENTS if e["step"] == 2]
+    assert step_line(step2) == "generators: worker 1: 16 rows in 4.00 s (4.0/s) · weights 0.00 s; lost worker 2"
+    assert step_line([e for e in EVENTS if e["kind"] != "draw"]) is None
+
+
+def test_the_reports_generator_section_counts_each_worker_and_draws_the_timeline(tmp_path):
+    from grpolab.report.generators import generators_section, worker_table
+
+    table = {r["worker"]: r for r in worker_table(EVENTS)}
+    assert table[1] == dict(worker=1, rows=24, draws=3, draw_s=6.0, weights_s=0.5, lost_at=None, rows_per_s=4.0)
+    assert table[2] == dict(worker=2, rows=8, draws=1, draw_s=4.0, weights_s=0.5, lost_at=2, rows_per_s=2.0)
+    assert generators_section(tmp_path) == ""  # a run without workers has no section
+    lines = [json.dumps(e) for e in EVENTS]
+    (tmp_path / "generators.jsonl").write_text("\n".join(lines) + '\n{"step": 3, "kind": "dr')  # cut by a kill
+    html = generators_section(tmp_path)
+    assert "<td class='l'>worker 2</td><td>8</td><td>1</td>" in html and "1 connection(s) refused" in html
+    assert 'alt="generator timeline" src="data:image/png;base64,' in html

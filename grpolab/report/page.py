@@ -9,6 +9,7 @@ to a colleague as it is. Sections, in order:
    and per category, with the 95% intervals the evaluation logged;
 2. the metric plots (the run's plot.png, redrawn if missing, and a second figure of the
    optimisation metrics);
+2b. for a run drawn on generator workers, their timeline (``grpolab.report.generators``);
 3. sample completions on held-out questions at the first and last evaluation;
 4. for a run trained with ``--log-token-credit K``, where the credit lands: recorded rollouts
    token by token, coloured by what the update did to each (``grpolab.report.token_view``);
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from grpolab.report.findings import CSS as FINDINGS_CSS
 from grpolab.report.findings import doctor_section, pass_k_html
+from grpolab.report.generators import generators_section
 from grpolab.report.markup import escape as _e
 from grpolab.report.markup import png_img as _img_bytes
 from grpolab.report.token_view.page import TOKEN_CSS, credit_section
@@ -474,6 +476,9 @@ def build_report(
     credit = credit_section(run_dir, rows, quantity)
     if credit:
         credit = f'<h2 id="credit">Where the credit lands</h2>\n{credit}'
+    generators = generators_section(run_dir)
+    if generators:
+        generators = f'<h2 id="generators">Generator workers: who drew what, when</h2>\n{generators}'
     doctor = f'<h2 id="doctor">Doctor: is the run learning?</h2>\n{doctor_section(run_dir)}' if rows else ""
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     page = f"""<!DOCTYPE html>
@@ -482,7 +487,7 @@ def build_report(
 <body>
 <h1>grpolab run <code>{_e(run_dir.name)}</code></h1>
 <p class="sub">{_e(run_dir.resolve())} · report written {now}</p>
-<p class="nav">{'<a href="#doctor">doctor</a>' if doctor else ""}<a href="#eval">evaluation</a><a href="#plots">plots</a>{'<a href="#signal">signal</a>' if signal else ""}<a href="#samples">samples</a>
+<p class="nav">{'<a href="#doctor">doctor</a>' if doctor else ""}<a href="#eval">evaluation</a><a href="#plots">plots</a>{'<a href="#signal">signal</a>' if signal else ""}{'<a href="#generators">generators</a>' if generators else ""}<a href="#samples">samples</a>
 {'<a href="#credit">where the credit lands</a>' if credit else ""}<a href="#probes">probes</a><a href="#config">configuration</a></p>
 {fact_table}
 {doctor}
@@ -491,6 +496,7 @@ def build_report(
 <h2 id="plots">Metrics</h2>
 {_plots(run_dir, rows)}
 {signal}
+{generators}
 <h2 id="samples">Sample completions</h2>
 {_samples(run_dir)}
 {credit}

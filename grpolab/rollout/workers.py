@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import queue
+import re
 import select
 import signal
 import socket
@@ -64,6 +65,9 @@ BUCKET_BYTES = 64 << 20
 """A weight broadcast's bucket: the flat buffer of each dtype goes in pieces of at most this many bytes."""
 HANDSHAKE_TIMEOUT = 10.0
 """Seconds a new connection has to answer the challenge: a stranger that sends nothing is cut after it."""
+RENDEZVOUS_TIMEOUT = 30.0
+"""Seconds a worker that said it is ready waits to meet the trainer in their process group (the trainer builds it on
+reading "ready"): a worker whose run ended or died meanwhile exits after it."""
 SMALL = 1 << 16
 """The payload a handshake frame may carry (none)."""
 RESULT_BYTES = 8 << 30
@@ -97,6 +101,14 @@ def _keepalive(sock: socket.socket) -> None:
     for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
         if hasattr(socket, name):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+def _first_words(error: Exception) -> str:
+    """A torch.distributed error's first line without gloo's source location and advice ("Connection closed by
+    peer [127.0.0.1]:10901")."""
+    line = str(error).splitlines()[0] if str(error) else type(error).__name__
+    line = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", line)
+    return line.split(". This is typically")[0]
 
 
 def _backend(trainer_device: str, worker_device: str) -> str:
@@ -228,10 +240,30 @@ def _join(sock: socket.socket, options: WorkerOptions):
     generator.versions, generator.loaded = {}, -1  # the trainer sends the versions it needs
     send_frame(sock, {"kind": "ready"})
     host, _ = split_address(options.connect)
-    span = datetime.timedelta(seconds=START_TIMEOUT)
+    span = datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT)
+    met = threading.Event()
+    threading.Thread(target=_exit_if_closed, args=(sock, met), name="grpolab-rendezvous-watch", daemon=True).start()
     store = dist.TCPStore(host, welcome["store_port"], is_master=False, timeout=span)
     group = _pair_group(store, welcome["group"], 1, welcome["backend"], welcome["timeout"])
+    met.set()
     return welcome, generator, slot, group
+
+
+def _exit_if_closed(sock: socket.socket, met: threading.Event) -> None:
+    """While the worker waits to meet the trainer in their process group (torch.distributed's waits cannot be
+    interrupted), end the process if the trainer closes the connection: its run ended or it died."""
+    while not met.is_set():
+        ready, _, _ = select.select([sock], [], [], 0.2)
+        if not ready:
+            continue
+        try:
+            closed = sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            closed = True
+        if closed and not met.is_set():
+            print("grpolab generator: the trainer closed the connection before the weights' group formed; exiting")
+            os._exit(1)
+        met.wait(0.2)  # a frame waits for the serving loop
 
 
 def _serve(sock, generator, slot, group, backend: str, device: str, name: str, say) -> int:
@@ -248,7 +280,7 @@ def _serve(sock, generator, slot, group, backend: str, device: str, name: str, s
                 for piece in pieces:
                     _broadcast(group, backend, piece, device)
             except RuntimeError as e:
-                say(f"grpolab generator: {name}: a weight broadcast failed ({str(e).splitlines()[0]}); exiting")
+                say(f"grpolab generator: {name}: a weight broadcast failed ({_first_words(e)}); exiting")
                 return 1
             generator.handle(("sync", tag, header["version"], header["keep_from"]))
             send_frame(sock, {"kind": "synced", "tag": tag, "span": [t0, time.time()]})
@@ -395,11 +427,12 @@ class WorkerPool(VersionedDraws):
         # the weights go in the rollout dtype, unless the sampler keeps the policy's outside its products (storage)
         self.send_dtype = param.dtype if storage is not None else self.dtype
         self.syncs = 0
-        self.spans: list[tuple[str, float, float]] = []
         self.prefetches = {"used": 0, "dropped": 0}
         self.digests: list[str] | None = None
         self.counts = {"lost": 0, "redrawn": 0, "refused": 0}
         self.broadcast_s = 0.0
+        self._events: list[dict] = []  # what pop_events returns: the timeline of draws, broadcasts, joins, losses
+        self._events_lock = threading.Lock()  # the accepting thread adds refusals
         self._tag = 0
         self._prefetched = None
         self._live: list[_Worker] = []
@@ -451,6 +484,7 @@ class WorkerPool(VersionedDraws):
             about = check_answer(sent, hello, self.token)
         except (WireError, ConnectionError, OSError, ValueError) as e:
             self.counts["refused"] += 1
+            self._event("refused", at=time.time(), peer=f"{peer[0]}:{peer[1]}")
             self.say(f"generators: refused a connection from {peer[0]}:{peer[1]}: {e}")
             with contextlib.suppress(OSError):
                 send_frame(sock, {"kind": "refused", "why": str(e)})
@@ -468,14 +502,20 @@ class WorkerPool(VersionedDraws):
             ready, _ = recv_frame(sock, SMALL)
             if ready.get("kind") != "ready":
                 raise WireError(f"answered {ready.get('kind')!r}, not ready")
-            worker.group = _pair_group(self.store, f"worker{worker.id}", 0, worker.backend, self.timeout)
+            store = self.store
+            if self._closed or store is None:
+                raise WireError("the run has ended")
+            worker.group = _pair_group(store, f"worker{worker.id}", 0, worker.backend, self.timeout)
             _keepalive(sock)
             sock.settimeout(None)
-        except (WireError, ConnectionError, OSError, RuntimeError) as e:
+        except (WireError, ConnectionError, OSError, RuntimeError, ValueError) as e:
             self.say(f"generators: {worker.name} failed to start: {e}")
             sock.close()
             return
         self._joining.put(worker)
+        if self._closed:  # the run ended while it joined: close() may have emptied the queue before this put
+            with contextlib.suppress(OSError):
+                sock.close()
 
     def _admit(self, want: int = 0, within: float = 0.0) -> None:
         """Take in the workers that have joined (each gets the versions a draw may still ask for), waiting up to
@@ -493,6 +533,8 @@ class WorkerPool(VersionedDraws):
                 for version in sorted(self.versions):
                     self._send_weights(worker, version)
                 self._live.append(worker)
+                about = worker.about
+                self._event("joined", worker.id, at=time.time(), engine=about.get("engine"), device=about.get("device"))
                 self.say(
                     f"generators: {worker.name} joined ({worker.about.get('engine')}, {worker.about.get('device')})"
                 )
@@ -555,6 +597,19 @@ class WorkerPool(VersionedDraws):
         self.broadcast_s = 0.0
         return out
 
+    def pop_events(self) -> list[dict]:
+        """The timeline since the last call, one dict per event (``generators.jsonl``; the report draws it):
+        ``draw`` (a worker's part: ``start``, ``end`` on the worker's wall clock, ``rows``, ``version``),
+        ``weights`` (one worker's broadcast of a version: ``start``, ``end``), ``joined``, ``lost`` (``at``,
+        ``why``), ``refused`` (``at``, ``peer``)."""
+        with self._events_lock:
+            events, self._events = self._events, []
+        return events
+
+    def _event(self, kind: str, worker: int | None = None, **fields) -> None:
+        with self._events_lock:
+            self._events.append({"kind": kind, **({"worker": worker} if worker is not None else {}), **fields})
+
     # ------------------------------------------------------------------ checkpoints
     def lag_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
         held = max(0, self.syncs - self.lag)
@@ -608,13 +663,15 @@ class WorkerPool(VersionedDraws):
 
     def _send_weights(self, worker: _Worker, version: int) -> None:
         keep_from = min(self.versions)
+        start = time.time()
         tag = self._send(worker, {"kind": "sync", "version": version, "keep_from": keep_from})
         try:
             for piece in _buckets(self.versions[version]):
                 _broadcast(worker.group, worker.backend, piece, self.device)
         except RuntimeError as e:
-            raise _Lost(worker, f"the weight broadcast failed ({str(e).splitlines()[0]})") from None
+            raise _Lost(worker, f"the weight broadcast failed ({_first_words(e)})") from None
         worker.dropped.add(tag)  # its answer only says when; read and discarded
+        self._event("weights", worker.id, start=start, end=time.time(), version=version)
 
     def _chunks(self, n: int) -> list[list[int]]:
         """Rows 0..n-1 in ``expect`` (--generators N) contiguous parts, sizes as even as they go, whatever number
@@ -683,7 +740,8 @@ class WorkerPool(VersionedDraws):
                 got[i] = (rows, header, tensors)
                 worker.rows += len(rows)
                 worker.seconds += header["span"][1] - header["span"][0]
-                self.spans.append(("generate", *header["span"]))
+                start, end = header["span"]  # the worker's clock (wall time: one machine's, or NTP's)
+                self._event("draw", worker.id, start=start, end=end, rows=len(rows), version=request[0])
             pending = still
         return self._merge(len(request[1]), [got[i] for i in sorted(got)])
 
@@ -742,6 +800,7 @@ class WorkerPool(VersionedDraws):
         if worker in self._live:
             self._live.remove(worker)
             self.counts["lost"] += 1
+            self._event("lost", worker.id, at=time.time(), why=why)
             self.say(f"generators: lost {worker.name}: {why}; {len(self._live)} left")
         with contextlib.suppress(OSError):
             worker.sock.close()
@@ -759,7 +818,30 @@ class WorkerPool(VersionedDraws):
                 self._send(worker, {"kind": "stop"})
             with contextlib.suppress(OSError):
                 worker.sock.close()
+            worker.group = None
         self._live = []
+        self.store = None  # the broadcasts' rendezvous goes with the pool
+
+
+def step_line(events: list[dict]) -> str | None:
+    """One line on the workers' share of a step, from its :meth:`WorkerPool.pop_events`: each worker's rows, its
+    drawing seconds and rows per second while drawing, and the weight broadcasts' seconds; None if nothing was
+    drawn."""
+    rows: dict[int, int] = {}
+    busy: dict[int, float] = {}
+    for e in events:
+        if e["kind"] == "draw":
+            rows[e["worker"]] = rows.get(e["worker"], 0) + e["rows"]
+            busy[e["worker"]] = busy.get(e["worker"], 0.0) + e["end"] - e["start"]
+    if not rows:
+        return None
+    parts = [
+        f"worker {w}: {rows[w]} rows in {busy[w]:.2f} s ({rows[w] / max(busy[w], 1e-9):.1f}/s)" for w in sorted(rows)
+    ]
+    weights = sum(e["end"] - e["start"] for e in events if e["kind"] == "weights")
+    lost = [str(e["worker"]) for e in events if e["kind"] == "lost"]
+    tail = f"; lost worker {', '.join(lost)}" if lost else ""
+    return f"generators: {' · '.join(parts)} · weights {weights:.2f} s{tail}"
 
 
 def build_worker_pool(

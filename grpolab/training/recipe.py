@@ -37,6 +37,7 @@ from grpolab.config.train import BEFORE_RECORDED, RESOLVED_AT_START, ConfigError
 from grpolab.doctor.examine import Watcher
 from grpolab.models import checkpoint
 from grpolab.models.policy import load_policy
+from grpolab.rollout.workers import step_line
 from grpolab.training.observers import attach_observers
 from grpolab.training.runlog import RunLogger, git_revision, read_metrics, truncate_jsonl
 from grpolab.training.setup import checked_config, hub_sources, seed_process
@@ -217,7 +218,8 @@ class TrainRecipe:
             trainer.updater.scaler.load_state_dict(state["grad_scaler"])
         trainer.restore_stale_weights(self.ckpt, state)
         if self.world.is_main:
-            for name in ("metrics.jsonl", "samples.jsonl", "rollouts.jsonl", "token_credit.jsonl", "probe.jsonl"):
+            logs = ("metrics.jsonl", "samples.jsonl", "rollouts.jsonl", "token_credit.jsonl", "probe.jsonl")
+            for name in (*logs, "generators.jsonl"):
                 truncate_jsonl(out / name, self.start)
         where = f" on {self.world.size} processes" if self.world.distributed else ""
         self.log(f"resuming {out} from step {self.start}" + where)
@@ -286,6 +288,12 @@ class TrainRecipe:
                 self.logger.log_token_credit(step, out_step.token_credit)
             if out_step.probe is not None:
                 self.logger.log_probe(step, out_step.probe)
+            if out_step.engine_events:
+                self.logger.log_generators(step, out_step.engine_events)
+        if out_step.engine_events is not None and (step % cfg.logging.log_every == 0 or step == self.start + 1):
+            line = step_line(out_step.engine_events)
+            if line and self.world.is_main:
+                self.log(f"step {step}: {line}")
         saved = bool((cfg.logging.save_every and step % cfg.logging.save_every == 0) or last)
         if saved:
             self.trainer.save(self.out, step)

@@ -84,6 +84,11 @@ class RunLogger:
         """One line per group the spectrum probe measured (its rewards' spread and its spectrum)."""
         self._append("probe.jsonl", step, records)
 
+    def log_generators(self, step: int, events: list[dict]) -> None:
+        """One line per generator-worker event of the step (``grpolab.rollout.workers.WorkerPool.pop_events``;
+        the report's generator timeline reads them)."""
+        self._append("generators.jsonl", step, events)
+
     def close(self) -> None:
         self._metrics.close()
         self._samples.close()

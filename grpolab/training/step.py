@@ -48,6 +48,9 @@ class StepResult:
     """The rollouts recorded token by token, with --log-token-credit (rank 0's; token_credit.jsonl)."""
     probe: list[dict] | None = None
     """Each group the spectrum probe measured, with --probe-every (probe.jsonl)."""
+    engine_events: list[dict] | None = None
+    """What an engine that draws elsewhere did since the last step (generator workers: each draw, weight
+    broadcast, join and loss; generators.jsonl)."""
 
 
 class StepObserver:

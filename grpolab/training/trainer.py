@@ -67,6 +67,12 @@ def engine_metrics(engine) -> dict[str, float]:
     return books() if books is not None else {}
 
 
+def engine_events(engine) -> list[dict] | None:
+    """The timeline an engine that draws elsewhere keeps (generator workers' draws, broadcasts, joins, losses)."""
+    events = getattr(engine, "pop_events", None)
+    return events() if events is not None else None
+
+
 def staleness_metrics(step: int, drawn_with: int | None) -> dict:
     """``async/staleness_*`` of a step whose rollouts were all drawn with the weights of sync ``drawn_with`` (None:
     with the current ones, nothing to log): the optimizer steps between those and the weights the update starts from."""
@@ -155,6 +161,7 @@ class GRPOTrainer:
         result.metrics = {**step_metrics(roll, self.rollouts_total, result.update, times), **result.metrics}
         result.metrics.update(staleness_metrics(step, drawn_with))
         result.metrics.update(engine_metrics(self.service.engine))
+        result.engine_events = engine_events(self.service.engine)
         self._update_control(result)
         return result
 
