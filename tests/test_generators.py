@@ -263,3 +263,17 @@ def test_the_reports_generator_section_counts_each_worker_and_draws_the_timeline
     html = generators_section(tmp_path)
     assert "<td class='l'>worker 2</td><td>8</td><td>1</td>" in html and "1 connection(s) refused" in html
     assert 'alt="generator timeline" src="data:image/png;base64,' in html
+
+
+def test_under_torchrun_a_rank_whose_peer_stopped_says_so_in_one_line(monkeypatch):
+    from grpolab.commands.cli import _peer_gone
+
+    gloo = RuntimeError(
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:60621. This is typically caused by a remote worker crashing. Check the logs ... GLHF!"
+    )
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert _peer_gone(gloo) == "Connection closed by peer [127.0.0.1]:60621"
+    assert _peer_gone(RuntimeError("shape mismatch")) is None  # any other error keeps its traceback
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert _peer_gone(gloo) is None  # one process: no peer to blame

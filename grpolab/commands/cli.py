@@ -659,6 +659,20 @@ def main(argv: list[str] | None = None) -> None:
         os._exit(0)
 
 
+def _peer_gone(error: RuntimeError) -> str | None:
+    """Under torchrun, a collective's error because another rank's process is gone (gloo: "Connection closed by
+    peer"; NCCL: a DistBackendError): its gist; None for any other error."""
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return None
+    text = str(error)
+    found = re.search(r"Connection (closed|reset) by peer( \[[^\]]*\]:\d+)?", text)
+    if found:
+        return found.group(0)
+    import torch.distributed as dist
+
+    return text.splitlines()[0][:200] if isinstance(error, dist.DistBackendError) else None
+
+
 def run(argv: list[str]) -> None:
     """One command: its errors are one line and exit status 2, an interrupt 130."""
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -690,6 +704,16 @@ def run(argv: list[str]) -> None:
         raise SystemExit(2) from None
     except GeneratorError as e:  # a failure of the run, not of its options
         print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except RuntimeError as e:
+        gone = _peer_gone(e)
+        if gone is None:
+            raise
+        # a torchrun rank whose peer stopped first (that rank's error is its own line): one line, not a traceback
+        print(
+            f"error: rank {os.environ.get('RANK', '?')}: another rank of the job stopped first ({gone})",
+            file=sys.stderr,
+        )
         raise SystemExit(1) from None
     except KeyboardInterrupt:
         print("interrupted; resume with --resume from the last checkpoint", file=sys.stderr)

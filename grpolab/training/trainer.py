@@ -388,9 +388,12 @@ class GRPOTrainer:
         elif engine is None and cfg.engine.generators:  # --generators N: workers that join over the network
             from grpolab.rollout.workers import build_worker_pool
 
+            rank = self.world.rank
+            # every rank's workers are its own: under torchrun each rank says what happens to them, by rank
+            say = self.log if not self.world.distributed else lambda s: print(f"[rank {rank}] {s}", flush=True)
             engine = build_worker_pool(
                 cfg.engine, cfg.run.seed, self.policy, full_weights, **self._sampler_computes,
-                run=Path(cfg.run.out).name, rank=self.world.rank, say=self.log,
+                run=Path(cfg.run.out).name, rank=rank, say=say,
             )  # fmt: skip
         self.engine = engine or build_engine(
             cfg.engine, cfg.run.seed, self.policy, full_weights, **self._sampler_computes
