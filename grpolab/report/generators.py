@@ -92,7 +92,8 @@ def _cell(x, fmt: str) -> str:
 
 
 def generators_section(run_dir: Path) -> str:
-    """The report's section (empty for a run without generator workers): the per-worker table and the timeline."""
+    """The report's section, headed (empty for a run without generator workers): the per-worker table and the
+    timeline."""
     events = read_events(run_dir)
     if not events:
         return ""
@@ -111,6 +112,7 @@ def generators_section(run_dir: Path) -> str:
     figure = png_img(png, "generator timeline") if png else ""
     note = f"<p>{refused} connection(s) refused (not grpolab generators of this run).</p>" if refused else ""
     return (
+        '<h2 id="generators">Generator workers: who drew what, when</h2>\n'
         f"<table><tr><th class='l'>worker</th>{head}</tr>{rows}</table>{note}{figure}"
         f"<p class='ci'>{_e('Draws on each worker’s clock, broadcasts on the trainer’s; rank 0’s workers.')}</p>"
     )

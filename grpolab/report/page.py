@@ -477,8 +477,6 @@ def build_report(
     if credit:
         credit = f'<h2 id="credit">Where the credit lands</h2>\n{credit}'
     generators = generators_section(run_dir)
-    if generators:
-        generators = f'<h2 id="generators">Generator workers: who drew what, when</h2>\n{generators}'
     doctor = f'<h2 id="doctor">Doctor: is the run learning?</h2>\n{doctor_section(run_dir)}' if rows else ""
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     page = f"""<!DOCTYPE html>

@@ -61,16 +61,14 @@ STALE_WEIGHTS = "stale_weights.safetensors"
 """The file of a checkpoint that keeps --max-staleness's held and pending weights."""
 
 
-def engine_metrics(engine) -> dict[str, float]:
-    """What an engine that keeps books of its own logs a step (generator workers: ``generators/*``); else none."""
-    books = getattr(engine, "pop_metrics", None)
-    return books() if books is not None else {}
-
-
-def engine_events(engine) -> list[dict] | None:
-    """The timeline an engine that draws elsewhere keeps (generator workers' draws, broadcasts, joins, losses)."""
-    events = getattr(engine, "pop_events", None)
-    return events() if events is not None else None
+def engine_books(engine, result: StepResult) -> None:
+    """What an engine that keeps books of its own adds to a step (generator workers): its metrics
+    (``generators/*``) and its timeline (draws, broadcasts, joins, losses: ``result.engine_events``)."""
+    metrics, events = getattr(engine, "pop_metrics", None), getattr(engine, "pop_events", None)
+    if metrics is not None:
+        result.metrics.update(metrics())
+    if events is not None:
+        result.engine_events = events()
 
 
 def staleness_metrics(step: int, drawn_with: int | None) -> dict:
@@ -160,8 +158,7 @@ class GRPOTrainer:
             times["time/env_s"] = self.service.pop_env_time()
         result.metrics = {**step_metrics(roll, self.rollouts_total, result.update, times), **result.metrics}
         result.metrics.update(staleness_metrics(step, drawn_with))
-        result.metrics.update(engine_metrics(self.service.engine))
-        result.engine_events = engine_events(self.service.engine)
+        engine_books(self.service.engine, result)
         self._update_control(result)
         return result
 
