@@ -186,22 +186,25 @@ def test_lost_late_and_stranger_workers_leave_the_run_as_the_trainer_draws_it(tm
 
 
 @pytest.mark.slow
-def test_with_no_worker_left_the_run_stops_in_one_line_and_keeps_its_checkpoint(tmp_path):
+def test_a_hung_worker_is_dropped_and_with_none_left_the_run_stops_in_one_line_keeping_its_checkpoint(tmp_path):
     port, out = free_port(), tmp_path / "none"
     workers = [start_worker(port), start_worker(port)]
-    trainer = start_trainer(out, port, 50, "--save-every", "1", "--generator-wait", "5", "--generator-timeout", "20")
+    trainer = start_trainer(out, port, 50, "--save-every", "1", "--generator-wait", "5", "--generator-timeout", "8")
     try:
         wait_for(lambda: 2 in logged_steps(out))
-        for w in workers:
-            w.kill()
+        workers[0].send_signal(signal.SIGSTOP)  # hangs: alive, connected, silent
+        wait_for(lambda: any(r.get("generators/lost") == 1 for r in logged_steps(out).values()))
+        workers[1].kill()
         t0 = time.monotonic()
-        _, err = trainer.communicate(timeout=60)
+        said, err = trainer.communicate(timeout=60)
         took = time.monotonic() - t0
     finally:
         stop([*workers, trainer])
     assert trainer.returncode == 1 and took < 30
     errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "no generator worker left" in errors[0]
+    assert len(errors) == 1 and "no generator worker left (lost 2)" in errors[0]
+    lost = [line for line in said.splitlines() if "generators: lost worker" in line]  # the hung one, the killed one
+    assert len(lost) == 2 and ("no answer in 8 s (--generator-timeout)" in lost[0] or "timed out" in lost[0].lower())
     from grpolab.models.checkpoint import newest_intact
 
     step, _ = newest_intact(out)
@@ -209,12 +212,29 @@ def test_with_no_worker_left_the_run_stops_in_one_line_and_keeps_its_checkpoint(
 
 
 @pytest.mark.slow
-def test_a_worker_never_outlives_its_trainer(tmp_path):
-    port, out = free_port(), tmp_path / "killed"
+def test_sigterm_stops_trainer_and_workers_keeping_the_checkpoint_and_a_worker_never_outlives_its_trainer(tmp_path):
+    out = tmp_path / "stopped"
+    port = free_port()
     workers = [start_worker(port), start_worker(port)]
     trainer = start_trainer(out, port, 50)
     try:
         wait_for(lambda: 1 in logged_steps(out))
+        trainer.send_signal(signal.SIGTERM)  # finishes the step, saves, stops; its workers are told to stop
+        said, _ = trainer.communicate(timeout=60)
+        for w in workers:
+            w.wait(timeout=30)
+    finally:
+        stop([*workers, trainer])
+    assert trainer.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in said
+    assert [w.returncode for w in workers] == [0, 0]
+    from grpolab.models.checkpoint import newest_intact
+
+    stopped_at, _ = newest_intact(out)
+    port = free_port()  # resumed on new workers, then the trainer killed outright
+    workers = [start_worker(port), start_worker(port)]
+    trainer = start_trainer(out, port, 50, "--resume")
+    try:
+        wait_for(lambda: stopped_at + 1 in logged_steps(out))
         trainer.send_signal(signal.SIGKILL)
         trainer.wait(timeout=30)
         t0 = time.monotonic()
