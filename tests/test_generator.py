@@ -106,11 +106,13 @@ def test_a_hung_generator_is_one_error_after_the_timeout_and_is_stopped(tmp_path
     process = trainer.engine.process
     try:
         trainer.step(1)
+        assert trainer.engine._conn.poll(30)  # step 2's rollouts, drawn ahead, are in the pipe
         os.kill(process.pid, signal.SIGSTOP)  # alive, answering nothing
         t0 = time.monotonic()
         with pytest.raises(GeneratorError, match=r"gave no answer in 2 s while .*--generator-timeout"):
-            trainer.step(2)  # step 2's rollouts may be in the pipe already (drawn ahead): then step 3 waits
-            trainer.step(3)
+            # step 2 reads its rollouts from the pipe (sent by value: nothing is fetched from the stopped child),
+            # then waits for the child to take the new weights
+            trainer.step(2)
         assert time.monotonic() - t0 < 20
         assert not process.is_alive()
     finally:

@@ -38,6 +38,7 @@ import ctypes
 import dataclasses
 import hashlib
 import os
+import pickle
 import signal
 import time
 import traceback
@@ -223,6 +224,18 @@ class _Generator:
         raise ValueError(f"unknown message {kind!r}")
 
 
+def _put(conn, message) -> None:
+    """Send ``message`` down the pipe as plain pickle bytes: tensors go by value. (torch.multiprocessing's pickler
+    would send them as file descriptors, which the receiver fetches from the sender's resource-sharer thread with a
+    read that has no timeout: a stopped, hung sender would block the receiver for ever.)"""
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _get(conn):
+    """A message :func:`_put` sent (from our own process only: the pipe is the trainer's and its child's)."""
+    return pickle.loads(conn.recv_bytes())
+
+
 def _die_with_parent() -> None:
     """Linux: the kernel kills this process when its parent dies (no orphan after a SIGKILL of the trainer)."""
     with contextlib.suppress(OSError, AttributeError):
@@ -236,21 +249,21 @@ def serve(spec: GeneratorSpec, shared: SharedWeights, buffers: dict, conn, paren
     try:
         generator = _Generator(spec, shared, buffers)
         weights = getattr(generator.engine, "weights", None)
-        conn.send(("ready", 0, getattr(weights, "note", None)))
+        _put(conn, ("ready", 0, getattr(weights, "note", None)))
         while True:
             if not conn.poll(1.0):
                 if os.getppid() != parent:
                     return  # the trainer is gone
                 continue
-            message = conn.recv()
+            message = _get(conn)
             if message[0] == "stop":
                 return
-            conn.send(generator.handle(message))
+            _put(conn, generator.handle(message))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the trainer closed the pipe
     except BaseException:
         with contextlib.suppress(Exception):
-            conn.send(("error", -1, traceback.format_exc()))
+            _put(conn, ("error", -1, traceback.format_exc()))
 
 
 # ---------------------------------------------------------------------- the trainer's side
@@ -426,7 +439,7 @@ class ProcessEngine(VersionedDraws):
     def _send(self, kind: str, *payload) -> int:
         self._tag += 1
         try:
-            self._conn.send((kind, self._tag, *payload))
+            _put(self._conn, (kind, self._tag, *payload))
         except (BrokenPipeError, OSError):
             what = {"draw": "a draw", "sync": "new weights", "state": "a request for its weights"}.get(kind, kind)
             raise self._failure(f"being sent {what}") from None
@@ -440,7 +453,7 @@ class ProcessEngine(VersionedDraws):
         while tag not in self._answers:
             if self._conn.poll(0.1):
                 try:
-                    kind, got, payload = self._conn.recv()
+                    kind, got, payload = _get(self._conn)
                 except (EOFError, OSError):
                     raise self._failure(doing) from None
                 if kind == "error":
@@ -472,7 +485,7 @@ class ProcessEngine(VersionedDraws):
         """Stop the child (asked first, unless ``ask`` is False, then terminated, then killed) and close the pipe."""
         if ask and self.process.is_alive():
             with contextlib.suppress(BrokenPipeError, OSError):
-                self._conn.send(("stop", 0))
+                _put(self._conn, ("stop", 0))
             self.process.join(timeout=5)
         if self.process.is_alive():
             self.process.terminate()
