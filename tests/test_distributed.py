@@ -5,7 +5,8 @@ handling and the config checks. Smoke tier: real two-process runs of `grpolab tr
 gloo; one launch runs them all) of the built-in model against single-process runs with the same
 global batch and seed: identical rollouts, parameters equal within 1e-5 relative, and a
 run stopped on one process count resumed on another; the same for the sampling modes (filter, adaptive), the loss
-variants whose statistics span the whole step, and the rank-controlled group size.
+variants whose statistics span the whole step, the rank-controlled group size, and a stale run (--max-staleness 1,
+each rank drawing in a generator process).
 """
 
 from __future__ import annotations
@@ -342,6 +343,9 @@ SAPO = [*KL_MU, "--loss-type", "sapo", "--sapo-temperature-neg", "2"]
 CASES = {"filter": _sampling("filter"), "adaptive": _sampling("adaptive"), "variants": VARIANTS, "control": CONTROL}
 CASES |= {"cispo": CISPO, "sapo": SAPO}
 TWO.update({case: (4 if case == "control" else 2, args) for case, args in CASES.items()})
+# --max-staleness 1: each rank draws in a generator process of its own, a step behind (test_staleness.py holds the rest)
+STALE = ["--max-staleness", "1"]
+TWO["stale2"] = (3, STALE)
 
 
 def _one_and_two_processes_agree(tmp_path: Path, runs, case: str, monkeypatch) -> list[dict]:
@@ -382,3 +386,12 @@ def test_cispo_and_sapo_on_two_processes_equal_one_process(tmp_path, runs, monke
     assert any(r["loss/ratio_mean"] != 1.0 for r in rows), "the second pass must be off-policy for the test to bite"
     if loss_type == "cispo":
         assert any(r["loss/clip_frac"] > 0 for r in rows), "some weights must be truncated"
+
+
+def test_a_stale_run_on_two_processes_equals_one_at_k_1(tmp_path, runs):
+    """K = 1 on two processes, each drawing in its own generator process: the rollouts (each naming the weights that
+    drew it: the start's for steps 1-2, step 1's for step 3), metrics and weights of the one-process run."""
+    one, two = train_cli(tmp_path, "one", 3, *STALE), runs[0] / "stale2"
+    assert rollouts_of(two) == rollouts_of(one) and {r["weights"] for r in rollouts_of(one)} == {0, 1}
+    assert_same_metrics(one, two)
+    assert_same_params(one, two, step=3)

@@ -427,11 +427,15 @@ def test_smollm2_at_32_tokens_is_told_truncation_at_the_first_check():
 
 
 @pytest.mark.slow
-def test_the_demos_first_50_steps_raise_nothing_above_info(tmp_path):
+def test_the_demos_first_20_steps_raise_nothing_above_info(tmp_path):
+    """The demo's first FLAT_STEPS (20) steps, the fewest at which every check can speak (not_learning waits for 20
+    training steps; the rest for at most 2 x WINDOW = 11 or two evaluations: steps 0 and 20), replayed at each
+    check step: nothing above info."""
     from grpolab.config.train import TrainConfig
+    from grpolab.doctor.optimisation import FLAT_STEPS
     from grpolab.training.recipe import train
 
-    out = train(TrainConfig(steps=50, out=str(tmp_path / "demo"), progress=False), log=quiet)
+    out = train(TrainConfig(steps=FLAT_STEPS, out=str(tmp_path / "demo"), progress=False), log=quiet)
     found = examine(out)[1]
     assert all(f.severity == "info" for f in found), [(f.name, f.evidence) for f in found]
 

@@ -49,23 +49,20 @@ def test_k_0_through_the_generator_process_is_bit_identical_to_the_synchronous_l
 
 @pytest.mark.slow
 def test_k_1_through_the_generator_process_is_the_lagged_run_and_draws_each_step_ahead(tmp_path):
-    from grpolab.training.recipe import build_trainer, train
+    from grpolab.training.recipe import run_training, train
 
     options = dict(steps=4, log_rollouts=True, max_staleness=1, warmup_steps=0)
     inline = train(small_cfg(tmp_path / "inline", generator="inline", **options), log=quiet)
-    process = train(small_cfg(tmp_path / "process", **options), log=quiet)  # auto: a process when K >= 1
-    assert_bit_identical(inline, process)
-    trainer = build_trainer(small_cfg(tmp_path / "t", **options), log=quiet)
-    try:
-        for t in range(1, 5):
-            trainer.step(t)
-        # steps 2..4 were each asked for before the update of the step before, and used as drawn
-        assert trainer.engine.prefetches == {"used": 3, "dropped": 0}
-        spans = trainer.engine.spans
-        assert [kind for kind, *_ in spans].count("generate") == 4 and all(end >= start for _, start, end in spans)
-    finally:
-        trainer.close()
-    assert not trainer.engine.process.is_alive()
+    recipe = run_training(small_cfg(tmp_path / "process", **options), log=quiet)  # auto: a process when K >= 1
+    assert_bit_identical(inline, recipe.out)
+    engine = recipe.trainer.engine
+    # steps 2..4 were each asked for before the update of the step before, and used as drawn (the evaluations of
+    # steps 0 and 4 drew afresh: the one after step 4 left step 5's draw ahead waiting, not dropped)
+    assert engine.prefetches == {"used": 3, "dropped": 0}
+    # each step's draw and the two evaluations' greedy and sampled draws, each span timed
+    assert [kind for kind, *_ in engine.spans].count("generate") == 4 + 2 * 2
+    assert all(end >= start for _, start, end in engine.spans)
+    assert not engine.process.is_alive()  # the run closed its generator
 
 
 @pytest.mark.slow

@@ -26,16 +26,21 @@ def stay(synchronize: bool = False) -> None:
         dist.barrier()
 
 
-distributed.shutdown = stay
-for args in json.loads(open(sys.argv[1]).read()):
-    print(f"=== grpolab {' '.join(args)}", flush=True)
-    try:
-        run(args)
-    except SystemExit as e:
-        if e.code not in (0, None):
-            print(f"=== failed: exit status {e.code}", file=sys.stderr, flush=True)
-            raise
-leave(synchronize=True)
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)  # as grpolab.commands.cli.main ends a torchrun worker
+def main() -> None:
+    distributed.shutdown = stay
+    for args in json.loads(open(sys.argv[1]).read()):
+        print(f"=== grpolab {' '.join(args)}", flush=True)
+        try:
+            run(args)
+        except SystemExit as e:
+            if e.code not in (0, None):
+                print(f"=== failed: exit status {e.code}", file=sys.stderr, flush=True)
+                raise
+    leave(synchronize=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # as grpolab.commands.cli.main ends a torchrun worker
+
+
+if __name__ == "__main__":  # a generator process (spawned) imports this module again as __mp_main__: not to run it
+    main()
