@@ -297,3 +297,16 @@ def test_under_torchrun_a_rank_whose_peer_stopped_says_so_in_one_line(monkeypatc
     assert _peer_gone(RuntimeError("shape mismatch")) is None  # any other error keeps its traceback
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert _peer_gone(gloo) is None  # one process: no peer to blame
+
+
+def test_a_worker_that_samples_with_other_kernels_is_named():
+    import torch
+
+    from grpolab.rollout.workers import other_kernels
+
+    same = {"engine": "hf", "device": "cpu", "rollout_dtype": "auto"}
+    assert other_kernels(same, "cpu", torch.float32) == ""
+    assert other_kernels({**same, "rollout_dtype": "float32"}, "cpu", torch.float32) == ""
+    other = {"engine": "vllm", "device": "cuda:1", "rollout_dtype": "bfloat16"}
+    assert other_kernels(other, "cpu", torch.float32) == "with vllm, on cuda:1, in bfloat16"
+    assert other_kernels({**same, "device": "cuda:1"}, "cuda:0", torch.float32) == ""  # another GPU, same kernels

@@ -288,8 +288,10 @@ def _serve(sock, generator, slot, group, backend: str, device: str, name: str, s
             keys = [tuple(k) for k in header["keys"]]
             draw = (header["version"], header["prompts"], keys, SamplingSettings(**header["settings"]))
             _, _, (out, span, digest) = generator.handle(("draw", tag, *draw, header["digest"]))
+            stats = [out.logprobs, out.entropy]  # an engine may give none (vLLM: no entropies)
             answer = {"kind": "drawn", "tag": tag, "span": list(span), "digest": digest}
-            send_frame(sock, answer, [*out.batch, out.logprobs, out.entropy])
+            answer["absent"] = [i for i, t in enumerate(stats) if t is None]
+            send_frame(sock, answer, [*out.batch, *(t for t in stats if t is not None)])
         else:
             raise WireError(f"a message of kind {kind!r}")
 
@@ -535,9 +537,13 @@ class WorkerPool(VersionedDraws):
                 self._live.append(worker)
                 about = worker.about
                 self._event("joined", worker.id, at=time.time(), engine=about.get("engine"), device=about.get("device"))
-                self.say(
-                    f"generators: {worker.name} joined ({worker.about.get('engine')}, {worker.about.get('device')})"
-                )
+                self.say(f"generators: {worker.name} joined ({about.get('engine')}, {about.get('device')})")
+                other = other_kernels(about, self.device, self.dtype)
+                if other:
+                    self.say(
+                        f"generators: warning: {worker.name} samples {other}: its log-probs are not the trainer's "
+                        "(--engine-correction weighs the mismatch; engine/* measures it)"
+                    )
             except _Lost as e:
                 self._drop(e.worker, e.why)
 
@@ -737,6 +743,8 @@ class WorkerPool(VersionedDraws):
                     still.append((i, (worker, rows, tag)))
                     continue
                 header, tensors = answer
+                stats = iter(tensors[4:])
+                tensors = tensors[:4] + [None if j in header.get("absent", ()) else next(stats) for j in (0, 1)]
                 got[i] = (rows, header, tensors)
                 worker.rows += len(rows)
                 worker.seconds += header["span"][1] - header["span"][0]
@@ -780,8 +788,7 @@ class WorkerPool(VersionedDraws):
             first[1].new_zeros((n, P)),
             first[2].new_full((n, T), self.pad_id),
             first[3].new_zeros((n, T)),
-            first[4].new_zeros((n, T)),
-            first[5].new_zeros((n, T)),
+            *(None if first[j] is None else first[j].new_zeros((n, T)) for j in (4, 5)),  # absent: vLLM's entropy
         ]
         for rows, header, t in parts:
             idx = torch.tensor(rows)
@@ -789,7 +796,8 @@ class WorkerPool(VersionedDraws):
             out[0][idx, P - p :] = t[0]
             out[1][idx, P - p :] = t[1]
             for j in (2, 3, 4, 5):
-                out[j][idx, :c] = t[j]
+                if out[j] is not None:
+                    out[j][idx, :c] = t[j]
             if self.digests is not None:
                 self.digests.append(header.get("digest"))
         from grpolab.common.batch import Batch
@@ -821,6 +829,20 @@ class WorkerPool(VersionedDraws):
             worker.group = None
         self._live = []
         self.store = None  # the broadcasts' rendezvous goes with the pool
+
+
+def other_kernels(about: dict, device: str, dtype: torch.dtype) -> str:
+    """How a worker (its handshake's ``about``) samples otherwise than the trainer's own engine would, on
+    ``device`` in ``dtype``: "with vllm", "on cuda:0", "in bfloat16" ("" if it does not)."""
+    out = []
+    if about.get("engine", "hf") != "hf":
+        out.append(f"with {about['engine']}")
+    if str(about.get("device", device)).split(":")[0] != str(device).split(":")[0]:
+        out.append(f"on {about['device']}")
+    asked = about.get("rollout_dtype", "auto")
+    if asked not in ("auto", str(dtype).removeprefix("torch.")):
+        out.append(f"in {asked}")
+    return ", ".join(out)
 
 
 def step_line(events: list[dict]) -> str | None:
