@@ -99,10 +99,10 @@ def eval_reward(
 ) -> tuple[str, RewardFn]:
     """``(name, fn)`` of the reward whose mean is a run's held-out accuracy: ``eval_reward_fn``; for prompt data or
     episodes (no built-in answer check) the first of ``reward``'s functions (a reward model, without functions, when
-    ``reward_fns`` holds it); otherwise the built-in accuracy reward. ``reward_fns``: the run's, when already loaded; a function is only loaded when it is the one needed (its
-    caller then owns it: :func:`close_reward`; ``sandbox``: where a code reward's programs run). An
-    environment task without either has ``("env", None)``: its episodes' return, as a share of the environment's
-    ``max_return``."""
+    ``reward_fns`` holds it); otherwise the built-in accuracy reward. ``reward_fns``: the run's, when already
+    loaded; a function is only loaded when it is the one needed (its caller then owns it: :func:`close_reward`;
+    ``sandbox``: where a code reward's programs run). An environment task without either has ``("env", None)``: its
+    episodes' return, as a share of the environment's ``max_return``."""
     if eval_reward_fn:
         paths = (eval_reward_fn,)
     elif (data_format == "prompt" or multi_turn) and reward_fns and (reward.reward_fn or reward.reward_model):
@@ -253,8 +253,9 @@ def rewarder_for(
 ) -> Rewarder:
     """A run's reward from its ``reward`` options: its ``--reward-fn`` functions and weights (TRL-form ones see
     prompts as ``policy`` shows them), the format reward and DAPO's overlong penalty over completions of up to
-    ``max_new_tokens``, and its ``--reward-model`` models, on their own device (:func:`model_settings`); ``episodes``: an environment task's (no default functions, no format reward); ``sandbox``:
-    where a code reward's programs run. Training and the gradient probes both score with it; it owns what its
+    ``max_new_tokens``, and its ``--reward-model`` models on their own device (:func:`model_settings`);
+    ``episodes``: an environment task's (no default functions, no format reward); ``sandbox``: where a code reward's
+    programs run. Training and the gradient probes both score with it; it owns what its
     functions start (:meth:`Rewarder.close`)."""
     fns = reward_functions(
         reward.reward_fn,

@@ -4,6 +4,7 @@ random state and threads."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from grpolab.common.given import NOTHING, Given
 from grpolab.config.task import DataSection
@@ -30,7 +31,7 @@ def seed_process(cfg: TrainConfig) -> None:
     seed_everything(cfg.run.seed)
 
 
-def hub_sources(data: DataSection, model_origin: dict | None, reward_models: list[dict] = ()) -> dict:
+def hub_sources(data: DataSection, model_origin: dict | None, reward_models: Sequence[dict] = ()) -> dict:
     """What config.json records of the Hub repositories a run reads: ``{"model"|"data"|"eval_data": {"id",
     "revision", "commit"}}`` for each one given by its Hub id (``model_origin``: the loaded policy's), and
     ``"reward_model"``: a list of those of its reward models given by their Hub id (``reward_models``)."""
