@@ -177,6 +177,28 @@ def model_and_batch():
     return model, Batch(prompt_ids, prompt_mask, comp_ids, comp_mask)
 
 
+def tiny_reward_model(
+    directory: Path | None = None, num_labels: int = 1, seed: int = 0, template: str | None = None, **config
+):
+    """A random tiny LlamaForSequenceClassification (2 layers, hidden 32, rotary positions) on the built-in
+    character tokenizer, ``num_labels`` logits, seeded, in eval mode, and its tokenizer (its chat template
+    ``template``, default :data:`SIMPLE_TEMPLATE`; "" for none); saved with it to ``directory`` when one is given."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from grpolab.models.builtin import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    tok.chat_template = SIMPLE_TEMPLATE if template is None else template or None
+    shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+    cfg = LlamaConfig(vocab_size=len(tok), num_labels=num_labels, pad_token_id=tok.pad_token_id, **(shape | config))
+    torch.manual_seed(seed)
+    model = LlamaForSequenceClassification(cfg).eval()
+    if directory is not None:
+        model.save_pretrained(directory)
+        tok.save_pretrained(directory)
+    return model, tok
+
+
 # A chat template of the simplest shape: every message, then the assistant's turn.
 SIMPLE_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"

@@ -88,7 +88,10 @@ def _fields(cls, model_field: str, model, tokenizer, keywords: dict, names: Obje
     """The options of ``keywords`` (TRL's keywords renamed, objects replaced by the strings the flags take, kept in
     ``names``); which options may name an object, and their keywords, come from ``cls``'s own fields."""
     takes = fields_of.object_options(cls)
-    aliases = {kw: name for name, (_, kw) in takes.items()}
+    aliases: dict[str, str] = {}
+    for name, (_, kw) in takes.items():  # reward_funcs: --reward-fn's (its models are set apart first)
+        aliases.setdefault(kw, name)
+    keywords = _reward_models_apart(cls, keywords)
     out: dict = {}
     for key, value in keywords.items():
         name = aliases.get(key, key)
@@ -109,10 +112,50 @@ def _fields(cls, model_field: str, model, tokenizer, keywords: dict, names: Obje
     return out
 
 
+def _reward_models_apart(cls, keywords: dict) -> dict:
+    """``keywords`` with TRL's ``reward_funcs`` split: its reward models (a directory or Hub id, a loaded model:
+    :func:`grpolab.rewards.model.names_a_model`) to ``reward_model``, each with its ``reward_processing_classes``
+    entry (TRL's: the tokenizer of a loaded model; None, or left out: loaded from the model's path), the rest to
+    the functions. The components' order is the functions', then the models' (as the flags' is): ``reward_weights``,
+    given in the list's order, follow their entries."""
+    from grpolab.rewards.model import names_a_model
+
+    funcs, tokenizers = keywords.get("reward_funcs"), keywords.get("reward_processing_classes")
+    entries = [] if funcs is None else list(funcs) if isinstance(funcs, list | tuple) else [funcs]
+    is_model = [names_a_model(e) for e in entries]
+    if tokenizers is not None:
+        tokenizers = list(tokenizers) if isinstance(tokenizers, list | tuple) else [tokenizers]
+        if len(tokenizers) != len(entries):
+            raise ConfigError(
+                f"reward_processing_classes: {len(tokenizers)} for {len(entries)} reward_funcs (None for a function)"
+            )
+        if any(t is not None and not (m and not isinstance(e, str)) for e, m, t in zip(entries, is_model, tokenizers)):
+            raise ConfigError("reward_processing_classes: a tokenizer only for a loaded reward model (None elsewhere)")
+    if not any(is_model):
+        return {k: v for k, v in keywords.items() if k != "reward_processing_classes"}
+    if "reward_model" not in fields_of.options(cls):
+        raise ConfigError(f"reward_funcs: {entries[is_model.index(True)]!r} is a reward model; functions only here")
+    if keywords.get("reward_model") is not None:
+        raise ConfigError("reward_model: give reward models either there or in reward_funcs, not both")
+    tokenizers = tokenizers or [None] * len(entries)
+    models = [e if isinstance(e, str) else (e, t) for e, m, t in zip(entries, is_model, tokenizers) if m]
+    out = {k: v for k, v in keywords.items() if k != "reward_processing_classes"}
+    out["reward_funcs"] = [e for e, m in zip(entries, is_model) if not m] or None
+    out["reward_model"] = models
+    weights = keywords.get("reward_weights")
+    if weights is not None and len(weights) == len(entries):  # else the count is the weights' own error
+        out["reward_weights"] = [w for w, m in zip(weights, is_model) if not m] + [
+            w for w, m in zip(weights, is_model) if m
+        ]
+    return out
+
+
 def _object_spec(names: ObjectNames, value, kind: str, keyword: str, name: str, cls):
     """The string (or strings, for a repeatable option) option ``name`` records for ``value``."""
     if kind == "data":
         return names.data_spec(value, keyword)
+    if kind == "reward model":
+        return tuple(names.reward_model_spec(v) for v in (value if isinstance(value, list | tuple) else [value]))
     flag = options.flag(name)
     if isinstance(fields_of.options(cls)[name].field.default, tuple):  # a repeatable flag: one or several
         return tuple(

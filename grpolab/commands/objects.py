@@ -94,6 +94,23 @@ class ObjectNames:
             )
         return self._keep(f"model object: {type(model).__name__}" + (f" ({name})" if name else ""), (model, tokenizer))
 
+    def reward_model_spec(self, value: object) -> str:
+        """The string ``--reward-model`` takes for ``value``: a directory or Hub id as it is; a loaded model, or
+        ``(model, tokenizer)`` (its tokenizer, or None: loaded from the model's path), kept under a description."""
+        if isinstance(value, str) or hasattr(value, "__fspath__"):
+            return str(value)
+        model, tokenizer = value if isinstance(value, tuple) else (value, None)
+        if not hasattr(model, "parameters") or not hasattr(model, "config"):
+            raise ConfigError(f"--reward-model: expected a directory, a Hub id or a loaded model, got {model!r}")
+        name = getattr(model.config, "_name_or_path", "")
+        if tokenizer is None and not name:
+            raise ConfigError(
+                f"reward_processing_classes: the {type(model).__name__} given as a reward model names no path to load "
+                "its tokenizer from; pass it (reward_processing_classes=[...])"
+            )
+        described = f"reward model object: {type(model).__name__}" + (f" ({name})" if name else "")
+        return self._keep(described, (model, tokenizer))
+
 
 def importable_name(obj: object) -> str | None:
     """``module:name`` when ``obj`` is reachable under that name by importing its module (so a subprocess, a resumed

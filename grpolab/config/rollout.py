@@ -205,8 +205,18 @@ class RewardSection:
     summed with --reward-weights. Either form: grpolab's fn(completions, records) -> list[float], or TRL's
     fn(prompts, completions, **kwargs) -> list[float] (record fields as keyword arguments; chat runs get message
     lists). Each one's mean is logged as reward/<function name>; the first is also reward/accuracy."""
+    reward_model: tuple[str, ...] = dataclasses.field(default=(), metadata=takes_object("reward model", "reward_funcs"))
+    """A reward model, by its directory or Hub id (org/name; from the Hugging Face cache offline): a
+    sequence-classification model (AutoModelForSequenceClassification) with its own tokenizer, scoring the prompt
+    followed by the completion (chat prompts: through its own chat template, the completion as the assistant's
+    message). Its score: a one-label head's logit; a two-label head's logit of label 1 minus that of label 0; any head
+    reads the label ID_OR_DIR@LABEL names (an index or a name in its id2label), which a head of more labels needs.
+    Repeat it for several. Like --reward-fn it replaces the accuracy reward; the reward components are --reward-fn's,
+    then --reward-model's (--reward-weights in that order), each logged as reward/<directory or id's last part>.
+    It never trains and is not saved in checkpoints (docs/training.md#reward-models)."""
     reward_weights: tuple[float, ...] = ()
-    """One weight per --reward-fn (default: all 1): r = sum_i w_i f_i + format_weight * format."""
+    """One weight per reward component, --reward-fn's then --reward-model's (default: all 1):
+    r = sum_i w_i f_i + format_weight * format."""
     format_weight: float | None = None
     """lambda in r = accuracy + lambda * format [RLVR essay, Sec. 3.4]. Default: 0.1 for builtin (its warm start writes
     the '#### n' line), 0 for other models: their accuracy is read from the last number when there is no '####' line,
@@ -216,8 +226,26 @@ class RewardSection:
     to --overlong-penalty (reward/overlong). 0 = off."""
     overlong_penalty: float = 1.0
     """The largest overlong punishment, reached at --max-new-tokens."""
+    reward_model_device: str = ""
+    """Where --reward-model runs: cpu, cuda or cuda:N; default: the policy's device."""
+    reward_model_dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = "auto"
+    """The dtype --reward-model computes in. auto: float32 on a CPU, bfloat16 on a CUDA device that computes it (else
+    float32); a model object given to the Python API keeps its own."""
+    reward_model_batch_tokens: int = 8192
+    """--reward-model's token budget: completions are sorted by length and scored in batches of at most this many
+    padded tokens (rows x the batch's longest); one longer than the budget is scored alone."""
 
     def validate(self) -> None:
+        from grpolab.common.devices import DeviceError, parse_device
+
+        if self.reward_model_device:
+            try:
+                parse_device(self.reward_model_device)
+            except DeviceError as e:
+                raise bad("reward_model_device", str(e)) from None
+        if self.reward_model_dtype not in ROLLOUT_DTYPES:
+            raise bad("reward_model_dtype", f"must be one of {ROLLOUT_DTYPES}, got {self.reward_model_dtype!r}")
+        check_counts(self, positive=("reward_model_batch_tokens",))
         if self.overlong_buffer < 0:
             raise bad("overlong_buffer", f"must be >= 0, got {self.overlong_buffer}")
         if self.overlong_penalty < 0:

@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Sequence
 
 from grpolab.common.given import NOTHING
+from grpolab.rewards.model import model_name
 from grpolab.rewards.rewarder import metric_names
 
 WINDOW = 5
@@ -58,11 +59,13 @@ class RunFacts:
 
     @classmethod
     def of(cls, config: dict) -> RunFacts:
-        fns = tuple(config.get("reward_fn") or ())
+        models = tuple(config.get("reward_model") or ())
+        fns = tuple(config.get("reward_fn") or ()) + models  # the reward components, functions first
         fmt = config.get("format", "")
         multi = bool(config.get("env") or config.get("tools") or config.get("task") == "arith-multiturn")
         check = "" if fns or multi or fmt == "prompt" else ("boxed" if fmt == "math" else "####")
-        names = tuple(metric_names([NOTHING.name_of(str(p)) for p in fns]))  # as the run named their metrics
+        short = [NOTHING.name_of(str(p)) for p in fns[: len(fns) - len(models)]] + [model_name(m) for m in models]
+        names = tuple(metric_names(short))  # as the run named their metrics
         weights = tuple(config.get("reward_weights") or ()) or (1.0,) * len(fns)
         return cls(
             max_new_tokens=int(config.get("max_new_tokens", 48)),

@@ -17,6 +17,7 @@ from grpolab.data.records import prompt_of as prompt_of_record
 from grpolab.rewards.builtin import accuracy_reward, default_reward_fns, format_reward, overlong_penalty
 from grpolab.rewards.code import CodeReward, CodeRewardSettings
 from grpolab.rewards.forms import RewardFn, from_trl, load_reward_fn, reward_form
+from grpolab.rewards.model import RewardModelSettings, load_reward_model, model_name
 
 # Metric names a reward function's own ``reward/<name>`` must not overwrite.
 _RESERVED = {"mean", "std", "group_std_mean", "frac_zero_std", "accuracy", "format", "errors"}
@@ -31,30 +32,34 @@ def reward_functions(
     episodes: bool = False,
     sandbox: SandboxSection | None = None,
     given: Given = NOTHING,
+    models: Sequence[str] = (),
+    model_settings: RewardModelSettings | None = None,
 ) -> list[tuple[str, RewardFn, float]]:
     """The ``(name, fn, weight)`` a run scores with.
 
-        No ``paths``: :func:`default_reward_fns` (``accuracy + format_weight * format``).
-        Otherwise the functions at ``paths`` replace the accuracy reward: ``r = sum_i w_i f_i
-        + format_weight * format`` (weights default to 1). Each is named by its function name
-        (made unique; never one of the built-in metric names, except ``accuracy`` for the first),
-        and the first plays the accuracy reward's part in ``reward/accuracy``.
-        ``episodes`` (an environment task): the functions at ``paths`` only, no default and no format reward (the
+        No ``paths`` nor ``models``: :func:`default_reward_fns` (``accuracy + format_weight * format``).
+        Otherwise the functions at ``paths`` and then the reward models ``models`` (:mod:`grpolab.rewards.model`,
+        loaded with ``model_settings``) replace the accuracy reward: ``r = sum_i w_i f_i + format_weight * format``
+        (``weights`` in that order, default 1). Each is named by its function's name or its model's (made unique;
+        never one of the built-in metric names, except ``accuracy`` for the first), and the first plays the
+        accuracy reward's part in ``reward/accuracy``.
+        ``episodes`` (an environment task): these only, no default and no format reward (the
         environment's own rewards add to theirs). The code reward comes as a :class:`grpolab.rewards.code.CodeReward` of
         its own, with the ``sandbox`` options: whoever holds the functions closes it (:meth:`Rewarder.close`). ``given``:
-    functions given to the Python API in place of names.
+    functions and models given to the Python API in place of names.
     """
     from grpolab.config.train import ConfigError
 
     if isinstance(paths, str):  # one path given as a string (the API; the CLI gives a tuple)
         paths = (paths,) if paths else ()
-    if not paths:
+    if not paths and not models:
         return [] if episodes else default_reward_fns(format_weight)
-    weights = list(weights) or [1.0] * len(paths)
-    if len(weights) != len(paths):
-        raise ConfigError(f"--reward-weights: {len(weights)} weight(s) for {len(paths)} --reward-fn")
+    weights = list(weights) or [1.0] * (len(paths) + len(models))
+    if len(weights) != len(paths) + len(models):
+        what = f"{len(paths)} --reward-fn" + (f" and {len(models)} --reward-model" if models else "")
+        raise ConfigError(f"--reward-weights: {len(weights)} weight(s) for {what}")
     out: list[tuple[str, RewardFn, float]] = []
-    names = metric_names([given.name_of(path) for path in paths])
+    names = metric_names([given.name_of(path) for path in paths] + [model_name(m) for m in models])
     for path, name, w in zip(paths, names, weights):
         fn = load_reward_fn(path, given)
         if isinstance(fn, CodeReward):  # this run's own, with its own sandbox
@@ -62,6 +67,9 @@ def reward_functions(
         if reward_form(fn) == "trl":
             fn = from_trl(fn, prompt_of, chat)
         out.append((name, fn, float(w)))
+    settings = model_settings or RewardModelSettings()
+    for spec, name, w in zip(models, names[len(paths) :], weights[len(paths) :]):
+        out.append((name, load_reward_model(spec, settings, prompt_of, chat, given), float(w)))
     return out if episodes else out + [("format", format_reward, format_weight)]
 
 
@@ -90,16 +98,16 @@ def eval_reward(
     given: Given = NOTHING,
 ) -> tuple[str, RewardFn]:
     """``(name, fn)`` of the reward whose mean is a run's held-out accuracy: ``eval_reward_fn``; for prompt data or
-    episodes (no built-in answer check) the first of ``reward``'s functions; otherwise the built-in accuracy reward.
-    ``reward_fns``: the run's, when already loaded; a function is only loaded when it is the one needed (its
-    caller then owns it: :func:`close_reward`; ``sandbox``: where a code reward's programs run). An
-    environment task without either has ``("env", None)``: its episodes' return, as a share of the environment's
-    ``max_return``."""
+    episodes (no built-in answer check) the first of ``reward``'s functions (a reward model, without functions, when
+    ``reward_fns`` holds it); otherwise the built-in accuracy reward. ``reward_fns``: the run's, when already
+    loaded; a function is only loaded when it is the one needed (its caller then owns it: :func:`close_reward`;
+    ``sandbox``: where a code reward's programs run). An environment task without either has ``("env", None)``: its
+    episodes' return, as a share of the environment's ``max_return``."""
     if eval_reward_fn:
         paths = (eval_reward_fn,)
+    elif (data_format == "prompt" or multi_turn) and reward_fns and (reward.reward_fn or reward.reward_model):
+        return reward_fns[0][0], reward_fns[0][1]
     elif (data_format == "prompt" or multi_turn) and reward.reward_fn:
-        if reward_fns:
-            return reward_fns[0][0], reward_fns[0][1]
         paths = tuple(reward.reward_fn)[:1]
     elif multi_turn:
         return "env", None
@@ -245,8 +253,9 @@ def rewarder_for(
 ) -> Rewarder:
     """A run's reward from its ``reward`` options: its ``--reward-fn`` functions and weights (TRL-form ones see
     prompts as ``policy`` shows them), the format reward and DAPO's overlong penalty over completions of up to
-    ``max_new_tokens``; ``episodes``: an environment task's (no default functions, no format reward); ``sandbox``:
-    where a code reward's programs run. Training and the gradient probes both score with it; it owns what its
+    ``max_new_tokens``, and its ``--reward-model`` models on their own device (:func:`model_settings`);
+    ``episodes``: an environment task's (no default functions, no format reward); ``sandbox``: where a code reward's
+    programs run. Training and the gradient probes both score with it; it owns what its
     functions start (:meth:`Rewarder.close`)."""
     fns = reward_functions(
         reward.reward_fn,
@@ -257,5 +266,18 @@ def rewarder_for(
         episodes=episodes,
         sandbox=sandbox,
         given=given,
+        models=reward.reward_model,
+        model_settings=model_settings(reward, policy) if reward.reward_model else None,
     )
     return Rewarder(fns, max_new_tokens, reward.overlong_buffer, reward.overlong_penalty)
+
+
+def model_settings(reward: RewardSection, policy) -> RewardModelSettings:
+    """Where and how ``reward``'s reward models run: --reward-model-device (default: ``policy``'s device), its
+    dtype and token budget."""
+    from grpolab.common.devices import resolve_device
+
+    device = next(policy.model.parameters()).device
+    if reward.reward_model_device:
+        device = resolve_device(reward.reward_model_device)
+    return RewardModelSettings(device, reward.reward_model_dtype, reward.reward_model_batch_tokens)

@@ -188,8 +188,11 @@ class TrainRecipe:
         self.config_dict = {**cfg.to_dict(), **engine_options, "model": model, "world_size": self.world.size}
         if fingerprint is not None:
             self.config_dict["model_fingerprint"] = fingerprint
+        reward_models = [fn.origin for _, fn, _ in self.trainer.reward.reward_fns if getattr(fn, "origin", None)]
         hub = hub_sources(
-            cfg.dataset, self.trainer.policy.origin if ckpt is None else self.saved.get("hub", {}).get("model")
+            cfg.dataset,
+            self.trainer.policy.origin if ckpt is None else self.saved.get("hub", {}).get("model"),
+            reward_models,
         )
         if hub:
             self.config_dict["hub"] = hub

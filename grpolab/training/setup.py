@@ -4,6 +4,7 @@ random state and threads."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from grpolab.common.given import NOTHING, Given
 from grpolab.config.task import DataSection
@@ -30,13 +31,16 @@ def seed_process(cfg: TrainConfig) -> None:
     seed_everything(cfg.run.seed)
 
 
-def hub_sources(data: DataSection, model_origin: dict | None) -> dict:
+def hub_sources(data: DataSection, model_origin: dict | None, reward_models: Sequence[dict] = ()) -> dict:
     """What config.json records of the Hub repositories a run reads: ``{"model"|"data"|"eval_data": {"id",
-    "revision", "commit"}}`` for each one given by its Hub id (``model_origin``: the loaded policy's)."""
+    "revision", "commit"}}`` for each one given by its Hub id (``model_origin``: the loaded policy's), and
+    ``"reward_model"``: a list of those of its reward models given by their Hub id (``reward_models``)."""
     from grpolab.common.hub import is_hub_id
     from grpolab.data.dataset import hub_snapshot
 
     out = {"model": model_origin} if model_origin else {}
+    if reward_models:
+        out["reward_model"] = list(reward_models)
     for name, spec, held_out in (("data", data.data, False), ("eval_data", data.eval_data, True)):
         if spec and is_hub_id(spec):
             out[name] = hub_snapshot(spec, data.source(held_out)).record()
