@@ -293,3 +293,36 @@ def test_reward_function_names_never_overwrite_builtin_metrics(tmp_path):
 def test_reward_weights_must_match_the_functions():
     with pytest.raises(ValueError, match="--reward-weights: 1 weight"):
         reward_functions(["grpolab.rewards:accuracy_reward", "grpolab.rewards:format_reward"], [1.0], 0.1)
+
+
+def test_async_reward_functions_run_concurrently_within_a_step_and_fail_per_rollout():
+    """Two async functions (TRL's form and grpolab's) each wait for the other to have started: only concurrent
+    awaiting scores them. A third raises on one rollout: that rollout alone scores 0, counted."""
+    import asyncio
+
+    started: dict[str, asyncio.Event] = {}
+
+    async def meet(me: str, other: str) -> None:
+        started.setdefault(me, asyncio.Event()).set()
+        await asyncio.wait_for(started.setdefault(other, asyncio.Event()).wait(), timeout=5)
+
+    async def judge_a(prompts, completions, **kwargs):  # TRL's form; None means "does not apply": 0
+        await meet("a", "b")
+        return [float(len(c)) if c != "skip" else None for c in completions]
+
+    async def judge_b(completions, records):
+        await meet("b", "a")
+        return [10.0 * r["k"] for r in records]
+
+    async def flaky(completions, records):
+        if "boom" in completions:
+            raise RuntimeError("a judge that fails on one rollout")
+        return [1.0] * len(completions)
+
+    completions, records = ["ab", "skip", "boom"], [{"prompt": "p", "k": k} for k in (1, 2, 3)]
+    fns = [("a", from_trl(judge_a, lambda r: r["prompt"], chat=False), 1.0), ("b", judge_b, 0.5), ("f", flaky, 1.0)]
+    got = score(completions, records, fns)
+    assert got.components["a"].tolist() == [2.0, 0.0, 4.0]
+    assert got.components["b"].tolist() == [10.0, 20.0, 30.0]
+    assert got.components["f"].tolist() == [1.0, 1.0, 0.0] and got.errors == 1
+    assert got.total.tolist() == [8.0, 11.0, 19.0]

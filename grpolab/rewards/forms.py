@@ -57,7 +57,8 @@ def from_trl(fn: Callable, prompt_of: Callable[[dict], Any], chat: bool) -> Rewa
     every field of the records (``ground_truth``, ``answer``, your dataset's columns) is
     a keyword argument holding one value per completion. For chat runs, prompts are the
     message lists the model saw and completions ``[{"role": "assistant", "content": text}]``
-    (TRL's conversational format); otherwise both are plain strings. For episodes of an environment, a function that
+    (TRL's conversational format); otherwise both are plain strings. An ``async def`` function stays one: its
+    awaitable is awaited by :func:`grpolab.rewards.rewarder.score`, beside the step's other async functions. For episodes of an environment, a function that
     takes ``environments`` (or ``**kwargs``) gets each completion's environment object (a TRL-shape class's own
     instance), in the order of the completions, as TRL passes them. A ``None`` in the
     result means "does not apply" in TRL and counts as 0 here, not as an error.
@@ -80,7 +81,9 @@ def from_trl(fn: Callable, prompt_of: Callable[[dict], Any], chat: bool) -> Rewa
         keys = [k for k in dict.fromkeys(k for r in records for k in r) if k not in reserved]
         fields = {k: [r.get(k) for r in records] for k in keys}
         values = fn(prompts=prompts, completions=completions, **fields, **extra)
-        return [0.0 if v is None else v for v in values]
+        if inspect.isawaitable(values):  # an async function (TRL's form too): awaited with the others of the step
+            return _then(values, _none_as_zero)
+        return _none_as_zero(values)
 
     reward.__name__ = getattr(fn, "__name__", "reward")
     reward.takes_conversations = True
@@ -91,6 +94,14 @@ def from_trl(fn: Callable, prompt_of: Callable[[dict], Any], chat: bool) -> Rewa
         if callable(getattr(fn, hook, None)):
             setattr(reward, hook, getattr(fn, hook))
     return reward
+
+
+def _none_as_zero(values) -> list:
+    return [0.0 if v is None else v for v in values]
+
+
+async def _then(awaitable, then: Callable):
+    return then(await awaitable)
 
 
 # Parameters TRL itself passes to a reward function: not data columns.

@@ -4,7 +4,10 @@ only the rollouts it failed on (reward 0, counted in ``errors``), never the run;
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -128,32 +131,66 @@ class Scores(NamedTuple):
     """What reward functions counted while scoring (their ``pop_counts()``, e.g. the code reward's outcomes)."""
 
 
-def _call_safely(
-    fn: RewardFn, completions: list[str], records: list[dict], conversations: list | None = None
-) -> tuple[list[float], int]:
-    """Values of ``fn``, with failures replaced by 0 and counted.
-
-    The whole batch is tried first (cheap); if it raises or has the wrong length,
-    each rollout is scored alone so only the failing ones lose their reward.
+def _caller(fn: RewardFn, completions: list[str], records: list[dict], conversations: list | None):
+    """``call(idx)``: ``fn`` on the rollouts ``idx``, its result as it returns it (an awaitable for an async one).
     ``conversations`` (episodes): each rollout's (opening messages, messages after them, environment), for those that
-    take them (TRL's form: its ``prompts`` and, for chat runs, ``completions``).
-    """
-    n = len(completions)
+    take them (TRL's form: its ``prompts`` and, for chat runs, ``completions``)."""
     takes = conversations is not None and getattr(fn, "takes_conversations", False)
 
-    def call(idx: list[int]) -> list:
+    def call(idx: list[int]):
         args = ([completions[i] for i in idx], [records[i] for i in idx])
         return fn(*args, conversations=[conversations[i] for i in idx]) if takes else fn(*args)
 
+    return call
+
+
+def run_awaitables(awaitables: list) -> list:
+    """Await ``awaitables`` concurrently; each one's result, or the exception it raised. In a thread of its own when
+    this one already runs an event loop (a notebook's): asyncio cannot nest loops."""
+
+    async def gather():
+        return await asyncio.gather(*awaitables, return_exceptions=True)
+
     try:
-        values = [float(v) for v in call(list(range(n)))]
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(gather())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, gather()).result()
+
+
+def _whole_batches(calls: list, n: int) -> list:
+    """Each caller's result on all ``n`` rollouts, or the exception it raised; async functions' awaited together."""
+    out, waiting = [], {}
+    for j, call in enumerate(calls):
+        try:
+            got = call(list(range(n)))
+        except Exception as e:
+            got = e
+        if inspect.isawaitable(got):
+            waiting[j] = got
+        out.append(got)
+    for j, got in zip(waiting, run_awaitables(list(waiting.values()))):
+        out[j] = got
+    return out
+
+
+def _call_safely(call, n: int, whole) -> tuple[list[float], int]:
+    """The values of a reward function on ``n`` rollouts, from ``whole`` (its result on all of them, or the exception
+    it raised), with failures replaced by 0 and counted: if the whole batch raised or has the wrong length, each
+    rollout is scored alone (``call([i])``) so only the failing ones lose their reward."""
+    try:
+        if isinstance(whole, BaseException):
+            raise whole
+        values = [float(v) for v in whole]
         if len(values) != n:
             raise ValueError(f"returned {len(values)} values for {n} completions")
     except Exception:
         values = []
         for i in range(n):
             try:
-                (v,) = call([i])
+                got = call([i])
+                (v,) = run_awaitables([got])[0] if inspect.isawaitable(got) else got
                 values.append(float(v))
             except Exception:
                 values.append(math.nan)
@@ -168,16 +205,21 @@ def score(
     conversations: list | None = None,
 ) -> Scores:
     """Score ``N`` completions with weighted reward functions ``(name, fn, weight)`` (``conversations``: see
-    :func:`_call_safely`)."""
-    total = torch.zeros(len(completions))
+    :func:`_caller`). Async functions (``async def``, TRL's form too) run concurrently with each other."""
+    n = len(completions)
+    total = torch.zeros(n)
     components: dict[str, torch.Tensor] = {}
     errors = 0
     counts: dict[str, float] = {}
-    for name, fn, weight in reward_fns:
+    for _, fn, _ in reward_fns:
         pop = getattr(fn, "pop_counts", None)
         if callable(pop):
             pop()  # counted outside a score (an evaluation's): not this call's
-        values, err = _call_safely(fn, completions, records, conversations)
+    calls = [_caller(fn, completions, records, conversations) for _, fn, _ in reward_fns]
+    wholes = _whole_batches(calls, n)
+    for (name, fn, weight), call, whole in zip(reward_fns, calls, wholes):
+        pop = getattr(fn, "pop_counts", None)
+        values, err = _call_safely(call, n, whole)
         components[name] = torch.tensor(values, dtype=torch.float32)
         total += weight * components[name]
         errors += err
@@ -211,7 +253,7 @@ class Rewarder:
         self, completions: list[str], records: list[dict], lengths: torch.Tensor, conversations: list | None = None
     ) -> Scores:
         """Scores of ``N`` completions of ``lengths`` ``[N]`` tokens (``conversations``: episodes', see
-        :func:`_call_safely`)."""
+        :func:`_caller`)."""
         scores = score(completions, records, self.reward_fns, conversations)
         if not self.overlong_buffer:
             return scores
