@@ -595,8 +595,9 @@ def cmd_generator(args: list[str]) -> None:
         "rollout dtype and threads. The trainer sends the model's config and each weight version (a torch.distributed "
         "broadcast: gloo on a CPU, NCCL on CUDA); nothing is loaded here. The worker exits when the trainer stops "
         "it, ends or dies. A trainer listening on a non-local address needs a shared token: $GRPOLAB_GENERATOR_TOKEN "
-        "or --token-file, never a flag's value. Ports: the trainer's listening port, and one more it picks for the "
-        "weight broadcasts' rendezvous (both reachable from here).",
+        "or --token-file, never a flag's value. Ports: the trainer's listening port, one more it picks for the "
+        "weight broadcasts' rendezvous, and gloo's own connections: the trainer's host must be reachable from here "
+        "on any TCP port (docs/distributed.md).",
     )
     parser.add_argument("--connect", required=True, metavar="HOST:PORT", help="the trainer's --generator-listen")
     parser.add_argument("--run", default=None, help="join only the run of this id (the trainer prints its own)")
