@@ -34,23 +34,16 @@ def read_events(run_dir: Path) -> list[dict]:
 def worker_table(events: list[dict]) -> list[dict]:
     """Per worker: rows drawn, draws, drawing seconds, rows per second while drawing, broadcast seconds, the step
     it was lost at (None if never)."""
-    table: dict[int, dict] = {}
+    from grpolab.rollout.workers import worker_totals  # the trainer's own sums (its per-step line's)
+
+    lost = {}
     for e in events:
-        if "worker" not in e:
-            continue
-        row = table.setdefault(e["worker"], {"worker": e["worker"], "rows": 0, "draws": 0, "draw_s": 0.0,
-                                              "weights_s": 0.0, "lost_at": None})  # fmt: skip
-        if e["kind"] == "draw":
-            row["rows"] += e["rows"]
-            row["draws"] += 1
-            row["draw_s"] += e["end"] - e["start"]
-        elif e["kind"] == "weights":
-            row["weights_s"] += e["end"] - e["start"]
-        elif e["kind"] == "lost" and row["lost_at"] is None:
-            row["lost_at"] = e["step"]
-    for row in table.values():
-        row["rows_per_s"] = row["rows"] / row["draw_s"] if row["draw_s"] > 0 else None
-    return [table[w] for w in sorted(table)]
+        if e["kind"] == "lost":
+            lost.setdefault(e["worker"], e["step"])
+    return [
+        {"worker": w, **t, "lost_at": lost.get(w), "rows_per_s": t["rows"] / t["draw_s"] if t["draw_s"] > 0 else None}
+        for w, t in worker_totals(events).items()
+    ]
 
 
 def timeline_png(events: list[dict]) -> bytes | None:
