@@ -58,10 +58,10 @@ def from_trl(fn: Callable, prompt_of: Callable[[dict], Any], chat: bool) -> Rewa
     a keyword argument holding one value per completion. For chat runs, prompts are the
     message lists the model saw and completions ``[{"role": "assistant", "content": text}]``
     (TRL's conversational format); otherwise both are plain strings. An ``async def`` function stays one: its
-    awaitable is awaited by :func:`grpolab.rewards.rewarder.score`, beside the step's other async functions. For episodes of an environment, a function that
-    takes ``environments`` (or ``**kwargs``) gets each completion's environment object (a TRL-shape class's own
-    instance), in the order of the completions, as TRL passes them. A ``None`` in the
-    result means "does not apply" in TRL and counts as 0 here, not as an error.
+    awaitable is awaited by :func:`grpolab.rewards.rewarder.score`, beside the step's other async functions. For
+    episodes of an environment, a function that takes ``environments`` (or ``**kwargs``) gets each completion's
+    environment object (a TRL-shape class's own instance), in the order of the completions, as TRL passes them. A
+    ``None`` in the result means "does not apply" in TRL and counts as 0 here, not as an error.
     """
     reserved = {"prompts", "completions", "prompt"}  # the prompt column arrives as ``prompts``, as in TRL
     takes_environments = _accepts(fn, "environments")

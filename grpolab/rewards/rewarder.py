@@ -170,8 +170,9 @@ def _whole_batches(calls: list, n: int) -> list:
         if inspect.isawaitable(got):
             waiting[j] = got
         out.append(got)
-    for j, got in zip(waiting, run_awaitables(list(waiting.values()))):
-        out[j] = got
+    if waiting:  # none: no event loop at all (the usual, synchronous functions)
+        for j, got in zip(waiting, run_awaitables(list(waiting.values()))):
+            out[j] = got
     return out
 
 
