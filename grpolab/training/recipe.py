@@ -43,6 +43,9 @@ from grpolab.training.runlog import RunLogger, git_revision, read_metrics, trunc
 from grpolab.training.setup import checked_config, hub_sources, seed_process
 from grpolab.training.trainer import GRPOTrainer
 
+RUN_LOGS = ("metrics.jsonl", "samples.jsonl", "rollouts.jsonl", "token_credit.jsonl", "probe.jsonl", "generators.jsonl")
+"""The run directory's logs by step, cut back to the checkpoint's step on --resume."""
+
 
 class TrainingInterrupted(Exception):
     """SIGTERM or SIGINT stopped the run after a finished step, whose checkpoint was written."""
@@ -221,8 +224,7 @@ class TrainRecipe:
             trainer.updater.scaler.load_state_dict(state["grad_scaler"])
         trainer.restore_stale_weights(self.ckpt, state)
         if self.world.is_main:
-            logs = ("metrics.jsonl", "samples.jsonl", "rollouts.jsonl", "token_credit.jsonl", "probe.jsonl")
-            for name in (*logs, "generators.jsonl"):
+            for name in RUN_LOGS:
                 truncate_jsonl(out / name, self.start)
         where = f" on {self.world.size} processes" if self.world.distributed else ""
         self.log(f"resuming {out} from step {self.start}" + where)
@@ -293,9 +295,10 @@ class TrainRecipe:
                 self.logger.log_probe(step, out_step.probe)
             if out_step.engine_events:
                 self.logger.log_generators(step, out_step.engine_events)
-        if out_step.engine_events is not None and (step % cfg.logging.log_every == 0 or step == self.start + 1):
+        due = step % cfg.logging.log_every == 0 or step == self.start + 1
+        if due and out_step.engine_events is not None and self.world.is_main:
             line = step_line(out_step.engine_events)
-            if line and self.world.is_main:
+            if line:
                 self.log(f"step {step}: {line}")
         saved = bool((cfg.logging.save_every and step % cfg.logging.save_every == 0) or last)
         if saved:
