@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 from typing import Literal
 
 from grpolab.algo.group_budget import SAMPLING_MODES
@@ -215,7 +216,7 @@ class RewardSection:
     then --reward-model's (--reward-weights in that order), each logged as reward/<directory or id's last part>.
     It never trains and is not saved in checkpoints (docs/training.md#reward-models)."""
     reward_weights: tuple[float, ...] = ()
-    """One weight per reward component, --reward-fn's then --reward-model's (default: all 1):
+    """One weight per reward component, --reward-fn's, then --reward-model's, then --judge's (default: all 1):
     r = sum_i w_i f_i + format_weight * format."""
     format_weight: float | None = None
     """lambda in r = accuracy + lambda * format [RLVR essay, Sec. 3.4]. Default: 0.1 for builtin (its warm start writes
@@ -234,6 +235,37 @@ class RewardSection:
     reward_model_batch_tokens: int = 8192
     """--reward-model's token budget: completions are sorted by length and scored in batches of at most this many
     padded tokens (rows x the batch's longest); one longer than the budget is scored alone."""
+    judge: str = ""
+    """An LLM judge as a reward component: a template file (Jinja2; variables prompt, completion and every data
+    column), or a TOML file with the template, its answer's form (yes-no, or a number on a range: the score in
+    [0, 1]) and optionally a rubric of weighted criteria, each logged as reward/<judge>/<criterion>
+    (docs/rewards-from-models.md). Answered by --judge-model; logged as reward/<file stem>."""
+    judge_model: str = ""
+    """What answers --judge: a local model (a directory, a Hub id, smollm2-135m-instruct; greedy through
+    --judge-engine, each request keyed by its content) or an OpenAI-compatible endpoint's URL
+    (http://HOST:PORT/v1)."""
+    judge_engine: Literal["hf", "vllm"] = "hf"
+    """A local --judge-model's engine: grpolab's sampler (hf) or vLLM."""
+    judge_device: str = ""
+    """Where a local --judge-model runs: cpu, cuda or cuda:N; default: the policy's device."""
+    judge_batch_size: int = 16
+    """A local --judge-model's requests per batch."""
+    judge_served_model: str = ""
+    """An endpoint's model name (default: the first its /v1/models lists)."""
+    judge_api_key_env: str = "OPENAI_API_KEY"
+    """The environment variable holding an endpoint's API key (unset: none sent)."""
+    judge_concurrency: int = 8
+    """An endpoint's requests in flight at most."""
+    judge_timeout: float = 60.0
+    """Seconds an endpoint request may take before it is retried."""
+    judge_retries: int = 2
+    """Retries of a failed endpoint request, with exponential backoff (the openai client's)."""
+    judge_failure_score: float = 0.0
+    """The score of a judge request that failed (endpoint down, past its retries) or whose answer does not parse;
+    each is counted (reward/judge_failed, and the step's share reward/judge_failed_frac)."""
+    judge_cache: str = ""
+    """A JSONL file keeping the judge's answers by request content across runs (default: kept in memory for the
+    run); a cached request is answered without a call (reward/judge_cache_hits)."""
 
     def validate(self) -> None:
         from grpolab.common.devices import DeviceError, parse_device
@@ -245,7 +277,24 @@ class RewardSection:
                 raise bad("reward_model_device", str(e)) from None
         if self.reward_model_dtype not in ROLLOUT_DTYPES:
             raise bad("reward_model_dtype", f"must be one of {ROLLOUT_DTYPES}, got {self.reward_model_dtype!r}")
-        check_counts(self, positive=("reward_model_batch_tokens",))
+        check_counts(self, positive=("reward_model_batch_tokens", "judge_batch_size", "judge_concurrency"))
+        if self.judge and not self.judge_model:
+            raise bad("judge", "needs --judge-model: a local model, or an OpenAI-compatible endpoint's URL")
+        if self.judge_model and not self.judge:
+            raise bad("judge_model", "answers a --judge: give its template file")
+        if self.judge_engine not in ("hf", "vllm"):
+            raise bad("judge_engine", f"must be 'hf' or 'vllm', got {self.judge_engine!r}")
+        if self.judge_device:
+            try:
+                parse_device(self.judge_device)
+            except DeviceError as e:
+                raise bad("judge_device", str(e)) from None
+        if self.judge_retries < 0:
+            raise bad("judge_retries", f"must be >= 0, got {self.judge_retries}")
+        if not self.judge_timeout > 0:
+            raise bad("judge_timeout", f"must be > 0, got {self.judge_timeout:g}")
+        if not math.isfinite(self.judge_failure_score):
+            raise bad("judge_failure_score", "must be a finite number")
         if self.overlong_buffer < 0:
             raise bad("overlong_buffer", f"must be >= 0, got {self.overlong_buffer}")
         if self.overlong_penalty < 0:

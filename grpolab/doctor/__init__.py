@@ -3,7 +3,7 @@ it finds, with its evidence and one change to make.
 
 - :mod:`grpolab.doctor.rows`: a finding, the run's options the checks read, the rows over a window of steps;
 - the checks, one pure function per condition, each threshold a named constant with the reason for its value:
-  :mod:`~grpolab.doctor.signal` (the reward's signal: no_signal, truncation, reward_blind, saturation),
+  :mod:`~grpolab.doctor.signal` (the reward's signal: no_signal, truncation, judge_failures, reward_blind, saturation),
   :mod:`~grpolab.doctor.optimisation` (the update: no_movement, big_step, entropy, sampler_mismatch),
   :mod:`~grpolab.doctor.task` (the reward against the task: reward_hacking, eval_drop);
 - :mod:`grpolab.doctor.conditions`: every check in order, causes before what they explain; ``diagnose``;

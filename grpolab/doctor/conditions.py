@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from grpolab.doctor.optimisation import big_step, entropy, no_movement, not_learning, rounding, sampler_mismatch
 from grpolab.doctor.rows import LEVEL, SEVERITIES, Finding, RunFacts
-from grpolab.doctor.signal import no_signal, reward_blind, saturation, truncation
+from grpolab.doctor.signal import judge_failures, no_signal, reward_blind, saturation, truncation
 from grpolab.doctor.task import eval_drop, reward_hacking
 
 __all__ = ["CHECKS", "EXPLAINS", "LEVEL", "NAMES", "Finding", "RunFacts", "diagnose", "explained", "order"]
@@ -29,6 +29,7 @@ CHECKS: tuple[Callable[..., Finding | None], ...] = (
     entropy,
     reward_hacking,
     truncation,
+    judge_failures,
     reward_blind,
     sampler_mismatch,
     no_movement,
@@ -47,6 +48,7 @@ EXPLAINS = {
     "entropy": {"truncation", "reward_blind", "no_signal", "eval_drop", "not_learning"},
     "reward_hacking": {"truncation", "eval_drop"},
     "truncation": {"reward_blind", "no_signal"},
+    "judge_failures": {"reward_blind", "no_signal", "not_learning"},
     "reward_blind": {"no_signal"},
     "no_movement": {"not_learning"},
     "sampler_mismatch": {"not_learning"},

@@ -7,6 +7,7 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
 
 from grpolab.common.given import NOTHING
 from grpolab.rewards.model import model_name
@@ -56,15 +57,21 @@ class RunFacts:
     """--precision as the run resolved it ('' for a run recorded before it: see ``of``)."""
     compensation: str = ""
     """bf16-true's optimizer compensation ('kahan' or 'none')."""
+    model_reward: str = ""
+    """What model the run's reward comes from: 'reward model' (--reward-model), 'judge' (--judge) or '' (only
+    functions: a verifier)."""
 
     @classmethod
     def of(cls, config: dict) -> RunFacts:
         models = tuple(config.get("reward_model") or ())
-        fns = tuple(config.get("reward_fn") or ()) + models  # the reward components, functions first
+        judge = str(config.get("judge") or "")
+        fns = tuple(config.get("reward_fn") or ()) + models + ((judge,) if judge else ())  # functions first
         fmt = config.get("format", "")
         multi = bool(config.get("env") or config.get("tools") or config.get("task") == "arith-multiturn")
         check = "" if fns or multi or fmt == "prompt" else ("boxed" if fmt == "math" else "####")
-        short = [NOTHING.name_of(str(p)) for p in fns[: len(fns) - len(models)]] + [model_name(m) for m in models]
+        plain = fns[: len(fns) - len(models) - bool(judge)]
+        short = [NOTHING.name_of(str(p)) for p in plain] + [model_name(m) for m in models]
+        short += [Path(judge).stem] if judge else []
         names = tuple(metric_names(short))  # as the run named their metrics
         weights = tuple(config.get("reward_weights") or ()) or (1.0,) * len(fns)
         return cls(
@@ -80,6 +87,7 @@ class RunFacts:
             reward_weights=weights,
             components=names[1:],
             sampling=str(config.get("sampling", "fixed")),
+            model_reward="judge" if judge else "reward model" if models else "",
             **_precision_of(config),
         )
 

@@ -1,5 +1,5 @@
 """The checks of the reward's signal: does a step's reward hold a contrast to learn from (no_signal), does it see
-the answers (truncation, reward_blind), and is there any left (saturation)."""
+the answers (truncation, judge_failures, reward_blind), and is there any left (saturation)."""
 
 from __future__ import annotations
 
@@ -51,6 +51,12 @@ TRUNC_GAP_SHARE = 0.05
 ERROR_SHARE = 0.5
 """Reward-function evaluations that raised or gave a non-finite value (reward/errors), as a share of all: above it
 most rollouts are scored 0 for the function's fault, not the completion's."""
+JUDGE_FAILED_SHARE = 0.05
+"""An LLM judge's failed requests (reward/judge_failed_frac: endpoint errors past their retries, answers the parser
+cannot read), as a share of its requests over WINDOW steps: from it on, enough rollouts score --judge-failure-score
+instead of their worth to bend a group's advantages (one of a group of 8 at 0.05 on average: 1 in 3 groups)."""
+JUDGE_FAILED_SEVERE = 0.5
+"""... and at this share most rollouts are scored by the failures, not the completions: an error."""
 FORMAT_FLOOR = 0.1
 """With the built-in answer check: a share of well-formed answers (reward/format) and of right ones
 (reward/accuracy) both at or below this says the check almost never finds an answer to compare."""
@@ -205,6 +211,27 @@ def truncated_gap(rollouts: Sequence[dict], max_new_tokens: int) -> float | None
     if not cut or not rest:
         return None
     return statistics.fmean(rest) - statistics.fmean(cut)
+
+
+def judge_failures(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = ()) -> Finding | None:
+    """An LLM judge (--judge) failing on a share of its requests: each failure scores --judge-failure-score, not the
+    completion."""
+    w = window(rows)
+    share = mean(w, "reward/judge_failed_frac") if w else None
+    if share is None or share < JUDGE_FAILED_SHARE:
+        return None
+    severe = share >= JUDGE_FAILED_SEVERE
+    return Finding(
+        "judge_failures", "error" if severe else "warning",
+        f"The judge fails on {100 * share:.0f}% of its requests: those score --judge-failure-score, not the "
+        "completion",
+        f"reward/judge_failed_frac {share:.3f} over {steps_of(w)} (threshold "
+        f"{JUDGE_FAILED_SEVERE if severe else JUDGE_FAILED_SHARE})",
+        "an endpoint: check it is up and fast enough (the run's log names the last error; --judge-timeout, "
+        "--judge-retries); answers that do not parse: make the template ask for exactly the form the judge's answer "
+        "setting reads (yes/no, or one number on its range), or raise its max_tokens",
+        ("reward/judge_failed_frac", "reward/mean"), span(w), JUDGE_FAILED_SEVERE if severe else JUDGE_FAILED_SHARE,
+    )  # fmt: skip
 
 
 def reward_blind(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = ()) -> Finding | None:

@@ -75,12 +75,23 @@ def reward_hacking(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dic
                      f"{IDENTICAL_SHARE})")  # fmt: skip
     if not signs:
         return None
+    if facts.model_reward and "reward/mean" in keys[:1]:  # a model's score up, the verifier's held-out flat
+        title = f"Reward hacking signs: the {facts.model_reward}'s score rises while the held-out verifier is flat"
+        fix = (
+            f"read the completions the {facts.model_reward} scores highest (rollouts.jsonl) against the task: it pays "
+            "for something the verifier does not; add the verifier to the reward (--reward-fn, --reward-weights), "
+            "retrain the reward model with those completions as rejected, or keep the checkpoint of the best "
+            "held-out step"
+        )
+    else:
+        title = "Reward hacking signs: the reward rises for something other than the task"
+        fix = (
+            "read the highest-reward completions (rollouts.jsonl) against the task; pay only for a verified answer "
+            "(a length or format term small beside the accuracy reward: --reward-weights), and watch the held-out "
+            "accuracy (--eval-every)"
+        )
     return Finding(
-        "reward_hacking", "warning", "Reward hacking signs: the reward rises for something other than the task",
-        "; ".join(signs),
-        "read the highest-reward completions (rollouts.jsonl) against the task; pay only for a verified answer "
-        "(a length or format term small beside the accuracy reward: --reward-weights), and watch the held-out "
-        "accuracy (--eval-every)",
+        "reward_hacking", "warning", title, "; ".join(signs), fix,
         tuple(dict.fromkeys(keys or ["reward/mean"])), span(t[-WINDOW:]) if t else (0, 0),
     )  # fmt: skip
 

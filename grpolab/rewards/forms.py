@@ -143,7 +143,7 @@ def check_columns(reward_fns: Sequence[tuple[str, RewardFn, float]], records: li
         what = (
             "the built-in accuracy reward needs"
             if fn is accuracy_reward
-            else f"--reward-fn {name} declares the column(s)"
+            else f"{getattr(fn, 'flag', '--reward-fn')} {name} declares the column(s)"
         )
         raise ConfigError(
             f"{what} {', '.join(map(repr, missing))}, which {source} lacks (columns: {', '.join(columns)})"

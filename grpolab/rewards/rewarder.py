@@ -10,6 +10,7 @@ import dataclasses
 import inspect
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -20,10 +21,12 @@ from grpolab.data.records import prompt_of as prompt_of_record
 from grpolab.rewards.builtin import accuracy_reward, default_reward_fns, format_reward, overlong_penalty
 from grpolab.rewards.code import CodeReward, CodeRewardSettings
 from grpolab.rewards.forms import RewardFn, from_trl, load_reward_fn, reward_form
+from grpolab.rewards.judge import JudgeSettings, load_judge
 from grpolab.rewards.model import RewardModelSettings, load_reward_model, model_name
 
 # Metric names a reward function's own ``reward/<name>`` must not overwrite.
-_RESERVED = {"mean", "std", "group_std_mean", "frac_zero_std", "accuracy", "format", "errors"}
+_RESERVED = {"mean", "std", "group_std_mean", "frac_zero_std", "accuracy", "format", "errors", "judge_requests",
+             "judge_cache_hits", "judge_failed", "judge_unanswered", "judge_failed_frac"}  # fmt: skip
 
 
 def reward_functions(
@@ -37,12 +40,15 @@ def reward_functions(
     given: Given = NOTHING,
     models: Sequence[str] = (),
     model_settings: RewardModelSettings | None = None,
+    judge: str = "",
+    judge_settings: JudgeSettings | None = None,
 ) -> list[tuple[str, RewardFn, float]]:
     """The ``(name, fn, weight)`` a run scores with.
 
         No ``paths`` nor ``models``: :func:`default_reward_fns` (``accuracy + format_weight * format``).
-        Otherwise the functions at ``paths`` and then the reward models ``models`` (:mod:`grpolab.rewards.model`,
-        loaded with ``model_settings``) replace the accuracy reward: ``r = sum_i w_i f_i + format_weight * format``
+        Otherwise the functions at ``paths``, then the reward models ``models`` (:mod:`grpolab.rewards.model`,
+        loaded with ``model_settings``), then the LLM judge ``judge`` (:mod:`grpolab.rewards.judge`, answering from
+        ``judge_settings``) replace the accuracy reward: ``r = sum_i w_i f_i + format_weight * format``
         (``weights`` in that order, default 1). Each is named by its function's name or its model's (made unique;
         never one of the built-in metric names, except ``accuracy`` for the first), and the first plays the
         accuracy reward's part in ``reward/accuracy``.
@@ -55,14 +61,19 @@ def reward_functions(
 
     if isinstance(paths, str):  # one path given as a string (the API; the CLI gives a tuple)
         paths = (paths,) if paths else ()
-    if not paths and not models:
+    judges = (judge,) if judge else ()
+    if not paths and not models and not judges:
         return [] if episodes else default_reward_fns(format_weight)
-    weights = list(weights) or [1.0] * (len(paths) + len(models))
-    if len(weights) != len(paths) + len(models):
-        what = f"{len(paths)} --reward-fn" + (f" and {len(models)} --reward-model" if models else "")
+    count = len(paths) + len(models) + len(judges)
+    weights = list(weights) or [1.0] * count
+    if len(weights) != count:
+        parts = [f"{len(paths)} --reward-fn"] + ([f"{len(models)} --reward-model"] if models else [])
+        parts += ["a --judge"] if judge else []
+        what = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
         raise ConfigError(f"--reward-weights: {len(weights)} weight(s) for {what}")
     out: list[tuple[str, RewardFn, float]] = []
-    names = metric_names([given.name_of(path) for path in paths] + [model_name(m) for m in models])
+    bases = [given.name_of(path) for path in paths] + [model_name(m) for m in models]
+    names = metric_names(bases + [Path(j).stem for j in judges])
     for path, name, w in zip(paths, names, weights):
         fn = load_reward_fn(path, given)
         if isinstance(fn, CodeReward):  # this run's own, with its own sandbox
@@ -73,6 +84,10 @@ def reward_functions(
     settings = model_settings or RewardModelSettings()
     for spec, name, w in zip(models, names[len(paths) :], weights[len(paths) :]):
         out.append((name, load_reward_model(spec, settings, prompt_of, chat, given), float(w)))
+    if judge:
+        if judge_settings is None:
+            raise ConfigError(f"--judge {judge}: needs --judge-model (a local model, or an endpoint's URL)")
+        out.append((names[-1], load_judge(judge, judge_settings, prompt_of, name=names[-1]), float(weights[-1])))
     return out if episodes else out + [("format", format_reward, format_weight)]
 
 
@@ -224,6 +239,9 @@ def score(
         components[name] = torch.tensor(values, dtype=torch.float32)
         total += weight * components[name]
         errors += err
+        for key in getattr(fn, "details", ()):  # what the function tells of each rollout beside its reward
+            got = getattr(whole, "details", {}).get(key)
+            components[key] = torch.tensor(got if got is not None and len(got) == n else [0.0] * n)
         if callable(pop):
             for k, v in pop().items():
                 counts[k] = counts.get(k, 0) + v
@@ -249,6 +267,12 @@ class Rewarder:
     def names(self) -> list[str]:
         """Component names; the first plays the accuracy reward's part (``reward/accuracy``)."""
         return [name for name, _, _ in self.reward_fns] + (["overlong"] if self.overlong_buffer else [])
+
+    @property
+    def details(self) -> list[str]:
+        """The per-rollout values logged beside the components, weighted into nothing (a judge's criteria and
+        failures: :class:`grpolab.rewards.judge.JudgeScores`)."""
+        return [key for _, fn, _ in self.reward_fns for key in getattr(fn, "details", ())]
 
     def __call__(
         self, completions: list[str], records: list[dict], lengths: torch.Tensor, conversations: list | None = None
@@ -311,6 +335,8 @@ def rewarder_for(
         given=given,
         models=reward.reward_model,
         model_settings=model_settings(reward, policy) if reward.reward_model else None,
+        judge=reward.judge,
+        judge_settings=judge_settings(reward, policy) if reward.judge else None,
     )
     return Rewarder(fns, max_new_tokens, reward.overlong_buffer, reward.overlong_penalty)
 
@@ -324,3 +350,22 @@ def model_settings(reward: RewardSection, policy) -> RewardModelSettings:
     if reward.reward_model_device:
         device = resolve_device(reward.reward_model_device)
     return RewardModelSettings(device, reward.reward_model_dtype, reward.reward_model_batch_tokens)
+
+
+def judge_settings(reward: RewardSection, policy) -> JudgeSettings:
+    """How ``reward``'s judge answers: its --judge-* options; a local judge model on --judge-device (default:
+    ``policy``'s device)."""
+    device = reward.judge_device or str(next(policy.model.parameters()).device)
+    return JudgeSettings(
+        model=reward.judge_model,
+        engine=reward.judge_engine,
+        served_model=reward.judge_served_model,
+        api_key_env=reward.judge_api_key_env,
+        failure_score=reward.judge_failure_score,
+        concurrency=reward.judge_concurrency,
+        timeout=reward.judge_timeout,
+        retries=reward.judge_retries,
+        batch_size=reward.judge_batch_size,
+        cache=reward.judge_cache,
+        device=device,
+    )

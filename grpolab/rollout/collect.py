@@ -196,6 +196,7 @@ class Collector:
         comp = rows.scores.components
         names = self.service.reward.names  # the first is the accuracy reward (grpolab.rewards.rewarder)
         others = {n: comp[n].tolist() for n in names if n not in ("accuracy", "format")}
+        others |= {n: comp[n].tolist() for n in self.service.reward.details}  # a judge's criteria and failures
         if rows.episodes is not None:
             others["env"] = comp["env"].tolist()  # the environment's return
         return Generated(
