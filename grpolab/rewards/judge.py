@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import re
 import sys
@@ -302,7 +303,7 @@ class EndpointBackend:
         self.last_error = ""
 
     def _client(self):
-        from openai import AsyncOpenAI
+        from openai import AsyncOpenAI  # load_judge checked it is installed
 
         return AsyncOpenAI(base_url=self.url, api_key=self.api_key, timeout=self.timeout, max_retries=self.retries)
 
@@ -483,6 +484,9 @@ def load_judge(path: str, settings: JudgeSettings, prompt_of: Callable[[dict], A
 
     spec = read_judge(path)
     if is_endpoint(settings.model):
+        if importlib.util.find_spec("openai") is None:
+            raise ConfigError(f"--judge-model {settings.model}: an endpoint needs the openai client: pip install openai "
+                              "(or grpolab[judge])")  # fmt: skip
         key = os.environ.get(settings.api_key_env, "") if settings.api_key_env else ""
         name = settings.served_model or served_model(settings.model, key)
         backend = EndpointBackend(settings.model, name, api_key=key, concurrency=settings.concurrency,
