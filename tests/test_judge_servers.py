@@ -21,6 +21,7 @@ import pytest
 from helpers import free_port, metrics_by_step, run_cli
 
 from grpolab.rewards.judge import FAILED_FRAC, JudgeSettings, load_judge
+from grpolab.rollout.engine import greedy_texts
 
 pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 
@@ -46,7 +47,8 @@ def test_a_local_smollm2_judge_answers_the_same_on_two_loads(tmp_path):
     path.write_text(JUDGE)
     got = []
     for _ in range(2):
-        judge = load_judge(str(path), JudgeSettings(model="smollm2-135m-instruct"), prompt_of=lambda r: r["prompt"])
+        settings = JudgeSettings(model="smollm2-135m-instruct")
+        judge = load_judge(str(path), settings, prompt_of=lambda r: r["prompt"], greedy=greedy_texts)
         scores = judge(COMPLETIONS, RECORDS)
         answers = [judge.cache.get(k) for k, _ in judge._requests(COMPLETIONS, RECORDS)]
         got.append((list(scores), scores.details, answers))

@@ -25,6 +25,7 @@ from grpolab.rewards.judge import (
     rubric_reward,
 )
 from grpolab.rewards.rewarder import Rewarder, reward_functions, score
+from grpolab.rollout.engine import greedy_texts
 
 RUBRIC = """
 template = '''Question: {{ prompt }}
@@ -127,7 +128,7 @@ def builtin_judge_file(tmp_path_factory):
 
 def _builtin_judge(path, **over):
     settings = JudgeSettings(model="builtin", **over)
-    return load_judge(path, settings, prompt_of=lambda r: r["prompt"])
+    return load_judge(path, settings, prompt_of=lambda r: r["prompt"], greedy=greedy_texts)
 
 
 def test_malformed_answers_are_counted_failures_scored_as_told(builtin_judge_file):
@@ -150,8 +151,8 @@ def test_malformed_answers_are_counted_failures_scored_as_told(builtin_judge_fil
 def test_the_cache_answers_a_repeated_request_without_a_call(builtin_judge_file, tmp_path):
     judge = _builtin_judge(builtin_judge_file, cache=str(tmp_path / "answers.jsonl"))
     calls = []
-    generate = judge.backend.engine.generate
-    judge.backend.engine.generate = lambda *a, **k: calls.append(len(a[0])) or generate(*a, **k)
+    generate = judge.backend.generate
+    judge.backend.generate = lambda *a, **k: calls.append(len(a[0])) or generate(*a, **k)
     first = judge(COMPLETIONS, RECORDS)
     # COMPLETIONS x RECORDS hold no repeated pair: 8 requests, 8 rows sent to the engine
     assert calls == [8] and judge.pop_counts()["judge_cache_hits"] == 0
@@ -165,7 +166,7 @@ def test_the_cache_answers_a_repeated_request_without_a_call(builtin_judge_file,
     }
     # a later run reads the file: no call either
     later = _builtin_judge(builtin_judge_file, cache=str(tmp_path / "answers.jsonl"))
-    later.backend.engine.generate = None  # any call would raise
+    later.backend.generate = None  # any call would raise
     assert list(later(COMPLETIONS, RECORDS)) == list(first)
 
 
@@ -175,7 +176,7 @@ def test_the_rewarder_logs_the_judges_details_beside_its_reward(builtin_judge_fi
 
     fns = reward_functions(
         ("exact",), (1.0, 2.0), 0.0, judge=builtin_judge_file, judge_settings=JudgeSettings(model="builtin"),
-        given=_given(exact), prompt_of=lambda r: r["prompt"],
+        given=_given(exact), prompt_of=lambda r: r["prompt"], greedy=greedy_texts,
     )  # fmt: skip
     rewarder = Rewarder(fns)
     assert [n for n, _, _ in fns] == ["exact", "grader", "format"]
@@ -204,7 +205,9 @@ def test_judge_options_are_checked():
 def test_a_judge_column_the_data_lacks_is_named(builtin_judge_file):
     from grpolab.rewards.forms import check_columns
 
-    fns = reward_functions((), (), 0.0, judge=builtin_judge_file, judge_settings=JudgeSettings(model="builtin"))
+    fns = reward_functions(
+        (), (), 0.0, judge=builtin_judge_file, judge_settings=JudgeSettings(model="builtin"), greedy=greedy_texts
+    )
     with pytest.raises(ConfigError, match="--judge grader declares the column.s. 'ground_truth'"):
         check_columns(fns, [{"prompt": "q"}], "--data d.jsonl")
 

@@ -189,6 +189,7 @@ def _task(cfg: MultiturnConfig, log, given: Given) -> _Task:
     from grpolab.env import environment
     from grpolab.eval.runs import RunTask, load_task_policy, resolve_target
     from grpolab.rewards.rewarder import rewarder_for
+    from grpolab.rollout.engine import greedy_texts
     from grpolab.rollout.sampler import SamplingSettings
     from grpolab.rollout.service import RolloutService
 
@@ -207,8 +208,9 @@ def _task(cfg: MultiturnConfig, log, given: Given) -> _Task:
     gen = task.generation
     # the run's reward functions, scored as training scores an episode
     reward = rewarder_for(
-        task.reward, policy, episodes=True, max_new_tokens=gen.max_new_tokens, sandbox=task.code_sandbox, given=given
-    )
+        task.reward, policy, episodes=True, max_new_tokens=gen.max_new_tokens, sandbox=task.code_sandbox, given=given,
+        greedy=greedy_texts,
+    )  # fmt: skip
     reward.start(log)
     settings = SamplingSettings(gen.max_new_tokens, gen.temperature, gen.top_p)
     log(f"measuring {policy.source} on {env.name}: {len(records)} records x {cfg.group_size} episodes")

@@ -29,7 +29,7 @@ from grpolab.probes.gram import _select_params, score_gram
 from grpolab.probes.mse import loo_vector, prompt_moments, sketch_dim_for
 from grpolab.rewards.forms import check_columns
 from grpolab.rewards.rewarder import Rewarder, rewarder_for
-from grpolab.rollout.engine import SamplingSettings, build_engine
+from grpolab.rollout.engine import SamplingSettings, build_engine, greedy_texts
 from grpolab.rollout.service import RolloutService
 
 
@@ -83,6 +83,7 @@ def probe_sampler(
         max_new_tokens=gen.max_new_tokens,
         sandbox=task.code_sandbox,
         given=given,
+        greedy=greedy_texts,
     )
     if records and (data.data or data.eval_data):
         check_columns(reward.reward_fns, records, f"the probe prompts of {data.eval_data or data.data}")

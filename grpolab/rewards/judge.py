@@ -248,14 +248,15 @@ class JudgeCache:
 
 
 class LocalBackend:
-    """A local model's greedy answers through grpolab's rollout engine (``engine``: an
-    :class:`grpolab.rollout.engine.HFEngine` or a vLLM one over ``policy``, a :class:`grpolab.models.policy.Policy`),
-    in batches of ``batch_size`` requests."""
+    """A local model's greedy answers: ``generate(prompt_ids, keys, max_new_tokens) -> texts`` is grpolab's rollout
+    engine over ``policy`` (a :class:`grpolab.models.policy.Policy`; :func:`grpolab.rollout.engine.greedy_texts`,
+    given by the layer above: rewards sit below the rollout engines), called in batches of ``batch_size`` requests
+    sorted by length."""
 
     is_async = False
 
-    def __init__(self, policy, engine, batch_size: int = 16, name: str = ""):
-        self.policy, self.engine, self.batch_size = policy, engine, batch_size
+    def __init__(self, policy, generate: Callable, batch_size: int = 16, name: str = ""):
+        self.policy, self.generate, self.batch_size = policy, generate, batch_size
         self.name = name or policy.source
 
     def _ids(self, messages: list[dict]) -> list[int]:
@@ -268,23 +269,19 @@ class LocalBackend:
         return bos + tok(text, add_special_tokens=False)["input_ids"]
 
     def answer(self, requests: list[tuple[str, list[dict]]], max_tokens: int) -> list[str | None]:
-        """Each request's ``(key, messages)`` answer text; rows in batches sorted by prompt length."""
-        from grpolab.rollout.sampler import SamplingSettings
-
+        """Each request's ``(key, messages)`` answer text."""
         ids = [self._ids(m) for _, m in requests]
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         out: list[str | None] = [None] * len(ids)
-        settings = SamplingSettings(max_new_tokens=max_tokens, temperature=0.0)
         for start in range(0, len(order), self.batch_size):
             rows = order[start : start + self.batch_size]
-            got = self.engine.generate([ids[i] for i in rows], [request_seed(requests[i][0]) for i in rows], settings)
-            texts = self.policy.decode(got.batch.completion_ids, got.batch.completion_mask)
+            texts = self.generate([ids[i] for i in rows], [request_seed(requests[i][0]) for i in rows], max_tokens)
             for i, t in zip(rows, texts):
                 out[i] = t
         return out
 
     def close(self) -> None:
-        close = getattr(self.engine, "close", None)
+        close = getattr(self.generate, "close", None)
         if callable(close):
             close()
 
@@ -477,9 +474,11 @@ def is_endpoint(model: str) -> bool:
     return model.startswith(("http://", "https://"))
 
 
-def load_judge(path: str, settings: JudgeSettings, prompt_of: Callable[[dict], Any], name: str = "") -> Judge:
+def load_judge(path: str, settings: JudgeSettings, prompt_of: Callable[[dict], Any], name: str = "",
+               greedy: Callable | None = None) -> Judge:  # fmt: skip
     """The judge ``path`` describes, answering from ``settings.model`` (module docstring), logged as ``name``
-    (default: the file's stem)."""
+    (default: the file's stem). ``greedy``: :func:`grpolab.rollout.engine.greedy_texts`, what a local model answers
+    through."""
     import os
 
     spec = read_judge(path)
@@ -492,20 +491,19 @@ def load_judge(path: str, settings: JudgeSettings, prompt_of: Callable[[dict], A
         backend = EndpointBackend(settings.model, name, api_key=key, concurrency=settings.concurrency,
                                   timeout=settings.timeout, retries=settings.retries)  # fmt: skip
     else:
-        backend = _local_backend(settings)
+        backend = _local_backend(settings, greedy)
     cache = JudgeCache(settings.cache or None)
     return Judge(spec, backend, prompt_of, failure_score=settings.failure_score, cache=cache, name=name)
 
 
-def _local_backend(settings: JudgeSettings) -> LocalBackend:
-    from grpolab.config.rollout import EngineSection
+def _local_backend(settings: JudgeSettings, greedy: Callable | None) -> LocalBackend:
     from grpolab.models.policy import load_policy
-    from grpolab.rollout.engine import build_engine
 
+    if greedy is None:  # the caller (training, a probe) owns the rollout engines this layer may not import
+        raise ValueError("a local judge needs greedy_texts (grpolab.rollout.engine) from its caller")
     policy = load_policy(settings.model, device=settings.device)
     policy.model.eval().requires_grad_(False)
-    engine = build_engine(EngineSection(rollout_engine=settings.engine), settings.seed, policy)
-    return LocalBackend(policy, engine, settings.batch_size, name=settings.model)
+    return LocalBackend(policy, greedy(policy, settings.engine, settings.seed), settings.batch_size, settings.model)
 
 
 __all__ = [

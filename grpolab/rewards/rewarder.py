@@ -42,13 +42,15 @@ def reward_functions(
     model_settings: RewardModelSettings | None = None,
     judge: str = "",
     judge_settings: JudgeSettings | None = None,
+    greedy: Callable | None = None,
 ) -> list[tuple[str, RewardFn, float]]:
     """The ``(name, fn, weight)`` a run scores with.
 
         No ``paths`` nor ``models``: :func:`default_reward_fns` (``accuracy + format_weight * format``).
         Otherwise the functions at ``paths``, then the reward models ``models`` (:mod:`grpolab.rewards.model`,
         loaded with ``model_settings``), then the LLM judge ``judge`` (:mod:`grpolab.rewards.judge`, answering from
-        ``judge_settings``) replace the accuracy reward: ``r = sum_i w_i f_i + format_weight * format``
+        ``judge_settings``; a local judge model answers through ``greedy``,
+        :func:`grpolab.rollout.engine.greedy_texts`) replace the accuracy reward: ``r = sum_i w_i f_i + format_weight * format``
         (``weights`` in that order, default 1). Each is named by its function's name or its model's (made unique;
         never one of the built-in metric names, except ``accuracy`` for the first), and the first plays the
         accuracy reward's part in ``reward/accuracy``.
@@ -87,7 +89,7 @@ def reward_functions(
     if judge:
         if judge_settings is None:
             raise ConfigError(f"--judge {judge}: needs --judge-model (a local model, or an endpoint's URL)")
-        out.append((names[-1], load_judge(judge, judge_settings, prompt_of, name=names[-1]), float(weights[-1])))
+        out.append((names[-1], load_judge(judge, judge_settings, prompt_of, names[-1], greedy), float(weights[-1])))
     return out if episodes else out + [("format", format_reward, format_weight)]
 
 
@@ -317,13 +319,15 @@ def rewarder_for(
     max_new_tokens: int,
     sandbox: SandboxSection | None = None,
     given: Given = NOTHING,
+    greedy: Callable | None = None,
 ) -> Rewarder:
     """A run's reward from its ``reward`` options: its ``--reward-fn`` functions and weights (TRL-form ones see
     prompts as ``policy`` shows them), the format reward and DAPO's overlong penalty over completions of up to
     ``max_new_tokens``, and its ``--reward-model`` models on their own device (:func:`model_settings`);
     ``episodes``: an environment task's (no default functions, no format reward); ``sandbox``: where a code reward's
-    programs run. Training and the gradient probes both score with it; it owns what its
-    functions start (:meth:`Rewarder.close`)."""
+    programs run; ``greedy``: what a local ``--judge-model`` answers through (the layer above passes
+    :func:`grpolab.rollout.engine.greedy_texts`). Training and the gradient probes both score with it; it owns what
+    its functions start (:meth:`Rewarder.close`)."""
     fns = reward_functions(
         reward.reward_fn,
         reward.reward_weights,
@@ -337,6 +341,7 @@ def rewarder_for(
         model_settings=model_settings(reward, policy) if reward.reward_model else None,
         judge=reward.judge,
         judge_settings=judge_settings(reward, policy) if reward.judge else None,
+        greedy=greedy,
     )
     return Rewarder(fns, max_new_tokens, reward.overlong_buffer, reward.overlong_penalty)
 

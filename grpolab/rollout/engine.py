@@ -31,7 +31,7 @@ from grpolab.models.head import fp32_head
 from grpolab.rollout.sampler import Sampled, SamplingSettings, sample_with_stats
 from grpolab.rollout.weights import SamplerWeights
 
-__all__ = ["HFEngine", "RolloutEngine", "SamplingSettings", "build_engine"]
+__all__ = ["HFEngine", "RolloutEngine", "SamplingSettings", "build_engine", "greedy_texts"]
 
 
 class RolloutEngine(Protocol):
@@ -175,3 +175,17 @@ def build_engine(
         full_weights=full_weights,
         dtype=dtype,
     )
+
+
+def greedy_texts(policy, kind: str = "hf", seed: int = 0) -> Callable[[list[list[int]], list[tuple], int], list[str]]:
+    """``generate(prompt_ids, keys, max_new_tokens) -> texts``: ``policy``'s greedy completions through the engine
+    ``kind`` names (``hf`` or ``vllm``), special tokens removed; what a local LLM judge answers with
+    (:mod:`grpolab.rewards.judge`). A row's answer depends only on its prompt (the engines' contract)."""
+    engine = build_engine(EngineSection(rollout_engine=kind), seed, policy)
+
+    def generate(prompts: list[list[int]], keys: list[tuple], max_new_tokens: int) -> list[str]:
+        got = engine.generate(prompts, keys, SamplingSettings(max_new_tokens=max_new_tokens, temperature=0.0))
+        return policy.decode(got.batch.completion_ids, got.batch.completion_mask)
+
+    generate.engine = engine
+    return generate

@@ -47,7 +47,7 @@ from grpolab.models.policy import (
 from grpolab.rewards.forms import check_columns
 from grpolab.rewards.rewarder import close_reward, eval_reward, rewarder_for, start_reward
 from grpolab.rollout.collect import Collector, CollectSettings
-from grpolab.rollout.engine import RolloutEngine, build_engine
+from grpolab.rollout.engine import RolloutEngine, build_engine, greedy_texts
 from grpolab.rollout.service import RolloutService
 from grpolab.training.books import step_metrics
 from grpolab.training.credit import cut_rows, loss_advantages, step_advantages
@@ -338,6 +338,7 @@ class GRPOTrainer:
             max_new_tokens=cfg.generation.max_new_tokens,
             sandbox=cfg.code_sandbox,
             given=given,
+            greedy=greedy_texts,
         )
         self.held_out, self.sampler = task_data(
             cfg.dataset, cfg.arithmetic, cfg.episodes, cfg.eval.eval_questions, cfg.run.seed, self.log, given
