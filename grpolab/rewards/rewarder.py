@@ -66,13 +66,7 @@ def reward_functions(
     judges = (judge,) if judge else ()
     if not paths and not models and not judges:
         return [] if episodes else default_reward_fns(format_weight)
-    count = len(paths) + len(models) + len(judges)
-    weights = list(weights) or [1.0] * count
-    if len(weights) != count:
-        parts = [f"{len(paths)} --reward-fn"] + ([f"{len(models)} --reward-model"] if models else [])
-        parts += ["a --judge"] if judge else []
-        what = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
-        raise ConfigError(f"--reward-weights: {len(weights)} weight(s) for {what}")
+    weights = _component_weights(weights, len(paths), len(models), bool(judge))
     out: list[tuple[str, RewardFn, float]] = []
     bases = [given.name_of(path) for path in paths] + [model_name(m) for m in models]
     names = metric_names(bases + [Path(j).stem for j in judges])
@@ -91,6 +85,21 @@ def reward_functions(
             raise ConfigError(f"--judge {judge}: needs --judge-model (a local model, or an endpoint's URL)")
         out.append((names[-1], load_judge(judge, judge_settings, prompt_of, names[-1], greedy), float(weights[-1])))
     return out if episodes else out + [("format", format_reward, format_weight)]
+
+
+def _component_weights(weights: Sequence[float], functions: int, models: int, judge: bool) -> list[float]:
+    """``weights`` (default: all 1), one for each of the reward components; a ConfigError counting them otherwise."""
+    from grpolab.config.train import ConfigError
+
+    count = functions + models + judge
+    if not weights:
+        return [1.0] * count
+    if len(weights) != count:
+        parts = [f"{functions} --reward-fn"] + ([f"{models} --reward-model"] if models else [])
+        parts += ["a --judge"] if judge else []
+        what = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+        raise ConfigError(f"--reward-weights: {len(weights)} weight(s) for {what}")
+    return list(weights)
 
 
 def metric_names(bases: list[str]) -> list[str]:
