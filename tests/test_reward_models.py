@@ -311,3 +311,18 @@ def test_a_missing_reward_model_is_one_error_line(tmp_path, monkeypatch, spec):
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: --reward-model {spec}: "), res.stderr
+
+
+def test_the_doctor_reads_no_ceiling_in_a_reward_models_logit():
+    """A reward model's mean score of 1.29 is a logit, not a 129% accuracy: no saturation (a ceiling of 0.9 for a
+    reward in [0, 1]) unless a function comes first."""
+    from grpolab.doctor.conditions import diagnose
+    from grpolab.doctor.rows import RunFacts
+
+    rows = [{"step": s, "reward/mean": 1.29, "reward/std": 1.0, "reward/accuracy": 1.29, "reward/frac_zero_std": 0.0,
+             "sampling/rollouts": 64} for s in range(1, 21)]  # fmt: skip
+    facts = RunFacts.of({"reward_model": ["runs/rm"]})
+    assert facts.unbounded and facts.model_reward == "reward model"
+    assert "saturation" not in [f.name for f in diagnose(rows, facts)]
+    bounded = RunFacts.of({"reward_fn": ["mod:fn"], "reward_model": ["runs/rm"]})
+    assert not bounded.unbounded and "saturation" in [f.name for f in diagnose(rows, bounded)]

@@ -15,6 +15,7 @@ from grpolab.doctor.rows import (
     WINDOW,
     Finding,
     RunFacts,
+    at_ceiling,
     held_out,
     learned,
     mean,
@@ -190,7 +191,7 @@ def entropy(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = ()
         return None
     keys = ("policy/entropy", "reward/mean")
     acc = mean(w, "reward/accuracy")
-    if now <= ENTROPY_COLLAPSE * start and (acc is None or acc < CEILING):
+    if now <= ENTROPY_COLLAPSE * start and not at_ceiling(acc, facts):
         after = learned(rows)
         title = (
             "Entropy collapse after the reward rose: the policy has settled on its answers"
@@ -285,7 +286,7 @@ def not_learning(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict]
         return None
     w = t[-WINDOW:]
     zero, acc = mean(w, "reward/frac_zero_std"), mean(w, "reward/accuracy")
-    if zero is None or zero >= NO_SIGNAL_SHARE or (acc is not None and acc >= CEILING):
+    if zero is None or zero >= NO_SIGNAL_SHARE or at_ceiling(acc, facts):
         return None
     flat = []
     for key in ACCURACIES:

@@ -60,6 +60,9 @@ class RunFacts:
     model_reward: str = ""
     """What model the run's reward comes from: 'reward model' (--reward-model), 'judge' (--judge) or '' (only
     functions: a verifier)."""
+    unbounded: bool = False
+    """The first reward component (reward/accuracy) is a reward model's score, a logit with no ceiling: the checks
+    that read a ceiling of 1 in it (CEILING) do not apply."""
 
     @classmethod
     def of(cls, config: dict) -> RunFacts:
@@ -88,6 +91,7 @@ class RunFacts:
             components=names[1:],
             sampling=str(config.get("sampling", "fixed")),
             model_reward="judge" if judge else "reward model" if models else "",
+            unbounded=bool(models) and not config.get("reward_fn"),
             **_precision_of(config),
         )
 
@@ -180,6 +184,12 @@ def learned(rows: Sequence[dict], sds: float = RISE_SD) -> bool:
 ACCURACIES = ("eval/accuracy_sampled", "eval/accuracy_greedy")
 """The held-out accuracies a check compares: sampled at the run's temperature (what the training reward measures)
 first, then greedy."""
+
+
+def at_ceiling(accuracy: float | None, facts: RunFacts) -> bool:
+    """Whether a mean first reward (reward/accuracy) is near its ceiling: at or above CEILING, for a reward in [0, 1]
+    (never for a reward model's logit: ``facts.unbounded``)."""
+    return accuracy is not None and not facts.unbounded and accuracy >= CEILING
 
 
 def held_out(rows: Sequence[dict], key: str = "eval/accuracy_greedy") -> tuple[dict, dict] | None:

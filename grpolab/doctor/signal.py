@@ -12,6 +12,7 @@ from grpolab.doctor.rows import (
     WINDOW,
     Finding,
     RunFacts,
+    at_ceiling,
     learned,
     mean,
     span,
@@ -284,7 +285,7 @@ def saturation(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] =
             )
             keys.append("probe/eff_rank")
     acc = mean(w, "reward/accuracy")
-    if acc is not None and acc >= CEILING and constant_accuracy(w) is None:
+    if at_ceiling(acc, facts) and constant_accuracy(w) is None:
         signs.append(f"reward/accuracy {acc:.2f} over {steps_of(w)} (ceiling {CEILING})")
         keys.append("reward/accuracy")
     zero = mean(w, "reward/frac_zero_std")
