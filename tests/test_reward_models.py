@@ -27,6 +27,7 @@ from grpolab.rewards.model import (
     model_name,
     model_texts,
     names_a_model,
+    same_prompt,
     split_label,
     token_batches,
 )
@@ -121,6 +122,24 @@ def test_model_texts_as_trl_builds_them():
 
 
 # ---------------------------------------------------------------- scores equal a direct forward
+
+
+def test_a_groups_shared_prompt_is_computed_once_and_scores_as_whole_rows(rm_dir):
+    """Rows sharing a prompt (a GRPO group) read its keys and values from one forward: the same scores as whole
+    rows (float64), with the prompt's tokens computed once per group instead of once per row."""
+    path, _, _ = rm_dir
+    rm = load_reward_model(str(path), RewardModelSettings(dtype="float64"), text_prompt, chat=False)
+    texts = [r["prompt"] + c for c, r in zip(COMPLETIONS, RECORDS)]
+    groups = same_prompt([r["prompt"] for r in RECORDS])
+    assert groups == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+    tokens = []
+    rm.model.register_forward_hook(lambda m, args, kw, out: tokens.append(kw["input_ids"].numel()), with_kwargs=True)
+    whole = rm.score_texts(texts)
+    whole_tokens, tokens[:] = sum(tokens), []
+    shared = rm.score_texts(texts, groups)
+    assert shared.tolist() == pytest.approx(whole.tolist(), abs=1e-9, rel=0)
+    prompts = sum(len(RECORDS[g[0]]["prompt"]) for g in groups)
+    assert sum(tokens) <= whole_tokens - 2 * prompts + 3  # each group's prompt once, not three times (+ padding)
 
 
 def test_scores_from_a_directory_equal_a_direct_forward_in_several_batches(rm_dir):

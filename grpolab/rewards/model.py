@@ -23,6 +23,8 @@ transformers' sequence-classification heads do.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import json
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -125,6 +127,14 @@ def _labels(id2label: dict | None) -> str:
     return ", ".join(f"{i}: {name}" for i, name in sorted((id2label or {}).items(), key=lambda kv: int(kv[0])))
 
 
+def same_prompt(prompts: Sequence[str | list[dict]]) -> list[list[int]]:
+    """The rows of each distinct prompt, in first-seen order: a GRPO group's rows share theirs."""
+    rows: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        rows.setdefault(p if isinstance(p, str) else json.dumps(p, sort_keys=True), []).append(i)
+    return list(rows.values())
+
+
 def model_texts(
     prompts: Sequence[str | list[dict]], completions: Sequence[str | list[dict]], template: Callable | None
 ) -> list[str]:
@@ -184,25 +194,59 @@ class RewardModel:
             completions = [list(c[1]) if isinstance(c[0], list) else t for c, t in zip(conversations, completions)]
         else:
             prompts = [self.prompt_of(r) for r in records]
-        return self.score_texts(model_texts(prompts, completions, self._template)).tolist()
+        texts = model_texts(prompts, completions, self._template)
+        return self.score_texts(texts, same_prompt(prompts)).tolist()
 
     def _template(self, messages: list[dict]) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False)
 
     @torch.no_grad()
-    def score_texts(self, texts: Sequence[str]) -> torch.Tensor:
+    def score_texts(self, texts: Sequence[str], groups: list[list[int]] | None = None) -> torch.Tensor:
         """The score of each text, ``[N]`` float64 (from the model's own dtype), in batches within the token
-        budget."""
+        budget. ``groups``: rows that share a prompt (a GRPO group): their common first tokens are computed once
+        (:meth:`_score_group`) where the model keeps a cache; the scores are the same (to rounding)."""
         ids = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
         out = torch.zeros(len(ids), dtype=torch.float64)
+        if groups and self._caches():
+            for rows in groups:
+                out[rows] = self._score_group([ids[i] for i in rows])
+            return out
         for rows in token_batches([len(x) for x in ids], self.batch_tokens):
-            batch = self.tokenizer.pad(
-                {"input_ids": [ids[i] for i in rows]}, padding=True, padding_side="right", return_tensors="pt"
-            )  # [b, T] each
-            logits = self.model(
-                input_ids=batch["input_ids"].to(self.device), attention_mask=batch["attention_mask"].to(self.device)
-            ).logits  # [b, L]
-            out[rows] = head_score(logits.double(), self.label).cpu()
+            out[rows] = self._score_rows([ids[i] for i in rows])
+        return out
+
+    def _score_rows(self, ids: list[list[int]], prefix=None, prefix_len: int = 0) -> torch.Tensor:
+        """``[b]`` scores of whole rows, or of the rows after a cached ``prefix`` of ``prefix_len`` tokens
+        (``past_key_values``), right padded: the head reads each row at its last token that is not the pad token."""
+        batch = self.tokenizer.pad({"input_ids": ids}, padding=True, padding_side="right", return_tensors="pt")
+        mask = batch["attention_mask"]  # [b, T]
+        if prefix is not None:
+            mask = torch.cat([torch.ones(len(ids), prefix_len, dtype=mask.dtype), mask], dim=1)  # [b, P + T]
+        logits = self.model(
+            input_ids=batch["input_ids"].to(self.device), attention_mask=mask.to(self.device), past_key_values=prefix
+        ).logits  # [b, L]
+        return head_score(logits.double(), self.label).cpu()
+
+    def _caches(self) -> bool:
+        """Whether the model is a decoder that takes a cache of keys and values (Llama, Qwen, GPT-2, ...)."""
+        return "past_key_values" in inspect.signature(self.model.forward).parameters
+
+    def _score_group(self, ids: list[list[int]]) -> torch.Tensor:
+        """``[n]`` scores of rows that share a prompt: their longest common first tokens (all but each row's last)
+        in one forward whose keys and values every row then reads, the rest of the rows batched within the token
+        budget. A GRPO group of 8 on a short answer computes its prompt once instead of 8 times."""
+        P = min(len(x) for x in ids) - 1
+        P = next((k for k in range(P) if len({x[k] for x in ids}) > 1), P)  # the common first tokens
+        rests = [x[P:] for x in ids]
+        if P == 0 or len(ids) == 1:
+            return torch.cat([self._score_rows([ids[i] for i in b]) for b in token_batches(list(map(len, ids)),
+                                                                                             self.batch_tokens)])  # fmt: skip
+        prefix = torch.tensor([ids[0][:P]], device=self.device)  # [1, P]
+        out = torch.zeros(len(ids), dtype=torch.float64)
+        for rows in token_batches([len(r) + P for r in rests], self.batch_tokens):
+            cache = self.model(input_ids=prefix, use_cache=True).past_key_values
+            cache.batch_repeat_interleave(len(rows))  # [b, heads, P, d] per layer
+            out[rows] = self._score_rows([rests[i] for i in rows], cache, P)
         return out
 
 
