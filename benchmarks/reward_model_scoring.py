@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--rollouts", required=True, help="the run's rollouts.jsonl")
     ap.add_argument("--step", type=int, default=1, help="which step's rollouts")
     ap.add_argument("--batch-tokens", type=int, default=8192)
+    ap.add_argument("--dtype", default="auto", help="--reward-model-dtype (auto: float32 on a CPU)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--profile", action="store_true")
@@ -47,7 +48,9 @@ def main() -> None:
     rows = [json.loads(line) for line in open(args.rollouts)]
     rows = [r for r in rows if r["step"] == args.step]
     shown = [prompts[r["question"]] for r in rows]
-    rm = load_reward_model(args.model, RewardModelSettings(batch_tokens=args.batch_tokens), lambda r: r, chat=True)
+    rm = load_reward_model(
+        args.model, RewardModelSettings(dtype=args.dtype, batch_tokens=args.batch_tokens), lambda r: r, chat=True
+    )
     texts = model_texts(shown, [r["completion"] for r in rows], rm._template)
     groups = same_prompt(shown)
     lengths = [len(x) for x in rm.tokenizer(texts, add_special_tokens=False)["input_ids"]]
