@@ -270,7 +270,9 @@ def test_a_second_signal_exits_at_once(tmp_path):
     proc.send_signal(signal.SIGINT)
     proc.send_signal(signal.SIGTERM)  # a different signal, so the two are never merged into one
     proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGTERM  # killed by the signal itself: no graceful exit status
+    # killed by the second signal itself, no graceful exit status. Which of the two the process handles first is the
+    # kernel's choice (a process-directed signal goes to any thread not blocking it): the second may be either.
+    assert proc.returncode in (-signal.SIGTERM, -signal.SIGINT), proc.returncode
     assert checkpoint.checkpoint_dirs(tmp_path / "twice") == []  # it did not stay to save
 
 
