@@ -75,6 +75,14 @@ def test_the_judge_file_reads_a_rubric_and_a_plain_template(tmp_path):
         ("template = 'x'\nanswer = 'grade'", "answer must be one of"),
         ("template = 'x'\nanswer = 'number'\nrange = [5, 1]", "high > low"),
         ("template = [", "not valid TOML"),
+        ("template = 'x'\nrange = [1, 2, 3]", "range must be \\[low, high\\], got"),
+        ("template = 'x'\nrange = ['a', 'b']", "range must be a number, got 'a'"),
+        ("template = 'x'\nmax_tokens = 'eight'", "max_tokens must be an integer, got 'eight'"),
+        ("template = 'x'\nmax_tokens = 4.5", "max_tokens must be an integer"),
+        (
+            "template = '{{ criterion }}'\n[[criteria]]\ntext = 'a'\nweight = 'heavy'",
+            "criteria.0..weight must be a number",
+        ),
     ],
 )
 def test_a_malformed_judge_file_is_one_line(tmp_path, text, says):

@@ -104,7 +104,10 @@ def read_judge(path: str | Path) -> JudgeSpec:
             raise ConfigError(f"{FLAG} {path}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         if not isinstance(raw.get("template"), str):
             raise ConfigError(f"{FLAG} {path}: needs template = '...' (the judge's message)")
-        low, high = raw.get("range", [0, 10])
+        bounds = raw.get("range", [0, 10])
+        if not isinstance(bounds, list) or len(bounds) != 2:
+            raise ConfigError(f"{FLAG} {path}: range must be [low, high], got {bounds!r}")
+        low, high = (_typed(b, float, "range", path) for b in bounds)
         criteria = []
         for i, c in enumerate(raw.get("criteria", [])):
             if not isinstance(c, dict) or not isinstance(c.get("text"), str):
@@ -112,7 +115,8 @@ def read_judge(path: str | Path) -> JudgeSpec:
             name = str(c.get("name", f"c{i + 1}"))
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
                 raise ConfigError(f"{FLAG} {path}: criterion name {name!r}: letters, digits, '_', '.', '-' only")
-            criteria.append(Criterion(name, c["text"], float(c.get("weight", 1.0))))
+            weight = _typed(c.get("weight", 1.0), float, f"criteria[{i}].weight", path)
+            criteria.append(Criterion(name, c["text"], weight))
         if len({c.name for c in criteria}) != len(criteria):
             raise ConfigError(f"{FLAG} {path}: two criteria share a name")
         if criteria and not sum(c.weight for c in criteria) > 0:
@@ -122,9 +126,9 @@ def read_judge(path: str | Path) -> JudgeSpec:
             name=path.stem,
             system=str(raw.get("system", "")),
             answer=raw.get("answer", "yes-no"),
-            low=float(low),
-            high=float(high),
-            max_tokens=int(raw.get("max_tokens", 8)),
+            low=low,
+            high=high,
+            max_tokens=_typed(raw.get("max_tokens", 8), int, "max_tokens", path),
             criteria=tuple(criteria),
         )
     if spec.answer not in ANSWERS:
@@ -139,6 +143,14 @@ def read_judge(path: str | Path) -> JudgeSpec:
     if not spec.criteria and "criterion" in variables:
         raise ConfigError(f"{FLAG} {path}: the template uses {{{{ criterion }}}} but no [[criteria]] are given")
     return spec
+
+
+def _typed(value, kind: type, what: str, path: Path):
+    """``value`` as ``kind`` (int, or float from an int or a float); a ConfigError naming the file and the key for
+    anything else (a string, a boolean, a table)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and not isinstance(value, int)):
+        raise ConfigError(f"{FLAG} {path}: {what} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+    return kind(value)
 
 
 def _environment():
