@@ -139,3 +139,16 @@ def test_oracle_with_wrong_value_shape_raises(shape):
 def test_non_2d_rewards_raise(shape):
     with pytest.raises(ValueError, match=r"\[B, G\]"):
         compute_advantages(torch.zeros(shape), "grpo")
+
+
+def test_sample_std_divides_by_g_minus_1_as_torch_std():
+    """--reward-std sample (TRL's convention): (r - mean) / (torch.std(r) + 1e-4), per group and over the batch."""
+    from grpolab.algo.advantages import batch_std
+
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.2, 0.9, 0.4, 0.4]])
+    want = (r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)
+    assert torch.allclose(compute_advantages(r, "grpo_std", sample_std=True), want, atol=1e-6)
+    population = compute_advantages(r, "grpo_std")
+    assert not torch.allclose(population, want, atol=1e-3)
+    assert float(batch_std(r, sample=True)) == pytest.approx(float(r.std()), rel=1e-6)
+    assert float(batch_std(r)) == pytest.approx(float(r.std(unbiased=False)), rel=1e-6)

@@ -126,6 +126,33 @@ def test_policy_loss_hand_computed_with_k1_penalty():
     assert loss.item() == pytest.approx(0.04375, abs=1e-6)
 
 
+def test_kl_ratio_weights_each_token_s_kl_by_its_importance_ratio_hand_computed():
+    # A = 0 (only the KL term), beta 0.1, k1 = logp - ref = [[0.5, 1.0], [2.0]] on the real tokens, token-mean.
+    # Token ratios r = exp(logp - old) = [[2, 1], [0.5]]: loss = 0.1 * (2 * 0.5 + 1 * 1.0 + 0.5 * 2.0) / 3 = 0.1,
+    # and d/dlogp (r k1) = r k1 + r: gradient 0.1 / 3 * [[3, 2], [1.5]].
+    # GSPO's rollout ratios s = exp(mean_t log r) = [sqrt 2, 0.5]: loss = 0.1 * (sqrt2 * 1.5 + 0.5 * 2) / 3, and
+    # d s_i / d logp_it = s_i / |o_i|: gradient 0.1 / 3 * s_i * (1 + sum_t k1_it / |o_i|) = [[1.75 sqrt2] * 2, [1.5]].
+    logp = torch.full((2, 3), -1.0, dtype=torch.float64, requires_grad=True)
+    old = -1.0 - torch.tensor([[math.log(2.0), 0.0, 7.0], [math.log(0.5), 7.0, 7.0]], dtype=torch.float64)
+    ref = -1.0 - torch.tensor([[0.5, 1.0, 9.0], [2.0, 9.0, 9.0]], dtype=torch.float64)
+    adv = torch.zeros(2, dtype=torch.float64)
+    kw = dict(ref_logp=ref, beta=0.1, kl="k1", aggregation="token-mean")
+    loss, st = policy_loss(logp, old, adv, MASK, kl_ratio=True, **kw)
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert loss.item() == pytest.approx(0.1, abs=1e-12)
+    assert st["kl"].item() == pytest.approx(1.0, abs=1e-12)  # the weighted KL, as TRL logs it
+    assert torch.allclose(grad, 0.1 / 3 * torch.tensor([[3.0, 2.0, 0.0], [1.5, 0.0, 0.0]], dtype=torch.float64))
+    loss, _ = policy_loss(logp, old, adv, MASK, kl_ratio=True, importance_sampling="sequence", **kw)
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert loss.item() == pytest.approx(0.1 * (math.sqrt(2) * 1.5 + 1.0) / 3, abs=1e-12)
+    s2 = 1.75 * math.sqrt(2)
+    assert torch.allclose(grad, 0.1 / 3 * torch.tensor([[s2, s2, 0.0], [1.5, 0.0, 0.0]], dtype=torch.float64))
+    # off (the default): the plain token mean of k1, 3.5 / 3, whatever the ratios
+    loss, st = policy_loss(logp, old, adv, MASK, **kw)
+    assert loss.item() == pytest.approx(0.1 * 3.5 / 3, abs=1e-12)
+    assert st["kl"].item() == pytest.approx(3.5 / 3, abs=1e-12)
+
+
 def test_beta_without_reference_raises():
     with pytest.raises(ValueError, match="ref_logp"):
         policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2), MASK, beta=0.1)

@@ -14,7 +14,9 @@ from grpolab.algo.names import CREDITS, ESTIMATORS, SCALES  # noqa: F401 - re-ex
 STD_EPS = 1e-4  # added to the group std before dividing [RLVR essay, Sec. 3.5]
 
 
-def compute_advantages(rewards: torch.Tensor, estimator: str, values: torch.Tensor | None = None) -> torch.Tensor:
+def compute_advantages(
+    rewards: torch.Tensor, estimator: str, values: torch.Tensor | None = None, sample_std: bool = False
+) -> torch.Tensor:
     """Advantages ``[B, G]`` for rewards ``[B, G]``.
 
     - ``vanilla``:  A = r (REINFORCE, no baseline).
@@ -25,6 +27,9 @@ def compute_advantages(rewards: torch.Tensor, estimator: str, values: torch.Tens
     - ``rloo``:     A_i = r_i - mean_{j != i} r_j [U-statistic, Eq. 4]
       = G/(G-1) * (r_i - mean), which is how it is computed.
     - ``oracle``:   A = r - v(prompt), ``values`` ``[B]`` the true values [U-statistic, Table 1].
+
+    ``sample_std``: grpo_std divides by the sample std sqrt(sum((r - mean)^2) / (G - 1)) instead, as TRL does
+    (``--reward-std sample``).
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [B, G], got shape {tuple(rewards.shape)}")
@@ -52,11 +57,14 @@ def compute_advantages(rewards: torch.Tensor, estimator: str, values: torch.Tens
         return centred
     if estimator == "rloo":
         return centred * (G / (G - 1))
-    std = centred.pow(2).mean(dim=1, keepdim=True).sqrt()  # [B, 1] population std
+    if sample_std:
+        std = (centred.pow(2).sum(dim=1, keepdim=True) / (G - 1)).sqrt()  # [B, 1] sample std
+    else:
+        std = centred.pow(2).mean(dim=1, keepdim=True).sqrt()  # [B, 1] population std
     return centred / (std + STD_EPS)
 
 
-def ragged_advantages(groups: list[torch.Tensor], estimator: str) -> torch.Tensor:
+def ragged_advantages(groups: list[torch.Tensor], estimator: str, sample_std: bool = False) -> torch.Tensor:
     """Advantages of groups of different sizes (``--sampling adaptive``), concatenated: ``[sum of sizes]``.
 
     Each group ``[n_b]`` gets the estimator of its own size; equal sizes give exactly
@@ -66,7 +74,7 @@ def ragged_advantages(groups: list[torch.Tensor], estimator: str) -> torch.Tenso
         raise ValueError("the oracle estimator needs each prompt's value; it is for probes, not training")
     if not groups:
         return torch.zeros(0)
-    return torch.cat([compute_advantages(g[None, :], estimator)[0] for g in groups])
+    return torch.cat([compute_advantages(g[None, :], estimator, sample_std=sample_std)[0] for g in groups])
 
 
 def normalize_then_sum(components: torch.Tensor, weights: torch.Tensor, sizes: list[int]) -> torch.Tensor:
@@ -107,16 +115,23 @@ def estimator_for_scale(estimator: str, scale: str) -> str:
     return "grpo" if estimator == "grpo_std" and scale in ("batch", "none") else estimator
 
 
-def batch_std(rewards: torch.Tensor) -> torch.Tensor:
+def batch_std(rewards: torch.Tensor, sample: bool = False) -> torch.Tensor:
     """The population standard deviation of every reward of the step (all groups, all ranks): a scalar.
-    (TRL's scale_rewards='batch' uses the sample standard deviation, n - 1 in the denominator; grpolab keeps the
-    population form of its group option, [RLVR essay, Sec. 3.5].)"""
+    ``sample``: the sample standard deviation (n - 1 in the denominator), TRL's scale_rewards='batch'; grpolab's
+    default keeps the population form of its group option [RLVR essay, Sec. 3.5]."""
     r = rewards.double().flatten()
+    if sample:
+        return ((r - r.mean()).pow(2).sum() / max(r.numel() - 1, 1)).sqrt().float()
     return (r - r.mean()).pow(2).mean().sqrt().float()
 
 
 def turn_advantages(
-    rewards: torch.Tensor, turns: torch.Tensor, estimator: str, credit: str = "grpo", values: torch.Tensor | None = None
+    rewards: torch.Tensor,
+    turns: torch.Tensor,
+    estimator: str,
+    credit: str = "grpo",
+    values: torch.Tensor | None = None,
+    sample_std: bool = False,
 ) -> torch.Tensor:
     """Advantages ``[G, H]`` of each turn of a group's G episodes, from their per-turn rewards ``[G, H]`` (0 after an
     episode's last turn) and turn counts ``turns`` ``[G]``; 0 after each episode's last turn.
@@ -142,7 +157,7 @@ def turn_advantages(
     rtg = r.flip(1).cumsum(1).flip(1)  # [G, H] reward-to-go
     returns = rtg[:, 0]  # [G]
     if credit == "grpo":
-        return compute_advantages(returns.float()[None, :], estimator)[0][:, None] * live  # [G, H]
+        return compute_advantages(returns.float()[None, :], estimator, sample_std=sample_std)[0][:, None] * live
     if credit not in CREDITS:
         raise ValueError(f"unknown --advantage {credit!r}; choose from {CREDITS}")
     if credit == "rtg-mc":
@@ -164,7 +179,10 @@ def turn_advantages(
     if estimator == "grpo_std":
         values_live = rtg[live]
         mean = values_live[0] + (values_live - values_live[0]).mean()
-        std = (values_live - mean).pow(2).mean().sqrt()
+        if sample_std:
+            std = ((values_live - mean).pow(2).sum() / max(values_live.numel() - 1, 1)).sqrt()
+        else:
+            std = (values_live - mean).pow(2).mean().sqrt()
         adv = adv / (std + STD_EPS)
     return adv.float()
 

@@ -25,6 +25,9 @@ Variants (each off by default):
 - ``off_policy_threshold`` (DeepSeek-V3.2's off-policy sequence mask): a rollout with a negative
   advantage whose mean per-token log pi_sampling - log pi exceeds the threshold carries no policy term
   (:func:`off_policy_mask`).
+- ``kl_ratio`` (TRL's ``use_bias_correction_kl``): each token's KL estimate is multiplied by the importance ratio
+  the policy term uses (the token's, or GSPO's per rollout), unclipped and differentiated through: the samples come
+  from the sampling-time policy, and the ratio reweighs them to the current one.
 
 The per-token policy term itself is one of ``loss_type`` (:func:`policy_term`; docs/loss-variants.md has each
 formula and its source):
@@ -229,6 +232,7 @@ def policy_loss(
     params: TermParams = TermParams(),
     off_policy_threshold: float | None = None,
     sampling_logp: torch.Tensor | None = None,
+    kl_ratio: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO loss (and the variants of the module docstring).
 
@@ -240,6 +244,8 @@ def policy_loss(
         importance_sampling: ``"token"`` or ``"sequence"`` (GSPO); clip_delta: the unclipped ratio's cap (None: off).
         token_weights: ``[N, T]`` factors of the policy term (None: 1); token_values: return the loss's token values.
         loss_type, params, off_policy_threshold: :func:`policy_term`, its constants, :func:`off_policy_mask`'s.
+        kl_ratio: multiply each token's KL by ``ratio`` (TRL's ``use_bias_correction_kl``; the ``kl`` stat is then
+            the weighted one, as TRL logs it).
 
     Returns:
         ``(loss, stats)``; ``stats``: ``policy`` (the policy term's part), ``kl`` (mean per-token KL), ``clip_frac``
@@ -260,6 +266,8 @@ def policy_loss(
     if token_weights is not None:
         surrogate = surrogate * token_weights.to(surrogate.dtype)
     kl_tok = _kl_term(logp, ref_logp, kl) if beta != 0.0 else None  # [N, T]
+    if kl_tok is not None and kl_ratio:  # as TRL: the raw ratio (before clip_delta), with its gradient
+        kl_tok = kl_tok * ratio  # [N, T] (ratio [N, T] or [N, 1])
     norms = dict(max_len=max_len, num_seqs=num_seqs, num_tokens=num_tokens)
     loss = aggregate(-surrogate if kl_tok is None else -surrogate + beta * kl_tok, mask, aggregation, **norms)
     with torch.no_grad():

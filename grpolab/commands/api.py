@@ -192,6 +192,7 @@ def train(
     tokenizer: Any | None = None,
     config: TrainConfig | None = None,
     log: Callable[[str], None] = print,
+    hooks=None,
     **fields,
 ) -> Run:
     """GRPO training, as ``grpolab train``; returns the :class:`Run`.
@@ -208,7 +209,8 @@ def train(
         eval_dataset: held-out rows, in the forms ``train_dataset`` takes (default: ``eval_fraction=0.1`` of it).
         env, tools: an environment class (TRL's ``reset(**row)`` shape or grpolab's ``reset``/``step``; a dict of
             TRL-shape classes routed by an ``environment`` column), or tool functions: episodes (docs/environments.md).
-        config: a whole :class:`grpolab.config.train.TrainConfig` instead of keywords.
+        config: a whole :class:`grpolab.config.train.TrainConfig` instead of keywords; ``hooks``: a
+            :class:`grpolab.training.recipe.RunHooks` told of each step (``grpolab.trl``'s callbacks).
         **fields: any ``grpolab train`` option by its field name (``steps=100, group_size=8, lr=1e-5, out="runs/x"``);
             a wrong name or type is a :class:`grpolab.config.train.ConfigError` of one line, the flag's.
 
@@ -239,7 +241,7 @@ def train(
             f"--nproc: {nproc} processes from Python: launch the script with torchrun --nproc-per-node "
             f"{nproc} (each process calls grpolab.train), or use grpolab train --nproc {nproc}"
         )
-    recipe = run_training(cfg, log, given)
+    recipe = run_training(cfg, log, given, hooks)
     return Run(Path(recipe.out), recipe.trainer.policy)
 
 

@@ -20,3 +20,8 @@ class CheckpointError(RuntimeError):
 class GeneratorError(RuntimeError):
     """The generator process (``--generator process``) died, hung past ``--generator-timeout`` or failed: the
     message says what it was doing and what happened to it."""
+
+
+class RewardFunctionError(ConfigError):
+    """A reward function broke its contract for a whole batch (it returned another number of rewards than
+    completions): raised to stop the run in one line, not scored as one rollout's failure."""

@@ -37,6 +37,10 @@ class ObjectiveSection:
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """grpo_std: which standard deviation divides the group-centred advantages: each group's (group, the usual
     grpo_std), the whole step's rewards' (batch), or none (then grpo_std is grpo). Population std in both cases."""
+    reward_std: Literal["population", "sample"] = "population"
+    """grpo_std's standard deviation (each group's, or the step's with --scale-rewards batch): the population one
+    (divides by n) or the sample one (by n - 1, as TRL divides). With G = 4, sample-std advantages are sqrt(3/4) =
+    0.87 of the population ones."""
     reward_normalisation: Literal["sum-then-normalize", "normalize-then-sum"] = "sum-then-normalize"
     """With several reward functions: sum them (with --reward-weights) and then take --estimator's advantage of the
     sum (the usual; TRL's default), or normalize-then-sum (GDPO): standardise each function's rewards within each
@@ -64,6 +68,11 @@ class ObjectiveSection:
     """KL coefficient to the reference (the starting weights). The RLVR essay reports 0.04; 0 skips the reference."""
     kl: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator [U-statistic, App. A]."""
+    kl_ratio: bool = False
+    """Multiply each token's KL estimate by its importance ratio (TRL's use_bias_correction_kl): the token's ratio,
+    or the rollout's with --importance-sampling sequence, unclipped and with its gradient, so the penalty estimates
+    KL(pi || pi_ref) from samples of the sampling-time policy. Changes nothing at ratio 1 but the gradient (the ratio's
+    own, KL * grad log pi); off by default (TRL's default is on). Needs --beta > 0 to matter."""
     importance_sampling: Literal["token", "sequence"] = "token"
     """token: one ratio per token (GRPO). sequence: GSPO's ratio per rollout, exp(mean over its tokens of
     logp - old_logp), clipped per rollout (GSPO clips at 3e-4 / 4e-4: --clip-low 3e-4 --clip-high 4e-4)."""
@@ -113,6 +122,8 @@ class ObjectiveSection:
                 "reward_normalisation",
                 "normalize-then-sum is GDPO's own advantage: leave out --estimator and --scale-rewards",
             )
+        if self.reward_std not in ("population", "sample"):
+            raise bad("reward_std", f"must be 'population' or 'sample', got {self.reward_std!r}")
         if self.scale_rewards not in SCALES:
             raise bad("scale_rewards", f"must be one of {SCALES}, got {self.scale_rewards!r}")
         if self.scale_rewards != "group" and self.estimator != "grpo_std":

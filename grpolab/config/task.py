@@ -11,6 +11,8 @@ from grpolab.config.fields import bad, check_counts, takes_object
 CATEGORIES = ("add_sub_2", "add_sub_3", "mul", "div", "paren")
 # How data rows become records (grpolab.data.dataset); auto is resolved from the rows before a run.
 DATA_FORMATS = ("auto", "prompt", "gsm8k", "math", "rows", "self")
+# How a step's training records come from --data (grpolab.data.jsonl.ListSampler).
+DATA_ORDERS = ("replacement", "shuffle", "sequential")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,13 +29,32 @@ class PolicySection:
     """A GGUF file inside the --model directory or Hub repository (only that file is fetched), or give --model
     PATH.gguf, or --model smollm2-135m-instruct."""
     lora_rank: int = 0
-    """If > 0, train LoRA adapters of this rank (peft) on all linear layers instead of the full model;
+    """If > 0, train LoRA adapters of this rank (peft) on the --lora-targets layers instead of the full model;
     the KL reference is the same model with the adapter disabled; checkpoints hold the adapter."""
     lora_alpha: float = 0.0
     """LoRA scaling alpha; 0 = 2 x rank."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA adapters' input (peft's lora_dropout), in [0, 1). Training turns every dropout off,
+    this one included, unless --keep-dropout."""
+    lora_targets: str = "all-linear"
+    """The layers that get LoRA adapters: 'all-linear' (every linear layer but the output head) or a comma-separated
+    list of module names (peft's target_modules), e.g. 'q_proj,v_proj'. A resumed or merged checkpoint uses the
+    layers its adapter_config.json names."""
+
+    @property
+    def lora_modules(self) -> str | list[str]:
+        """--lora-targets as peft's target_modules: 'all-linear', or the list of module names."""
+        if self.lora_targets == "all-linear":
+            return self.lora_targets
+        return [name.strip() for name in self.lora_targets.split(",") if name.strip()]
 
     def validate(self) -> None:
         check_counts(self, non_negative=("lora_rank",))
+        if not 0 <= self.lora_dropout < 1:
+            raise bad("lora_dropout", f"must be in [0, 1), got {self.lora_dropout:g}")
+        if not self.lora_modules:
+            example = "'all-linear' or module names, e.g. 'q_proj,v_proj'"
+            raise bad("lora_targets", f"must be {example}, got {self.lora_targets!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +126,12 @@ class DataSection:
     --seed; no training prompt is among them). 0 = no held-out evaluation (gsm8k data: the built-in test set)."""
     prompt_column: str = "prompt"
     """The column that holds each row's prompt (prompt-format data)."""
+    data_order: Literal["replacement", "shuffle", "sequential"] = "replacement"
+    """How each step's prompts come from --data's training records: replacement (drawn independently, with
+    replacement, by --seed and step), shuffle (epochs: each a permutation of the records by --seed and epoch, taken
+    a step's prompts at a time; TRL's shuffle_dataset) or sequential (epochs in the records' order). shuffle and
+    sequential drop an epoch's last, incomplete chunk of prompts, as TRL does; rounds after the first of --sampling
+    filter draw with replacement."""
 
     def source(self, held_out: bool = False):
         """Which configuration, revision and default split of --data (``held_out``: of --eval-data) to read."""
@@ -124,6 +151,10 @@ class DataSection:
             raise bad("format", f"must be one of {DATA_FORMATS}, got {self.format!r}")
         if not 0 <= self.eval_fraction < 1:
             raise bad("eval_fraction", f"must be in [0, 1), got {self.eval_fraction:g}")
+        if self.data_order not in DATA_ORDERS:
+            raise bad("data_order", f"must be one of {DATA_ORDERS}, got {self.data_order!r}")
+        if self.data_order != "replacement" and not self.data:
+            raise bad("data_order", f"{self.data_order} needs --data (without it each step's questions are new)")
         if self.format == "auto":  # the checks below need the format, resolved from the data before a run
             return
         if self.format == "self" and (self.data or self.eval_data):

@@ -67,17 +67,50 @@ def load_gsm8k_jsonl(path: str | Path) -> list[dict]:
 
 
 class ListSampler:
-    """Training questions drawn with replacement from a fixed list, keyed by ``(seed, step)``."""
+    """Training records of a fixed list, ``n`` a step, in the order --data-order names:
 
-    def __init__(self, records: list[dict], seed: int):
+    - ``replacement``: drawn with replacement, keyed by ``(stream, seed, step)``;
+    - ``shuffle``: epochs, each a permutation keyed by ``(stream, seed, epoch)``, step s taking its epoch's chunk
+      of n records (TRL's RepeatSampler with shuffle_dataset=True);
+    - ``sequential``: epochs of the records in their order (shuffle_dataset=False).
+
+    Steps count from 1; step s is chunk s - 1, in epoch (s - 1) // :meth:`steps_per_epoch` (of its own n: a step
+    whose n differs, under --group-size-control rank, takes the chunk of that layout). An epoch's last, incomplete
+    chunk is dropped, as TRL drops it. Every draw is a function of ``(seed, step)`` alone, so a
+    resumed run draws what the uninterrupted one did. Rounds after the first (--sampling filter) and few-shot
+    examples always draw with replacement.
+    """
+
+    def __init__(self, records: list[dict], seed: int, order: str = "replacement"):
         self.records = records
         self.seed = seed
+        self.order = order
+
+    def steps_per_epoch(self, n: int) -> int:
+        """The full chunks of ``n`` records in one pass over the records (steps an epoch lasts)."""
+        return len(self.records) // n
 
     def draw(self, step: int, n: int, stream: int = streams.DATA_DRAW, round: int = 0) -> list[dict]:
         """``n`` records of ``step``; ``round`` > 0: a further, independent draw of the same step (--sampling filter)."""
+        if self.order == "replacement" or round:
+            return self._with_replacement(step, n, stream, round)
+        per_epoch = self.steps_per_epoch(n)
+        if per_epoch == 0:
+            raise DataError(
+                f"--data-order {self.order}: {n} prompts per step but --data has only {len(self.records)} training "
+                "records; use fewer prompts per step or --data-order replacement"
+            )
+        epoch, chunk = divmod(step - 1, per_epoch)
+        if self.order == "shuffle":
+            order = np.random.default_rng([stream, self.seed, epoch]).permutation(len(self.records))
+        else:
+            order = np.arange(len(self.records))
+        return [self.records[i] for i in order[chunk * n : (chunk + 1) * n]]
+
+    def _with_replacement(self, step: int, n: int, stream: int, round: int) -> list[dict]:
         rng = np.random.default_rng([stream, self.seed, step] + ([round] if round else []))
         return [self.records[i] for i in rng.integers(len(self.records), size=n)]
 
     def few_shot(self, n: int) -> list[dict]:
         """``n`` solved records for --few-shot, from their own stream (the same for every step)."""
-        return self.draw(0, n, stream=streams.FEW_SHOT)
+        return self._with_replacement(0, n, streams.FEW_SHOT, 0)

@@ -87,7 +87,7 @@ def task_data(
         raise DataError(
             f"--data {data.data}: every record is also in --eval-data {data.eval_data}; nothing left to train on"
         )
-    return held_out, ListSampler(train_records, seed)
+    return held_out, ListSampler(train_records, seed, data.data_order)
 
 
 def _data_records(data: DataSection, spec: ArithmeticSpec, eval_questions: int, seed: int, given: Given):

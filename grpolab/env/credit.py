@@ -50,7 +50,9 @@ class EpisodeCredit:
         return torch.tensor([float(a[0]) if a.numel() else 0.0 for a in self.turns])
 
 
-def episode_credit(rows, sizes: list[int], estimator: str, credit: str, values: list | None = None) -> EpisodeCredit:
+def episode_credit(
+    rows, sizes: list[int], estimator: str, credit: str, values: list | None = None, sample_std: bool = False
+) -> EpisodeCredit:
     """The credit of this rank's groups: ``rows`` (:class:`grpolab.rollout.rows.Rows` of episodes, group k's
     ``sizes[k]`` rollouts contiguous), ``values`` (rtg-mc: one ``[G, H]`` per group, :func:`mc_values`)."""
     turns: list[torch.Tensor] = []
@@ -60,7 +62,7 @@ def episode_credit(rows, sizes: list[int], estimator: str, credit: str, values: 
         group = rows.episodes[start[k] : start[k + 1]]
         rewards, n_turns = _group_table(group, finals[start[k] : start[k + 1]])
         v = None if values is None else values[k]
-        adv = turn_advantages(rewards, n_turns, estimator, credit, v)  # [G, H]
+        adv = turn_advantages(rewards, n_turns, estimator, credit, v, sample_std)  # [G, H]
         turns += [adv[i, : e.turns] for i, e in enumerate(group)]
     token = token_advantages(turns, rows.turn, rows.action, rows.counts) if rows.batch is not None else None
     return EpisodeCredit(turns, token)

@@ -11,14 +11,24 @@ from pathlib import Path
 import torch
 
 
-def add_lora(model: torch.nn.Module, rank: int, alpha: float) -> torch.nn.Module:
+def add_lora(
+    model: torch.nn.Module,
+    rank: int,
+    alpha: float,
+    dropout: float = 0.0,
+    targets: str | list[str] = "all-linear",
+) -> torch.nn.Module:
+    """``model`` with new LoRA adapters of ``rank`` and ``alpha`` on ``targets`` (peft's target_modules:
+    "all-linear" or module names), ``dropout`` on their input."""
     from peft import LoraConfig, get_peft_model
 
-    cfg = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+    cfg = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, task_type="CAUSAL_LM")
     return get_peft_model(model, cfg)
 
 
 def load_lora(model: torch.nn.Module, adapter_dir: str | Path, trainable: bool = True) -> torch.nn.Module:
+    """``model`` with the adapter saved in ``adapter_dir``: its layers, rank and dropout are those its
+    adapter_config.json names, whatever the options now say."""
     from peft import PeftModel
 
     return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from grpolab.common.errors import RewardFunctionError
 from grpolab.common.given import NOTHING, Given
 from grpolab.config.rollout import RewardSection, SandboxSection
 from grpolab.data.records import prompt_of as prompt_of_record
@@ -212,6 +213,8 @@ def _call_safely(call, n: int, whole) -> tuple[list[float], int]:
         values = [float(v) for v in whole]
         if len(values) != n:
             raise ValueError(f"returned {len(values)} values for {n} completions")
+    except RewardFunctionError:  # the function's own wrapper says: stop the run
+        raise
     except Exception:
         values = []
         for i in range(n):

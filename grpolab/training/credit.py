@@ -49,16 +49,17 @@ def step_advantages(
     estimator = estimator_for_scale(objective.estimator, objective.scale_rewards)  # batch|none: from grpo
     scale = None
     if objective.scale_rewards == "batch" and roll.rewards:  # the std of every reward in the update, all ranks
-        scale = batch_std(torch.tensor([r for g in roll.rewards for r in g])).to(device) + STD_EPS
+        every = torch.tensor([r for g in roll.rewards for r in g])
+        scale = batch_std(every, sample=objective.reward_std == "sample").to(device) + STD_EPS
     if groups.rows.episodes is not None:
         return _episode_advantages(roll, objective, estimator, device, scale, values)
-    G = common_size(groups.sizes)
+    G, sample = common_size(groups.sizes), objective.reward_std == "sample"
     if not groups.sizes:
         adv = torch.zeros(0, device=device)
     elif G is not None:
-        adv = compute_advantages(rewards.view(len(groups.sizes), G), estimator).reshape(-1)  # [n]
+        adv = compute_advantages(rewards.view(len(groups.sizes), G), estimator, sample_std=sample).reshape(-1)  # [n]
     else:
-        adv = ragged_advantages(list(rewards.split(groups.sizes)), estimator)  # [n]
+        adv = ragged_advantages(list(rewards.split(groups.sizes)), estimator, sample)  # [n]
     return Advantages(adv if scale is None else adv / scale)
 
 
@@ -80,7 +81,9 @@ def _episode_advantages(roll: StepRollouts, objective: ObjectiveSection, estimat
     """Episodes: each turn's advantage under --advantage (rtg-mc: with values from branched continuations)."""
     groups = roll.groups
     mc = values(groups.rows, groups.sizes) if objective.advantage == "rtg-mc" and groups.sizes else None
-    credit = episode_credit(groups.rows, groups.sizes, estimator, objective.advantage, mc)
+    credit = episode_credit(
+        groups.rows, groups.sizes, estimator, objective.advantage, mc, objective.reward_std == "sample"
+    )
     first, token = credit.first.to(device), credit.token
     if scale is not None:
         first, token = first / scale, (None if token is None else token / scale.cpu())

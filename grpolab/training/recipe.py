@@ -110,12 +110,31 @@ def build_trainer(cfg: TrainConfig, log=print, world: World = SINGLE, given: Giv
     return trainer
 
 
+class RunHooks:
+    """What a caller around the run is told (``grpolab.trl``'s callbacks): each is a no-op here. Called on every
+    rank, after the step's metrics are logged and its checkpoint written."""
+
+    def begin(self, recipe: TrainRecipe) -> None:
+        """Set-up is done; no step has run (``recipe.start`` is the step a resumed run continues after)."""
+
+    def evaluated(self, step: int, metrics: dict) -> None:
+        """The evaluation before the first step (step 0) finished."""
+
+    def step_end(self, step: int, metrics: dict, saved: bool) -> bool:
+        """Step ``step`` finished (``saved``: its checkpoint was written). True asks the run to stop after it."""
+        return False
+
+    def end(self, recipe: TrainRecipe) -> None:
+        """The last step finished (not called when the run raised)."""
+
+
 class TrainRecipe:
     """One training run. Under torchrun (``WORLD_SIZE`` > 1) this process trains its share; rank 0 alone
-    logs, writes metrics, samples and checkpoints."""
+    logs, writes metrics, samples and checkpoints. ``hooks``: told of each step (:class:`RunHooks`)."""
 
-    def __init__(self, cfg: TrainConfig, log=print, given: Given = NOTHING):
+    def __init__(self, cfg: TrainConfig, log=print, given: Given = NOTHING, hooks: RunHooks | None = None):
         self.requested, self.log, self.given = cfg, log, given
+        self.hooks = hooks or RunHooks()
         self.logger: RunLogger | None = None
         self.doctor: Watcher | None = None
         self.status = StatusLine()  # what the trainer is doing, on the progress bar once train() starts one
@@ -257,13 +276,19 @@ class TrainRecipe:
         ):
             done = [self.start]  # the last finished step: what the bar counts while a step or evaluation runs
             self.status.show = lambda text: bar.update(done[0], text)
+            self.hooks.begin(self)
             if self.start == 0:
-                self._evaluate(0)
+                self.hooks.evaluated(0, self._evaluate(0))
             spent = self._budget_spent()  # resuming a run that reached --max-rollouts
             for step in range(self.start + 1, (self.start if spent else cfg.run.steps) + 1):
                 metrics, last, saved = self._run_step(step)
                 done[0] = step
                 bar.update(step, _status_line(metrics), force="eval/accuracy_sampled" in metrics)
+                if dist_.all_max(int(self.hooks.step_end(step, metrics, saved)), self.world) and not last:
+                    if not saved:
+                        self.trainer.save(self.out, step)
+                    self.log(f"stopped after step {step}, as asked")
+                    break
                 if last:
                     if step < cfg.run.steps:
                         self.log(
@@ -272,6 +297,7 @@ class TrainRecipe:
                         )
                     break
                 self._stop_if_signalled(stop, step, saved)
+        self.hooks.end(self)
         return self.out
 
     def _run_step(self, step: int) -> tuple[dict, bool, bool]:
@@ -343,9 +369,9 @@ class TrainRecipe:
             self.logger.close()
 
 
-def run_training(cfg: TrainConfig, log=print, given: Given = NOTHING) -> TrainRecipe:
+def run_training(cfg: TrainConfig, log=print, given: Given = NOTHING, hooks: RunHooks | None = None) -> TrainRecipe:
     """Run GRPO as configured; returns the finished recipe (its ``out`` directory, its ``trainer.policy``)."""
-    recipe = TrainRecipe(cfg, log, given)
+    recipe = TrainRecipe(cfg, log, given, hooks)
     recipe.setup()
     try:
         recipe.train()

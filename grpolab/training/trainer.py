@@ -231,9 +231,12 @@ class GRPOTrainer:
         if cfg.policy.lora_rank:
             from grpolab.models.lora import add_lora, load_lora
 
-            base, rank = self.policy.model, cfg.policy.lora_rank
-            alpha = cfg.policy.lora_alpha or 2.0 * rank
-            self.policy.model = load_lora(base, adapter_from) if adapter_from else add_lora(base, rank, alpha)
+            base, lora = self.policy.model, cfg.policy
+            alpha = lora.lora_alpha or 2.0 * lora.lora_rank
+            if adapter_from:  # a resumed run's adapter: its layers are those its adapter_config.json names
+                self.policy.model = load_lora(base, adapter_from)
+            else:
+                self.policy.model = add_lora(base, lora.lora_rank, alpha, lora.lora_dropout, lora.lora_modules)
         if not cfg.update.keep_dropout:  # before the reference is copied from it
             disable_dropout(self.policy.model)
         self.policy.model.train()
@@ -353,7 +356,8 @@ class GRPOTrainer:
         )  # fmt: skip
         if cfg.dataset.data:  # a reward that needs a column the data lacks: one line now, not a zero reward every step
             check_columns(fns, self.sampler.records, f"--data {cfg.dataset.data}")
-        if (cfg.dataset.data or cfg.dataset.eval_data) and self.eval_reward is not None:
+        held = cfg.dataset.eval_data or self.held_out  # --eval-fraction 0 holds nothing out: nothing to check
+        if (cfg.dataset.data or cfg.dataset.eval_data) and self.eval_reward is not None and held:
             where = f"--eval-data {cfg.dataset.eval_data}" if cfg.dataset.eval_data else "the held-out records"
             check_columns([(self.eval_reward_name, self.eval_reward, 1.0)], self.held_out, where)
         # a code reward's sandbox, started now: a machine where programs cannot be isolated says so at once

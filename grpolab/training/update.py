@@ -54,6 +54,25 @@ from grpolab.config.objective import ObjectiveSection, TermSection, UpdateSectio
 from grpolab.training.forward import TrainModule
 
 
+def loss_options(objective: ObjectiveSection, terms: TermSection, max_policy_tokens: int) -> dict:
+    """The options of :func:`grpolab.algo.loss.policy_loss` that come from the run's config (the objective's and the
+    term's sections; ``max_policy_tokens`` Dr. GRPO's max_len); a pass adds its tensors and the step's normalisers."""
+    return dict(
+        aggregation=effective_aggregation(terms.loss_type, objective.aggregation),
+        clip_low=objective.clip_low,
+        clip_high=objective.clip_high,
+        clip_delta=objective.clip_delta or None,
+        beta=objective.beta,
+        kl=objective.kl,
+        kl_ratio=objective.kl_ratio,
+        importance_sampling=objective.importance_sampling,
+        loss_type=terms.loss_type,
+        params=TermParams(**{f.name: getattr(terms, f.name) for f in dataclasses.fields(TermParams)}),
+        off_policy_threshold=terms.off_policy_mask_threshold or None,
+        max_len=max_policy_tokens,
+    )
+
+
 class MicroBatchPlan(NamedTuple):
     """The forward/backward passes of an update."""
 
@@ -185,8 +204,8 @@ class Updater:
         self.eos_id, self.reference, self.reference_is_base = eos_id, reference, reference_is_base
         self.top_p = top_p  # the sampler's: its nucleus log-probs are put on the trainer's scale (engine_correction)
         self.terms = terms = terms or TermSection()  # the policy term: --loss-type and its constants
-        self.term_params = TermParams(**{f.name: getattr(terms, f.name) for f in dataclasses.fields(TermParams)})
-        self.aggregation = effective_aggregation(terms.loss_type, objective.aggregation)
+        self.options = loss_options(objective, terms, max_policy_tokens)
+        """policy_loss's options from the run's config (:func:`loss_options`)."""
         self.entropy: EntropyControl | None = None
         """The entropy bonus's coefficient and schedule (--entropy-coef, --adaptive-entropy); None without one."""
         if terms.entropy_bonus:
@@ -392,29 +411,18 @@ class Updater:
     def _loss(self, logp, old, adv, mask, x: _Inputs, c_i: int, weights, sampler, watching: bool):
         """The pass's policy loss (grpolab.algo.loss.policy_loss) with the run's objective and the step's
         normalisers; ``watching``: with the per-token values --log-token-credit records."""
-        obj = self.objective
         return policy_loss(
             logp,
             old,
             adv,
             mask,
-            clip_low=obj.clip_low,
-            clip_high=obj.clip_high,
             ref_logp=x.ref_logp.get(c_i),
-            beta=obj.beta,
-            kl=obj.kl,
-            aggregation=self.aggregation,
-            max_len=self.max_policy_tokens,
             num_seqs=x.num_seqs,
             num_tokens=x.num_tokens,
-            importance_sampling=obj.importance_sampling,
-            clip_delta=obj.clip_delta or None,
             token_weights=weights,
             token_values=watching,
-            loss_type=self.terms.loss_type,
-            params=self.term_params,
-            off_policy_threshold=self.terms.off_policy_mask_threshold or None,
             sampling_logp=sampler,
+            **self.options,
         )
 
     def _bonus_tokens(self, entropy, loss_mask, threshold, n: int, num_tokens: float) -> float:
