@@ -28,6 +28,7 @@ LAYERS = [
     ["report"],  # the report page, plots, the token view
     ["analysis"],  # the offline probes (rank, mse, groupsize, multiturn, sweep, theory)
     ["commands"],  # the command line, the Python API, Python objects in place of names
+    ["trl"],  # TRL's GRPOConfig and GRPOTrainer over the Python API
 ]
 LAYER_OF = {package: i for i, layer in enumerate(LAYERS) for package in layer}
 

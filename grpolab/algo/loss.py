@@ -240,22 +240,19 @@ def policy_loss(
         logp, old_logp, ref_logp, mask: ``[N, T]`` completion-token log-probs under the current, sampling-time
             and reference policies; ``mask`` 1 on real completion tokens.
         advantages: ``[N]`` (one per rollout, broadcast over tokens) or ``[N, T]``.
-        num_seqs, num_tokens: whole-batch normalisers when this is a micro-batch.
-        importance_sampling: ``"token"`` or ``"sequence"`` (GSPO); clip_delta: the unclipped ratio's cap (None: off).
-        token_weights: ``[N, T]`` factors of the policy term (None: 1); token_values: return the loss's token values.
+        num_seqs, num_tokens: whole-batch normalisers when this is a micro-batch; importance_sampling: ``"token"``
+        or ``"sequence"`` (GSPO); clip_delta: the unclipped ratio's cap (None: off).
+        token_weights: ``[N, T]`` factors of the policy term (None: 1); token_values: return the loss's token values;
         loss_type, params, off_policy_threshold: :func:`policy_term`, its constants, :func:`off_policy_mask`'s.
-        kl_ratio: multiply each token's KL by ``ratio`` (TRL's ``use_bias_correction_kl``; the ``kl`` stat is then
-            the weighted one, as TRL logs it).
+        kl_ratio: each token's KL times its importance ratio (TRL's ``use_bias_correction_kl``; so is the stat).
 
-    Returns:
-        ``(loss, stats)``; ``stats``: ``policy`` (the policy term's part), ``kl`` (mean per-token KL), ``clip_frac``
-        (tokens where the clipped branch was taken; cispo: the weight truncated), ``ratio_mean``: token means over
-        the batch's unmasked tokens, detached; with ``token_values``, :func:`_token_values`.
+    Returns ``(loss, stats)``; ``stats``: ``policy`` (the policy term's part), ``kl`` (mean per-token KL), ``clip_frac``
+    (tokens where the clipped branch was taken; cispo: the weight truncated), ``ratio_mean``: token means over the
+    batch's unmasked tokens, detached; with ``token_values``, :func:`_token_values`.
     """
     _check_shapes(logp=logp, old_logp=old_logp, mask=mask)
-    if advantages.dim() == 1:
-        advantages = advantages[:, None]  # [N, 1]: the same credit for every token [Foundations, Thm 3.1]
-    advantages = advantages.to(logp.dtype)
+    # [N, 1] for per-rollout advantages: the same credit for every token [Foundations, Thm 3.1]
+    advantages = (advantages[:, None] if advantages.dim() == 1 else advantages).to(logp.dtype)
     ratio = importance_ratio(logp, old_logp, mask, importance_sampling)  # [N, T] or [N, 1]
     surrogate, clipped_taken = policy_term(
         loss_type, logp, old_logp, advantages, mask, ratio, clip_low, clip_high, clip_delta, params
@@ -265,15 +262,13 @@ def policy_loss(
         token_weights = _with_off_policy_mask(token_weights, off_policy_threshold, advantages, logp, sampled, mask)
     if token_weights is not None:
         surrogate = surrogate * token_weights.to(surrogate.dtype)
-    kl_tok = _kl_term(logp, ref_logp, kl) if beta != 0.0 else None  # [N, T]
-    if kl_tok is not None and kl_ratio:  # as TRL: the raw ratio (before clip_delta), with its gradient
-        kl_tok = kl_tok * ratio  # [N, T] (ratio [N, T] or [N, 1])
+    kl_tok = _kl_term(logp, ref_logp, kl, ratio if kl_ratio else None) if beta != 0.0 else None  # [N, T]
     norms = dict(max_len=max_len, num_seqs=num_seqs, num_tokens=num_tokens)
     loss = aggregate(-surrogate if kl_tok is None else -surrogate + beta * kl_tok, mask, aggregation, **norms)
     with torch.no_grad():
-        policy = aggregate(-surrogate, mask, aggregation, **norms)
+        policy, m = aggregate(-surrogate, mask, aggregation, **norms), mask.to(logp.dtype)
         values = _token_values(ratio, clipped_taken, advantages, mask) if token_values else {}
-        return loss, _token_stats(policy, kl_tok, clipped_taken, ratio, mask.to(logp.dtype)) | values
+        return loss, _token_stats(policy, kl_tok, clipped_taken, ratio, m) | values
 
 
 def logp_weights(
@@ -379,10 +374,13 @@ def _with_off_policy_mask(token_weights, threshold, advantages, logp, sampled, m
     return keep if token_weights is None else token_weights * keep
 
 
-def _kl_term(logp: torch.Tensor, ref_logp: torch.Tensor | None, kind: str) -> torch.Tensor:
+def _kl_term(logp: torch.Tensor, ref_logp: torch.Tensor | None, kind: str, ratio=None) -> torch.Tensor:
+    """``[N, T]`` the KL estimate, times ``ratio`` (``kl_ratio``: as TRL, the raw importance ratio before clip_delta,
+    ``[N, T]`` or ``[N, 1]``, with its gradient)."""
     if ref_logp is None:
         raise ValueError("beta > 0 needs ref_logp")
-    return kl_penalty(logp, ref_logp, kind)
+    out = kl_penalty(logp, ref_logp, kind)
+    return out if ratio is None else out * ratio
 
 
 def _token_values(ratio, clipped_taken, advantages, mask) -> dict[str, torch.Tensor]:

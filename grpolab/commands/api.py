@@ -192,7 +192,7 @@ def train(
     tokenizer: Any | None = None,
     config: TrainConfig | None = None,
     log: Callable[[str], None] = print,
-    hooks=None,
+    hooks=None,  # a grpolab.training.recipe.RunHooks told of each step (grpolab.trl's callbacks)
     **fields,
 ) -> Run:
     """GRPO training, as ``grpolab train``; returns the :class:`Run`.
@@ -209,8 +209,7 @@ def train(
         eval_dataset: held-out rows, in the forms ``train_dataset`` takes (default: ``eval_fraction=0.1`` of it).
         env, tools: an environment class (TRL's ``reset(**row)`` shape or grpolab's ``reset``/``step``; a dict of
             TRL-shape classes routed by an ``environment`` column), or tool functions: episodes (docs/environments.md).
-        config: a whole :class:`grpolab.config.train.TrainConfig` instead of keywords; ``hooks``: a
-            :class:`grpolab.training.recipe.RunHooks` told of each step (``grpolab.trl``'s callbacks).
+        config: a whole :class:`grpolab.config.train.TrainConfig` instead of keywords.
         **fields: any ``grpolab train`` option by its field name (``steps=100, group_size=8, lr=1e-5, out="runs/x"``);
             a wrong name or type is a :class:`grpolab.config.train.ConfigError` of one line, the flag's.
 
@@ -225,8 +224,7 @@ def train(
         run = grpolab.train(model="smollm2-135m-instruct", train_dataset=ds, reward_funcs=[last_letter],
                             steps=20, out="runs/letters")
 
-    Several processes: run the script under ``torchrun --nproc-per-node P``; each process calls ``train`` and trains
-    its share, as ``grpolab train`` does under torchrun (``nproc=`` relaunches only the command line).
+    Several processes: ``torchrun --nproc-per-node P script.py``; each process calls ``train`` and trains its share.
     """
     from grpolab.training import launch
     from grpolab.training.recipe import run_training, saved_config

@@ -44,6 +44,8 @@ def reward_form(fn: Callable) -> Literal["grpolab", "trl"]:
     by_keyword = {p.name for p in params.values() if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)}
     if "completions" in by_keyword and ("prompts" in by_keyword or var_kw):
         return "trl"
+    if var_kw and by_keyword and by_keyword <= set(TRL_ARGUMENTS):  # fn(environments, **kwargs): TRL's keywords only
+        return "trl"
     required = [p for p in positional if p.default is p.empty]
     if (len(positional) >= 2 or var_pos) and len(required) <= 2:
         return "grpolab"

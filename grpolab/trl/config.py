@@ -1,0 +1,419 @@
+"""TRL's ``GRPOConfig`` by TRL 1.16's names and defaults, and its translation into grpolab's options.
+
+``GRPOConfig`` is a dataclass made from the table of :mod:`grpolab.trl.fields`: every field TRL has (an unknown
+keyword is a ``TypeError``, as TRL's dataclass gives), each with TRL's default. Its ``__post_init__`` resolves what
+TRL's resolves (``bf16``, the generation batch) and refuses, in one ``ValueError`` line, a field grpolab does not do
+when it is set to anything but TRL's default.
+
+:func:`translate` turns a config into the options of ``grpolab train`` (:class:`grpolab.config.train.TrainConfig`'s
+flat names): TRL's batch geometry (prompts per generation = per_device_train_batch_size x gradient_accumulation_steps
+x processes / num_generations), its schedule and its objective, with the lines to say once in the log (the inert
+fields that were set, what a precision ran as).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+from typing import Any, NamedTuple
+
+from grpolab.trl.fields import BY_NAME, FIELDS
+
+# TRL's loss_type values that name an aggregation of the clipped term, and the rest: terms with the aggregation TRL
+# gives each (grpolab.config.objective says the same of --loss-type)
+AGGREGATION_OF = {
+    "grpo": "seq-mean-token-mean",
+    "bnpo": "token-mean",
+    "dapo": "token-mean",
+    "dr_grpo": "seq-mean-token-sum-norm",
+    "cispo": "token-mean",
+    "vespo": "token-mean",
+    "sapo": "seq-mean-token-mean",
+    "luspo": "seq-mean-token-mean",  # luspo sums each rollout's terms itself (grpolab.algo.loss.effective_aggregation)
+}
+TERMS = ("cispo", "sapo", "luspo", "vespo")
+SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
+CORRECTIONS = {
+    "token_truncate": "token-truncate",
+    "token_mask": "token-mask",
+    "sequence_truncate": "sequence-truncate",
+    "sequence_mask": "sequence-mask",
+}
+
+
+def _refuse(name: str, value: Any, why: str) -> ValueError:
+    return ValueError(f"GRPOConfig.{name}={value!r}: {why} (grpolab.trl; docs/coming-from-trl.md)")
+
+
+def _differs(name: str, value: Any) -> bool:
+    default = BY_NAME[name].default
+    return value != default
+
+
+def _post_init(self) -> None:
+    """What TRL's __post_init__ resolves, and the refusals."""
+    for f in FIELDS:
+        if f.kind == "refused" and _differs(f.name, getattr(self, f.name)):
+            raise _refuse(f.name, getattr(self, f.name), f.note)
+    if self.bf16 is None:  # TRL: bf16 unless fp16
+        self.bf16 = not self.fp16
+    if self.fp16 and self.bf16:
+        raise ValueError("GRPOConfig: at most one of fp16 and bf16 can be True")
+    if isinstance(self.scale_rewards, bool):  # TRL takes True/False for group/none
+        self.scale_rewards = "group" if self.scale_rewards else "none"
+    if self.output_dir is None:
+        self.output_dir = "trainer_output"
+    if self.vllm_importance_sampling_cap is not None:  # TRL's deprecated name
+        self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    per_step = self.per_device_train_batch_size * world
+    if self.generation_batch_size is not None and self.steps_per_generation is not None:
+        raise ValueError("GRPOConfig: generation_batch_size and steps_per_generation can not both be set")
+    if self.steps_per_generation is None and self.generation_batch_size is None:
+        self.steps_per_generation = self.gradient_accumulation_steps
+    elif self.steps_per_generation is None:
+        if self.generation_batch_size % per_step:
+            raise ValueError(
+                f"GRPOConfig: generation_batch_size ({self.generation_batch_size}) must be divisible by the global "
+                f"batch size ({per_step})"
+            )
+        self.steps_per_generation = self.generation_batch_size // per_step
+    self.generation_batch_size = per_step * self.steps_per_generation
+    if self.generation_batch_size % self.num_generations:
+        raise ValueError(
+            f"GRPOConfig: generation_batch_size ({self.generation_batch_size}) must be divisible by num_generations "
+            f"({self.num_generations})"
+        )
+    if self.num_generations < 2:
+        raise ValueError(f"GRPOConfig: num_generations must be >= 2 to compare a group, got {self.num_generations}")
+
+
+def _make_config_class():
+    specs = []
+    for f in FIELDS:
+        default = f.default
+        spec = (
+            dataclasses.field(default_factory=lambda d=default: copy.copy(d))
+            if isinstance(default, list | dict)
+            else dataclasses.field(default=default)
+        )
+        specs.append((f.name, Any, spec))
+    cls = dataclasses.make_dataclass("GRPOConfig", specs, namespace={"__post_init__": _post_init})
+    cls.__module__ = __name__
+    cls.__doc__ = (
+        "TRL 1.16's GRPOConfig: every field by TRL's name and with TRL's default (grpolab.trl.fields says what each "
+        "becomes). An unknown keyword is a TypeError; a field grpolab does not do, set to anything but TRL's "
+        "default, is a ValueError of one line."
+    )
+    return cls
+
+
+GRPOConfig = _make_config_class()
+
+
+class Translation(NamedTuple):
+    """A config as grpolab's options."""
+
+    options: dict
+    """``grpolab train`` options by their flat names."""
+    notes: list[str]
+    """Lines to say once in the log: inert fields that were set, what a precision ran as, a rounded step count."""
+    optimizer_steps_per_step: int
+    """TRL's optimizer steps in one grpolab step (a generation): num_iterations."""
+    log_every: int
+    """grpolab steps between two log_history entries (0: never)."""
+
+
+def translate(
+    args, world_size: int = 1, train_rows: int | None = None, has_eval: bool = False, device: str | None = None
+) -> Translation:
+    """grpolab's options for ``args`` on ``world_size`` processes; ``train_rows``: the training data's rows (for
+    num_train_epochs; None: no data); ``has_eval``: whether an eval_dataset is given; ``device``: where it runs
+    (None: CUDA where torch sees one, as transformers picks)."""
+    notes = [f"{f.name}={getattr(args, f.name)!r} has no effect here: {f.note}" for f in _inert_set(args)]
+    geometry = _geometry(args, world_size, train_rows, notes)
+    steps, mu = geometry["steps"], geometry["mu"]
+    options = {**geometry, **_schedule(args, steps * mu)}
+    options |= _objective(args) | _generation(args) | _model(args, notes)
+    options |= _precision(args, device, notes)
+    every = _every(args.logging_strategy, args.logging_steps, steps, mu, geometry.get("_epoch", 0))
+    options |= _checkpoints(args, steps, mu, geometry.get("_epoch", 0))
+    options |= _evaluation(args, steps, mu, geometry.get("_epoch", 0), has_eval, every)
+    options |= _logging(args, every, notes) | _sharding(args)
+    options.pop("_epoch", None)
+    return Translation(options, notes, mu, every)
+
+
+def to_options(args, world_size: int = 1, train_rows: int | None = None, has_eval: bool = False) -> dict:
+    """grpolab's options for ``args`` (:func:`translate`'s ``options``)."""
+    return translate(args, world_size, train_rows, has_eval).options
+
+
+def _inert_set(args) -> list:
+    return [f for f in FIELDS if f.kind == "inert" and _differs(f.name, getattr(args, f.name))]
+
+
+def _fraction_or_count(value: float, total: int) -> int:
+    """transformers' rule for logging, saving, evaluation and warm-up steps: a value < 1 is a fraction of ``total``."""
+    return math.ceil(value * total) if 0 < value < 1 else int(value)
+
+
+def _geometry(args, world_size: int, train_rows: int | None, notes: list[str]) -> dict:
+    """Prompts per step, mu, the number of steps (generations), the micro-batch and the data's order."""
+    G, per_device = args.num_generations, args.per_device_train_batch_size
+    accum, spg = args.gradient_accumulation_steps, args.steps_per_generation
+    if spg % accum:
+        raise _refuse(
+            "steps_per_generation",
+            spg,
+            f"must be a multiple of gradient_accumulation_steps ({accum}) here: a generation feeds whole optimizer steps",
+        )
+    if spg != accum:
+        raise _refuse(
+            "steps_per_generation",
+            spg,
+            f"{spg // accum} optimizer steps on parts of one generation is not built; grpolab takes num_iterations "
+            "updates on the whole generation (set num_iterations instead)",
+        )
+    completions = per_device * world_size * spg  # the generation batch, all processes
+    prompts = completions // G
+    mu = args.num_iterations
+    if args.max_steps > 0:
+        steps = math.ceil(args.max_steps / mu)
+        if steps * mu != args.max_steps:
+            notes.append(
+                f"max_steps={args.max_steps} is not a multiple of num_iterations={mu}: {steps * mu} optimizer steps "
+                f"({steps} generations)"
+            )
+        per_epoch = (train_rows // prompts) if train_rows else 0
+    else:
+        if not train_rows:
+            raise _refuse("max_steps", args.max_steps, "num_train_epochs needs a train_dataset: give max_steps")
+        per_epoch = train_rows // prompts
+        if per_epoch == 0:
+            raise ValueError(
+                f"GRPOConfig: the train_dataset's {train_rows} rows are fewer than one generation's {prompts} prompts"
+            )
+        steps = max(1, math.ceil(args.num_train_epochs * per_epoch))
+    rollouts_per_rank = completions // world_size
+    micro = per_device if per_device < rollouts_per_rank else 0
+    order = "shuffle" if args.shuffle_dataset else "sequential"
+    return {
+        "prompts_per_step": prompts,
+        "group_size": G,
+        "mu": mu,
+        "steps": steps,
+        "micro_batch": micro,
+        "data_order": order if train_rows else "replacement",
+        "_epoch": per_epoch,
+    }
+
+
+def _schedule(args, optimizer_steps: int) -> dict:
+    kind = args.lr_scheduler_type
+    kind = getattr(kind, "value", kind)  # transformers' SchedulerType
+    if kind not in SCHEDULES:
+        raise _refuse("lr_scheduler_type", kind, f"grpolab's schedules are {', '.join(SCHEDULES)}")
+    warmup = _fraction_or_count(args.warmup_steps, optimizer_steps)
+    if kind == "constant":  # transformers' constant schedule has no warm-up
+        warmup = 0
+    if args.optim not in ("adamw_torch", "adamw_torch_fused"):
+        raise _refuse("optim", args.optim, "grpolab's optimizer is torch's AdamW (adamw_torch, adamw_torch_fused)")
+    return {
+        "lr": args.learning_rate,
+        "lr_schedule": SCHEDULES[kind],
+        "warmup_steps": warmup,
+        "weight_decay": args.weight_decay,
+        "max_grad_norm": args.max_grad_norm,
+    }
+
+
+def _objective(args) -> dict:
+    loss = args.loss_type
+    if loss not in AGGREGATION_OF:
+        raise _refuse("loss_type", loss, f"TRL's loss types are {', '.join(AGGREGATION_OF)}")
+    eps_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
+    out = {
+        "aggregation": AGGREGATION_OF[loss],
+        "loss_type": loss if loss in TERMS else "clip",
+        "clip_low": args.epsilon,
+        "clip_high": eps_high,
+        "clip_delta": args.delta or 0.0,
+        "beta": args.beta,
+        "kl": "k3",
+        "kl_ratio": bool(args.use_bias_correction_kl),
+        "importance_sampling": args.importance_sampling_level,
+        "mask_truncated": bool(args.mask_truncated_completions),
+        "top_entropy_quantile": args.top_entropy_quantile,
+        "off_policy_mask_threshold": args.off_policy_mask_threshold or 0.0,
+        "sapo_temperature_pos": args.sapo_temperature_pos,
+        "sapo_temperature_neg": args.sapo_temperature_neg,
+        "vespo_k_pos": args.vespo_k_pos,
+        "vespo_lambda_pos": args.vespo_lambda_pos,
+        "vespo_k_neg": args.vespo_k_neg,
+        "vespo_lambda_neg": args.vespo_lambda_neg,
+        "entropy_coef": args.entropy_coef,
+        "adaptive_entropy": bool(args.use_adaptive_entropy),
+        "entropy_target": args.entropy_target,
+        "entropy_coef_delta": args.entropy_coef_delta,
+        "entropy_coef_min": args.entropy_coef_min,
+        "entropy_coef_max": args.entropy_coef_max,
+    }
+    if loss == "cispo":  # TRL's epsilon_high is CISPO's cap on the weight; the clip itself is not used
+        out["cispo_cap"] = eps_high
+    scale = args.scale_rewards
+    if scale not in ("group", "batch", "none"):
+        raise _refuse("scale_rewards", scale, "group, batch or none (True, False)")
+    aggregation = {"sum_then_normalize": "sum-then-normalize", "normalize_then_sum": "normalize-then-sum"}
+    if args.multi_objective_aggregation not in aggregation:
+        raise _refuse("multi_objective_aggregation", args.multi_objective_aggregation, "sum_then_normalize or "
+                      "normalize_then_sum")  # fmt: skip
+    out["reward_normalisation"] = aggregation[args.multi_objective_aggregation]
+    if out["reward_normalisation"] == "normalize-then-sum":  # GDPO is its own advantage: grpolab's defaults
+        out |= {"estimator": "grpo_std", "scale_rewards": "group"}
+    else:
+        out |= {"estimator": "grpo" if scale == "none" else "grpo_std", "scale_rewards": scale if scale != "none"
+                else "group"}  # fmt: skip
+        if scale != "none":
+            out["reward_std"] = "sample"  # TRL divides by torch's std: n - 1
+    if args.reward_weights is not None:
+        out["reward_weights"] = tuple(float(w) for w in args.reward_weights)
+    return out
+
+
+def _generation(args) -> dict:
+    out = {
+        "max_new_tokens": args.max_completion_length,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "rollout_engine": "vllm" if args.use_vllm else "hf",
+        "engine_correction": "none",  # TRL corrects vLLM's mismatch only (below); its own generate samples as it trains
+        "keep_dropout": not args.disable_dropout,
+        "fp32_head": bool(args.cast_lm_head_to_fp32),
+        "gradient_checkpointing": bool(args.gradient_checkpointing),
+        "seed": args.seed,
+    }
+    if args.max_tool_calling_iterations is not None:
+        out["max_turns"] = args.max_tool_calling_iterations + 1  # grpolab counts replies, the last without a call
+    if args.num_generations_eval is not None:
+        out["eval_samples"] = args.num_generations_eval
+    if args.use_vllm:
+        out |= {"vllm_memory": args.vllm_gpu_memory_utilization, "vllm_sleep": bool(args.vllm_enable_sleep_mode)}
+        if args.vllm_max_model_length is not None:
+            out["vllm_max_len"] = args.vllm_max_model_length
+        mode = args.vllm_importance_sampling_mode
+        if mode not in CORRECTIONS:
+            raise _refuse("vllm_importance_sampling_mode", mode, f"one of {', '.join(CORRECTIONS)}")
+        out["engine_correction"] = CORRECTIONS[mode] if args.vllm_importance_sampling_correction else "none"
+        out["engine_correction_cap"] = args.vllm_importance_sampling_clip_max
+    return out
+
+
+def _model(args, notes: list[str]) -> dict:
+    out: dict = {}
+    kwargs = dict(args.model_init_kwargs or {})
+    if "revision" in kwargs:
+        out["revision"] = str(kwargs.pop("revision"))
+    kwargs.pop("attn_implementation", None)  # a kernel's choice: grpolab picks sdpa (flash-attention on GPUs)
+    dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", "float32"))
+    dtype = str(dtype).removeprefix("torch.")
+    if dtype == "bfloat16":  # TRL trains the bf16 weights with plain AdamW
+        out |= {"precision": "bf16-true", "compensation": "none"}
+    elif dtype != "float32":
+        raise _refuse("model_init_kwargs", {"dtype": dtype}, "dtype float32 or bfloat16")
+    if kwargs:
+        raise _refuse("model_init_kwargs", kwargs, "grpolab takes revision, dtype and attn_implementation")
+    return out
+
+
+def _precision(args, device: str | None, notes: list[str]) -> dict:
+    """bf16/fp16 as --precision: bf16-mixed where the device computes bf16, 16-mixed on CUDA; else 32-true, said."""
+    import torch
+
+    from grpolab.common.precision import bf16_units
+
+    where = torch.device("cpu" if args.use_cpu else device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    out = {"device": "cpu" if args.use_cpu else (device or "auto")}
+    if args.tf32 is not None and where.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
+        torch.backends.cudnn.allow_tf32 = bool(args.tf32)
+    if args.model_init_kwargs and str(dict(args.model_init_kwargs).get("dtype", "")).endswith("bfloat16"):
+        return out  # the weights themselves are bf16 (_model)
+    if args.bf16:
+        if bf16_units(where):
+            out["precision"] = "bf16-mixed"
+        else:
+            out["precision"] = "32-true"
+            notes.append(f"bf16=True: {where.type} computes no bf16 here; training in fp32 (precision 32-true)")
+    elif args.fp16:
+        if where.type == "cuda":
+            out["precision"] = "16-mixed"
+        else:
+            out["precision"] = "32-true"
+            notes.append("fp16=True: fp16 autocast with a gradient scaler needs CUDA; training in fp32 (32-true)")
+    else:
+        out["precision"] = "32-true"
+    return out
+
+
+def _every(strategy, value, steps: int, mu: int, per_epoch: int) -> int:
+    """grpolab steps between two events of a transformers interval strategy (``no``: 0)."""
+    strategy = getattr(strategy, "value", strategy)
+    if strategy == "no":
+        return 0
+    if strategy == "epoch":
+        return max(per_epoch, 1)
+    if strategy != "steps":
+        raise ValueError(f"GRPOConfig: interval strategy {strategy!r}: grpolab takes no, steps or epoch")
+    optimizer_steps = _fraction_or_count(value, steps * mu)
+    return max(1, math.ceil(optimizer_steps / mu))
+
+
+def _checkpoints(args, steps: int, mu: int, per_epoch: int) -> dict:
+    strategy = getattr(args.save_strategy, "value", args.save_strategy)
+    if strategy == "best":
+        raise _refuse("save_strategy", "best", "grpolab keeps the last weights; pick a checkpoint with grpolab eval")
+    out = {"save_every": _every(strategy, args.save_steps, steps, mu, per_epoch), "out": str(args.output_dir)}
+    if args.save_total_limit is not None:
+        out["keep_checkpoints"] = int(args.save_total_limit)
+    return out
+
+
+def _evaluation(args, steps: int, mu: int, per_epoch: int, has_eval: bool, log_every: int) -> dict:
+    """With an eval_dataset: held-out accuracy at the start, every eval interval and the end; without one, none (TRL
+    trains on every row and evaluates nothing)."""
+    if not has_eval:
+        return {"eval_fraction": 0.0, "eval_every": 0}
+    strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
+    if strategy == "steps" and args.eval_steps is None:
+        return {"eval_every": log_every}
+    return {"eval_every": _every(strategy, args.eval_steps or 0, steps, mu, per_epoch)}
+
+
+def _sharding(args) -> dict:
+    """fsdp: 'full_shard' (with or without 'auto_wrap') is FSDP2 over the processes."""
+    value = args.fsdp
+    modes = value.split() if isinstance(value, str) else [getattr(v, "value", v) for v in value or []]
+    if not modes:
+        return {}
+    if "full_shard" not in modes or set(modes) - {"full_shard", "auto_wrap"}:
+        raise _refuse("fsdp", value, "grpolab's FSDP2 shards fully: 'full_shard' (with or without 'auto_wrap')")
+    return {"fsdp": True}
+
+
+def _logging(args, every: int, notes: list[str]) -> dict:
+    reporters = args.report_to
+    reporters = [reporters] if isinstance(reporters, str) else list(reporters or [])
+    out = {"log_every": max(every, 1), "log_rollouts": bool(args.log_completions)}
+    if args.disable_tqdm:
+        out["progress"] = False
+    for name in reporters:
+        if name in ("tensorboard", "wandb"):
+            out[name] = True
+        elif name not in ("none", "all"):
+            notes.append(f"report_to={name!r} has no effect here: grpolab logs to tensorboard and wandb (offline)")
+        elif name == "all":
+            out |= {"tensorboard": True, "wandb": True}
+    return out

@@ -1,0 +1,73 @@
+"""grpolab's step metrics under TRL's names: the entries of ``trainer.state.log_history``.
+
+TRL logs, every ``logging_steps`` optimizer steps, the mean of each metric over the steps since its last entry. An
+entry here is the same: the mean over the window's grpolab steps of each metric below, by TRL's name, beside every
+grpolab metric of the window's last step by its own name (``reward/mean``, ``loss/clip_frac``, ``probe/...``).
+"""
+
+from __future__ import annotations
+
+import math
+
+# TRL's name -> grpolab's
+TRL_NAMES = {
+    "loss": "loss/total",
+    "grad_norm": "grad/norm",
+    "learning_rate": "charts/lr",
+    "reward": "reward/mean",
+    "reward_std": "reward/std",
+    "frac_reward_zero_std": "reward/frac_zero_std",
+    "completions/mean_length": "completion/len_mean",
+    "completions/max_length": "completion/len_max",
+    "completions/clipped_ratio": "completion/truncated_frac",
+    "kl": "loss/kl",
+    "entropy": "policy/entropy",
+    "clip_ratio/region_mean": "loss/clip_frac",
+    "step_time": "time/step_s",
+}
+
+# reward/<x> keys that are not one function's mean
+_REWARD_STATS = {"mean", "std", "group_std_mean", "frac_zero_std", "accuracy", "format", "errors"}
+
+
+def reward_function_keys(metrics: dict) -> dict[str, str]:
+    """``rewards/<fn>/mean`` -> ``reward/<fn>`` for each reward component's mean logged in ``metrics``."""
+    out = {}
+    for key in metrics:
+        if not key.startswith("reward/"):
+            continue
+        name = key.removeprefix("reward/")
+        if name in _REWARD_STATS or name.startswith("judge_") or "/" in name:
+            continue
+        out[f"rewards/{name}/mean"] = key
+    return out
+
+
+def _mean(values: list) -> float | None:
+    kept = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)]
+    return sum(kept) / len(kept) if kept else None
+
+
+def trl_entry(window: list[dict], global_step: int, epoch: float) -> dict:
+    """A ``log_history`` entry for the grpolab steps ``window`` (oldest first): TRL's names averaged over the window,
+    then the last step's own metrics, then ``epoch`` and ``step`` as TRL ends each entry."""
+    last = window[-1]
+    names = TRL_NAMES | reward_function_keys(last)
+    entry: dict = {}
+    for trl_name, ours in names.items():
+        value = _mean([m.get(ours) for m in window])
+        if value is not None:
+            entry[trl_name] = value
+    entry |= {k: v for k, v in last.items() if k != "step" and not k.startswith("eval/")}
+    entry |= {"epoch": epoch, "step": global_step}
+    return entry
+
+
+def eval_entry(metrics: dict, global_step: int, epoch: float) -> dict:
+    """A ``log_history`` entry of an evaluation: ``eval_reward`` (the first reward function's mean on sampled
+    completions, as TRL's eval_reward is the sampled reward), ``eval_accuracy_greedy`` and every ``eval/*`` metric as
+    ``eval_<name>``."""
+    out = {"eval_" + k.removeprefix("eval/").replace("/", "_"): v for k, v in metrics.items() if k.startswith("eval/")}
+    if "eval_accuracy_sampled" in out:
+        out["eval_reward"] = out["eval_accuracy_sampled"]
+    return out | {"epoch": epoch, "step": global_step}

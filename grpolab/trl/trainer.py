@@ -1,0 +1,418 @@
+"""TRL's ``GRPOTrainer``, run by grpolab: TRL 1.16's constructor and surface over :func:`grpolab.train`.
+
+The trainer owns no loop. ``train()`` translates the config (:mod:`grpolab.trl.config`), hands the objects and options
+to grpolab's recipe, and turns what the recipe tells it after each step (:class:`grpolab.training.recipe.RunHooks`)
+into TRL's ``state.log_history`` and callback calls. The run directory is grpolab's (``args.output_dir``), so
+``grpolab doctor``, ``grpolab report`` and the probes read a run started this way.
+
+One grpolab step is one generation and the ``num_iterations`` optimizer steps taken on it, so TRL's ``global_step``
+(optimizer steps) is ``step x num_iterations``, and the callbacks' ``on_step_end`` is called once a generation.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from grpolab.common.errors import RewardFunctionError
+from grpolab.trl.config import GRPOConfig, translate
+from grpolab.trl.logs import eval_entry, trl_entry
+
+# LoraConfig's fields that grpolab's LoRA takes, and the rest at their defaults
+_LORA_TAKEN = {"r", "lora_alpha", "lora_dropout", "target_modules", "task_type", "peft_type", "base_model_name_or_path",
+               "inference_mode", "revision"}  # fmt: skip
+
+
+class GRPOTrainer:
+    """TRL's GRPOTrainer: ``GRPOTrainer(model, reward_funcs, args=GRPOConfig(...), train_dataset=...).train()``.
+
+    ``model``: a path, Hub id or grpolab name (``smollm2-135m-instruct``), a loaded causal LM, or a PEFT model (its
+    LoRA settings become grpolab's, its adapter merged into the weights it starts from). ``peft_config``: a
+    ``peft.LoraConfig``, grpolab's LoRA. ``reward_funcs``: TRL's forms (functions, reward models by id or object);
+    ``tools``, ``environment_factory``: episodes (docs/environments.md). ``optimizers``, ``quantization_config`` and
+    ``rollout_func`` are refused: grpolab builds its own AdamW and rollouts.
+    """
+
+    def __init__(
+        self,
+        model,
+        reward_funcs=None,
+        args=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        reward_processing_classes=None,
+        callbacks=None,
+        optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
+        tools=None,
+        rollout_func=None,
+        environment_factory=None,
+    ):
+        if optimizers is not None and any(o is not None for o in optimizers):
+            raise ValueError("GRPOTrainer(optimizers=...): grpolab builds its own AdamW and schedule from the config")
+        if quantization_config is not None:
+            raise ValueError("GRPOTrainer(quantization_config=...): quantised (bitsandbytes) training is not built")
+        if rollout_func is not None:
+            raise ValueError(
+                "GRPOTrainer(rollout_func=...): grpolab's engines draw the rollouts; give environment_factory or tools"
+            )
+        self.args = args if args is not None else GRPOConfig(output_dir=f"{_model_name(model)}-GRPO")
+        self.model_spec, self._model, self.lora = _model_and_lora(model, peft_config)
+        self.processing_class = processing_class
+        self.reward_funcs = reward_funcs if isinstance(reward_funcs, list | tuple) else [reward_funcs]
+        self.reward_processing_classes = reward_processing_classes
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self.tools, self.environment_factory = tools, environment_factory
+        self.callback_handler = _callback_handler(callbacks or [], self)
+        self.state = _trainer_state()
+        self.control = None
+        self.run = None
+        self.log = print
+        self._check_reward_funcs()
+
+    # ------------------------------------------------------------------ TRL's surface
+    @property
+    def model(self):
+        """The policy: the trained one after ``train()``; before, the model as given (a path is loaded once)."""
+        if self.run is not None:
+            return self.run.policy.model
+        if self._model is None:
+            from grpolab.models.policy import load_policy
+
+            policy = load_policy(self.model_spec)
+            self._model = policy.model
+            self.processing_class = self.processing_class or policy.tokenizer
+        return self._model
+
+    def add_callback(self, callback) -> None:
+        self.callback_handler.add_callback(callback)
+
+    def remove_callback(self, callback) -> None:
+        self.callback_handler.remove_callback(callback)
+
+    def train(self, resume_from_checkpoint: bool | str | None = None, trial=None, **kwargs):
+        """Train; returns transformers' ``TrainOutput(global_step, training_loss, metrics)``.
+
+        ``resume_from_checkpoint``: True (the newest checkpoint of ``output_dir``) or the path of ``output_dir`` or of
+        its newest checkpoint: grpolab resumes exactly (weights, optimizer, schedule and random state)."""
+        from transformers.trainer_utils import TrainOutput
+
+        import grpolab
+
+        if trial is not None or kwargs:
+            raise ValueError("GRPOTrainer.train: hyperparameter search trials and other keywords are not taken")
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rows = len(self.train_dataset) if self.train_dataset is not None else None
+        plan = translate(self.args, world, rows, has_eval=self.eval_dataset is not None)
+        options = dict(plan.options)
+        options |= self.lora
+        if resume_from_checkpoint:
+            options["resume"] = _resumes(resume_from_checkpoint, Path(self.args.output_dir))
+        for line in plan.notes:
+            self.log(f"grpolab.trl: {line}")
+        hooks = _Callbacks(self, plan, rows)
+        started = time.perf_counter()
+        self.run = grpolab.train(
+            self._model if self._model is not None else self.model_spec,
+            self.train_dataset,
+            [f for f in self.reward_funcs if f is not None] or None,
+            eval_dataset=self.eval_dataset,
+            env=self.environment_factory,
+            tools=self.tools,
+            tokenizer=self.processing_class if self._model is not None else None,
+            reward_processing_classes=self.reward_processing_classes,
+            log=self.log,
+            hooks=hooks,
+            **options,
+        )
+        self.processing_class = self.run.policy.tokenizer
+        runtime = time.perf_counter() - started
+        losses = [m["loss/total"] for m in self.run.metrics if m.get("loss/total") is not None]
+        loss = sum(losses) / len(losses) if losses else 0.0
+        steps = self.state.global_step
+        metrics = {
+            "train_runtime": runtime,
+            "train_samples_per_second": plan.options["prompts_per_step"] * self.args.num_generations
+            * (steps / max(plan.optimizer_steps_per_step, 1)) / max(runtime, 1e-9),
+            "train_steps_per_second": steps / max(runtime, 1e-9),
+            "train_loss": loss,
+            "epoch": self.state.epoch,
+        }  # fmt: skip
+        self.state.log_history.append({**metrics, "step": steps})
+        if self.args.push_to_hub:
+            self.push_to_hub()
+        return TrainOutput(steps, loss, metrics)
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
+        """Held-out accuracy of the first reward function on ``eval_dataset`` (default: the trainer's), greedy and
+        sampled (``num_generations_eval`` or 2 samples a prompt), with 95% intervals, as ``{prefix}_reward``,
+        ``{prefix}_accuracy_greedy`` ..."""
+        import grpolab
+
+        data = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if data is None:
+            raise ValueError("GRPOTrainer.evaluate: no eval_dataset (give one here or to the trainer)")
+        model = self.model  # loads a path once
+        funcs = [f for f in self.reward_funcs if callable(f) and not _is_module(f)]
+        report = grpolab.evaluate(
+            model,
+            data,
+            funcs[:1] or None,
+            tokenizer=self.processing_class,
+            samples=self.args.num_generations_eval or 2,
+            max_new_tokens=self.args.max_completion_length,
+            temperature=self.args.temperature,
+            seed=self.args.seed,
+            log=self.log,
+        )
+        entry = eval_entry(report["metrics"], self.state.global_step, self.state.epoch or 0.0)
+        out = {k.replace("eval_", f"{metric_key_prefix}_", 1): v for k, v in entry.items() if k.startswith("eval_")}
+        self.state.log_history.append({**out, "epoch": entry["epoch"], "step": entry["step"]})
+        return out
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """A Hugging Face directory: the model's ``save_pretrained`` (a LoRA run: its adapter, as TRL saves one) and
+        the tokenizer's."""
+        out = Path(output_dir or self.args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(out)
+
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True, **kwargs) -> str:
+        """Upload ``output_dir`` to ``hub_model_id`` (default: its name). Where the Hub cannot be reached, one line
+        saying so and where the run is."""
+        from huggingface_hub import HfApi
+        from huggingface_hub.utils import HfHubHTTPError
+
+        repo = self.args.hub_model_id or Path(self.args.output_dir).name
+        api = HfApi(token=self.args.hub_token)
+        try:
+            api.create_repo(repo, private=self.args.hub_private_repo, exist_ok=True)
+            info = api.upload_folder(
+                repo_id=repo, folder_path=self.args.output_dir, commit_message=commit_message,
+                revision=self.args.hub_revision,
+            )  # fmt: skip
+        except (OSError, HfHubHTTPError, ValueError) as e:  # offline, no network, no token
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise RuntimeError(
+                f"push_to_hub: the Hub cannot be reached from here ({reason}); the run is in {self.args.output_dir}"
+            ) from None
+        return str(info)
+
+    def log_metrics(self, split: str, metrics: dict) -> None:
+        for k, v in metrics.items():
+            self.log(f"{split} {k}: {v}")
+
+    # ------------------------------------------------------------------ checks
+    def _check_reward_funcs(self) -> None:
+        """A reward function that returns the wrong number of rewards is one line naming it: wrapped here so the
+        check runs whatever form it takes."""
+        self.reward_funcs = [_length_checked(f) if _is_plain_function(f) else f for f in self.reward_funcs]
+
+
+def _is_module(obj) -> bool:
+    import torch
+
+    return isinstance(obj, torch.nn.Module)
+
+
+def _is_plain_function(f) -> bool:
+    return callable(f) and not isinstance(f, str | type) and not _is_module(f)
+
+
+def _length_checked(fn: Callable) -> Callable:
+    """TRL stops on it (a tensor of the wrong shape); grpolab would score each rollout alone and count failures.
+    ``fn`` with a check that it returns one reward per completion; its name, signature and async-ness kept (TRL
+    and grpolab read the signature to tell the forms apart)."""
+    import functools
+
+    def check(out, completions):
+        if out is not None and hasattr(out, "__len__") and len(out) != len(completions):
+            name = getattr(fn, "__name__", repr(fn))
+            raise RewardFunctionError(
+                f"reward function {name} returned {len(out)} rewards for {len(completions)} completions"
+            )
+        return out
+
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def checked_async(*args, **kwargs):
+            return check(await fn(*args, **kwargs), _completions_of(fn, args, kwargs))
+
+        return checked_async
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        return check(fn(*args, **kwargs), _completions_of(fn, args, kwargs))
+
+    return checked
+
+
+def _completions_of(fn, args, kwargs):
+    if "completions" in kwargs:
+        return kwargs["completions"]
+    names = list(inspect.signature(fn).parameters)
+    return args[names.index("completions")] if "completions" in names[: len(args)] else args[0]
+
+
+def _model_name(model) -> str:
+    if isinstance(model, str):
+        return model.rstrip("/").split("/")[-1]
+    path = getattr(getattr(model, "config", None), "_name_or_path", "") or "model"
+    return str(path).rstrip("/").split("/")[-1]
+
+
+def _model_and_lora(model, peft_config) -> tuple[str, Any, dict]:
+    """(the model's spec string, the model object or None, grpolab's LoRA options)."""
+    lora: dict = {}
+    obj = None if isinstance(model, str) else model
+    if obj is not None and hasattr(obj, "peft_config"):  # a PeftModel: its settings, its adapter merged in
+        if peft_config is not None:
+            raise ValueError("GRPOTrainer: a PEFT model and peft_config: give one")
+        peft_config = next(iter(obj.peft_config.values()))
+        obj = obj.merge_and_unload()
+    if peft_config is not None:
+        lora = _lora_options(peft_config, obj if obj is not None else model)
+    return (model if isinstance(model, str) else ""), obj, lora
+
+
+def _lora_options(cfg, model) -> dict:
+    """A peft ``LoraConfig`` as grpolab's --lora-* options; its other fields at their defaults."""
+    from peft import LoraConfig
+
+    if not isinstance(cfg, LoraConfig):
+        raise ValueError(f"peft_config: {type(cfg).__name__}: grpolab trains LoRA adapters (peft.LoraConfig)")
+    default = LoraConfig()
+    for name in vars(default):
+        if name in _LORA_TAKEN or name.startswith("_"):
+            continue
+        if getattr(cfg, name) != getattr(default, name):
+            raise ValueError(f"peft_config.{name}={getattr(cfg, name)!r}: grpolab's LoRA takes r, lora_alpha, "
+                             "lora_dropout and target_modules")  # fmt: skip
+    targets = cfg.target_modules
+    if targets is None:
+        targets = _default_targets(model)
+    targets = targets if isinstance(targets, str) else ",".join(sorted(targets))
+    return {"lora_rank": cfg.r, "lora_alpha": float(cfg.lora_alpha), "lora_dropout": float(cfg.lora_dropout),
+            "lora_targets": targets}  # fmt: skip
+
+
+def _default_targets(model) -> str:
+    """peft's default target modules for the model's architecture (as ``LoraConfig(target_modules=None)`` takes)."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+    kind = getattr(getattr(model, "config", None), "model_type", None)
+    if kind is None and isinstance(model, str) and (Path(model) / "config.json").is_file():
+        import json
+
+        kind = json.loads((Path(model) / "config.json").read_text()).get("model_type")
+    if kind not in DEFAULTS:
+        raise ValueError(f"peft_config.target_modules=None: peft has no default for {kind!r}; give target_modules")
+    return ",".join(DEFAULTS[kind])
+
+
+def _resumes(value, out: Path) -> bool:
+    """``train(resume_from_checkpoint=...)``: True, output_dir, or its newest checkpoint."""
+    if value is True:
+        return True
+    path = Path(value)
+    if path.resolve() == out.resolve():
+        return True
+    from grpolab.models.checkpoint import checkpoint_dirs
+
+    dirs = checkpoint_dirs(out)
+    if dirs and path.resolve() == dirs[-1][1].resolve():
+        return True
+    raise ValueError(
+        f"resume_from_checkpoint={value!r}: grpolab resumes output_dir ({out}) from its newest checkpoint; give True"
+    )
+
+
+def _trainer_state():
+    from transformers import TrainerState
+
+    return TrainerState()
+
+
+def _callback_handler(callbacks: list, trainer: GRPOTrainer):
+    from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
+
+    return CallbackHandler([DefaultFlowCallback, *callbacks], None, None, None, None)
+
+
+class _Callbacks:
+    """grpolab's run hooks as TRL's callbacks and log_history (every rank calls them; callbacks and logs on rank 0,
+    as TRL's ``is_world_process_zero``)."""
+
+    def __init__(self, trainer: GRPOTrainer, plan, rows: int | None):
+        from transformers import TrainerControl
+
+        self.t, self.plan = trainer, plan
+        self.mu = plan.optimizer_steps_per_step
+        self.per_epoch = (rows // plan.options["prompts_per_step"]) if rows else 0
+        self.window: list[dict] = []
+        self.control = TrainerControl()
+        trainer.control = self.control
+
+    def _epoch(self, step: int) -> float:
+        return step / self.per_epoch if self.per_epoch else 0.0
+
+    def _call(self, event: str, **kwargs) -> None:
+        handler, t = self.t.callback_handler, self.t
+        getattr(handler, event)(t.args, t.state, self.control, **kwargs)
+
+    def begin(self, recipe) -> None:
+        t, args = self.t, self.t.args
+        handler = t.callback_handler
+        handler.model, handler.processing_class = recipe.trainer.policy.model, recipe.trainer.policy.tokenizer
+        handler.optimizer, handler.lr_scheduler = recipe.trainer.optimizer, recipe.trainer.scheduler
+        state = t.state
+        state.max_steps = recipe.cfg.run.steps * self.mu
+        state.global_step = recipe.start * self.mu
+        state.epoch = self._epoch(recipe.start)
+        state.num_train_epochs = math.ceil(recipe.cfg.run.steps / self.per_epoch) if self.per_epoch else 1
+        state.logging_steps = self.plan.log_every * self.mu
+        state.save_steps = recipe.cfg.logging.save_every * self.mu
+        state.eval_steps = recipe.cfg.eval.eval_every * self.mu
+        state.train_batch_size = args.per_device_train_batch_size
+        state.is_local_process_zero = state.is_world_process_zero = recipe.world.is_main
+        self._call("on_train_begin")
+
+    def evaluated(self, step: int, metrics: dict) -> None:
+        if any(k.startswith("eval/") for k in metrics):
+            entry = eval_entry(metrics, step * self.mu, self._epoch(step))
+            self.t.state.log_history.append(entry)
+            self._call("on_evaluate", metrics=entry)
+
+    def step_end(self, step: int, metrics: dict, saved: bool) -> bool:
+        state = self.t.state
+        state.global_step, state.epoch = step * self.mu, self._epoch(step)
+        self.window.append(metrics)
+        self._call("on_step_begin")
+        self._call("on_step_end")
+        every, last = self.plan.log_every, step == self.t.state.max_steps // self.mu
+        first = step == 1 and self.t.args.logging_first_step
+        if (every and step % every == 0) or first or last:
+            entry = trl_entry(self.window, state.global_step, state.epoch)
+            self.window = []
+            state.log_history.append(entry)
+            self._call("on_log", logs=entry)
+        if any(k.startswith("eval/") for k in metrics):
+            entry = eval_entry(metrics, state.global_step, state.epoch)
+            state.log_history.append(entry)
+            self._call("on_evaluate", metrics=entry)
+        if saved:
+            self._call("on_save")
+        return bool(self.control.should_training_stop)
+
+    def end(self, recipe) -> None:
+        self._call("on_train_end")

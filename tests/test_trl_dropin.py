@@ -1,0 +1,361 @@
+"""grpolab.trl: TRL's GRPOConfig field by field against TRL's own dataclass, the translation into grpolab's options,
+and GRPOTrainer's surface (train, log_history, callbacks, save_model, evaluate, resume, push_to_hub) on the built-in
+model."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+
+from grpolab.trl import GRPOConfig, GRPOTrainer
+from grpolab.trl.config import translate
+from grpolab.trl.fields import BY_NAME, FIELDS, markdown_table
+
+BUILTIN = str(Path(__file__).resolve().parents[1] / "grpolab" / "assets" / "arith-sft")
+DOC = Path(__file__).resolve().parents[1] / "docs" / "coming-from-trl.md"
+
+
+def _trl_fields() -> dict:
+    from trl import GRPOConfig as TrlConfig
+
+    out = {}
+    for f in dataclasses.fields(TrlConfig):
+        if not f.init:
+            continue
+        out[f.name] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return out
+
+
+# ---------------------------------------------------------------- the table against TRL's dataclass
+
+
+def test_every_trl_field_is_classified_with_trl_s_default():
+    """A field TRL adds (or drops, or whose default changes) fails here until the table says what it becomes."""
+    trl = _trl_fields()
+    assert set(trl) - set(BY_NAME) == set(), "TRL fields not classified in grpolab.trl.fields"
+    assert set(BY_NAME) - set(trl) == set(), "fields in the table that TRL does not have"
+    wrong = {n: (BY_NAME[n].default, trl[n]) for n in trl if BY_NAME[n].default != trl[n]}
+    assert wrong == {}
+    assert {f.kind for f in FIELDS} == {"mapped", "inert", "refused"}
+    assert all(f.note for f in FIELDS if f.kind != "mapped"), "an inert or refused field says why"
+
+
+def test_the_config_s_fields_and_defaults_are_the_table_s():
+    ours = {f.name: f for f in dataclasses.fields(GRPOConfig)}
+    assert list(ours) == [f.name for f in FIELDS]
+    cfg = GRPOConfig()
+    assert cfg.learning_rate == 1e-6 and cfg.num_generations == 8 and cfg.max_completion_length == 512
+    assert cfg.loss_type == "dapo" and cfg.beta == 0.0 and cfg.scale_rewards == "group"
+    assert cfg.per_device_train_batch_size == 8 and cfg.num_train_epochs == 3 and cfg.lr_scheduler_type == "linear"
+    assert cfg.gradient_checkpointing is True and cfg.seed == 42
+    assert cfg.bf16 is True and cfg.steps_per_generation == 1 and cfg.generation_batch_size == 8  # TRL's resolution
+
+
+def test_the_trainer_takes_trl_s_constructor():
+    from trl import GRPOTrainer as TrlTrainer
+
+    theirs = list(inspect.signature(TrlTrainer.__init__).parameters)
+    ours = list(inspect.signature(GRPOTrainer.__init__).parameters)
+    assert sorted(ours) == sorted(theirs)
+    assert ours[:4] == theirs[:4]  # model, reward_funcs, args, train_dataset: positional as in TRL
+
+
+def test_the_docs_hold_the_generated_table():
+    assert markdown_table() in DOC.read_text(), "regenerate: python -m grpolab.trl.fields (docs/coming-from-trl.md)"
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_an_unknown_field_is_a_type_error_as_in_trl():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_field'"):
+        GRPOConfig(no_such_field=1)
+
+
+@pytest.mark.parametrize("name", [f.name for f in FIELDS if f.kind == "refused"])
+def test_a_refused_field_set_is_one_line_naming_it(name):
+    value = {bool: lambda d: not d, int: lambda d: d + 1, float: lambda d: d * 0.5 + 0.01}.get(
+        type(BY_NAME[name].default), lambda d: "x"
+    )(BY_NAME[name].default)
+    with pytest.raises(ValueError) as e:
+        GRPOConfig(**{name: value})
+    message = str(e.value)
+    assert message.startswith(f"GRPOConfig.{name}=") and "\n" not in message
+
+
+def test_an_inert_field_set_is_said_once():
+    plan = translate(GRPOConfig(dataloader_num_workers=4, hub_strategy="end", max_steps=2), train_rows=8)
+    said = [line for line in plan.notes if "dataloader_num_workers=4" in line]
+    assert len(said) == 1 and "no effect" in said[0]
+    assert translate(GRPOConfig(max_steps=2), train_rows=8).notes == []
+
+
+# ---------------------------------------------------------------- the translation
+
+# A value other than TRL's default for each mapped field, where the type's rule does not give one, and the fields
+# that act only beside another one.
+SAMPLE = {
+    "output_dir": "elsewhere",
+    "lr_scheduler_type": "cosine",
+    "optim": "adamw_torch",
+    "bf16": False,
+    "fp16": True,
+    "logging_strategy": "no",
+    "report_to": "tensorboard",
+    "eval_strategy": "steps",
+    "eval_steps": 3,
+    "save_strategy": "no",
+    "save_total_limit": 2,
+    "fsdp": "full_shard",
+    "model_init_kwargs": {"dtype": "bfloat16"},
+    "num_generations_eval": 4,
+    "shuffle_dataset": False,
+    "generation_batch_size": None,
+    "steps_per_generation": None,
+    "delta": 1.5,
+    "epsilon_high": 0.28,
+    "importance_sampling_level": "sequence",
+    "reward_weights": [1.0, 0.5],
+    "multi_objective_aggregation": "normalize_then_sum",
+    "scale_rewards": "batch",
+    "loss_type": "grpo",
+    "off_policy_mask_threshold": 0.5,
+    "max_tool_calling_iterations": 3,
+    "vllm_importance_sampling_mode": "token_truncate",
+    "vllm_max_model_length": 1024,
+    "vllm_importance_sampling_cap": 2.0,
+    "num_train_epochs": 1.0,
+    "max_steps": 20,
+    "gradient_accumulation_steps": 2,
+    "warmup_steps": 3,
+    "logging_steps": 2,
+    "save_steps": 4,
+    "per_device_train_batch_size": 16,
+    "num_generations": 2,
+    "disable_tqdm": True,
+}
+BESIDE = {  # fields read only with another set
+    "vllm_gpu_memory_utilization": {"use_vllm": True},
+    "vllm_enable_sleep_mode": {"use_vllm": True},
+    "vllm_max_model_length": {"use_vllm": True},
+    "vllm_importance_sampling_correction": {"use_vllm": True},
+    "vllm_importance_sampling_mode": {"use_vllm": True},
+    "vllm_importance_sampling_clip_max": {"use_vllm": True},
+    "vllm_importance_sampling_cap": {"use_vllm": True},
+    "eval_steps": {"eval_strategy": "steps"},
+    "num_train_epochs": {"max_steps": -1},
+}
+TRAINER_ONLY = {"push_to_hub", "hub_token", "hub_private_repo", "hub_model_id", "hub_revision", "logging_first_step",
+                "tf32", "generation_batch_size", "steps_per_generation", "optim"}  # fmt: skip
+"""Mapped fields whose effect is the trainer's (tested below), that resolve to the defaults' geometry here, or whose
+values taken all mean one thing (optim: adamw_torch and adamw_torch_fused are torch's AdamW; others are refused)."""
+
+
+def _sample(name: str):
+    if name in SAMPLE:
+        return SAMPLE[name]
+    default = BY_NAME[name].default
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, int):
+        return default + 1
+    if isinstance(default, float):
+        return default * 0.5 + 0.01
+    raise AssertionError(f"give SAMPLE[{name!r}]")
+
+
+@pytest.mark.parametrize("name", [f.name for f in FIELDS if f.kind == "mapped" and f.name not in TRAINER_ONLY])
+def test_each_mapped_field_changes_the_options(name):
+    """Not silently ignored: setting the field (away from TRL's default) changes grpolab's options."""
+    base = {"max_steps": 4, "per_device_train_batch_size": 8, "num_generations": 4, "eval_strategy": "no"}
+    extra = BESIDE.get(name, {})
+    before = translate(GRPOConfig(**base | extra), train_rows=64, has_eval=True).options
+    after = translate(GRPOConfig(**base | extra | {name: _sample(name)}), train_rows=64, has_eval=True)
+    assert after.options != before, f"{name}={_sample(name)!r} changed nothing"
+
+
+def test_trl_s_geometry_prompts_steps_and_epochs():
+    # prompts per generation = per_device x accumulation x processes / num_generations
+    args = GRPOConfig(per_device_train_batch_size=8, gradient_accumulation_steps=2, num_generations=8, max_steps=12,
+                      num_iterations=3)  # fmt: skip
+    o = translate(args, world_size=2, train_rows=100).options
+    assert (o["prompts_per_step"], o["group_size"], o["mu"], o["steps"], o["micro_batch"]) == (4, 8, 3, 4, 8)
+    # epochs: whole generations of the rows (TRL's sampler drops the last incomplete one), rounded up
+    o = translate(GRPOConfig(num_generations=4, num_train_epochs=1.5), train_rows=10).options
+    assert (o["prompts_per_step"], o["steps"], o["data_order"]) == (2, 8, "shuffle")
+    with pytest.raises(ValueError, match="GRPOConfig.optim='sgd'"):
+        translate(GRPOConfig(optim="sgd", max_steps=1), train_rows=10)
+    with pytest.raises(ValueError, match="steps_per_generation"):
+        translate(GRPOConfig(steps_per_generation=4, max_steps=4), train_rows=10)
+    with pytest.raises(ValueError, match="num_generations"):
+        GRPOConfig(num_generations=3)
+
+
+def test_trl_s_objective_names():
+    o = translate(GRPOConfig(max_steps=1), train_rows=8).options
+    assert (o["aggregation"], o["loss_type"], o["estimator"], o["scale_rewards"]) == (
+        "token-mean", "clip", "grpo_std", "group")  # fmt: skip
+    assert o["lr"] == 1e-6 and o["lr_schedule"] == "linear" and o["warmup_steps"] == 0 and o["beta"] == 0.0
+    o = translate(GRPOConfig(max_steps=1, loss_type="cispo", epsilon_high=4.0, scale_rewards=False), 1, 8).options
+    assert (o["loss_type"], o["cispo_cap"], o["estimator"]) == ("cispo", 4.0, "grpo")
+    o = translate(GRPOConfig(max_steps=10, warmup_steps=0.25, max_completion_length=32), 1, 8).options
+    assert o["warmup_steps"] == 3 and o["max_new_tokens"] == 32  # a fraction of the optimizer steps, rounded up
+
+
+def test_precision_bf16_on_a_device_without_bf16_says_what_it_runs(monkeypatch):
+    import grpolab.common.precision as precision
+
+    monkeypatch.setattr(precision, "bf16_units", lambda device: "")
+    plan = translate(GRPOConfig(max_steps=1), 1, 8, device="cpu")
+    assert plan.options["precision"] == "32-true"
+    assert [n for n in plan.notes if n.startswith("bf16=True")] and len(plan.notes) == 1
+    monkeypatch.setattr(precision, "bf16_units", lambda device: "CPU with AVX512_BF16")
+    assert translate(GRPOConfig(max_steps=1), 1, 8, device="cpu").options["precision"] == "bf16-mixed"
+
+
+# ---------------------------------------------------------------- the trainer on the built-in model
+
+
+def _rows(n: int = 24):
+    from datasets import Dataset
+
+    return Dataset.from_list([{"prompt": f"{a}+{b}", "answer": str(a + b)} for a in range(n // 4) for b in range(4)])
+
+
+def ends_right(completions, answer, **kwargs):
+    return [float(c.strip().endswith(a)) for c, a in zip(completions, answer)]
+
+
+def short(completions, **kwargs):
+    return [float(len(c) < 24) for c in completions]
+
+
+def _args(tmp_path, **kw):
+    options = dict(output_dir=str(tmp_path / "run"), max_steps=4, num_generations=4, per_device_train_batch_size=8,
+                   max_completion_length=12, learning_rate=1e-4, logging_steps=2, save_steps=2, bf16=False,
+                   report_to="none", disable_tqdm=True)  # fmt: skip
+    return GRPOConfig(**options | kw)
+
+
+class Recorder:
+    def __init__(self):
+        from transformers import TrainerCallback
+
+        events = self.events = []
+
+        class _CB(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kw):
+                events.append(("begin", state.global_step, state.max_steps))
+
+            def on_step_end(self, args, state, control, **kw):
+                events.append(("step", state.global_step))
+
+            def on_log(self, args, state, control, logs=None, **kw):
+                events.append(("log", state.global_step, logs["reward"]))
+
+            def on_save(self, args, state, control, **kw):
+                events.append(("save", state.global_step))
+
+            def on_train_end(self, args, state, control, **kw):
+                events.append(("end", state.global_step))
+
+        self.callback = _CB()
+
+
+def test_train_log_history_callbacks_save_and_doctor(tmp_path):
+    import grpolab
+
+    rec = Recorder()
+    trainer = GRPOTrainer(BUILTIN, [ends_right, short], _args(tmp_path, reward_weights=[1.0, 0.5]),
+                          train_dataset=_rows(), callbacks=[rec.callback])  # fmt: skip
+    out = trainer.train()
+    assert out.global_step == 4 and set(out.metrics) >= {"train_runtime", "train_loss", "epoch"}
+    logs = [e for e in trainer.state.log_history if "reward" in e]
+    assert [e["step"] for e in logs] == [2, 4]
+    for key in ("loss", "grad_norm", "learning_rate", "reward", "reward_std", "rewards/ends_right/mean",
+                "rewards/short/mean", "completions/mean_length", "entropy", "clip_ratio/region_mean",
+                "frac_reward_zero_std", "reward/mean", "epoch"):  # fmt: skip
+        assert key in logs[-1], key
+    metrics = trainer.run.metrics  # the window's mean, by TRL's name, of grpolab's own per-step values
+    assert logs[0]["reward"] == pytest.approx((metrics[1]["reward/mean"] + metrics[2]["reward/mean"]) / 2)
+    kinds = [e[0] for e in rec.events]
+    assert kinds == ["begin", "step", "step", "log", "save", "step", "step", "log", "save", "end"]
+    assert rec.events[0] == ("begin", 0, 4)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (config["prompts_per_step"], config["group_size"], config["reward_weights"]) == (2, 4, [1.0, 0.5])
+    assert config["eval_fraction"] == 0.0 and config["data_order"] == "shuffle" and config["seed"] == 42
+    trainer.save_model(str(tmp_path / "hf"))
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert sum(p.numel() for p in loaded.parameters()) == sum(p.numel() for p in trainer.model.parameters())
+    assert isinstance(grpolab.diagnose(tmp_path / "run"), list)  # the doctor reads the run
+
+
+def test_resume_from_checkpoint_continues_exactly(tmp_path):
+    """A run stopped after 2 steps and resumed to 4 is the 4-step run (a constant schedule: a linear one's horizon is
+    max_steps, which the two halves set differently)."""
+    full = GRPOTrainer(
+        BUILTIN, [ends_right], _args(tmp_path / "a", lr_scheduler_type="constant"), train_dataset=_rows()
+    )
+    full.train()
+    half = GRPOTrainer(BUILTIN, [ends_right], _args(tmp_path / "b", max_steps=2, lr_scheduler_type="constant"),
+                       train_dataset=_rows())  # fmt: skip
+    half.train()
+    rest = GRPOTrainer(
+        BUILTIN, [ends_right], _args(tmp_path / "b", lr_scheduler_type="constant"), train_dataset=_rows()
+    )
+    rest.train(resume_from_checkpoint=True)
+    a = [m["reward/mean"] for m in full.run.metrics if "reward/mean" in m]
+    b = [m["reward/mean"] for m in rest.run.metrics if "reward/mean" in m]
+    assert a == b and len(a) == 4
+    with pytest.raises(ValueError, match="resume_from_checkpoint"):
+        rest.train(resume_from_checkpoint=str(tmp_path / "elsewhere"))
+
+
+def test_a_reward_function_of_the_wrong_length_is_one_line_naming_it(tmp_path):
+    def miscounted(completions, **kwargs):
+        return [0.0] * (len(completions) + 1)
+
+    trainer = GRPOTrainer(BUILTIN, [miscounted], _args(tmp_path, max_steps=1), train_dataset=_rows())
+    with pytest.raises(ValueError) as e:
+        trainer.train()
+    assert str(e.value) == "reward function miscounted returned 9 rewards for 8 completions"
+
+
+def test_evaluate_and_push_to_hub_offline(tmp_path, monkeypatch):
+    trainer = GRPOTrainer(BUILTIN, [ends_right], _args(tmp_path, max_steps=1), train_dataset=_rows(),
+                          eval_dataset=_rows(8))  # fmt: skip
+    before = trainer.evaluate()
+    assert 0.0 <= before["eval_reward"] <= 1.0 and "eval_accuracy_greedy" in before
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(RuntimeError) as e:
+        trainer.push_to_hub()
+    assert str(e.value).startswith("push_to_hub: the Hub cannot be reached") and "\n" not in str(e.value)
+
+
+def test_refused_constructor_arguments(tmp_path):
+    import torch
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="optimizers"):
+        GRPOTrainer(BUILTIN, [short], _args(tmp_path), optimizers=(torch.optim.SGD(model.parameters(), 0.1), None))
+    with pytest.raises(ValueError, match="rollout_func"):
+        GRPOTrainer(BUILTIN, [short], _args(tmp_path), rollout_func=lambda *a: None)
+
+
+def test_a_reward_function_of_trl_s_keywords_only_is_trl_s_form():
+    """TRL calls reward functions by keyword: ``fn(environments, **kwargs)`` is one (an environment's reward)."""
+    from grpolab.rewards.forms import reward_form
+
+    def from_environments(environments, **kwargs):
+        return [e.reward for e in environments]
+
+    assert reward_form(from_environments) == "trl"
