@@ -57,11 +57,19 @@ def compute_advantages(
         return centred
     if estimator == "rloo":
         return centred * (G / (G - 1))
-    if sample_std:
-        std = (centred.pow(2).sum(dim=1, keepdim=True) / (G - 1)).sqrt()  # [B, 1] sample std
-    else:
-        std = centred.pow(2).mean(dim=1, keepdim=True).sqrt()  # [B, 1] population std
-    return centred / (std + STD_EPS)
+    return centred / (_std(centred, sample_std, dim=1) + STD_EPS)  # std [B, 1]
+
+
+def _std(centred: torch.Tensor, sample: bool, dim: int | None = None) -> torch.Tensor:
+    """The standard deviation of values already centred on their mean, over ``dim`` (kept) or all of them: the
+    population one (the mean square), or the sample one (the sum of squares over n - 1, torch.std's)."""
+    squares = centred.pow(2)
+    if dim is None:
+        return (squares.sum() / max(centred.numel() - 1, 1)).sqrt() if sample else squares.mean().sqrt()
+    n = centred.shape[dim]
+    return (
+        (squares.sum(dim=dim, keepdim=True) / (n - 1)).sqrt() if sample else squares.mean(dim=dim, keepdim=True).sqrt()
+    )
 
 
 def ragged_advantages(groups: list[torch.Tensor], estimator: str, sample_std: bool = False) -> torch.Tensor:
@@ -120,9 +128,7 @@ def batch_std(rewards: torch.Tensor, sample: bool = False) -> torch.Tensor:
     ``sample``: the sample standard deviation (n - 1 in the denominator), TRL's scale_rewards='batch'; grpolab's
     default keeps the population form of its group option [RLVR essay, Sec. 3.5]."""
     r = rewards.double().flatten()
-    if sample:
-        return ((r - r.mean()).pow(2).sum() / max(r.numel() - 1, 1)).sqrt().float()
-    return (r - r.mean()).pow(2).mean().sqrt().float()
+    return _std(r - r.mean(), sample).float()
 
 
 def turn_advantages(
@@ -179,11 +185,7 @@ def turn_advantages(
     if estimator == "grpo_std":
         values_live = rtg[live]
         mean = values_live[0] + (values_live - values_live[0]).mean()
-        if sample_std:
-            std = ((values_live - mean).pow(2).sum() / max(values_live.numel() - 1, 1)).sqrt()
-        else:
-            std = (values_live - mean).pow(2).mean().sqrt()
-        adv = adv / (std + STD_EPS)
+        adv = adv / (_std(values_live - mean, sample_std) + STD_EPS)
     return adv.float()
 
 

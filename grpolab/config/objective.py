@@ -150,6 +150,11 @@ class ObjectiveSection:
             raise bad("engine_correction_cap", f"must be > 1, got {self.engine_correction_cap:g}")
 
     @property
+    def sample_std(self) -> bool:
+        """Whether grpo_std divides by the sample standard deviation (--reward-std sample)."""
+        return self.reward_std == "sample"
+
+    @property
     def group_baseline(self) -> bool:
         """Whether the estimator's baseline comes from the group (it then needs G >= 2, and a group whose rewards
         are all equal carries no gradient)."""

@@ -50,10 +50,10 @@ def step_advantages(
     scale = None
     if objective.scale_rewards == "batch" and roll.rewards:  # the std of every reward in the update, all ranks
         every = torch.tensor([r for g in roll.rewards for r in g])
-        scale = batch_std(every, sample=objective.reward_std == "sample").to(device) + STD_EPS
+        scale = batch_std(every, sample=objective.sample_std).to(device) + STD_EPS
     if groups.rows.episodes is not None:
         return _episode_advantages(roll, objective, estimator, device, scale, values)
-    G, sample = common_size(groups.sizes), objective.reward_std == "sample"
+    G, sample = common_size(groups.sizes), objective.sample_std
     if not groups.sizes:
         adv = torch.zeros(0, device=device)
     elif G is not None:
@@ -81,9 +81,7 @@ def _episode_advantages(roll: StepRollouts, objective: ObjectiveSection, estimat
     """Episodes: each turn's advantage under --advantage (rtg-mc: with values from branched continuations)."""
     groups = roll.groups
     mc = values(groups.rows, groups.sizes) if objective.advantage == "rtg-mc" and groups.sizes else None
-    credit = episode_credit(
-        groups.rows, groups.sizes, estimator, objective.advantage, mc, objective.reward_std == "sample"
-    )
+    credit = episode_credit(groups.rows, groups.sizes, estimator, objective.advantage, mc, objective.sample_std)
     first, token = credit.first.to(device), credit.token
     if scale is not None:
         first, token = first / scale, (None if token is None else token / scale.cpu())

@@ -135,6 +135,7 @@ class TrainRecipe:
     def __init__(self, cfg: TrainConfig, log=print, given: Given = NOTHING, hooks: RunHooks | None = None):
         self.requested, self.log, self.given = cfg, log, given
         self.hooks = hooks or RunHooks()
+        self.hooked = hooks is not None  # only a caller's hooks can ask to stop: no collective per step without
         self.logger: RunLogger | None = None
         self.doctor: Watcher | None = None
         self.status = StatusLine()  # what the trainer is doing, on the progress bar once train() starts one
@@ -284,7 +285,8 @@ class TrainRecipe:
                 metrics, last, saved = self._run_step(step)
                 done[0] = step
                 bar.update(step, _status_line(metrics), force="eval/accuracy_sampled" in metrics)
-                if dist_.all_max(int(self.hooks.step_end(step, metrics, saved)), self.world) and not last:
+                asked = self.hooks.step_end(step, metrics, saved)
+                if self.hooked and dist_.all_max(int(asked), self.world) and not last:
                     if not saved:
                         self.trainer.save(self.out, step)
                     self.log(f"stopped after step {step}, as asked")

@@ -124,6 +124,8 @@ class Translation(NamedTuple):
     """TRL's optimizer steps in one grpolab step (a generation): num_iterations."""
     log_every: int
     """grpolab steps between two log_history entries (0: never)."""
+    steps_per_epoch: int
+    """grpolab steps in one pass over the training rows (0: no training rows)."""
 
 
 def translate(
@@ -133,17 +135,16 @@ def translate(
     num_train_epochs; None: no data); ``has_eval``: whether an eval_dataset is given; ``device``: where it runs
     (None: CUDA where torch sees one, as transformers picks)."""
     notes = [f"{f.name}={getattr(args, f.name)!r} has no effect here: {f.note}" for f in _inert_set(args)]
-    geometry = _geometry(args, world_size, train_rows, notes)
+    geometry, per_epoch = _geometry(args, world_size, train_rows, notes)
     steps, mu = geometry["steps"], geometry["mu"]
     options = {**geometry, **_schedule(args, steps * mu)}
-    options |= _objective(args) | _generation(args) | _model(args, notes)
+    options |= _objective(args) | _generation(args) | _model(args)
     options |= _precision(args, device, notes)
-    every = _every(args.logging_strategy, args.logging_steps, steps, mu, geometry.get("_epoch", 0))
-    options |= _checkpoints(args, steps, mu, geometry.get("_epoch", 0))
-    options |= _evaluation(args, steps, mu, geometry.get("_epoch", 0), has_eval, every)
+    every = _every(args.logging_strategy, args.logging_steps, steps, mu, per_epoch)
+    options |= _checkpoints(args, steps, mu, per_epoch)
+    options |= _evaluation(args, steps, mu, per_epoch, has_eval, every)
     options |= _logging(args, every, notes) | _sharding(args)
-    options.pop("_epoch", None)
-    return Translation(options, notes, mu, every)
+    return Translation(options, notes, mu, every, per_epoch)
 
 
 def to_options(args, world_size: int = 1, train_rows: int | None = None, has_eval: bool = False) -> dict:
@@ -160,8 +161,9 @@ def _fraction_or_count(value: float, total: int) -> int:
     return math.ceil(value * total) if 0 < value < 1 else int(value)
 
 
-def _geometry(args, world_size: int, train_rows: int | None, notes: list[str]) -> dict:
-    """Prompts per step, mu, the number of steps (generations), the micro-batch and the data's order."""
+def _geometry(args, world_size: int, train_rows: int | None, notes: list[str]) -> tuple[dict, int]:
+    """Prompts per step, mu, the number of steps (generations), the micro-batch and the data's order; and the steps
+    of one epoch over ``train_rows`` (0 without rows)."""
     G, per_device = args.num_generations, args.per_device_train_batch_size
     accum, spg = args.gradient_accumulation_steps, args.steps_per_generation
     if spg % accum:
@@ -207,8 +209,7 @@ def _geometry(args, world_size: int, train_rows: int | None, notes: list[str]) -
         "steps": steps,
         "micro_batch": micro,
         "data_order": order if train_rows else "replacement",
-        "_epoch": per_epoch,
-    }
+    }, per_epoch
 
 
 def _schedule(args, optimizer_steps: int) -> dict:
@@ -311,7 +312,7 @@ def _generation(args) -> dict:
     return out
 
 
-def _model(args, notes: list[str]) -> dict:
+def _model(args) -> dict:
     out: dict = {}
     kwargs = dict(args.model_init_kwargs or {})
     if "revision" in kwargs:

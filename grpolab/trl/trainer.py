@@ -70,7 +70,7 @@ class GRPOTrainer:
         self.reward_processing_classes = reward_processing_classes
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.tools, self.environment_factory = tools, environment_factory
-        self.callback_handler = _callback_handler(callbacks or [], self)
+        self.callback_handler = _callback_handler(callbacks or [])
         self.state = _trainer_state()
         self.control = None
         self.run = None
@@ -117,7 +117,7 @@ class GRPOTrainer:
             options["resume"] = _resumes(resume_from_checkpoint, Path(self.args.output_dir))
         for line in plan.notes:
             self.log(f"grpolab.trl: {line}")
-        hooks = _Callbacks(self, plan, rows)
+        hooks = _Callbacks(self, plan)
         started = time.perf_counter()
         self.run = grpolab.train(
             self._model if self._model is not None else self.model_spec,
@@ -229,9 +229,10 @@ def _is_plain_function(f) -> bool:
 
 
 def _length_checked(fn: Callable) -> Callable:
-    """TRL stops on it (a tensor of the wrong shape); grpolab would score each rollout alone and count failures.
-    ``fn`` with a check that it returns one reward per completion; its name, signature and async-ness kept (TRL
-    and grpolab read the signature to tell the forms apart)."""
+    """``fn`` with a check that it returns one reward per completion, raising :class:`RewardFunctionError` (TRL stops
+    on a wrong length too, with a tensor shape error; grpolab alone would score each rollout by itself and count the
+    failures). Its name, signature and async-ness are kept: TRL and grpolab read the signature to tell the forms
+    apart."""
     import functools
 
     def check(out, completions):
@@ -242,25 +243,26 @@ def _length_checked(fn: Callable) -> Callable:
             )
         return out
 
+    names = list(inspect.signature(fn).parameters)  # read once, not at every call
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def checked_async(*args, **kwargs):
-            return check(await fn(*args, **kwargs), _completions_of(fn, args, kwargs))
+            return check(await fn(*args, **kwargs), _completions_of(names, args, kwargs))
 
         return checked_async
 
     @functools.wraps(fn)
     def checked(*args, **kwargs):
-        return check(fn(*args, **kwargs), _completions_of(fn, args, kwargs))
+        return check(fn(*args, **kwargs), _completions_of(names, args, kwargs))
 
     return checked
 
 
-def _completions_of(fn, args, kwargs):
+def _completions_of(names: list[str], args, kwargs):
+    """The completions of a call ``fn(*args, **kwargs)``, ``names`` its parameters."""
     if "completions" in kwargs:
         return kwargs["completions"]
-    names = list(inspect.signature(fn).parameters)
     return args[names.index("completions")] if "completions" in names[: len(args)] else args[0]
 
 
@@ -343,7 +345,7 @@ def _trainer_state():
     return TrainerState()
 
 
-def _callback_handler(callbacks: list, trainer: GRPOTrainer):
+def _callback_handler(callbacks: list):
     from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 
     return CallbackHandler([DefaultFlowCallback, *callbacks], None, None, None, None)
@@ -353,12 +355,12 @@ class _Callbacks:
     """grpolab's run hooks as TRL's callbacks and log_history (every rank calls them; callbacks and logs on rank 0,
     as TRL's ``is_world_process_zero``)."""
 
-    def __init__(self, trainer: GRPOTrainer, plan, rows: int | None):
+    def __init__(self, trainer: GRPOTrainer, plan):
         from transformers import TrainerControl
 
         self.t, self.plan = trainer, plan
         self.mu = plan.optimizer_steps_per_step
-        self.per_epoch = (rows // plan.options["prompts_per_step"]) if rows else 0
+        self.per_epoch, self.steps = plan.steps_per_epoch, plan.options["steps"]
         self.window: list[dict] = []
         self.control = TrainerControl()
         trainer.control = self.control
@@ -388,6 +390,7 @@ class _Callbacks:
         self._call("on_train_begin")
 
     def evaluated(self, step: int, metrics: dict) -> None:
+        """An evaluation's metrics (any step's: ``step_end`` passes its own on) to log_history and on_evaluate."""
         if any(k.startswith("eval/") for k in metrics):
             entry = eval_entry(metrics, step * self.mu, self._epoch(step))
             self.t.state.log_history.append(entry)
@@ -399,17 +402,14 @@ class _Callbacks:
         self.window.append(metrics)
         self._call("on_step_begin")
         self._call("on_step_end")
-        every, last = self.plan.log_every, step == self.t.state.max_steps // self.mu
+        every, last = self.plan.log_every, step == self.steps
         first = step == 1 and self.t.args.logging_first_step
         if (every and step % every == 0) or first or last:
             entry = trl_entry(self.window, state.global_step, state.epoch)
             self.window = []
             state.log_history.append(entry)
             self._call("on_log", logs=entry)
-        if any(k.startswith("eval/") for k in metrics):
-            entry = eval_entry(metrics, state.global_step, state.epoch)
-            state.log_history.append(entry)
-            self._call("on_evaluate", metrics=entry)
+        self.evaluated(step, metrics)
         if saved:
             self._call("on_save")
         return bool(self.control.should_training_stop)
