@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import trl_scores_in_float64
 
 from grpolab.algo.loss import policy_loss
 from grpolab.models.logprobs import completion_logprobs
@@ -201,28 +202,6 @@ def _trl_trainer(policy, tmp_path, **options):
     return trainer
 
 
-def _float64_logprobs(trainer, batch):
-    """Make ``trainer``'s compute_loss score the completions in float64.
-
-    TRL's forward runs the LM head fused (transformers' ``fused_lm_head``) and returns float32 log-probs whatever
-    the model's dtype, so its loss carries float32 rounding (about 1e-7 relative) before any objective is applied.
-    Its own forward is still run and checked against grpolab's to float32 rounding; then grpolab's float64
-    log-probs of the same model and batch (a forward of their own, with their own graph) replace it, so what the
-    comparison measures is the objective: TRL's compute_loss from the log-probs on against grpolab's policy_loss.
-    """
-    forward = trainer._get_per_token_logps_and_entropies
-
-    def in_float64(model, *args, **kwargs):
-        logps, entropies, aux = forward(model, *args, **kwargs)
-        ours = completion_logprobs(model, batch, entropy=True)  # [N, T, 2]: log-probs and entropies
-        m = batch.completion_mask.bool()
-        assert (logps.double()[m] - ours[..., 0][m]).abs().max() < 1e-5  # TRL's fp32 head: the same, rounded
-        assert (entropies.double()[m] - ours[..., 1][m]).abs().max() < 1e-5
-        return ours[..., 0], ours[..., 1], aux
-
-    trainer._get_per_token_logps_and_entropies = in_float64
-
-
 def _trl_inputs(batch, mask, adv, old) -> dict:
     """The batch as TRL's _compute_loss takes it: ``mask`` the completion mask, ``old`` the old log-probs (None:
     on-policy), the token count of the whole batch as num_items_in_batch."""
@@ -260,7 +239,7 @@ def test_each_objective_s_loss_and_gradient_equal_trl_s_in_float64(float64_setup
     adv = torch.tensor([0.5, -0.5, 1.0, -1.0, 0.3, -0.3, 0.0, 0.7], dtype=torch.float64)
     mask = batch.completion_mask
     inputs = _trl_inputs(batch, mask, adv, old)
-    _float64_logprobs(trainer, batch)
+    trl_scores_in_float64(trainer)  # TRL's forward checked against grpolab's, then grpolab's float64 stands in
     trl_loss = trainer._compute_loss(model, inputs)
     assert trl_loss.dtype == torch.float64
     trl_grad = torch.autograd.grad(trl_loss, params)
@@ -302,7 +281,7 @@ def test_the_adaptive_entropy_coefficient_follows_trl_s_step_by_step(float64_set
         h = float(entropy_bonus(completion_logprobs(model, batch, entropy=True)[..., 1], mask, float(mask.sum())))
     options = dict(entropy_coef=0.02, entropy_coef_delta=0.01, entropy_coef_max=0.045, entropy_target=h + 0.1)
     trainer = _trl_trainer(policy, tmp_path, loss_type="dapo", use_adaptive_entropy=True, **options)
-    _float64_logprobs(trainer, batch)
+    trl_scores_in_float64(trainer)  # TRL's forward checked against grpolab's, then grpolab's float64 stands in
     control = EntropyControl(0.02, adaptive=True, target=h + 0.1, delta=0.01, high=0.045)
     adv = torch.tensor([0.5, -0.5, 1.0, -1.0, 0.3, -0.3, 0.0, 0.7], dtype=torch.float64)
     inputs = _trl_inputs(batch, mask, adv, None)
