@@ -2,7 +2,8 @@
 under real TRL with only its import line changed (README.md there).
 
 The built-in model has no chat template, so the scripts run with ``--plain`` (TRL's standard, plain-text prompts).
-The twelve runs are started together by one module fixture, two at a time, and the tests read their results.
+One module fixture runs the twelve: the grpolab scripts in one process and TRL's copies in another
+(tests/script_batch.py), and the tests read their results.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -46,16 +47,23 @@ def trl_copy(script: str, into: Path) -> Path:
     return target
 
 
-def _run(path: Path, out: Path, steps: int = 2) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(path), "--model", str(BUILTIN), "--max-steps", str(steps), "--use-cpu", "--plain",
-               "--output-dir", str(out)]  # fmt: skip
+def _batch(jobs: dict, tmp: Path, name: str) -> subprocess.Popen:
+    """One process running ``jobs`` (``{key: (script, output_dir)}``) in turn (tests/script_batch.py)."""
+    listing = [
+        {"script": str(script), "log": str(out) + ".log",
+         "argv": ["--model", str(BUILTIN), "--max-steps", "2", "--use-cpu", "--plain", "--output-dir", str(out)]}
+        for script, out in jobs.values()
+    ]  # fmt: skip
+    (tmp / f"{name}.json").write_text(json.dumps(listing))
     env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, cwd=out.parent, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "script_batch.py"), str(tmp / f"{name}.json")],
+                            cwd=tmp, env=env)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """``{(backend, script): (CompletedProcess, output_dir)}`` for every script under grpolab and under TRL."""
+    """``{(backend, script): (Result, output_dir)}`` for every script under grpolab and under TRL: the grpolab scripts
+    in one process and TRL's copies in another, side by side, so that each imports torch and its trainer once."""
     tmp = tmp_path_factory.mktemp("trl_examples")
     jobs = {}
     for script in SCRIPTS:
@@ -63,15 +71,27 @@ def runs(tmp_path_factory):
         jobs["trl", script] = (trl_copy(script, tmp / "trl_scripts" / script), tmp / "trl" / script)
     for _, out in jobs.values():
         out.parent.mkdir(parents=True, exist_ok=True)
-    # the longest first, so that two workers finish together
-    order = sorted(jobs, key=lambda k: (k[1] != "resume", k[0] != "trl"))
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        done = {key: pool.submit(_run, *jobs[key]) for key in order}
-    return {key: (future.result(), jobs[key][1]) for key, future in done.items()}
+    launched = [
+        _batch({k: v for k, v in jobs.items() if k[0] == backend}, tmp, backend) for backend in ("grpolab", "trl")
+    ]
+    for process in launched:
+        assert process.wait(timeout=600) == 0
+    results = {}
+    for key, (_, out) in jobs.items():
+        log = Path(str(out) + ".log")
+        results[key] = (Result(int(Path(str(log) + ".status").read_text()), log.read_text()), out)
+    return results
 
 
-def _ok(result: subprocess.CompletedProcess) -> None:
-    assert result.returncode == 0, result.stderr[-3000:]
+class Result(NamedTuple):
+    """A script's exit status and its output (stdout and stderr together)."""
+
+    returncode: int
+    output: str
+
+
+def _ok(result: Result) -> None:
+    assert result.returncode == 0, result.output[-3000:]
 
 
 def _steps(run_dir: Path) -> list[int]:
@@ -92,14 +112,14 @@ def test_grpolab_runs_the_script(runs, script):
     result, out = runs["grpolab", script]
     _ok(result)
     assert _steps(out) == [1, 2]
-    assert "step 2/2" in result.stdout
+    assert "step 2/2" in result.output
 
 
 def test_grpolab_resumes(runs):
     result, out = runs["grpolab", "resume"]
     _ok(result)
     assert _steps(out) == [1, 2, 3, 4]  # the second trainer continued the first's run: steps 3 and 4 added
-    assert "resumed at step 2, stopped at step 4" in result.stdout
+    assert "resumed at step 2, stopped at step 4" in result.output
 
 
 @pytest.mark.parametrize("script", [s for s in SCRIPTS if s not in TRL_CANNOT and s != "resume"])
@@ -114,11 +134,11 @@ def test_trl_resumes_the_copy(runs):
     result, out = runs["trl", "resume"]
     _ok(result)
     assert json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())["global_step"] == 4
-    assert "resumed at step 2, stopped at step 4" in result.stdout
+    assert "resumed at step 2, stopped at step 4" in result.output
 
 
 @pytest.mark.parametrize("script", sorted(TRL_CANNOT))
 def test_trl_refuses_tools_without_a_tool_calling_chat_template(runs, script):
     result, _ = runs["trl", script]
     assert result.returncode != 0
-    assert TRL_CANNOT[script] in result.stderr
+    assert TRL_CANNOT[script] in result.output
