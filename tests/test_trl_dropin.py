@@ -114,8 +114,8 @@ SAMPLE = {
     "model_init_kwargs": {"dtype": "bfloat16"},
     "num_generations_eval": 4,
     "shuffle_dataset": False,
-    "generation_batch_size": None,
-    "steps_per_generation": None,
+    "generation_batch_size": 16,
+    "steps_per_generation": 2,
     "delta": 1.5,
     "epsilon_high": 0.28,
     "importance_sampling_level": "sequence",
@@ -150,9 +150,8 @@ BESIDE = {  # fields read only with another set
     "num_train_epochs": {"max_steps": -1},
 }
 TRAINER_ONLY = {"push_to_hub", "hub_token", "hub_private_repo", "hub_model_id", "hub_revision", "logging_first_step",
-                "tf32", "generation_batch_size", "steps_per_generation", "optim"}  # fmt: skip
-"""Mapped fields whose effect is the trainer's (tested below), that resolve to the defaults' geometry here, or whose
-values taken all mean one thing (optim: adamw_torch and adamw_torch_fused are torch's AdamW; others are refused)."""
+                "tf32", "optim"}  # fmt: skip
+"""Mapped fields whose effect is the trainer's (tested below), or whose values taken all mean one thing (optim: adamw_torch and adamw_torch_fused are torch's AdamW; others are refused)."""
 
 
 def _sample(name: str):
@@ -189,8 +188,12 @@ def test_trl_s_geometry_prompts_steps_and_epochs():
     assert (o["prompts_per_step"], o["steps"], o["data_order"]) == (2, 8, "shuffle")
     with pytest.raises(ValueError, match="GRPOConfig.optim='sgd'"):
         translate(GRPOConfig(optim="sgd", max_steps=1), train_rows=10)
+    # steps_per_generation beyond the accumulation: that many optimizer steps on parts of one generation
+    o = translate(GRPOConfig(steps_per_generation=4, max_steps=8, num_generations=8), train_rows=64).options
+    assert (o["prompts_per_step"], o["minibatches"], o["steps"], o["micro_batch"]) == (4, 4, 2, 8)
+    assert translate(GRPOConfig(generation_batch_size=32, max_steps=8), train_rows=64).options["minibatches"] == 4
     with pytest.raises(ValueError, match="steps_per_generation"):
-        translate(GRPOConfig(steps_per_generation=4, max_steps=4), train_rows=10)
+        translate(GRPOConfig(steps_per_generation=3, gradient_accumulation_steps=2, max_steps=4), train_rows=10)
     with pytest.raises(ValueError, match="num_generations"):
         GRPOConfig(num_generations=3)
 
@@ -359,3 +362,16 @@ def test_a_reward_function_of_trl_s_keywords_only_is_trl_s_form():
         return [e.reward for e in environments]
 
     assert reward_form(from_environments) == "trl"
+
+
+def test_steps_per_generation_takes_that_many_optimizer_steps_on_a_generation(tmp_path):
+    """steps_per_generation=2 with no accumulation: each generation of 2 x 8 completions feeds 2 optimizer steps, so 4
+    of TRL's steps are 2 grpolab steps, and the schedule runs over the 4."""
+    trainer = GRPOTrainer(BUILTIN, [ends_right], _args(tmp_path, steps_per_generation=2, lr_scheduler_type="linear"),
+                          train_dataset=_rows())  # fmt: skip
+    out = trainer.train()
+    assert out.global_step == 4 and len([m for m in trainer.run.metrics if "reward/mean" in m]) == 2
+    config = trainer.run.config
+    assert (config["prompts_per_step"], config["minibatches"], config["steps"]) == (4, 2, 2)
+    lrs = [m["charts/lr"] for m in trainer.run.metrics if "charts/lr" in m]
+    assert lrs == pytest.approx([1e-4 * 2 / 4, 0.0])  # linear to 0 over 4 optimizer steps, read after each generation

@@ -252,6 +252,12 @@ class UpdateSection:
 
     micro_batch: int = 0
     """Rollouts per forward/backward; 0 = the whole batch. Must divide B*G."""
+    minibatches: int = 1
+    """K: optimizer steps in each of the --mu passes over the step's batch, each on a K-th of its rows (row i in
+    minibatch i mod K, so each group is spread over them) with a K-th of the step's normalisers (PPO's minibatches;
+    TRL's steps_per_generation / gradient_accumulation_steps). The sampling-time log-probs give the ratio from the
+    second on. 1 = one optimizer step on the whole batch. Each process's rows must split into K equal parts; fixed
+    --sampling, single-turn rollouts, no entropy bonus and no --log-token-credit."""
     micro_batch_tokens: int = 0
     """Instead of --micro-batch: passes of at most this many tokens each, counted with padding (rows x (longest prompt
     + longest completion) of the pass; with --packing, the rows' own tokens); rows are taken longest first, so rows of
@@ -280,7 +286,7 @@ class UpdateSection:
     one device (generation still gathers the whole model on each process)."""
 
     def validate(self) -> None:
-        check_counts(self, non_negative=("micro_batch", "micro_batch_tokens"))
+        check_counts(self, positive=("minibatches",), non_negative=("micro_batch", "micro_batch_tokens"))
         if self.micro_batch and self.micro_batch_tokens:
             raise bad("micro_batch_tokens", "plans the passes by tokens; give it or --micro-batch, not both")
         if self.shared_prefix not in ("on", "off"):

@@ -179,12 +179,32 @@ class TrainConfig:
             raise bad(
                 "overlong_buffer", f"must be in [0, max_new_tokens = {max_new}), got {self.reward.overlong_buffer}"
             )
+        self._validate_minibatches()
         micro = self.update.micro_batch
         if micro and self.rollouts_per_step % micro:
             raise bad(
                 "micro_batch",
                 f"prompts_per_step * group_size = {self.rollouts_per_step} must be divisible by micro_batch = {micro}",
             )
+
+    def _validate_minibatches(self) -> None:
+        """--minibatches K > 1: equal minibatches of single-turn rollouts, and what K optimizer steps a pass support."""
+        K = self.update.minibatches
+        if K == 1:
+            return
+        if self.rollouts_per_step % K:
+            raise bad(
+                "minibatches", f"{self.rollouts_per_step} rollouts a step do not split into {K} equal minibatches"
+            )
+        unsupported = {
+            "sampling": self.groups.sampling != "fixed",
+            "env": self.multi_turn,
+            "entropy_coef": self.terms.entropy_bonus,
+            "log_token_credit": self.probe.log_token_credit > 0,
+        }
+        for name, conflict in unsupported.items():
+            if conflict:
+                raise bad("minibatches", f"{K} optimizer steps a pass with --{name.replace('_', '-')}: not built")
 
     def _validate_generation(self) -> None:
         """Sampling against the groups and the engine."""
@@ -211,6 +231,12 @@ class TrainConfig:
                 "prompts_per_step",
                 f"{self.groups.prompts_per_step} prompts cannot be split over {world_size} processes "
                 "(each takes whole groups): use a multiple of the process count",
+            )
+        if (self.rollouts_per_step // world_size) % self.update.minibatches:
+            raise bad(
+                "minibatches",
+                f"each of {world_size} processes' {self.rollouts_per_step // world_size} rollouts must split into "
+                f"{self.update.minibatches} equal minibatches",
             )
         if self.update.fsdp and self.policy.lora_rank:
             raise bad("fsdp", "LoRA adapters are small enough to replicate: drop --fsdp (DDP) for --lora-rank runs")

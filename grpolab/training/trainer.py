@@ -310,7 +310,7 @@ class GRPOTrainer:
             {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[cfg.optimizer.lr_schedule],
             self.optimizer,
             num_warmup_steps=cfg.optimizer.warmup_steps,
-            num_training_steps=cfg.run.steps * cfg.objective.mu,
+            num_training_steps=cfg.run.steps * cfg.objective.mu * cfg.update.minibatches,
         )
         self.updater = Updater(
             cfg.objective,

@@ -121,6 +121,13 @@ def token_budget_chunks(
     return [torch.tensor(sorted(c), dtype=torch.long, device=rows.device) for c in chunks]
 
 
+def minibatch_rows(n: int, K: int, device) -> list[torch.Tensor]:
+    """The rows of each of ``K`` minibatches of ``n`` rows: row i in minibatch i mod K, so that each group's rollouts
+    (contiguous rows) are spread over the minibatches, G / K of each in each (TRL shuffles the rows instead).
+    ``K = 1``: every row, in order."""
+    return [torch.arange(k, n, K, device=device) for k in range(K)]
+
+
 def plan_micro_batches(rows: torch.Tensor, chunks: list[torch.Tensor], world: World) -> MicroBatchPlan:
     """The passes ``chunks`` over ``rows``, padded to the most passes of any rank."""
     real = len(chunks)
@@ -259,37 +266,50 @@ class Updater:
         # rollout with no loss-carrying token. Normalisers stay those of the whole batch, so the gradient is unchanged.
         credited = adv != 0 if adv.dim() == 1 else ((adv != 0) & loss_mask[:, : adv.shape[1]].bool()).any(dim=1)
         live = carries if obj.beta > 0 or self.entropy is not None else carries & credited
-        plan = self._plan(batch, live.nonzero().squeeze(1), N)
-        old_logp, ref_logp = self._old_and_ref_logprobs(batch, plan)
-        self.watched = None if watch is None else self._watch(watch, batch, loss_mask, plan)
-        inputs = _Inputs(
-            batch, adv, loss_mask, entropy, threshold, old_logp, sampler_logp, ref_logp, N, num_tokens, self.watched,
-            self._bonus_tokens(entropy, loss_mask, threshold, n, num_tokens),
-        )  # fmt: skip
-        params = [p for p in self.policy.module.model.parameters() if p.requires_grad]
+        K = self.passes.minibatches  # optimizer steps per pass over the batch, each on its share of the normalisers
+        plans = [self._plan(batch, part[live[part]], N // K) for part in minibatch_rows(n, K, live.device)]
+        self.watched = None if watch is None else self._watch(watch, batch, loss_mask, plans[0])
+        bonus_tokens = self._bonus_tokens(entropy, loss_mask, threshold, n, num_tokens)
+        inputs = []
+        for plan in plans:
+            old_logp, ref_logp = self._old_and_ref_logprobs(batch, plan)
+            inputs.append(_Inputs(
+                batch, adv, loss_mask, entropy, threshold, old_logp, sampler_logp, ref_logp, N // K, num_tokens / K,
+                self.watched, bonus_tokens / K,
+            ))  # fmt: skip
         sums = dict.fromkeys(SUMS, 0.0) | dict.fromkeys(MAX_KEYS, 0.0)
+        grad_norm, skipped, overflows = self._optimizer_steps(plans, inputs, sums)
+        rows = torch.cat([plan.rows for plan in plans])
+        return self._metrics(sums, rows, loss_mask, N, grad_norm, skipped) | self._scaler_metrics(overflows)
+
+    def _optimizer_steps(self, plans: list[MicroBatchPlan], inputs: list[_Inputs], sums: dict) -> tuple:
+        """mu times over the minibatches: each one's passes, then an optimizer step. Returns the mean gradient norm,
+        the steps skipped for a non-finite loss or gradient, and those skipped for fp16's overflow."""
+        params = [p for p in self.policy.module.model.parameters() if p.requires_grad]
+        steps = self.objective.mu * len(plans)
         grad_norm, skipped, overflows = 0.0, 0, 0
-        for it in range(obj.mu):
-            self.optimizer.zero_grad(set_to_none=True)
-            finite = True
-            self._bonus_coef, sums["entropy_sum"] = (self.entropy.applied() if self.entropy else 0.0), 0.0
-            for c_i, idx in enumerate(plan.chunks):
-                finite = self._loss_and_backward(inputs, plan, c_i, idx, sums, first=it == 0) and finite
-            norm, overflow = self._optimizer_step(params, finite)
-            if self.entropy is not None:
-                self._observe_entropy(sums, inputs.bonus_tokens, first=it == 0)
-            if overflow:
-                overflows += 1
-            elif norm is None:
-                skipped += 1
-            else:
-                grad_norm += norm / obj.mu
-        return self._metrics(sums, plan, loss_mask, N, grad_norm, skipped) | self._scaler_metrics(overflows)
+        for it in range(self.objective.mu):
+            for plan, x in zip(plans, inputs):
+                self.optimizer.zero_grad(set_to_none=True)
+                finite = True
+                self._bonus_coef, sums["entropy_sum"] = (self.entropy.applied() if self.entropy else 0.0), 0.0
+                for c_i, idx in enumerate(plan.chunks):
+                    finite = self._loss_and_backward(x, plan, c_i, idx, sums, first=it == 0) and finite
+                norm, overflow = self._optimizer_step(params, finite)
+                if self.entropy is not None:
+                    self._observe_entropy(sums, x.bonus_tokens, first=it == 0)
+                if overflow:
+                    overflows += 1
+                elif norm is None:
+                    skipped += 1
+                else:
+                    grad_norm += norm / steps
+        return grad_norm, skipped, overflows
 
     def skip(self) -> dict:
         """A step with no group to learn from (--sampling filter, every round all-equal): the weights stay,
         the schedule moves on, and the step is counted (``sampling/short``)."""
-        for _ in range(self.objective.mu):
+        for _ in range(self.objective.mu * self.passes.minibatches):
             self.scheduler.step()
         return {
             "loss/total": None,
@@ -350,7 +370,7 @@ class Updater:
         old_logp, ref_logp = {}, {}
         for c_i, idx in enumerate(plan.chunks):
             sub = select(batch, idx)
-            if self.objective.mu > 1:
+            if self.objective.mu > 1 or self.passes.minibatches > 1:  # the weights move before the pass runs
                 old_logp[c_i] = self.policy.scores(sub, top_p=self.top_p)  # [n, T] each
             if self.reference is not None:
                 ref_logp[c_i] = self.reference.logprobs(sub)
@@ -445,10 +465,11 @@ class Updater:
         self.entropy.observe(mean)
 
     def _add_stats(self, sums: dict, loss: torch.Tensor, st: dict, n_tok: float) -> None:
-        """A pass's share of the step's loss statistics (means over the mu passes; token sums for token means)."""
-        mu = self.objective.mu
-        sums["loss"] += loss.item() / mu
-        sums["policy"] += st["policy"].item() / mu
+        """A pass's share of the step's loss statistics (means over the mu passes; token sums for token means). A
+        minibatch's loss is divided by its share (1/K) of the step's normalisers: the K of them over K are one pass's."""
+        mu, steps = self.objective.mu, self.objective.mu * self.passes.minibatches
+        sums["loss"] += loss.item() / steps
+        sums["policy"] += st["policy"].item() / steps
         sums["kl_tok"] += st["kl"].item() * n_tok / mu
         sums["clip_tok"] += st["clip_frac"].item() * n_tok / mu
         sums["ratio_tok"] += st["ratio_mean"].item() * n_tok / mu
@@ -553,9 +574,9 @@ class Updater:
             out["engine/correction_weight_mean"] = totals["weight_tok"] / parts["tok"]
         return out
 
-    def _metrics(self, sums: dict, plan: MicroBatchPlan, loss_mask, N: int, grad_norm: float, skipped: int) -> dict:
-        """Whole-step values: this rank's sums plus the others'."""
-        local = [sums[k] for k in SUMS] + [plan.rows.numel(), float(loss_mask[plan.rows].sum())]
+    def _metrics(self, sums: dict, rows: torch.Tensor, loss_mask, N: int, grad_norm: float, skipped: int) -> dict:
+        """Whole-step values: this rank's sums plus the others'. ``rows``: the rows that ran."""
+        local = [sums[k] for k in SUMS] + [rows.numel(), float(loss_mask[rows].sum())]
         totals = dict(zip([*SUMS, "active", "active_tok"], dist_.all_sum(local, self.world)))
         active_tokens = max(1.0, totals["active_tok"])
         bonus = {}

@@ -121,7 +121,8 @@ class Translation(NamedTuple):
     notes: list[str]
     """Lines to say once in the log: inert fields that were set, what a precision ran as, a rounded step count."""
     optimizer_steps_per_step: int
-    """TRL's optimizer steps in one grpolab step (a generation): num_iterations."""
+    """TRL's optimizer steps in one grpolab step (a generation): num_iterations x steps_per_generation /
+    gradient_accumulation_steps."""
     log_every: int
     """grpolab steps between two log_history entries (0: never)."""
     steps_per_epoch: int
@@ -136,7 +137,7 @@ def translate(
     (None: CUDA where torch sees one, as transformers picks)."""
     notes = [f"{f.name}={getattr(args, f.name)!r} has no effect here: {f.note}" for f in _inert_set(args)]
     geometry, per_epoch = _geometry(args, world_size, train_rows, notes)
-    steps, mu = geometry["steps"], geometry["mu"]
+    steps, mu = geometry["steps"], geometry["mu"] * geometry["minibatches"]  # mu: optimizer steps a step
     options = {**geometry, **_schedule(args, steps * mu)}
     options |= _objective(args) | _generation(args) | _model(args)
     options |= _precision(args, device, notes)
@@ -172,22 +173,15 @@ def _geometry(args, world_size: int, train_rows: int | None, notes: list[str]) -
             spg,
             f"must be a multiple of gradient_accumulation_steps ({accum}) here: a generation feeds whole optimizer steps",
         )
-    if spg != accum:
-        raise _refuse(
-            "steps_per_generation",
-            spg,
-            f"{spg // accum} optimizer steps on parts of one generation is not built; grpolab takes num_iterations "
-            "updates on the whole generation (set num_iterations instead)",
-        )
     completions = per_device * world_size * spg  # the generation batch, all processes
     prompts = completions // G
-    mu = args.num_iterations
+    mu, minibatches = args.num_iterations, spg // accum  # optimizer steps a generation: mu x minibatches
     if args.max_steps > 0:
-        steps = math.ceil(args.max_steps / mu)
-        if steps * mu != args.max_steps:
+        steps = math.ceil(args.max_steps / (mu * minibatches))
+        if steps * mu * minibatches != args.max_steps:
             notes.append(
-                f"max_steps={args.max_steps} is not a multiple of num_iterations={mu}: {steps * mu} optimizer steps "
-                f"({steps} generations)"
+                f"max_steps={args.max_steps} is not a multiple of the {mu * minibatches} optimizer steps a generation "
+                f"takes: {steps * mu * minibatches} optimizer steps ({steps} generations)"
             )
         per_epoch = (train_rows // prompts) if train_rows else 0
     else:
@@ -206,6 +200,7 @@ def _geometry(args, world_size: int, train_rows: int | None, notes: list[str]) -
         "prompts_per_step": prompts,
         "group_size": G,
         "mu": mu,
+        "minibatches": minibatches,
         "steps": steps,
         "micro_batch": micro,
         "data_order": order if train_rows else "replacement",

@@ -5,8 +5,9 @@ to grpolab's recipe, and turns what the recipe tells it after each step (:class:
 into TRL's ``state.log_history`` and callback calls. The run directory is grpolab's (``args.output_dir``), so
 ``grpolab doctor``, ``grpolab report`` and the probes read a run started this way.
 
-One grpolab step is one generation and the ``num_iterations`` optimizer steps taken on it, so TRL's ``global_step``
-(optimizer steps) is ``step x num_iterations``, and the callbacks' ``on_step_end`` is called once a generation.
+One grpolab step is one generation and the optimizer steps taken on it (``num_iterations`` passes of
+``steps_per_generation / gradient_accumulation_steps`` minibatches), so TRL's ``global_step`` (optimizer steps) is
+``step`` times their number, and the callbacks' ``on_step_end`` is called once a generation.
 """
 
 from __future__ import annotations
