@@ -4,7 +4,7 @@ The last-letter task on SmolLM2-135M-Instruct: what a user sets is set (the mode
 completion, a learning rate, 20 steps, the CPU); everything else is TRL's default (loss_type dapo, beta 0, bf16,
 gradient checkpointing, a linear schedule, seed 42, 8 completions per device, ...).
 
-    python script.py MODEL_DIR DATA.jsonl OUTPUT_DIR
+    python script.py MODEL_DIR DATA.jsonl OUTPUT_DIR [SEED]
 """
 
 import json
@@ -26,6 +26,7 @@ def last_letter(prompts, completions, target, **kwargs):
 
 
 model, data, output_dir = sys.argv[1:4]
+seed = int(sys.argv[4]) if len(sys.argv) > 4 else 42  # TRL's default
 dataset = Dataset.from_list([json.loads(line) for line in open(data)])
 args = GRPOConfig(
     output_dir=output_dir,
@@ -36,6 +37,7 @@ args = GRPOConfig(
     logging_steps=1,
     save_strategy="no",
     use_cpu=True,
+    seed=seed,
 )
 trainer = GRPOTrainer(model=model, reward_funcs=last_letter, args=args, train_dataset=dataset)
 trainer.train()
