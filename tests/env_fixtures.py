@@ -163,7 +163,7 @@ class TurnEngine:
         self.tokenizer, self.script = tokenizer, script
         self.calls: list[tuple[list, list, object]] = []
 
-    def generate(self, prompts, keys, settings) -> Sampled:
+    def generate(self, prompts, keys, settings, media=None) -> Sampled:
         self.calls.append((prompts, keys, settings))
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         replies = [

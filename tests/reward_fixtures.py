@@ -79,3 +79,10 @@ def strict_answer_tag(completions, records):
             raise ValueError(f"no <answer> tag in {c[-40:]!r}")
         out.append(float(c.split("<answer>")[1].split("</answer>")[0].strip() == "1"))
     return out
+
+
+def names_the_colour(prompts, completions, answer, image, **kwargs):
+    """1 when the completion holds the first letter of the colour the row's picture shows (``answer``), else 0.
+    ``image`` is the row's image column as the data gave it (TRL passes every column): asserted to be there."""
+    assert len(image) == len(completions), "the image column reaches the reward function, one per completion"
+    return [float(a[0] in c) for c, a in zip(completions, answer)]

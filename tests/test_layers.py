@@ -20,6 +20,7 @@ LAYERS = [
     ["algo"],  # advantages, losses, corrections, group budgets: pure math
     ["config"],  # every command's options, in sections, and their checks (knows algo's choices)
     ["data", "sandbox"],  # the task's records; programs run in isolation
+    ["vision"],  # vision-language models: a row's images beside its tokens, one adapter per family
     ["models"],  # models and policies (their prompts come from records), log-probs, checkpoints
     ["rewards", "env", "probes"],  # scoring; environments and tools; the gradient's measurements
     ["rollout"],  # engines, episodes, the rollout service, the collector

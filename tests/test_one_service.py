@@ -35,7 +35,7 @@ def ledger(monkeypatch):
     original = engine_module.build_engine
 
     class Counted(ScriptedEngine):
-        def generate(self, prompts, keys, settings):
+        def generate(self, prompts, keys, settings, media=None):
             if book.open_draws:
                 book.inside += len(keys)
             else:

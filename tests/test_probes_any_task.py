@@ -184,7 +184,7 @@ class _Counting:
     def __init__(self, engine):
         self.engine, self.keys = engine, []
 
-    def generate(self, prompts, keys, settings):
+    def generate(self, prompts, keys, settings, media=None):
         self.keys += keys
         return self.engine.generate(prompts, keys, settings)
 

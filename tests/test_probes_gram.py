@@ -165,7 +165,7 @@ def test_tied_embedding_psi_includes_cross_terms(tied, batch4):
     assert untied_copy.lm_head.weight is not untied_copy.model.embed_tokens.weight
     g_in, g_out = [], []
     for i in range(4):
-        sub = Batch(*(t[i : i + 1] for t in batch4))
+        sub = batch4.rows(i, i + 1)
         logp = gram._weighted_score_sum(untied_copy, sub, w[i : i + 1], 1.0)
         a, b = torch.autograd.grad(logp, [untied_copy.model.embed_tokens.weight, untied_copy.lm_head.weight])
         g_in.append(a.reshape(-1).double())

@@ -123,7 +123,7 @@ class Shifted:
     def __init__(self, engine: HFEngine, shift: float):
         self.engine, self.shift = engine, shift
 
-    def generate(self, prompts, keys, settings) -> Sampled:
+    def generate(self, prompts, keys, settings, media=None) -> Sampled:
         out = self.engine.generate(prompts, keys, settings)
         return Sampled(out.batch, (out.logprobs - self.shift) * out.batch.completion_mask, out.entropy)
 

@@ -41,7 +41,7 @@ def merge_checkpoint(
     policy = load_policy(model, torch.float32, gguf_file=gguf_file, revision=revision)
     merged = load_lora(policy.model, ckpt, trainable=False).merge_and_unload().to(saved_dtype)
     merged.save_pretrained(out, safe_serialization=True)
-    policy.tokenizer.save_pretrained(out)
+    (policy.processor or policy.tokenizer).save_pretrained(out)
     return model
 
 

@@ -36,6 +36,9 @@ class PolicySection:
     lora_dropout: float = 0.0
     """Dropout on the LoRA adapters' input (peft's lora_dropout), in [0, 1). Training turns every dropout off,
     this one included, unless --keep-dropout."""
+    train_vision_tower: bool = False
+    """Vision-language models: train the vision tower too. By default it is frozen (its output is then computed once
+    per prompt per step) and the language model and the projector train; LoRA adapts the language model only."""
     lora_targets: str = "all-linear"
     """The layers that get LoRA adapters: 'all-linear' (every linear layer but the output head) or a comma-separated
     list of module names (peft's target_modules), e.g. 'q_proj,v_proj'. A resumed or merged checkpoint uses the

@@ -28,6 +28,7 @@ from pathlib import Path
 from grpolab.common.given import NOTHING, Given
 from grpolab.common.hub import is_hub_id, snapshot
 from grpolab.config.task import TRAIN_DATA, Ref
+from grpolab.data.images import checked_images
 from grpolab.data.jsonl import DataError, gsm8k_record, iter_json_objects
 from grpolab.data.math_format import math_record
 from grpolab.data.records import identity_of, is_chat
@@ -178,7 +179,8 @@ def load_records(
                 f"{path}: no {prompt_column!r} column (columns: {', '.join(columns)}); "
                 "name the prompt column with --prompt-column"
             )
-        return [prompt_record(where, row, prompt_column) for where, row in rows]
+        base = Path(path).parent if Path(path).exists() else None
+        return [prompt_record(where, checked_images(row, where, base), prompt_column) for where, row in rows]
     to_record = gsm8k_record if fmt == "gsm8k" else math_record
     return [to_record(where, row) for where, row in rows]
 
@@ -232,7 +234,7 @@ def prompt_record(where: str, row: dict, prompt_column: str = "prompt") -> dict:
                 f"{where}: {prompt_column!r} is a list but not a chat: each message must be "
                 '{"role": str, "content": str} (and the list not empty)'
             )
-        prompt = [{"role": m["role"], "content": m["content"]} for m in prompt]  # Arrow adds absent keys as None
+        prompt = [{"role": m["role"], "content": _content(m["content"])} for m in prompt]  # Arrow adds absent keys
     elif not isinstance(prompt, str) or not prompt:
         raise DataError(f"{where}: {prompt_column!r} must be a non-empty string or a chat, got {prompt!r}"[:300])
     return {"prompt": prompt, **{k: v for k, v in row.items() if k != prompt_column}}
@@ -253,3 +255,8 @@ def hold_out(records: list[dict], fraction: float, seed: int, fmt: str = "") -> 
     prompts = sorted(set(key), key=rank)
     held = set(prompts[: round(fraction * len(prompts))])
     return [r for r, k in zip(records, key) if k not in held], [r for r, k in zip(records, key) if k in held]
+
+
+def _content(content):
+    """A message's content as the data gave it, without the keys Arrow adds as None to typed parts."""
+    return content if isinstance(content, str) else [{k: v for k, v in p.items() if v is not None} for p in content]

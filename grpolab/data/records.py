@@ -30,18 +30,32 @@ def question_of(record: dict) -> str:
     prompt = prompt_of(record)
     if isinstance(prompt, str):
         return prompt
-    return "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
+    return "\n".join(f"{m['role']}: {content_text(m['content'])}" for m in prompt)
 
 
 def is_chat(prompt: Any) -> bool:
-    """Whether ``prompt`` is a list of ``{"role": str, "content": str}`` messages."""
+    """Whether ``prompt`` is a list of ``{"role": str, "content": ...}`` messages, each content a string or a list of
+    typed parts (``{"type": "text", "text": ...}``, ``{"type": "image"}``: TRL's form for prompts with images)."""
     return (
         isinstance(prompt, list)
         and bool(prompt)
         and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
+            isinstance(m, dict) and isinstance(m.get("role"), str) and _is_content(m.get("content")) for m in prompt
         )
     )
+
+
+def _is_content(content: Any) -> bool:
+    if isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in content)
+
+
+def content_text(content: str | list[dict]) -> str:
+    """A message's content as text: the string, or its parts with each image shown as ``<image>``."""
+    if isinstance(content, str):
+        return content
+    return "".join("<image>" if p["type"] == "image" else str(p.get("text", "")) for p in content)
 
 
 def identity_of(record: dict, fmt: str = "") -> str:
@@ -49,4 +63,6 @@ def identity_of(record: dict, fmt: str = "") -> str:
     (:func:`question_of`), or for an environment's rows (format ``rows``) the whole row."""
     if fmt == "rows":
         return json.dumps(record, sort_keys=True, default=str)
-    return question_of(record)
+    from grpolab.data.images import images_identity
+
+    return question_of(record) + images_identity(record)  # the same question about another picture is another task

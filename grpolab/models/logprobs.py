@@ -12,6 +12,7 @@ import torch.utils.checkpoint
 
 from grpolab.common.batch import Batch
 from grpolab.models.shared_prefix import shared_prefix_hidden
+from grpolab.vision.media import model_inputs
 
 LOGITS_BUDGET = 2**25  # floats of logits held at once before the LM head is chunked (128 MB fp32)
 
@@ -50,34 +51,37 @@ def completion_logprobs(
     target, mask = batch.completion_ids, batch.completion_mask  # [N, T]
     score = _scorer(entropy, top_p)  # [..., V] -> [..., k] or [...]
     m = mask[..., None] if entropy or top_p < 1 else mask
+    if (packed or shared_prefix) and batch.media is not None:
+        raise ValueError("the packed and shared-prefix forwards take text rows only; rows with images run padded")
     if packed:
         return _packed_logprobs(model, head, batch, temperature, chunk_tokens, score)
     if shared_prefix:
-        first_logits, hidden = shared_prefix_hidden(model, *batch)  # [N, V], [N, T - 1, d] or None
+        first_logits, hidden = shared_prefix_hidden(model, *batch.tensors)  # [N, V], [N, T - 1, d] or None
         first = score(first_logits[:, None], target[:, :1], temperature)  # [N, 1]
         if hidden is None:
             return first * m
         rest = _head_logprobs(head, hidden, target[:, 1:], temperature, chunk_tokens, mask[:, 1:], score)  # [N, T - 1]
         return torch.cat([first, rest], dim=1) * m
     if not chunk_tokens:
-        logits = model(**_model_inputs(batch), logits_to_keep=T + 1).logits
+        logits = model(**_model_inputs(model, batch), logits_to_keep=T + 1).logits
         return score(logits[:, :-1], target, temperature) * m
     hidden = _completion_hidden(model, batch)  # [N, T, d]
     return _head_logprobs(head, hidden, target, temperature, chunk_tokens, mask, score) * m
 
 
-def _model_inputs(batch: Batch) -> dict[str, torch.Tensor]:
-    """Prompt and completion as one left-padded sequence ``[N, P + T]``, with its attention mask and positions."""
+def _model_inputs(model, batch: Batch) -> dict[str, torch.Tensor]:
+    """Prompt and completion as one left-padded sequence ``[N, P + T]``, with its attention mask and positions (and
+    for rows with images their merged embeddings: :func:`grpolab.vision.media.model_inputs`)."""
     ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # [N, P + T]
     attn = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
-    return {"input_ids": ids, "attention_mask": attn, "position_ids": (attn.cumsum(-1) - 1).clamp(min=0)}
+    return model_inputs(model, ids, attn, batch.media)
 
 
 def _completion_hidden(model, batch: Batch) -> torch.Tensor:
     """``[N, T, d]`` the decoder's last hidden states that predict the completion tokens (position P-1+t predicts
     completion token t)."""
     T = batch.completion_ids.shape[1]
-    return model.get_decoder()(**_model_inputs(batch)).last_hidden_state[:, -(T + 1) : -1]
+    return model.get_decoder()(**_model_inputs(model, batch)).last_hidden_state[:, -(T + 1) : -1]
 
 
 def _head_logprobs(
@@ -187,7 +191,7 @@ def completion_entropy(model, batch: Batch, temperature: float = 1.0) -> torch.T
     head = model.get_output_embeddings()
     rows = []
     for i in range(batch.completion_ids.shape[0]):
-        row = Batch(*(t[i : i + 1] for t in batch))  # one rollout, its padding kept
+        row = batch.rows(i, i + 1)  # one rollout, its padding kept
         logits = head(_completion_hidden(model, row))  # [1, T, V]
         rows.append(token_entropy(logits.float(), temperature)[0] * row.completion_mask[0])
     return torch.stack(rows) if rows else torch.zeros(batch.completion_ids.shape)

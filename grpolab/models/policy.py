@@ -35,6 +35,15 @@ class Policy:
     """The system instruction of chat prompts: how to format the final answer."""
     few_shot: list[dict] = dataclasses.field(default_factory=list)
     """Solved examples (question, answer) put before the question."""
+    processor: object | None = None
+    """A vision-language model's processor (images and text; ``tokenizer`` is its tokenizer); None for text models."""
+
+    @property
+    def family(self):
+        """A vision-language model's adapter (:mod:`grpolab.vision.families`); None for a text model."""
+        from grpolab.vision.families import family_of
+
+        return None if self.processor is None else family_of(self.model.config)
 
     @property
     def eos_id(self) -> int:
@@ -83,6 +92,20 @@ class Policy:
         ids = self.tokenizer(self.prompt_text(record), add_special_tokens=False)["input_ids"]
         bos = self.tokenizer.bos_token_id
         return ([bos] if bos is not None else []) + ids
+
+    def prompt_inputs(self, record: dict) -> tuple[list[int], object | None]:
+        """The prompt's ids and its images as the model takes them (a :class:`grpolab.vision.media.Media`; None for a
+        text model or a record without images): :meth:`prompt_ids` for text models; for a vision-language model the
+        processor's chat template over the record's messages with its images put in (TRL's forms:
+        :mod:`grpolab.vision.processing`)."""
+        if self.processor is None:
+            return self.prompt_ids(record), None
+        from grpolab.data.images import row_images
+        from grpolab.data.records import question_of
+        from grpolab.vision.processing import encode
+
+        images = row_images(record, f"the row {question_of(record)[:60]!r}")
+        return encode(self.processor, self.family, self.chat_messages(record), images)
 
     def decode(self, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
         """Completion texts ``[N]`` from ids ``[N, T]``, special tokens removed."""
@@ -168,7 +191,8 @@ def resolve_model_path(spec: str, revision: str = ""):
 
 def _load_directory(path: Path, dtype: torch.dtype):
     """Model and tokenizer of a model directory, or of a LoRA adapter's: its base (``base_model_name_or_path``, a
-    path or a Hub id) with the adapter merged in, so that the run trains it like any model."""
+    path or a Hub id) with the adapter merged in, so that the run trains it like any model. A vision-language model
+    (its config has a vision part) comes with its processor in place of the tokenizer."""
     if not (path / "config.json").is_file():
         import json
 
@@ -182,6 +206,17 @@ def _load_directory(path: Path, dtype: torch.dtype):
         if any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
             tokenizer = AutoTokenizer.from_pretrained(path)
         return PeftModel.from_pretrained(model, path).merge_and_unload(), tokenizer
+    from transformers import AutoConfig
+
+    from grpolab.vision.families import family_of, is_vision_config
+
+    if is_vision_config(config := AutoConfig.from_pretrained(path)):
+        from transformers import AutoModelForImageTextToText
+
+        from grpolab.vision.processing import load_processor
+
+        processor = load_processor(path, family_of(config))
+        return AutoModelForImageTextToText.from_pretrained(path, dtype=dtype), processor
     tokenizer = AutoTokenizer.from_pretrained(path)
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype), tokenizer
 
@@ -233,8 +268,15 @@ def load_policy(
 
     if chat not in ("auto", "on", "off"):
         raise ConfigError(f"--chat must be auto, on or off, got {chat!r}")
-    has_template = bool(getattr(tokenizer, "chat_template", None))
+    processor = tokenizer if hasattr(tokenizer, "image_processor") else None  # a vision-language model's
+    if processor is not None:
+        tokenizer = processor.tokenizer
+        if chat == "off":
+            raise ConfigError("--chat off: a vision-language model's prompts go through its processor's chat template")
+    has_template = bool(getattr(processor or tokenizer, "chat_template", None))
+    if processor is not None and not has_template:
+        raise ConfigError(f"{source}: a vision-language model needs a chat template on its processor; it has none")
     if chat == "on" and not has_template:
         raise ConfigError(f"--chat on: the tokenizer of {source} has no chat template")
     use_chat = has_template and (chat == "on" or (chat == "auto" and spec != BUILTIN))
-    return Policy(model, tokenizer, source, origin, chat=use_chat, few_shot=list(few_shot or []))
+    return Policy(model, tokenizer, source, origin, chat=use_chat, few_shot=list(few_shot or []), processor=processor)

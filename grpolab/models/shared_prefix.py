@@ -57,9 +57,17 @@ class PrefixNotUsed(RuntimeError):
     """The model ran without reading the shared prompt cache (it cannot take a precomputed cache)."""
 
 
-def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of the distinct prompts ``[U]`` and, for each of the N rows, its prompt's place among them ``[N]``."""
+def distinct_prompts(
+    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, media=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of the distinct prompts ``[U]`` and, for each of the N rows, its prompt's place among them ``[N]``.
+    ``media``: the rows' images (:class:`grpolab.common.batch.Batch`); rows alike in tokens but with other images are
+    other prompts."""
     key = torch.cat([prompt_ids, prompt_mask], dim=1)  # [N, 2P]: the mask too, in case a prompt begins with the pad id
+    if media is not None:
+        bundles = {id(m): k for k, m in enumerate(media)}  # a group's rows hold the same bundle
+        which = torch.tensor([bundles[id(m)] for m in media], device=key.device)[:, None]  # [N, 1]
+        key = torch.cat([key, which], dim=1)
     _, inverse = torch.unique(key, dim=0, return_inverse=True)  # [N] in 0..U-1
     U = int(inverse.max()) + 1
     first = torch.full((U,), key.shape[0], dtype=torch.long, device=inverse.device)

@@ -431,7 +431,7 @@ def score_gram_reference(
     rows = []
     R = batch.completion_ids.shape[0]
     for i in range(R):
-        sub = Batch(*(t[i : i + 1] for t in batch))
+        sub = batch.rows(i, i + 1)
         grads = torch.autograd.grad(
             _weighted_score_sum(model, sub, weights[i : i + 1], temperature), params, allow_unused=True
         )

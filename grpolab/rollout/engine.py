@@ -37,8 +37,11 @@ __all__ = ["HFEngine", "RolloutEngine", "SamplingSettings", "build_engine", "gre
 class RolloutEngine(Protocol):
     """Generates rollouts for the collector."""
 
-    def generate(self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings) -> Sampled:
-        """One completion per prompt (a group repeats its prompt G times); ``keys[n]`` seeds row n.
+    def generate(
+        self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings, media=None
+    ) -> Sampled:
+        """One completion per prompt (a group repeats its prompt G times); ``keys[n]`` seeds row n. ``media``:
+        ``[N]`` each prompt's images (:class:`grpolab.vision.media.Media` or None), or None for text prompts.
 
         Returns the batch ``[N, ...]`` with the sampler's log-probs and entropies ``[N, T]`` (0 on padding)."""
         ...
@@ -83,17 +86,19 @@ class HFEngine:
             model, dtype, pack, full_weights, lag=lag, always_copy=always_copy, head_dtype=head, storage=storage
         )
 
-    def generate(self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings) -> Sampled:
+    def generate(
+        self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings, media=None
+    ) -> Sampled:
         if self.weights.copied:  # a copy of its own: always whole, always in eval mode
-            return self._sample(self.weights.model, prompts, keys, settings, self.weights.decoder)
+            return self._sample(self.weights.model, prompts, keys, settings, self.weights.decoder, media)
         was_training = self.model.training
         self.model.eval()
         with self.full_weights(), fp32_head(self.model, self.fp32_head):
-            out = self._sample(self.model, prompts, keys, settings)
+            out = self._sample(self.model, prompts, keys, settings, media=media)
         self.model.train(was_training)
         return out
 
-    def _sample(self, model, prompts, keys, settings: SamplingSettings, decoder=None) -> Sampled:
+    def _sample(self, model, prompts, keys, settings: SamplingSettings, decoder=None, media=None) -> Sampled:
         return sample_with_stats(
             model,
             prompts,
@@ -105,6 +110,7 @@ class HFEngine:
             pad_id=self.pad_id,
             decoder=decoder,
             prompt_width=settings.prompt_width,
+            media=media,
         )
 
     def weights_changed(self) -> None:

@@ -56,6 +56,8 @@ class Segment:
     """The sampler's log-prob of each of the policy's tokens (0 on the environment's)."""
     entropy: list[float] | None = dataclasses.field(default_factory=list)
     """The sampler's entropy there (None when the engine gives none)."""
+    media: Any = None
+    """The sequence's images as the model takes them (a :class:`grpolab.vision.media.Media`; None: none)."""
 
     def context(self) -> list[int]:
         return self.prompt + self.ids
@@ -164,15 +166,18 @@ class EpisodeRunner:
     def _request(self, live: list[Episode], h: int, settings: SamplingSettings):
         """``engine.generate``'s arguments for turn ``h`` of ``live``: contexts, keys, settings (the longest room)."""
         rooms = [self._room(e, settings.max_new_tokens) for e in live]
+        media = [e.segments[-1].media for e in live]
         return (
             [e.segments[-1].context() for e in live],
             [turn_key(e.key, h) for e in live],
             dataclasses.replace(settings, max_new_tokens=max(rooms)),
+            None if all(m is None for m in media) else media,
         )
 
     def _start(self, record: dict, key: tuple) -> Episode:
         if self.env_factory is None:
-            return Episode(record, tuple(key), None, [], 0, [Segment(self.policy.prompt_ids(record))])
+            ids, media = self.policy.prompt_inputs(record)
+            return Episode(record, tuple(key), None, [], 0, [Segment(ids, media=media)])
         t0 = time.perf_counter()
         env = self.env_factory()
         messages = check_reset(env.reset(record), env)
@@ -394,9 +399,10 @@ def episode_rows(episodes: list[Episode], pad_id: int, device=None) -> EpisodeRo
     for i, s in enumerate(segs):
         turn[i, : len(s.turn)] = torch.tensor(s.turn, dtype=torch.long)
     entropy = None if any(s.entropy is None for s in segs) else table([s.entropy for s in segs], torch.float32)
-    batch = Batch(prompt_ids, prompt_mask, ids, mask)
+    media = [s.media for s in segs]
+    batch = Batch(prompt_ids, prompt_mask, ids, mask, None if all(m is None for m in media) else tuple(media))
     if device is not None:
-        batch = Batch(*(t.to(device) for t in batch))
+        batch = batch.to(device)
     return EpisodeRows(
         batch,
         action,

@@ -53,6 +53,7 @@ from grpolab.config.rollout import EngineSection
 from grpolab.rollout.engine import autocast_storage
 from grpolab.rollout.sampler import Sampled, SamplingSettings
 from grpolab.rollout.weights import base_model, lag_state, restored_lag, served_weights, skeleton, snapshot
+from grpolab.vision.media import text_only
 
 __all__ = ["GeneratorSpec", "ProcessEngine", "VersionedDraws", "build_process_engine", "weights_digest"]
 
@@ -375,7 +376,10 @@ class ProcessEngine(VersionedDraws):
         """Why the generator's copy has no fused decoder (None when it has one, or samples the replica)."""
 
     # ------------------------------------------------------------------ the engine's interface
-    def generate(self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings) -> Sampled:
+    def generate(
+        self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings, media=None
+    ) -> Sampled:
+        text_only(media)
         request = (self._draw_version(), prompts, [tuple(k) for k in keys], settings)
         if self._prefetched is not None and self._prefetched[0] == request:
             tag = self._prefetched[1]
@@ -389,7 +393,10 @@ class ProcessEngine(VersionedDraws):
             self.digests.append(digest)
         return out
 
-    def prefetch(self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings) -> bool:
+    def prefetch(
+        self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings, media=None
+    ) -> bool:
+        text_only(media)
         """Start drawing the next step's rollouts now, with the weights that step will use; False when they do not
         exist yet (K = 0: they are the update's result)."""
         version = self._ahead_version()

@@ -25,6 +25,7 @@ from grpolab.models.attention import attention_rounding, upcast_dtype
 from grpolab.models.decode_cache import SlabCache, slab_supported
 from grpolab.models.logprobs import logprob_entropy, nucleus_log_mass, sampling_logprobs
 from grpolab.models.shared_prefix import distinct_prompts
+from grpolab.vision.media import decode_positions, model_inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +98,7 @@ def sample(
     pad_id: int,
     cache: str = "slab",
     decoder=None,
+    media=None,
 ) -> Batch:
     """Sample one completion per prompt (repeat a prompt G times for a group).
 
@@ -105,9 +107,10 @@ def sample(
     once and its cache copied to its rows: the same tokens as a prefill per row.
     ``cache``: one of :data:`CACHES` (the same tokens either way, to float rounding). ``decoder``: a
     :class:`grpolab.models.fused_decode.FusedDecoder` of ``model`` for the decode steps (with the slab cache).
+    ``media``: ``[N]`` each prompt's images (a :class:`grpolab.vision.media.Media` or None), or None for text.
     """
     settings = SamplingSettings(max_new_tokens, temperature, top_p)
-    return _sample(model, prompts, keys, settings, eos_id, pad_id, False, cache, decoder).batch
+    return _sample(model, prompts, keys, settings, eos_id, pad_id, False, cache, decoder, media).batch
 
 
 def sample_with_stats(
@@ -123,29 +126,26 @@ def sample_with_stats(
     cache: str = "slab",
     decoder=None,
     prompt_width: int = 0,
+    media=None,
 ) -> Sampled:
     """:func:`sample`, the same tokens, with the sampler's log-prob of each sampled token and the entropy of
     its distribution at every completion token ``[N, T]``, from the logits it already has: no extra forward."""
     settings = SamplingSettings(max_new_tokens, temperature, top_p, prompt_width=prompt_width)
-    return _sample(model, prompts, keys, settings, eos_id, pad_id, True, cache, decoder)
+    return _sample(model, prompts, keys, settings, eos_id, pad_id, True, cache, decoder, media)
 
 
-def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, media=None):
     """The KV cache of each *distinct* prompt ``[U, ...]``, the logits of every row's first completion token
     ``[N, V]``, the prompts' position ids ``[N, P]`` and each row's distinct prompt ``[N]`` (a group's G rows share
-    theirs: each distinct prompt is prefilled once)."""
-    # Position ids count real tokens only, so left padding does not shift them.
-    position = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [N, P]
-    first, inverse = distinct_prompts(prompt_ids, prompt_mask)  # [U], [N]
+    theirs: each distinct prompt is prefilled once). ``media``: the rows' images (:class:`grpolab.common.batch.Batch`),
+    which the prefill runs through the whole model; the decode steps after it are text."""
+    first, inverse = distinct_prompts(prompt_ids, prompt_mask, media)  # [U], [N]
+    rows = None if media is None else [media[i] for i in first.tolist()]
+    inputs = model_inputs(model, prompt_ids[first], prompt_mask[first], rows)
     cache = DynamicCache()
-    out = model(
-        input_ids=prompt_ids[first],
-        attention_mask=prompt_mask[first],
-        position_ids=position[first],
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
+    out = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    # Position ids count real tokens only, so left padding does not shift them (M-RoPE: where the text continues).
+    position = decode_positions(inputs["position_ids"])[inverse]  # [N, P]
     return cache, out.logits[:, -1][inverse], position, inverse
 
 
@@ -239,7 +239,9 @@ def _decoder(cache: str, model, prefill, inverse, prompt_mask, position, max_new
 
 
 @torch.no_grad()
-def _sample(model, prompts, keys, s: SamplingSettings, eos_id, pad_id, want_stats: bool, cache: str, fused) -> Sampled:
+def _sample(
+    model, prompts, keys, s: SamplingSettings, eos_id, pad_id, want_stats: bool, cache: str, fused, media=None
+) -> Sampled:
     N, T = len(prompts), s.max_new_tokens
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id, s.prompt_width))  # [N, P]
@@ -249,7 +251,8 @@ def _sample(model, prompts, keys, s: SamplingSettings, eos_id, pad_id, want_stat
     ent = torch.zeros((N, T), device=device) if want_stats else None
     lp = torch.zeros((N, T), device=device) if want_stats else None
 
-    prefill, logits, position, inverse = _prefill(model, prompt_ids, prompt_mask)  # logits [N, V]
+    media = None if media is None or all(m is None for m in media) else tuple(m and m.to(device) for m in media)
+    prefill, logits, position, inverse = _prefill(model, prompt_ids, prompt_mask, media)  # logits [N, V]
     decode = _decoder(cache, model, prefill, inverse, prompt_mask, position, T, fused)
     for t in range(T):
         rows = decode.rows  # [n] the rows still generating, in the decoder's slot order
@@ -274,7 +277,7 @@ def _sample(model, prompts, keys, s: SamplingSettings, eos_id, pad_id, want_stat
     L = int(lengths.max())
     completion_mask = (torch.arange(L, device=device)[None, :] < lengths[:, None]).long()  # [N, L]
     completion_ids = out_ids[:, :L].masked_fill(completion_mask == 0, pad_id)
-    batch = Batch(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    batch = Batch(prompt_ids, prompt_mask, completion_ids, completion_mask, media)
     if not want_stats:
         return Sampled(batch, None, None)
     return Sampled(batch, lp[:, :L] * completion_mask, ent[:, :L] * completion_mask)  # [N, L] each

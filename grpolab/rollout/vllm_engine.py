@@ -45,6 +45,7 @@ from grpolab.common.rng import rng_state, set_rng_state
 from grpolab.config.rollout import VLLM_INSTALL_HINT
 from grpolab.rollout.sampler import Sampled, SamplingSettings
 from grpolab.rollout.weights import base_model, served_weights
+from grpolab.vision.media import text_only
 
 
 def _import_vllm():
@@ -215,7 +216,10 @@ class VLLMEngine:
             self.sync()
 
     # ------------------------------------------------------------------ sampling
-    def generate(self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings) -> Sampled:
+    def generate(
+        self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings, media=None
+    ) -> Sampled:
+        text_only(media, "the vllm engine")
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -248,7 +252,7 @@ class VLLMEngine:
 
         self._ready()
         seqs = []
-        for pi, pm, ci, cm in zip(*(t.cpu() for t in batch)):
+        for pi, pm, ci, cm in zip(*(t.cpu() for t in batch.tensors)):
             seqs.append((pi[pm.bool()].tolist(), ci[cm.bool()].tolist()))
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p + c) for p, c in seqs], params, use_tqdm=False)

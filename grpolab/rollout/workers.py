@@ -54,6 +54,7 @@ from grpolab.rollout.generator import START_TIMEOUT, GeneratorSpec, SharedWeight
 from grpolab.rollout.sampler import Sampled, SamplingSettings
 from grpolab.rollout.weights import base_model, lag_state, restored_lag, served_weights
 from grpolab.rollout.wire import WireError, answer_challenge, challenge, check_answer, recv_frame, send_frame
+from grpolab.vision.media import text_only
 
 __all__ = ["TOKEN_ENV", "WorkerOptions", "WorkerPool", "read_token", "run_worker"]
 
@@ -548,7 +549,10 @@ class WorkerPool(VersionedDraws):
                 self._drop(e.worker, e.why)
 
     # ------------------------------------------------------------------ the engine's interface
-    def generate(self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings) -> Sampled:
+    def generate(
+        self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings, media=None
+    ) -> Sampled:
+        text_only(media)
         request = (self._draw_version(), prompts, [tuple(k) for k in keys], settings)
         if self._prefetched is not None and self._prefetched[0] == request:
             parts = self._prefetched[1]
@@ -558,7 +562,10 @@ class WorkerPool(VersionedDraws):
             parts = self._send_draws(request)
         return self._collect(request, parts)
 
-    def prefetch(self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings) -> bool:
+    def prefetch(
+        self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings, media=None
+    ) -> bool:
+        text_only(media)
         version = self._ahead_version()
         if version is None:
             return False

@@ -58,11 +58,19 @@ class LogProbs(nn.Module):
         self.precision = precision or Precision()
 
     def forward(
-        self, prompt_ids, prompt_mask, completion_ids, completion_mask, entropy: bool = False, top_p: float = 1.0
+        self,
+        prompt_ids,
+        prompt_mask,
+        completion_ids,
+        completion_mask,
+        media=None,
+        entropy: bool = False,
+        top_p: float = 1.0,
     ) -> torch.Tensor:
-        """``[N, T]`` log-probs; ``entropy``: ``[N, T, 2]``, each position's log-prob and entropy; ``top_p`` < 1: one
-        more column, the log nucleus mass (:func:`grpolab.models.logprobs.completion_logprobs`)."""
-        batch = Batch(prompt_ids, prompt_mask, completion_ids, completion_mask)
+        """``[N, T]`` log-probs; ``media``: the rows' images (:class:`grpolab.common.batch.Batch`); ``entropy``:
+        ``[N, T, 2]``, each position's log-prob and entropy; ``top_p`` < 1: one more column, the log nucleus mass
+        (:func:`grpolab.models.logprobs.completion_logprobs`)."""
+        batch = Batch(prompt_ids, prompt_mask, completion_ids, completion_mask, media)
         with self.precision.autocast(prompt_ids.device), fp32_head(self.model, self.precision.head_fp32):
             return completion_logprobs(
                 self.model,
@@ -138,12 +146,19 @@ class TrainModule:
         packing: bool = False,
         log=print,
         precision: Precision | None = None,
+        images: bool = False,
     ):
         """``shared_prefix``: encode each group's prompt once in the update, if the model can (checked here on a tiny
         batch against the plain path, on the whole model before any wrapper; if not, ``log`` says why, one line).
         ``packing``: run each pass's rows as one padding-free sequence, if the model can (checked the same way); it
-        replaces the shared prefix. ``precision``: what the forward computes in (the module docstring)."""
+        replaces the shared prefix. ``precision``: what the forward computes in (the module docstring). ``images``: the
+        rows may carry images (a vision-language policy), which the packed and shared-prefix forwards do not take:
+        both are off, said in one line when asked for."""
         self.world, self.fsdp = world, fsdp and world.distributed
+        if images and (packing or shared_prefix):
+            log("notice: rows with images run padded, each prompt encoded per rollout (the vision tower's output is "
+                "still computed once per prompt); --shared-prefix and --packing take text rows only")  # fmt: skip
+            packing = shared_prefix = False
         if packing:
             packing = _supported(model, temperature, "packed", log)
             shared_prefix = shared_prefix and not packing
@@ -189,7 +204,7 @@ class TrainModule:
 
     def logprobs(self, batch: Batch) -> torch.Tensor:
         """``[n, T]`` completion log-probs, through the DDP/FSDP wrapper when there is one."""
-        return self.wrapped(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+        return self.wrapped(*batch)
 
     def scores(self, batch: Batch, entropy: bool = False, top_p: float = 1.0) -> tuple[torch.Tensor, ...]:
         """From one forward through the wrapper: ``[n, T]`` completion log-probs, then (``entropy``) the entropy at

@@ -226,6 +226,11 @@ class GRPOTrainer:
         if cfg.machine.precision == "auto" or self.precision.name != "32-true":
             log(self.precision.describe(self.device))
         self.policy.system = system_prompt_for(cfg.dataset.format, cfg.prompt.system_prompt)
+        family = self.policy.family  # a vision-language model's adapter, else None
+        if family is not None and not cfg.policy.train_vision_tower:
+            log(
+                f"{family.name}: the vision tower is frozen ({family.freeze_tower(self.policy.model) / 1e6:.2f} M parameters)"
+            )
         if cfg.update.gradient_checkpointing:  # on the base model, before LoRA wraps it (peft then makes inputs
             enable_activation_checkpointing(self.policy.model)  # require grad)
         if cfg.policy.lora_rank:
@@ -236,7 +241,8 @@ class GRPOTrainer:
             if adapter_from:  # a resumed run's adapter: its layers are those its adapter_config.json names
                 self.policy.model = load_lora(base, adapter_from)
             else:
-                self.policy.model = add_lora(base, lora.lora_rank, alpha, lora.lora_dropout, lora.lora_modules)
+                targets = lora.lora_modules if family is None else family.lora_targets(base, lora.lora_modules)
+                self.policy.model = add_lora(base, lora.lora_rank, alpha, lora.lora_dropout, targets)
         if not cfg.update.keep_dropout:  # before the reference is copied from it
             disable_dropout(self.policy.model)
         self.policy.model.train()
@@ -297,6 +303,7 @@ class GRPOTrainer:
             packing=cfg.update.packing,
             log=self.log,
             precision=self.precision,
+            images=self.policy.family is not None,
         )
 
     def _setup_optimizer(self) -> None:
@@ -469,7 +476,7 @@ class GRPOTrainer:
                     out,
                     step,
                     self.policy.model,
-                    self.policy.tokenizer,
+                    self.policy.processor or self.policy.tokenizer,  # a vision-language model's: images and text
                     self.optimizer,
                     self.scheduler,
                     state,
