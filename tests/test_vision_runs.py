@@ -1,0 +1,58 @@
+"""Vision-language runs end to end through ``grpolab train``: each family trains, checkpoints and resumes exactly; LoRA
+adapts the language model only and merges into a model that ``grpolab eval`` loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import VLM_FAMILIES, assert_identical_runs, picture, run_cli, save_tiny_vlm
+
+pytestmark = pytest.mark.slow
+
+COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255)}
+
+
+def _task(root) -> list[str]:
+    """A folder with 9 rows (a picture of one colour each, sizes varying) and the train options that read it."""
+    rows = []
+    for i in range(9):
+        name = list(COLOURS)[i % 3]
+        picture(COLOURS[name], (28 + 5 * i, 28 + 3 * i)).save(root / f"{i}.png")
+        rows.append({"prompt": [{"role": "user", "content": "Which colour?"}], "image": f"{i}.png", "answer": name})
+    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return ["--model", "model", "--data", "data.jsonl", "--reward-fn", "reward_fixtures:names_the_colour",
+            "--group-size", "4", "--prompts-per-step", "2", "--max-new-tokens", "6", "--eval-fraction", "0",
+            "--seed", "3", "--log-rollouts", "--threads", "1"]  # fmt: skip
+
+
+def _train(root, args: list[str], *extra: str) -> None:
+    res = run_cli(["train", *args, *extra], root)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+
+
+@pytest.mark.parametrize("family", VLM_FAMILIES)
+def test_a_resumed_run_continues_as_the_uninterrupted_one(tmp_path, family):
+    save_tiny_vlm(family, tmp_path / "model")
+    args = _task(tmp_path)
+    _train(tmp_path, args, "--steps", "3", "--out", "straight")
+    _train(tmp_path, args, "--steps", "2", "--out", "part")
+    _train(tmp_path, args, "--steps", "3", "--out", "part", "--resume")
+    assert_identical_runs(tmp_path / "straight", tmp_path / "part", step=3)
+    metrics = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["step"] == 3
+
+
+def test_lora_adapts_the_language_model_only_and_merges_into_a_model_eval_loads(tmp_path):
+    save_tiny_vlm("llava", tmp_path / "model")
+    args = _task(tmp_path)
+    _train(tmp_path, args, "--steps", "2", "--out", "lora", "--lora-rank", "4")
+    adapter = tmp_path / "lora" / "checkpoints" / "step_2"
+    targets = json.loads((adapter / "adapter_config.json").read_text())["target_modules"]
+    assert targets and all(t.startswith("model.language_model.") for t in targets)
+    res = run_cli(["merge", "--checkpoint", adapter, "--out", "merged"], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = run_cli(["eval", "--model", "merged", "--reward-fn",
+                   "reward_fixtures:names_the_colour", "--max-new-tokens", "6", "--eval-data", "data.jsonl"], tmp_path)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "greedy" in res.stdout and "\nall                  9" in res.stdout, res.stdout
