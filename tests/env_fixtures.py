@@ -182,3 +182,25 @@ class TurnEngine:
 
     def weights_changed(self) -> None:
         pass
+
+
+class ShowsAPicture:
+    """An episode whose answer needs the picture it returns: the opening asks the policy to ask for it; the
+    environment's answer to the first reply is the picture (an image part, TRL's form for a tool that returns one) of
+    the row's colour and the question; the second reply earns 1 when it holds the colour's first letter."""
+
+    COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255)}
+
+    def reset(self, record: dict) -> list[dict]:
+        self.colour, self.shown = record["answer"], False
+        return [{"role": "user", "content": "Say show to see the picture."}]
+
+    def step(self, text: str):
+        from PIL import Image
+
+        if not self.shown:
+            self.shown = True
+            picture = Image.new("RGB", (32, 28), self.COLOURS[self.colour])
+            shown = [{"type": "image", "image": picture}, {"type": "text", "text": "Which colour?"}]
+            return [{"role": "user", "content": shown}], 0.0, False
+        return [], float(self.colour[0] in text), True

@@ -85,7 +85,7 @@ def test_an_image_token_the_policy_samples_is_a_plain_token_not_a_placeholder(vl
     completion = torch.tensor([[5, token, 6]])  # the policy drew the image token in its reply
     batch = Batch(prompt, prompt_mask, completion, torch.ones_like(completion), (media,))
     full = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
-    marked = placeholders(full, batch.media, token)  # [1, P + 3]
+    marked = placeholders(full, torch.ones_like(full), batch.media, token)  # [1, P + 3]
     assert int(marked.sum()) == media.tokens and not marked[:, prompt.shape[1] :].any()
     with torch.no_grad():
         assert torch.isfinite(completion_logprobs(model, batch)).all()  # features still match the placeholders
@@ -189,3 +189,38 @@ def test_an_unreadable_image_stops_the_run_before_any_step_in_one_line_naming_th
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "data.jsonl:1, column 'image'" in lines[0] and "Traceback" not in res.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_an_environment_that_returns_a_picture_shows_it_in_the_next_turn_masked_like_its_text(tmp_path):
+    from env_fixtures import ShowsAPicture
+    from helpers import quiet
+
+    import grpolab
+    from grpolab.env.protocol import EpisodeLimits
+    from grpolab.models.policy import load_policy
+    from grpolab.rollout.engine import HFEngine, SamplingSettings
+    from grpolab.rollout.episodes import EpisodeRunner, episode_rows
+
+    save_tiny_vlm("llava", tmp_path / "model")
+    policy = load_policy(str(tmp_path / "model"))
+    engine = HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id)
+    runner = EpisodeRunner(engine, policy, ShowsAPicture, limits=EpisodeLimits(max_turns=2))
+    records = [{"prompt": "", "answer": c} for c in ("red", "blue")]
+    episodes = runner.play(records, [(0, 0), (0, 1)], SamplingSettings(max_new_tokens=5, temperature=1.0))
+    rows = episode_rows(episodes, policy.pad_id)
+    token = policy.family.image_token_id(policy.model.config)
+    assert all(e.turns == 2 for e in episodes) and rows.batch.media is not None
+    for n, m in enumerate(rows.batch.media):
+        seg = episodes[n].segments[0]
+        start = len(seg.prompt) + seg.turn.count(0)  # the environment's tokens follow the first reply
+        assert m.images == 1 and m.spans == ((start, start + seg.turn[start - len(seg.prompt) :].count(-1)),)
+        shown = (rows.batch.completion_ids[n] == token) & rows.batch.completion_mask[n].bool()
+        assert int(shown.sum()) == m.tokens > 0  # the picture's placeholders sit among the environment's tokens
+        assert not rows.action[n][shown].any()  # ... which never enter the loss
+    with torch.no_grad():
+        scored = completion_logprobs(policy.model, rows.batch)  # the trainer sees the picture the sampler saw
+    assert torch.allclose(scored * rows.action, rows.logprobs * rows.action, atol=1e-5)
+    run = grpolab.train(str(tmp_path / "model"), records * 2, "reward_fixtures:always_one", env=ShowsAPicture,
+                        out=str(tmp_path / "run"), steps=2, group_size=2, prompts_per_step=2, max_turns=2,
+                        max_new_tokens=5, eval_fraction=0, log=quiet)  # fmt: skip
+    assert [r["step"] for r in run.metrics][-1] == 2

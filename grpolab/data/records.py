@@ -39,13 +39,12 @@ def is_chat(prompt: Any) -> bool:
     return (
         isinstance(prompt, list)
         and bool(prompt)
-        and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and _is_content(m.get("content")) for m in prompt
-        )
+        and all(isinstance(m, dict) and isinstance(m.get("role"), str) and is_content(m.get("content")) for m in prompt)
     )
 
 
-def _is_content(content: Any) -> bool:
+def is_content(content: Any) -> bool:
+    """Whether ``content`` is a message's content: a string, or a list of typed parts (``{"type": ...}``)."""
     if isinstance(content, str):
         return True
     return isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in content)

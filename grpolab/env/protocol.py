@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from grpolab.common.given import NOTHING, Given
 from grpolab.config.train import ConfigError
+from grpolab.data.records import is_content
 
 ROLES_FROM_ENV = ("user", "tool", "system")
 """The roles an environment may speak in."""
@@ -123,8 +124,11 @@ def check_messages(messages: Any, where: str, roles: tuple[str, ...]) -> list[di
         raise EnvError(f"{where} returned {type(messages).__name__} for the messages; expected a list of dicts")
     out = []
     for m in messages:
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise EnvError(f"{where} returned the message {_short(m)}; each must be {{'role': str, 'content': str}}")
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and is_content(m.get("content"))):
+            raise EnvError(
+                f"{where} returned the message {_short(m)}; each must be {{'role': str, 'content': str}} (or a "
+                "content of typed parts, such as {'type': 'image', 'image': ...} beside {'type': 'text', 'text': ...})"
+            )
         if m["role"] not in roles:
             raise EnvError(f"{where} returned a message with role {m['role']!r}; allowed: {', '.join(roles)}")
         out.append(dict(m))

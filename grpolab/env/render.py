@@ -33,10 +33,12 @@ class Renderer:
 
     def __init__(self, policy, tools: list[dict] | None = None):
         self.policy, self.tok = policy, policy.tokenizer
+        self.processor = getattr(policy, "processor", None)  # a vision-language model's: its template, its images
+        self.template = self.processor or self.tok
         self.tools = list(tools or [])
         self.chat = bool(policy.chat)
-        self.native_tools = bool(self.tools) and self.chat and _template_shows_tools(self.tok, self.tools)
-        self.tool_role = "tool" if not self.chat or _template_renders(self.tok, "tool") else "user"
+        self.native_tools = bool(self.tools) and self.chat and _template_shows_tools(self.template, self.tools)
+        self.tool_role = "tool" if not self.chat or _template_renders(self.template, "tool") else "user"
         eos = self.tok.eos_token_id
         self.eos_text = self.tok.decode([eos]) if eos is not None else ""
 
@@ -54,12 +56,16 @@ class Renderer:
             msgs = [
                 {"role": "user", "content": "Tool result:\n" + m["content"]} if m["role"] == "tool" else m for m in msgs
             ]
+        if self.processor is not None:  # every content a list of parts, as vision-language templates read them
+            from grpolab.vision.processing import with_image_parts
+
+            msgs = with_image_parts(msgs, 0)
         return msgs
 
     def _render(self, messages: list[dict], generation: bool) -> str:
         kwargs = {"tools": self.tools} if self.native_tools else {}
         try:
-            return self.tok.apply_chat_template(
+            return self.template.apply_chat_template(
                 self.template_messages(messages), tokenize=False, add_generation_prompt=generation, **kwargs
             )
         except Exception as e:  # noqa: BLE001 - a template that refuses a conversation: say which, in one line
@@ -68,7 +74,30 @@ class Renderer:
     def _ids(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
+    def _inputs(self, text: str, messages: list[dict]):
+        """``(ids, media)`` of a rendered ``text`` that shows ``messages``' images (a vision-language policy's: each
+        image's placeholder expanded, its pixels in a :class:`grpolab.vision.media.Media`); ``(ids, None)`` else."""
+        if self.processor is None:
+            return self._ids(text), None
+        from grpolab.vision.processing import encode_text, part_images
+
+        return encode_text(self.processor, self.policy.family, text, part_images(messages))
+
     # ------------------------------------------------------------------ the two pieces of a sequence
+    def opening_inputs(self, messages: list[dict]):
+        """:meth:`opening` with the images its messages show: ``(ids, media)`` (media None without images)."""
+        if self.chat:
+            return self._inputs(self._render(messages, generation=True), messages)
+        return self.opening(messages), None
+
+    def continuation_inputs(self, conversation: list[dict], ended: bool, new: list[dict]):
+        """:meth:`continuation` with the images the ``new`` messages show: ``(ids, media)``, or None."""
+        text = self._continuation_text(conversation, ended, new) if self.chat else None
+        if text is None:
+            ids = self.continuation(conversation, ended, new)
+            return None if ids is None else (ids, None)
+        return self._inputs(text, new)
+
     def opening(self, messages: list[dict]) -> list[int]:
         """The prompt of a sequence that starts with ``messages``, ending with the generation prompt."""
         if self.chat:
@@ -87,6 +116,11 @@ class Renderer:
         token. None when the template's text for the longer conversation does not extend its text for this one."""
         if not self.chat:
             return ([] if ended else [self.tok.eos_token_id]) + self._ids(_plain(new))
+        text = self._continuation_text(conversation, ended, new)
+        return None if text is None else self._ids(text)
+
+    def _continuation_text(self, conversation: list[dict], ended: bool, new: list[dict]) -> str | None:
+        """The text of :meth:`continuation` (chat templates), or None."""
         head = conversation[:-1] + [{"role": "assistant", "content": PLACEHOLDER}]
         before = self._render(conversation[:-1], generation=True)
         upto = self._render(head, generation=False)
@@ -96,7 +130,7 @@ class Renderer:
         closing = upto[upto.rindex(PLACEHOLDER) + len(PLACEHOLDER) :]  # the template's end of an assistant turn
         if ended and self.eos_text and closing.startswith(self.eos_text):
             closing = closing[len(self.eos_text) :]  # the reply's own last token already is it
-        return self._ids(closing + after[len(upto) :])
+        return closing + after[len(upto) :]
 
 
 def _plain(messages: list[dict]) -> str:

@@ -182,8 +182,8 @@ class EpisodeRunner:
         env = self.env_factory()
         messages = check_reset(env.reset(record), env)
         self.time_env += time.perf_counter() - t0
-        opening = self.renderer_of(env).opening(messages)
-        return Episode(record, tuple(key), env, messages, len(messages), [Segment(opening)])
+        opening, media = self.renderer_of(env).opening_inputs(messages)
+        return Episode(record, tuple(key), env, messages, len(messages), [Segment(opening, media=media)])
 
     def renderer_of(self, env) -> Renderer:
         """The renderer of ``env``'s episode: the run's, or one showing the episode's own tools (``own_tools``: a
@@ -253,11 +253,12 @@ class EpisodeRunner:
         environment shows only its latest messages or the template does not extend the sequence)."""
         history = getattr(e.env, "history", True)
         renderer = self.renderer_of(e.env)
-        ids = renderer.continuation(e.messages, e.ended[-1], messages) if history else None
-        new_segment = ids is None
+        got = renderer.continuation_inputs(e.messages, e.ended[-1], messages) if history else None
+        new_segment = got is None
         if new_segment:
             shown = e.messages + messages if history else _system(e.messages[: e.opening]) + messages
-            ids = renderer.opening(shown)
+            got = renderer.opening_inputs(shown)
+        ids, media = got
         budget = self.limits.max_episode_tokens
         e.messages += messages
         if budget and e.used + len(ids) >= budget:  # no room for the next reply: cut before it
@@ -265,9 +266,13 @@ class EpisodeRunner:
             return
         e.used += len(ids)
         if new_segment:
-            e.segments.append(Segment(ids, entropy=[] if e.segments[-1].entropy is not None else None))
+            e.segments.append(Segment(ids, entropy=[] if e.segments[-1].entropy is not None else None, media=media))
         else:
-            e.segments[-1].add(ids, -1)
+            seg = e.segments[-1]
+            if media is not None:  # the environment showed a picture: its placeholders start where its tokens do
+                media = media.shifted(len(seg.context()))
+                seg.media = media if seg.media is None else seg.media.then(media)
+            seg.add(ids, -1)
 
     # ------------------------------------------------------------------ branching
     def branch(

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 from pathlib import Path
+
+IMAGES = "images"
+"""The run's folder of the pictures its logs show (:meth:`RunLogger._stored`)."""
 
 
 def _clean(v):
@@ -61,8 +65,25 @@ class RunLogger:
 
     def log_samples(self, step: int, samples: list[dict]) -> None:
         for s in samples:
-            self._samples.write(json.dumps({"step": step, **s}) + "\n")
+            self._samples.write(json.dumps({"step": step, **s}, default=self._stored) + "\n")
         self._samples.flush()
+
+    def _stored(self, value):
+        """What JSON cannot hold, as the logs keep it: a picture (a row's image, or one an environment showed) saved
+        once as ``images/<digest>.png`` under the run, its path relative to the run in its place (the report shows it
+        as a thumbnail); raw bytes as their length; anything else as its text."""
+        from PIL import Image
+
+        if isinstance(value, Image.Image):
+            digest = hashlib.sha256(value.tobytes() + repr((value.mode, value.size)).encode()).hexdigest()[:20]
+            path = self.run_dir / IMAGES / f"{digest}.png"
+            if not path.exists():
+                path.parent.mkdir(exist_ok=True)
+                value.save(path)
+            return f"{IMAGES}/{path.name}"
+        if isinstance(value, bytes):
+            return f"<{len(value)} bytes>"
+        return str(value)
 
     def _append(self, name: str, step: int, records: list[dict], **dumps) -> None:
         """One line per record, ``step`` first, to ``name`` (opened on its first records)."""
@@ -70,7 +91,7 @@ class RunLogger:
             self._lazy[name] = open(self.run_dir / name, "a")
         f = self._lazy[name]
         for r in records:
-            f.write(json.dumps({"step": step, **r}, **dumps) + "\n")
+            f.write(json.dumps({"step": step, **r}, default=self._stored, **dumps) + "\n")
         f.flush()
 
     def log_rollouts(self, step: int, rollouts: list[dict]) -> None:

@@ -32,23 +32,30 @@ class Media:
     family: Family
     parts: tuple[dict[str, torch.Tensor], ...]
     """Each part's image inputs for this row alone (``pixel_values`` and the family's metadata)."""
+    spans: tuple[tuple[int, int], ...]
+    """Each part's tokens in the row, ``[start, end)`` counted over its real tokens (padding not counted): the image
+    tokens inside a span are that part's placeholders; one the policy samples is a plain token."""
     tokens: int
-    """Placeholder tokens the images fill in the row's ids: the first ``tokens`` image tokens of the row."""
+    """Placeholder tokens the images fill."""
     images: int = 1
     """How many images."""
     _towers: dict = dataclasses.field(default_factory=dict, repr=False)
     """(id(model), part) -> the frozen tower's output for that part (see the module docstring)."""
 
     @classmethod
-    def of(cls, family: Family, inputs: dict[str, torch.Tensor], tokens: int, images: int) -> Media:
-        """A bundle of one part."""
-        return cls(family, (inputs,), tokens, images)
+    def of(cls, family: Family, inputs: dict[str, torch.Tensor], length: int, tokens: int, images: int) -> Media:
+        """A bundle of one part: the images of a text of ``length`` tokens that starts the row."""
+        return cls(family, (inputs,), ((0, length),), tokens, images)
 
-    def then(self, other: Media | None) -> Media:
+    def shifted(self, at: int) -> Media:
+        """This bundle for text that starts at real token ``at`` of its row, not at 0."""
+        spans = tuple((s + at, e + at) for s, e in self.spans)
+        return Media(self.family, self.parts, spans, self.tokens, self.images)
+
+    def then(self, other: Media) -> Media:
         """This row's images followed by ``other``'s (an episode's next turn shows a new picture)."""
-        if other is None:
-            return self
-        return Media(self.family, self.parts + other.parts, self.tokens + other.tokens, self.images + other.images)
+        parts, spans = self.parts + other.parts, self.spans + other.spans
+        return Media(self.family, parts, spans, self.tokens + other.tokens, self.images + other.images)
 
     def to(self, device) -> Media:
         """This bundle with its tensors on ``device`` (itself when they are there: the tower cache is kept)."""
@@ -56,7 +63,7 @@ class Media:
         if all(t.device == device for part in self.parts for t in part.values()):
             return self
         parts = tuple({k: v.to(device) for k, v in part.items()} for part in self.parts)
-        return Media(self.family, parts, self.tokens, self.images)
+        return Media(self.family, parts, self.spans, self.tokens, self.images)
 
     def __getstate__(self):  # sent to another process without its cache (which is keyed by this process's models)
         state = dict(self.__dict__)
@@ -112,12 +119,15 @@ def image_features(model: nn.Module, media: Media) -> torch.Tensor:
     return torch.cat(out)  # [tokens, d]
 
 
-def placeholders(ids: torch.Tensor, media, image_token: int) -> torch.Tensor:
-    """``[N, L]`` True at each row's image placeholders: its first ``media[n].tokens`` image tokens (an image token
-    the policy happens to sample later is a plain token)."""
-    image = ids == image_token
-    counts = torch.tensor([m.tokens if m is not None else 0 for m in media], device=ids.device)  # [N]
-    return image & (image.long().cumsum(-1) <= counts[:, None])
+def placeholders(ids: torch.Tensor, mask: torch.Tensor, media, image_token: int) -> torch.Tensor:
+    """``[N, L]`` True at each row's image placeholders: the image tokens inside its bundle's spans (an image token
+    the policy samples is a plain token) of left-padded rows ``ids``, ``mask``."""
+    real = mask.cumsum(-1) - 1  # [N, L] each token's place among the row's real tokens
+    inside = torch.zeros_like(mask, dtype=torch.bool)
+    for n, m in enumerate(media):
+        for start, end in m.spans if m is not None else ():
+            inside[n] |= (real[n] >= start) & (real[n] < end)
+    return (ids == image_token) & inside & mask.bool()
 
 
 def model_inputs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, media=None) -> dict[str, torch.Tensor]:
@@ -129,7 +139,7 @@ def model_inputs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, media=
     if media is None or all(m is None for m in media):
         return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
     family = next(m.family for m in media if m is not None)
-    image = placeholders(ids, media, family.image_token_id(model.config))  # [N, L]
+    image = placeholders(ids, mask, media, family.image_token_id(model.config))  # [N, L]
     embeds = model.get_input_embeddings()(ids)  # [N, L, d]
     features, done = [], {}
     for m in media:

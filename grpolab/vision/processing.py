@@ -40,7 +40,24 @@ def _parts(content) -> list[dict]:
 
 def image_parts(messages: list[dict]) -> int:
     """How many image parts the messages hold."""
-    return sum(1 for m in messages if isinstance(m["content"], list) for p in m["content"] if p.get("type") == "image")
+    return len(part_images(messages, strict=False))
+
+
+def part_images(messages: list[dict], strict: bool = True) -> list:
+    """The images that messages' image parts carry (``{"type": "image", "image": ...}``: a PIL image, a path or
+    ``{"bytes", "path"}``, read by :func:`grpolab.data.images.load_image`), in order. ``strict``: a part without its
+    image is an error (an environment's message must carry its picture); else it counts as None."""
+    from grpolab.data.images import load_image
+
+    out = []
+    for m in messages:
+        for p in m["content"] if isinstance(m["content"], list) else []:
+            if p.get("type") != "image":
+                continue
+            if p.get("image") is None and strict:
+                raise ValueError(f"a {m['role']} message has an image part without its image ('image': ...)")
+            out.append(None if p.get("image") is None else load_image(p["image"], f"a {m['role']} message's image"))
+    return out
 
 
 def encode(processor, family: Family, messages: list[dict], images: list) -> tuple[list[int], Media | None]:
@@ -50,13 +67,19 @@ def encode(processor, family: Family, messages: list[dict], images: list) -> tup
     if image_parts(messages) != len(images):
         raise ValueError(f"the prompt has {image_parts(messages)} image parts for {len(images)} images")
     text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return encode_text(processor, family, text, images)
+
+
+def encode_text(processor, family: Family, text: str, images: list) -> tuple[list[int], Media | None]:
+    """The ids of a text that holds one unexpanded placeholder per image (the chat template's), each expanded to the
+    image's tokens, and the images' :class:`Media` (None without images)."""
     if not images:
         return list(processor.tokenizer(text, add_special_tokens=False)["input_ids"]), None
     out = processor(text=[text], images=[images], return_tensors="pt", add_special_tokens=False)
     ids = out["input_ids"][0]  # [P]
     inputs = {k: out[k] for k in family.image_inputs if out.get(k) is not None}
     tokens = int((ids == family.image_token_id(_config_of(processor, family))).sum())
-    return ids.tolist(), Media.of(family, inputs, tokens, len(images))
+    return ids.tolist(), Media.of(family, inputs, len(ids), tokens, len(images))
 
 
 def _config_of(processor, family: Family):
