@@ -56,3 +56,26 @@ def test_lora_adapts_the_language_model_only_and_merges_into_a_model_eval_loads(
                    "reward_fixtures:names_the_colour", "--max-new-tokens", "6", "--eval-data", "data.jsonl"], tmp_path)  # fmt: skip
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "greedy" in res.stdout and "\nall                  9" in res.stdout, res.stdout
+
+
+def test_the_probes_the_doctor_and_the_report_run_on_a_vision_language_run(tmp_path):
+    save_tiny_vlm("llava", tmp_path / "model")
+    args = [
+        a if a != "reward_fixtures:names_the_colour" else "reward_fixtures:pays_for_length" for a in _task(tmp_path)
+    ]
+    args[args.index("--eval-fraction") + 1] = "0.34"
+    _train(tmp_path, args, "--steps", "2", "--out", "run", "--probe-every", "1", "--log-token-credit", "1")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    ranks = [(r["probe/eff_rank"], r["probe/top1_frac"]) for r in rows if r.get("probe/eff_rank") is not None]
+    assert ranks and all(e >= 1 and 0 < t <= 1 for e, t in ranks)  # over the language model's parameters
+    assert (tmp_path / "run" / "token_credit.jsonl").read_text().strip()
+    for command in (
+        ["doctor", "run"],
+        ["report", "run"],
+        ["rank", "--checkpoint", "run", "--prompts", "3", "--out", "rank"],
+    ):
+        res = run_cli(command, tmp_path)
+        assert res.returncode == 0, (command, res.stdout[-2000:] + res.stderr[-2000:])
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert page.count('class="thumb"') >= 1  # each held-out sample's picture beside its completion
+    assert json.loads((tmp_path / "rank" / "rank.json").read_text())

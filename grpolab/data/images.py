@@ -98,3 +98,16 @@ def images_identity(record: dict) -> str:
             else:
                 digest.update(str(v.get("path") if isinstance(v, dict) else v).encode())
     return f" [images {digest.hexdigest()[:16]}]" if found else ""
+
+
+def shown_images(record: dict) -> dict:
+    """``{"images": [...]}`` for a sample's log line when the record has images (``{}`` else): each a path or a PIL
+    image (the run's log keeps a PIL image as a file of its own; bytes are read into one)."""
+    out = []
+    for column in IMAGE_COLUMNS:
+        value = record.get(column)
+        for v in value if column == "images" and isinstance(value, list | tuple) else [] if value is None else [value]:
+            if isinstance(v, dict):
+                v = v.get("path") if v.get("bytes") is None else load_image(v, f"column {column!r}")
+            out.append(v)
+    return {"images": out} if out else {}

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from grpolab.common import streams
 from grpolab.common.distributed import SINGLE, World, gather_concat
 from grpolab.common.stats import clustered_accuracy_interval, default_pass_k, mean_ci, pass_at_k, wilson_interval
+from grpolab.data.images import shown_images
 from grpolab.data.records import question_of
 from grpolab.rewards.builtin import accuracy_reward
 from grpolab.rollout.engine import SamplingSettings
@@ -205,6 +206,7 @@ def _examples(records, greedy, greedy_ok, sampled_ok, score) -> list[dict]:
         {
             "question": question_of(r),
             "ground_truth": r.get("ground_truth"),
+            **shown_images(r),
             **g,
             "correct": bool(ok >= 1),
             **({} if score is accuracy_reward else {"reward": ok}),

@@ -46,6 +46,7 @@ from torch import nn
 from grpolab.algo.loss import aggregation_weights
 from grpolab.common.batch import Batch
 from grpolab.models.logprobs import completion_logprobs
+from grpolab.vision.families import family_of, is_vision_config
 
 
 def token_weights(
@@ -68,7 +69,10 @@ def _weighted_score_sum(model, batch: Batch, weights: torch.Tensor, temperature:
 
 
 def _select_params(model: nn.Module, include: str | None) -> dict[int, str]:
-    """id(param) -> name of the trainable parameters whose name matches ``include`` (a regex)."""
+    """id(param) -> name of the trainable parameters whose name matches ``include`` (a regex). A vision-language
+    model's default is its language model and head (:meth:`grpolab.vision.families.Family.language_scope`)."""
+    if include is None and is_vision_config(getattr(model, "config", None)):
+        include = family_of(model.config).language_scope(model)
     pat = re.compile(include) if include else None
     chosen = {}
     for name, p in model.named_parameters():
@@ -417,7 +421,8 @@ def score_gram(
         loss = _weighted_score_sum(model, batch, weights, temperature)
         if not hooks.targets:
             raise RuntimeError("score_gram needs a model whose inputs pass through an nn.Embedding")
-        torch.autograd.grad(loss, hooks.targets)  # the hooks add every layer's contribution to acc
+        # the hooks add every layer's contribution to acc; a vision tower's embeddings outside the graph (frozen) get none
+        torch.autograd.grad(loss, hooks.targets, allow_unused=True)
     acc.check_complete()
     return acc.result()
 

@@ -56,6 +56,7 @@ details summary { cursor: pointer; color: #0969da; } .grid { display: grid; grid
 .imgs img { max-width: calc(50% - .5em); } .imgs img:only-child { max-width: 100%; }
 .episode .msg { margin: 0 0 .3em; } .episode .role { font-size: .78em; color: #57606a; font-weight: 600; }
 .episode .msg-assistant pre { background: #ddf4ff; } .episode .msg-tool pre { background: #fff8c5; }
+.thumbs img.thumb { border: 1px solid #d0d7de; margin: 0 .3em .3em 0; image-rendering: pixelated; min-width: 48px; }
 """
 
 
@@ -257,13 +258,15 @@ def _samples(run_dir: Path, limit: int = 4) -> str:
             mark += f" · reward {s['reward']:g}"
         extra = f" · sampled pass rate {s['sampled_correct']:.2f}" if s.get("sampled_correct") is not None else ""
         if "conversation" in s:  # an episode: turn by turn
-            return episode_html(s["conversation"][s.get("opening", 1) :], s.get("turn_rewards")) + mark + extra
+            turns = s["conversation"][s.get("opening", 1) :]
+            return episode_html(turns, s.get("turn_rewards"), run_dir) + mark + extra
         return f"<pre>{_e(s.get('completion', ''))}</pre>{mark}{extra}"
 
     def question(s: dict) -> str:
+        pictures = thumbnails(s.get("images") or [], run_dir)
         if "conversation" in s:
-            return episode_html(s["conversation"][: s.get("opening", 1)])
-        return f"<pre>{_e(s.get('question', ''))}</pre>"
+            return pictures + episode_html(s["conversation"][: s.get("opening", 1)], run_dir=run_dir)
+        return f"{pictures}<pre>{_e(s.get('question', ''))}</pre>"
 
     before = [s for s in evals if s["step"] == first][:limit]
     after = {s.get("question"): s for s in evals if s["step"] == last}
@@ -278,9 +281,41 @@ def _samples(run_dir: Path, limit: int = 4) -> str:
     return _table(["held-out question", f"greedy at step {first}", f"greedy at step {last}"], body, left=3)
 
 
-def episode_html(messages: list[dict], turn_rewards: list[float] | None = None) -> str:
+def thumbnails(images: list, run_dir: Path, side: int = 96) -> str:
+    """Each image (a path, relative to the run where its log stored it) as a thumbnail embedded in the page, at most
+    ``side`` pixels a side; an image that cannot be read is named instead."""
+    import io
+
+    from PIL import Image
+
+    out = []
+    for path in images:
+        where = Path(run_dir) / path if not Path(str(path)).is_absolute() else Path(str(path))
+        try:
+            with Image.open(where) as image:
+                small = image.convert("RGB")
+                small.thumbnail((side, side))
+                buf = io.BytesIO()
+                small.save(buf, format="PNG")
+        except (OSError, ValueError):
+            out.append(f'<span class="sub">[image {_e(path)}: not found]</span>')
+            continue
+        out.append(_img_bytes(buf.getvalue(), str(path)).replace("<img ", '<img class="thumb" '))
+    return f'<div class="thumbs">{"".join(out)}</div>' if out else ""
+
+
+def _content_html(content, run_dir: Path | None) -> str:
+    """A message's content: its text, and the pictures among its parts as thumbnails."""
+    if isinstance(content, str) or run_dir is None:
+        return f"<pre>{_e(content if isinstance(content, str) else json.dumps(content))}</pre>"
+    pictures = [p["image"] for p in content if p.get("type") == "image" and isinstance(p.get("image"), str)]
+    text = "".join(str(p.get("text", "")) for p in content if p.get("type") == "text")
+    return thumbnails(pictures, run_dir) + f"<pre>{_e(text)}</pre>"
+
+
+def episode_html(messages: list[dict], turn_rewards: list[float] | None = None, run_dir: Path | None = None) -> str:
     """An episode's messages turn by turn: each with its role, the policy's replies numbered with their turn's
-    reward from the environment."""
+    reward from the environment; pictures in a message (``run_dir``: where their paths are) as thumbnails."""
     parts, turn = [], 0
     for m in messages:
         role = m.get("role", "?")
@@ -293,7 +328,7 @@ def episode_html(messages: list[dict], turn_rewards: list[float] | None = None) 
         name = f" ({_e(m['name'])})" if m.get("name") else ""
         parts.append(
             f'<div class="msg msg-{_e(role)}"><span class="role">{_e(label)}{name}</span>'
-            f"<pre>{_e(m.get('content', ''))}</pre></div>"
+            f"{_content_html(m.get('content', ''), run_dir)}</div>"
         )
     return f'<div class="episode">{"".join(parts)}</div>'
 

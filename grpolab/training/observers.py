@@ -25,6 +25,7 @@ from grpolab.common import distributed as dist_
 from grpolab.common.batch import select
 from grpolab.common.distributed import World
 from grpolab.common.rng import rng_untouched
+from grpolab.data.images import shown_images
 from grpolab.data.records import question_of
 from grpolab.probes.advantage_stats import advantage_stats
 from grpolab.probes.gram import score_gram, token_weights
@@ -64,6 +65,7 @@ class RolloutLog(StepObserver):
                     "tokens": int(tokens[first]),
                     **({"truncated": bool(cut[first])} if cut else {}),
                     **episode_fields(rows, first),
+                    **shown_images(rec),
                 }
                 local["samples"].append((position[b], sample))
             if self.every:

@@ -16,6 +16,7 @@ configuration built in the tests (tests/helpers.py).
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 from torch import nn
@@ -79,6 +80,15 @@ class Family:
             for name, m in decoder.named_modules()
             if isinstance(m, nn.Linear) and (targets == "all-linear" or name.rsplit(".", 1)[-1] in targets)
         ]
+
+    def language_scope(self, model: nn.Module) -> str:
+        """A regex on parameter names (under any wrapper's prefix) that picks the language model and its head: what
+        the gradient probes measure on a vision-language model. The projector runs once per prompt on features its
+        G rollouts share, so its per-rollout gradients are not separable by the probes' per-row rules."""
+        base = base_model(model)
+        decoder, head = base.get_decoder(), base.get_output_embeddings()
+        names = [name for name, m in base.named_modules() if m is decoder or m is head]
+        return "|".join(rf"(^|\.){re.escape(n)}\." for n in names)
 
     def image_features(self, model: nn.Module, inputs: dict) -> None:
         """Run the model's own image-feature path on one row's ``inputs`` (the caller stops it at the projector)."""
