@@ -89,7 +89,7 @@ class GRPOTrainer:
 
             policy = load_policy(self.model_spec)
             self._model = policy.model
-            self.processing_class = self.processing_class or policy.tokenizer
+            self.processing_class = self.processing_class or policy.processor or policy.tokenizer
         return self._model
 
     def add_callback(self, callback) -> None:
@@ -133,7 +133,7 @@ class GRPOTrainer:
             hooks=hooks,
             **options,
         )
-        self.processing_class = self.run.policy.tokenizer
+        self.processing_class = self.run.policy.processor or self.run.policy.tokenizer
         runtime = time.perf_counter() - started
         losses = [m["loss/total"] for m in self.run.metrics if m.get("loss/total") is not None]
         loss = sum(losses) / len(losses) if losses else 0.0
@@ -376,7 +376,8 @@ class _Callbacks:
     def begin(self, recipe) -> None:
         t, args = self.t, self.t.args
         handler = t.callback_handler
-        handler.model, handler.processing_class = recipe.trainer.policy.model, recipe.trainer.policy.tokenizer
+        policy = recipe.trainer.policy
+        handler.model, handler.processing_class = policy.model, policy.processor or policy.tokenizer
         handler.optimizer, handler.lr_scheduler = recipe.trainer.optimizer, recipe.trainer.scheduler
         state = t.state
         state.max_steps = recipe.cfg.run.steps * self.mu
