@@ -79,3 +79,13 @@ def test_the_probes_the_doctor_and_the_report_run_on_a_vision_language_run(tmp_p
     page = (tmp_path / "run" / "report.html").read_text()
     assert page.count('class="thumb"') >= 1  # each held-out sample's picture beside its completion
     assert json.loads((tmp_path / "rank" / "rank.json").read_text())
+
+
+def test_stale_rollouts_from_the_generator_process_in_bf16_mixed(tmp_path):
+    save_tiny_vlm("qwen2-vl", tmp_path / "model")
+    _train(
+        tmp_path, _task(tmp_path), "--steps", "3", "--out", "run", "--max-staleness", "1", "--precision", "bf16-mixed"
+    )
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss/policy" in r][-1] == 3
+    assert rows[-1]["async/staleness_max"] == 1  # drawn with the weights of the step before, in the generator process

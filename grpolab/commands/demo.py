@@ -21,13 +21,14 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
+from typing import Literal
 
 from rich.console import Console
 from rich.table import Table
 
 from grpolab.config.train import ConfigError, TrainConfig
 from grpolab.models.loading import cache_dir
-from grpolab.models.policy import ASSET_DIR, BUILTIN
+from grpolab.models.policy import ASSET_DIR, BUILTIN, BUILTIN_VLM
 from grpolab.report.plotting import plot_run
 from grpolab.training.recipe import train
 from grpolab.training.runlog import read_metrics
@@ -67,9 +68,31 @@ DEMO_TOKEN_CREDIT = 4
 LORA_PRESET = dict(lr=2e-4)
 
 
+# The vision-language demo (--task shapes): the built-in tiny LLaVA counts coloured shapes (grpolab.data.shapes). Its
+# warm start answers 58.5% of the 200 held-out pictures greedily and 44-48% when sampling; GRPO at this step size
+# moves both within minutes on a 2-core CPU (docs/vision.md has the run).
+SHAPES_PRESET = dict(
+    model=BUILTIN_VLM,
+    reward_fn=("grpolab.rewards.builtin:accuracy_reward",),
+    format="prompt",
+    max_new_tokens=8,
+    group_size=8,
+    prompts_per_step=16,
+    lr=2e-4,
+    steps=120,
+    eval_every=40,
+    eval_questions=200,
+    eval_samples=4,
+    threads=0,
+)
+SHAPES_TRAIN = 4000
+"""Training pictures the shapes demo writes (none of the held-out set)."""
+
+
 @dataclasses.dataclass
 class DemoConfig:
-    """Warm start + GRPO on the built-in arithmetic task, or a preset real-model run (--model)."""
+    """Warm start + GRPO on the built-in arithmetic task, on the built-in shapes task with the built-in
+    vision-language model (--task shapes), or a preset real-model run (--model)."""
 
     out: str = "runs/demo"
     """Run directory (config.json, metrics.jsonl, samples.jsonl, checkpoints/, plot.png, summary.json)."""
@@ -78,6 +101,9 @@ class DemoConfig:
     file), trained on the real-model preset."""
     seed: int = 0
     """Seed of the GRPO run."""
+    task: Literal["arith", "shapes"] = "arith"
+    """'arith' (the built-in arithmetic task) or 'shapes' (the built-in vision-language model counts coloured shapes
+    in pictures; the task is written as JSON lines and PNGs under OUT/task)."""
     steps: int = 0
     """GRPO steps; 0 = the preset's (built-in: the default of `grpolab train`)."""
     eval_questions: int = 0
@@ -120,12 +146,24 @@ def demo_train_config(cfg: DemoConfig, model: str | None = None) -> TrainConfig:
     real = cfg.model != BUILTIN
     if cfg.lora_rank and not real:
         raise ConfigError("--lora-rank: the built-in demo trains the whole 0.5 M model; use it with --model")
+    if cfg.task == "shapes" and (real or cfg.lora_rank):
+        raise ConfigError("--task shapes: the shapes demo trains the built-in vision-language model; drop --model")
     preset = {**REAL_MODEL_PRESET, **(LORA_PRESET if cfg.lora_rank else {})} if real else {}
+    if cfg.task == "shapes":
+        from grpolab.data.shapes import write_task
+
+        task = Path(cfg.out) / "task"
+        if not (task / "test.jsonl").is_file():  # a resumed demo reads the files it wrote
+            write_task(task, SHAPES_TRAIN, SHAPES_PRESET["eval_questions"], seed=0)
+        preset, model = (
+            {**SHAPES_PRESET, "data": str(task / "train.jsonl"), "eval_data": str(task / "test.jsonl")},
+            None,
+        )
     train_cfg = TrainConfig(
         **preset,
         out=cfg.out,
         seed=cfg.seed,
-        model=model or cfg.model,
+        model=model or preset.get("model") or cfg.model,
         resume=cfg.resume,
         progress=cfg.progress,
         lora_rank=cfg.lora_rank,
@@ -152,7 +190,7 @@ def _examples(out: Path, step: int, n: int) -> list[dict]:
 
 def run_demo(cfg: DemoConfig) -> dict:
     console = Console(soft_wrap=True)  # long lines (paths) stay whole in a log file
-    model = warm_start(cfg.retrain_sft, console) if cfg.model == BUILTIN else cfg.model
+    model = warm_start(cfg.retrain_sft, console) if cfg.model == BUILTIN and cfg.task == "arith" else cfg.model
     train_cfg = demo_train_config(cfg, model)
     out = train(train_cfg, log=console.print)
     rows = read_metrics(Path(out) / "metrics.jsonl")
@@ -174,7 +212,7 @@ def run_demo(cfg: DemoConfig) -> dict:
             f"{b['question']!r} (truth {b['ground_truth']})\n  before: {b['completion'][:100]!r}\n  after:  {a['completion'][:100]!r}"
         )
     what = (
-        "the built-in arithmetic task"
+        ("the built-in shapes task (built-in VLM)" if cfg.task == "shapes" else "the built-in arithmetic task")
         if cfg.model == BUILTIN
         else f"{cfg.model}" + (f", LoRA r={cfg.lora_rank}" if cfg.lora_rank else "")
     )

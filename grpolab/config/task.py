@@ -20,8 +20,9 @@ class PolicySection:
     """The policy: which model, and whether LoRA adapters train instead of its weights."""
 
     model: str = dataclasses.field(default="builtin", metadata=takes_object("model", "model"))
-    """'builtin' (the shipped SFT warm start of the tiny Llama), 'smollm2-135m-instruct', a local Hugging Face model
-    directory (or a LoRA adapter's), a .gguf file, or a Hugging Face Hub id (org/name: downloaded, or read from the
+    """'builtin' (the shipped SFT warm start of the tiny Llama), 'builtin-vlm' (the shipped tiny LLaVA that counts
+    shapes), 'smollm2-135m-instruct', a local Hugging Face model directory (or a LoRA adapter's; a vision-language
+    model's with its processor), a .gguf file, or a Hugging Face Hub id (org/name: downloaded, or read from the
     Hugging Face cache offline; a local path of that name wins)."""
     revision: str = ""
     """The branch, tag or commit of a Hub --model (default main); config.json records the commit it resolved to."""

@@ -13,12 +13,15 @@ from grpolab.data.jsonl import DataError
 from grpolab.data.records import prompt_of
 
 BUILTIN = "builtin"
+BUILTIN_VLM = "builtin-vlm"
+"""The built-in vision-language model: a tiny LLaVA fine-tuned on the shapes task (grpolab/assets/shapes-vlm)."""
 SYSTEM_PROMPT = (
     "Solve the arithmetic problem. Work step by step, one short line per step, "
     "and end with a final line of the form '#### <answer>'."
 )
 MATH_SYSTEM_PROMPT = "Solve the problem step by step and put the final answer in \\boxed{}."
 ASSET_DIR = Path(__file__).parents[1] / "assets" / "arith-sft"  # shipped warm start (see its README)
+VLM_ASSET_DIR = Path(__file__).parents[1] / "assets" / "shapes-vlm"  # the built-in vision-language model
 
 
 @dataclasses.dataclass
@@ -177,12 +180,14 @@ def resolve_model_path(spec: str, revision: str = ""):
                 f"`grpolab sft --out {ASSET_DIR}` (see grpolab/assets/arith-sft/README.md)"
             )
         return ASSET_DIR, None
+    if spec == BUILTIN_VLM:
+        return VLM_ASSET_DIR, None
     snap = snapshot(spec, revision=revision, ignore_patterns=MODEL_FILES_SKIPPED) if is_hub_id(spec) else None
     path = snap.path if snap else Path(spec).expanduser()
     if not ((path / "config.json").is_file() or (path / "adapter_config.json").is_file()):
         what = f"the Hub repository {spec} (commit {snap.commit}) holds" if snap else f"--model {spec!r}: not"
         raise FileNotFoundError(
-            f"{what} a model directory (no config.json or adapter_config.json); use 'builtin', "
+            f"{what} a model directory (no config.json or adapter_config.json); use 'builtin', 'builtin-vlm', "
             "'smollm2-135m-instruct', a Hugging Face model directory or Hub id, or a .gguf file (a GGUF repository: "
             "--gguf-file)"
         )

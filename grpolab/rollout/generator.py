@@ -53,7 +53,6 @@ from grpolab.config.rollout import EngineSection
 from grpolab.rollout.engine import autocast_storage
 from grpolab.rollout.sampler import Sampled, SamplingSettings
 from grpolab.rollout.weights import base_model, lag_state, restored_lag, served_weights, skeleton, snapshot
-from grpolab.vision.media import text_only
 
 __all__ = ["GeneratorSpec", "ProcessEngine", "VersionedDraws", "build_process_engine", "weights_digest"]
 
@@ -203,10 +202,13 @@ class _Generator:
     def handle(self, message: tuple) -> tuple:
         kind, tag = message[0], message[1]
         if kind == "draw":
-            version, prompts, keys, settings, digest = message[2:]
+            version, prompts, keys, settings, media, digest = message[2:]
             self.use(version)
             t0 = time.time()
-            out = self.engine.generate(prompts, keys, settings)
+            out = self.engine.generate(prompts, keys, settings, media)
+            # The trainer has the rows' images: the answer leaves them out. Both ends write whole messages into one
+            # pipe, so an answer that outgrew its buffer while the trainer sends the next (large) draw would deadlock.
+            out = out._replace(batch=out.batch._replace(media=None))
             held = weights_digest(self.versions[version]) if digest else None
             return "drawn", tag, (out, (t0, time.time()), held)
         if kind == "sync":
@@ -379,8 +381,7 @@ class ProcessEngine(VersionedDraws):
     def generate(
         self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings, media=None
     ) -> Sampled:
-        text_only(media)
-        request = (self._draw_version(), prompts, [tuple(k) for k in keys], settings)
+        request = (self._draw_version(), prompts, [tuple(k) for k in keys], settings, media)
         if self._prefetched is not None and self._prefetched[0] == request:
             tag = self._prefetched[1]
             self._prefetched = None
@@ -396,14 +397,14 @@ class ProcessEngine(VersionedDraws):
     def prefetch(
         self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings, media=None
     ) -> bool:
-        text_only(media)
         """Start drawing the next step's rollouts now, with the weights that step will use; False when they do not
-        exist yet (K = 0: they are the update's result)."""
+        exist yet (K = 0: they are the update's result). Rows with images are sent with their bundles (a prefetch of
+        them is used only by the call with the very same bundles)."""
         version = self._ahead_version()
         if version is None:
             return False
         self._drop_prefetch()
-        request = (version, prompts, [tuple(k) for k in keys], settings)
+        request = (version, prompts, [tuple(k) for k in keys], settings, media)
         self._prefetched = (request, self._send("draw", *request, self.digests is not None))
         return True
 
