@@ -89,3 +89,14 @@ def test_stale_rollouts_from_the_generator_process_in_bf16_mixed(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss/policy" in r][-1] == 3
     assert rows[-1]["async/staleness_max"] == 1  # drawn with the weights of the step before, in the generator process
+
+
+def test_the_shapes_demo_writes_its_task_and_reports_accuracy_before_and_after(tmp_path):
+    res = run_cli(["demo", "--task", "shapes", "--out", "demo", "--steps", "1", "--eval-questions", "8"], tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    assert summary["before"]["step"] == 0 and summary["after"]["step"] == 1
+    assert 0 <= summary["after"]["eval/accuracy_greedy"] <= 1
+    task = tmp_path / "demo" / "task"
+    assert len((task / "test.jsonl").read_text().splitlines()) == 200 and (task / "images").is_dir()
+    assert "held-out accuracy" in res.stdout

@@ -159,11 +159,12 @@ def demo_train_config(cfg: DemoConfig, model: str | None = None) -> TrainConfig:
             {**SHAPES_PRESET, "data": str(task / "train.jsonl"), "eval_data": str(task / "test.jsonl")},
             None,
         )
+    model = model or preset.pop("model", None) or cfg.model
     train_cfg = TrainConfig(
         **preset,
         out=cfg.out,
         seed=cfg.seed,
-        model=model or preset.get("model") or cfg.model,
+        model=model,
         resume=cfg.resume,
         progress=cfg.progress,
         lora_rank=cfg.lora_rank,
