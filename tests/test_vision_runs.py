@@ -100,3 +100,24 @@ def test_the_shapes_demo_writes_its_task_and_reports_accuracy_before_and_after(t
     task = tmp_path / "demo" / "task"
     assert len((task / "test.jsonl").read_text().splitlines()) == 200 and (task / "images").is_dir()
     assert "held-out accuracy" in res.stdout
+
+
+def test_two_processes_ddp_and_fsdp_train_a_vision_language_model_as_one(tmp_path):
+    """P-invariance with pictures: the same rollouts, the same weights (to float noise) on 2 processes, DDP and FSDP2."""
+    from helpers import rollouts_of, torchrun_batch
+    from safetensors.torch import load_file
+
+    save_tiny_vlm("llava", tmp_path / "model")
+    args = [*_task(tmp_path), "--steps", "3", "--lr", "1e-3"]
+    args[args.index("--prompts-per-step") + 1] = "4"
+    args[args.index("reward_fixtures:names_the_colour")] = "reward_fixtures:pays_for_length"  # rewards that vary
+    _train(tmp_path, args, "--out", "p1")
+    torchrun_batch([["train", *args, "--out", "p2"], ["train", *args, "--out", "fsdp", "--fsdp"]], cwd=tmp_path)
+    start = load_file(str(tmp_path / "model" / "model.safetensors"))
+    one = load_file(str(tmp_path / "p1" / "checkpoints" / "step_3" / "model.safetensors"))
+    assert max(float((one[k] - start[k]).norm()) for k in start) > 1e-3  # it trained
+    for run in ("p2", "fsdp"):
+        assert rollouts_of(tmp_path / run) == rollouts_of(tmp_path / "p1"), run
+        other = load_file(str(tmp_path / run / "checkpoints" / "step_3" / "model.safetensors"))
+        for k in one:
+            assert float((one[k] - other[k]).norm()) <= 1e-5 * max(float(one[k].norm()), 1e-6), (run, k)
