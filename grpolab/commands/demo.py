@@ -83,6 +83,7 @@ SHAPES_PRESET = dict(
     eval_every=40,
     eval_questions=200,
     eval_samples=4,
+    log_samples=4,
     threads=0,
 )
 SHAPES_TRAIN = 4000
