@@ -46,11 +46,14 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff format --check .
 
 # GRPOLAB_REQUIRE_BWRAP: the sandbox tests fail, not skip, where bubblewrap does not run.
+# --max-worker-restart 0: a worker that dies (a test past pytest-timeout's limit) ends the run with that test named;
+# a restarted worker under --dist loadfile was left without work while the run waited on it, until CI's own limit.
+PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile --max-worker-restart 0
 test: lint system-tools
-	GRPOLAB_REQUIRE_BWRAP=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
+	GRPOLAB_REQUIRE_BWRAP=1 OMP_WAIT_POLICY=PASSIVE $(PYTEST) --durations=15
 
 test-fast: lint system-tools
-	GRPOLAB_REQUIRE_BWRAP=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
+	GRPOLAB_REQUIRE_BWRAP=1 OMP_WAIT_POLICY=PASSIVE $(PYTEST) -m "not slow"
 
 bench: $(BIN)/.installed
 	$(BIN)/pip install --quiet -e ".[bench]"

@@ -58,6 +58,43 @@ def pytest_collection_modifyitems(config, items):
     atexit.register(proc.kill)  # a session that ends first (-x, Ctrl-C) leaves no converter running
 
 
+# A test still running after this many seconds has every thread's stack written to a file of its worker's, before
+# pytest-timeout (pyproject.toml: 600 s) ends it; the session's summary prints those files. pytest-timeout's own dump
+# goes through pytest's capture, which a pytest-xdist worker it ends never hands back: the suite would say only that a
+# worker crashed, not where its test hung.
+HANG_REPORT_S = 540
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    os.environ["GRPOLAB_TEST_HANGS"] = tempfile.mkdtemp(prefix="grpolab-test-hangs-")
+    atexit.register(shutil.rmtree, os.environ["GRPOLAB_TEST_HANGS"], True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    import faulthandler
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(Path(os.environ["GRPOLAB_TEST_HANGS"]) / f"{worker}.txt", "a") as report:
+        report.write(f"{item.nodeid} ran past {HANG_REPORT_S} s:\n")
+        report.flush()
+        faulthandler.dump_traceback_later(HANG_REPORT_S, exit=False, file=report)
+        try:
+            yield
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+            report.truncate(0)  # it ended in time: nothing to report
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The stacks of any test that ran past HANG_REPORT_S (a worker's file is empty unless one did)."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return
+    for path in sorted(Path(os.environ["GRPOLAB_TEST_HANGS"]).glob("*.txt")):
+        text = path.read_text()
+        if "Thread" in text or "Stack" in text:
+            terminalreporter.section(f"a test that hung ({path.stem})")
+            terminalreporter.write_line(text[-20000:])
+
+
 @pytest.fixture(scope="session")
 def char_tokenizer():
     from grpolab.models.builtin import build_char_tokenizer
