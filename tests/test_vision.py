@@ -224,3 +224,40 @@ def test_an_environment_that_returns_a_picture_shows_it_in_the_next_turn_masked_
                         out=str(tmp_path / "run"), steps=2, group_size=2, prompts_per_step=2, max_turns=2,
                         max_new_tokens=5, eval_fraction=0, log=quiet)  # fmt: skip
     assert [r["step"] for r in run.metrics][-1] == 2
+
+
+def test_the_shared_prefix_encodes_each_prompt_with_its_pictures_once_and_gives_the_padded_gradient(vlm):
+    name, model, processor, family = vlm
+    rows = _rows(processor, family)
+    prompts, media = [r[0] for r in rows for _ in range(2)], [r[1] for r in rows for _ in range(2)]  # G = 2
+    ids, mask = left_pad(prompts, processor.tokenizer.pad_token_id)
+    completion = torch.tensor([[7, 8, 9, 10], [11, 12, 0, 0]] * 3)
+    batch = Batch(ids, mask, completion, (completion > 0).long(), tuple(media))
+    params = [p for p in model.parameters() if p.requires_grad]
+    got = {}
+    for shared in (False, True):
+        logp = completion_logprobs(model, batch, shared_prefix=shared)  # [6, 4]
+        got[shared] = (logp.detach(), torch.autograd.grad(logp.sum(), params, allow_unused=True))
+    assert torch.allclose(got[True][0], got[False][0], atol=1e-5), name
+    for a, b in zip(got[True][1], got[False][1]):
+        assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, atol=1e-6)), name
+
+
+def test_a_groups_rollouts_share_one_prompt_encoding_and_one_bundle_of_pictures(tmp_path):
+    from grpolab.models.policy import load_policy
+    from grpolab.rollout.engine import HFEngine, SamplingSettings
+    from grpolab.rollout.episodes import EpisodeRunner, episode_rows
+
+    save_tiny_vlm("qwen2-vl", tmp_path / "model")
+    policy = load_policy(str(tmp_path / "model"))
+    runner = EpisodeRunner(HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id), policy)
+    red, blue = {"prompt": ASK, "image": RED}, {"prompt": ASK, "image": BLUE}
+    calls = []
+    hook = policy.family.tower_module(policy.model).register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        episodes = runner.play([red] * 3 + [blue] * 3, [(0, g) for g in range(6)], SamplingSettings(4, 1.0))
+    finally:
+        hook.remove()
+    media = episode_rows(episodes, policy.pad_id).batch.media
+    assert media[0] is media[1] is media[2] and media[3] is media[4] is media[5] and media[0] is not media[3]
+    assert len(calls) == 2  # the tower ran once per picture, for the 6 rollouts

@@ -1,6 +1,6 @@
 """The TRL vision-language script run by TRL and by grpolab.trl: step time and peak memory, in one invocation.
 
-    python benchmarks/trl_dropin/vlm.py [--steps 12] [--out runs/trl-dropin-vlm]
+    python benchmarks/trl_dropin/vlm.py [--steps 12] [--batch-size 64] [--out runs/trl-dropin-vlm]
 
 ``examples/trl/vlm.py`` (TRL's vision form: a conversational prompt with an ``image`` column, the model's processor as
 its processing class; grpolab's built-in tiny LLaVA counting shapes) runs once as it is (``grpolab.trl``) and once
@@ -26,10 +26,10 @@ from compare import IMPORT_GRPOLAB, IMPORT_TRL, WRAPPER, step_times  # noqa: E40
 SCRIPT = HERE.parents[1] / "examples" / "trl" / "vlm.py"
 
 
-def run(kind: str, script: Path, out: Path, steps: int) -> dict:
+def run(kind: str, script: Path, out: Path, steps: int, batch: int) -> dict:
     record = out / f"{kind}.json"
     module = "trl" if kind == "trl" else "grpolab.trl"
-    argv = ["--max-steps", str(steps), "--output-dir", str(out / kind), "--use-cpu"]
+    argv = ["--max-steps", str(steps), "--output-dir", str(out / kind), "--use-cpu", "--batch-size", str(batch)]
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     with open(out / f"{kind}.log", "w") as log:
         subprocess.run([sys.executable, "-c", WRAPPER, str(script), module, str(record), *argv], check=True, env=env,
@@ -40,6 +40,7 @@ def run(kind: str, script: Path, out: Path, steps: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--batch-size", type=int, default=64, help="completions per step: 8 pictures x 8")
     p.add_argument("--out", default="runs/trl-dropin-vlm")
     args = p.parse_args()
     out = Path(args.out)
@@ -51,8 +52,8 @@ def main() -> None:
     print("one line differs:", diff[0][0].strip(), "->", diff[0][1].strip())
     (out / "vlm_trl.py").write_text(trl_copy)
     records = {
-        "grpolab": run("grpolab", SCRIPT, out, args.steps),
-        "trl": run("trl", out / "vlm_trl.py", out, args.steps),
+        "grpolab": run("grpolab", SCRIPT, out, args.steps, args.batch_size),
+        "trl": run("trl", out / "vlm_trl.py", out, args.steps, args.batch_size),
     }
     for kind, rec in records.items():
         rec["median_step_s"] = statistics.median(step_times(rec)[1:])

@@ -18,6 +18,7 @@ parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--max-steps", type=int, default=20)
 parser.add_argument("--output-dir", default="shapes-vlm-GRPO")
 parser.add_argument("--use-cpu", action="store_true", help="GRPOConfig(use_cpu=True): TRL's bf16 needs a GPU")
+parser.add_argument("--batch-size", type=int, default=8, help="completions per step (8 for each picture)")
 cli = parser.parse_args()
 
 rows = draw(seed=0, step=0, n=256)  # {"question", "image" (a PIL picture), "answer"}
@@ -42,7 +43,7 @@ def count_is_right(completions, solution, **kwargs) -> list[float]:
 training_args = GRPOConfig(
     output_dir=cli.output_dir,
     max_steps=cli.max_steps,
-    per_device_train_batch_size=8,
+    per_device_train_batch_size=cli.batch_size,
     num_generations=8,
     max_completion_length=8,
     learning_rate=2e-4,

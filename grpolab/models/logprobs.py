@@ -12,7 +12,7 @@ import torch.utils.checkpoint
 
 from grpolab.common.batch import Batch
 from grpolab.models.shared_prefix import shared_prefix_hidden
-from grpolab.vision.media import model_inputs
+from grpolab.vision.media import in_prompts, model_inputs
 
 LOGITS_BUDGET = 2**25  # floats of logits held at once before the LM head is chunked (128 MB fp32)
 
@@ -51,12 +51,14 @@ def completion_logprobs(
     target, mask = batch.completion_ids, batch.completion_mask  # [N, T]
     score = _scorer(entropy, top_p)  # [..., V] -> [..., k] or [...]
     m = mask[..., None] if entropy or top_p < 1 else mask
-    if (packed or shared_prefix) and batch.media is not None:
-        raise ValueError("the packed and shared-prefix forwards take text rows only; rows with images run padded")
+    if packed and batch.media is not None:
+        raise ValueError("the packed forward takes text rows only; rows with images run padded")
+    if shared_prefix and batch.media is not None and not in_prompts(batch.media, batch.prompt_mask):
+        shared_prefix = False  # an environment's picture after the prompt: the padded forward merges it
     if packed:
         return _packed_logprobs(model, head, batch, temperature, chunk_tokens, score)
     if shared_prefix:
-        first_logits, hidden = shared_prefix_hidden(model, *batch.tensors)  # [N, V], [N, T - 1, d] or None
+        first_logits, hidden = shared_prefix_hidden(model, *batch)  # [N, V], [N, T - 1, d] or None
         first = score(first_logits[:, None], target[:, :1], temperature)  # [N, 1]
         if hidden is None:
             return first * m

@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from grpolab.vision.media import decode_positions, model_inputs
+
 
 class _PromptLayer(DynamicLayer):
     """Prompt pass: holds the keys and values the layer computed (with their graph)."""
@@ -75,8 +77,9 @@ def distinct_prompts(
     return first, inverse
 
 
-def shared_prefix_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask):
-    """Run a batch with each distinct prompt encoded once.
+def shared_prefix_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask, media=None):
+    """Run a batch with each distinct prompt encoded once (with its images: ``media``, the rows' bundles of
+    :class:`grpolab.common.batch.Batch`; the completion is text).
 
     Args (N rows, P prompt and T completion tokens, as in :class:`grpolab.rollout.sampler.Batch`):
         prompt_ids, prompt_mask ``[N, P]`` (left-padded); completion_ids, completion_mask ``[N, T]``.
@@ -86,18 +89,12 @@ def shared_prefix_hidden(model, prompt_ids, prompt_mask, completion_ids, complet
         or None when T == 1.
     Raises :class:`PrefixNotUsed` when some layer did not read the shared keys and values.
     """
-    first, inverse = distinct_prompts(prompt_ids, prompt_mask)
-    u_ids, u_mask = prompt_ids[first], prompt_mask[first]  # [U, P]
-    u_pos = (u_mask.cumsum(-1) - 1).clamp(min=0)  # position ids count real tokens: left padding shifts nothing
+    first, inverse = distinct_prompts(prompt_ids, prompt_mask, media)
+    rows = None if media is None else [media[i] for i in first.tolist()]
+    # [U, P]: ids (or, with images, the merged embeddings), mask, positions that count real tokens only
+    inputs = model_inputs(model, prompt_ids[first], prompt_mask[first], rows)
     cache = Cache(layer_class_to_replicate=_PromptLayer)
-    out = model(
-        input_ids=u_ids,
-        attention_mask=u_mask,
-        position_ids=u_pos,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
+    out = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
     first_logits = out.logits[:, -1][inverse]  # [N, V]
     if not cache.layers or any(layer.keys is None for layer in cache.layers):
         raise PrefixNotUsed("the prompt pass wrote no keys and values")
@@ -108,7 +105,9 @@ def shared_prefix_hidden(model, prompt_ids, prompt_mask, completion_ids, complet
         layers=[_PrefixLayer(layer.keys[inverse], layer.values[inverse]) for layer in cache.layers]
     )  # [N, h, P, d] each
     attn = torch.cat([prompt_mask, completion_mask[:, :-1]], dim=1)  # [N, P + T - 1]
-    position = prompt_mask.sum(1, keepdim=True) + torch.arange(T - 1, device=prompt_mask.device)  # [N, T - 1]
+    # the completion continues from the prompt's last position (the real tokens' count; M-RoPE: where its text is)
+    start = decode_positions(inputs["position_ids"])[inverse][:, -1:] + 1  # [N, 1]
+    position = start + torch.arange(T - 1, device=prompt_mask.device)  # [N, T - 1]
     hidden = model.get_decoder()(
         input_ids=completion_ids[:, :-1],
         attention_mask=attn,

@@ -154,14 +154,14 @@ class EpisodeRunner:
     # ------------------------------------------------------------------ playing
     def play(self, records: list[dict], keys: list[tuple], settings: SamplingSettings) -> list[Episode]:
         """One episode per record, ``keys[n]`` seeding episode n's replies."""
-        episodes = [self._start(rec, key) for rec, key in zip(records, keys)]
+        episodes = self._starts(records, keys)
         self._play_from(episodes, 0, settings)
         return episodes
 
     def first_turn(self, records: list[dict], keys: list[tuple], settings: SamplingSettings):
         """The ``engine.generate`` arguments of :meth:`play`'s first call for single-turn ``records``: what an engine
         may draw ahead of it."""
-        return self._request([self._start(rec, key) for rec, key in zip(records, keys)], 0, settings)
+        return self._request(self._starts(records, keys), 0, settings)
 
     def _request(self, live: list[Episode], h: int, settings: SamplingSettings):
         """``engine.generate``'s arguments for turn ``h`` of ``live``: contexts, keys, settings (the longest room)."""
@@ -174,10 +174,19 @@ class EpisodeRunner:
             None if all(m is None for m in media) else media,
         )
 
-    def _start(self, record: dict, key: tuple) -> Episode:
+    def _starts(self, records: list[dict], keys: list[tuple]) -> list[Episode]:
+        """The episodes of ``records`` before their first turn. A record repeated (a group's G rollouts) is encoded
+        once: its rows share one prompt and one bundle of images, so the vision tower runs once for them."""
+        encoded: dict[int, tuple] = {}
+        return [self._start(rec, key, encoded) for rec, key in zip(records, keys)]
+
+    def _start(self, record: dict, key: tuple, encoded: dict | None = None) -> Episode:
         if self.env_factory is None:
-            ids, media = self.policy.prompt_inputs(record)
-            return Episode(record, tuple(key), None, [], 0, [Segment(ids, media=media)])
+            encoded = {} if encoded is None else encoded
+            if id(record) not in encoded:
+                encoded[id(record)] = self.policy.prompt_inputs(record)
+            ids, media = encoded[id(record)]
+            return Episode(record, tuple(key), None, [], 0, [Segment(list(ids), media=media)])
         t0 = time.perf_counter()
         env = self.env_factory()
         messages = check_reset(env.reset(record), env)

@@ -152,13 +152,13 @@ class TrainModule:
         batch against the plain path, on the whole model before any wrapper; if not, ``log`` says why, one line).
         ``packing``: run each pass's rows as one padding-free sequence, if the model can (checked the same way); it
         replaces the shared prefix. ``precision``: what the forward computes in (the module docstring). ``images``: the
-        rows may carry images (a vision-language policy), which the packed and shared-prefix forwards do not take:
-        both are off, said in one line when asked for."""
+        rows may carry images (a vision-language policy), which the packed forward does not take: it is off, said in
+        one line when asked for."""
         self.world, self.fsdp = world, fsdp and world.distributed
-        if images and (packing or shared_prefix):
-            log("notice: rows with images run padded, each prompt encoded per rollout (the vision tower's output is "
-                "still computed once per prompt); --shared-prefix and --packing take text rows only")  # fmt: skip
-            packing = shared_prefix = False
+        if images and packing:
+            log("notice: --packing takes text rows only; rows with images run padded, each group's prompt encoded "
+                "once (the shared prefix)")  # fmt: skip
+            packing = False
         if packing:
             packing = _supported(model, temperature, "packed", log)
             shared_prefix = shared_prefix and not packing

@@ -171,3 +171,10 @@ def text_only(media, who: str = "generator processes") -> None:
             f"{who} take text prompts only; prompts with images are drawn by grpolab's own sampler "
             "(--rollout-engine hf, without --generators)"
         )
+
+
+def in_prompts(media, prompt_mask: torch.Tensor) -> bool:
+    """Whether every row's images sit in its prompt (``prompt_mask`` ``[N, P]``): not in an episode's later turns,
+    which the shared-prefix forward would pass as text."""
+    lengths = prompt_mask.sum(1).tolist()  # [N] real prompt tokens
+    return all(m is None or all(end <= n for _, end in m.spans) for m, n in zip(media, lengths))
