@@ -209,7 +209,7 @@ def test_sampler_entropies_and_logprobs_equal_a_teacher_forced_forward():
     kw = dict(max_new_tokens=16, temperature=0.7, top_p=0.9, eos_id=policy.eos_id, pad_id=policy.pad_id)
     batch, logp, ent = sample_with_stats(policy.model, prompts, keys, **kw)
     plain = sample(policy.model, prompts, keys, **kw)
-    assert all(torch.equal(a, b) for a, b in zip(batch, plain))  # the same tokens
+    assert all(torch.equal(a, b) for a, b in zip(batch.tensors, plain.tensors))  # the same tokens
     with torch.no_grad():
         for i in range(4):
             p = [t for t, m in zip(batch.prompt_ids[i].tolist(), batch.prompt_mask[i].tolist()) if m]

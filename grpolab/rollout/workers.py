@@ -287,12 +287,12 @@ def _serve(sock, generator, slot, group, backend: str, device: str, name: str, s
             send_frame(sock, {"kind": "synced", "tag": tag, "span": [t0, time.time()]})
         elif kind == "draw":
             keys = [tuple(k) for k in header["keys"]]
-            draw = (header["version"], header["prompts"], keys, SamplingSettings(**header["settings"]))
+            draw = (header["version"], header["prompts"], keys, SamplingSettings(**header["settings"]), None)  # text
             _, _, (out, span, digest) = generator.handle(("draw", tag, *draw, header["digest"]))
             stats = [out.logprobs, out.entropy]  # an engine may give none (vLLM: no entropies)
             answer = {"kind": "drawn", "tag": tag, "span": list(span), "digest": digest}
             answer["absent"] = [i for i, t in enumerate(stats) if t is None]
-            send_frame(sock, answer, [*out.batch, *(t for t in stats if t is not None)])
+            send_frame(sock, answer, [*out.batch.tensors, *(t for t in stats if t is not None)])
         else:
             raise WireError(f"a message of kind {kind!r}")
 
