@@ -47,36 +47,43 @@ def _located(path: str | Path, base: Path | None) -> Path:
     return path
 
 
-def row_images(record: dict, where: str = "row", base: Path | None = None) -> list:
-    """A record's images in order: its ``image`` column (one) or ``images`` column (a list), read
-    (:func:`load_image`); ``[]`` when it has neither."""
-    out = []
+def _values(record: dict):
+    """``(label, value)`` for each image a record holds, in order: its ``image`` column, then each of its ``images``
+    list; the label names the column (and the place in a list)."""
     for column in IMAGE_COLUMNS:
         value = record.get(column)
         if value is None:
             continue
-        values = value if column == "images" and isinstance(value, list | tuple) else [value]
-        out += [load_image(v, f"{where}, column {column!r}" + (f" [{i}]" if len(values) > 1 else ""), base)
-                for i, v in enumerate(values)]  # fmt: skip
-    return out
+        if column == "images" and isinstance(value, list | tuple):
+            yield from ((f"column {column!r} [{i}]", v) for i, v in enumerate(value))
+        else:
+            yield f"column {column!r}", value
+
+
+def row_images(record: dict, where: str = "row", base: Path | None = None) -> list:
+    """A record's images in order: its ``image`` column (one) or ``images`` column (a list), read
+    (:func:`load_image`); ``[]`` when it has neither."""
+    return [load_image(v, f"{where}, {label}", base) for label, v in _values(record)]
 
 
 def checked_images(row: dict, where: str, base: Path | None) -> dict:
     """``row`` with its images checked before any step runs: each must be readable (else a :class:`DataError`
     naming the row and the column), and a relative path is made absolute where it is found under ``base`` (the data
     file's folder), so that it reads the same from any working directory."""
+
+    def located(label: str, v):
+        load_image(v, f"{where}, {label}", base)
+        if isinstance(v, str) and base is not None and not Path(v).is_absolute() and (base / v).exists():
+            return str((base / v).resolve())
+        return v
+
     out = dict(row)
     for column in IMAGE_COLUMNS:
         value = row.get(column)
         if value is None:
             continue
-        many = column == "images" and isinstance(value, list | tuple)
-        values = list(value) if many else [value]
-        for i, v in enumerate(values):
-            load_image(v, f"{where}, column {column!r}" + (f" [{i}]" if many else ""), base)
-            if isinstance(v, str) and base is not None and not Path(v).is_absolute() and (base / v).exists():
-                values[i] = str((base / v).resolve())
-        out[column] = values if many else values[0]
+        values = [located(label, v) for label, v in _values({column: value})]
+        out[column] = values if column == "images" and isinstance(value, list | tuple) else values[0]
     return out
 
 
@@ -87,16 +94,14 @@ def images_identity(record: dict) -> str:
 
     digest = hashlib.sha256()
     found = False
-    for column in IMAGE_COLUMNS:
-        value = record.get(column)
-        for v in value if column == "images" and isinstance(value, list | tuple) else [] if value is None else [value]:
-            found = True
-            if isinstance(v, Image.Image):
-                digest.update(v.tobytes())
-            elif isinstance(v, dict) and v.get("bytes") is not None:
-                digest.update(v["bytes"] if isinstance(v["bytes"], bytes) else v["bytes"].encode())
-            else:
-                digest.update(str(v.get("path") if isinstance(v, dict) else v).encode())
+    for _, v in _values(record):
+        found = True
+        if isinstance(v, Image.Image):
+            digest.update(v.tobytes())
+        elif isinstance(v, dict) and v.get("bytes") is not None:
+            digest.update(v["bytes"] if isinstance(v["bytes"], bytes) else v["bytes"].encode())
+        else:
+            digest.update(str(v.get("path") if isinstance(v, dict) else v).encode())
     return f" [images {digest.hexdigest()[:16]}]" if found else ""
 
 
@@ -104,10 +109,8 @@ def shown_images(record: dict) -> dict:
     """``{"images": [...]}`` for a sample's log line when the record has images (``{}`` else): each a path or a PIL
     image (the run's log keeps a PIL image as a file of its own; bytes are read into one)."""
     out = []
-    for column in IMAGE_COLUMNS:
-        value = record.get(column)
-        for v in value if column == "images" and isinstance(value, list | tuple) else [] if value is None else [value]:
-            if isinstance(v, dict):
-                v = v.get("path") if v.get("bytes") is None else load_image(v, f"column {column!r}")
-            out.append(v)
+    for label, v in _values(record):
+        if isinstance(v, dict):
+            v = v.get("path") if v.get("bytes") is None else load_image(v, label)
+        out.append(v)
     return {"images": out} if out else {}

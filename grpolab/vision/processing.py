@@ -26,7 +26,7 @@ def with_image_parts(messages: list[dict], n_images: int) -> list[dict]:
     """``messages`` with every content a list of parts (``{"type": "text", "text": ...}``), and, when no message has
     an image part, ``n_images`` image parts put first in the first user message (TRL's form)."""
     parts = [{**m, "content": _parts(m["content"])} for m in messages]
-    if n_images and not any(p.get("type") == "image" for m in parts for p in m["content"]):
+    if n_images and not image_parts(parts):
         first = next((i for i, m in enumerate(parts) if m["role"] == "user"), None)
         if first is None:
             raise ValueError("a row with images needs a user message to put them in")
@@ -38,25 +38,29 @@ def _parts(content) -> list[dict]:
     return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
 
 
+def _image_parts(messages: list[dict]):
+    """``(message, part)`` for each image part of the messages, in order."""
+    for m in messages:
+        if isinstance(m["content"], list):
+            yield from ((m, p) for p in m["content"] if p.get("type") == "image")
+
+
 def image_parts(messages: list[dict]) -> int:
     """How many image parts the messages hold."""
-    return len(part_images(messages, strict=False))
+    return sum(1 for _ in _image_parts(messages))
 
 
-def part_images(messages: list[dict], strict: bool = True) -> list:
+def part_images(messages: list[dict]) -> list:
     """The images that messages' image parts carry (``{"type": "image", "image": ...}``: a PIL image, a path or
-    ``{"bytes", "path"}``, read by :func:`grpolab.data.images.load_image`), in order. ``strict``: a part without its
-    image is an error (an environment's message must carry its picture); else it counts as None."""
+    ``{"bytes", "path"}``, read by :func:`grpolab.data.images.load_image`), in order; a part without its image is an
+    error (an environment's message must carry its picture)."""
     from grpolab.data.images import load_image
 
     out = []
-    for m in messages:
-        for p in m["content"] if isinstance(m["content"], list) else []:
-            if p.get("type") != "image":
-                continue
-            if p.get("image") is None and strict:
-                raise ValueError(f"a {m['role']} message has an image part without its image ('image': ...)")
-            out.append(None if p.get("image") is None else load_image(p["image"], f"a {m['role']} message's image"))
+    for m, p in _image_parts(messages):
+        if p.get("image") is None:
+            raise ValueError(f"a {m['role']} message has an image part without its image ('image': ...)")
+        out.append(load_image(p["image"], f"a {m['role']} message's image"))
     return out
 
 
@@ -64,8 +68,8 @@ def encode(processor, family: Family, messages: list[dict], images: list) -> tup
     """A prompt's ids (the chat template with the generation prompt, image placeholders expanded) and its images'
     :class:`Media` (None for a prompt without images)."""
     messages = with_image_parts(messages, len(images))
-    if image_parts(messages) != len(images):
-        raise ValueError(f"the prompt has {image_parts(messages)} image parts for {len(images)} images")
+    if (parts := image_parts(messages)) != len(images):
+        raise ValueError(f"the prompt has {parts} image parts for {len(images)} images")
     text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return encode_text(processor, family, text, images)
 
@@ -78,16 +82,16 @@ def encode_text(processor, family: Family, text: str, images: list) -> tuple[lis
     out = processor(text=[text], images=[images], return_tensors="pt", add_special_tokens=False)
     ids = out["input_ids"][0]  # [P]
     inputs = {k: out[k] for k in family.image_inputs if out.get(k) is not None}
-    tokens = int((ids == family.image_token_id(_config_of(processor, family))).sum())
+    tokens = int((ids == _image_token(processor)).sum())
     return ids.tolist(), Media.of(family, inputs, len(ids), tokens, len(images))
 
 
-def _config_of(processor, family: Family):
-    """The image token's id as a config-like object (the processor knows it; the config is not at hand here)."""
+def _image_token(processor) -> int:
+    """The id of the processor's image placeholder (the model's config is not at hand here)."""
     token = getattr(processor, "image_token_id", None)
     if token is None:
         token = processor.tokenizer.convert_tokens_to_ids(getattr(processor, "image_token", "<image>"))
-    return type("_Ids", (), {"image_token_id": token})()
+    return token
 
 
 class QwenProcessor:
