@@ -46,8 +46,10 @@ class TinyLlamaSpec:
     """Longest prompt + completion in tokens."""
 
 
-def build_tiny_llama(spec: TinyLlamaSpec, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
-    config = LlamaConfig(
+def tiny_llama_config(spec: TinyLlamaSpec, tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
+    """The built-in Llama's config for ``spec`` (any object with its fields: the built-in vision-language model's
+    language model takes the same) over ``tokenizer``'s vocabulary and special tokens."""
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -60,4 +62,7 @@ def build_tiny_llama(spec: TinyLlamaSpec, tokenizer: PreTrainedTokenizerFast) ->
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
-    return LlamaForCausalLM(config)
+
+
+def build_tiny_llama(spec: TinyLlamaSpec, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+    return LlamaForCausalLM(tiny_llama_config(spec, tokenizer))

@@ -23,7 +23,6 @@ import torch
 from tqdm import tqdm
 from transformers import (
     CLIPVisionConfig,
-    LlamaConfig,
     LlamaForCausalLM,
     LlavaConfig,
     LlavaForConditionalGeneration,
@@ -35,7 +34,7 @@ from transformers.models.llava.image_processing_pil_llava import LlavaImageProce
 
 from grpolab.data.answers import extract_final_number, numbers_equal
 from grpolab.data.shapes import ShapesSpec, draw, question_key, test_set
-from grpolab.models.builtin import build_char_tokenizer
+from grpolab.models.builtin import build_char_tokenizer, tiny_llama_config
 
 IMAGE_TOKEN = "<image>"
 
@@ -111,19 +110,7 @@ def build_tiny_vlm(spec: TinyVLMSpec, tokenizer: PreTrainedTokenizerFast) -> Lla
         image_size=spec.image_size,
         patch_size=spec.patch_size,
     )
-    text = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_heads,
-        max_position_embeddings=spec.max_positions,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+    text = tiny_llama_config(spec, tokenizer)  # the built-in text model's shape: it can start from its weights
     config = LlavaConfig(
         vision_config=vision,
         text_config=text,
