@@ -88,36 +88,31 @@ class Renderer:
         """:meth:`opening` with the images its messages show: ``(ids, media)`` (media None without images)."""
         if self.chat:
             return self._inputs(self._render(messages, generation=True), messages)
-        return self.opening(messages), None
-
-    def continuation_inputs(self, conversation: list[dict], ended: bool, new: list[dict]):
-        """:meth:`continuation` with the images the ``new`` messages show: ``(ids, media)``, or None."""
-        text = self._continuation_text(conversation, ended, new) if self.chat else None
-        if text is None:
-            ids = self.continuation(conversation, ended, new)
-            return None if ids is None else (ids, None)
-        return self._inputs(text, new)
-
-    def opening(self, messages: list[dict]) -> list[int]:
-        """The prompt of a sequence that starts with ``messages``, ending with the generation prompt."""
-        if self.chat:
-            return self._ids(self._render(messages, generation=True))
         msgs = list(messages)
         if self.tools:
             from grpolab.env.tools import tool_instructions
 
             msgs = _with_system_text(msgs, tool_instructions(self.tools))
         bos = self.tok.bos_token_id
-        return ([bos] if bos is not None else []) + self._ids(_plain(msgs))
+        return ([bos] if bos is not None else []) + self._ids(_plain(msgs)), None
+
+    def continuation_inputs(self, conversation: list[dict], ended: bool, new: list[dict]):
+        """:meth:`continuation` with the images the ``new`` messages show: ``(ids, media)``, or None."""
+        if not self.chat:
+            return ([] if ended else [self.tok.eos_token_id]) + self._ids(_plain(new)), None
+        text = self._continuation_text(conversation, ended, new)
+        return None if text is None else self._inputs(text, new)
+
+    def opening(self, messages: list[dict]) -> list[int]:
+        """The prompt of a sequence that starts with ``messages``, ending with the generation prompt."""
+        return self.opening_inputs(messages)[0]
 
     def continuation(self, conversation: list[dict], ended: bool, new: list[dict]) -> list[int] | None:
         """The ids after the last reply of ``conversation`` (its last message, the assistant's) up to the next
         generation prompt, with the ``new`` messages between; ``ended``: the reply ends with the end-of-sequence
         token. None when the template's text for the longer conversation does not extend its text for this one."""
-        if not self.chat:
-            return ([] if ended else [self.tok.eos_token_id]) + self._ids(_plain(new))
-        text = self._continuation_text(conversation, ended, new)
-        return None if text is None else self._ids(text)
+        got = self.continuation_inputs(conversation, ended, new)
+        return None if got is None else got[0]
 
     def _continuation_text(self, conversation: list[dict], ended: bool, new: list[dict]) -> str | None:
         """The text of :meth:`continuation` (chat templates), or None."""
