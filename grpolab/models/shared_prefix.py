@@ -77,6 +77,15 @@ def distinct_prompts(
     return first, inverse
 
 
+def distinct_prompt_inputs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, media=None):
+    """``(first, inverse, inputs)``: :func:`distinct_prompts`, and the forward's inputs of the distinct prompts
+    ``[U, P]``: ids (with images: the merged embeddings), mask, and positions that count real tokens only, so left
+    padding shifts nothing (:func:`grpolab.vision.media.model_inputs`)."""
+    first, inverse = distinct_prompts(prompt_ids, prompt_mask, media)  # [U], [N]
+    rows = None if media is None else [media[i] for i in first.tolist()]
+    return first, inverse, model_inputs(model, prompt_ids[first], prompt_mask[first], rows)
+
+
 def shared_prefix_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask, media=None):
     """Run a batch with each distinct prompt encoded once (with its images: ``media``, the rows' bundles of
     :class:`grpolab.common.batch.Batch`; the completion is text).
@@ -89,10 +98,7 @@ def shared_prefix_hidden(model, prompt_ids, prompt_mask, completion_ids, complet
         or None when T == 1.
     Raises :class:`PrefixNotUsed` when some layer did not read the shared keys and values.
     """
-    first, inverse = distinct_prompts(prompt_ids, prompt_mask, media)
-    rows = None if media is None else [media[i] for i in first.tolist()]
-    # [U, P]: ids (or, with images, the merged embeddings), mask, positions that count real tokens only
-    inputs = model_inputs(model, prompt_ids[first], prompt_mask[first], rows)
+    first, inverse, inputs = distinct_prompt_inputs(model, prompt_ids, prompt_mask, media)
     cache = Cache(layer_class_to_replicate=_PromptLayer)
     out = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
     first_logits = out.logits[:, -1][inverse]  # [N, V]

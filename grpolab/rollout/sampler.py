@@ -24,8 +24,8 @@ from grpolab.common.batch import Batch, left_pad
 from grpolab.models.attention import attention_rounding, upcast_dtype
 from grpolab.models.decode_cache import SlabCache, slab_supported
 from grpolab.models.logprobs import logprob_entropy, nucleus_log_mass, sampling_logprobs
-from grpolab.models.shared_prefix import distinct_prompts
-from grpolab.vision.media import decode_positions, model_inputs
+from grpolab.models.shared_prefix import distinct_prompt_inputs
+from grpolab.vision.media import decode_positions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,9 +139,7 @@ def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, media=N
     ``[N, V]``, the prompts' position ids ``[N, P]`` and each row's distinct prompt ``[N]`` (a group's G rows share
     theirs: each distinct prompt is prefilled once). ``media``: the rows' images (:class:`grpolab.common.batch.Batch`),
     which the prefill runs through the whole model; the decode steps after it are text."""
-    first, inverse = distinct_prompts(prompt_ids, prompt_mask, media)  # [U], [N]
-    rows = None if media is None else [media[i] for i in first.tolist()]
-    inputs = model_inputs(model, prompt_ids[first], prompt_mask[first], rows)
+    _, inverse, inputs = distinct_prompt_inputs(model, prompt_ids, prompt_mask, media)  # [N], the U prompts' inputs
     cache = DynamicCache()
     out = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
     # Position ids count real tokens only, so left padding does not shift them (M-RoPE: where the text continues).
