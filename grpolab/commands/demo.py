@@ -72,7 +72,6 @@ LORA_PRESET = dict(lr=2e-4)
 # warm start answers 58.5% of the 200 held-out pictures greedily and 44-48% when sampling; GRPO at this step size
 # moves both within minutes on a 2-core CPU (docs/vision.md has the run).
 SHAPES_PRESET = dict(
-    model=BUILTIN_VLM,
     reward_fn=("grpolab.rewards.builtin:accuracy_reward",),
     format="prompt",
     max_new_tokens=8,
@@ -156,16 +155,13 @@ def demo_train_config(cfg: DemoConfig, model: str | None = None) -> TrainConfig:
         task = Path(cfg.out) / "task"
         if not (task / "test.jsonl").is_file():  # a resumed demo reads the files it wrote
             write_task(task, SHAPES_TRAIN, SHAPES_PRESET["eval_questions"], seed=0)
-        preset, model = (
-            {**SHAPES_PRESET, "data": str(task / "train.jsonl"), "eval_data": str(task / "test.jsonl")},
-            None,
-        )
-    model = model or preset.pop("model", None) or cfg.model
+        preset = {**SHAPES_PRESET, "data": str(task / "train.jsonl"), "eval_data": str(task / "test.jsonl")}
+        model = BUILTIN_VLM
     train_cfg = TrainConfig(
         **preset,
         out=cfg.out,
         seed=cfg.seed,
-        model=model,
+        model=model or cfg.model,
         resume=cfg.resume,
         progress=cfg.progress,
         lora_rank=cfg.lora_rank,
