@@ -261,3 +261,10 @@ def test_a_groups_rollouts_share_one_prompt_encoding_and_one_bundle_of_pictures(
     media = episode_rows(episodes, policy.pad_id).batch.media
     assert media[0] is media[1] is media[2] and media[3] is media[4] is media[5] and media[0] is not media[3]
     assert len(calls) == 2  # the tower ran once per picture, for the 6 rollouts
+
+
+def test_two_encodings_of_the_same_pictures_have_one_key_and_other_pictures_another(vlm):
+    """What a draw ahead of the generator process is matched by (its own encoding of the step's records)."""
+    name, model, processor, family = vlm
+    (_, a), (_, b), (_, c) = (encode(processor, family, ASK, images) for images in ([RED], [RED], [BLUE]))
+    assert a is not b and a.key() == b.key() and a.key() != c.key()

@@ -283,6 +283,13 @@ def _start_child(spec: GeneratorSpec, shared: SharedWeights):
     return conn, process
 
 
+def _request_key(request: tuple) -> tuple:
+    """A draw request as the draw ahead is matched against it: rows' images by what they hold (a draw ahead encoded
+    its own bundles of the same records, other objects of the same pixels)."""
+    *head, media = request
+    return (*head, None if media is None else tuple(None if m is None else m.key() for m in media))
+
+
 class VersionedDraws:
     """Which weight version a draw names, for an engine that draws elsewhere (:class:`ProcessEngine`, and
     :class:`grpolab.rollout.workers.WorkerPool`): ``syncs`` weight syncs so far, ``lag`` = --max-staleness K. A
@@ -382,7 +389,7 @@ class ProcessEngine(VersionedDraws):
         self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings, media=None
     ) -> Sampled:
         request = (self._draw_version(), prompts, [tuple(k) for k in keys], settings, media)
-        if self._prefetched is not None and self._prefetched[0] == request:
+        if self._prefetched is not None and self._prefetched[0] == _request_key(request):
             tag = self._prefetched[1]
             self._prefetched = None
             self.prefetches["used"] += 1
@@ -398,14 +405,13 @@ class ProcessEngine(VersionedDraws):
         self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings, media=None
     ) -> bool:
         """Start drawing the next step's rollouts now, with the weights that step will use; False when they do not
-        exist yet (K = 0: they are the update's result). Rows with images are sent with their bundles (a prefetch of
-        them is used only by the call with the very same bundles)."""
+        exist yet (K = 0: they are the update's result). Rows with images are sent with their bundles."""
         version = self._ahead_version()
         if version is None:
             return False
         self._drop_prefetch()
         request = (version, prompts, [tuple(k) for k in keys], settings, media)
-        self._prefetched = (request, self._send("draw", *request, self.digests is not None))
+        self._prefetched = (_request_key(request), self._send("draw", *request, self.digests is not None))
         return True
 
     def weights_changed(self) -> None:

@@ -17,6 +17,7 @@ with images.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import torch
 from torch import nn
@@ -56,6 +57,15 @@ class Media:
         """This row's images followed by ``other``'s (an episode's next turn shows a new picture)."""
         parts, spans = self.parts + other.parts, self.spans + other.spans
         return Media(self.family, parts, spans, self.tokens + other.tokens, self.images + other.images)
+
+    def key(self) -> tuple:
+        """What the bundle holds, comparable across bundles: two encodings of the same images give equal keys."""
+        digest = hashlib.sha256()
+        for part in self.parts:
+            for name, t in sorted(part.items()):
+                digest.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
+                digest.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        return (self.family.name, self.spans, self.tokens, self.images, digest.hexdigest())
 
     def to(self, device) -> Media:
         """This bundle with its tensors on ``device`` (itself when they are there: the tower cache is kept)."""
