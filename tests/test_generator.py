@@ -108,8 +108,10 @@ def test_a_hung_generator_is_one_error_after_the_timeout_and_is_stopped(tmp_path
         t0 = time.monotonic()
         with pytest.raises(GeneratorError, match=r"gave no answer in 2 s while .*--generator-timeout"):
             # step 2 reads its rollouts from the pipe (sent by value: nothing is fetched from the stopped child),
-            # then waits for the child to take the new weights
+            # then waits for the child to have taken step 1's weights: when that answer too reached the pipe before
+            # the stop, step 2 ends and step 3 waits for its draw ahead, which the stopped child never makes
             trainer.step(2)
+            trainer.step(3)
         assert time.monotonic() - t0 < 20
         assert not process.is_alive()
     finally:
