@@ -10,7 +10,7 @@ import json
 
 import pytest
 import torch
-from helpers import model_and_batch, quiet, small_cfg
+from helpers import VLM_FAMILIES, model_and_batch, quiet, small_cfg, tiny_vlm
 
 from grpolab.common.errors import ConfigError
 from grpolab.common.precision import Precision, PrecisionError, auto_precision, resolve_precision, rollout_dtype
@@ -309,6 +309,20 @@ def test_eval_samples_in_its_precisions_compute_dtype(monkeypatch):
     assert built == [(torch.float32, torch.bfloat16, torch.float32)]
     with pytest.raises(PrecisionError, match="16-mixed"):
         grpolab.evaluate(model="builtin", precision="16-mixed", questions=4, samples=0, log=quiet)
+
+
+@pytest.mark.parametrize("family", VLM_FAMILIES)
+def test_a_mixed_sampler_copy_of_a_vision_language_model_rounds_its_language_models_attention(family):
+    """The flag that makes a mixed copy's attention round as autocast's is read from each attention module's config:
+    for a vision-language model that is the language model's own config, not the outer one."""
+    from grpolab.models.attention import attention_rounding
+    from grpolab.rollout.weights import SamplerWeights
+
+    model, _ = tiny_vlm(family)
+    copy_ = SamplerWeights(model, torch.bfloat16, always_copy=True, storage=torch.float32).model
+    text = copy_.get_decoder() if hasattr(copy_, "get_decoder") else copy_.model.language_model
+    attention = [m for name, m in text.named_modules() if name.endswith("self_attn")]
+    assert attention and all(attention_rounding(m) == torch.bfloat16 for m in attention)
 
 
 def test_a_sampler_for_a_mixed_trainer_computes_as_autocast_does():

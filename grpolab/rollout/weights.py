@@ -195,8 +195,9 @@ class SamplerWeights:
         """The copy's model in :attr:`storage`, its parameters not yet filled; a mixed copy's attention rounds to the
         products' dtype."""
         model = _skeleton(base_model(self.policy), self.storage, next(self.policy.parameters()).device)
-        if self.mixed:
-            setattr(model.config, ROUNDING, str(self.dtype).removeprefix("torch."))
+        if self.mixed:  # on the language model's own config too: a vision-language model's attention reads that one
+            for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+                setattr(config, ROUNDING, str(self.dtype).removeprefix("torch."))
         return model
 
     def sync(self) -> None:
