@@ -57,9 +57,18 @@ def test_single_world_owns_everything():
     assert w.split(10) == range(10) and w.is_main and not w.distributed
 
 
-def test_backend_is_gloo_on_cpu_and_adds_nccl_for_cuda():
+def test_backend_is_gloo_on_cpu_and_adds_nccl_for_cuda(monkeypatch):
+    monkeypatch.delenv("GRPOLAB_DIST_BACKEND", raising=False)
     assert backend(cuda_available=False) == "gloo"
     assert backend(cuda_available=True) == "cpu:gloo,cuda:nccl"
+    monkeypatch.setenv("GRPOLAB_DIST_BACKEND", "gloo")  # gloo for CUDA tensors too: two ranks on one GPU
+    assert backend(cuda_available=True) == "gloo"
+    from grpolab.rollout.workers import _backend
+
+    assert _backend("cuda:0", "cuda:0") == "gloo"
+    monkeypatch.setenv("GRPOLAB_DIST_BACKEND", "mpi")
+    with pytest.raises(ValueError, match="must be gloo or nccl"):
+        backend(cuda_available=True)
 
 
 def test_drop_flag_removes_the_flag_and_its_value_only():

@@ -54,8 +54,25 @@ class World:
 SINGLE = World()
 
 
+BACKEND_ENV = "GRPOLAB_DIST_BACKEND"
+"""An environment variable that names the backend instead (``gloo``: gloo for CUDA tensors too, as where NCCL refuses
+two ranks on one GPU; tools/gpu-check sets it). It applies to generator workers' weight groups as well."""
+
+
+def forced_backend() -> str:
+    """``$GRPOLAB_DIST_BACKEND`` when set (gloo or nccl), else ""."""
+    name = os.environ.get(BACKEND_ENV, "")
+    if name not in ("", "gloo", "nccl"):
+        raise ValueError(f"${BACKEND_ENV} must be gloo or nccl, got {name!r}")
+    return name
+
+
 def backend(cuda_available: bool | None = None) -> str:
-    """The process-group backend: gloo for CPU tensors, plus nccl for CUDA tensors when there is a GPU."""
+    """The process-group backend: gloo for CPU tensors, plus nccl for CUDA tensors when there is a GPU
+    (``$GRPOLAB_DIST_BACKEND`` names one for both instead)."""
+    forced = forced_backend()
+    if forced:
+        return forced
     if cuda_available is None:
         cuda_available = torch.cuda.is_available() and dist.is_nccl_available()
     return "cpu:gloo,cuda:nccl" if cuda_available else "gloo"

@@ -48,6 +48,7 @@ from collections.abc import Callable
 
 import torch
 
+from grpolab.common.distributed import forced_backend
 from grpolab.common.errors import ConfigError, GeneratorError
 from grpolab.common.precision import rollout_dtype
 from grpolab.rollout.generator import START_TIMEOUT, GeneratorSpec, SharedWeights, VersionedDraws, _Generator
@@ -113,7 +114,9 @@ def _first_words(error: Exception) -> str:
 
 
 def _backend(trainer_device: str, worker_device: str) -> str:
-    """NCCL between two CUDA devices, else gloo (through the CPU)."""
+    """NCCL between two CUDA devices, else gloo (through the CPU); ``$GRPOLAB_DIST_BACKEND`` names one instead."""
+    if forced_backend():
+        return forced_backend()
     return "nccl" if str(trainer_device).startswith("cuda") and str(worker_device).startswith("cuda") else "gloo"
 
 
