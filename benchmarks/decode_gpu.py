@@ -111,11 +111,13 @@ def runner(name: str, model, prompts: list[list[int]]):
     return run
 
 
-def timed(fn) -> float:
-    torch.cuda.synchronize()
+def timed(fn, device: torch.device | None = None) -> float:
+    """Seconds ``fn()`` takes on ``device`` (default CUDA; there its queued work is included)."""
+    sync = torch.cuda.synchronize if device is None or device.type == "cuda" else lambda: None
+    sync()
     t0 = time.perf_counter()
     fn()
-    torch.cuda.synchronize()
+    sync()
     return time.perf_counter() - t0
 
 

@@ -41,14 +41,14 @@ def run_cli(args: list[str], cwd, timeout: int = 300, process: bool | None = Non
 
 def torchrun_batch(commands: list[list[str]], cwd, nproc: int = 2, timeout: int = 600) -> None:
     """``grpolab ARGS`` for each of ``commands``, in order, on ``nproc`` processes of one torchrun launch
-    (tests/torchrun_batch.py): what ``grpolab ARGS --nproc P`` runs in each of its processes, without starting P
+    (tools/torchrun_batch.py): what ``grpolab ARGS --nproc P`` runs in each of its processes, without starting P
     interpreters (and importing torch and transformers) per command. The relaunch from ``--nproc`` itself is tested
     by the commands that still use it."""
     spec = Path(cwd) / "torchrun_batch.json"
     spec.write_text(json.dumps([[str(a) for a in args] for args in commands]))
     path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "COLUMNS": "200", "PYTHONPATH": path}
-    script = Path(__file__).with_name("torchrun_batch.py")
+    script = Path(__file__).resolve().parents[1] / "tools" / "torchrun_batch.py"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(script)]
     res = subprocess.run([*cmd, str(spec)], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]

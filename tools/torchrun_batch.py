@@ -1,6 +1,7 @@
-"""Run several ``grpolab`` commands one after another in each process of one torchrun launch (a test helper).
+"""Run several ``grpolab`` commands one after another in each process of one torchrun launch (the tests' and
+tools/gpu-check's; ``python tools/torchrun_batch.py COMMANDS.json`` runs them in one plain process the same way).
 
-``python -m torch.distributed.run --standalone --nproc-per-node P tests/torchrun_batch.py COMMANDS.json``, the file a
+``python -m torch.distributed.run --standalone --nproc-per-node P tools/torchrun_batch.py COMMANDS.json``, the file a
 JSON list of argument lists. Each command runs as ``torchrun -m grpolab ARGS`` runs it (``grpolab.commands.cli.run``
 sees WORLD_SIZE and joins the process group), except that the group is kept for the next command, as a script of
 Python API calls keeps it: the processes start, and import torch and transformers, once for the whole list instead of
