@@ -71,3 +71,12 @@ def test_the_padded_tokenizer_decodes_every_id_the_model_can_sample():
     assert tok.decode([999]).startswith("<") and tok("a<|image_pad|>b")["input_ids"][1] == tok.convert_tokens_to_ids(
         "<|image_pad|>"
     )
+
+
+def test_checks_not_started_within_the_budget_are_skipped_and_said(tmp_path):
+    assert (
+        _gpu_check().main(["--cpu", "--only", "rewards,decode", "--budget", "1e-9", "--json", str(tmp_path / "f")]) == 0
+    )
+    checks = json.loads((tmp_path / "f").read_text())["checks"]
+    assert {c["status"] for c in checks.values()} == {"skipped"} and len(checks) == 2
+    assert all(c["reason"].startswith("out of time") for c in checks.values())

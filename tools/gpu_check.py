@@ -1,18 +1,19 @@
 """Every CUDA path of grpolab, a few steps each, in one command: what holds on this GPU, with a figure each.
 
-    tools/gpu-check [--cpu] [--only NAMES] [--skip NAMES] [--json FILE] [--work DIR]
+    tools/gpu-check [--cpu] [--only NAMES] [--skip NAMES] [--json FILE] [--work DIR] [--budget SECONDS]
     make gpu-check ARGS="--cpu"
 
 Made for a GPU lent for minutes: nothing to write on the day, one line per check as it ends (passed, failed with
 the error's first line, or skipped with why), every figure in a JSON file ($OUT/gpu-check.json when $OUT is set,
-the device machine's output folder; else --json). The models are random, so nothing is downloaded: a model of
-Qwen2.5-0.5B's shapes (24 layers, hidden 896, 14 query and 2 key/value heads, vocabulary 151,936) over a character
-tokenizer padded to its vocabulary, and the built-in model. With --cpu the same checks run on the CPU, the Qwen
-model at a few layers of width 64 (its vocabulary kept): the suite runs it, so a broken check is found before a
-GPU comes.
+the device machine's output folder; else --json), written after each check. The models are random, so nothing is
+downloaded: a model of Qwen2.5-0.5B's shapes (24 layers, hidden 896, 14 query and 2 key/value heads, vocabulary
+151,936) over a character tokenizer padded to its vocabulary, a Qwen2.5-VL of 3B's shapes, and the built-in models.
+With --cpu the same checks run on the CPU, the Qwen models at a few layers of width 64 (their vocabulary kept): the
+suite runs it, so a broken check is found before a GPU comes. On CUDA the checks not started within --budget
+seconds (420) are skipped, said so, so that the run ends inside a device's time.
 
-The checks, in the order they run (the processes of `distributed` and `workers` run in the background meanwhile;
-`precisions` and `decode` time things, so they run last, alone):
+The checks, in the order they run (the processes of `distributed` and `workers` start first and run beside the
+next ones; the last three time things or fill the GPU, so they run after those processes have ended, alone):
 
   checkpoint   the built-in model under bf16-mixed: 4 steps, against 2 steps + --resume to 4; metrics, rollouts
                and weights bit for bit (torch's deterministic algorithms on; the ops without one are listed)
@@ -21,15 +22,17 @@ The checks, in the order they run (the processes of `distributed` and `workers` 
   vision       the built-in vision-language model on the shapes task, 3 steps of bf16-mixed
   vllm         the vllm engine (skipped when vllm is not installed): 2 steps of the built-in model, the weight sync
                (the engine's log-probs against the trainer's after each step) and the mismatch (engine/*)
-  distributed  DDP and FSDP2 on 2 processes sharing one GPU (NCCL, else gloo for CUDA tensors, said which) against
-               1 process: the same rollouts, the weights' largest relative difference
+  distributed  DDP and FSDP2 (fp32) and FSDP2 (bf16-mixed) on 2 processes sharing one GPU (NCCL, else gloo for CUDA
+               tensors, said which) against 1 process: the same rollouts, the weights' largest relative difference
   workers      a generator worker process (`grpolab generator`) and its trainer on the one device, 2 steps: the same
                rollouts and weights as the inline run
-  precisions   the Qwen model, 3 steps (--cpu: 2) at lr 1e-6 in each precision (32-true, bf16-mixed, 16-mixed, bf16-true with
-               Kahan summation and without): the share of weights with a gradient whose exact value moved, step time,
-               peak memory, the fp16 scaler's skipped steps
+  precisions   the Qwen model, 3 steps (--cpu: 2) at lr 1e-6 in each precision (32-true, bf16-mixed, 16-mixed,
+               bf16-true with Kahan summation and without): the share of weights with a gradient whose exact value
+               moved, step time, peak memory, the fp16 scaler's skipped steps
   decode       the hf engine's decode ms/token at 8 rows for T = 512 (--cpu: 16) on the Qwen model in bf16 (--cpu:
                fp32), beside transformers' generate with the static cache (compiled on CUDA: CUDA graphs)
+  qwen-vl      the random Qwen2.5-VL (3.75 B parameters; --cpu: tiny), 3 steps of bf16-mixed on 224-pixel pictures
+               (--cpu: 56), grpolab's QwenProcessor; its peak memory
 
 Exit status: 0 when no check failed (skipped ones included), 1 otherwise, 2 when there is no CUDA device and --cpu
 was not given.
@@ -62,7 +65,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-ORDER = ("checkpoint", "rewards", "vision", "qwen-vl", "vllm", "distributed", "workers", "precisions", "decode")
+ORDER = ("checkpoint", "rewards", "vision", "vllm", "distributed", "workers", "precisions", "decode", "qwen-vl")
+TIMED = ("precisions", "decode", "qwen-vl")
+"""Checks that time things or fill the GPU: they run after the background processes have ended."""
 BACKGROUND = ("distributed", "workers")
 PAIRS = {"ddp": ("32-true", []), "fsdp": ("32-true", ["--fsdp"]), "fsdp-mixed": ("bf16-mixed", ["--fsdp"])}
 """The distributed check's runs on 2 processes: (precision, options), each against 1 process in that precision."""
@@ -879,8 +884,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", default="", help="comma-separated checks to leave out")
     p.add_argument("--json", default="", help="where the figures go (default: $OUT/gpu-check.json when $OUT is set)")
     p.add_argument("--work", default="", help="a directory for the runs (default: a temporary one, removed after)")
+    p.add_argument("--budget", type=float, default=None, help="seconds after which the checks not yet started are "
+                   "skipped, said so (default: 420 on CUDA, a device lent for minutes; none with --cpu)")  # fmt: skip
     args = p.parse_args(argv)
     names = selected(args.only, args.skip)
+    started = time.monotonic()
+    if args.budget is None:
+        args.budget = 0.0 if args.cpu else 420.0
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # loading and saving bars between the checks' lines
@@ -912,19 +922,25 @@ def main(argv: list[str] | None = None) -> int:
                 Path(target).parent.mkdir(parents=True, exist_ok=True)
                 Path(target).write_text(json.dumps(report, indent=2, default=str))
 
-        for name in names:
-            if name in ("precisions", "decode") and background.names:
-                for bg, (status, figures, error, seconds) in background.finish().items():
-                    line = {"name": bg, "status": status, "figures": figures, "seconds": seconds}
-                    line |= {"error": error} if error else {"summary": summary(bg, figures)}
-                    record(line)
-                background.names = []
-            if name in IN_PROCESS:
-                record(run_in_process(ctx, name))
-        if background.names:
+        def join_background() -> None:
             for bg, (status, figures, error, seconds) in background.finish().items():
-                record({"name": bg, "status": status, "figures": figures, "seconds": seconds}
-                       | ({"error": error} if error else {"summary": summary(bg, figures)}))  # fmt: skip
+                line = {"name": bg, "status": status, "figures": figures, "seconds": seconds}
+                record(line | ({"error": error} if error else {"summary": summary(bg, figures)}))
+            background.names = []
+
+        for name in names:
+            if name in TIMED and background.names:
+                join_background()
+            if name not in IN_PROCESS:
+                continue
+            spent = time.monotonic() - started
+            if args.budget and spent > args.budget:  # what is left is said, and the JSON is whole
+                record({"name": name, "status": "skipped", "seconds": 0.0,
+                        "reason": f"out of time: {spent:.0f} s spent of --budget {args.budget:g}"})  # fmt: skip
+                continue
+            record(run_in_process(ctx, name))
+        if background.names:
+            join_background()
     counts = {s: sum(r["status"] == s for r in results) for s in ("passed", "failed", "skipped")}
     print(f"gpu-check: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
           + (f"; figures in {target}" if target else ""), flush=True)  # fmt: skip
