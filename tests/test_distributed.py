@@ -66,6 +66,10 @@ def test_backend_is_gloo_on_cpu_and_adds_nccl_for_cuda(monkeypatch):
     from grpolab.rollout.workers import _backend
 
     assert _backend("cuda:0", "cuda:0") == "gloo"
+    if not torch.distributed.is_nccl_available():  # a CPU build: named NCCL is refused in one line
+        monkeypatch.setenv("GRPOLAB_DIST_BACKEND", "nccl")
+        with pytest.raises(ValueError, match="GRPOLAB_DIST_BACKEND=nccl: this torch .* has no NCCL"):
+            backend(cuda_available=True)
     monkeypatch.setenv("GRPOLAB_DIST_BACKEND", "mpi")
     with pytest.raises(ValueError, match="must be gloo or nccl"):
         backend(cuda_available=True)
@@ -141,6 +145,7 @@ def runs(tmp_path_factory):
     return tmp, {"p1": train_cli(tmp, "p1", 3, *REF), "p2": tmp / "p2"}
 
 
+@pytest.mark.long  # scheduled first (tests/conftest.py)
 def test_two_processes_sample_identical_rollouts(runs):
     _, r = runs
     one, two = rollouts_of(r["p1"]), rollouts_of(r["p2"])

@@ -64,6 +64,8 @@ def forced_backend() -> str:
     name = os.environ.get(BACKEND_ENV, "")
     if name not in ("", "gloo", "nccl"):
         raise ValueError(f"${BACKEND_ENV} must be gloo or nccl, got {name!r}")
+    if name == "nccl" and not dist.is_nccl_available():
+        raise ValueError(f"${BACKEND_ENV}=nccl: this torch ({torch.__version__}) has no NCCL")
     return name
 
 

@@ -451,6 +451,10 @@ class WorkerPool(VersionedDraws):
         self._welcome = _welcome(model, self.dtype, storage, eos_id, pad_id, lag, fp32_head, seed, timeout, run)
         self._welcome["layout"] = _layout_json(self.slot.layout)
         self._buffers = {n: b.detach().cpu() for n, b in base_model(model).named_buffers()}
+        try:  # a backend the workers' groups cannot have ends the run here, not each worker's start
+            forced_backend()
+        except ValueError as e:
+            raise ConfigError(f"--generators: {e}") from None
         self._listen(host, port)
         say(f"generators: listening on {self.address} for {expect} worker(s) (run id {run!r})")
         self._admit(expect, START_TIMEOUT + wait)
@@ -514,8 +518,8 @@ class WorkerPool(VersionedDraws):
             worker.group = _pair_group(store, f"worker{worker.id}", 0, worker.backend, self.timeout)
             _keepalive(sock)
             sock.settimeout(None)
-        except (WireError, ConnectionError, OSError, RuntimeError, ValueError) as e:
-            self.say(f"generators: {worker.name} failed to start: {e}")
+        except Exception as e:  # anything that keeps it from joining is one line; the run goes on without it
+            self.say(f"generators: {worker.name} failed to start: {type(e).__name__}: {e}")
             sock.close()
             return
         self._joining.put(worker)
