@@ -48,7 +48,8 @@ lint: $(BIN)/.installed
 # GRPOLAB_REQUIRE_BWRAP: the sandbox tests fail, not skip, where bubblewrap does not run.
 # --max-worker-restart 0: a worker that dies (a test past pytest-timeout's limit) ends the run with that test named;
 # a restarted worker under --dist loadfile was left without work while the run waited on it, until CI's own limit.
-PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile --max-worker-restart 0
+# --no-loadscope-reorder: the files go to the workers in tests/conftest.py's order, the long tests' files first.
+PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile --max-worker-restart 0 --no-loadscope-reorder
 test: lint system-tools
 	GRPOLAB_REQUIRE_BWRAP=1 OMP_WAIT_POLICY=PASSIVE $(PYTEST) --durations=15
 

@@ -42,12 +42,26 @@ if str(TESTS_DIR) not in sys.path:
 torch.set_num_threads(1)  # small tensors: one thread is fastest and leaves the other core alone
 
 
+def long_files_first(items: list) -> None:
+    """Order ``items`` file by file: the files holding a test marked ``long`` first, then the rest by their number of
+    tests, most first (pytest-xdist's own order under --dist loadfile, which `make test` turns off with
+    --no-loadscope-reorder for this one). A worker takes a whole file at a time; a long test in a file of few tests
+    came last, and one worker ran it alone at the suite's end while the other had finished."""
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    ordered = sorted(files.values(), key=lambda f: (not any(i.get_closest_marker("long") for i in f), -len(f)))
+    items[:] = [item for f in ordered for item in f]
+
+
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected
 def pytest_collection_modifyitems(config, items):
-    """Where tests that load SmolLM2 are selected, dequantise its GGUF file into the suite's cache in a background
-    process from the start (one process of the session: the first test worker, or the only one). The conversion
-    takes about a minute of CPU whoever does it; done first it runs beside other tests instead of keeping the test
-    workers that need SmolLM2 waiting on its lock. Should it fail, the first of those tests converts the file."""
+    """The long tests' files first (:func:`long_files_first`). Where tests that load SmolLM2 are selected,
+    dequantise its GGUF file into the suite's cache in a background process from the start (one process of the
+    session: the first test worker, or the only one). The conversion takes about a minute of CPU whoever does it;
+    done first it runs beside other tests instead of keeping the test workers that need SmolLM2 waiting on its lock.
+    Should it fail, the first of those tests converts the file."""
+    long_files_first(items)
     if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0" or not any(i.get_closest_marker("smollm2") for i in items):
         return
     code = (

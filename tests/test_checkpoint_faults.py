@@ -231,6 +231,7 @@ def _wait_for_step(run: Path, step: int, proc: subprocess.Popen, timeout: float 
     pytest.fail(f"{run} did not reach step {step}")
 
 
+@pytest.mark.long  # scheduled first (tests/conftest.py)
 @pytest.mark.parametrize("nproc", [1, 2])
 @pytest.mark.slow
 def test_sigterm_saves_the_step_reached_and_resume_equals_the_uninterrupted_run(tmp_path, nproc):

@@ -137,6 +137,7 @@ def test_dropping_rows_moves_only_the_last_live_rows_into_the_holes():
         layer.update(torch.ones(4, H, 2, d, dtype=torch.float64), torch.ones(4, H, 2, d, dtype=torch.float64))
 
 
+@pytest.mark.long  # scheduled first (tests/conftest.py)
 @pytest.mark.slow
 @pytest.mark.smollm2
 def test_smollm2_slab_decode_equals_the_growing_cache_in_float64():

@@ -69,6 +69,7 @@ def two(tmp_path_factory):
     return tmp
 
 
+@pytest.mark.long  # scheduled first (tests/conftest.py)
 @pytest.mark.parametrize("task", sorted(EPISODES))
 def test_episodes_on_two_processes_match_one_process(tmp_path, two, task):
     """Episodes of an environment on 2 processes: the same rollouts, turn by turn, and the same update."""

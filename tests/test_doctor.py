@@ -426,6 +426,7 @@ def test_smollm2_at_32_tokens_is_told_truncation_at_the_first_check():
     assert "--max-new-tokens 128" in first.fix
 
 
+@pytest.mark.long  # scheduled first (tests/conftest.py)
 @pytest.mark.slow
 def test_the_demos_first_20_steps_raise_nothing_above_info(tmp_path):
     """The demo's first FLAT_STEPS (20) steps, the fewest at which every check can speak (not_learning waits for 20

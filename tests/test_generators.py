@@ -135,6 +135,7 @@ def wait_for(what, timeout: float = 120.0):
     raise AssertionError(f"timed out waiting for {what.__doc__ or what}")
 
 
+@pytest.mark.long  # scheduled first (tests/conftest.py)
 @pytest.mark.slow
 def test_lost_late_and_stranger_workers_leave_the_run_as_the_trainer_draws_it(tmp_path):
     from grpolab.training.recipe import train

@@ -101,6 +101,7 @@ def _calls(log) -> int:
     return log.read_text().count(POST)
 
 
+@pytest.mark.long  # scheduled first (tests/conftest.py)
 def test_an_endpoint_judge_scores_caches_and_outlives_its_server(server, tmp_path):
     url, log, proc = server
     path = tmp_path / "judge.toml"

@@ -284,6 +284,7 @@ def test_math_format_needs_math_files():
 # ---------------------------------------------------------------- SmolLM2-135M-Instruct (slow: loads a real LLM)
 
 
+@pytest.mark.long  # scheduled first (tests/conftest.py)
 @pytest.mark.slow
 @pytest.mark.smollm2
 def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):

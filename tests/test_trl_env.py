@@ -294,6 +294,7 @@ def one_shot(target: int) -> list[dict]:
     ]
 
 
+@pytest.mark.long  # scheduled first (tests/conftest.py)
 @pytest.mark.slow
 @pytest.mark.smollm2
 @pytest.mark.parametrize("engine", ["hf", "vllm"])

@@ -265,6 +265,7 @@ def test_a_bf16_engine_samples_in_bf16_and_its_mismatch_is_measured_and_correcte
 # ---------------------------------------------------------------- in a generator process
 
 
+@pytest.mark.long  # scheduled first (tests/conftest.py)
 def test_vllm_in_the_generator_process_draws_what_it_draws_in_the_trainers_and_lags_at_k_1(tmp_path):
     """--generator process with vllm: at K = 0 the same rollouts, rewards and weights as vLLM in the trainer's
     process; at K = 1 each step's rollouts come from the weights of the step before (sampler log-probs off the
