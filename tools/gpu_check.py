@@ -658,25 +658,44 @@ def finished(run: Path) -> bool:
 class Background:
     """The ``distributed`` and ``workers`` checks: their processes start at once and run beside the other checks;
     :meth:`finish` waits for them and compares. The one-process references run in one process, the two-process runs
-    in one torchrun launch (tools/torchrun_batch.py), the trainer and its worker each in its own."""
+    in one torchrun launch (tools/torchrun_batch.py), the trainer and its worker each in its own.
+
+    Their backend is ``$GRPOLAB_DIST_BACKEND``'s, else NCCL on CUDA and gloo on the CPU. Where NCCL is asked for and
+    fails (two ranks on one GPU), or this torch has none, the check runs on gloo and keeps why in its figures."""
 
     def __init__(self, ctx: Context, names: list[str]):
         self.ctx, self.names, self.t0 = ctx, names, time.perf_counter()
         self.launches: dict[str, Launch] = {}
         self.one = ctx.work / "p1"
+        first = os.environ.get("GRPOLAB_DIST_BACKEND") or ("gloo" if ctx.cpu else "nccl")
+        self.used = dict.fromkeys(BACKGROUND, first)
+        self.nccl: dict[str, str] = {}
+        if first == "nccl" and not torch.distributed.is_nccl_available():
+            self.used = dict.fromkeys(BACKGROUND, "gloo")
+            self.nccl = dict.fromkeys(BACKGROUND, f"this torch ({torch.__version__}) has no NCCL")
         if not names:
             return
         singles = [run_args(ctx, self.one, 2)]
         if "distributed" in names:
             singles.append(run_args(ctx, ctx.work / "p1-mixed", 2, precision="bf16-mixed"))
-            self.start("pairs", batch(ctx, "pairs", self.pairs(""), 2))
+            self.start("pairs", batch(ctx, "pairs", self.pairs(""), 2), self.env("distributed"))
         self.start("single", batch(ctx, "single", singles))
         if "workers" in names:
             self.start_worker("")
 
-    def start_worker(self, suffix: str, env: dict | None = None) -> None:
+    def env(self, check: str) -> dict | None:
+        """The environment a check's processes get: gloo named when gloo is what it uses, else as it is."""
+        return {"GRPOLAB_DIST_BACKEND": "gloo"} if self.used[check] == "gloo" else None
+
+    def fall_back(self, check: str, error: AssertionError) -> None:
+        """NCCL failed ``check``'s first try: keep why, and use gloo (raises ``error`` if gloo was what failed)."""
+        if self.used[check] == "gloo":
+            raise error
+        self.used[check], self.nccl[check] = "gloo", first_line(error)
+
+    def start_worker(self, suffix: str) -> None:
         """A trainer drawing through one generator worker, and the worker, into ``trainer + suffix``."""
-        port = free_port()
+        port, env = free_port(), self.env("workers")
         listen = ["--generators", "1", "--generator-listen", f"127.0.0.1:{port}"]
         self.start("trainer" + suffix, ["-m", "grpolab", *run_args(self.ctx, self.ctx.work / ("trainer" + suffix), 2,
                                                                    *listen)], env)  # fmt: skip
@@ -713,23 +732,21 @@ class Background:
         return out
 
     def distributed(self, timeout: float) -> dict:
-        backend, suffix, nccl, error = self.first_backend(), "", None, None
+        suffix, error = "", None
         try:
             self.launches["pairs"].wait(timeout)
         except AssertionError as e:
-            if backend == "gloo":
-                raise
-            # NCCL may refuse two ranks on one GPU: gloo then carries the CUDA tensors
-            backend, suffix, nccl = "gloo", "-gloo", first_line(e)
+            self.fall_back("distributed", e)
+            suffix = "-gloo"
             retry = Launch(self.ctx, "pairs-gloo", batch(self.ctx, "pairs-gloo", self.pairs(suffix), 2),
-                           {"GRPOLAB_DIST_BACKEND": "gloo"})  # fmt: skip
+                           self.env("distributed"))  # fmt: skip
             try:
                 retry.wait(timeout)
             except AssertionError as again:
                 error = first_line(again)  # the runs that finished before it are still compared
         figures: dict = {}
         for kind, (precision, _) in PAIRS.items():
-            figures[kind] = {"backend": backend} | ({"nccl": nccl} if nccl else {})
+            figures[kind] = {"backend": self.used["distributed"]} | self.why_not_nccl("distributed")
             run = self.ctx.work / (kind + suffix)
             if not finished(run):
                 figures[kind]["error"] = error or "the run wrote no checkpoint"
@@ -746,30 +763,26 @@ class Background:
         return figures
 
     def workers(self, timeout: float) -> dict:
-        backend, suffix, nccl = self.first_backend(), "", None
+        suffix = ""
         try:
             self.launches["trainer"].wait(timeout)
         except AssertionError as e:
-            if backend == "gloo":
-                raise
-            # NCCL may refuse a trainer and a worker on one GPU: again with the weights through gloo
-            backend, suffix, nccl = "gloo", "-gloo", first_line(e)
+            self.fall_back("workers", e)  # NCCL may refuse a trainer and a worker on one GPU
+            suffix = "-gloo"
             self.launches["worker"].proc.kill()
-            self.start_worker(suffix, {"GRPOLAB_DIST_BACKEND": "gloo"})
+            self.start_worker(suffix)
             self.launches["trainer" + suffix].wait(timeout)
         self.launches["worker" + suffix].wait(30)
         figures = self.compare(self.ctx.work / ("trainer" + suffix))
-        figures |= {"backend": backend} | ({"nccl": nccl} if nccl else {})
+        figures |= {"backend": self.used["workers"]} | self.why_not_nccl("workers")
         if not (figures["same_rollouts"] and figures["weights_rel_diff"] <= 1e-5):
             error = AssertionError(f"the worker's run differs from the inline one: {figures}")
             error.figures = figures
             raise error
         return figures
 
-    def first_backend(self) -> str:
-        """The backend the first try uses: ``$GRPOLAB_DIST_BACKEND`` when set, else NCCL on CUDA and gloo on the CPU
-        (the suite sets nccl on the CPU, where it fails, to run the fallback to gloo)."""
-        return os.environ.get("GRPOLAB_DIST_BACKEND") or ("gloo" if self.ctx.cpu else "nccl")
+    def why_not_nccl(self, check: str) -> dict:
+        return {"nccl": self.nccl[check]} if check in self.nccl else {}
 
     def compare(self, run: Path, reference: Path | None = None) -> dict:
         reference = reference or self.one
@@ -903,6 +916,31 @@ def selected(only: str, skip: str) -> list[str]:
     return [n for n in chosen if n not in skip.split(",")]
 
 
+def run_checks(ctx: Context, names: list[str], background: Background, record, budget: float, started: float) -> None:
+    """Each check of ``names`` in :data:`ORDER`, the background's joined before the first that times things; a
+    check not started within ``budget`` seconds (0: none) of ``started`` is skipped, said so."""
+
+    def join_background() -> None:
+        for bg, (status, figures, error, seconds) in background.finish().items():
+            line = {"name": bg, "status": status, "figures": figures, "seconds": seconds}
+            record(line | ({"error": error} if error else {"summary": summary(bg, figures)}))
+        background.names = []
+
+    for name in names:
+        if name in TIMED and background.names:
+            join_background()
+        if name not in IN_PROCESS:
+            continue
+        spent = time.monotonic() - started
+        if budget and spent > budget:  # what is left is said, and the JSON is whole
+            record({"name": name, "status": "skipped", "seconds": 0.0,
+                    "reason": f"out of time: {spent:.0f} s spent of --budget {budget:g}"})  # fmt: skip
+            continue
+        record(run_in_process(ctx, name))
+    if background.names:
+        join_background()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="gpu-check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -950,25 +988,7 @@ def main(argv: list[str] | None = None) -> int:
                 Path(target).parent.mkdir(parents=True, exist_ok=True)
                 Path(target).write_text(json.dumps(report, indent=2, default=str))
 
-        def join_background() -> None:
-            for bg, (status, figures, error, seconds) in background.finish().items():
-                line = {"name": bg, "status": status, "figures": figures, "seconds": seconds}
-                record(line | ({"error": error} if error else {"summary": summary(bg, figures)}))
-            background.names = []
-
-        for name in names:
-            if name in TIMED and background.names:
-                join_background()
-            if name not in IN_PROCESS:
-                continue
-            spent = time.monotonic() - started
-            if args.budget and spent > args.budget:  # what is left is said, and the JSON is whole
-                record({"name": name, "status": "skipped", "seconds": 0.0,
-                        "reason": f"out of time: {spent:.0f} s spent of --budget {args.budget:g}"})  # fmt: skip
-                continue
-            record(run_in_process(ctx, name))
-        if background.names:
-            join_background()
+        run_checks(ctx, names, background, record, args.budget, started)
     counts = {s: sum(r["status"] == s for r in results) for s in ("passed", "failed", "skipped")}
     print(f"gpu-check: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
           + (f"; figures in {target}" if target else ""), flush=True)  # fmt: skip

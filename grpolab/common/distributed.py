@@ -55,8 +55,9 @@ SINGLE = World()
 
 
 BACKEND_ENV = "GRPOLAB_DIST_BACKEND"
-"""An environment variable that names the backend instead (``gloo``: gloo for CUDA tensors too, as where NCCL refuses
-two ranks on one GPU; tools/gpu-check sets it). It applies to generator workers' weight groups as well."""
+"""An environment variable that names the backend instead: ``gloo`` for CUDA tensors too (where NCCL refuses two ranks
+on one GPU; tools/gpu-check sets it), or ``nccl`` (CUDA tensors by NCCL, CPU tensors by gloo: the default on a GPU;
+refused by a torch without NCCL). It applies to generator workers' weight groups as well."""
 
 
 def forced_backend() -> str:
@@ -74,7 +75,7 @@ def backend(cuda_available: bool | None = None) -> str:
     (``$GRPOLAB_DIST_BACKEND`` names one for both instead)."""
     forced = forced_backend()
     if forced:
-        return forced
+        return "gloo" if forced == "gloo" else "cpu:gloo,cuda:nccl"
     if cuda_available is None:
         cuda_available = torch.cuda.is_available() and dist.is_nccl_available()
     return "cpu:gloo,cuda:nccl" if cuda_available else "gloo"

@@ -451,10 +451,6 @@ class WorkerPool(VersionedDraws):
         self._welcome = _welcome(model, self.dtype, storage, eos_id, pad_id, lag, fp32_head, seed, timeout, run)
         self._welcome["layout"] = _layout_json(self.slot.layout)
         self._buffers = {n: b.detach().cpu() for n, b in base_model(model).named_buffers()}
-        try:  # a backend the workers' groups cannot have ends the run here, not each worker's start
-            forced_backend()
-        except ValueError as e:
-            raise ConfigError(f"--generators: {e}") from None
         self._listen(host, port)
         say(f"generators: listening on {self.address} for {expect} worker(s) (run id {run!r})")
         self._admit(expect, START_TIMEOUT + wait)
@@ -464,9 +460,13 @@ class WorkerPool(VersionedDraws):
     # ------------------------------------------------------------------ joining
     def _listen(self, host: str, port: int) -> None:
         """The weight broadcasts' rendezvous (a TCPStore on a free port), the listening socket, the accepting
-        thread."""
+        thread. A backend the workers' groups cannot have ends the run here, not each worker's start."""
         import torch.distributed as dist
 
+        try:
+            forced_backend()
+        except ValueError as e:
+            raise ConfigError(f"--generators: {e}") from None
         span = datetime.timedelta(seconds=START_TIMEOUT)
         self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=span)
         self._welcome["store_port"] = self.store.port  # the worker reaches it at the host it connected to
