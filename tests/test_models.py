@@ -69,6 +69,31 @@ def test_missing_smollm2_package_says_how_to_install(monkeypatch):
         loading.smollm2_path()
 
 
+def test_a_gguf_files_header_is_read_once_while_it_converts_and_gguf_is_as_it_was_after(tmp_path):
+    """transformers reads a GGUF file three times in a conversion (config, tokenizer, weights): while converting, the
+    same reader object serves them, the tensor-name map is built once per shape, and both of gguf's names are
+    restored after, an error included."""
+    import gguf
+    import numpy as np
+
+    from grpolab.models.loading import _gguf_read_once
+
+    writer = gguf.GGUFWriter(tmp_path / "t.gguf", "llama")
+    writer.add_tensor("token_embd.weight", np.arange(6, dtype=np.float32).reshape(2, 3))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with pytest.raises(RuntimeError), _gguf_read_once():
+        first, again = gguf.GGUFReader(tmp_path / "t.gguf"), gguf.GGUFReader(str(tmp_path / "t.gguf"))
+        assert first is again and first.tensors[0].data.tolist() == [[0, 1, 2], [3, 4, 5]]
+        llama = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(llama, 2) is gguf.get_tensor_name_map(llama, 2)
+        raise RuntimeError("a conversion that fails")
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)
+
+
 def test_a_gguf_file_is_dequantised_once_and_then_read_from_the_cache(tmp_path, monkeypatch, char_tokenizer):
     """load_gguf converts a file the first time (transformers' GGUF loader: here a stand-in returning a tiny Llama,
     the real conversion runs in the SmolLM2 tests) and reads the saved conversion afterwards: the same weights and

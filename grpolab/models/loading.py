@@ -16,6 +16,8 @@ Specs:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import importlib.util
 import os
@@ -155,6 +157,32 @@ def _save_into(target: Path, model, tokenizer, source: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _gguf_read_once():
+    """While a GGUF file converts: one ``gguf.GGUFReader`` per file and one tensor-name map per architecture.
+
+    transformers' GGUF loader parses the file's header three times (the config, the tokenizer, the weights; 4 s each
+    for SmolLM2's 49,152-token vocabulary, read field by field in Python) and builds gguf's tensor-name map once per
+    module (397 times, 5 s): 18 of the conversion's 24 s. Why by hand: neither library keeps them. Both are read-only
+    here, and transformers imports them from ``gguf`` at each call, so this is where they are swapped, and back."""
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple, object] = {}
+
+    def read_once(path, *args, **kwargs):
+        key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = reader(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = read_once, functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+
+
 def dequantise_gguf(directory: Path, file: str, dtype: torch.dtype = torch.float32):
     """Model and tokenizer from a GGUF file by transformers' GGUF loader, dequantised, ready to train and to
     ``save_pretrained``.
@@ -164,8 +192,9 @@ def dequantise_gguf(directory: Path, file: str, dtype: torch.dtype = torch.float
     dequantisation. The quantizer's own ``remove_quantization_config`` detaches it; the
     checkpoints then save and reload to identical logits (tests/test_models.py checks it).
     """
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file)
-    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=dtype)
+    with _gguf_read_once():
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file)
+        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=dtype)
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer.remove_quantization_config(model)
     return model, tokenizer
