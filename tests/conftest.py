@@ -58,7 +58,7 @@ def long_files_first(items: list) -> None:
 def pytest_collection_modifyitems(config, items):
     """The long tests' files first (:func:`long_files_first`). Where tests that load SmolLM2 are selected,
     dequantise its GGUF file into the suite's cache in a background process from the start (one process of the
-    session: the first test worker, or the only one). The conversion takes about a minute of CPU whoever does it;
+    session: the first test worker, or the only one). The conversion takes about 10 s of CPU whoever does it;
     done first it runs beside other tests instead of keeping the test workers that need SmolLM2 waiting on its lock.
     Should it fail, the first of those tests converts the file."""
     long_files_first(items)
