@@ -850,7 +850,9 @@ def summary(name: str, figures: dict) -> str:
     if name == "vision":
         return f"3 steps, losses {losses(figures['loss'])}{peak(figures['peak_gib'])}"
     if name == "qwen-vl":
-        return (f"{figures['parameters'] / 1e9:.2f} B parameters, {figures['pixels']}-pixel pictures, 3 steps, losses "
+        n = figures["parameters"]
+        size = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
+        return (f"{size} parameters, {figures['pixels']}-pixel pictures, 3 steps, losses "
                 f"{losses(figures['loss'])}{peak(figures['peak_gib'])}")  # fmt: skip
     if name == "vllm":
         return (f"engine vs trainer after each step {', '.join(f'{g:.1e}' for g in figures['sync_gap_per_step'])} "
