@@ -66,10 +66,14 @@ def test_backend_is_gloo_on_cpu_and_adds_nccl_for_cuda(monkeypatch):
     from grpolab.rollout.workers import _backend
 
     assert _backend("cuda:0", "cuda:0") == "gloo"
+    monkeypatch.setenv("GRPOLAB_DIST_BACKEND", "nccl")
     if not torch.distributed.is_nccl_available():  # a CPU build: named NCCL is refused in one line
-        monkeypatch.setenv("GRPOLAB_DIST_BACKEND", "nccl")
         with pytest.raises(ValueError, match="GRPOLAB_DIST_BACKEND=nccl: this torch .* has no NCCL"):
             backend(cuda_available=True)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)  # as on a GPU build
+    # NCCL where tensors are on CUDA, gloo for CPU tensors and a CPU worker's weights
+    assert backend(cuda_available=True) == "cpu:gloo,cuda:nccl"
+    assert (_backend("cuda:0", "cuda:1"), _backend("cpu", "cuda:0")) == ("nccl", "gloo")
     monkeypatch.setenv("GRPOLAB_DIST_BACKEND", "mpi")
     with pytest.raises(ValueError, match="must be gloo or nccl"):
         backend(cuda_available=True)

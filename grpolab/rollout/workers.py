@@ -114,9 +114,10 @@ def _first_words(error: Exception) -> str:
 
 
 def _backend(trainer_device: str, worker_device: str) -> str:
-    """NCCL between two CUDA devices, else gloo (through the CPU); ``$GRPOLAB_DIST_BACKEND`` names one instead."""
-    if forced_backend():
-        return forced_backend()
+    """NCCL between two CUDA devices, else gloo (through the CPU); ``$GRPOLAB_DIST_BACKEND=gloo``: gloo always (its
+    ``nccl`` is this rule: NCCL where both tensors are on CUDA)."""
+    if forced_backend() == "gloo":
+        return "gloo"
     return "nccl" if str(trainer_device).startswith("cuda") and str(worker_device).startswith("cuda") else "gloo"
 
 
