@@ -109,6 +109,66 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(text[-20000:])
 
 
+# ---------------------------------------------------------------- the machine a test runs on
+# A test whose outcome rests on the hardware (bf16 units, what --precision auto picks, a bf16 sampler copy) is marked
+# `hardware` and runs as the machine is, passing on both kinds (`make test` runs the `hardware` tests a second time as
+# the other kind), or sets the machine probe (grpolab.common.machine) with `machine_kind` (or GRPOLAB_BF16_UNITS in
+# the environment of a process it starts), saying which machine it assumes. Every question about bf16 units that the
+# machine's own answer settled while a test's body ran, in its process or a process it started, is counted
+# (GRPOLAB_PROBE_LOG); an unmarked test that asked one fails, so that no test assumes the developer's CPU unsaid.
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    os.environ["GRPOLAB_PROBE_BASE"] = os.environ.get("GRPOLAB_BF16_UNITS", "")  # a test that changes it sets it
+    os.environ["GRPOLAB_PROBE_LOGS"] = tempfile.mkdtemp(prefix="grpolab-test-probe-")
+    atexit.register(shutil.rmtree, os.environ["GRPOLAB_PROBE_LOGS"], True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    from grpolab.common.machine import CONSULTS
+
+    log = Path(os.environ["GRPOLAB_PROBE_LOGS"]) / f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.log"
+    log.write_text("")
+    before, os.environ["GRPOLAB_PROBE_LOG"] = CONSULTS[0], str(log)
+    try:
+        result = yield
+    finally:
+        os.environ.pop("GRPOLAB_PROBE_LOG", None)
+    asked = CONSULTS[0] > before or log.read_text().strip()
+    if asked and item.get_closest_marker("hardware") is None:
+        pytest.fail(
+            "this test asked the machine probe about bf16 units, so its outcome may rest on the CPU it runs on: set "
+            "the probe with the machine_kind fixture, or mark it @pytest.mark.hardware and make it pass on both "
+            "kinds (docs/testing.md)",
+            pytrace=False,
+        )
+    return result
+
+
+@pytest.fixture
+def machine_kind(monkeypatch):
+    """Sets the machine probe for one test: ``machine_kind(bf16=False)`` is a CPU without bf16 units (AVX2 alone),
+    ``machine_kind(bf16=True)`` one with AMX and AVX512-BF16; ``cuda=1, cuda_bf16=...`` adds a GPU. The processes the
+    test starts get the same answer about bf16 units (GRPOLAB_BF16_UNITS). Returns the
+    :class:`grpolab.common.machine.Machine` set; the probe answers as the machine is again after the test."""
+    import dataclasses
+
+    from grpolab.common import machine as probe
+
+    def set_kind(bf16: bool, *, cuda: int = 0, cuda_bf16: bool = False, isa: str | None = None):
+        units = ("AMX_BF16", "AVX512_BF16") if bf16 else ()
+        kind = dataclasses.replace(
+            probe.detect(), cpu_bf16=units, isa=isa or ("AVX512" if bf16 else "AVX2"), cuda=cuda,
+            cuda_bf16=bool(cuda) and cuda_bf16, set_by="set by a test",
+        )  # fmt: skip
+        probe.set_machine(kind)
+        monkeypatch.setenv(probe.ENV, "1" if bf16 else "0")
+        monkeypatch.setenv("GRPOLAB_PROBE_SET", "1")
+        return kind
+
+    yield set_kind
+    probe.set_machine(None)
+
+
 @pytest.fixture(scope="session")
 def char_tokenizer():
     from grpolab.models.builtin import build_char_tokenizer

@@ -219,6 +219,7 @@ def test_the_copy_follows_the_policys_weights_at_each_sync_and_not_before(char_t
     _assert_same(draw(weights.model, weights.decoder), draw(model))
 
 
+@pytest.mark.hardware  # packed for oneDNN where the CPU has bf16 units, F.linear where it has none
 def test_a_bf16_copy_samples_close_to_the_float32_policy_and_keeps_fp32_rotary_tables(char_tokenizer):
     tok = char_tokenizer
     model = _llama_gqa(tok)

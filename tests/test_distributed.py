@@ -137,8 +137,8 @@ TWO = {
     "packed2": (3, PACKED),
     "resumed": (2, [*KL_MU, "--fsdp"]),  # resumed on one process below
     "nan2": (2, BAD),
-    "mixed2": (3, MIXED),
-    "fsdp_mixed": (3, [*MIXED, "--fsdp"]),
+    "mixed2": (2, MIXED),
+    "fsdp_mixed": (2, [*MIXED, "--fsdp"]),
 }
 
 
@@ -241,18 +241,24 @@ def test_a_run_resumes_on_another_process_count(runs):
     assert steps == [1, 1, 2, 2, 3, 3]  # cut back to the checkpoint, then written again
 
 
+@pytest.mark.hardware
 def test_bf16_mixed_on_two_processes_matches_one_process(runs):
-    """bf16-mixed under DDP and FSDP2: the same rollouts as one process (the bf16 sampler copies are cast from equal
-    fp32 masters) and weights within REL_TOL (measured: 3e-9 under DDP, 1e-8 under FSDP2, at most over tensors).
-    The masters, the gradients' reduction and the optimizer state are fp32; only the products run in bf16, on each
-    rank's rows as on one process's."""
+    """bf16-mixed under DDP and FSDP2, two steps: the same rollouts as one process (the bf16 sampler copies are cast
+    from equal fp32 masters) and weights within REL_TOL. The masters, the gradients' reduction and the optimizer
+    state are fp32; only the products run in bf16, on each rank's rows as on one process's.
+
+    Two steps, not more: a weight gradient is a product summed over the rows, and its bf16 result is rounded once
+    over all the rows on one process but once per half on two. Adam's first step moves by the gradient's sign, which
+    that rounding leaves alone; from the second on it moves by its size, and by the third the weights differ enough
+    (1.1e-3 relative on a CPU with AMX) to sample other tokens. After two: 7.5e-7 there (3e-9 under DDP on an
+    AVX512-BF16 CPU without AMX), the rollouts of both steps equal."""
     tmp, _ = runs
-    one = train_cli(tmp, "mixed1", 3, *MIXED)
+    one = train_cli(tmp, "mixed1", 2, *MIXED)
     saved = json.loads((one / "config.json").read_text())
     assert (saved["precision"], saved["rollout_dtype"]) == ("bf16-mixed", "bfloat16")
     for two in (tmp / "mixed2", tmp / "fsdp_mixed"):
         assert rollouts_of(two) == rollouts_of(one), two.name
-        p1, p2 = _params(one, 3), _params(two, 3)
+        p1, p2 = _params(one, 2), _params(two, 2)
         start = load_file(str(ASSET_DIR / "model.safetensors"))
         assert max(float((p1[k] - start[k]).norm() / start[k].norm()) for k in start) > 1e-3  # it trained
         for k in start:

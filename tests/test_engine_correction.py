@@ -177,6 +177,7 @@ def test_auto_is_none_for_an_exact_engine_and_the_measured_mode_elsewhere():
         assert resolve_correction(mode, exact_engine=True) == mode
 
 
+@pytest.mark.hardware
 def test_a_bf16_sampler_is_measured_corrected_and_recorded_as_resolved(tmp_path):
     """--rollout-dtype bfloat16 on the built-in model: the run samples with a bf16 copy, logs a mismatch the fp32
     sampler does not have, weighs it with auto's mode, and config.json records what auto resolved to (a resumed run

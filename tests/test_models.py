@@ -166,8 +166,8 @@ def test_chunked_logprobs_and_gradients_equal_the_whole_head(tiny_model, char_to
         assert torch.allclose(chunked, whole, atol=1e-6)
         g = torch.autograd.grad((chunked * torch.arange(1.0, whole.shape[1] + 1)).sum(), params, allow_unused=True)
         for a, b in zip(g, g_whole):
-            if a is not None:
-                assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+            if a is not None:  # fp32 sums in another order: ~1e-7 of the largest entry (2e-7 on the embedding's)
+                assert torch.allclose(a, b, atol=1e-6 * max(1.0, float(b.abs().max())), rtol=1e-5)
 
 
 def test_large_vocabulary_chunks_automatically(tiny_model, char_tokenizer, monkeypatch):

@@ -45,27 +45,63 @@ def test_each_precision_holds_and_computes_in_its_dtypes(name, param, compute, m
     assert rollout_dtype("float32", p.compute_dtype) == torch.float32
 
 
-def test_auto_is_bf16_mixed_on_a_gpu_and_fp32_on_the_cpu(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+@pytest.mark.hardware
+@pytest.mark.parametrize("units", [True, False], ids=["cpu-bf16-units", "cpu-no-bf16-units"])
+def test_auto_is_bf16_mixed_on_a_gpu_and_fp32_on_the_cpu(machine_kind, units):
+    machine_kind(bf16=units, cuda=1, cuda_bf16=True)
     assert auto_precision(torch.device("cuda", 0)) == "bf16-mixed"
     assert auto_precision(torch.device("cuda", 0), builtin=True) == "32-true"
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
-    assert auto_precision(torch.device("cuda", 0)) == "32-true"
-    assert auto_precision(CPU) == "32-true"
+    assert auto_precision(CPU) == "32-true"  # bf16 units or not: docs/precision.md measures why
     assert auto_precision(CPU, given_dtype=torch.float64) == "64-true"  # a model object keeps its dtype
-    assert auto_precision(CPU, given_dtype=torch.bfloat16) == "bf16-true"  # (compensated)
+    # a bf16 model object trains compensated in bf16 where the CPU computes bf16, else in fp32
+    assert auto_precision(CPU, given_dtype=torch.bfloat16) == ("bf16-true" if units else "32-true")
     assert auto_precision(CPU, given_dtype=torch.float32) == "32-true"
+    machine_kind(bf16=units, cuda=1, cuda_bf16=False)  # a GPU before Ampere
+    assert auto_precision(torch.device("cuda", 0)) == "32-true"
 
 
-def test_what_the_device_cannot_run_is_refused_in_one_line(monkeypatch):
+@pytest.mark.hardware
+def test_the_probe_reads_the_environment_and_torch(monkeypatch):
+    from grpolab.common.machine import detect
+
+    monkeypatch.delenv("GRPOLAB_BF16_UNITS", raising=False)
+    real = detect()
+    assert real.isa == torch.backends.cpu.get_cpu_capability() and real.set_by == ""
+    assert bool(real.cpu_bf16) == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    monkeypatch.setenv("GRPOLAB_BF16_UNITS", "0")
+    none = detect()
+    assert none.cpu_bf16 == () and none.bf16_units(CPU) == "" and "no bf16 units (GRPOLAB_BF16_UNITS=0)" in (
+        none.describe())  # fmt: skip
+    monkeypatch.setenv("GRPOLAB_BF16_UNITS", "1")
+    assert detect().cpu_bf16 and detect().bf16_units(CPU).startswith("CPU with ")
+    monkeypatch.setenv("GRPOLAB_BF16_UNITS", "yes")
+    with pytest.raises(ValueError, match="GRPOLAB_BF16_UNITS must be 0"):
+        detect()
+
+
+@pytest.mark.hardware
+def test_what_the_device_cannot_run_is_refused_in_one_line(machine_kind):
     with pytest.raises(PrecisionError, match="--precision 16-mixed: fp16 with loss scaling runs on CUDA devices only"):
         resolve_precision("16-mixed", CPU)
-    monkeypatch.setattr("grpolab.common.precision.bf16_units", lambda device: "")
+    machine_kind(bf16=False, cuda=1, cuda_bf16=False)
     for name in ("bf16-mixed", "bf16-true"):
-        with pytest.raises(PrecisionError, match=f"--precision {name}: this CPU has no bf16 units"):
-            resolve_precision(name, CPU)
+        with pytest.raises(PrecisionError, match=f"--precision {name}: this GPU does not support bf16"):
+            resolve_precision(name, torch.device("cuda", 0))
     assert resolve_precision("32-true", CPU).name == "32-true"
     assert issubclass(PrecisionError, ConfigError)  # the CLI prints it as one line
+
+
+@pytest.mark.hardware
+@pytest.mark.parametrize("units", [True, False], ids=["cpu-bf16-units", "cpu-no-bf16-units"])
+def test_bf16_runs_on_every_cpu_and_says_what_computes_it(machine_kind, units):
+    """A CPU without bf16 units runs bf16 (PyTorch converts through fp32): a laptop rehearses a GPU's bf16-mixed
+    configuration with bf16's rounding, and the run's log says what it costs; with units, it names them."""
+    machine_kind(bf16=units)
+    for name in ("bf16-mixed", "bf16-true"):
+        line = resolve_precision(name, CPU).describe(CPU)
+        assert ("CPU with AMX_BF16, AVX512_BF16" in line) == units, line
+        assert ("no bf16 units on this CPU" in line and "x the step time of --precision 32-true" in line) != units
+    assert "bf16 units" not in resolve_precision("32-true", CPU).describe(CPU)
 
 
 def test_dtype_is_an_alias_that_folds_into_precision():
@@ -130,6 +166,7 @@ def test_the_fp32_head_leaves_autocast_for_the_head_alone():
     assert head.weight.grad is not None and head.weight.grad.dtype == torch.float32
 
 
+@pytest.mark.hardware
 def test_the_samplers_copy_keeps_an_fp32_head_from_the_masters():
     from grpolab.rollout.engine import HFEngine
 
@@ -246,6 +283,7 @@ def test_fp16_loss_scaling_skips_and_counts_overflows_and_resumes(tmp_path, monk
     assert_same_metrics(whole, resumed)
 
 
+@pytest.mark.hardware
 def test_lora_under_bf16_mixed_trains_fp32_adapters_over_a_bf16_base(tmp_path):
     recipe = run_training(
         small_cfg(tmp_path / "L", steps=2, precision="bf16-mixed", lora_rank=4, lr=1e-3, warmup_steps=0), log=quiet
@@ -290,6 +328,7 @@ def test_an_update_at_lr_1e_6_registers_on_smollm2_in_each_precision_but_pure_bf
     assert shares[("bf16-true", "none")] < 0.02, shares
 
 
+@pytest.mark.hardware
 def test_eval_samples_in_its_precisions_compute_dtype(monkeypatch):
     """``grpolab eval --precision bf16-mixed``: the weights loaded in fp32, sampled by a bf16 copy that computes as
     autocast does; 16-mixed on a CPU is refused before anything is loaded."""
@@ -311,6 +350,7 @@ def test_eval_samples_in_its_precisions_compute_dtype(monkeypatch):
         grpolab.evaluate(model="builtin", precision="16-mixed", questions=4, samples=0, log=quiet)
 
 
+@pytest.mark.hardware
 @pytest.mark.parametrize("family", VLM_FAMILIES)
 def test_a_mixed_sampler_copy_of_a_vision_language_model_rounds_its_language_models_attention(family):
     """The flag that makes a mixed copy's attention round as autocast's is read from each attention module's config:
@@ -325,6 +365,7 @@ def test_a_mixed_sampler_copy_of_a_vision_language_model_rounds_its_language_mod
     assert attention and all(attention_rounding(m) == torch.bfloat16 for m in attention)
 
 
+@pytest.mark.hardware
 def test_a_sampler_for_a_mixed_trainer_computes_as_autocast_does():
     """Under bf16-mixed the sampler's copy keeps fp32 embeddings, norms and residual stream around bf16 products and
     rounds attention as autocast does: through the fused decode step or transformers' forward alike, and closer to

@@ -391,12 +391,14 @@ def test_a_groups_record_holds_its_halves_and_vanillas_spectra_as_explicit_matri
         return spectrum_metrics(torch.linalg.svdvals(a[:, None] * rows))
 
     rec = group_spectra(x @ x.T, adv, rewards, "grpo")
+    # rel 1e-7: the Gram matrix's eigenvalues give its zero singular values as ~sqrt(eps) s_max (RANK_RTOL's note),
+    # vanilla's five zero rows add ~1.6e-8 to its effective rank (seen on a CPU with AMX)
     for key in ("effective_rank", "top1_fraction", "num_rank"):
-        assert rec[key] == pytest.approx(explicit(adv, x)[key], rel=1e-9)
-        assert rec["vanilla"][key] == pytest.approx(explicit(rewards, x)[key], rel=1e-9)
+        assert rec[key] == pytest.approx(explicit(adv, x)[key], rel=1e-7)
+        assert rec["vanilla"][key] == pytest.approx(explicit(rewards, x)[key], rel=1e-7)
         for h, block in zip(rec["halves"], (slice(0, 4), slice(4, 8))):
             r = rewards[block]
-            assert h[key] == pytest.approx(explicit(r - r.mean(), x[block])[key], rel=1e-9)
+            assert h[key] == pytest.approx(explicit(r - r.mean(), x[block])[key], rel=1e-7)
     assert [h["reward_std"] for h in rec["halves"]] == [0.5, pytest.approx(0.4330127018922193)]
     assert rec["G"] == 8 and rec["reward_mean"] == 3 / 8
     assert rec["adv_effective_rank"] == pytest.approx(4 * 8 * (3 / 8) * (5 / 8))

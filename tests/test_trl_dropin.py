@@ -15,6 +15,14 @@ from grpolab.trl import GRPOConfig, GRPOTrainer
 from grpolab.trl.config import translate
 from grpolab.trl.fields import BY_NAME, FIELDS, markdown_table
 
+
+@pytest.fixture(autouse=True)
+def _a_cpu_without_bf16_units(machine_kind):
+    """TRL's bf16=True is a question to the machine: this file's tests translate it on a CPU without bf16 units
+    (fp32, said in one line), whatever CPU runs them; the tests of the other branch set the probe themselves."""
+    machine_kind(bf16=False)
+
+
 BUILTIN = str(Path(__file__).resolve().parents[1] / "grpolab" / "assets" / "arith-sft")
 DOC = Path(__file__).resolve().parents[1] / "docs" / "coming-from-trl.md"
 
@@ -87,11 +95,15 @@ def test_a_refused_field_set_is_one_line_naming_it(name):
     assert message.startswith(f"GRPOConfig.{name}=") and "\n" not in message
 
 
-def test_an_inert_field_set_is_said_once():
+@pytest.mark.hardware
+@pytest.mark.parametrize("units", [True, False], ids=["cpu-bf16-units", "cpu-no-bf16-units"])
+def test_an_inert_field_set_is_said_once(machine_kind, units):
+    machine_kind(bf16=units)  # TRL's default bf16=True is said on a CPU that trains it in fp32
     plan = translate(GRPOConfig(dataloader_num_workers=4, hub_strategy="end", max_steps=2), train_rows=8)
     said = [line for line in plan.notes if "dataloader_num_workers=4" in line]
     assert len(said) == 1 and "no effect" in said[0]
-    assert translate(GRPOConfig(max_steps=2), train_rows=8).notes == []
+    notes = translate(GRPOConfig(max_steps=2), train_rows=8).notes
+    assert notes == [] if units else len(notes) == 1 and notes[0].startswith("bf16=True: cpu computes no bf16 here")
 
 
 # ---------------------------------------------------------------- the translation
@@ -172,9 +184,11 @@ def test_each_mapped_field_changes_the_options(name):
     """Not silently ignored: setting the field (away from TRL's default) changes grpolab's options."""
     base = {"max_steps": 4, "per_device_train_batch_size": 8, "num_generations": 4, "eval_strategy": "no"}
     extra = BESIDE.get(name, {})
-    before = translate(GRPOConfig(**base | extra), train_rows=64, has_eval=True).options
+    before = translate(GRPOConfig(**base | extra), train_rows=64, has_eval=True)
     after = translate(GRPOConfig(**base | extra | {name: _sample(name)}), train_rows=64, has_eval=True)
-    assert after.options != before, f"{name}={_sample(name)!r} changed nothing"
+    # bf16=False on a CPU without bf16 units (this file's machine): the same fp32 run, without the line saying so
+    changed = after.options != before.options or after.notes != before.notes
+    assert changed, f"{name}={_sample(name)!r} changed nothing"
 
 
 def test_trl_s_geometry_prompts_steps_and_epochs():
@@ -209,15 +223,15 @@ def test_trl_s_objective_names():
     assert o["warmup_steps"] == 3 and o["max_new_tokens"] == 32  # a fraction of the optimizer steps, rounded up
 
 
-def test_precision_bf16_on_a_device_without_bf16_says_what_it_runs(monkeypatch):
-    import grpolab.common.precision as precision
-
-    monkeypatch.setattr(precision, "bf16_units", lambda device: "")
+@pytest.mark.hardware
+def test_precision_bf16_on_a_device_without_bf16_says_what_it_runs(machine_kind):
+    machine_kind(bf16=False)
     plan = translate(GRPOConfig(max_steps=1), 1, 8, device="cpu")
-    assert plan.options["precision"] == "32-true"
+    assert plan.options["precision"] == "32-true"  # as auto: fp32 where the CPU has no bf16 units
     assert [n for n in plan.notes if n.startswith("bf16=True")] and len(plan.notes) == 1
-    monkeypatch.setattr(precision, "bf16_units", lambda device: "CPU with AVX512_BF16")
-    assert translate(GRPOConfig(max_steps=1), 1, 8, device="cpu").options["precision"] == "bf16-mixed"
+    machine_kind(bf16=True)
+    plan = translate(GRPOConfig(max_steps=1), 1, 8, device="cpu")
+    assert plan.options["precision"] == "bf16-mixed" and not plan.notes
 
 
 # ---------------------------------------------------------------- the trainer on the built-in model

@@ -259,6 +259,12 @@ def test_episodes_through_the_engine_score_as_the_trainer_scores_them(tmp_path):
 # ---------------------------------------------------------------- sampling precision
 
 
+@pytest.mark.hardware
+@pytest.mark.skipif(
+    bool(__import__("grpolab.common.machine", fromlist=["machine"]).machine().held_to),
+    reason="vLLM's CPU kernels read the CPU's own flags, which ONEDNN_MAX_CPU_ISA does not hold back: its bf16 linear "
+    "aborts under tools/as-cpu avx2 (a real AVX2 CPU runs it)",
+)
 def test_a_bf16_engine_samples_in_bf16_and_its_mismatch_is_measured_and_corrected(tmp_path):
     """--rollout-dtype bfloat16: vLLM holds bf16 weights (cast from the fp32 trainer's at each sync), its
     log-probs differ from the trainer's by bf16's rounding, logged per token and per sequence, and auto corrects

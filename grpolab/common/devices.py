@@ -12,6 +12,8 @@ import re
 
 import torch
 
+from grpolab.common.machine import machine
+
 
 class DeviceError(ValueError):
     """A device that is malformed or not on this machine; the message says which."""
@@ -32,7 +34,7 @@ def resolve_device(spec: str, local_rank: int = 0, *, cuda_count: int | None = N
     ``cuda_count`` overrides ``torch.cuda.device_count()`` (tests).
     """
     parse_device(spec)
-    count = torch.cuda.device_count() if cuda_count is None else cuda_count
+    count = machine().cuda if cuda_count is None else cuda_count
     if spec == "cpu" or (spec == "auto" and count == 0):
         return torch.device("cpu")
     if count == 0:

@@ -22,6 +22,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from grpolab.common.machine import machine
+
 
 @dataclasses.dataclass(frozen=True)
 class World:
@@ -77,7 +79,7 @@ def backend(cuda_available: bool | None = None) -> str:
     if forced:
         return "gloo" if forced == "gloo" else "cpu:gloo,cuda:nccl"
     if cuda_available is None:
-        cuda_available = torch.cuda.is_available() and dist.is_nccl_available()
+        cuda_available = machine().gpu() and dist.is_nccl_available()
     return "cpu:gloo,cuda:nccl" if cuda_available else "gloo"
 
 

@@ -33,6 +33,7 @@ import dataclasses
 import torch
 
 from grpolab.common.errors import ConfigError
+from grpolab.common.machine import machine
 
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
 COMPENSATIONS = ("kahan", "none")
@@ -113,7 +114,8 @@ class Precision:
         text = f"precision {self.name}: weights and optimizer state in {name}"
         if self.mixed:
             text += f", forward and backward under {str(self.compute_dtype).removeprefix('torch.')} autocast"
-            text += f" ({bf16_units(device)})" if self.compute_dtype == torch.bfloat16 else ""
+        if self.compute_dtype == torch.bfloat16:
+            text += f" ({bf16_units(device) or no_units_note(device)})"
         if self.scaled:
             text += ", loss scaled (steps that overflow are skipped and counted)"
         if self.name == "bf16-true":
@@ -126,14 +128,22 @@ class Precision:
 
 
 def bf16_units(device: torch.device) -> str:
-    """What computes bf16 products on ``device``, as torch reports it ('' where nothing does)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device) if torch.cuda.is_bf16_supported() else ""
-    if not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return ""
-    caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
-    units = [name.upper() for name in ("amx_bf16", "avx512_bf16") if caps.get(name)]
-    return f"CPU with {', '.join(units) or 'bf16 units'}"
+    """What computes bf16 products on ``device``, in words ('' where nothing does natively): the machine probe's
+    answer (:mod:`grpolab.common.machine`)."""
+    return machine().bf16_units(device)
+
+
+NO_UNITS_COST = 3.2
+"""How many times 32-true's step time a bf16 precision takes on a CPU without bf16 units: SmolLM2-135M's forward
+and backward under bf16-mixed against 32-true, emulated AVX2 (docs/precision.md: ``benchmarks/bf16_cost.py``)."""
+
+
+def no_units_note(device: torch.device) -> str:
+    """The line a bf16 run on a CPU without bf16 units gets: that it runs, how, and at what cost."""
+    return (
+        f"no bf16 units on this CPU: PyTorch converts each bf16 product's operands to fp32 and rounds the result to "
+        f"bf16, at about {NO_UNITS_COST:g}x the step time of --precision 32-true"
+    )
 
 
 def auto_precision(device: torch.device, builtin: bool = False, given_dtype: torch.dtype | None = None) -> str:
@@ -149,7 +159,7 @@ def auto_precision(device: torch.device, builtin: bool = False, given_dtype: tor
     if builtin:
         return "32-true"
     if device.type == "cuda":
-        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
+        return "bf16-mixed" if bf16_units(device) else "32-true"
     return "32-true"
 
 
@@ -163,7 +173,8 @@ def resolve_precision(
     given_dtype: torch.dtype | None = None,
 ) -> Precision:
     """``--precision`` on ``device``: ``auto`` resolved (:func:`auto_precision`), and a choice the device cannot run
-    refused with a :class:`PrecisionError` (fp16 off CUDA; bf16 where nothing computes it natively)."""
+    refused with a :class:`PrecisionError` (fp16 off CUDA; bf16 on a GPU without it). bf16 on a CPU without bf16
+    units runs: PyTorch computes it through fp32 conversions, which :meth:`Precision.describe` says with its cost."""
     name = auto_precision(device, builtin, given_dtype) if choice == "auto" else choice
     precision = Precision(name, compensation, fp32_head)
     check_supported(precision, device)
@@ -187,18 +198,16 @@ def machine_precision(machine, device: torch.device, model: str, given=None) -> 
 
 
 def check_supported(precision: Precision, device: torch.device) -> None:
-    """Refuse, in one line, a precision ``device`` cannot run."""
+    """Refuse, in one line, a precision ``device`` cannot run. A CPU without bf16 units runs bf16 (slowly, said by
+    :meth:`Precision.describe`): a laptop rehearses a GPU's bf16-mixed run with the same numerics."""
     low = {precision.param_dtype, precision.compute_dtype} - {torch.float32, torch.float64}
     if torch.float16 in low and device.type != "cuda":
         raise PrecisionError(
             f"--precision {precision.name}: fp16 with loss scaling runs on CUDA devices only (this run is on "
             f"{device.type}); use bf16-mixed or 32-true"
         )
-    if torch.bfloat16 in low and not bf16_units(device):
-        where = "this GPU does not support bf16" if device.type == "cuda" else "this CPU has no bf16 units oneDNN uses"
-        raise PrecisionError(
-            f"--precision {precision.name}: {where}; use 32-true" + ("" if device.type != "cuda" else " or 16-mixed")
-        )
+    if torch.bfloat16 in low and device.type == "cuda" and not bf16_units(device):
+        raise PrecisionError(f"--precision {precision.name}: this GPU does not support bf16; use 32-true or 16-mixed")
 
 
 def rollout_dtype(choice: str, compute: torch.dtype) -> torch.dtype:

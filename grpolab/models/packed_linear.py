@@ -21,6 +21,8 @@ import functools
 import torch
 from torch import nn
 
+from grpolab.common.machine import machine
+
 BATCH_HINT = 8
 """Rows the packed layout is chosen for (any number of rows runs; the layout is tuned for about this many)."""
 MIN_ELEMENTS = 2**16
@@ -29,15 +31,19 @@ larger matrices: at 8 rows, one thread, 16.6 against 5.9 us for 128 x 128, 23.4 
 56.0 against 73.4 us for 512 x 512 (the built-in model's largest is 256 x 128: it keeps ``F.linear``)."""
 
 
-@functools.cache
 def packing_available(dtype: torch.dtype) -> bool:
-    """Whether oneDNN's prepacked linear runs here in ``dtype`` (fp32, or bf16 where the CPU computes it natively)
-    and matches ``F.linear`` on a small product."""
+    """Whether oneDNN's prepacked linear runs here in ``dtype`` (fp32, or bf16 where the machine probe finds bf16
+    units) and matches ``F.linear`` on a small product."""
+    if dtype == torch.bfloat16 and not machine().bf16_units("cpu"):
+        return False  # without bf16 units oneDNN's bf16 kernels are its reference loops: F.linear is faster
+    return _packing_works(dtype)
+
+
+@functools.cache
+def _packing_works(dtype: torch.dtype) -> bool:
     if dtype not in (torch.float32, torch.bfloat16) or not torch.backends.mkldnn.is_available():
         return False
     try:
-        if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-            return False
         gen = torch.Generator().manual_seed(0)
         w, x, b = (torch.randn(*s, generator=gen).to(dtype) for s in ((24, 40), (3, 40), (24,)))
         got = torch.ops.mkldnn._linear_pointwise(

@@ -34,6 +34,7 @@ import torch
 
 from grpolab.common.errors import ConfigError
 from grpolab.common.given import NOTHING, Given, is_description
+from grpolab.common.precision import bf16_units
 
 FLAG = "--reward-model"
 
@@ -167,7 +168,7 @@ class RewardModelSettings:
     def torch_dtype(self) -> torch.dtype:
         if self.dtype != "auto":
             return getattr(torch, self.dtype)
-        if self.device.type == "cuda" and torch.cuda.is_bf16_supported():
+        if self.device.type == "cuda" and bf16_units(self.device):
             return torch.bfloat16
         return torch.float32
 

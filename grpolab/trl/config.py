@@ -328,9 +328,10 @@ def _precision(args, device: str | None, notes: list[str]) -> dict:
     """bf16/fp16 as --precision: bf16-mixed where the device computes bf16, 16-mixed on CUDA; else 32-true, said."""
     import torch
 
+    from grpolab.common.machine import machine
     from grpolab.common.precision import bf16_units
 
-    where = torch.device("cpu" if args.use_cpu else device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    where = torch.device("cpu" if args.use_cpu else device or ("cuda" if machine().gpu() else "cpu"))
     out = {"device": "cpu" if args.use_cpu else (device or "auto")}
     if args.tf32 is not None and where.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
