@@ -107,7 +107,9 @@ def detect() -> Machine:
         cuda_bf16=None if cuda else False,
         set_by=set_by,
         held_to=" ".join(
-            f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if os.environ.get(k)
+            f"{k}={os.environ[k]}"
+            for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+            if os.environ.get(k)
         ),
     )
 

@@ -133,16 +133,18 @@ def bf16_units(device: torch.device) -> str:
     return machine().bf16_units(device)
 
 
-NO_UNITS_COST = 3.2
-"""How many times 32-true's step time a bf16 precision takes on a CPU without bf16 units: SmolLM2-135M's forward
-and backward under bf16-mixed against 32-true, emulated AVX2 (docs/precision.md: ``benchmarks/bf16_cost.py``)."""
+NO_UNITS_COST = 16
+"""How many times 32-true's time a bf16 precision takes on a CPU without bf16 units, at the least: SmolLM2-135M's
+forward and backward of 2 rows of 32 tokens under bf16-mixed, 15.7x 32-true's (bf16-true 16.0x), on a CPU with AVX512
+held to AVX2 (``tools/as-cpu avx2 python benchmarks/bf16_cost.py --rows 2 --prompt 16 --completion 16``); one
+256 x 576 x 1536 product alone, 40x. docs/precision.md has the figures."""
 
 
 def no_units_note(device: torch.device) -> str:
     """The line a bf16 run on a CPU without bf16 units gets: that it runs, how, and at what cost."""
     return (
         f"no bf16 units on this CPU: PyTorch converts each bf16 product's operands to fp32 and rounds the result to "
-        f"bf16, at about {NO_UNITS_COST:g}x the step time of --precision 32-true"
+        f"bf16, the forward and backward {NO_UNITS_COST:g}x or more the time of --precision 32-true's"
     )
 
 
