@@ -412,7 +412,9 @@ def assert_same_metrics(a: Path, b: Path) -> None:
             if k == "doctor/weights_unmoved_frac":  # a few of ~1e5 sampled fp32 weights sit at the edge of rounding
                 assert y[k] == pytest.approx(v, abs=1e-3), (x["step"], k, v, y[k])  # and flip with float noise
                 continue
-            assert y[k] == pytest.approx(v, rel=1e-4, abs=1e-6), (x["step"], k, v, y[k])
+            # a loss is a difference of larger terms: its float noise is theirs (1.4e-6 on 2.2e-3 held to AVX2)
+            tol = 1e-5 if k.startswith("loss/") else 1e-6
+            assert y[k] == pytest.approx(v, rel=1e-4, abs=tol), (x["step"], k, v, y[k])
 
 
 # ---------------------------------------------------------------- the token view's page

@@ -244,25 +244,28 @@ def test_a_run_resumes_on_another_process_count(runs):
 @pytest.mark.hardware
 def test_bf16_mixed_on_two_processes_matches_one_process(runs):
     """bf16-mixed under DDP and FSDP2, two steps: the same rollouts as one process (the bf16 sampler copies are cast
-    from equal fp32 masters) and weights within REL_TOL. The masters, the gradients' reduction and the optimizer
-    state are fp32; only the products run in bf16, on each rank's rows as on one process's.
+    from equal fp32 masters) and the same update. The masters, the gradients' reduction and the optimizer
+    state are fp32; only the products run in bf16, on each rank's rows as on one process's. The updates agree to 5%.
 
-    Two steps, not more: a weight gradient is a product summed over the rows, and its bf16 result is rounded once
-    over all the rows on one process but once per half on two. Adam's first step moves by the gradient's sign, which
-    that rounding leaves alone; from the second on it moves by its size, and by the third the weights differ enough
-    (1.1e-3 relative on a CPU with AMX) to sample other tokens. After two: 7.5e-7 there (3e-9 under DDP on an
-    AVX512-BF16 CPU without AMX), the rollouts of both steps equal."""
+    Two steps, not more, and the updates compared, not the weights to REL_TOL: a weight gradient is a product
+    summed over the rows, and its bf16 result is rounded once over all the rows on one process but once per half on
+    two. Adam's first step moves by the gradient's sign, which that rounding leaves alone; from the second on it
+    moves by its size, and by the third the weights differ enough (1.1e-3 relative on a CPU with AMX) to sample
+    other tokens. After two, the rollouts of both steps are equal and the two-process update is the one-process one
+    to within 5% per tensor (measured at most 0.8%, on the embedding, held to AVX2; bf16's spacing is 0.4%); with each rank
+    left its own gradient (a planted comm hook that skips the all-reduce) the update was off by 114%."""
     tmp, _ = runs
     one = train_cli(tmp, "mixed1", 2, *MIXED)
     saved = json.loads((one / "config.json").read_text())
     assert (saved["precision"], saved["rollout_dtype"]) == ("bf16-mixed", "bfloat16")
+    start = load_file(str(ASSET_DIR / "model.safetensors"))
     for two in (tmp / "mixed2", tmp / "fsdp_mixed"):
         assert rollouts_of(two) == rollouts_of(one), two.name
         p1, p2 = _params(one, 2), _params(two, 2)
-        start = load_file(str(ASSET_DIR / "model.safetensors"))
         assert max(float((p1[k] - start[k]).norm() / start[k].norm()) for k in start) > 1e-3  # it trained
         for k in start:
-            assert p2[k].dtype == torch.float32 and float((p1[k] - p2[k]).norm() / p1[k].norm()) <= REL_TOL, (two, k)
+            update = float((p1[k] - start[k]).norm())
+            assert p2[k].dtype == torch.float32 and float((p1[k] - p2[k]).norm()) <= 0.05 * update, (two, k)
 
 
 def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(runs, monkeypatch):

@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.hardware
 @pytest.mark.long  # scheduled first (tests/conftest.py)
 @pytest.mark.slow
 def test_gpu_check_runs_every_check_on_the_cpu_and_writes_its_figures(tmp_path):

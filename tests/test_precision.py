@@ -241,6 +241,7 @@ def test_kahan_summation_keeps_what_bf16_rounding_loses():
     assert err["kahan"] < 0.1 < err["none"], err
 
 
+@pytest.mark.hardware
 @pytest.mark.slow  # three runs of the built-in model
 def test_bf16_true_with_kahan_resumes_as_the_uninterrupted_run(tmp_path):
     from helpers import assert_same_metrics

@@ -76,7 +76,9 @@ def test_shared_logprobs_and_gradients_equal_the_plain_path(arch, chunk_tokens, 
     for shared in (False, True):
         logp = completion_logprobs(model, group_batch, chunk_tokens=chunk_tokens, shared_prefix=shared)  # [N, T]
         out[shared] = (logp, torch.autograd.grad((logp * weights).sum(), params, allow_unused=True))
-    assert torch.allclose(out[True][0], out[False][0], atol=1e-5, rtol=0)
+    # fp32 sums in another order: 3e-6 on an AVX512 CPU, 1.2e-5 held to AVX2 (Llama); a wrong mask or position is
+    # off by 1e-2 or more
+    assert torch.allclose(out[True][0], out[False][0], atol=5e-5, rtol=0)
     assert (out[True][0] != 0).sum() == group_batch.completion_mask.sum()  # every real token scored, padding 0
     for g_shared, g_plain in zip(out[True][1], out[False][1]):
         if g_plain is None:

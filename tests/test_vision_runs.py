@@ -81,6 +81,7 @@ def test_the_probes_the_doctor_and_the_report_run_on_a_vision_language_run(tmp_p
     assert json.loads((tmp_path / "rank" / "rank.json").read_text())
 
 
+@pytest.mark.hardware
 def test_stale_rollouts_from_the_generator_process_in_bf16_mixed(tmp_path):
     save_tiny_vlm("qwen2-vl", tmp_path / "model")
     _train(
