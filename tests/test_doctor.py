@@ -358,6 +358,7 @@ def test_each_fault_is_named_first(fault, tmp_path):
     assert any(r.get(f"doctor/{fault}", 0) > 0 for r in logged)  # the run's own checks found it too
 
 
+@pytest.mark.slow  # 15 steps with 3 evaluations: 3 s
 def test_a_healthy_builtin_run_finds_nothing_and_says_so(tmp_path, capsys):
     from grpolab.training.recipe import train
 

@@ -426,6 +426,7 @@ def test_the_entropy_bonus_s_gradient_is_the_same_in_micro_batches_and_reaches_r
     assert metrics["loss/entropy_coef"] == 0.1
 
 
+@pytest.mark.slow  # three runs: 3 s
 def test_a_run_with_the_adaptive_entropy_bonus_resumes_exactly(tmp_path):
     """Stopped after 2 steps and resumed, a run with --adaptive-entropy gives the uninterrupted run's metrics and
     weights: the coefficient and the last entropy are in the checkpoint."""

@@ -15,6 +15,7 @@ from grpolab.rollout.generator import weights_digest as digest  # the checksum t
 
 # in the trainer's process, and in a generator process (a process started: the slow tier)
 GENERATORS = ["inline", pytest.param("process", marks=pytest.mark.slow)]
+RESUMED = [pytest.param(g, marks=pytest.mark.slow) for g in ("inline", "process")]  # three runs each: 2.5 s inline
 
 
 def policy_digest(trainer) -> str:
@@ -109,7 +110,7 @@ def test_what_staleness_does_not_support_yet_is_refused_in_one_line():
         TrainConfig(max_staleness=-1).validate()
 
 
-@pytest.mark.parametrize("generator", GENERATORS)
+@pytest.mark.parametrize("generator", RESUMED)
 def test_a_resumed_stale_run_continues_as_the_uninterrupted_one(tmp_path, generator):
     from helpers import assert_same_params, metrics_by_step, rollouts_of
 
