@@ -342,6 +342,7 @@ FAULTS = {
 BF16_FAULTS = ("rounding", "sampler_mismatch")
 
 
+@pytest.mark.slow  # a run of 6-15 steps each: 2-6 s, 38 of the fast tier's 93 worker-seconds when they were in it
 @pytest.mark.parametrize(
     "fault", [pytest.param(f, marks=pytest.mark.hardware) if f in BF16_FAULTS else f for f in FAULTS]
 )
