@@ -487,6 +487,9 @@ CLI_BASE = [
 ]
 # The KL reference, importance ratios (mu = 2), micro-batches and token-mean's global token count.
 # Every run also records 2 rollouts a step token by token (rank 0's own: its block of the step's prompts).
+EACH_CPU = pytest.mark.parametrize("units", [True, False], ids=["cpu-bf16-units", "cpu-no-bf16-units"])
+"""A test run once on a CPU with bf16 units and once without (``units``; with the ``machine_kind`` fixture)."""
+
 KL_MU = [
     *("--beta", "0.04", "--mu", "2", "--micro-batch", "2", "--estimator", "rloo", "--aggregation", "token-mean"),
     *("--log-token-credit", "2"),

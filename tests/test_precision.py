@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from helpers import VLM_FAMILIES, model_and_batch, quiet, small_cfg, tiny_vlm
+from helpers import EACH_CPU, VLM_FAMILIES, model_and_batch, quiet, small_cfg, tiny_vlm
 
 from grpolab.common.errors import ConfigError
 from grpolab.common.precision import Precision, PrecisionError, auto_precision, resolve_precision, rollout_dtype
@@ -45,7 +45,7 @@ def test_each_precision_holds_and_computes_in_its_dtypes(name, param, compute, m
 
 
 @pytest.mark.hardware
-@pytest.mark.parametrize("units", [True, False], ids=["cpu-bf16-units", "cpu-no-bf16-units"])
+@EACH_CPU
 def test_auto_is_bf16_mixed_on_a_gpu_and_fp32_on_the_cpu(machine_kind, units):
     machine_kind(bf16=units, cuda=1, cuda_bf16=True)
     assert auto_precision(torch.device("cuda", 0)) == "bf16-mixed"
@@ -91,7 +91,7 @@ def test_what_the_device_cannot_run_is_refused_in_one_line(machine_kind):
 
 
 @pytest.mark.hardware
-@pytest.mark.parametrize("units", [True, False], ids=["cpu-bf16-units", "cpu-no-bf16-units"])
+@EACH_CPU
 def test_bf16_runs_on_every_cpu_and_says_what_computes_it(machine_kind, units):
     """A CPU without bf16 units runs bf16 (PyTorch converts through fp32): a laptop rehearses a GPU's bf16-mixed
     configuration with bf16's rounding, and the run's log says what it costs; with units, it names them."""

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import EACH_CPU
 
 from grpolab.trl import GRPOConfig, GRPOTrainer
 from grpolab.trl.config import translate
@@ -96,7 +97,7 @@ def test_a_refused_field_set_is_one_line_naming_it(name):
 
 
 @pytest.mark.hardware
-@pytest.mark.parametrize("units", [True, False], ids=["cpu-bf16-units", "cpu-no-bf16-units"])
+@EACH_CPU
 def test_an_inert_field_set_is_said_once(machine_kind, units):
     machine_kind(bf16=units)  # TRL's default bf16=True is said on a CPU that trains it in fp32
     plan = translate(GRPOConfig(dataloader_num_workers=4, hub_strategy="end", max_steps=2), train_rows=8)

@@ -135,19 +135,16 @@ def set_machine(probe: Machine | None) -> None:
 
 
 # The suite checks that a test whose outcome rests on the hardware says so (tests/conftest.py). A question about bf16
-# units that torch's own answer settled is counted, and written to the file GRPOLAB_PROBE_LOG names where a test set
-# it, so that the processes a test starts are counted too. One a test settled (set_machine; GRPOLAB_PROBE_SET, or a
+# units that torch's own answer settled is written to the file GRPOLAB_PROBE_LOG names while a test runs: the test's
+# own process and the processes it starts alike. One a test settled (set_machine; GRPOLAB_PROBE_SET, or a
 # GRPOLAB_BF16_UNITS other than the suite's own, GRPOLAB_PROBE_BASE, in a process it started) is not: that test said
 # which machine it assumes.
-CONSULTS = [0]
 
 
 def _consulted() -> None:
-    base = os.environ.get("GRPOLAB_PROBE_BASE", os.environ.get(ENV, ""))
-    if _SET or os.environ.get("GRPOLAB_PROBE_SET") or os.environ.get(ENV, "") != base:
-        return
-    CONSULTS[0] += 1
     log = os.environ.get("GRPOLAB_PROBE_LOG")
-    if log:
-        with open(log, "a") as f:
-            f.write(f"{os.getpid()}\n")
+    base = os.environ.get("GRPOLAB_PROBE_BASE", os.environ.get(ENV, ""))
+    if not log or _SET or os.environ.get("GRPOLAB_PROBE_SET") or os.environ.get(ENV, "") != base:
+        return
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()}\n")

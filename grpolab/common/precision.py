@@ -115,7 +115,7 @@ class Precision:
         if self.mixed:
             text += f", forward and backward under {str(self.compute_dtype).removeprefix('torch.')} autocast"
         if self.compute_dtype == torch.bfloat16:
-            text += f" ({bf16_units(device) or no_units_note(device)})"
+            text += f" ({bf16_units(device) or no_units_note()})"
         if self.scaled:
             text += ", loss scaled (steps that overflow are skipped and counted)"
         if self.name == "bf16-true":
@@ -140,7 +140,7 @@ held to AVX2 (``tools/as-cpu avx2 python benchmarks/bf16_cost.py --rows 2 --prom
 256 x 576 x 1536 product alone, 40x. docs/precision.md has the figures."""
 
 
-def no_units_note(device: torch.device) -> str:
+def no_units_note() -> str:
     """The line a bf16 run on a CPU without bf16 units gets: that it runs, how, and at what cost."""
     return (
         f"no bf16 units on this CPU: PyTorch converts each bf16 product's operands to fp32 and rounds the result to "
