@@ -49,8 +49,11 @@ lint: $(BIN)/.installed
 # --max-worker-restart 0: a worker that dies (a test past pytest-timeout's limit) ends the run with that test named;
 # a restarted worker under --dist loadfile was left without work while the run waited on it, until CI's own limit.
 # --no-loadscope-reorder: the files go to the workers in tests/conftest.py's order, the long tests' files first.
+# PYTHONDONTWRITEBYTECODE= (empty): Python and pytest keep their compiled modules (__pycache__/, ignored by git) even
+# where the environment says not to; otherwise every test worker and every process a test starts compiles grpolab's
+# modules and rewrites the tests' asserts again (a third of a worker's collection, measured).
 DURATIONS ?= 15
-PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile --max-worker-restart 0 --no-loadscope-reorder
+PYTEST := env PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n 2 --dist loadfile --max-worker-restart 0 --no-loadscope-reorder
 # Then the `hardware` tests (their outcome rests on the CPU: bf16 units, what --precision auto picks) run again as
 # the kind of CPU this one is not (tools/as-cpu other): a test that assumes the developer's CPU fails on either kind.
 AS_OTHER_CPU := PYTHON=$(BIN)/python tools/as-cpu other

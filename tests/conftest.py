@@ -31,6 +31,10 @@ if "PYTEST_XDIST_WORKER" not in os.environ:
 import subprocess  # noqa: E402
 
 import pytest  # noqa: E402
+
+from grpolab.common.startup import import_libraries  # noqa: E402
+
+import_libraries()  # torch and transformers with the collector paused: seconds of each test worker's start
 import torch  # noqa: E402
 
 TESTS_DIR = Path(__file__).resolve().parent

@@ -11,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 
+from grpolab.common import startup
 from grpolab.training import launch
 
 # Before torch is imported: OpenMP workers that spin while idle make every step
@@ -167,6 +168,7 @@ def cmd_train(args: list[str]) -> None:
     if launch.relaunches(cfg.run.nproc):  # refuse a bad config once, before starting P processes
         checked_config(cfg, cfg.run.nproc)
     with launch.processes(cfg.run.nproc, ["train", *args]) as main_rank:
+        startup.import_libraries()
         from grpolab.commands import api
         from grpolab.report.plotting import plot_run
         from grpolab.training.recipe import TrainingInterrupted
@@ -626,6 +628,10 @@ def cmd_generator(args: list[str]) -> None:
     raise SystemExit(run_worker(options))
 
 
+# The commands that load a model: torch and transformers are imported first, the collector paused (grpolab.common.
+# startup). train does so itself, after deciding whether it relaunches under torchrun.
+LOADS_A_MODEL = {"eval", "sft", "demo", "rank", "mse", "groupsize", "sweep", "multiturn", "merge", "generator"}
+
 COMMANDS = {
     "train": cmd_train,
     "eval": cmd_eval,
@@ -698,6 +704,8 @@ def run(argv: list[str]) -> None:
     # peft (0.x) asks transformers 5 for a renamed attribute on every adapter load; nothing a user can act on.
     warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*is deprecated", category=FutureWarning)
 
+    if cmd in LOADS_A_MODEL and not any(a in ("-h", "--help") for a in rest):
+        startup.import_libraries()
     try:
         COMMANDS[cmd](rest)
     except (ConfigError, DataError, FileNotFoundError, CheckpointError, SandboxError) as e:
