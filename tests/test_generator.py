@@ -103,7 +103,9 @@ def test_a_hung_generator_is_one_error_after_the_timeout_and_is_stopped(tmp_path
     process = trainer.engine.process
     try:
         trainer.step(1)
-        assert trainer.engine._conn.poll(30)  # step 2's rollouts, drawn ahead, are in the pipe
+        inbox, deadline = trainer.engine._pipe.inbox, time.monotonic() + 30
+        while inbox.empty() and time.monotonic() < deadline:  # step 2's rollouts, drawn ahead, were read whole
+            time.sleep(0.05)
         os.kill(process.pid, signal.SIGSTOP)  # alive, answering nothing
         t0 = time.monotonic()
         with pytest.raises(GeneratorError, match=r"gave no answer in 2 s while .*--generator-timeout"):
@@ -116,6 +118,84 @@ def test_a_hung_generator_is_one_error_after_the_timeout_and_is_stopped(tmp_path
         assert not process.is_alive()
     finally:
         trainer.close()
+
+
+def within(seconds: float, call):
+    """``call()`` in a thread: what it returned or raised, or an AssertionError after ``seconds`` (a regression to a
+    wait without a deadline fails here, naming itself, instead of hanging the suite)."""
+    import threading
+
+    got: dict = {}
+
+    def target():
+        try:
+            got["value"] = call()
+        except BaseException as e:  # handed to the test's thread
+            got["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still waiting after {seconds} s: a wait without a deadline"
+    if "error" in got:
+        raise got["error"]
+    return got.get("value")
+
+
+@pytest.mark.slow
+def test_a_generator_stopped_between_an_answers_length_and_its_payload_is_one_error_in_time(tmp_path, monkeypatch):
+    """The child writes the length of its first draw's answer and stops itself (SIGSTOP) before the payload: the
+    trainer reads messages whole on a thread of its own, so its wait keeps its deadline (--generator-timeout 2)
+    instead of blocking in the pipe's read for ever."""
+    from grpolab.rollout.generator import STOP_MID_ANSWER
+    from grpolab.training.recipe import build_trainer
+
+    monkeypatch.setenv(STOP_MID_ANSWER, "drawn")  # read by the child at its first draw's answer
+    trainer = build_trainer(small_cfg(tmp_path, max_staleness=1, warmup_steps=0, generator_timeout=2), log=quiet)
+    process = trainer.engine.process
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(GeneratorError, match=r"gave no answer in 2 s while drawing"):
+            within(60, lambda: trainer.step(1))
+        assert time.monotonic() - t0 < 20 and not process.is_alive()
+    finally:
+        trainer.close()
+
+
+def _big_answer_then_answer_each(conn):
+    """A scripted child: a 2 MB answer to tag 1, written whether or not the trainer reads, then an answer to each
+    request it reads."""
+    from grpolab.rollout.generator import _get, _put
+
+    _put(conn, ("draw", 1, b"a" * (2 << 20)))
+    while True:
+        kind, tag, *_ = _get(conn)
+        _put(conn, (kind, tag, "ok"))
+
+
+@pytest.mark.slow
+def test_a_big_request_while_the_child_writes_a_big_answer_is_read_and_answered(tmp_path):
+    """Both ends writing 2 MB at once (the pipe holds ~200 KB each way): an evaluation's request sent while the
+    child still writes the draw made ahead. The trainer's reader drains the answer, so the child reads the request."""
+    import multiprocessing as mp
+
+    from grpolab.rollout.generator import ProcessEngine, _Pipe
+
+    ctx = mp.get_context("fork")  # a scripted child, no model: fork is enough
+    conn, child = ctx.Pipe()
+    process = ctx.Process(target=_big_answer_then_answer_each, args=(child,), daemon=True)
+    process.start()
+    child.close()
+    engine = object.__new__(ProcessEngine)  # the trainer's side alone, over the scripted child
+    engine._pipe, engine.process, engine.timeout = _Pipe(conn), process, 10.0
+    engine._answers, engine._dropped, engine._tag = {}, set(), 1
+    try:
+        tag = within(30, lambda: engine._send("draw", b"r" * (2 << 20)))
+        assert within(30, lambda: engine._answer(1, "drawing ahead"))[:3] == b"aaa"
+        assert within(30, lambda: engine._answer(tag, "drawing")) == "ok"
+    finally:
+        engine.close(ask=False)
+    assert not process.is_alive()
 
 
 def children(pid: int) -> list[int]:

@@ -39,7 +39,10 @@ import dataclasses
 import hashlib
 import os
 import pickle
+import queue
 import signal
+import socket
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -227,16 +230,95 @@ class _Generator:
         raise ValueError(f"unknown message {kind!r}")
 
 
+STOP_MID_ANSWER = "GRPOLAB_TEST_STOP_MID_ANSWER"
+"""Tests only: a generator process whose environment names a kind of answer here ("drawn", "synced", ...) writes the
+length of its first such answer, stops itself with SIGSTOP, and writes the rest only if continued: the trainer must
+meet its deadline on a message cut between its length and its payload."""
+
+
 def _put(conn, message) -> None:
     """Send ``message`` down the pipe as plain pickle bytes: tensors go by value. (torch.multiprocessing's pickler
     would send them as file descriptors, which the receiver fetches from the sender's resource-sharer thread with a
     read that has no timeout: a stopped, hung sender would block the receiver for ever.)"""
-    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    if os.environ.get(STOP_MID_ANSWER) == message[0]:
+        os.environ.pop(STOP_MID_ANSWER)
+        # multiprocessing's framing (a 4-byte big-endian length, then the bytes), written in two parts by hand
+        os.write(conn.fileno(), len(data).to_bytes(4, "big", signed=True))
+        os.kill(os.getpid(), signal.SIGSTOP)
+        with os.fdopen(os.dup(conn.fileno()), "wb") as raw:
+            raw.write(data)
+        return
+    conn.send_bytes(data)
 
 
 def _get(conn):
     """A message :func:`_put` sent (from our own process only: the pipe is the trainer's and its child's)."""
     return pickle.loads(conn.recv_bytes())
+
+
+_CLOSED = object()
+"""What the reader of a :class:`_Pipe` hands on when the pipe ends (the child died or closed it)."""
+
+
+class _Pipe:
+    """The trainer's end of the pipe to its generator process, read and written by two threads of its own, so that
+    no wait on the child is without a deadline: the reader takes each message whole and puts it in a queue that the
+    trainer reads with a timeout (a read of the pipe itself blocks until the whole message is there: a child stopped
+    between a message's length and its payload would hold the trainer for ever), and the writer sends the trainer's
+    requests in order while the reader drains the child's answers (the child writes an answer, megabytes at a
+    hundred rows, only to a reader: with the trainer itself writing a request of its own at that moment, neither
+    would read, and both would wait for ever). A stopped or dead child leaves a thread blocked in the pipe; ending
+    the child (:meth:`ProcessEngine.close`) ends its read or write, and with it the thread.
+
+    Written here: ``multiprocessing.connection`` reads and writes whole messages without a timeout; a thread per
+    direction over it is the usual way to give them one."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.inbox: queue.Queue = queue.Queue()
+        self.outbox: queue.Queue = queue.Queue()
+        self.failed = False
+        """The writer could not write (the child closed the pipe or died)."""
+        self._reader = threading.Thread(target=self._read, name="grpolab-generator-reader", daemon=True)
+        self._writer = threading.Thread(target=self._write, name="grpolab-generator-writer", daemon=True)
+        self._reader.start()
+        self._writer.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = _get(self.conn)
+            except (EOFError, OSError, pickle.UnpicklingError):
+                self.inbox.put(_CLOSED)
+                return
+            self.inbox.put(message)
+
+    def _write(self) -> None:
+        while (data := self.outbox.get()) is not None:
+            try:
+                self.conn.send_bytes(data)
+            except (BrokenPipeError, OSError):
+                self.failed = True
+                return
+
+    def send(self, message) -> None:
+        """Queue ``message`` for the child (pickled here, so that an object that cannot be sent fails here)."""
+        self.outbox.put(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def receive(self, timeout: float):
+        """The child's next message, or ``_CLOSED``; raises ``queue.Empty`` after ``timeout`` seconds without one."""
+        return self.inbox.get(timeout=timeout)
+
+    def close(self) -> None:
+        """Close the pipe (once the child has ended). Shutting the socket down first ends a read or write still
+        blocked in it, so both threads are gone before the descriptor is closed (and could be reused)."""
+        self.outbox.put(None)
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self.conn.fileno())) as end:
+            end.shutdown(socket.SHUT_RDWR)
+        self._writer.join(timeout=5)
+        self._reader.join(timeout=5)
+        self.conn.close()
 
 
 def _die_with_parent() -> None:
@@ -380,7 +462,8 @@ class ProcessEngine(VersionedDraws):
             fp32_head=fp32_head,
             storage=storage,
         )
-        self._conn, self.process = _start_child(spec, self.shared)
+        conn, self.process = _start_child(spec, self.shared)
+        self._pipe = _Pipe(conn)
         self.note = self._answer(0, "starting", max(self.timeout, START_TIMEOUT))
         """Why the generator's copy has no fused decoder (None when it has one, or samples the replica)."""
 
@@ -451,12 +534,13 @@ class ProcessEngine(VersionedDraws):
             self._prefetched = None
 
     def _send(self, kind: str, *payload) -> int:
-        self._tag += 1
-        try:
-            _put(self._conn, (kind, self._tag, *payload))
-        except (BrokenPipeError, OSError):
+        """Queue request ``kind`` for the child (the pipe's writer sends it; :meth:`_answer` waits for the answer
+        with its deadline); returns its tag."""
+        if self._pipe.failed or not self.process.is_alive():
             what = {"draw": "a draw", "sync": "new weights", "state": "a request for its weights"}.get(kind, kind)
-            raise self._failure(f"being sent {what}") from None
+            raise self._failure(f"being sent {what}")
+        self._tag += 1
+        self._pipe.send((kind, self._tag, *payload))
         return self._tag
 
     def _answer(self, tag: int, doing: str, timeout: float | None = None):
@@ -465,11 +549,14 @@ class ProcessEngine(VersionedDraws):
         timeout = timeout or self.timeout
         deadline = time.monotonic() + timeout
         while tag not in self._answers:
-            if self._conn.poll(0.1):
-                try:
-                    kind, got, payload = _get(self._conn)
-                except (EOFError, OSError):
-                    raise self._failure(doing) from None
+            try:
+                message = self._pipe.receive(timeout=0.1)
+            except queue.Empty:
+                message = None
+            if message is _CLOSED:
+                raise self._failure(doing)
+            if message is not None:
+                kind, got, payload = message
                 if kind == "error":
                     self.close()
                     raise GeneratorError(f"the generator process failed while {doing}:\n{payload}")
@@ -497,17 +584,16 @@ class ProcessEngine(VersionedDraws):
 
     def close(self, ask: bool = True) -> None:
         """Stop the child (asked first, unless ``ask`` is False, then terminated, then killed) and close the pipe."""
-        if ask and self.process.is_alive():
-            with contextlib.suppress(BrokenPipeError, OSError):
-                _put(self._conn, ("stop", 0))
+        if ask and self.process.is_alive() and not self._pipe.failed:
+            self._pipe.send(("stop", 0))
             self.process.join(timeout=5)
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(timeout=5)
         if self.process.is_alive():
-            self.process.kill()
+            self.process.kill()  # a stopped child too: SIGKILL needs no SIGCONT
             self.process.join()
-        self._conn.close()
+        self._pipe.close()
 
 
 def build_process_engine(
