@@ -338,6 +338,9 @@ SMALL = dict(
     progress=False,
     threads=1,
     device="cpu",
+    # a generator process or worker that stalls fails its test in 2 minutes, naming it, well inside pytest-timeout's
+    # 600 s (the default, 900 s, outlived the test: a stall looked like the suite hanging)
+    generator_timeout=120.0,
 )
 
 
