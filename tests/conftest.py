@@ -34,7 +34,7 @@ import pytest  # noqa: E402
 
 from grpolab.common.startup import import_libraries  # noqa: E402
 
-import_libraries()  # torch and transformers with the collector paused: seconds of each test worker's start
+import_libraries(("torch",))  # with the collector paused (grpolab.common.startup); transformers in pytest_configure
 import torch  # noqa: E402
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -44,6 +44,15 @@ if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
 torch.set_num_threads(1)  # small tensors: one thread is fastest and leaves the other core alone
+
+
+def pytest_configure(config):
+    """A process that runs tests (an xdist worker, or pytest without -n) imports transformers' model classes too with
+    the collector paused, before its collection imports them; xdist's controller, which only hands out the tests,
+    does not import them at all."""
+    controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+    if not controller:
+        import_libraries()
 
 
 def long_files_first(items: list) -> None:
