@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -582,6 +583,26 @@ def offline_hub(home: Path, monkeypatch) -> Path:
 # ---------------------------------------------------------------- generator workers
 
 
+def within(seconds: float, call):
+    """``call()`` in a thread: what it returned or raised, or an AssertionError after ``seconds`` (a regression to a
+    wait without a deadline fails here, naming itself, instead of hanging the suite)."""
+    got: dict = {}
+
+    def target():
+        try:
+            got["value"] = call()
+        except BaseException as e:  # handed to the test's thread
+            got["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still waiting after {seconds} s: a wait without a deadline"
+    if "error" in got:
+        raise got["error"]
+    return got.get("value")
+
+
 def free_port() -> int:
     """A TCP port free on localhost now (a trainer's --generator-listen)."""
     import socket
@@ -640,3 +661,36 @@ def trl_scores_in_float64(trainer) -> None:
         return ours[..., 0], ours[..., 1], aux
 
     trainer._get_per_token_logps_and_entropies = in_float64
+
+
+# ---------------------------------------------------------------- two ranks of a gloo group, spawned
+
+
+def rank_of_two_failing_on_main(rank: int, port: int, timeout: float, said, done) -> None:
+    """One of two gloo ranks running :func:`grpolab.common.distributed.on_main` with a call that raises on rank 0 (an
+    error that is not a checkpoint's); puts (rank, the error's type and text, seconds it took) in ``said``. Rank 0
+    stays until rank 1 has said (``done``, at most ``timeout``), as a run closing its engines would: its exit does not
+    end rank 1's wait."""
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    from grpolab.common.distributed import World, on_main
+
+    span = datetime.timedelta(seconds=timeout)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=span)
+
+    def save():
+        raise RuntimeError("the disk went away")
+
+    t0 = time.monotonic()
+    try:
+        on_main(save, World(rank, 2), lambda: ValueError("failed on rank 0"))
+        said.put((rank, None, "", time.monotonic() - t0))
+    except Exception as e:
+        said.put((rank, type(e).__name__, str(e), time.monotonic() - t0))
+    if rank == 1:
+        done.set()
+    done.wait(timeout)
+    dist.destroy_process_group()

@@ -26,6 +26,7 @@ from helpers import (
     REL_TOL,
     assert_same_metrics,
     assert_same_params,
+    rank_of_two_failing_on_main,
     rollouts_of,
     run_cli,
     torchrun_batch,
@@ -288,6 +289,29 @@ def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(runs, monk
         assert float((p1[k] - p2[k]).norm() / p1[k].norm()) <= REL_TOL, k
         if all(skipped[0]):
             assert torch.equal(p1[k], start[k]), f"{k}: a skipped update changed the weights"
+
+
+@pytest.mark.slow
+def test_an_error_of_any_kind_on_rank_0_during_a_save_reaches_every_rank_at_once():
+    """Rank 0 fails inside ``on_main`` (a checkpoint's save) with an error that is not a checkpoint's, and stays (a
+    run closing its engines): it told rank 1 before it left the save, so rank 1 raises its one clear error in
+    seconds instead of waiting out the group's timeout (60 s)."""
+    import multiprocessing as mp
+
+    ctx, port = mp.get_context("spawn"), _free_port()
+    said, done = ctx.Queue(), ctx.Event()
+    ranks = [ctx.Process(target=rank_of_two_failing_on_main, args=(r, port, 60.0, said, done)) for r in (0, 1)]
+    for p in ranks:
+        p.start()
+    try:
+        got = sorted(said.get(timeout=45) for _ in ranks)
+    finally:
+        for p in ranks:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert [g[:3] for g in got] == [(0, "RuntimeError", "the disk went away"), (1, "ValueError", "failed on rank 0")]
+    assert max(g[3] for g in got) < 10, got
 
 
 def _free_port() -> int:

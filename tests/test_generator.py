@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import metrics_by_step, quiet, rollouts_of, small_cfg, train_args
+from helpers import metrics_by_step, quiet, rollouts_of, small_cfg, train_args, within
 
 from grpolab.common.errors import GeneratorError
 from grpolab.config.train import ConfigError
@@ -87,6 +87,7 @@ def test_a_request_other_than_the_one_drawn_ahead_is_drawn_afresh(tmp_path):
         engine.weights_changed()
         engine.generate(prompts, keys, settings)  # the draw ahead waited for its own request
         assert engine.prefetches == {"used": 2, "dropped": 1}
+        assert engine.stale == 1  # the answer to the dropped one (its tag) came, and was read and let go
         for out in (again, stale):
             assert torch.equal(out.batch.completion_ids, ahead.batch.completion_ids)
             assert torch.equal(out.logprobs, ahead.logprobs)
@@ -118,28 +119,6 @@ def test_a_hung_generator_is_one_error_after_the_timeout_and_is_stopped(tmp_path
         assert not process.is_alive()
     finally:
         trainer.close()
-
-
-def within(seconds: float, call):
-    """``call()`` in a thread: what it returned or raised, or an AssertionError after ``seconds`` (a regression to a
-    wait without a deadline fails here, naming itself, instead of hanging the suite)."""
-    import threading
-
-    got: dict = {}
-
-    def target():
-        try:
-            got["value"] = call()
-        except BaseException as e:  # handed to the test's thread
-            got["error"] = e
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still waiting after {seconds} s: a wait without a deadline"
-    if "error" in got:
-        raise got["error"]
-    return got.get("value")
 
 
 @pytest.mark.slow
@@ -179,7 +158,7 @@ def test_a_big_request_while_the_child_writes_a_big_answer_is_read_and_answered(
     child still writes the draw made ahead. The trainer's reader drains the answer, so the child reads the request."""
     import multiprocessing as mp
 
-    from grpolab.rollout.generator import ProcessEngine, _Pipe
+    from grpolab.rollout.generator import ProcessEngine, _pipe
 
     ctx = mp.get_context("fork")  # a scripted child, no model: fork is enough
     conn, child = ctx.Pipe()
@@ -187,8 +166,8 @@ def test_a_big_request_while_the_child_writes_a_big_answer_is_read_and_answered(
     process.start()
     child.close()
     engine = object.__new__(ProcessEngine)  # the trainer's side alone, over the scripted child
-    engine._pipe, engine.process, engine.timeout = _Pipe(conn), process, 10.0
-    engine._answers, engine._dropped, engine._tag = {}, set(), 1
+    engine._pipe, engine.process, engine.timeout = _pipe(conn), process, 10.0
+    engine._answers, engine._dropped, engine._tag, engine.stale = {}, set(), 1, 0
     try:
         tag = within(30, lambda: engine._send("draw", b"r" * (2 << 20)))
         assert within(30, lambda: engine._answer(1, "drawing ahead"))[:3] == b"aaa"
@@ -196,6 +175,39 @@ def test_a_big_request_while_the_child_writes_a_big_answer_is_read_and_answered(
     finally:
         engine.close(ask=False)
     assert not process.is_alive()
+
+
+def answer_bytes(out) -> int:
+    """The bytes of a draw's answer: its tensors' (what the child writes into the pipe)."""
+    tensors = [*out.batch.tensors, out.logprobs, out.entropy]
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+@pytest.mark.slow
+def test_answers_of_megabytes_at_k_1_with_an_evaluation_and_a_group_size_change_between_are_each_answered(tmp_path):
+    """At K = 1 a step's draw ahead (here 2,000 rows of 60 + 60 tokens: over 3 MB) is outstanding while the trainer
+    sends requests that do not match it, as an evaluation (the newest weights) and a group-size change (another number
+    of rows) do, each of them over 200 KB of prompts: both ends write more than the pipe holds (~200 KB each way) at
+    once. Every answer comes, and the draw ahead is still the one its own request gets."""
+    from grpolab.rollout.engine import SamplingSettings
+    from grpolab.training.recipe import build_trainer
+
+    trainer = build_trainer(small_cfg(tmp_path, max_staleness=1, warmup_steps=0, generator_timeout=60), log=quiet)
+    engine = trainer.engine
+    n, settings = 2000, SamplingSettings(60, 1.0, 1.0, ignore_eos=True)
+    prompts = [[1, *range(5, 64)] for _ in range(n)]
+    keys = [(11, i) for i in range(n)]
+    try:
+        assert within(120, lambda: engine.prefetch(prompts, keys, settings))
+        with engine.current_weights():  # an evaluation: drawn with the newest weights, another request
+            evaluation = within(120, lambda: engine.generate(prompts, [(12, i) for i in range(n)], settings))
+        fewer = within(120, lambda: engine.generate(prompts[:1500], keys[:1500], settings))  # G changed
+        ahead = within(120, lambda: engine.generate(prompts, keys, settings))
+        assert engine.prefetches == {"used": 1, "dropped": 0} and engine.stale == 0
+        assert min(answer_bytes(out) for out in (evaluation, ahead)) > 3 << 20 and len(fewer.batch.completion_ids) == 1500
+        assert not torch.equal(evaluation.batch.completion_ids, ahead.batch.completion_ids)
+    finally:
+        trainer.close()
 
 
 def children(pid: int) -> list[int]:

@@ -15,7 +15,16 @@ import time
 
 import pytest
 import torch
-from helpers import assert_identical_runs, free_port, metrics_by_step, quiet, rollouts_of, small_cfg, start_worker
+from helpers import (
+    assert_identical_runs,
+    free_port,
+    metrics_by_step,
+    quiet,
+    rollouts_of,
+    small_cfg,
+    start_worker,
+    within,
+)
 
 from grpolab.config.train import ConfigError
 
@@ -311,3 +320,87 @@ def test_a_worker_that_samples_with_other_kernels_is_named():
     other = {"engine": "vllm", "device": "cuda:1", "rollout_dtype": "bfloat16"}
     assert other_kernels(other, "cpu", torch.float32) == "with vllm, on cuda:1, in bfloat16"
     assert other_kernels({**same, "device": "cuda:1"}, "cuda:0", torch.float32) == ""  # another GPU, same kernels
+
+
+def one_worker_trainer(tmp_path, port: int, **over):
+    """A trainer (in this process) at --max-staleness 1 whose draws run on one worker at ``port``, joined."""
+    from grpolab.training.recipe import build_trainer
+
+    where = dict(generators=1, generator_listen=f"127.0.0.1:{port}", max_staleness=1, warmup_steps=0)
+    return build_trainer(small_cfg(tmp_path, **{**where, **over}), log=quiet)
+
+
+@pytest.mark.slow
+def test_a_worker_stopped_mid_frame_is_dropped_after_the_timeout_and_the_run_stops_in_one_error(tmp_path, monkeypatch):
+    """The worker writes its first answer's magic and length, then stops itself (SIGSTOP) before the rest: the
+    trainer reads frames whole on a thread of its own, so the worker is lost after --generator-timeout (3 s), and
+    with none left the run stops after --generator-wait (2 s), instead of a read blocked for ever."""
+    from grpolab.common.errors import GeneratorError
+    from grpolab.rollout.generator import STOP_MID_ANSWER
+
+    port = free_port()
+    monkeypatch.setenv(STOP_MID_ANSWER, "drawn")  # read by the worker only: the trainer's engine is the pool
+    worker = start_worker(port)
+    monkeypatch.delenv(STOP_MID_ANSWER)
+    trainer = None
+    try:
+        trainer = one_worker_trainer(tmp_path, port, generator_timeout=3, generator_wait=2)
+        t0 = time.monotonic()
+        with pytest.raises(GeneratorError, match=r"no generator worker left \(lost 1\)"):
+            within(60, lambda: trainer.step(1))
+        assert time.monotonic() - t0 < 30
+        assert trainer.engine.counts["lost"] == 1 and worker.poll() is None  # still there, stopped
+    finally:
+        if trainer is not None:
+            trainer.close()
+        stop([worker])
+
+
+@pytest.mark.slow
+def test_a_workers_answer_bigger_than_the_socket_buffers_is_read_while_the_weights_are_broadcast(tmp_path):
+    """At K = 1 the worker draws a step ahead (3,000 rows of 100 + 20 tokens: 6 MB, more than the connection buffers)
+    and writes it while the trainer broadcasts the next weights: the trainer's reader takes the answer meanwhile, so
+    the worker reaches the broadcast, and the answer is the draw its request gets. (A trainer that read only after
+    the broadcast would wait in it for the group's timeout, and lose the worker.)"""
+    from grpolab.rollout.engine import SamplingSettings
+
+    port = free_port()
+    worker = start_worker(port)
+    trainer = None
+    try:
+        trainer = one_worker_trainer(tmp_path, port, generator_timeout=150)
+        engine = trainer.engine
+        n, settings = 3000, SamplingSettings(20, 1.0, 1.0, ignore_eos=True)
+        prompts, keys = [[1, *(5 + i % 90 for i in range(99))] for _ in range(n)], [(11, i) for i in range(n)]
+        assert engine.prefetch(prompts, keys, settings)  # drawn with version 0, for the step after the update
+        within(240, engine.weights_changed)  # version 1 broadcast while the worker draws and answers
+        out = within(60, lambda: engine.generate(prompts, keys, settings))  # version 0: the draw ahead
+        tensors = [*out.batch.tensors, out.logprobs, out.entropy]
+        assert sum(t.numel() * t.element_size() for t in tensors) > 4 << 20
+        assert engine.prefetches == {"used": 1, "dropped": 0}
+        assert engine.counts == {"lost": 0, "redrawn": 0, "refused": 0, "stale": 0} and engine.syncs == 1
+        trainer.close()
+        assert worker.wait(timeout=30) == 0  # told to stop
+    finally:
+        if trainer is not None:
+            trainer.close()
+        stop([worker])
+
+
+@pytest.mark.slow
+def test_closing_the_pool_ends_its_accepting_thread_and_frees_the_port(tmp_path):
+    """The listening socket is shut down, which wakes the thread blocked in accept() (closing it alone does not,
+    on Linux): the thread ends and the port can be listened on again at once."""
+    port = free_port()
+    worker = start_worker(port)
+    try:
+        trainer = one_worker_trainer(tmp_path, port)
+        accepting = trainer.engine._accepting
+        trainer.close()
+        accepting.join(5)
+        assert not accepting.is_alive()
+        with socket.create_server(("127.0.0.1", port)):
+            pass
+        assert worker.wait(timeout=30) == 0  # told to stop
+    finally:
+        stop([worker])

@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import needs_bwrap
+from helpers import needs_bwrap, within
 from sandbox_attacks import ATTACKS, AttackReward, program
 
 from grpolab.rewards.code import CodeReward, CodeRewardSettings
@@ -221,6 +221,20 @@ def test_a_command_of_the_users_own_runs_the_harness(tmp_path):
     finally:
         sandbox.close()
     assert (out.status, out.passed, out.total) == ("failed", 1, 2)
+
+
+def test_a_payload_over_the_pipes_64_kib_to_a_harness_that_never_starts_is_a_timeout_on_the_clock():
+    """The job (a 300 KiB program) is written to the harness's stdin on a thread of its own while the wall-clock
+    timeout runs: a harness that never reads it (here a command that only sleeps) is killed at the timeout, which
+    ends the write, instead of the write waiting for ever on a full pipe."""
+    sandbox = Sandbox(Limits(timeout_s=2, cpu_s=3, memory_mb=512), workers=1, command="sh -c 'sleep 60' --")
+    try:
+        job = Job("x = 1\n" + "# padding\n" * 30000, tests=("assert x == 1",))
+        t0 = time.monotonic()
+        (out,) = within(30, lambda: sandbox.run([job]))
+        assert out.status == "timeout" and time.monotonic() - t0 < 15
+    finally:
+        sandbox.close()
 
 
 @needs_bwrap

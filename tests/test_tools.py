@@ -5,11 +5,13 @@ trainer step."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
 import torch
 from env_fixtures import TurnEngine
+from helpers import within
 
 from grpolab.common import streams
 from grpolab.config.train import ConfigError
@@ -93,6 +95,22 @@ def test_each_kind_of_call_gets_its_tool_message(runner):
     assert hung.error == "timeout" and hung.text == "error: sleepy did not return within 2 s"
     assert time.monotonic() - t0 < 10
     assert runner.call("add", {"a": 1, "b": 1}).text == "2"  # a new worker takes the next call
+
+
+@pytest.mark.slow  # it stops a worker and starts another
+def test_a_call_bigger_than_the_pipe_to_a_stopped_worker_is_a_timeout_and_the_next_call_gets_a_new_worker(runner):
+    """The call's 200 KB of arguments are written against the call's deadline: a worker stopped (SIGSTOP) before it
+    reads them is killed at the timeout (2 s), instead of the write waiting for ever on a full pipe."""
+    import signal
+
+    assert runner.call("add", {"a": 1, "b": 1}).text == "2"  # a worker is up
+    stopped = runner._proc
+    os.kill(stopped.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    got = within(30, lambda: runner.call("shout", {"text": "a" * 200_000}))
+    assert got.error == "timeout" and "did not take the call to shout within 2 s" in got.text
+    assert time.monotonic() - t0 < 10 and stopped.poll() is not None  # killed (SIGKILL needs no SIGCONT)
+    assert runner.call("add", {"a": 2, "b": 2}).text == "4"
 
 
 @pytest.mark.slow

@@ -18,11 +18,15 @@ import atexit
 import dataclasses
 import datetime
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
 from grpolab.common.machine import machine
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +172,22 @@ def all_max_float(value: float, world: World) -> float:
 def all_true(flag: bool, world: World) -> bool:
     """True only if ``flag`` holds on every rank."""
     return bool(_reduce_int(int(flag), dist.ReduceOp.MIN, world))
+
+
+def on_main(call: Callable[[], T], world: World, failed_elsewhere: Callable[[], Exception]) -> T | None:
+    """``call()`` on rank 0 alone (a checkpoint's save), every rank then told whether it succeeded: an error of any
+    kind on rank 0 is raised there once the others know, and they raise ``failed_elsewhere()``. So no rank is left
+    in its next collective for the group's timeout waiting for one that left. Returns ``call()``'s result on rank 0,
+    None on the others."""
+    result, error = None, None
+    if world.is_main:
+        try:
+            result = call()
+        except Exception as e:  # any kind: the other ranks must hear of it before this one leaves
+            error = e
+    if not all_true(error is None, world):
+        raise error or failed_elsewhere()
+    return result
 
 
 def barrier(world: World) -> None:

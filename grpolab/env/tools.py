@@ -209,13 +209,18 @@ class ToolRunner:
             except RuntimeError as e:
                 return ToolResult(f"error: {e}", "worker died")
         proc = self._proc
+        deadline = time.monotonic() + self.timeout_s  # the call's, from its first byte written
+        request = (json.dumps({"name": name, "arguments": arguments}) + "\n").encode()
         try:
-            proc.stdin.write((json.dumps({"name": name, "arguments": arguments}) + "\n").encode())
-            proc.stdin.flush()
-        except (BrokenPipeError, OSError):
+            taken = self._write_all(proc, request, deadline)
+        except OSError:  # BrokenPipeError among them
             self._kill()
             return ToolResult(f"error: the tool worker died before {name} ran", "worker died")
-        line = self._read_line(proc, time.monotonic() + self.timeout_s)
+        if not taken:
+            self._kill()
+            return ToolResult(f"error: the tool worker did not take the call to {name} within {self.timeout_s:g} s",
+                              "timeout")  # fmt: skip
+        line = self._read_line(proc, deadline)
         if line is None:
             died = proc.poll() is not None
             self._kill()
@@ -224,6 +229,25 @@ class ToolRunner:
             return ToolResult(f"error: {name} did not return within {self.timeout_s:g} s", "timeout")
         reply = json.loads(line)
         return ToolResult(reply["text"], reply.get("error", ""), reply.get("truncated", False))
+
+    @staticmethod
+    def _write_all(proc: subprocess.Popen, data: bytes, deadline: float) -> bool:
+        """Write ``data`` to the worker's stdin before ``deadline`` (False if it did not take it all by then: a
+        worker that is stopped or hung reads nothing, and a call's arguments can exceed the pipe's 64 KiB). Written
+        by hand, as :meth:`_read_line` reads: ``subprocess`` has no write with a deadline but ``communicate``, which
+        closes the pipe."""
+        fd = proc.stdin.fileno()
+        os.set_blocking(fd, False)
+        view = memoryview(data)
+        while view:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [fd], [], left)[1]:
+                return False
+            try:
+                view = view[os.write(fd, view) :]
+            except BlockingIOError:
+                continue
+        return True
 
     @staticmethod
     def _read_line(proc: subprocess.Popen, deadline: float) -> bytes | None:

@@ -42,7 +42,6 @@ import pickle
 import queue
 import signal
 import socket
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -53,6 +52,7 @@ import torch.multiprocessing as mp
 from grpolab.common.errors import GeneratorError
 from grpolab.common.precision import rollout_dtype
 from grpolab.config.rollout import EngineSection
+from grpolab.rollout.duplex import CLOSED, Duplex
 from grpolab.rollout.engine import autocast_storage
 from grpolab.rollout.sampler import Sampled, SamplingSettings
 from grpolab.rollout.weights import base_model, lag_state, restored_lag, served_weights, skeleton, snapshot
@@ -257,68 +257,16 @@ def _get(conn):
     return pickle.loads(conn.recv_bytes())
 
 
-_CLOSED = object()
-"""What the reader of a :class:`_Pipe` hands on when the pipe ends (the child died or closed it)."""
+def _pipe(conn) -> Duplex:
+    """The trainer's end of the pipe to its generator process, read and written on threads of its own
+    (:class:`grpolab.rollout.duplex.Duplex`: no wait on the child is without a deadline). Requests are pickled by
+    :meth:`ProcessEngine._send` before they are queued, so that an object that cannot be sent fails there."""
 
-
-class _Pipe:
-    """The trainer's end of the pipe to its generator process, read and written by two threads of its own, so that
-    no wait on the child is without a deadline: the reader takes each message whole and puts it in a queue that the
-    trainer reads with a timeout (a read of the pipe itself blocks until the whole message is there: a child stopped
-    between a message's length and its payload would hold the trainer for ever), and the writer sends the trainer's
-    requests in order while the reader drains the child's answers (the child writes an answer, megabytes at a
-    hundred rows, only to a reader: with the trainer itself writing a request of its own at that moment, neither
-    would read, and both would wait for ever). A stopped or dead child leaves a thread blocked in the pipe; ending
-    the child (:meth:`ProcessEngine.close`) ends its read or write, and with it the thread.
-
-    Written here: ``multiprocessing.connection`` reads and writes whole messages without a timeout; a thread per
-    direction over it is the usual way to give them one."""
-
-    def __init__(self, conn):
-        self.conn = conn
-        self.inbox: queue.Queue = queue.Queue()
-        self.outbox: queue.Queue = queue.Queue()
-        self.failed = False
-        """The writer could not write (the child closed the pipe or died)."""
-        self._reader = threading.Thread(target=self._read, name="grpolab-generator-reader", daemon=True)
-        self._writer = threading.Thread(target=self._write, name="grpolab-generator-writer", daemon=True)
-        self._reader.start()
-        self._writer.start()
-
-    def _read(self) -> None:
-        while True:
-            try:
-                message = _get(self.conn)
-            except (EOFError, OSError, pickle.UnpicklingError):
-                self.inbox.put(_CLOSED)
-                return
-            self.inbox.put(message)
-
-    def _write(self) -> None:
-        while (data := self.outbox.get()) is not None:
-            try:
-                self.conn.send_bytes(data)
-            except (BrokenPipeError, OSError):
-                self.failed = True
-                return
-
-    def send(self, message) -> None:
-        """Queue ``message`` for the child (pickled here, so that an object that cannot be sent fails here)."""
-        self.outbox.put(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-    def receive(self, timeout: float):
-        """The child's next message, or ``_CLOSED``; raises ``queue.Empty`` after ``timeout`` seconds without one."""
-        return self.inbox.get(timeout=timeout)
-
-    def close(self) -> None:
-        """Close the pipe (once the child has ended). Shutting the socket down first ends a read or write still
-        blocked in it, so both threads are gone before the descriptor is closed (and could be reused)."""
-        self.outbox.put(None)
-        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self.conn.fileno())) as end:
+    def shutdown() -> None:
+        with socket.socket(fileno=os.dup(conn.fileno())) as end:
             end.shutdown(socket.SHUT_RDWR)
-        self._writer.join(timeout=5)
-        self._reader.join(timeout=5)
-        self.conn.close()
+
+    return Duplex(lambda: _get(conn), conn.send_bytes, shutdown, conn.close, "grpolab-generator")
 
 
 def _die_with_parent() -> None:
@@ -434,6 +382,8 @@ class ProcessEngine(VersionedDraws):
         """Draws started ahead and then asked for, and those dropped because the request differed."""
         self.digests: list[str] | None = None
         """Set to a list, and each draw appends the checksum of the weights it was drawn with (tests)."""
+        self.stale = 0
+        """Answers read and let go: draws ahead whose request was dropped (each request and answer carries its tag)."""
         self._answers: dict[int, object] = {}
         self._dropped: set[int] = set()
         self._tag = 0
@@ -463,7 +413,7 @@ class ProcessEngine(VersionedDraws):
             storage=storage,
         )
         conn, self.process = _start_child(spec, self.shared)
-        self._pipe = _Pipe(conn)
+        self._pipe = _pipe(conn)
         self.note = self._answer(0, "starting", max(self.timeout, START_TIMEOUT))
         """Why the generator's copy has no fused decoder (None when it has one, or samples the replica)."""
 
@@ -540,7 +490,7 @@ class ProcessEngine(VersionedDraws):
             what = {"draw": "a draw", "sync": "new weights", "state": "a request for its weights"}.get(kind, kind)
             raise self._failure(f"being sent {what}")
         self._tag += 1
-        self._pipe.send((kind, self._tag, *payload))
+        self._pipe.send(pickle.dumps((kind, self._tag, *payload), protocol=pickle.HIGHEST_PROTOCOL))
         return self._tag
 
     def _answer(self, tag: int, doing: str, timeout: float | None = None):
@@ -553,16 +503,18 @@ class ProcessEngine(VersionedDraws):
                 message = self._pipe.receive(timeout=0.1)
             except queue.Empty:
                 message = None
-            if message is _CLOSED:
+            if message is CLOSED:
                 raise self._failure(doing)
             if message is not None:
                 kind, got, payload = message
                 if kind == "error":
                     self.close()
                     raise GeneratorError(f"the generator process failed while {doing}:\n{payload}")
-                if got not in self._dropped:
+                if got in self._dropped:  # a draw ahead whose request was dropped: read, then let go
+                    self._dropped.discard(got)
+                    self.stale += 1
+                else:
                     self._answers[got] = payload
-                self._dropped.discard(got)
             elif not self.process.is_alive():
                 raise self._failure(doing)
             elif time.monotonic() > deadline:
@@ -585,7 +537,7 @@ class ProcessEngine(VersionedDraws):
     def close(self, ask: bool = True) -> None:
         """Stop the child (asked first, unless ``ask`` is False, then terminated, then killed) and close the pipe."""
         if ask and self.process.is_alive() and not self._pipe.failed:
-            self._pipe.send(("stop", 0))
+            self._pipe.send(pickle.dumps(("stop", 0)))
             self.process.join(timeout=5)
         if self.process.is_alive():
             self.process.terminate()

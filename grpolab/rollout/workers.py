@@ -51,7 +51,15 @@ import torch
 from grpolab.common.distributed import forced_backend
 from grpolab.common.errors import ConfigError, GeneratorError
 from grpolab.common.precision import rollout_dtype
-from grpolab.rollout.generator import START_TIMEOUT, GeneratorSpec, SharedWeights, VersionedDraws, _Generator
+from grpolab.rollout.duplex import CLOSED, Duplex
+from grpolab.rollout.generator import (
+    START_TIMEOUT,
+    STOP_MID_ANSWER,
+    GeneratorSpec,
+    SharedWeights,
+    VersionedDraws,
+    _Generator,
+)
 from grpolab.rollout.sampler import Sampled, SamplingSettings
 from grpolab.rollout.weights import base_model, lag_state, restored_lag, served_weights
 from grpolab.rollout.wire import WireError, answer_challenge, challenge, check_answer, recv_frame, send_frame
@@ -212,6 +220,10 @@ def run_worker(options: WorkerOptions, say: Callable[[str], None] = print) -> in
         say(f"grpolab generator: {name} of run {welcome['run']!r} ({options.engine}, {generator.spec.dtype}, "
             f"{options.device})")  # fmt: skip
         return _serve(sock, generator, slot, group, welcome["backend"], options.device, name, say)
+    except TimeoutError:
+        say("grpolab generator: the trainer took no answer, or sent part of a frame, within --generator-timeout; "
+            "exiting")  # fmt: skip
+        return 1
     except (ConnectionError, OSError) as e:
         say(f"grpolab generator: the trainer closed the connection ({e.__class__.__name__}); exiting")
         return 0
@@ -238,7 +250,9 @@ def _join(sock: socket.socket, options: WorkerOptions):
         raise WireError(f"the trainer refused this worker: {welcome.get('why')}")
     if welcome.get("kind") != "welcome":
         raise WireError(f"the trainer answered {welcome.get('kind')!r}, not a welcome")
-    sock.settimeout(None)
+    # from here a frame half-read, or an answer the trainer does not take, fails within the run's --generator-timeout
+    # (the trainer reads every frame on a thread of its own: a write waits only on a trainer that is stopped or gone)
+    sock.settimeout(welcome["timeout"])
     spec = _spec(welcome, dict(zip(welcome["buffers"], buffers)), options)
     slot = SharedWeights.of_layout(_layout_of(welcome["layout"]))
     generator = _Generator(spec, slot, slot.buffers)
@@ -271,11 +285,40 @@ def _exit_if_closed(sock: socket.socket, met: threading.Event) -> None:
         met.wait(0.2)  # a frame waits for the serving loop
 
 
+def _next_frame(sock: socket.socket) -> tuple[dict, list[torch.Tensor]]:
+    """The trainer's next frame. Between frames a worker is idle, for as long as the trainer trains (its wait ends
+    when the connection does: the kernel closes a dead trainer's socket, TCP keepalive notices a vanished host);
+    once a frame has begun, the rest of it comes within the socket's timeout (--generator-timeout)."""
+    while not select.select([sock], [], [], 1.0)[0]:
+        pass
+    return recv_frame(sock, RESULT_BYTES)
+
+
+class _StopsMidFrame:
+    """Tests only (``$GRPOLAB_TEST_STOP_MID_ANSWER`` = "drawn"): a socket whose first write sends a frame's magic and
+    length, then stops this process (SIGSTOP) before the rest: the trainer must meet its deadline on a frame cut
+    there."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.cut = sock, False
+
+    def sendall(self, data) -> None:
+        if not self.cut:
+            self.cut = True
+            self.sock.sendall(bytes(data[:8]))
+            os.kill(os.getpid(), signal.SIGSTOP)
+            data = data[8:]
+        self.sock.sendall(data)
+
+
 def _serve(sock, generator, slot, group, backend: str, device: str, name: str, say) -> int:
     """Answer the trainer's frames in order: weight syncs (their buckets by broadcast), draws, stop."""
     pieces = _buckets(slot.buffers)
+    writer = sock
+    if os.environ.pop(STOP_MID_ANSWER, None) == "drawn":
+        writer = _StopsMidFrame(sock)
     while True:
-        header, _ = recv_frame(sock, RESULT_BYTES)
+        header, _ = _next_frame(sock)
         kind, tag = header.get("kind"), header.get("tag", 0)
         if kind == "stop":
             return 0
@@ -296,7 +339,7 @@ def _serve(sock, generator, slot, group, backend: str, device: str, name: str, s
             stats = [out.logprobs, out.entropy]  # an engine may give none (vLLM: no entropies)
             answer = {"kind": "drawn", "tag": tag, "span": list(span), "digest": digest}
             answer["absent"] = [i for i, t in enumerate(stats) if t is None]
-            send_frame(sock, answer, [*out.batch.tensors, *(t for t in stats if t is not None)])
+            send_frame(writer, answer, [*out.batch.tensors, *(t for t in stats if t is not None)])
         else:
             raise WireError(f"a message of kind {kind!r}")
 
@@ -350,10 +393,15 @@ class _Worker:
     id: int
     sock: socket.socket
     about: dict
+    link: Duplex | None = None
+    """The connection once the worker has joined, read and written on threads of its own (:func:`_link`)."""
     group: object = None
     backend: str = "gloo"
     answers: dict = dataclasses.field(default_factory=dict)
     dropped: set = dataclasses.field(default_factory=set)
+    """Tags of draws whose request was dropped (a draw ahead not asked for): their answers are stale."""
+    unread: set = dataclasses.field(default_factory=set)
+    """Tags whose answers are read and let go (a sync's, which only says when)."""
     sent: dict = dataclasses.field(default_factory=dict)
     """tag -> (what, monotonic time sent)."""
     rows: int = 0
@@ -362,6 +410,20 @@ class _Worker:
     @property
     def name(self) -> str:
         return f"worker {self.id} ({self.about.get('host', '?')}, pid {self.about.get('pid', '?')})"
+
+
+def _link(sock: socket.socket, timeout: float, name: str) -> Duplex:
+    """A joined worker's connection on the trainer's side (:class:`grpolab.rollout.duplex.Duplex`): a reader thread
+    takes each frame whole, so a worker's answer is read as it comes, also while the trainer waits in a weight
+    broadcast (a worker blocked writing an answer nobody reads would never join the broadcast), and a writer sends
+    the trainer's frames. The socket's ``timeout``: a frame half-read, or one the worker does not take, fails the
+    connection after it."""
+    sock.settimeout(timeout)
+
+    def shutdown() -> None:
+        sock.shutdown(socket.SHUT_RDWR)
+
+    return Duplex(lambda: _next_frame(sock), lambda frame: send_frame(sock, *frame), shutdown, sock.close, name)
 
 
 class _Lost(Exception):
@@ -436,7 +498,7 @@ class WorkerPool(VersionedDraws):
         self.syncs = 0
         self.prefetches = {"used": 0, "dropped": 0}
         self.digests: list[str] | None = None
-        self.counts = {"lost": 0, "redrawn": 0, "refused": 0}
+        self.counts = {"lost": 0, "redrawn": 0, "refused": 0, "stale": 0}
         self.broadcast_s = 0.0
         self._events: list[dict] = []  # what pop_events returns: the timeline of draws, broadcasts, joins, losses
         self._events_lock = threading.Lock()  # the accepting thread adds refusals
@@ -474,7 +536,8 @@ class WorkerPool(VersionedDraws):
         self._server = socket.create_server((host, port), backlog=16)
         self.address = f"{host}:{self._server.getsockname()[1]}"
         self._ids = itertools.count(1)
-        threading.Thread(target=self._accept, name="grpolab-generators-accept", daemon=True).start()
+        self._accepting = threading.Thread(target=self._accept, name="grpolab-generators-accept", daemon=True)
+        self._accepting.start()
 
     def _accept(self) -> None:
         while not self._closed:
@@ -518,15 +581,14 @@ class WorkerPool(VersionedDraws):
                 raise WireError("the run has ended")
             worker.group = _pair_group(store, f"worker{worker.id}", 0, worker.backend, self.timeout)
             _keepalive(sock)
-            sock.settimeout(None)
+            worker.link = _link(sock, self.timeout, f"grpolab-worker{worker.id}")
         except Exception as e:  # anything that keeps it from joining is one line; the run goes on without it
             self.say(f"generators: {worker.name} failed to start: {type(e).__name__}: {e}")
             sock.close()
             return
         self._joining.put(worker)
         if self._closed:  # the run ended while it joined: close() may have emptied the queue before this put
-            with contextlib.suppress(OSError):
-                sock.close()
+            worker.link.close()
 
     def _admit(self, want: int = 0, within: float = 0.0) -> None:
         """Take in the workers that have joined (each gets the versions a draw may still ask for), waiting up to
@@ -603,13 +665,15 @@ class WorkerPool(VersionedDraws):
     def pop_metrics(self) -> dict[str, float]:
         """``generators/*`` since the last call: live workers, rows drawn by each (``rows_worker<id>``), the
         busiest worker's drawing seconds (``draw_s``, its own clock), the weight broadcasts' seconds; and the
-        run's counts so far: workers lost, rows redrawn, connections refused."""
+        run's counts so far: workers lost, rows redrawn, connections refused, stale answers (to draws ahead whose
+        request was dropped: read and let go)."""
         out = {
             "generators/workers": float(len(self._live)),
             "generators/broadcast_s": self.broadcast_s,
             "generators/lost": float(self.counts["lost"]),
             "generators/redrawn": float(self.counts["redrawn"]),
             "generators/refused": float(self.counts["refused"]),
+            "generators/stale": float(self.counts["stale"]),
         }
         out["generators/draw_s"] = max((w.seconds for w in self._live), default=0.0)
         for w in self._live:
@@ -674,11 +738,12 @@ class WorkerPool(VersionedDraws):
             self._prefetched = None
 
     def _send(self, worker: _Worker, header: dict) -> int:
+        """Queue ``header`` for ``worker`` with the next tag (its sequence number: the answer carries it); the link's
+        writer sends it. Returns the tag."""
+        if worker.link.failed:
+            raise _Lost(worker, f"its connection failed ({worker.link.error})")
         self._tag += 1
-        try:
-            send_frame(worker.sock, dict(header, tag=self._tag))
-        except OSError as e:
-            raise _Lost(worker, f"its connection failed ({e})") from None
+        worker.link.send((dict(header, tag=self._tag), ()))
         worker.sent[self._tag] = (header["kind"], time.monotonic())
         return self._tag
 
@@ -691,7 +756,7 @@ class WorkerPool(VersionedDraws):
                 _broadcast(worker.group, worker.backend, piece, self.device)
         except RuntimeError as e:
             raise _Lost(worker, f"the weight broadcast failed ({_first_words(e)})") from None
-        worker.dropped.add(tag)  # its answer only says when; read and discarded
+        worker.unread.add(tag)  # its answer only says when; read and let go
         self._event("weights", worker.id, start=start, end=time.time(), version=version)
 
     def _chunks(self, n: int) -> list[list[int]]:
@@ -775,16 +840,22 @@ class WorkerPool(VersionedDraws):
             return worker.answers.pop(tag)
         if worker not in self._live:
             raise _Lost(worker, "it was dropped")
-        ready, _, _ = select.select([worker.sock], [], [], 0.05)
-        if ready:
-            try:
-                header, tensors = recv_frame(worker.sock, RESULT_BYTES)
-            except (WireError, ConnectionError, OSError) as e:
-                raise _Lost(worker, f"its connection failed ({e})") from None
+        try:
+            frame = worker.link.receive(timeout=0.05)
+        except queue.Empty:
+            frame = None
+        if frame is CLOSED:
+            raise _Lost(worker, f"its connection failed ({worker.link.error})")
+        if frame is not None:
+            header, tensors = frame
             got = header.get("tag")
-            worker.sent.pop(got, None)
-            if got in worker.dropped:
+            if worker.sent.pop(got, None) is None:
+                raise _Lost(worker, f"it answered request {got!r}, which it was not sent or had answered")
+            if got in worker.unread:
+                worker.unread.discard(got)
+            elif got in worker.dropped:
                 worker.dropped.discard(got)
+                self.counts["stale"] += 1
             else:
                 worker.answers[got] = (header, tensors)
             return worker.answers.pop(tag, None)
@@ -825,22 +896,22 @@ class WorkerPool(VersionedDraws):
             self.counts["lost"] += 1
             self._event("lost", worker.id, at=time.time(), why=why)
             self.say(f"generators: lost {worker.name}: {why}; {len(self._live)} left")
-        with contextlib.suppress(OSError):
-            worker.sock.close()
+        worker.link.close()
 
     def close(self) -> None:
         """Tell every worker to stop, and stop listening."""
         self._closed = True
+        with contextlib.suppress(OSError):  # wakes the accepting thread (close() alone does not, on Linux)
+            self._server.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._server.close()
+        self._accepting.join(timeout=5)
         while not self._joining.empty():
-            with contextlib.suppress(OSError):
-                self._joining.get_nowait().sock.close()
+            self._joining.get_nowait().link.close()
         for worker in self._live:
-            with contextlib.suppress(OSError, _Lost):
+            with contextlib.suppress(_Lost):
                 self._send(worker, {"kind": "stop"})
-            with contextlib.suppress(OSError):
-                worker.sock.close()
+            worker.link.close(flush=5.0)
             worker.group = None
         self._live = []
         self.store = None  # the broadcasts' rendezvous goes with the pool

@@ -24,6 +24,7 @@ tool, and this module only assembles its command line and the limits.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -343,11 +344,10 @@ def _execute(cmd: list[str], cwd: str | None, stdin: bytes, timeout: float) -> t
     chunks: list[bytes] = []
     reader = threading.Thread(target=_read_capped, args=(proc.stdout, chunks), daemon=True)
     reader.start()
-    try:
-        proc.stdin.write(stdin)
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
+    # the payload is written on a thread too: a harness that never reads it (never started, hung) holds a write of
+    # more than the pipe's 64 KiB, and the wall-clock timeout below must already be running; its kill ends the write
+    writer = threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True)
+    writer.start()
     timed_out = False
     try:
         proc.wait(timeout=timeout)
@@ -359,8 +359,17 @@ def _execute(cmd: list[str], cwd: str | None, stdin: bytes, timeout: float) -> t
         except ProcessLookupError:
             pass
         proc.wait()
+    writer.join(timeout=1.0)  # (likewise: a daemon that inherited the pipe may hold it open unread)
     reader.join(timeout=1.0)  # a daemon outside any PID namespace may hold the pipe: do not wait for it
     return b"".join(chunks).splitlines(), proc.returncode, timed_out
+
+
+def _feed(stream, data: bytes) -> None:
+    """Write ``data`` to the harness's stdin and close it; a harness that ended (or was killed) first is no error."""
+    with contextlib.suppress(OSError, ValueError):
+        stream.write(data)
+    with contextlib.suppress(OSError, ValueError):
+        stream.close()
 
 
 def _read_capped(stream, chunks: list[bytes]) -> None:

@@ -459,39 +459,41 @@ class GRPOTrainer:
         model_state = optim_state = None
         if self.train_module.fsdp:
             model_state, optim_state = self.train_module.full_state(self.optimizer)
-        error = None
-        if self.world.is_main:
-            state = {"seed": self.cfg.run.seed, "world_size": self.world.size, "rollouts_total": self.rollouts_total}
-            if self.control is not None:
-                state["rank_control"] = dataclasses.asdict(self.control)
-            if self.updater.entropy is not None:
-                state["entropy_control"] = dataclasses.asdict(self.updater.entropy)
-            if self.updater.scaler is not None:  # 16-mixed: the loss scale and its growth count
-                state["grad_scaler"] = self.updater.scaler.state_dict()
-            tensors = {}
-            if self.cfg.engine.max_staleness:  # the weights of the steps in flight: a resume draws with them
-                state["stale_weights"], tensors[STALE_WEIGHTS] = self.service.engine.lag_state()
-            try:
-                checkpoint.save(
-                    out,
-                    step,
-                    self.policy.model,
-                    self.policy.processor or self.policy.tokenizer,  # a vision-language model's: images and text
-                    self.optimizer,
-                    self.scheduler,
-                    state,
-                    keep=self.cfg.logging.keep_checkpoints,
-                    model_state=model_state,
-                    optimizer_state=optim_state,
-                    tensors=tensors,
-                )
-            except checkpoint.CheckpointError as e:
-                error = e
-        # Nobody runs ahead of (or resumes from) a checkpoint still being written, and a failed save stops every rank.
-        if not dist_.all_true(error is None, self.world):
-            raise error or checkpoint.CheckpointError(
+        # Nobody runs ahead of (or resumes from) a checkpoint still being written, and a save that fails on rank 0,
+        # whatever the error, stops every rank at once.
+        dist_.on_main(
+            lambda: self._write_checkpoint(out, step, model_state, optim_state),
+            self.world,
+            lambda: checkpoint.CheckpointError(
                 f"could not write checkpoint step_{step} in {out / 'checkpoints'} (see rank 0)"
-            )
+            ),
+        )
+
+    def _write_checkpoint(self, out: Path, step: int, model_state, optim_state) -> None:
+        """Rank 0's part of :meth:`save`: the run's state beside the weights, the optimizer and the scheduler."""
+        state = {"seed": self.cfg.run.seed, "world_size": self.world.size, "rollouts_total": self.rollouts_total}
+        if self.control is not None:
+            state["rank_control"] = dataclasses.asdict(self.control)
+        if self.updater.entropy is not None:
+            state["entropy_control"] = dataclasses.asdict(self.updater.entropy)
+        if self.updater.scaler is not None:  # 16-mixed: the loss scale and its growth count
+            state["grad_scaler"] = self.updater.scaler.state_dict()
+        tensors = {}
+        if self.cfg.engine.max_staleness:  # the weights of the steps in flight: a resume draws with them
+            state["stale_weights"], tensors[STALE_WEIGHTS] = self.service.engine.lag_state()
+        checkpoint.save(
+            out,
+            step,
+            self.policy.model,
+            self.policy.processor or self.policy.tokenizer,  # a vision-language model's: images and text
+            self.optimizer,
+            self.scheduler,
+            state,
+            keep=self.cfg.logging.keep_checkpoints,
+            model_state=model_state,
+            optimizer_state=optim_state,
+            tensors=tensors,
+        )
 
     def close(self) -> None:
         """Stop what the run started (the tool worker, the code reward's sandbox)."""
