@@ -33,7 +33,7 @@ def run_cli(args: list[str], cwd, timeout: int = 300, process: bool | None = Non
         args = [str(a) for a in args]
         process = "--nproc" in args and args[args.index("--nproc") + 1] != "1"
     if not process:
-        return run_main(args, cwd)
+        return run_main(args, cwd, timeout)
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "COLUMNS": "200"}
     return subprocess.run(
         [sys.executable, "-m", "grpolab", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
@@ -55,17 +55,33 @@ def torchrun_batch(commands: list[list[str]], cwd, nproc: int = 2, timeout: int 
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
 
 
-def run_main(args: list[str], cwd) -> subprocess.CompletedProcess:
-    """``grpolab ARGS`` through ``main`` in this process (see :func:`run_cli`); torch's thread count is restored after."""
+class RanPastDeadline(BaseException):
+    """Raised in a command run in this process (:func:`run_main`) that ran past its deadline: a BaseException, so
+    that no ``except Exception`` of the command's turns it into an ordinary error line."""
+
+
+def run_main(args: list[str], cwd, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``grpolab ARGS`` through ``main`` in this process (see :func:`run_cli`); torch's thread count is restored after.
+
+    A command still running after ``timeout`` seconds is interrupted (SIGALRM, in the main thread: pytest-timeout
+    watches from a thread of its own, at 600 s) and the test fails naming the command, instead of stalling."""
     import contextlib
     import io
+    import signal
 
     from grpolab.commands.cli import main
+
+    def past(signum, frame):
+        raise RanPastDeadline(f"grpolab {' '.join(map(str, args))} still running after {timeout:g} s")
 
     out, err = io.StringIO(), io.StringIO()
     threads, old_cwd, old_columns = torch.get_num_threads(), os.getcwd(), os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "200"
     code = 0
+    timed = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+    if timed:
+        before = signal.signal(signal.SIGALRM, past)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
         os.chdir(cwd)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -73,6 +89,9 @@ def run_main(args: list[str], cwd) -> subprocess.CompletedProcess:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, before)
         os.chdir(old_cwd)
         torch.set_num_threads(threads)
         if old_columns is None:

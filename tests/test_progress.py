@@ -85,3 +85,15 @@ def test_train_with_stdout_to_a_file_logs_every_n_steps_and_each_evaluation(tmp_
     assert any(line.startswith("eval at step 5:") for line in lines)
     five = next(line for line in lines if line.startswith("step 5/7"))
     assert "eval greedy" in five and ("s/step" in five or "step/s" in five) and "eta" in five
+
+
+@pytest.mark.slow
+def test_a_command_run_in_this_process_past_its_deadline_fails_naming_it(tmp_path):
+    import os
+
+    from helpers import RanPastDeadline, run_main
+
+    here = os.getcwd()
+    with pytest.raises(RanPastDeadline, match=r"grpolab train --steps 500 .* still running after 2 s"):
+        run_main(["train", "--steps", "500", "--out", str(tmp_path / "run")], tmp_path, timeout=2)
+    assert os.getcwd() == here  # put back, as after any command
