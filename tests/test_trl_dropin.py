@@ -64,6 +64,21 @@ def test_the_config_s_fields_and_defaults_are_the_table_s():
     assert cfg.bf16 is True and cfg.steps_per_generation == 1 and cfg.generation_batch_size == 8  # TRL's resolution
 
 
+def test_each_field_has_trl_s_type_and_parser_options():
+    """TRL's parser reads a field by its type and its metadata's choices and nargs: the same as TRL's, each."""
+    from trl import GRPOConfig as TrlConfig
+
+    theirs = {f.name: f for f in dataclasses.fields(TrlConfig)}
+    ours = {f.name: f for f in dataclasses.fields(GRPOConfig)}
+    assert {n: str(f.type) for n, f in ours.items()} == {n: str(f.type) for n, f in theirs.items()}
+
+    def options(f) -> dict:
+        return {k: list(v) if k == "choices" else v for k, v in f.metadata.items() if k != "help"}
+
+    assert {n: options(f) for n, f in ours.items()} == {n: options(f) for n, f in theirs.items()}
+    assert all(f.metadata["help"] for f in ours.values())
+
+
 def test_the_trainer_takes_trl_s_constructor():
     from trl import GRPOTrainer as TrlTrainer
 
@@ -75,6 +90,104 @@ def test_the_trainer_takes_trl_s_constructor():
 
 def test_the_docs_hold_the_generated_table():
     assert markdown_table() in DOC.read_text(), "regenerate: python -m grpolab.trl.fields (docs/coming-from-trl.md)"
+
+
+# ---------------------------------------------------------------- TRL's parser
+
+RECIPE = """\
+output_dir: from-yaml
+max_steps: 3
+learning_rate: 1.0e-6
+lr_scheduler_type: constant_with_warmup
+warmup_steps: 1
+bf16: false
+use_cpu: true
+num_generations: 4
+per_device_train_batch_size: 4
+max_completion_length: 64
+reward_weights: [1.0, 0.5]
+report_to: [tensorboard]
+model_init_kwargs:
+  dtype: float32
+  revision: main
+beta: 0.04
+loss_type: dr_grpo
+scale_rewards: batch
+save_strategy: "no"
+logging_steps: 2
+log_completions: true
+"""
+FLAGS = [
+    "--output_dir", "from-flags", "--max_steps", "2", "--bf16", "false", "--fp16", "False", "--use_cpu", "--report_to", "tensorboard",
+    "--generation_batch_size", "8", "--num_generations", "4", "--per_device_train_batch_size", "4",
+    "--debug", "underflow_overflow", "--pad_to_multiple_of", "8", "--include_num_input_tokens_seen", "true",
+    "--temperature", "0.7", "--epsilon_high", "0.28", "--mask_truncated_completions", "--disable_tqdm", "true",
+    "--max_completion_length", "32", "--lr_scheduler_type", "linear", "--save_strategy", "steps", "--save_steps", "2",
+    "--model_init_kwargs", '{"dtype": "bfloat16", "attn_implementation": "sdpa"}', "--reward_weights", "1", "2",
+]  # fmt: skip
+
+
+def _parsed(config_class, args: list[str]):
+    from trl import TrlParser
+
+    (config,) = TrlParser((config_class,)).parse_args_and_config(args)
+    return config
+
+
+def _unequal(theirs, ours) -> dict:
+    return {
+        f.name: (getattr(theirs, f.name), getattr(ours, f.name))
+        for f in dataclasses.fields(theirs)
+        if getattr(theirs, f.name) != getattr(ours, f.name)
+    }
+
+
+@pytest.mark.parametrize("how", ["flags", "recipe", "recipe and flags"])
+def test_trl_s_parser_reads_flags_and_recipes_into_the_values_trl_s_config_gets(tmp_path, how):
+    """TrlParser (transformers' HfArgumentParser beneath) reads a command line, a --config YAML recipe, or both, into
+    grpolab's GRPOConfig as into TRL's: booleans, lists, dicts as JSON or YAML, optionals, enums; every field equal."""
+    from trl import GRPOConfig as TrlConfig
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE)
+    args = {
+        "flags": FLAGS,
+        "recipe": ["--config", str(recipe)],
+        "recipe and flags": ["--config", str(recipe), "--max_steps", "5", "--beta", "0.0", "--report_to", "none"],
+    }[how]
+    theirs, ours = _parsed(TrlConfig, args), _parsed(GRPOConfig, args)
+    assert _unequal(theirs, ours) == {}
+    asked = {  # what was asked arrived (two parsers that both dropped it would agree too)
+        "flags": dict(output_dir="from-flags", bf16=False, generation_batch_size=8, pad_to_multiple_of=8,
+                      model_init_kwargs={"dtype": "bfloat16", "attn_implementation": "sdpa"}, reward_weights=[1.0, 2.0],
+                      include_num_input_tokens_seen="all", mask_truncated_completions=True, disable_tqdm=True),
+        "recipe": dict(output_dir="from-yaml", max_steps=3, loss_type="dr_grpo", report_to=["tensorboard"],
+                       model_init_kwargs={"dtype": "float32", "revision": "main"}, save_strategy="no", beta=0.04),
+        "recipe and flags": dict(output_dir="from-yaml", max_steps=5, beta=0.0, report_to=[], scale_rewards="batch"),
+    }[how]  # fmt: skip
+    assert {k: getattr(ours, k) for k in asked} == asked
+    assert translate(ours).options["steps"] >= 1  # and it translates
+
+
+def test_the_parser_s_help_says_what_grpolab_does_with_each_field_and_its_errors_are_trl_s(tmp_path, capsys):
+    from trl import GRPOConfig as TrlConfig
+    from trl import TrlParser
+
+    with pytest.raises(SystemExit):
+        TrlParser((GRPOConfig,)).parse_args_and_config(["--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert "--learning_rate LEARNING_RATE, --learning-rate LEARNING_RATE grpolab: lr" in said
+    assert "--top_k TOP_K, --top-k TOP_K refused by grpolab unless left at TRL's default" in said
+    with pytest.raises(ValueError, match=r"^GRPOConfig.top_k=5: [^\n]*$"):  # refused: one line, through the parser
+        _parsed(GRPOConfig, ["--top_k", "5"])
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("max_steps: 2\nuse_cpu: true\nno_such_field: 1\n")
+    errors = []
+    for config_class in (TrlConfig, GRPOConfig):  # a key TRL does not have: TRL's own error, word for word
+        with pytest.raises(Exception) as e:
+            _parsed(config_class, ["--config", str(recipe)])
+        errors.append((type(e.value), str(e.value)))
+    assert errors[0] == errors[1] and "no_such_field" in errors[0][1]
 
 
 # ---------------------------------------------------------------- bad input

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import logging
 import math
 import os
 from typing import Any, NamedTuple
 
-from grpolab.trl.fields import BY_NAME, FIELDS
+from grpolab.trl.fields import BY_NAME, FIELDS, PARSER_OPTIONS, help_text, types
 
 # TRL's loss_type values that name an aggregation of the clipped term, and the rest: terms with the aggregation TRL
 # gives each (grpolab.config.objective says the same of --loss-type)
@@ -47,16 +49,106 @@ def _refuse(name: str, value: Any, why: str) -> ValueError:
     return ValueError(f"GRPOConfig.{name}={value!r}: {why} (grpolab.trl; docs/coming-from-trl.md)")
 
 
-def _differs(name: str, value: Any) -> bool:
+def _differs(name: str, value: Any, use_cpu: bool = False) -> bool:
+    """``value`` is not TRL's default for ``name``, as given or as TRL's __post_init__ reads it (``use_cpu``: the
+    config's, which turns pinned memory off)."""
     default = BY_NAME[name].default
-    return value != default
+    if name == "dataloader_pin_memory" and use_cpu:
+        default = False
+    read = NORMALISE.get(name)
+    return value != default and (read is None or value != read(default))
+
+
+# The dict fields a command line gives as JSON strings (TrainingArguments' own, and those TRL's GRPOConfig adds).
+GRPO_DICT_FIELDS = ("model_init_kwargs", "transformers_continuous_batching_config", "generation_kwargs",
+                    "chat_template_kwargs")  # fmt: skip
+
+
+def _scalar(text: str):
+    """A JSON object's string value as transformers reads it from a command line: "true"/"false", digits, a decimal."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if text.isdigit():
+        return int(text)
+    if text.replace(".", "", 1).isdigit():
+        return float(text)
+    return text
+
+
+def _json_object(value):
+    """A dict field given as a JSON object in a string (a command line's, a YAML recipe's) as the dict, its string
+    values read as transformers reads them; a string that is not an object stays (a file's path)."""
+    if not (isinstance(value, str) and value.startswith("{")):
+        return value
+
+    def typed(d: dict) -> dict:
+        return {k: typed(v) if isinstance(v, dict) else _scalar(v) if isinstance(v, str) else v for k, v in d.items()}
+
+    return typed(json.loads(value))
+
+
+def _report_to(value):
+    if value in ("all", ["all"]):
+        from transformers.integrations import get_available_reporting_integrations
+
+        return get_available_reporting_integrations()
+    if value in ("none", ["none"]):
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+def _debug(value):
+    from transformers.debug_utils import DebugOption
+
+    if isinstance(value, str):
+        return [DebugOption(s) for s in value.split()]
+    return [] if value is None else value
+
+
+def _pad_to_multiple_of(value):
+    if isinstance(value, str) and value != "auto":
+        return None if value.lower() in ("none", "null") else int(value)
+    return None if value == "auto" else value  # "auto": 128 on Neuron devices only, which grpolab does not run on
+
+
+def _accelerator_config(value):
+    from transformers.trainer_pt_utils import AcceleratorConfig
+
+    if value is None:
+        return AcceleratorConfig()
+    if isinstance(value, dict):
+        return AcceleratorConfig(**value)
+    return value if isinstance(value, AcceleratorConfig) else AcceleratorConfig.from_json_file(value)
+
+
+NORMALISE: dict[str, Any] = {
+    "include_num_input_tokens_seen": lambda v: ("all" if v else "no") if isinstance(v, bool) else v,
+    "report_to": _report_to,
+    "debug": _debug,
+    "pad_to_multiple_of": _pad_to_multiple_of,
+    "accelerator_config": _accelerator_config,
+}
+"""How TRL's __post_init__ (transformers' TrainingArguments' and its own) reads a field's value, where it reads it
+otherwise than as given: a config built here holds what TRL's would hold for the same arguments (a test compares
+them field by field). Written here, not inherited: TrainingArguments' __post_init__ also sets up accelerate's state
+and the device, which grpolab does itself."""
 
 
 def _post_init(self) -> None:
     """What TRL's __post_init__ resolves, and the refusals."""
+    from transformers import TrainingArguments
+
+    for name in (*TrainingArguments._VALID_DICT_FIELDS, *GRPO_DICT_FIELDS):
+        setattr(self, name, _json_object(getattr(self, name)))
     for f in FIELDS:
         if f.kind == "refused" and _differs(f.name, getattr(self, f.name)):
             raise _refuse(f.name, getattr(self, f.name), f.note)
+    for name, read in NORMALISE.items():
+        setattr(self, name, read(getattr(self, name)))
+    if self.disable_tqdm is None:  # transformers: no progress bar when its log says less than warnings
+        self.disable_tqdm = logging.getLogger("transformers.training_args").getEffectiveLevel() > logging.WARN
+    if self.use_cpu:
+        self.dataloader_pin_memory = False
     if self.bf16 is None:  # TRL: bf16 unless fp16
         self.bf16 = not self.fp16
     if self.fp16 and self.bf16:
@@ -91,15 +183,17 @@ def _post_init(self) -> None:
 
 
 def _make_config_class():
+    annotations = types()
     specs = []
     for f in FIELDS:
         default = f.default
+        metadata = {"help": help_text(f), **PARSER_OPTIONS.get(f.name, {})}
         spec = (
-            dataclasses.field(default_factory=lambda d=default: copy.copy(d))
+            dataclasses.field(default_factory=lambda d=default: copy.copy(d), metadata=metadata)
             if isinstance(default, list | dict)
-            else dataclasses.field(default=default)
+            else dataclasses.field(default=default, metadata=metadata)
         )
-        specs.append((f.name, Any, spec))
+        specs.append((f.name, annotations[f.name], spec))
     cls = dataclasses.make_dataclass("GRPOConfig", specs, namespace={"__post_init__": _post_init})
     cls.__module__ = __name__
     cls.__doc__ = (
@@ -154,7 +248,7 @@ def to_options(args, world_size: int = 1, train_rows: int | None = None, has_eva
 
 
 def _inert_set(args) -> list:
-    return [f for f in FIELDS if f.kind == "inert" and _differs(f.name, getattr(args, f.name))]
+    return [f for f in FIELDS if f.kind == "inert" and _differs(f.name, getattr(args, f.name), args.use_cpu)]
 
 
 def _fraction_or_count(value: float, total: int) -> int:

@@ -17,7 +17,7 @@ holds it against TRL's own dataclass, so that a field TRL adds fails the test un
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any, Literal, Union
 
 Kind = Literal["mapped", "inert", "refused"]
 
@@ -266,6 +266,147 @@ FIELDS: tuple[TrlField, ...] = (
 
 BY_NAME = {f.name: f for f in FIELDS}
 assert len(BY_NAME) == len(FIELDS), "a field listed twice"
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(text.split())
+
+
+# Each field's type as TRL 1.16 annotates it: TRL's parser (transformers' HfArgumentParser) reads a command line and a
+# YAML recipe by these, so they are TRL's exactly, its enums included (a test holds them to TRL's dataclass).
+_TYPE_GROUPS: tuple[tuple[object, tuple[str, ...]], ...] = (
+    (
+        bool,
+        _names("""
+        average_tokens_across_devices fp16 bf16_full_eval fp16_full_eval gradient_checkpointing torch_compile
+        use_liger_kernel use_cache auto_find_batch_size logging_first_step log_on_each_node logging_nan_inf_filter
+        prediction_loss_only eval_on_start eval_do_concat_batches eval_use_gather_object batch_eval_metrics
+        save_only_model save_on_each_node enable_jit_checkpoint push_to_hub hub_always_push load_best_model_at_end
+        ignore_data_skip restore_callback_states_from_checkpoint full_determinism use_cpu dataloader_drop_last
+        dataloader_pin_memory dataloader_persistent_workers dataloader_in_order skip_memory_metrics do_train do_eval
+        do_predict trust_remote_code disable_dropout cast_lm_head_to_fp32 ds3_gather_for_generation use_vllm
+        vllm_enable_sleep_mode mask_truncated_completions sync_ref_model use_adaptive_entropy
+        vllm_importance_sampling_correction use_bias_correction_kl log_completions log_multimodal log_unique_prompts
+        use_transformers_continuous_batching use_transformers_paged"""),
+    ),
+    (
+        bool | None,
+        _names("""
+        bf16 tf32 disable_tqdm hub_private_repo greater_is_better remove_unused_columns ddp_find_unused_parameters
+        ddp_broadcast_buffers ddp_static_graph shuffle_dataset"""),
+    ),
+    (
+        int,
+        _names("""
+        per_device_train_batch_size max_steps gradient_accumulation_steps per_device_eval_batch_size seed
+        dataloader_num_workers ddp_timeout local_rank top_k vllm_server_port vllm_group_port vllm_tensor_parallel_size
+        num_iterations ref_model_sync_steps"""),
+    ),
+    (
+        int | None,
+        _names("""
+        torch_empty_cache_steps eval_accumulation_steps save_total_limit data_seed dataloader_prefetch_factor
+        ddp_bucket_cap_mb num_generations num_generations_eval max_completion_length generation_batch_size
+        steps_per_generation vllm_max_model_length max_tool_calling_iterations num_completions_to_print"""),
+    ),
+    (
+        float,
+        _names("""
+        num_train_epochs learning_rate warmup_steps weight_decay adam_beta1 adam_beta2 adam_epsilon max_grad_norm
+        label_smoothing_factor logging_steps eval_delay save_steps temperature top_p repetition_penalty
+        vllm_server_timeout vllm_gpu_memory_utilization beta epsilon sapo_temperature_neg sapo_temperature_pos
+        vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg ref_model_mixup_alpha top_entropy_quantile
+        entropy_coef entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target"""),
+    ),
+    (
+        float | None,
+        _names("""
+        neftune_noise_alpha eval_steps router_aux_loss_coef min_p delta epsilon_high vllm_importance_sampling_clip_max
+        vllm_importance_sampling_clip_min off_policy_mask_threshold vllm_importance_sampling_cap"""),
+    ),
+    (
+        str,
+        _names("""
+        log_level log_level_replica project train_sampling_strategy length_column_name vllm_mode vllm_model_impl
+        vllm_server_host importance_sampling_level multi_objective_aggregation scale_rewards loss_type
+        vllm_importance_sampling_mode"""),
+    ),
+    (
+        str | None,
+        _names("""
+        output_dir optim_args torch_compile_backend torch_compile_mode run_name trackio_space_id trackio_bucket_id
+        hub_token hub_model_id hub_revision metric_for_best_model dataloader_multiprocessing_context ddp_backend fsdp
+        resume_from_checkpoint cache_implementation vllm_structured_outputs_regex vllm_server_base_url
+        log_completions_hub_repo"""),
+    ),
+    (str | bool, ("include_num_input_tokens_seen",)),
+    (Union[str, None, Literal[False]], ("trackio_static_space_id",)),  # noqa: UP007 (TRL's spelling; `|` refuses it)
+    (int | str | None, ("pad_to_multiple_of",)),
+    (list[str], ("include_for_metrics",)),
+    (list[str] | None, ("label_names",)),
+    (list[float] | None, ("reward_weights",)),
+    (None | str | list[str], ("optim_target_modules", "report_to")),
+    (
+        dict | str | None,
+        _names("""
+        lr_scheduler_kwargs accelerator_config deepspeed generation_kwargs chat_template_kwargs
+        transformers_continuous_batching_config"""),
+    ),
+    (dict[str, Any] | str | None, ("gradient_checkpointing_kwargs", "fsdp_config", "model_init_kwargs")),
+    (dict[str, bool] | None, ("liger_kernel_config",)),
+)
+
+
+def _library_types() -> dict[str, object]:
+    """The fields whose types are transformers' (and accelerate's) own classes."""
+    from transformers.debug_utils import DebugOption
+    from transformers.trainer_utils import HubStrategy, IntervalStrategy, SaveStrategy, SchedulerType
+    from transformers.training_args import OptimizerNames
+
+    try:
+        from accelerate.parallelism_config import ParallelismConfig
+
+        parallelism: object = ParallelismConfig | None
+    except ImportError:  # accelerate is peft's dependency; without it the field takes only its default
+        parallelism = object | None
+    return {
+        "lr_scheduler_type": SchedulerType | str,
+        "optim": OptimizerNames | str,
+        "logging_strategy": IntervalStrategy | str,
+        "eval_strategy": IntervalStrategy | str,
+        "save_strategy": SaveStrategy | str,
+        "hub_strategy": HubStrategy | str,
+        "debug": str | list[DebugOption],
+        "parallelism_config": parallelism,
+    }
+
+
+def types() -> dict[str, object]:
+    """Every field's type annotation, as TRL 1.16's GRPOConfig has it."""
+    out = {name: kind for kind, names in _TYPE_GROUPS for name in names}
+    out.update(_library_types())
+    return out
+
+
+_LOG_LEVELS = ["detail", "debug", "info", "warning", "error", "critical", "passive"]
+PARSER_OPTIONS: dict[str, dict] = {
+    "log_level": {"choices": _LOG_LEVELS},
+    "log_level_replica": {"choices": _LOG_LEVELS},
+    "dataloader_multiprocessing_context": {"choices": ["fork", "spawn", "forkserver"]},
+    "train_sampling_strategy": {"choices": ["random", "sequential", "group_by_length", "batch_rebalance"]},
+    "ddp_backend": {"choices": ["nccl", "gloo", "mpi", "xccl", "hccl", "cncl", "mccl"]},
+    "fsdp": {"nargs": "?", "const": True},
+}
+"""The argparse options TRL's fields carry beside their help (its choices; ``--fsdp`` alone meaning True)."""
+
+
+def help_text(f: TrlField) -> str:
+    """A field's ``--help`` line: what grpolab does with it (our own words; TRL's meaning is TRL's documentation)."""
+    if f.kind == "mapped":
+        return f"grpolab: {f.to}" + (f" ({f.note})" if f.note else "")
+    if f.kind == "inert":
+        return f"accepted; no effect in grpolab: {f.note}"
+    return f"refused by grpolab unless left at TRL's default: {f.note}"
 
 
 def markdown_table() -> str:
