@@ -326,6 +326,39 @@ def test_trl_s_geometry_prompts_steps_and_epochs():
         GRPOConfig(num_generations=3)
 
 
+def test_model_init_kwargs_as_trl_s_model_config_fills_them():
+    """TRL's scripts pass every ModelConfig key (revision "main", trust_remote_code False, attn_implementation, dtype
+    "auto" or None, device_map, low_cpu_mem_usage): accepted, as none changes what is trained; dtype "auto" is the
+    checkpoint's own; a key that would change training and that grpolab does not do is one line."""
+    filled = {"revision": "main", "trust_remote_code": False, "attn_implementation": None, "dtype": "auto",
+              "device_map": "auto", "low_cpu_mem_usage": True}  # fmt: skip
+    args = GRPOConfig(output_dir="o", max_steps=2, bf16=False, model_init_kwargs=filled)
+    assert translate(args, checkpoint_dtype="float32").options["precision"] == "32-true"
+    assert "revision" not in translate(args).options  # the default branch
+    bf16 = translate(args, checkpoint_dtype="bfloat16").options  # "auto": the checkpoint's bf16 weights, as TRL loads
+    assert (bf16["precision"], bf16["compensation"]) == ("bf16-true", "none")
+    none = GRPOConfig(output_dir="o", max_steps=2, bf16=False, model_init_kwargs={**filled, "dtype": None})
+    assert translate(none, checkpoint_dtype="bfloat16").options["precision"] == "bf16-true"
+    assert (
+        translate(GRPOConfig(output_dir="o", max_steps=2, model_init_kwargs={"revision": "v2"})).options["revision"]
+        == "v2"
+    )
+    for refused, said in [({"trust_remote_code": True}, "runs no code"), ({"load_in_8bit": True}, "grpolab takes")]:
+        with pytest.raises(ValueError, match=r"^GRPOConfig.model_init_kwargs=[^\n]*" + said):
+            translate(GRPOConfig(output_dir="o", max_steps=2, model_init_kwargs=refused))
+
+
+def test_a_model_s_own_dtype_is_its_config_s(tmp_path):
+    from grpolab.models.policy import checkpoint_dtype
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "dtype": "bfloat16"}))
+    assert checkpoint_dtype(str(tmp_path)) == "bfloat16"
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float32"}))
+    assert checkpoint_dtype(str(tmp_path)) == "float32"
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert checkpoint_dtype(str(tmp_path)) is None
+
+
 def test_trl_s_objective_names():
     o = translate(GRPOConfig(max_steps=1), train_rows=8).options
     assert (o["aggregation"], o["loss_type"], o["estimator"], o["scale_rewards"]) == (

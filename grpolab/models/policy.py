@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import torch
@@ -165,6 +166,22 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     keep_cache_under_checkpointing(model)
+
+
+def checkpoint_dtype(spec: str, revision: str = "") -> str | None:
+    """The dtype a model directory's (or Hub id's) config names for its weights ("bfloat16", "float32"; None for a
+    GGUF file, a config that names none, or a directory without one): what transformers' ``dtype="auto"`` loads."""
+    from grpolab.models.loading import resolve_gguf
+
+    if resolve_gguf(spec, "", revision) is not None:
+        return None
+    path, _ = resolve_model_path(spec, revision)
+    config = path / "config.json"
+    if not config.is_file():
+        return None
+    data = json.loads(config.read_text())
+    dtype = data.get("dtype") or data.get("torch_dtype") or (data.get("text_config") or {}).get("dtype")
+    return str(dtype).removeprefix("torch.") if dtype else None
 
 
 def resolve_model_path(spec: str, revision: str = ""):

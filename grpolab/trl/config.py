@@ -224,17 +224,23 @@ class Translation(NamedTuple):
 
 
 def translate(
-    args, world_size: int = 1, train_rows: int | None = None, has_eval: bool = False, device: str | None = None
+    args,
+    world_size: int = 1,
+    train_rows: int | None = None,
+    has_eval: bool = False,
+    device: str | None = None,
+    checkpoint_dtype: str | None = None,
 ) -> Translation:
     """grpolab's options for ``args`` on ``world_size`` processes; ``train_rows``: the training data's rows (for
     num_train_epochs; None: no data); ``has_eval``: whether an eval_dataset is given; ``device``: where it runs
-    (None: CUDA where torch sees one, as transformers picks)."""
+    (None: CUDA where torch sees one, as transformers picks); ``checkpoint_dtype``: the model's own dtype, which
+    ``model_init_kwargs={"dtype": "auto"}`` asks for."""
     notes = [f"{f.name}={getattr(args, f.name)!r} has no effect here: {f.note}" for f in _inert_set(args)]
     geometry, per_epoch = _geometry(args, world_size, train_rows, notes)
     steps, mu = geometry["steps"], geometry["mu"] * geometry["minibatches"]  # mu: optimizer steps a step
     options = {**geometry, **_schedule(args, steps * mu)}
-    options |= _objective(args) | _generation(args) | _model(args)
-    options |= _precision(args, device, notes)
+    options |= _objective(args) | _generation(args) | _model(args, checkpoint_dtype)
+    options |= _precision(args, device, notes, checkpoint_dtype)
     every = _every(args.logging_strategy, args.logging_steps, steps, mu, per_epoch)
     options |= _checkpoints(args, steps, mu, per_epoch)
     options |= _evaluation(args, steps, mu, per_epoch, has_eval, every)
@@ -401,24 +407,48 @@ def _generation(args) -> dict:
     return out
 
 
-def _model(args) -> dict:
+# model_init_kwargs keys that change nothing trained (TRL's ModelConfig fills several of them in every script): a
+# kernel's choice (grpolab picks sdpa, flash-attention on GPUs), where and how the weights are loaded.
+LOADING_KEYS = ("attn_implementation", "device_map", "low_cpu_mem_usage")
+
+
+def model_dtype(args, checkpoint_dtype: str | None = None) -> str:
+    """The dtype ``model_init_kwargs`` asks the weights in ("float32" unless given): ``"auto"`` (or None, as TRL's
+    scripts pass it) is the checkpoint's own (``checkpoint_dtype``, its config's; float32 when it says none)."""
+    kwargs = dict(args.model_init_kwargs or {})
+    dtype = kwargs.get("dtype", kwargs.get("torch_dtype", "float32"))
+    if dtype in ("auto", None):
+        dtype = checkpoint_dtype or "float32"
+    return str(dtype).removeprefix("torch.")
+
+
+def _model(args, checkpoint_dtype: str | None = None) -> dict:
     out: dict = {}
     kwargs = dict(args.model_init_kwargs or {})
     if "revision" in kwargs:
-        out["revision"] = str(kwargs.pop("revision"))
-    kwargs.pop("attn_implementation", None)  # a kernel's choice: grpolab picks sdpa (flash-attention on GPUs)
-    dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", "float32"))
-    dtype = str(dtype).removeprefix("torch.")
+        revision = kwargs.pop("revision")
+        if revision not in (None, "main"):
+            out["revision"] = str(revision)
+    for key in LOADING_KEYS:
+        kwargs.pop(key, None)
+    if kwargs.pop("trust_remote_code", False):
+        raise _refuse("model_init_kwargs", {"trust_remote_code": True}, "grpolab runs no code from a model's files")
+    kwargs.pop("dtype", None), kwargs.pop("torch_dtype", None)
+    dtype = model_dtype(args, checkpoint_dtype)
     if dtype == "bfloat16":  # TRL trains the bf16 weights with plain AdamW
         out |= {"precision": "bf16-true", "compensation": "none"}
     elif dtype != "float32":
         raise _refuse("model_init_kwargs", {"dtype": dtype}, "dtype float32 or bfloat16")
     if kwargs:
-        raise _refuse("model_init_kwargs", kwargs, "grpolab takes revision, dtype and attn_implementation")
+        raise _refuse(
+            "model_init_kwargs",
+            kwargs,
+            f"grpolab takes revision, dtype, trust_remote_code=False and {', '.join(LOADING_KEYS)}",
+        )
     return out
 
 
-def _precision(args, device: str | None, notes: list[str]) -> dict:
+def _precision(args, device: str | None, notes: list[str], checkpoint_dtype: str | None = None) -> dict:
     """bf16/fp16 as --precision: bf16-mixed where the device computes bf16, 16-mixed on CUDA; else 32-true, said."""
     import torch
 
@@ -430,7 +460,7 @@ def _precision(args, device: str | None, notes: list[str]) -> dict:
     if args.tf32 is not None and where.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
         torch.backends.cudnn.allow_tf32 = bool(args.tf32)
-    if args.model_init_kwargs and str(dict(args.model_init_kwargs).get("dtype", "")).endswith("bfloat16"):
+    if model_dtype(args, checkpoint_dtype) == "bfloat16":
         return out  # the weights themselves are bf16 (_model)
     if args.bf16:
         if bf16_units(where):

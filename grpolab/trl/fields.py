@@ -182,7 +182,11 @@ FIELDS: tuple[TrlField, ...] = (
     _i("local_rank", -1, "torchrun sets the rank"),
     # ---------------------------------------------------------------- GRPO: the model
     _m(
-        "model_init_kwargs", None, "revision, precision", "revision; dtype/torch_dtype; attn_implementation (no effect)"
+        "model_init_kwargs",
+        None,
+        "revision, precision",
+        "revision; dtype/torch_dtype ('auto': the checkpoint's); attn_implementation, device_map, low_cpu_mem_usage, "
+        "trust_remote_code=False: no effect",
     ),
     _r("trust_remote_code", False, "grpolab loads transformers' own architectures"),
     _r("router_aux_loss_coef", None, "a mixture-of-experts router loss is not built"),

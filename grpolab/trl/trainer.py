@@ -78,6 +78,18 @@ class GRPOTrainer:
         self.log = print
         self._check_reward_funcs()
 
+    def _checkpoint_dtype(self) -> str | None:
+        """The model's own dtype, which ``model_init_kwargs``' dtype "auto" (or None) asks for: a model object's, or
+        the dtype its config names (None when it names none: float32, as transformers loads it)."""
+        kwargs = dict(self.args.model_init_kwargs or {})
+        if kwargs.get("dtype", kwargs.get("torch_dtype", "float32")) not in ("auto", None):
+            return None
+        if self._model is not None:
+            return str(next(self._model.parameters()).dtype).removeprefix("torch.")
+        from grpolab.models.policy import checkpoint_dtype
+
+        return checkpoint_dtype(self.model_spec)
+
     # ------------------------------------------------------------------ TRL's surface
     @property
     def model(self):
@@ -111,7 +123,9 @@ class GRPOTrainer:
             raise ValueError("GRPOTrainer.train: hyperparameter search trials and other keywords are not taken")
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rows = len(self.train_dataset) if self.train_dataset is not None else None
-        plan = translate(self.args, world, rows, has_eval=self.eval_dataset is not None)
+        plan = translate(
+            self.args, world, rows, has_eval=self.eval_dataset is not None, checkpoint_dtype=self._checkpoint_dtype()
+        )
         options = dict(plan.options)
         options |= self.lora
         if resume_from_checkpoint:
