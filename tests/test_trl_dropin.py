@@ -430,7 +430,7 @@ class Recorder:
         self.callback = _CB()
 
 
-def test_train_log_history_callbacks_save_and_doctor(tmp_path):
+def test_train_log_history_callbacks_save_and_doctor(tmp_path, capsys):
     import grpolab
 
     rec = Recorder()
@@ -456,8 +456,33 @@ def test_train_log_history_callbacks_save_and_doctor(tmp_path):
     from transformers import AutoModelForCausalLM
 
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert (tmp_path / "hf" / "config.json").is_file() and (tmp_path / "hf" / "generation_config.json").is_file()
     assert sum(p.numel() for p in loaded.parameters()) == sum(p.numel() for p in trainer.model.parameters())
     assert isinstance(grpolab.diagnose(tmp_path / "run"), list)  # the doctor reads the run
+    # what TRL's scripts call after train(): transformers' metric and state files, the accelerator, a model card
+    from transformers import TrainerState
+
+    capsys.readouterr()
+    trainer.log_metrics("train", out.metrics)
+    assert "***** train metrics *****" in capsys.readouterr().out
+    trainer.save_metrics("train", out.metrics)
+    trainer.save_state()
+    run = tmp_path / "run"
+    assert json.loads((run / "train_results.json").read_text()) == json.loads(json.dumps(out.metrics))
+    assert json.loads((run / "all_results.json").read_text()) == json.loads(json.dumps(out.metrics))
+    state = TrainerState.load_from_json(str(run / "trainer_state.json"))
+    assert state.global_step == 4 and state.log_history == json.loads(json.dumps(trainer.state.log_history))
+    accelerator = trainer.accelerator
+    assert (accelerator.is_main_process, accelerator.process_index, accelerator.num_processes) == (True, 0, 1)
+    assert accelerator.unwrap_model(trainer.model) is trainer.model and accelerator.device.type == "cpu"
+    assert trainer.is_world_process_zero() and trainer.is_local_process_zero()
+    accelerator.print("Training completed.")
+    accelerator.wait_for_everyone()
+    assert capsys.readouterr().out == "Training completed.\n"
+    trainer.create_model_card(dataset_name="arith-rows")
+    card = (run / "README.md").read_text()
+    assert card.startswith("---\nbase_model: ") and "arith-rows" in card and "optimizer steps: 4" in card
+    trainer.end()
 
 
 def test_resume_from_checkpoint_continues_exactly(tmp_path):

@@ -142,3 +142,66 @@ def test_trl_refuses_tools_without_a_tool_calling_chat_template(runs, script):
     result, _ = runs["trl", script]
     assert result.returncode != 0
     assert TRL_CANNOT[script] in result.output
+
+
+# ---------------------------------------------------------------- TRL's own trl/scripts/grpo.py
+
+THEIR_IMPORTS = {  # the script's two imports of GRPOConfig and GRPOTrainer, and what they become
+    "    from trl import GRPOTrainer, get_dataset, get_peft_config, get_quantization_config\n": (
+        "    from grpolab.trl import GRPOTrainer\n    from trl import get_dataset, get_peft_config, get_quantization_config\n"
+    ),
+    "    from trl import DatasetMixtureConfig, GRPOConfig, ModelConfig, TrlParser\n": (
+        "    from grpolab.trl import GRPOConfig\n    from trl import DatasetMixtureConfig, ModelConfig, TrlParser\n"
+    ),
+}
+
+
+def trl_script_on_grpolab(into: Path) -> Path:
+    """The installed trl's own ``trl/scripts/grpo.py`` (the code behind ``trl grpo``), its two imports changed."""
+    import trl.scripts.grpo
+
+    source = Path(trl.scripts.grpo.__file__).read_text()
+    for theirs, ours in THEIR_IMPORTS.items():
+        assert source.count(theirs) == 1, theirs
+        source = source.replace(theirs, ours)
+    target = into / "grpo.py"
+    target.write_text(source)
+    return target
+
+
+@pytest.mark.parametrize("how", ["flags", "config"])
+def test_trl_s_own_grpo_script_runs_on_grpolab_with_its_two_imports_changed(tmp_path, how):
+    """A local model directory, a local dataset directory, accuracy_reward, think_format_reward and a reward by
+    dotted path; as flags, and as a --config YAML recipe: exit 0, no traceback, the model saved."""
+    script = trl_script_on_grpolab(tmp_path)
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"prompt": f"Q: {a}+{b}=?\nA:", "solution": f"${a + b}$"} for a in range(1, 5) for b in range(1, 5)]
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "my_rewards.py").write_text(
+        "def brevity(completions, **kw):\n    return [-len(c) / 100 for c in completions]\n"
+    )
+    options = {
+        "model_name_or_path": str(BUILTIN), "dataset_name": str(data), "output_dir": str(tmp_path / "out"),
+        "max_steps": 2, "per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 16,
+        "use_cpu": True, "bf16": False, "report_to": "none", "logging_steps": 1,
+    }  # fmt: skip
+    rewards = ["accuracy_reward", "think_format_reward", "my_rewards.brevity"]
+    if how == "flags":
+        args = [f"--{k}={v}" for k, v in options.items()] + ["--reward_funcs", *rewards]
+    else:
+        import yaml
+
+        (tmp_path / "recipe.yaml").write_text(yaml.safe_dump({**options, "reward_funcs": rewards}))
+        args = ["--config", str(tmp_path / "recipe.yaml")]
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode == 0 and "Traceback" not in said, said[-3000:]
+    assert "Training completed." in said and "Model saved to" in said
+    out = tmp_path / "out"
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in rows) == 2
+    assert {"reward/accuracy_reward", "reward/think_format_reward", "reward/brevity"} <= set(rows[-1]), rows[-1]

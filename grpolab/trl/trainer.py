@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import transformers.trainer_pt_utils as _hf_trainer_utils
+
 from grpolab.common.errors import RewardFunctionError
 from grpolab.trl.config import GRPOConfig, translate
 from grpolab.trl.logs import eval_entry, trl_entry
@@ -222,9 +224,52 @@ class GRPOTrainer:
             ) from None
         return str(info)
 
-    def log_metrics(self, split: str, metrics: dict) -> None:
-        for k, v in metrics.items():
-            self.log(f"{split} {k}: {v}")
+    # transformers' Trainer's own: "***** train metrics *****" and its lines; {split}_results.json, all_results.json
+    # and trainer_state.json in its formats, written on the first process only (is_world_process_zero)
+    log_metrics = _hf_trainer_utils.log_metrics
+    metrics_format = _hf_trainer_utils.metrics_format
+    save_metrics = _hf_trainer_utils.save_metrics
+    save_state = _hf_trainer_utils.save_state
+
+    def is_world_process_zero(self) -> bool:
+        """Whether this is the first process of all (the one that writes files and logs)."""
+        return int(os.environ.get("RANK", "0")) == 0
+
+    def is_local_process_zero(self) -> bool:
+        """Whether this is the first process on its machine."""
+        return int(os.environ.get("LOCAL_RANK", "0")) == 0
+
+    @property
+    def accelerator(self) -> _Accelerator:
+        """What TRL's scripts call on ``trainer.accelerator``: ``print``, the process's place, ``wait_for_everyone``,
+        ``unwrap_model``, ``device``, ``end_training``."""
+        return _Accelerator(self)
+
+    def end(self) -> None:
+        """Finish the run's trackers and leave the process group (transformers' ``Trainer.end``). grpolab's run has
+        closed its own trackers when ``train()`` returned; the process group is left if grpolab joined one."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags=None, **kwargs):
+        """A README.md model card in ``output_dir``: the base model, the data, the method and the run's settings."""
+        if not self.is_world_process_zero():
+            return
+        out = Path(self.args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        base = self.model_spec if isinstance(self.model_spec, str) else type(self.model).__name__
+        name = model_name or out.name
+        tags = ["grpolab", "grpo", *([tags] if isinstance(tags, str) else list(tags or []))]
+        lines = ["---", f"base_model: {base}", *([f"datasets: [{dataset_name}]"] if dataset_name else []),
+                 "tags:", *(f"- {t}" for t in tags), "---", "", f"# {name}", "",
+                 f"{base} trained with GRPO by grpolab (grpolab.trl, a drop-in for TRL's GRPOTrainer)"
+                 + (f" on {dataset_name}." if dataset_name else "."), "",
+                 f"- learning rate {self.args.learning_rate}, {self.args.num_generations} completions a prompt, "
+                 f"loss {self.args.loss_type}, beta {self.args.beta}",
+                 f"- optimizer steps: {self.state.global_step}"]  # fmt: skip
+        (out / "README.md").write_text("\n".join(lines) + "\n")
 
     # ------------------------------------------------------------------ checks
     def _check_reward_funcs(self) -> None:
@@ -352,6 +397,61 @@ def _resumes(value, out: Path) -> bool:
     raise ValueError(
         f"resume_from_checkpoint={value!r}: grpolab resumes output_dir ({out}) from its newest checkpoint; give True"
     )
+
+
+class _Accelerator:
+    """What TRL's scripts call on ``trainer.accelerator``, answered from the process's place (torchrun's RANK,
+    LOCAL_RANK, WORLD_SIZE) and the trainer. Written here, not accelerate's ``Accelerator``: building one sets up
+    accelerate's process state and device, which grpolab does itself (torch.distributed, --device)."""
+
+    def __init__(self, trainer: GRPOTrainer):
+        self._trainer = trainer
+
+    @property
+    def process_index(self) -> int:
+        return int(os.environ.get("RANK", "0"))
+
+    @property
+    def local_process_index(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", "0"))
+
+    @property
+    def num_processes(self) -> int:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def device(self):
+        import torch
+
+        return next(self._trainer.model.parameters()).device if self._trainer.run is not None else torch.device("cpu")
+
+    def print(self, *args, **kwargs) -> None:
+        """``print`` on the main process only."""
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+    def wait_for_everyone(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+
+    def unwrap_model(self, model, keep_fp32_wrapper: bool = True):
+        """The model inside a DistributedDataParallel (or compiled) wrapper; grpolab hands out unwrapped ones."""
+        while hasattr(model, "module") or hasattr(model, "_orig_mod"):
+            model = getattr(model, "module", None) or model._orig_mod
+        return model
+
+    def end_training(self) -> None:
+        self._trainer.end()
 
 
 def _trainer_state():
