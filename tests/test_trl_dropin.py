@@ -498,7 +498,11 @@ def test_resume_from_checkpoint_continues_exactly(tmp_path):
     rest = GRPOTrainer(
         BUILTIN, [ends_right], _args(tmp_path / "b", lr_scheduler_type="constant"), train_dataset=_rows()
     )
-    rest.train(resume_from_checkpoint=True)
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last = get_last_checkpoint(str(tmp_path / "b" / "run"))  # where a TRL script looks: checkpoint-N, N optimizer steps
+    assert Path(last).name == f"checkpoint-{half.state.global_step}" and (Path(last) / "model.safetensors").is_file()
+    rest.train(resume_from_checkpoint=last)
     a = [m["reward/mean"] for m in full.run.metrics if "reward/mean" in m]
     b = [m["reward/mean"] for m in rest.run.metrics if "reward/mean" in m]
     assert a == b and len(a) == 4

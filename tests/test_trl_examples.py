@@ -205,3 +205,6 @@ def test_trl_s_own_grpo_script_runs_on_grpolab_with_its_two_imports_changed(tmp_
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in rows) == 2
     assert {"reward/accuracy_reward", "reward/think_format_reward", "reward/brevity"} <= set(rows[-1]), rows[-1]
+    from transformers.trainer_utils import get_last_checkpoint
+
+    assert get_last_checkpoint(str(out)) == str(out / "checkpoint-2")  # where a second invocation would resume from

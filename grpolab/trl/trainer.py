@@ -382,8 +382,27 @@ def _default_targets(model) -> str:
     return ",".join(DEFAULTS[kind])
 
 
+CHECKPOINT_PREFIX = "checkpoint-"
+"""transformers' name for a checkpoint directory (``get_last_checkpoint`` finds ``checkpoint-N`` in output_dir)."""
+
+
+def link_checkpoint(out: Path, step: int, optimizer_steps: int) -> None:
+    """``out/checkpoint-N`` (N: TRL's count, the optimizer steps) for grpolab's ``checkpoints/step_<step>``, where
+    transformers' ``get_last_checkpoint`` looks: a relative symlink, made once the checkpoint is whole (so a run killed
+    mid-save leaves no link to a partial one), and the links to checkpoints that rotation removed are taken away."""
+    target = Path("checkpoints") / f"step_{step}"
+    link = out / f"{CHECKPOINT_PREFIX}{optimizer_steps}"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(target, target_is_directory=True)
+    for old in out.glob(f"{CHECKPOINT_PREFIX}*"):
+        if old.is_symlink() and not old.exists():  # its checkpoint was rotated out (save_total_limit)
+            old.unlink()
+
+
 def _resumes(value, out: Path) -> bool:
-    """``train(resume_from_checkpoint=...)``: True, output_dir, or its newest checkpoint."""
+    """``train(resume_from_checkpoint=...)``: True, output_dir, or its newest checkpoint (grpolab's
+    ``checkpoints/step_N`` or its ``checkpoint-N`` link, which ``get_last_checkpoint`` finds)."""
     if value is True:
         return True
     path = Path(value)
@@ -527,6 +546,8 @@ class _Callbacks:
             self._call("on_log", logs=entry)
         self.evaluated(step, metrics)
         if saved:
+            if self.t.is_world_process_zero():
+                link_checkpoint(Path(self.t.args.output_dir), step, state.global_step)
             self._call("on_save")
         return bool(self.control.should_training_stop)
 
