@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from helpers import (
     REL_TOL,
     assert_same_metrics,
     assert_same_params,
+    free_port,
     rank_of_two_failing_on_main,
     rollouts_of,
     run_cli,
@@ -298,7 +298,7 @@ def test_an_error_of_any_kind_on_rank_0_during_a_save_reaches_every_rank_at_once
     seconds instead of waiting out the group's timeout (60 s)."""
     import multiprocessing as mp
 
-    ctx, port = mp.get_context("spawn"), _free_port()
+    ctx, port = mp.get_context("spawn"), free_port()
     said, done = ctx.Queue(), ctx.Event()
     ranks = [ctx.Process(target=rank_of_two_failing_on_main, args=(r, port, 60.0, said, done)) for r in (0, 1)]
     for p in ranks:
@@ -314,18 +314,12 @@ def test_an_error_of_any_kind_on_rank_0_during_a_save_reaches_every_rank_at_once
     assert max(g[3] for g in got) < 10, got
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_nodes_by_rendezvous_match_one_process(runs):
     """The README's several-node command, as two 'nodes' on this machine: one torchrun each, one
     process each, meeting at a c10d rendezvous on the loopback address."""
     tmp, r = runs
     out = tmp / "nodes"
-    port = _free_port()
+    port = free_port()
     cmd = [
         sys.executable,
         "-m",

@@ -76,8 +76,11 @@ class Duplex:
         self.outbox.put(message)
 
     def receive(self, timeout: float):
-        """The peer's next message, or :data:`CLOSED`; raises ``queue.Empty`` after ``timeout`` seconds without one."""
-        return self.inbox.get(timeout=timeout)
+        """The peer's next message, :data:`CLOSED`, or None after ``timeout`` seconds without one."""
+        try:
+            return self.inbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
 
     def close(self, flush: float = 0.0) -> None:
         """End the connection: what is queued is written first for up to ``flush`` seconds (a parting "stop"), then

@@ -39,7 +39,6 @@ import dataclasses
 import hashlib
 import os
 import pickle
-import queue
 import signal
 import socket
 import time
@@ -499,10 +498,7 @@ class ProcessEngine(VersionedDraws):
         timeout = timeout or self.timeout
         deadline = time.monotonic() + timeout
         while tag not in self._answers:
-            try:
-                message = self._pipe.receive(timeout=0.1)
-            except queue.Empty:
-                message = None
+            message = self._pipe.receive(timeout=0.1)
             if message is CLOSED:
                 raise self._failure(doing)
             if message is not None:

@@ -400,8 +400,6 @@ class _Worker:
     answers: dict = dataclasses.field(default_factory=dict)
     dropped: set = dataclasses.field(default_factory=set)
     """Tags of draws whose request was dropped (a draw ahead not asked for): their answers are stale."""
-    unread: set = dataclasses.field(default_factory=set)
-    """Tags whose answers are read and let go (a sync's, which only says when)."""
     sent: dict = dataclasses.field(default_factory=dict)
     """tag -> (what, monotonic time sent)."""
     rows: int = 0
@@ -750,13 +748,12 @@ class WorkerPool(VersionedDraws):
     def _send_weights(self, worker: _Worker, version: int) -> None:
         keep_from = min(self.versions)
         start = time.time()
-        tag = self._send(worker, {"kind": "sync", "version": version, "keep_from": keep_from})
+        self._send(worker, {"kind": "sync", "version": version, "keep_from": keep_from})  # its answer: read, let go
         try:
             for piece in _buckets(self.versions[version]):
                 _broadcast(worker.group, worker.backend, piece, self.device)
         except RuntimeError as e:
             raise _Lost(worker, f"the weight broadcast failed ({_first_words(e)})") from None
-        worker.unread.add(tag)  # its answer only says when; read and let go
         self._event("weights", worker.id, start=start, end=time.time(), version=version)
 
     def _chunks(self, n: int) -> list[list[int]]:
@@ -840,23 +837,20 @@ class WorkerPool(VersionedDraws):
             return worker.answers.pop(tag)
         if worker not in self._live:
             raise _Lost(worker, "it was dropped")
-        try:
-            frame = worker.link.receive(timeout=0.05)
-        except queue.Empty:
-            frame = None
+        frame = worker.link.receive(timeout=0.05)
         if frame is CLOSED:
             raise _Lost(worker, f"its connection failed ({worker.link.error})")
         if frame is not None:
             header, tensors = frame
             got = header.get("tag")
-            if worker.sent.pop(got, None) is None:
+            asked = worker.sent.pop(got, None)
+            if asked is None:
                 raise _Lost(worker, f"it answered request {got!r}, which it was not sent or had answered")
-            if got in worker.unread:
-                worker.unread.discard(got)
-            elif got in worker.dropped:
+            kind, _ = asked
+            if got in worker.dropped:
                 worker.dropped.discard(got)
                 self.counts["stale"] += 1
-            else:
+            elif kind != "sync":  # a sync's answer only says when: read and let go
                 worker.answers[got] = (header, tensors)
             return worker.answers.pop(tag, None)
         oldest = min((t for _, t in worker.sent.values()), default=None)

@@ -412,14 +412,20 @@ def _generation(args) -> dict:
 LOADING_KEYS = ("attn_implementation", "device_map", "low_cpu_mem_usage")
 
 
-def model_dtype(args, checkpoint_dtype: str | None = None) -> str:
-    """The dtype ``model_init_kwargs`` asks the weights in ("float32" unless given): ``"auto"`` (or None, as TRL's
-    scripts pass it) is the checkpoint's own (``checkpoint_dtype``, its config's; float32 when it says none)."""
+def asks_checkpoint_dtype(args) -> bool:
+    """Whether ``model_init_kwargs`` asks for the checkpoint's own dtype: ``"auto"``, or None as TRL's scripts pass it
+    (no dtype given at all means float32)."""
     kwargs = dict(args.model_init_kwargs or {})
-    dtype = kwargs.get("dtype", kwargs.get("torch_dtype", "float32"))
-    if dtype in ("auto", None):
-        dtype = checkpoint_dtype or "float32"
-    return str(dtype).removeprefix("torch.")
+    return kwargs.get("dtype", kwargs.get("torch_dtype", "float32")) in ("auto", None)
+
+
+def model_dtype(args, checkpoint_dtype: str | None = None) -> str:
+    """The dtype ``model_init_kwargs`` asks the weights in ("float32" unless given); the checkpoint's own
+    (``checkpoint_dtype``, its config's; float32 when it names none) where it asks for that."""
+    if asks_checkpoint_dtype(args):
+        return checkpoint_dtype or "float32"
+    kwargs = dict(args.model_init_kwargs or {})
+    return str(kwargs.get("dtype", kwargs.get("torch_dtype", "float32"))).removeprefix("torch.")
 
 
 def _model(args, checkpoint_dtype: str | None = None) -> dict:
@@ -433,7 +439,8 @@ def _model(args, checkpoint_dtype: str | None = None) -> dict:
         kwargs.pop(key, None)
     if kwargs.pop("trust_remote_code", False):
         raise _refuse("model_init_kwargs", {"trust_remote_code": True}, "grpolab runs no code from a model's files")
-    kwargs.pop("dtype", None), kwargs.pop("torch_dtype", None)
+    for key in ("dtype", "torch_dtype"):  # read by model_dtype
+        kwargs.pop(key, None)
     dtype = model_dtype(args, checkpoint_dtype)
     if dtype == "bfloat16":  # TRL trains the bf16 weights with plain AdamW
         out |= {"precision": "bf16-true", "compensation": "none"}

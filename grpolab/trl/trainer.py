@@ -23,7 +23,7 @@ from typing import Any
 import transformers.trainer_pt_utils as _hf_trainer_utils
 
 from grpolab.common.errors import RewardFunctionError
-from grpolab.trl.config import GRPOConfig, translate
+from grpolab.trl.config import GRPOConfig, asks_checkpoint_dtype, translate
 from grpolab.trl.logs import eval_entry, trl_entry
 
 # LoraConfig's fields that grpolab's LoRA takes, and the rest at their defaults
@@ -83,8 +83,7 @@ class GRPOTrainer:
     def _checkpoint_dtype(self) -> str | None:
         """The model's own dtype, which ``model_init_kwargs``' dtype "auto" (or None) asks for: a model object's, or
         the dtype its config names (None when it names none: float32, as transformers loads it)."""
-        kwargs = dict(self.args.model_init_kwargs or {})
-        if kwargs.get("dtype", kwargs.get("torch_dtype", "float32")) not in ("auto", None):
+        if not asks_checkpoint_dtype(self.args):
             return None
         if self._model is not None:
             return str(next(self._model.parameters()).dtype).removeprefix("torch.")
@@ -233,11 +232,11 @@ class GRPOTrainer:
 
     def is_world_process_zero(self) -> bool:
         """Whether this is the first process of all (the one that writes files and logs)."""
-        return int(os.environ.get("RANK", "0")) == 0
+        return self.accelerator.is_main_process
 
     def is_local_process_zero(self) -> bool:
         """Whether this is the first process on its machine."""
-        return int(os.environ.get("LOCAL_RANK", "0")) == 0
+        return self.accelerator.is_local_main_process
 
     @property
     def accelerator(self) -> _Accelerator:
