@@ -495,6 +495,10 @@ def test_resume_from_checkpoint_continues_exactly(tmp_path):
     half = GRPOTrainer(BUILTIN, [ends_right], _args(tmp_path / "b", max_steps=2, lr_scheduler_type="constant"),
                        train_dataset=_rows())  # fmt: skip
     half.train()
+    half.save_model()  # into output_dir, as TRL's scripts do: the model's config.json where the run's options were
+    run = tmp_path / "b" / "run"
+    assert "model_type" in json.loads((run / "config.json").read_text())
+    assert json.loads((run / "grpolab.json").read_text())["steps"] == 2  # the run's options, read by the resume
     rest = GRPOTrainer(
         BUILTIN, [ends_right], _args(tmp_path / "b", lr_scheduler_type="constant"), train_dataset=_rows()
     )

@@ -195,16 +195,32 @@ def test_trl_s_own_grpo_script_runs_on_grpolab_with_its_two_imports_changed(tmp_
         (tmp_path / "recipe.yaml").write_text(yaml.safe_dump({**options, "reward_funcs": rewards}))
         args = ["--config", str(tmp_path / "recipe.yaml")]
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
-    said = done.stdout + done.stderr
-    assert done.returncode == 0 and "Traceback" not in said, said[-3000:]
-    assert "Training completed." in said and "Model saved to" in said
+
+    def invoke(*more: str) -> str:
+        done = subprocess.run([sys.executable, str(script), *args, *more], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        said = done.stdout + done.stderr
+        assert done.returncode == 0 and "Traceback" not in said, said[-3000:]
+        assert "Training completed." in said and "Model saved to" in said
+        return said
+
+    invoke()
     out = tmp_path / "out"
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert max(r["step"] for r in rows) == 2
+    assert [r["step"] for r in rows] == [0, 1, 2]  # 0: the held-out evaluation before training
     assert {"reward/accuracy_reward", "reward/think_format_reward", "reward/brevity"} <= set(rows[-1]), rows[-1]
+    from transformers import AutoConfig
     from transformers.trainer_utils import get_last_checkpoint
 
-    assert get_last_checkpoint(str(out)) == str(out / "checkpoint-2")  # where a second invocation would resume from
+    assert AutoConfig.from_pretrained(out).model_type  # the saved model's config.json, beside the run's records
+    last = get_last_checkpoint(str(out))
+    assert last == str(out / "checkpoint-2")
+
+    # A second invocation with more steps resumes from that checkpoint (the run's options read from where the
+    # model's config.json could not overwrite them): steps 3 and 4 appended, the first two kept once.
+    said = invoke("--max_steps=4", f"--resume_from_checkpoint={last}")
+    assert "read by scripts, not by the trainer" not in said  # the script passed it to train(): no note
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert get_last_checkpoint(str(out)) == str(out / "checkpoint-4")

@@ -33,6 +33,7 @@ from grpolab.commands.objects import ObjectNames
 from grpolab.common.given import Given
 from grpolab.config import fields as fields_of
 from grpolab.config import options
+from grpolab.config.run import run_config_file
 from grpolab.config.train import ConfigError, TrainConfig
 from grpolab.eval.runs import run_defaults_for
 from grpolab.models.policy import Policy
@@ -59,7 +60,7 @@ class Run:
     @property
     def config(self) -> dict:
         """The run's config.json: every option, objects named or described."""
-        return json.loads((self.dir / "config.json").read_text())
+        return json.loads(run_config_file(self.dir).read_text())
 
     @property
     def metrics(self) -> list[dict]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from grpolab.config.run import run_config_file
 from grpolab.eval.runs import Target, check_intact
 from grpolab.models.lora import is_adapter_dir, load_lora
 from grpolab.models.policy import load_policy
@@ -32,7 +33,7 @@ def merge_checkpoint(
     if not is_adapter_dir(ckpt):
         raise FileNotFoundError(f"--checkpoint {ckpt}: no adapter_config.json (not a LoRA checkpoint)")
     if not model:
-        run_cfg = ckpt.parent.parent / "config.json"
+        run_cfg = run_config_file(ckpt.parent.parent)
         if not run_cfg.is_file():
             raise FileNotFoundError(f"--checkpoint {ckpt}: no run config.json two levels up; pass --model")
         saved = json.loads(run_cfg.read_text())

@@ -3,9 +3,36 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Literal
 
 from grpolab.config.fields import bad, check_counts, takes_object
+
+RUN_CONFIG = "config.json"
+"""A run directory's record of its options (every option by its flat name, and the facts the run resolved)."""
+RUN_CONFIG_ASIDE = "grpolab.json"
+"""The same record, copied here before a Hugging Face model is saved into the run directory itself (``grpolab.trl``'s
+``save_model(output_dir)``, as TRL's scripts call it), where the model's own config.json takes its place."""
+
+
+def run_config_file(run_dir: str | Path) -> Path:
+    """The file holding the options of the run in ``run_dir``: its config.json, or the copy kept aside where a model
+    was saved over it."""
+    aside = Path(run_dir) / RUN_CONFIG_ASIDE
+    return aside if aside.is_file() else Path(run_dir) / RUN_CONFIG
+
+
+def keep_run_config_aside(run_dir: str | Path) -> None:
+    """Before a Hugging Face model is saved into ``run_dir``: if it is a run directory, its config.json copied to
+    grpolab.json (once, whole or not at all), which :func:`run_config_file` then reads."""
+    run_dir = Path(run_dir)
+    record, aside = run_dir / RUN_CONFIG, run_dir / RUN_CONFIG_ASIDE
+    is_run = (run_dir / "metrics.jsonl").is_file() or (run_dir / "checkpoints").is_dir()
+    if aside.is_file() or not record.is_file() or not is_run:
+        return
+    partial = aside.with_suffix(".json.partial")
+    partial.write_bytes(record.read_bytes())
+    partial.replace(aside)
 
 
 @dataclasses.dataclass(frozen=True)

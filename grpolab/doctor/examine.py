@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from grpolab.common.jsonlines import read_jsonl, step_record
+from grpolab.config.run import run_config_file
 from grpolab.data.answers import extract_final_number, last_boxed
 from grpolab.doctor.conditions import LEVEL, NAMES, Finding, RunFacts, diagnose, explained, order
 from grpolab.doctor.rows import WINDOW, mean, training_rows
@@ -38,7 +39,8 @@ class RunData:
         path = Path(run_dir)
         if not (path / "metrics.jsonl").is_file():
             raise FileNotFoundError(f"{path}: not a run directory (no metrics.jsonl)")
-        config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+        config_file = run_config_file(path)
+        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
         return cls(path, config, _rows(path / "metrics.jsonl"), _rows(path / "samples.jsonl"),
                    _rows(path / "rollouts.jsonl"))  # fmt: skip
 

@@ -17,7 +17,7 @@ from grpolab.common.given import NOTHING, Given
 from grpolab.config import fields
 from grpolab.config.objective import ObjectiveSection
 from grpolab.config.rollout import GenerationSection, RewardSection, SandboxSection
-from grpolab.config.run import EvalSection
+from grpolab.config.run import EvalSection, run_config_file
 from grpolab.config.task import (
     ArithmeticSection,
     DataSection,
@@ -42,7 +42,7 @@ class Target:
 
 
 def _is_run_dir(path: Path) -> bool:
-    return (path / "config.json").is_file() and ((path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file())
+    return run_config_file(path).is_file() and ((path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file())
 
 
 def check_intact(target: Target) -> Target:
@@ -75,7 +75,7 @@ def run_targets(spec: str) -> list[tuple[int, Target]]:
     path = Path(spec)
     if not _is_run_dir(path):
         return [(0, resolve_target(spec))]
-    run_cfg = json.loads((path / "config.json").read_text())
+    run_cfg = json.loads(run_config_file(path).read_text())
     return [(0, Target(run_cfg["model"], None, run_cfg))] + [
         (s, _checkpoint_target(d, run_cfg)) for s, d in checkpoint_dirs(path)
     ]
@@ -100,8 +100,8 @@ def resolve_target(spec: str, step: int | None = None) -> Target:
         return check_intact(targets[step])
     if step is not None:
         raise ConfigError(f"--step: only with a run directory as --model, got {spec!r}")
-    if path.parent.name == "checkpoints" and (path.parent.parent / "config.json").is_file():
-        return check_intact(_checkpoint_target(path, json.loads((path.parent.parent / "config.json").read_text())))
+    if path.parent.name == "checkpoints" and run_config_file(path.parent.parent).is_file():
+        return check_intact(_checkpoint_target(path, json.loads(run_config_file(path.parent.parent).read_text())))
     return Target(spec)
 
 
@@ -110,8 +110,8 @@ def run_config(spec: str) -> dict:
     plain model. A command reading a run takes its options from here as their defaults."""
     path = Path(spec)
     for run in (path, path.parent.parent if path.parent.name == "checkpoints" else None):
-        if run is not None and (run / "config.json").is_file() and _is_run_dir(run):
-            return json.loads((run / "config.json").read_text())
+        if run is not None and _is_run_dir(run):
+            return json.loads(run_config_file(run).read_text())
     return {}
 
 

@@ -29,6 +29,7 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
+from grpolab.config.run import run_config_file
 from grpolab.report.findings import CSS as FINDINGS_CSS
 from grpolab.report.findings import doctor_section, pass_k_html
 from grpolab.report.generators import generators_section
@@ -492,12 +493,13 @@ def build_report(
     """Write the run's report page (default ``RUN_DIR/report.html``) and return its path; ``quantity`` colours the
     tokens of the credit section (:data:`grpolab.report.token_view.QUANTITIES`)."""
     run_dir = Path(run_dir)
-    if not (run_dir / "config.json").is_file() and not (run_dir / "metrics.jsonl").is_file():
+    config_file = run_config_file(run_dir)
+    if not config_file.is_file() and not (run_dir / "metrics.jsonl").is_file():
         raise FileNotFoundError(f"{run_dir}: not a run directory (no config.json or metrics.jsonl)")
     for p in probes:
         if not Path(p).exists():
             raise FileNotFoundError(f"--probe {p}: no such file or directory")
-    config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else {}
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
     rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
     fact_table = _facts_html(config, rows)
     probe_files = find_probe_outputs(run_dir, probes)

@@ -33,6 +33,7 @@ from grpolab.common.distributed import SINGLE, World
 from grpolab.common.given import NOTHING, Given, is_description
 from grpolab.common.progress import progress_bar
 from grpolab.config import fields
+from grpolab.config.run import run_config_file
 from grpolab.config.train import BEFORE_RECORDED, RESOLVED_AT_START, ConfigError, TrainConfig
 from grpolab.doctor.examine import Watcher
 from grpolab.models import checkpoint
@@ -398,7 +399,7 @@ def saved_config(out: str | Path) -> TrainConfig:
     """The config of the run in ``out`` (its config.json), the defaults of ``--resume``: a resumed run takes its own
     options, and flags given beside ``--resume`` change only what may change (:meth:`TrainConfig.resume_conflicts`).
     """
-    path = Path(out) / "config.json"
+    path = run_config_file(out)
     if not path.is_file():
         raise ConfigError(f"--resume: {out} holds no run (no config.json)")
     return TrainConfig.from_dict(_saved_dict(path))
@@ -414,7 +415,7 @@ def _read_resumable(out: Path, cfg: TrainConfig, given: Given) -> tuple[dict, Tr
     continued with ``cfg``."""
     if not checkpoint.checkpoint_dirs(out):
         raise ConfigError(f"--resume: no complete checkpoint in {out / 'checkpoints'}")
-    saved = _saved_dict(out / "config.json")
+    saved = _saved_dict(run_config_file(out))
     _check_objects(saved, cfg, given)
     started = TrainConfig.from_dict(saved)
     for key in cfg.resume_conflicts(started):

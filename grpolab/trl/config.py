@@ -230,12 +230,15 @@ def translate(
     has_eval: bool = False,
     device: str | None = None,
     checkpoint_dtype: str | None = None,
+    resumes: bool = False,
 ) -> Translation:
     """grpolab's options for ``args`` on ``world_size`` processes; ``train_rows``: the training data's rows (for
     num_train_epochs; None: no data); ``has_eval``: whether an eval_dataset is given; ``device``: where it runs
     (None: CUDA where torch sees one, as transformers picks); ``checkpoint_dtype``: the model's own dtype, which
-    ``model_init_kwargs={"dtype": "auto"}`` asks for."""
-    notes = [f"{f.name}={getattr(args, f.name)!r} has no effect here: {f.note}" for f in _inert_set(args)]
+    ``model_init_kwargs={"dtype": "auto"}`` asks for; ``resumes``: ``train`` was given ``resume_from_checkpoint`` (as
+    TRL's scripts pass ``args.resume_from_checkpoint``, which is then not a field left unread)."""
+    inert = [f for f in _inert_set(args) if not (resumes and f.name == "resume_from_checkpoint")]
+    notes = [f"{f.name}={getattr(args, f.name)!r} has no effect here: {f.note}" for f in inert]
     geometry, per_epoch = _geometry(args, world_size, train_rows, notes)
     steps, mu = geometry["steps"], geometry["mu"] * geometry["minibatches"]  # mu: optimizer steps a step
     options = {**geometry, **_schedule(args, steps * mu)}

@@ -23,6 +23,7 @@ from typing import Any
 import transformers.trainer_pt_utils as _hf_trainer_utils
 
 from grpolab.common.errors import RewardFunctionError
+from grpolab.config.run import keep_run_config_aside
 from grpolab.trl.config import GRPOConfig, asks_checkpoint_dtype, translate
 from grpolab.trl.logs import eval_entry, trl_entry
 
@@ -125,8 +126,9 @@ class GRPOTrainer:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rows = len(self.train_dataset) if self.train_dataset is not None else None
         plan = translate(
-            self.args, world, rows, has_eval=self.eval_dataset is not None, checkpoint_dtype=self._checkpoint_dtype()
-        )
+            self.args, world, rows, has_eval=self.eval_dataset is not None, checkpoint_dtype=self._checkpoint_dtype(),
+            resumes=bool(resume_from_checkpoint),
+        )  # fmt: skip
         options = dict(plan.options)
         options |= self.lora
         if resume_from_checkpoint:
@@ -198,6 +200,7 @@ class GRPOTrainer:
         the tokenizer's."""
         out = Path(output_dir or self.args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
+        keep_run_config_aside(out)
         self.model.save_pretrained(out)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(out)
