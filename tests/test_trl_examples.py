@@ -146,33 +146,40 @@ def test_trl_refuses_tools_without_a_tool_calling_chat_template(runs, script):
 
 # ---------------------------------------------------------------- TRL's own trl/scripts/grpo.py
 
-THEIR_IMPORTS = {  # the script's two imports of GRPOConfig and GRPOTrainer, and what they become
-    "    from trl import GRPOTrainer, get_dataset, get_peft_config, get_quantization_config\n": (
-        "    from grpolab.trl import GRPOTrainer\n    from trl import get_dataset, get_peft_config, get_quantization_config\n"
-    ),
-    "    from trl import DatasetMixtureConfig, GRPOConfig, ModelConfig, TrlParser\n": (
-        "    from grpolab.trl import GRPOConfig\n    from trl import DatasetMixtureConfig, ModelConfig, TrlParser\n"
-    ),
-}
-
 
 def trl_script_on_grpolab(into: Path) -> Path:
-    """The installed trl's own ``trl/scripts/grpo.py`` (the code behind ``trl grpo``), its two imports changed."""
-    import trl.scripts.grpo
+    """The installed trl's own ``trl/scripts/grpo.py`` (the code behind ``trl grpo``), its two imports changed, as
+    ``grpolab trl grpo`` runs it."""
+    from grpolab.commands.trl_script import script_source
 
-    source = Path(trl.scripts.grpo.__file__).read_text()
-    for theirs, ours in THEIR_IMPORTS.items():
-        assert source.count(theirs) == 1, theirs
-        source = source.replace(theirs, ours)
     target = into / "grpo.py"
-    target.write_text(source)
+    target.write_text(script_source("grpo")[0])
     return target
 
 
-@pytest.mark.parametrize("how", ["flags", "config"])
+def test_the_script_differs_from_trl_s_own_in_its_two_imports_only(tmp_path):
+    import difflib
+
+    import trl.scripts.grpo
+
+    theirs = Path(trl.scripts.grpo.__file__).read_text().splitlines()
+    ours = trl_script_on_grpolab(tmp_path).read_text().splitlines()
+    changed = [line for line in difflib.ndiff(theirs, ours) if line[:2] in ("- ", "+ ")]
+    assert sorted(changed) == sorted([
+        "-     from trl import GRPOTrainer, get_dataset, get_peft_config, get_quantization_config",
+        "-     from trl import DatasetMixtureConfig, GRPOConfig, ModelConfig, TrlParser",
+        "+     from grpolab.trl import GRPOTrainer",
+        "+     from trl import get_dataset, get_peft_config, get_quantization_config",
+        "+     from grpolab.trl import GRPOConfig",
+        "+     from trl import DatasetMixtureConfig, ModelConfig, TrlParser",
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["flags", "config", "command"])
 def test_trl_s_own_grpo_script_runs_on_grpolab_with_its_two_imports_changed(tmp_path, how):
     """A local model directory, a local dataset directory, accuracy_reward, think_format_reward and a reward by
-    dotted path; as flags, and as a --config YAML recipe: exit 0, no traceback, the model saved."""
+    dotted path; as flags, as a --config YAML recipe, and as ``grpolab trl grpo --config recipe.yaml``: exit 0, no
+    traceback, the model saved; invoked again with more steps, it resumes."""
     script = trl_script_on_grpolab(tmp_path)
     data = tmp_path / "data"
     data.mkdir()
@@ -187,6 +194,7 @@ def test_trl_s_own_grpo_script_runs_on_grpolab_with_its_two_imports_changed(tmp_
         "use_cpu": True, "bf16": False, "report_to": "none", "logging_steps": 1,
     }  # fmt: skip
     rewards = ["accuracy_reward", "think_format_reward", "my_rewards.brevity"]
+    command = [sys.executable, "-m", "grpolab", "trl", "grpo"] if how == "command" else [sys.executable, str(script)]
     if how == "flags":
         args = [f"--{k}={v}" for k, v in options.items()] + ["--reward_funcs", *rewards]
     else:
@@ -197,7 +205,7 @@ def test_trl_s_own_grpo_script_runs_on_grpolab_with_its_two_imports_changed(tmp_
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
     def invoke(*more: str) -> str:
-        done = subprocess.run([sys.executable, str(script), *args, *more], cwd=tmp_path, env=env, capture_output=True,
+        done = subprocess.run([*command, *args, *more], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=300)  # fmt: skip
         said = done.stdout + done.stderr
         assert done.returncode == 0 and "Traceback" not in said, said[-3000:]

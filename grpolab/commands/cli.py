@@ -46,6 +46,7 @@ commands:
   tokens  a run's recorded completions token by token, coloured by what the update did to each (--log-token-credit)
   sweep   budget-fixed GRPO runs over group sizes and seeds: accuracy per G [U-statistic, Table 2 / Figure 5]
   generator  a generator worker: join a trainer (train --generators N) over the network and draw its rollouts
+  trl     TRL's own scripts on grpolab.trl: `grpolab trl grpo --config recipe.yaml` takes what `trl grpo` takes
 
 Run `grpolab COMMAND --help` for a command's options.
 """
@@ -628,9 +629,15 @@ def cmd_generator(args: list[str]) -> None:
     raise SystemExit(run_worker(options))
 
 
+def cmd_trl(args: list[str]) -> None:
+    from grpolab.commands.trl_script import main as trl_main
+
+    trl_main(args)
+
+
 # The commands that load a model: torch and transformers are imported first, the collector paused (grpolab.common.
 # startup). train does so itself, after deciding whether it relaunches under torchrun.
-LOADS_A_MODEL = {"eval", "sft", "demo", "rank", "mse", "groupsize", "sweep", "multiturn", "merge", "generator"}
+LOADS_A_MODEL = {"eval", "sft", "demo", "rank", "mse", "groupsize", "sweep", "multiturn", "merge", "generator", "trl"}
 
 COMMANDS = {
     "train": cmd_train,
@@ -650,6 +657,7 @@ COMMANDS = {
     "report": cmd_report,
     "tokens": cmd_tokens,
     "generator": cmd_generator,
+    "trl": cmd_trl,
 }
 
 

@@ -1,0 +1,91 @@
+"""``grpolab trl grpo ARGS``: TRL's own GRPO script, on grpolab.
+
+``trl grpo --config recipe.yaml`` runs the installed trl's ``trl/scripts/grpo.py``; ``grpolab trl grpo --config
+recipe.yaml`` runs that same file, read from the installed trl when the command starts, with its two imports of
+``GRPOConfig`` and ``GRPOTrainer`` taken from :mod:`grpolab.trl` and nothing else changed: TRL's parser, its
+``--config`` YAML recipes, its dataset loading, its reward registry and its steps after training. The script is
+executed, not re-written here, so a recipe means what it means under ``trl grpo``.
+
+This module imports nothing of grpolab.trl (the layer above commands): the script it runs does, as a user's script
+does.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+SCRIPTS = {"grpo": "trl.scripts.grpo"}
+"""The TRL scripts this command runs, by ``trl``'s command name."""
+
+THEIR_IMPORTS = {
+    "    from trl import GRPOTrainer, get_dataset, get_peft_config, get_quantization_config\n": (
+        "    from grpolab.trl import GRPOTrainer\n    from trl import get_dataset, get_peft_config, get_quantization_config\n"
+    ),
+    "    from trl import DatasetMixtureConfig, GRPOConfig, ModelConfig, TrlParser\n": (
+        "    from grpolab.trl import GRPOConfig\n    from trl import DatasetMixtureConfig, ModelConfig, TrlParser\n"
+    ),
+}
+"""The script's two import lines that name GRPOConfig and GRPOTrainer (trl 1.16), and what each becomes."""
+
+USAGE = """usage: grpolab trl grpo [TRL's grpo arguments] [--config recipe.yaml]
+
+Run TRL's own GRPO script (the installed trl's trl/scripts/grpo.py, what `trl grpo` runs) with GRPOConfig and
+GRPOTrainer from grpolab.trl: the same arguments and YAML recipes as `trl grpo`. `grpolab trl grpo --help` lists
+them, each with what grpolab does with it.
+"""
+
+
+class ScriptError(RuntimeError):
+    """The installed trl's script cannot be run this way (trl missing, or its imports not the ones expected)."""
+
+
+def script_source(name: str = "grpo") -> tuple[str, Path]:
+    """The installed trl's script ``name`` with its GRPOConfig/GRPOTrainer imports taken from grpolab.trl, and the
+    file it was read from."""
+    import importlib
+
+    try:
+        module = importlib.import_module(SCRIPTS[name])
+    except ImportError as e:
+        raise ScriptError(f"grpolab trl {name} runs TRL's own script, which needs trl installed ({e})") from None
+    path = Path(module.__file__)
+    source = path.read_text()
+    for theirs, ours in THEIR_IMPORTS.items():
+        if source.count(theirs) != 1:
+            import trl
+
+            raise ScriptError(
+                f"trl {trl.__version__}'s {path.name} does not import {theirs.strip()!r} once, as trl 1.16's does: "
+                "its GRPOConfig and GRPOTrainer cannot be swapped for grpolab.trl's"
+            )
+        source = source.replace(theirs, ours)
+    return source, path
+
+
+def run_script(name: str, argv: list[str]) -> None:
+    """Execute TRL's script ``name`` as ``__main__`` with ``argv``, as ``trl name argv`` runs it."""
+    source, path = script_source(name)
+    code = compile(source, str(path), "exec")  # tracebacks name TRL's file and its lines
+    saved = sys.argv
+    sys.argv = [f"grpolab trl {name}", *argv]
+    try:
+        exec(code, {"__name__": "__main__", "__file__": str(path), "__builtins__": __builtins__})
+    finally:
+        sys.argv = saved
+
+
+def main(argv: list[str]) -> None:
+    """``grpolab trl SCRIPT ARGS``."""
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        raise SystemExit(0 if argv else 2)
+    name, rest = argv[0], argv[1:]
+    if name not in SCRIPTS:
+        print(f"error: grpolab trl runs {', '.join(SCRIPTS)}, not {name!r}\n\n{USAGE}", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        run_script(name, rest)
+    except (ScriptError, ValueError) as e:  # ValueError: grpolab.trl's one-line refusals, TRL's own config errors
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
