@@ -12,6 +12,7 @@ at each turn is reported as ``eval/stage<h>_*``).
 
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -21,6 +22,7 @@ from grpolab.common.stats import clustered_accuracy_interval, default_pass_k, me
 from grpolab.data.images import shown_images
 from grpolab.data.records import question_of
 from grpolab.rewards.builtin import accuracy_reward
+from grpolab.rewards.rewarder import run_awaitables
 from grpolab.rollout.engine import SamplingSettings
 from grpolab.rollout.episodes import Episode
 
@@ -46,8 +48,14 @@ def episode_scores(episodes: list[Episode], records: list[dict], score) -> list[
         return [sum(e.rewards) / max_return(e.env) for e in episodes]
     if episodes and episodes[0].env is not None and getattr(score, "takes_conversations", False):
         conversations = [(e.messages[: e.opening], e.messages[e.opening :], e.env) for e in episodes]
-        return list(score(texts, records, conversations=conversations))
-    return list(score(texts, records))
+        got = score(texts, records, conversations=conversations)
+    else:
+        got = score(texts, records)
+    if inspect.isawaitable(got):  # an async reward function (TRL's form too)
+        got = run_awaitables([got])[0]
+        if isinstance(got, BaseException):
+            raise got
+    return [0.0 if v is None else v for v in got]  # None ("does not apply": a gold answer that cannot be parsed): 0
 
 
 def accuracy_summary(

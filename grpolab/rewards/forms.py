@@ -62,14 +62,31 @@ def from_trl(fn: Callable, prompt_of: Callable[[dict], Any], chat: bool) -> Rewa
     (TRL's conversational format); otherwise both are plain strings. An ``async def`` function stays one: its
     awaitable is awaited by :func:`grpolab.rewards.rewarder.score`, beside the step's other async functions. For
     episodes of an environment, a function that takes ``environments`` (or ``**kwargs``) gets each completion's
-    environment object (a TRL-shape class's own instance), in the order of the completions, as TRL passes them. A
-    ``None`` in the result means "does not apply" in TRL and counts as 0 here, not as an error.
+    environment object (a TRL-shape class's own instance), in the order of the completions, as TRL passes them. As
+    TRL does, a function that takes them (by name or ``**kwargs``) also gets ``completion_ids`` (each completion's
+    token ids, its EOS included; single-turn rollouts), and ``log_extra(column, values)`` and ``log_metric(name,
+    value)`` (:class:`RewardLog`). A ``None`` in the result means "does not apply", as in TRL: it is kept as None
+    (:func:`grpolab.rewards.rewarder.score` counts it 0 in the total and leaves it out of the function's mean).
     """
-    reserved = {"prompts", "completions", "prompt"}  # the prompt column arrives as ``prompts``, as in TRL
+    reserved = {"prompts", "completions", "prompt", *TRL_ARGUMENTS}  # the prompt column arrives as ``prompts``
     takes_environments = _accepts(fn, "environments")
+    takes_ids = _accepts(fn, "completion_ids")
+    takes_extra, takes_metric = _accepts(fn, "log_extra"), _accepts(fn, "log_metric")
 
-    def reward(completions: list[str], records: list[dict], conversations: list | None = None) -> list[float]:
-        extra = {}
+    def reward(
+        completions: list[str],
+        records: list[dict],
+        conversations: list | None = None,
+        completion_ids: list[list[int]] | None = None,
+        log: RewardLog | None = None,
+    ) -> list[float | None]:
+        extra: dict[str, Any] = {}
+        if completion_ids is not None and takes_ids:
+            extra["completion_ids"] = completion_ids
+        if log is not None and takes_extra:
+            extra["log_extra"] = log.extra
+        if log is not None and takes_metric:
+            extra["log_metric"] = log.metric
         if conversations is not None:  # episodes: the opening messages, every message after them, the environment
             prompts = [c[0] for c in conversations]
             if chat:
@@ -82,13 +99,12 @@ def from_trl(fn: Callable, prompt_of: Callable[[dict], Any], chat: bool) -> Rewa
                 completions = [[{"role": "assistant", "content": c}] for c in completions]
         keys = [k for k in dict.fromkeys(k for r in records for k in r) if k not in reserved]
         fields = {k: [r.get(k) for r in records] for k in keys}
-        values = fn(prompts=prompts, completions=completions, **fields, **extra)
-        if inspect.isawaitable(values):  # an async function (TRL's form too): awaited with the others of the step
-            return _then(values, _none_as_zero)
-        return _none_as_zero(values)
+        return fn(prompts=prompts, completions=completions, **fields, **extra)  # awaitable for an async function
 
-    reward.__name__ = getattr(fn, "__name__", "reward")
+    reward.__name__ = getattr(fn, "__name__", type(fn).__name__)
     reward.takes_conversations = True
+    reward.takes_completion_ids = takes_ids
+    reward.takes_log = takes_extra or takes_metric
     reward.columns = getattr(fn, "columns", None)
     if reward.columns is None:
         reward.columns = declared_columns(fn)
@@ -98,12 +114,20 @@ def from_trl(fn: Callable, prompt_of: Callable[[dict], Any], chat: bool) -> Rewa
     return reward
 
 
-def _none_as_zero(values) -> list:
-    return [0.0 if v is None else v for v in values]
+class RewardLog:
+    """What a reward function logs while scoring, through TRL's ``log_extra`` and ``log_metric`` keywords: extra
+    columns of the logged completions (one value per completion scored) and scalar metrics (averaged over the step,
+    logged under the name given)."""
 
+    def __init__(self) -> None:
+        self.columns: dict[str, list] = {}
+        self.metrics: dict[str, list[float]] = {}
 
-async def _then(awaitable, then: Callable):
-    return then(await awaitable)
+    def extra(self, column: str, values: list) -> None:
+        self.columns.setdefault(column, []).extend(values)
+
+    def metric(self, name: str, value: float) -> None:
+        self.metrics.setdefault(name, []).append(float(value))
 
 
 # Parameters TRL itself passes to a reward function: not data columns.

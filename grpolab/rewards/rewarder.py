@@ -21,7 +21,7 @@ from grpolab.config.rollout import RewardSection, SandboxSection
 from grpolab.data.records import prompt_of as prompt_of_record
 from grpolab.rewards.builtin import accuracy_reward, default_reward_fns, format_reward, overlong_penalty
 from grpolab.rewards.code import CodeReward, CodeRewardSettings
-from grpolab.rewards.forms import RewardFn, from_trl, load_reward_fn, reward_form
+from grpolab.rewards.forms import RewardFn, RewardLog, from_trl, load_reward_fn, reward_form
 from grpolab.rewards.judge import JudgeSettings, load_judge
 from grpolab.rewards.model import RewardModelSettings, load_reward_model, model_name
 
@@ -151,22 +151,55 @@ class Scores(NamedTuple):
     total: torch.Tensor
     """``[N]`` weighted sum of the components."""
     components: dict[str, torch.Tensor]
-    """name -> ``[N]`` unweighted values (0 where the function failed)."""
+    """name -> ``[N]`` unweighted values (0 where the function failed or returned None)."""
     errors: int
     """Number of (rollout, function) evaluations that raised or were non-finite."""
     counts: dict[str, float] = {}
     """What reward functions counted while scoring (their ``pop_counts()``, e.g. the code reward's outcomes)."""
+    skipped: dict[str, torch.Tensor] = {}
+    """name -> ``[N]`` bool, for a function that returned None for some rollouts: "does not apply" (TRL's meaning),
+    0 in the total (TRL's nansum) and left out of the function's mean (TRL's nanmean)."""
+    extra: list[dict] = []
+    """Each rollout's extra columns, logged by reward functions with TRL's ``log_extra`` (empty: none logged)."""
+    logged: dict[str, list[float]] = {}
+    """Scalars reward functions logged with TRL's ``log_metric``, by name (the step logs each name's mean)."""
+
+    def pick(self, idx) -> Scores:
+        """The scores of the rollouts ``idx`` (counts and logged scalars stay the whole call's)."""
+        idx = [int(i) for i in idx]
+        return self._replace(
+            total=self.total[idx],
+            components={k: v[idx] for k, v in self.components.items()},
+            skipped={k: v[idx] for k, v in self.skipped.items()},
+            extra=[self.extra[i] for i in idx] if self.extra else [],
+        )
 
 
-def _caller(fn: RewardFn, completions: list[str], records: list[dict], conversations: list | None):
-    """``call(idx)``: ``fn`` on the rollouts ``idx``, its result as it returns it (an awaitable for an async one).
-    ``conversations`` (episodes): each rollout's (opening messages, messages after them, environment), for those that
-    take them (TRL's form: its ``prompts`` and, for chat runs, ``completions``)."""
+def _caller(
+    fn: RewardFn,
+    completions: list[str],
+    records: list[dict],
+    conversations: list | None,
+    completion_ids: list[list[int]] | None = None,
+):
+    """``call(idx, log=None)``: ``fn`` on the rollouts ``idx``, its result as it returns it (an awaitable for an async
+    one). ``conversations`` (episodes): each rollout's (opening messages, messages after them, environment), for those
+    that take them (TRL's form: its ``prompts`` and, for chat runs, ``completions``); ``completion_ids`` (each
+    completion's tokens) and ``log`` (a :class:`RewardLog`) for those that take them (TRL's form)."""
     takes = conversations is not None and getattr(fn, "takes_conversations", False)
+    takes_ids = completion_ids is not None and getattr(fn, "takes_completion_ids", False)
+    takes_log = getattr(fn, "takes_log", False)
 
-    def call(idx: list[int]):
+    def call(idx: list[int], log: RewardLog | None = None):
         args = ([completions[i] for i in idx], [records[i] for i in idx])
-        return fn(*args, conversations=[conversations[i] for i in idx]) if takes else fn(*args)
+        kw: dict[str, Any] = {}
+        if takes:
+            kw["conversations"] = [conversations[i] for i in idx]
+        if takes_ids:
+            kw["completion_ids"] = [completion_ids[i] for i in idx]
+        if takes_log and log is not None:
+            kw["log"] = log
+        return fn(*args, **kw)
 
     return call
 
@@ -186,12 +219,13 @@ def run_awaitables(awaitables: list) -> list:
         return pool.submit(asyncio.run, gather()).result()
 
 
-def _whole_batches(calls: list, n: int) -> list:
-    """Each caller's result on all ``n`` rollouts, or the exception it raised; async functions' awaited together."""
+def _whole_batches(calls: list, n: int, logs: list[RewardLog]) -> list:
+    """Each caller's result on all ``n`` rollouts (what it logs into ``logs[j]``), or the exception it raised; async
+    functions' awaited together."""
     out, waiting = [], {}
     for j, call in enumerate(calls):
         try:
-            got = call(list(range(n)))
+            got = call(list(range(n)), logs[j])
         except Exception as e:
             got = e
         if inspect.isawaitable(got):
@@ -203,29 +237,48 @@ def _whole_batches(calls: list, n: int) -> list:
     return out
 
 
-def _call_safely(call, n: int, whole) -> tuple[list[float], int]:
+class _Called(NamedTuple):
+    values: list[float]
+    """Each rollout's value: 0 where the function failed or returned None."""
+    errors: int
+    skipped: list[bool]
+    """Where the function returned None ("does not apply")."""
+    whole: bool
+    """Whether one call on every rollout gave them all (else each was scored alone)."""
+
+
+def _value(v) -> float:
+    return math.nan if v is None else float(v)
+
+
+def _call_safely(call, n: int, whole) -> _Called:
     """The values of a reward function on ``n`` rollouts, from ``whole`` (its result on all of them, or the exception
     it raised), with failures replaced by 0 and counted: if the whole batch raised or has the wrong length, each
-    rollout is scored alone (``call([i])``) so only the failing ones lose their reward."""
+    rollout is scored alone (``call([i])``) so only the failing ones lose their reward. A None is no failure: the
+    function does not apply to that rollout (TRL's meaning)."""
     try:
         if isinstance(whole, BaseException):
             raise whole
-        values = [float(v) for v in whole]
+        got = list(whole)
+        values, skipped = [_value(v) for v in got], [v is None for v in got]
         if len(values) != n:
             raise ValueError(f"returned {len(values)} values for {n} completions")
+        ok = True
     except RewardFunctionError:  # the function's own wrapper says: stop the run
         raise
     except Exception:
-        values = []
+        values, skipped, ok = [], [], False
         for i in range(n):
             try:
-                got = call([i])
+                got = call([i], RewardLog())  # what it logs of one rollout is let go (see score)
                 (v,) = run_awaitables([got])[0] if inspect.isawaitable(got) else got
-                values.append(float(v))
+                values.append(_value(v))
+                skipped.append(v is None)
             except Exception:
                 values.append(math.nan)
-    errors = sum(1 for v in values if not math.isfinite(v))
-    return [v if math.isfinite(v) else 0.0 for v in values], errors
+                skipped.append(False)
+    errors = sum(1 for v, s in zip(values, skipped) if not s and not math.isfinite(v))
+    return _Called([v if math.isfinite(v) else 0.0 for v in values], errors, skipped, ok)
 
 
 def score(
@@ -233,33 +286,48 @@ def score(
     records: list[dict],
     reward_fns: Sequence[tuple[str, RewardFn, float]],
     conversations: list | None = None,
+    completion_ids: list[list[int]] | None = None,
 ) -> Scores:
-    """Score ``N`` completions with weighted reward functions ``(name, fn, weight)`` (``conversations``: see
-    :func:`_caller`). Async functions (``async def``, TRL's form too) run concurrently with each other."""
+    """Score ``N`` completions with weighted reward functions ``(name, fn, weight)`` (``conversations``,
+    ``completion_ids``: see :func:`_caller`). Async functions (``async def``, TRL's form too) run concurrently with
+    each other. What a function logs (TRL's ``log_extra``, ``log_metric``) is kept when its call on the whole batch
+    succeeded."""
     n = len(completions)
     total = torch.zeros(n)
     components: dict[str, torch.Tensor] = {}
+    skipped: dict[str, torch.Tensor] = {}
+    extra: list[dict] = [{} for _ in range(n)]
+    logged: dict[str, list[float]] = {}
     errors = 0
     counts: dict[str, float] = {}
     for _, fn, _ in reward_fns:
         pop = getattr(fn, "pop_counts", None)
         if callable(pop):
             pop()  # counted outside a score (an evaluation's): not this call's
-    calls = [_caller(fn, completions, records, conversations) for _, fn, _ in reward_fns]
-    wholes = _whole_batches(calls, n)
-    for (name, fn, weight), call, whole in zip(reward_fns, calls, wholes):
+    calls = [_caller(fn, completions, records, conversations, completion_ids) for _, fn, _ in reward_fns]
+    logs = [RewardLog() for _ in reward_fns]
+    wholes = _whole_batches(calls, n, logs)
+    for (name, fn, weight), call, whole, log in zip(reward_fns, calls, wholes, logs):
         pop = getattr(fn, "pop_counts", None)
-        values, err = _call_safely(call, n, whole)
-        components[name] = torch.tensor(values, dtype=torch.float32)
+        called = _call_safely(call, n, whole)
+        components[name] = torch.tensor(called.values, dtype=torch.float32)
+        if any(called.skipped):
+            skipped[name] = torch.tensor(called.skipped)
         total += weight * components[name]
-        errors += err
+        errors += called.errors
+        if called.whole:
+            for column, values in log.columns.items():
+                for row, value in zip(extra, values):
+                    row[column] = value
+            for key, values in log.metrics.items():
+                logged.setdefault(key, []).extend(values)
         for key in getattr(fn, "details", ()):  # what the function tells of each rollout beside its reward
             got = getattr(whole, "details", {}).get(key)
             components[key] = torch.tensor(got if got is not None and len(got) == n else [0.0] * n)
         if callable(pop):
             for k, v in pop().items():
                 counts[k] = counts.get(k, 0) + v
-    return Scores(total, components, errors, counts)
+    return Scores(total, components, errors, counts, skipped, extra if any(extra) else [], logged)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,15 +357,20 @@ class Rewarder:
         return [key for _, fn, _ in self.reward_fns for key in getattr(fn, "details", ())]
 
     def __call__(
-        self, completions: list[str], records: list[dict], lengths: torch.Tensor, conversations: list | None = None
+        self,
+        completions: list[str],
+        records: list[dict],
+        lengths: torch.Tensor,
+        conversations: list | None = None,
+        completion_ids: list[list[int]] | None = None,
     ) -> Scores:
-        """Scores of ``N`` completions of ``lengths`` ``[N]`` tokens (``conversations``: episodes', see
-        :func:`_caller`)."""
-        scores = score(completions, records, self.reward_fns, conversations)
+        """Scores of ``N`` completions of ``lengths`` ``[N]`` tokens (``conversations``: episodes';
+        ``completion_ids``: each completion's tokens; see :func:`_caller`)."""
+        scores = score(completions, records, self.reward_fns, conversations, completion_ids)
         if not self.overlong_buffer:
             return scores
         pen = overlong_penalty(lengths, self.max_new_tokens, self.overlong_buffer, self.overlong_penalty)
-        return Scores(scores.total + pen, {**scores.components, "overlong": pen}, scores.errors, scores.counts)
+        return scores._replace(total=scores.total + pen, components={**scores.components, "overlong": pen})
 
     def start(self, log=print) -> None:
         """Start what the reward functions run in (the code reward's sandbox: refused here, in one line, where

@@ -62,9 +62,9 @@ class Generated:
     return as a share of the environment's ``max_return``."""
     format: list[float] | None
     """The format reward's value (None without one)."""
-    components: dict[str, list[float]]
+    components: dict[str, list[float | None]]
     """Each other reward component's values, by name (``reward/<name>``): further reward functions, ``env`` (an
-    episode's return), ``overlong``."""
+    episode's return), ``overlong``; None where a function returned None (it does not apply)."""
     entropy_sum: list[float]
     """The sampler's entropies summed over each rollout's tokens; empty when the engine gives none (vLLM)."""
     length: list[int]
@@ -76,6 +76,8 @@ class Generated:
     episodes: EpisodeFacts | None = None
     zero_std: float = 0.0
     """The share of drawn groups whose rewards were all equal."""
+    logged: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    """Scalars the reward functions logged (TRL's ``log_metric``), by name."""
 
     @property
     def n(self) -> int:
@@ -96,7 +98,18 @@ class Generated:
             sum(p.errors for p in parts),
             sum_counts([p.counts for p in parts]),
             None if first.episodes is None else EpisodeFacts.merge([p.episodes for p in parts]),
+            logged={k: [v for p in parts for v in p.logged.get(k, [])] for k in _names(p.logged for p in parts)},
         )
+
+
+def _names(dicts) -> list[str]:
+    return list(dict.fromkeys(k for d in dicts for k in d))
+
+
+def applied_values(values: torch.Tensor, skipped: torch.Tensor | None) -> list[float | None]:
+    """A component's values, None where its function returned None."""
+    out = values.tolist()
+    return out if skipped is None else [None if s else v for v, s in zip(out, skipped.tolist())]
 
 
 @dataclasses.dataclass
@@ -195,7 +208,9 @@ class Collector:
         """This rank's rollouts of a sampling call, for the step's metrics (every rank's are gathered)."""
         comp = rows.scores.components
         names = self.service.reward.names  # the first is the accuracy reward (grpolab.rewards.rewarder)
-        others = {n: comp[n].tolist() for n in names if n not in ("accuracy", "format")}
+        others = {
+            n: applied_values(comp[n], rows.scores.skipped.get(n)) for n in names if n not in ("accuracy", "format")
+        }
         others |= {n: comp[n].tolist() for n in self.service.reward.details}  # a judge's criteria and failures
         if rows.episodes is not None:
             others["env"] = comp["env"].tolist()  # the environment's return
@@ -210,6 +225,7 @@ class Collector:
             rows.scores.errors,
             rows.scores.counts,
             None if rows.episodes is None else EpisodeFacts.of(rows.episodes),
+            logged=rows.scores.logged,
         )
 
     def _accuracy(self, rows: Rows) -> torch.Tensor:

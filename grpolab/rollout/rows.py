@@ -95,11 +95,15 @@ def concat_scores(parts: list[Scores]) -> Scores:
     if len(parts) == 1:
         return parts[0]
     names = parts[0].components
+    skipped = {k for p in parts for k in p.skipped}
     return Scores(
         torch.cat([p.total for p in parts]),
         {k: torch.cat([p.components[k] for p in parts]) for k in names},
         sum(p.errors for p in parts),
         sum_counts([p.counts for p in parts]),
+        {k: torch.cat([p.skipped.get(k, torch.zeros(len(p.total), dtype=torch.bool)) for p in parts]) for k in skipped},
+        [e for p in parts for e in (p.extra or [{}] * len(p.total))] if any(p.extra for p in parts) else [],
+        {k: [v for p in parts for v in p.logged.get(k, [])] for k in dict.fromkeys(k for p in parts for k in p.logged)},
     )
 
 
@@ -173,7 +177,7 @@ def take_rows(parts: list[Rows], order: list[tuple[int, int]], pad_id: int) -> R
     return Rows(
         chosen,
         [texts[int(i)] for i in picked],
-        Scores(scores.total[picked], {k: v[picked] for k, v in scores.components.items()}, scores.errors),
+        scores.pick(picked)._replace(counts={}, logged={}),
         _token_values(parts, "entropy", idx, T, width),
         _token_values(parts, "logprobs", idx, T, width),
         None if episodes is None else [episodes[int(i)] for i in picked],

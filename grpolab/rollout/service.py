@@ -93,10 +93,13 @@ class RolloutService:
         """The rollouts' rewards: the reward functions on each completion; an episode's also on its conversation
         (its final reward, returned beside), plus the environment's return (component ``env``)."""
         if rows.episodes is None:
-            return self.reward(rows.texts, records, rows.batch.completion_mask.sum(1).cpu()), None
+            mask = rows.batch.completion_mask.bool().cpu()
+            ids = [row[keep].tolist() for row, keep in zip(rows.batch.completion_ids.cpu(), mask)]  # TRL's form
+            lengths = rows.batch.completion_mask.sum(1).cpu()
+            return self.reward(rows.texts, records, lengths, completion_ids=ids), None
         final = self.final_rewards(rows.episodes, records)
         returns = torch.tensor([sum(e.rewards) for e in rows.episodes], dtype=torch.float32)
-        scores = Scores(final.total + returns, {"env": returns, **final.components}, final.errors, final.counts)
+        scores = final._replace(total=final.total + returns, components={"env": returns, **final.components})
         return scores, final.total
 
     def final_rewards(self, episodes: list[Episode], records: list[dict] | None = None) -> Scores:

@@ -25,6 +25,8 @@ def rollout_record(b, g, rec, rows, tokens: list[int], adv, i: int, turn_adv=Non
         "reward": rows.scores.total[i].item(),
         "advantage": adv[i].item(),
     }
+    if rows.scores.extra and rows.scores.extra[i]:
+        out["extra"] = rows.scores.extra[i]  # the columns reward functions logged (TRL's log_extra)
     if rows.episodes is not None:
         out.update(episode_fields(rows, i))
         if turn_adv is not None:
@@ -66,7 +68,8 @@ def step_metrics(roll: StepRollouts, rollouts_total: int, update: dict, times: d
         **({"reward/format": statistics.fmean(gen.format)} if gen.format is not None else {}),
         "reward/errors": gen.errors,
         **{f"reward/{k}": v for k, v in sorted(gen.counts.items())},  # the code reward's outcomes
-        **{f"reward/{k}": statistics.fmean(v) for k, v in gen.components.items()},  # each --reward-fn, env
+        **{f"reward/{k}": mean_applied(v) for k, v in gen.components.items()},  # each --reward-fn, env
+        **{f"reward/logged/{k}": statistics.fmean(v) for k, v in gen.logged.items() if v},  # TRL's log_metric
         "sampling/rollouts": reward.numel(),
         "sampling/rollouts_total": rollouts_total,
         "sampling/rounds": roll.rounds,
@@ -84,6 +87,13 @@ def step_metrics(roll: StepRollouts, rollouts_total: int, update: dict, times: d
         **(env_metrics(gen.episodes, gen.truncated) if gen.episodes is not None else {}),
         **times,
     }
+
+
+def mean_applied(values: list) -> float | None:
+    """The mean of a component over the rollouts its function applied to (TRL's nanmean: a None is left out); None
+    when it applied to none."""
+    kept = [v for v in values if v is not None]
+    return statistics.fmean(kept) if kept else None
 
 
 def env_metrics(facts: EpisodeFacts, truncated: list[bool]) -> dict:

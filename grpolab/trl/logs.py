@@ -31,9 +31,14 @@ _REWARD_STATS = {"mean", "std", "group_std_mean", "frac_zero_std", "accuracy", "
 
 
 def reward_function_keys(metrics: dict) -> dict[str, str]:
-    """``rewards/<fn>/mean`` -> ``reward/<fn>`` for each reward component's mean logged in ``metrics``."""
+    """``rewards/<fn>/mean`` -> ``reward/<fn>`` for each reward component's mean logged in ``metrics``, and ``name``
+    -> ``reward/logged/<name>`` for each scalar a reward function logged with ``log_metric`` (TRL logs it by its own
+    name)."""
     out = {}
     for key in metrics:
+        if key.startswith("reward/logged/"):
+            out[key.removeprefix("reward/logged/")] = key
+            continue
         if not key.startswith("reward/"):
             continue
         name = key.removeprefix("reward/")
@@ -52,11 +57,11 @@ def trl_entry(window: list[dict], global_step: int, epoch: float) -> dict:
     """A ``log_history`` entry for the grpolab steps ``window`` (oldest first): TRL's names averaged over the window,
     then the last step's own metrics, then ``epoch`` and ``step`` as TRL ends each entry."""
     last = window[-1]
-    names = TRL_NAMES | reward_function_keys(last)
+    functions = reward_function_keys(last)
     entry: dict = {}
-    for trl_name, ours in names.items():
+    for trl_name, ours in (TRL_NAMES | functions).items():
         value = _mean([m.get(ours) for m in window])
-        if value is not None:
+        if value is not None or trl_name in functions:  # a function that applied to no rollout: None, as TRL logs
             entry[trl_name] = value
     entry |= {k: v for k, v in last.items() if k != "step" and not k.startswith("eval/")}
     entry |= {"epoch": epoch, "step": global_step}
