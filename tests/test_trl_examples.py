@@ -232,3 +232,36 @@ def test_trl_s_own_grpo_script_runs_on_grpolab_with_its_two_imports_changed(tmp_
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
     assert get_last_checkpoint(str(out)) == str(out / "checkpoint-4")
+
+
+def test_grpolab_trl_grpo_says_what_trl_grpo_would_ignore_and_refuses_in_one_line(tmp_path):
+    """Bad input to ``grpolab trl grpo``: a recipe key TRL's script ignores is said (and ignored, as there); a field
+    grpolab refuses, and a reward function returning the wrong number of values, are one line each, exit 2."""
+    import yaml
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"prompt": f"Q: {a}+{b}=?\nA:", "solution": f"${a + b}$"} for a in range(1, 5) for b in range(1, 5)]
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "my_rewards.py").write_text("def miscounted(completions, **kw):\n    return [0.0]\n")
+    base = {"model_name_or_path": str(BUILTIN), "dataset_name": str(data), "max_steps": 1, "use_cpu": True,
+            "bf16": False, "report_to": "none", "per_device_train_batch_size": 4, "num_generations": 4,
+            "max_completion_length": 8}  # fmt: skip
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+    def grpolab_trl_grpo(name: str, **recipe):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({**base, "output_dir": str(tmp_path / name), **recipe}))
+        done = subprocess.run([sys.executable, "-m", "grpolab", "trl", "grpo", "--config", str(path)], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+        return done.returncode, done.stdout + done.stderr
+
+    rc, said = grpolab_trl_grpo("unknown", reward_funcs=["think_format_reward"], not_a_trl_key=3)
+    assert rc == 0, said[-2000:]
+    assert "'not_a_trl_key' in the recipe is no argument of trl grpo; ignored, as trl grpo ignores it" in said
+    rc, said = grpolab_trl_grpo("refused", reward_funcs=["think_format_reward"], top_k=5)
+    assert rc == 2 and "Traceback" not in said, said[-2000:]
+    assert said.strip().splitlines()[-1].startswith("error: GRPOConfig.top_k=5: ")
+    rc, said = grpolab_trl_grpo("miscounted", reward_funcs=["my_rewards.miscounted"])
+    assert rc == 2 and "Traceback" not in said, said[-2000:]
+    assert said.strip().splitlines()[-1] == "error: reward function miscounted returned 1 rewards for 4 completions"

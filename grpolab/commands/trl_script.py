@@ -13,6 +13,7 @@ does.
 from __future__ import annotations
 
 import sys
+import types
 from pathlib import Path
 
 SCRIPTS = {"grpo": "trl.scripts.grpo"}
@@ -63,10 +64,37 @@ def script_source(name: str = "grpo") -> tuple[str, Path]:
     return source, path
 
 
+def ignored_recipe_keys(code, path: Path, argv: list[str]) -> list[str]:
+    """The keys of the ``--config`` recipe in ``argv`` that no dataclass of the script's parser has: TRL's script
+    parses with ``fail_with_unknown_args=False``, so ``trl grpo`` ignores them without a word."""
+    recipe = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"), None)
+    recipe = recipe or next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    if recipe is None or not Path(recipe).is_file():
+        return []
+    import dataclasses
+
+    import yaml
+
+    module = types.ModuleType("grpolab_trl_script")  # its dataclasses look their module up in sys.modules
+    module.__file__ = str(path)
+    sys.modules[module.__name__] = module
+    try:
+        exec(code, module.__dict__)  # the script's definitions only: its main block runs under "__main__"
+        known = {f.name for cls in module.make_parser().dataclass_types for f in dataclasses.fields(cls)}
+    finally:
+        del sys.modules[module.__name__]
+    given = yaml.safe_load(Path(recipe).read_text()) or {}
+    return [k for k in given if k not in known and k != "env"] if isinstance(given, dict) else []
+
+
 def run_script(name: str, argv: list[str]) -> None:
-    """Execute TRL's script ``name`` as ``__main__`` with ``argv``, as ``trl name argv`` runs it."""
+    """Execute TRL's script ``name`` as ``__main__`` with ``argv``, as ``trl name argv`` runs it; a recipe key the
+    script would ignore silently is said in one line first."""
     source, path = script_source(name)
     code = compile(source, str(path), "exec")  # tracebacks name TRL's file and its lines
+    for key in ignored_recipe_keys(code, path, argv):
+        print(f"grpolab trl {name}: {key!r} in the recipe is no argument of trl {name}; ignored, as trl {name} "
+              "ignores it", file=sys.stderr)  # fmt: skip
     saved = sys.argv
     sys.argv = [f"grpolab trl {name}", *argv]
     try:
