@@ -165,7 +165,9 @@ def _grpolab_config(kw, tmp_path) -> TrainConfig:
 
 def _grpolab_advantages(rewards: torch.Tensor, objective) -> torch.Tensor:
     """``[N]`` grpolab's advantages of the rewards ``[N]`` (B groups of G, in order), as the trainer computes them."""
-    groups = SimpleNamespace(rows=SimpleNamespace(scores=SimpleNamespace(total=rewards), episodes=None), sizes=[G] * 3)
+    groups = SimpleNamespace(
+        rows=SimpleNamespace(scores=SimpleNamespace(total=rewards, unscorable=None), episodes=None), sizes=[G] * 3
+    )
     roll = SimpleNamespace(groups=groups, rewards=rewards.view(-1, G).tolist())
     return step_advantages(roll, objective, "cpu").rollout
 

@@ -175,3 +175,75 @@ def test_under_both_trainers_the_extras_reach_the_completions_and_the_metrics_lo
             assert e["reward"] == pytest.approx(1.0), who  # nansum: 1 + 0.5 and (None) + 0.5, averaged
     records = [json.loads(line) for line in (tmp_path / "grpolab" / "rollouts.jsonl").read_text().splitlines()]
     assert len(records) == 2 * 4 and all(r["extra"]["length"] == len(r["completion"]) for r in records)
+
+    # every_other alone: half the rollouts have no reward; the logged reward is the mean over the other half (1.0),
+    # as TRL logs it, not 0.5 (their Nones counted as 0)
+    for who, Config, Trainer in (("trl", TrlConfig, TrlTrainer), ("grpolab", GRPOConfig, GRPOTrainer)):
+        args = Config(output_dir=str(tmp_path / f"{who}-alone"), **options)
+        trainer = Trainer(BUILTIN, [every_other], args=args, train_dataset=rows)
+        trainer.train()
+        entries = [e for e in trainer.state.log_history if "reward" in e]
+        assert len(entries) == 2 and all(e["reward"] == pytest.approx(1.0) for e in entries), (who, entries)
+
+
+# ---------------------------------------------------------------- rollouts no function scored
+
+
+def test_a_rollout_every_function_declined_has_no_reward_and_trl_s_advantage():
+    """TRL 1.16: a completion for which every reward function returned None is NaN, left out of its group's nanmean
+    and nanstd, and its advantage set to 0 (nan_to_num); grpolab's scorable_advantages gives the same numbers."""
+    from trl.trainer.utils import nanstd
+
+    from grpolab.algo.advantages import scorable_advantages
+
+    g = torch.Generator().manual_seed(0)
+    rewards = torch.rand(6, 5, generator=g).round(decimals=1)  # [groups, G]
+    declined = torch.rand(6, 5, generator=g) < 0.35
+    declined[0] = False  # a group fully scored
+    declined[1, 1:] = True  # a group with one scored rollout
+    declined[2] = True  # a group with none
+    with_nan = rewards.masked_fill(declined, float("nan"))
+    mean = torch.nanmean(with_nan, dim=1, keepdim=True)
+    std = torch.stack([nanstd(row) for row in with_nan])[:, None]
+    trl = torch.nan_to_num((with_nan - mean) / (std + 1e-4), nan=0.0)
+    ours = scorable_advantages(list(rewards), list(declined), "grpo_std", sample_std=True).view(6, 5)
+    assert torch.allclose(ours, trl, atol=1e-5)
+    assert (ours[declined] == 0).all() and (ours[1] == 0).all()
+    plain = scorable_advantages(list(rewards), list(declined), "grpo").view(6, 5)  # group mean over the scored
+    assert torch.allclose(plain[0], rewards[0] - rewards[0].mean(), atol=1e-6)
+
+
+def test_score_marks_the_rollouts_every_function_declined():
+    def half(completions, **kwargs):
+        return [None if c.startswith("x") else 1.0 for c in completions]
+
+    def other(completions, **kwargs):
+        return [None if c.endswith("x") else 0.5 for c in completions]
+
+    fns = [(n, from_trl(f, prompt_of=lambda r: "q", chat=False), 1.0) for n, f in (("half", half), ("other", other))]
+    got = score(["xax", "xa", "ax", "aa"], [{}] * 4, fns)
+    assert got.unscorable.tolist() == [True, False, False, False]
+    assert got.total.tolist() == [0.0, 0.5, 1.0, 1.5] and got.errors == 0
+    assert score(["aa"], [{}], fns).unscorable is None  # all scored: nothing marked
+
+
+def test_grpolab_trl_leaves_declined_rollouts_out_of_the_reward_and_gives_them_no_advantage(tmp_path):
+    from datasets import Dataset
+
+    from grpolab.trl import GRPOConfig, GRPOTrainer
+
+    def every_other(completions, **kwargs):
+        return [None if i % 2 else float(len(c) % 3) for i, c in enumerate(completions)]
+
+    rows = Dataset.from_list([{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)])
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=8, logging_steps=1, report_to="none", bf16=False, use_cpu=True,
+                      log_completions=True, disable_tqdm=True, save_strategy="no")  # fmt: skip
+    trainer = GRPOTrainer(BUILTIN, [every_other], args=args, train_dataset=rows)
+    trainer.train()
+    records = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    declined = [r for r in records if r["reward"] is None]
+    assert len(declined) == len(records) // 2 and all(r["advantage"] == 0.0 for r in declined)
+    for entry in (e for e in trainer.state.log_history if "reward" in e):
+        scored = [r["reward"] for r in records if r["reward"] is not None and r["step"] == entry["step"]]
+        assert entry["reward"] == pytest.approx(sum(scored) / len(scored))  # the mean over the scored alone

@@ -85,6 +85,26 @@ def ragged_advantages(groups: list[torch.Tensor], estimator: str, sample_std: bo
     return torch.cat([compute_advantages(g[None, :], estimator, sample_std=sample_std)[0] for g in groups])
 
 
+def scorable_advantages(
+    groups: list[torch.Tensor], unscorable: list[torch.Tensor], estimator: str, sample_std: bool = False
+) -> torch.Tensor:
+    """Advantages of groups some of whose rollouts have no reward (every reward function returned None for them:
+    TRL's NaN rewards), concatenated ``[sum of sizes]``: each group's estimator over its scored rollouts alone (their
+    baseline, their std), and 0 for the rollouts without a reward. A group with fewer than two scored rollouts has no
+    baseline to measure against: 0 throughout (``vanilla``: the reward itself). TRL 1.16 computes the same with
+    ``nanmean``/``nanstd`` and then ``nan_to_num``."""
+    out = []
+    for r, u in zip(groups, unscorable):
+        adv = torch.zeros(r.shape, dtype=torch.float32, device=r.device)
+        keep = ~u
+        if estimator == "vanilla":
+            adv[keep] = r[keep].float()
+        elif int(keep.sum()) >= 2:
+            adv[keep] = compute_advantages(r[keep][None, :], estimator, sample_std=sample_std)[0]
+        out.append(adv)
+    return torch.cat(out) if out else torch.zeros(0)
+
+
 def normalize_then_sum(components: torch.Tensor, weights: torch.Tensor, sizes: list[int]) -> torch.Tensor:
     """GDPO's decoupled normalisation (``--reward-normalisation normalize-then-sum``): each reward function's values
     standardised within each group, ``(c_k - mean_group c_k) / (std_group c_k + 1e-4)`` (population std, as

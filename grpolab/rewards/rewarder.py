@@ -163,6 +163,9 @@ class Scores(NamedTuple):
     """Each rollout's extra columns, logged by reward functions with TRL's ``log_extra`` (empty: none logged)."""
     logged: dict[str, list[float]] = {}
     """Scalars reward functions logged with TRL's ``log_metric``, by name (the step logs each name's mean)."""
+    unscorable: torch.Tensor | None = None
+    """``[N]`` bool, when some rollout had None from every reward function: it has no reward (TRL's NaN): left out
+    of its group's baseline and of the step's reward statistics, advantage 0. None: every rollout was scored."""
 
     def pick(self, idx) -> Scores:
         """The scores of the rollouts ``idx`` (counts and logged scalars stay the whole call's)."""
@@ -172,6 +175,7 @@ class Scores(NamedTuple):
             components={k: v[idx] for k, v in self.components.items()},
             skipped={k: v[idx] for k, v in self.skipped.items()},
             extra=[self.extra[i] for i in idx] if self.extra else [],
+            unscorable=None if self.unscorable is None else self.unscorable[idx],
         )
 
 
@@ -327,7 +331,13 @@ def score(
         if callable(pop):
             for k, v in pop().items():
                 counts[k] = counts.get(k, 0) + v
-    return Scores(total, components, errors, counts, skipped, extra if any(extra) else [], logged)
+    # grpolab's own format reward (beside a run's --reward-fn, weight 0 unless asked) is not one of the user's
+    declined = [skipped.get(name) for name, fn, _ in reward_fns if fn is not format_reward]
+    unscorable = None
+    if declined and all(d is not None for d in declined):  # every function returned None somewhere
+        every = torch.stack(declined).all(dim=0)  # [N]: where all of them did
+        unscorable = every if bool(every.any()) else None
+    return Scores(total, components, errors, counts, skipped, extra if any(extra) else [], logged, unscorable)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -78,6 +78,8 @@ class Generated:
     """The share of drawn groups whose rewards were all equal."""
     logged: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     """Scalars the reward functions logged (TRL's ``log_metric``), by name."""
+    unscorable: list[bool] = dataclasses.field(default_factory=list)
+    """Per rollout, whether every reward function returned None for it (empty: none did)."""
 
     @property
     def n(self) -> int:
@@ -99,6 +101,9 @@ class Generated:
             sum_counts([p.counts for p in parts]),
             None if first.episodes is None else EpisodeFacts.merge([p.episodes for p in parts]),
             logged={k: [v for p in parts for v in p.logged.get(k, [])] for k in _names(p.logged for p in parts)},
+            unscorable=[u for p in parts for u in p.unscorable or [False] * p.n]
+            if any(p.unscorable for p in parts)
+            else [],
         )
 
 
@@ -226,6 +231,7 @@ class Collector:
             rows.scores.counts,
             None if rows.episodes is None else EpisodeFacts.of(rows.episodes),
             logged=rows.scores.logged,
+            unscorable=[] if rows.scores.unscorable is None else rows.scores.unscorable.tolist(),
         )
 
     def _accuracy(self, rows: Rows) -> torch.Tensor:

@@ -104,6 +104,11 @@ def concat_scores(parts: list[Scores]) -> Scores:
         {k: torch.cat([p.skipped.get(k, torch.zeros(len(p.total), dtype=torch.bool)) for p in parts]) for k in skipped},
         [e for p in parts for e in (p.extra or [{}] * len(p.total))] if any(p.extra for p in parts) else [],
         {k: [v for p in parts for v in p.logged.get(k, [])] for k in dict.fromkeys(k for p in parts for k in p.logged)},
+        None
+        if all(p.unscorable is None for p in parts)
+        else torch.cat(
+            [torch.zeros(len(p.total), dtype=torch.bool) if p.unscorable is None else p.unscorable for p in parts]
+        ),  # fmt: skip
     )
 
 

@@ -22,7 +22,7 @@ def rollout_record(b, g, rec, rows, tokens: list[int], adv, i: int, turn_adv=Non
         "question": question_of(rec),
         "completion": rows.texts[i],
         "tokens": int(tokens[i]),
-        "reward": rows.scores.total[i].item(),
+        "reward": None if _declined(rows.scores, i) else rows.scores.total[i].item(),
         "advantage": adv[i].item(),
     }
     if rows.scores.extra and rows.scores.extra[i]:
@@ -32,6 +32,11 @@ def rollout_record(b, g, rec, rows, tokens: list[int], adv, i: int, turn_adv=Non
         if turn_adv is not None:
             out["turn_advantages"] = [float(a) for a in turn_adv[i]]
     return out
+
+
+def _declined(scores, i: int) -> bool:
+    """Whether every reward function returned None for rollout ``i`` (it has no reward)."""
+    return scores.unscorable is not None and bool(scores.unscorable[i])
 
 
 def episode_fields(rows, i: int) -> dict:
@@ -55,6 +60,8 @@ def step_metrics(roll: StepRollouts, rollouts_total: int, update: dict, times: d
     sizes = [len(r) for r in roll.rewards]
     lengths = torch.tensor(gen.length, dtype=torch.float)  # [every rollout generated]
     reward = torch.tensor(gen.reward)  # [every rollout generated]
+    if any(gen.unscorable):  # rollouts every reward function declined have no reward: TRL's nanmean leaves them out
+        reward = reward[~torch.tensor(gen.unscorable)]
     if common_size(sizes) is not None:
         group_std = torch.tensor(roll.rewards).std(dim=1, unbiased=False)  # [groups]
     else:
