@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "trl"
 BUILTIN = ROOT / "grpolab" / "assets" / "arith-sft"
-SCRIPTS = ["quickstart", "two_rewards", "tools", "environment", "lora", "resume"]
+SCRIPTS = ["quickstart", "two_rewards", "tools", "environment", "lora", "resume", "trl_rewards"]
 GRPOLAB_IMPORT = "from grpolab.trl import GRPOConfig, GRPOTrainer"
 TRL_IMPORT = "from trl import GRPOConfig, GRPOTrainer"
 
@@ -135,6 +135,23 @@ def test_trl_resumes_the_copy(runs):
     _ok(result)
     assert json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())["global_step"] == 4
     assert "resumed at step 2, stopped at step 4" in result.output
+
+
+def test_trl_s_reward_functions_and_keywords_under_both(runs):
+    """trl.rewards' token-level functions and a function that logs a column and a metric and returns None: under
+    both trainers each function's mean is logged by its name and the metric by its own; grpolab keeps the column
+    beside each rollout."""
+    for backend in ("grpolab", "trl"):
+        result, _ = runs[backend, "trl_rewards"]
+        _ok(result)
+        printed = [line for line in result.output.splitlines() if line.startswith("logged: ")]
+        assert len(printed) == 2, (backend, result.output[-2000:])
+        for name in ("letter_judged", "soft_overlong_punishment_reward", "repetition_penalty_reward"):
+            assert f"'rewards/{name}/mean'" in printed[-1], (backend, printed)
+        assert "'replied_with_a_letter'" in printed[-1], (backend, printed)
+    _, out = runs["grpolab", "trl_rewards"]
+    records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert records and all(isinstance(r["extra"]["first_letter"], str) for r in records)
 
 
 @pytest.mark.parametrize("script", sorted(TRL_CANNOT))
