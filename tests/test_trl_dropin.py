@@ -193,6 +193,27 @@ def test_the_parser_s_help_says_what_grpolab_does_with_each_field_and_its_errors
 # ---------------------------------------------------------------- bad input
 
 
+def test_to_dict_to_json_string_and_replace_are_trl_s():
+    """transformers' serialisation (enums as values, tokens hidden, the accelerator config as a dict) and
+    dataclasses.replace give what they give on TRL's config; replace of a config whose __post_init__ filled both
+    generation_batch_size and steps_per_generation is TRL's own ValueError under both."""
+    from trl import GRPOConfig as TrlConfig
+
+    kw = dict(output_dir="o", use_cpu=True, bf16=False, report_to="none", max_steps=3, lr_scheduler_type="cosine",
+              model_init_kwargs='{"dtype": "auto"}', reward_weights=[1.0, 0.5], hub_token="secret",
+              loss_type="dr_grpo", beta=0.04)  # fmt: skip
+    theirs, ours = TrlConfig(**kw), GRPOConfig(**kw)
+    assert ours.to_dict() == theirs.to_dict()
+    assert ours.to_dict()["lr_scheduler_type"] == "cosine" and ours.to_dict()["hub_token"] == "<HUB_TOKEN>"
+    assert json.loads(ours.to_json_string()) == json.loads(theirs.to_json_string())
+    change = dict(max_steps=7, generation_batch_size=None, steps_per_generation=None, beta=0.0)
+    replaced = dataclasses.replace(ours, **change)
+    assert type(replaced) is GRPOConfig and replaced.to_dict() == dataclasses.replace(theirs, **change).to_dict()
+    for config in (theirs, ours):
+        with pytest.raises(ValueError, match="generation_batch_size"):
+            dataclasses.replace(config, max_steps=7)
+
+
 def test_an_unknown_field_is_a_type_error_as_in_trl():
     with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_field'"):
         GRPOConfig(no_such_field=1)

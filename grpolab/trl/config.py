@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import json
 import logging
 import math
@@ -115,10 +116,13 @@ def _accelerator_config(value):
     from transformers.trainer_pt_utils import AcceleratorConfig
 
     if value is None:
-        return AcceleratorConfig()
-    if isinstance(value, dict):
-        return AcceleratorConfig(**value)
-    return value if isinstance(value, AcceleratorConfig) else AcceleratorConfig.from_json_file(value)
+        value = AcceleratorConfig()
+    elif isinstance(value, dict):
+        value = AcceleratorConfig(**value)
+    elif not isinstance(value, AcceleratorConfig):
+        value = AcceleratorConfig.from_json_file(value)
+    value.pop("use_configured_state", None)  # read and removed by transformers' device setup (grpolab has none)
+    return value
 
 
 NORMALISE: dict[str, Any] = {
@@ -182,6 +186,29 @@ def _post_init(self) -> None:
         raise ValueError(f"GRPOConfig: num_generations must be >= 2 to compare a group, got {self.num_generations}")
 
 
+def _to_dict(self) -> dict[str, Any]:
+    """Every field by name, as transformers' ``TrainingArguments.to_dict`` gives it: enums as their values, a
+    ``*_token`` field's value hidden as ``<FIELD_TOKEN>``, nested configs as their own dicts."""
+    out = {}
+    for f in dataclasses.fields(self):
+        value = getattr(self, f.name)
+        if isinstance(value, enum.Enum):
+            value = value.value
+        elif isinstance(value, list) and value and isinstance(value[0], enum.Enum):
+            value = [v.value for v in value]
+        elif hasattr(value, "to_dict") and not isinstance(value, dict):  # an AcceleratorConfig, a quantization one
+            value = value.to_dict()
+        if f.name.endswith("_token"):
+            value = f"<{f.name.upper()}>"
+        out[f.name] = value
+    return out
+
+
+def _to_json_string(self) -> str:
+    """:meth:`to_dict` as indented JSON, as transformers writes it."""
+    return json.dumps(self.to_dict(), indent=2)
+
+
 def _make_config_class():
     annotations = types()
     specs = []
@@ -194,7 +221,8 @@ def _make_config_class():
             else dataclasses.field(default=default, metadata=metadata)
         )
         specs.append((f.name, annotations[f.name], spec))
-    cls = dataclasses.make_dataclass("GRPOConfig", specs, namespace={"__post_init__": _post_init})
+    namespace = {"__post_init__": _post_init, "to_dict": _to_dict, "to_json_string": _to_json_string}
+    cls = dataclasses.make_dataclass("GRPOConfig", specs, namespace=namespace)
     cls.__module__ = __name__
     cls.__doc__ = (
         "TRL 1.16's GRPOConfig: every field by TRL's name and with TRL's default (grpolab.trl.fields says what each "
