@@ -590,3 +590,26 @@ def test_steps_per_generation_takes_that_many_optimizer_steps_on_a_generation(tm
     assert (config["prompts_per_step"], config["minibatches"], config["steps"]) == (4, 2, 2)
     lrs = [m["charts/lr"] for m in trainer.run.metrics if "charts/lr" in m]
     assert lrs == pytest.approx([1e-4 * 2 / 4, 0.0])  # linear to 0 over 4 optimizer steps, read after each generation
+
+
+def test_a_model_object_with_its_tokenizer_as_processing_class_after_set_seed(tmp_path):
+    """What R1-style scripts do: transformers.set_seed, then a model object and its tokenizer passed in. The object
+    is the one trained (in place), and the run is args.seed's whatever the global seed was (grpolab seeds its own
+    streams from it)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+
+    seen = []  # each run's losses, then its trained weights
+    for global_seed in (0, 1234):
+        set_seed(global_seed)
+        model = AutoModelForCausalLM.from_pretrained(BUILTIN)
+        before = [p.detach().clone() for p in model.parameters()]
+        trainer = GRPOTrainer(model, [ends_right], _args(tmp_path / str(global_seed), max_steps=2),
+                              train_dataset=_rows(), processing_class=AutoTokenizer.from_pretrained(BUILTIN))  # fmt: skip
+        trainer.train()
+        assert trainer.model is model
+        assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))  # trained in place
+        seen.append([m["loss/total"] for m in trainer.run.metrics if "loss/total" in m])
+        seen.append([p.detach().clone() for p in model.parameters()])
+    assert seen[0] == seen[2] and len(seen[0]) == 2 and any(seen[0])  # the same losses, not all 0
+    assert all(torch.equal(a, b) for a, b in zip(seen[1], seen[3]))  # the same trained weights
