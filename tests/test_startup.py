@@ -35,7 +35,9 @@ def test_the_libraries_are_imported_with_the_collector_paused_and_frozen_once(tm
         assert sys.modules["grpolab_startup_probe"].PAUSED and gc.isenabled()
         frozen = gc.get_freeze_count()
         assert frozen >= before + 1000  # the module's objects are frozen: no collection walks them again
+        made_since = [[] for _ in range(100)]  # a second freeze would take these too
         import_libraries(("grpolab_startup_probe",))  # imported already: nothing is frozen a second time
-        assert gc.get_freeze_count() == frozen
+        # (frozen objects freed meanwhile, by this or another thread, only lower the count)
+        assert gc.get_freeze_count() < frozen + len(made_since)
     finally:
         sys.modules.pop("grpolab_startup_probe", None)
