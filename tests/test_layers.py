@@ -4,7 +4,7 @@ and environments they draw through, training above evaluation, the commands on t
 
 from __future__ import annotations
 
-import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +12,8 @@ import pytest
 import grpolab
 
 ROOT = Path(grpolab.__file__).parent
+sys.path.insert(0, str(ROOT.parent / "tools"))
+from layer_graph import face_names, module_imports  # noqa: E402 - one reading of imports, the drawing's too
 
 # Lowest first. A package may import from the layers listed before its own, never from its own layer's other
 # packages or from later layers.
@@ -34,28 +36,17 @@ LAYERS = [
 LAYER_OF = {package: i for i, layer in enumerate(LAYERS) for package in layer}
 
 
-def _imports(path: Path) -> set[str]:
-    """The grpolab packages a module imports (``grpolab.x.y`` -> ``x``; ``from grpolab import x`` -> ``x``)."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module] if node.module != "grpolab" else [f"grpolab.{a.name}" for a in node.names]
-        out |= {n.split(".")[1] for n in names if n.startswith("grpolab.")}
-    return out
-
-
 def upward_imports(root: Path = ROOT) -> list[str]:
-    """Every import of a package from its own layer (another package) or a later one, as 'module -> package'."""
+    """Every import of a package from its own layer (another package) or a later one, as 'module -> package'
+    (``grpolab.train`` reached after ``import grpolab`` counts as an import of the package it comes from)."""
     bad = []
+    face = face_names(root)
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root).parts
         if len(parts) < 2:  # grpolab/__init__.py and __main__.py: the package's face, above everything
             continue
         package = parts[0]
-        for target in sorted(_imports(path) - {package}):
+        for target in sorted(module_imports(path, face) - {package}):
             if target in LAYER_OF and LAYER_OF[target] >= LAYER_OF[package]:
                 bad.append(f"{'/'.join(parts)} -> {target}")
     return bad
@@ -79,6 +70,19 @@ def test_an_upward_import_is_caught(tmp_path):
     (tmp_path / "training").mkdir()
     (tmp_path / "training" / "trainer.py").write_text("from grpolab.algo.loss import f\n")
     assert upward_imports(tmp_path) == ["algo/loss.py -> training"]
+
+
+def test_an_attribute_of_grpolab_reached_after_import_grpolab_is_an_import(tmp_path):
+    """``import grpolab`` then ``grpolab.train(...)`` uses the package ``train`` comes from (here commands), and
+    ``grpolab.training.x`` the package named: a low layer doing either is caught."""
+    (tmp_path / "__init__.py").write_text(
+        "def __getattr__(name):\n    if name in ('train',):\n        from grpolab.commands import api\n"
+    )
+    (tmp_path / "algo").mkdir()
+    (tmp_path / "algo" / "loss.py").write_text("import grpolab\n\ndef f():\n    return grpolab.train(steps=1)\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "rows.py").write_text("import grpolab\n\ng = grpolab.training.recipe\n")
+    assert upward_imports(tmp_path) == ["algo/loss.py -> commands", "data/rows.py -> training"]
 
 
 @pytest.mark.parametrize("package", ["rewards", "env", "probes"])

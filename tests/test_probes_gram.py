@@ -521,18 +521,18 @@ def test_count_sketch_hashes_are_kept_and_equal_a_fresh_draw(monkeypatch):
 
     g = torch.randn(3, 1000, dtype=torch.float64)
     monkeypatch.setattr(gram, "_sketch_hashes", {})
-    first = gram._count_sketch(g, "layer.weight", 64, seed=2)
+    first = gram.count_sketch(g, "layer.weight", 64, seed=2)
     assert list(gram._sketch_hashes) == [("layer.weight", 1000, 64, 2)]
-    assert torch.equal(gram._count_sketch(g, "layer.weight", 64, seed=2), first)  # from the cache
+    assert torch.equal(gram.count_sketch(g, "layer.weight", 64, seed=2), first)  # from the cache
     # the projection itself: each coordinate to one bucket with a sign +-1, so norms add up bucket-wise
     bucket, sign = gram._sketch_hashes[("layer.weight", 1000, 64, 2)]
     expected = torch.zeros(3, 64, dtype=torch.float64).index_add_(1, bucket.long(), g * sign.double())
     assert torch.allclose(first.double(), expected, atol=1e-5)
     monkeypatch.setattr(gram, "_SKETCH_HASH_BUDGET", 0)  # over budget: drawn again, not kept, the same projection
     monkeypatch.setattr(gram, "_sketch_hashes", {})
-    assert torch.equal(gram._count_sketch(g, "layer.weight", 64, seed=2), first)
+    assert torch.equal(gram.count_sketch(g, "layer.weight", 64, seed=2), first)
     assert gram._sketch_hashes == {}
-    assert not torch.equal(gram._count_sketch(g, "other.weight", 64, seed=2), first)
+    assert not torch.equal(gram.count_sketch(g, "other.weight", 64, seed=2), first)
 
 
 @pytest.mark.parametrize("path", ["ghost", "per_rollout"])

@@ -16,10 +16,48 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "grpolab"
 
 
+def face_names(root: Path = ROOT) -> dict[str, str]:
+    """The names ``grpolab/__init__.py`` hands out as ``grpolab.NAME`` (its lazy ``__getattr__``), each with the
+    package it takes them from: ``grpolab.train`` is ``commands``'s."""
+    init = root / "__init__.py"
+    out: dict[str, str] = {}
+    if not init.is_file():
+        return out
+    for node in ast.walk(ast.parse(init.read_text())):
+        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)):
+            continue
+        names = [e.value for e in getattr(node.test.comparators[0], "elts", []) if isinstance(e, ast.Constant)]
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.ImportFrom) and inner.module and inner.module.startswith("grpolab"):
+                package = inner.module.split(".")[1] if "." in inner.module else inner.names[0].name
+                out |= dict.fromkeys(names, package)
+    return out
+
+
+def module_imports(path: Path, face: dict[str, str] | None = None) -> set[str]:
+    """The grpolab packages the module at ``path`` uses: ``import grpolab.x.y`` and ``from grpolab.x import y``
+    (-> ``x``), ``from grpolab import x``, and ``grpolab.x`` or ``grpolab.NAME`` reached as an attribute after
+    ``import grpolab`` (``face``: :func:`face_names`)."""
+    face = face or {}
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] if node.module != "grpolab" else [f"grpolab.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "grpolab":
+            names = [f"grpolab.{face.get(node.attr, node.attr)}"]
+        out |= {n.split(".")[1] for n in names if n.startswith("grpolab.")}
+    return {p for p in out if not p.startswith("_")}  # not grpolab.__file__, grpolab.__version__
+
+
 def package_graph(root: Path = ROOT) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
     """package -> the grpolab packages its modules import, and package -> its modules' names."""
     graph: dict[str, set[str]] = {}
     modules: dict[str, list[str]] = {}
+    face = face_names(root)
+    packages = {p.name for p in root.iterdir() if (p / "__init__.py").is_file()}
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root).parts
         if len(parts) < 2:
@@ -29,13 +67,7 @@ def package_graph(root: Path = ROOT) -> tuple[dict[str, set[str]], dict[str, lis
         name = "/".join(parts[1:]).removesuffix(".py")
         if name != "__init__":
             modules.setdefault(package, []).append(name.removesuffix("/__init__"))
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module] if node.module != "grpolab" else [f"grpolab.{a.name}" for a in node.names]
-            graph[package] |= {n.split(".")[1] for n in names if n.startswith("grpolab.")} - {package}
+        graph[package] |= (module_imports(path, face) & packages) - {package}
     return graph, modules
 
 

@@ -25,7 +25,7 @@ from grpolab.common.given import NOTHING, Given
 from grpolab.common.progress import progress_bar
 from grpolab.config.rollout import EngineSection
 from grpolab.models.policy import Policy
-from grpolab.probes.gram import _select_params, score_gram
+from grpolab.probes.gram import score_gram, select_params
 from grpolab.probes.mse import loo_vector, prompt_moments, sketch_dim_for
 from grpolab.rewards.forms import check_columns
 from grpolab.rewards.rewarder import Rewarder, rewarder_for
@@ -131,7 +131,7 @@ def collect_pool(
         raise ValueError(f"--pool must be >= 3 rollouts per prompt, got {n}")
     model = policy.model
     model.eval()
-    chosen = _select_params(model, include)
+    chosen = select_params(model, include)
     params = [p for p in model.parameters() if id(p) in chosen]
     D = sum(p.numel() for p in params)
     sketch_dim = _resolve_sketch_dim(sketch_dim, len(records), D, world, log)

@@ -19,13 +19,20 @@ from grpolab.algo.names import (
 from grpolab.config.fields import bad, check_counts
 
 GROUP_BASELINES = ("grpo", "grpo_std", "rloo")
-# TRL's loss_type values that name an aggregation of the clipped term, and grpolab's --aggregation for each
-TRL_AGGREGATION_LOSS_TYPES = {
+# Every TRL loss_type and the aggregation TRL gives it, as grpolab's --aggregation: the first four name an aggregation
+# of the clipped term; the rest are policy terms of grpolab's --loss-type too.
+TRL_LOSS_AGGREGATION = {
     "grpo": "seq-mean-token-mean",
     "dapo": "token-mean",
     "bnpo": "token-mean",
     "dr_grpo": "seq-mean-token-sum-norm",
+    "cispo": "token-mean",
+    "vespo": "token-mean",
+    "sapo": "seq-mean-token-mean",
+    "luspo": "seq-mean-token-mean",  # luspo sums each rollout's terms itself (grpolab.algo.loss.effective_aggregation)
 }
+# TRL's loss_type values that name an aggregation of the clipped term (not a --loss-type here)
+TRL_AGGREGATION_LOSS_TYPES = {k: v for k, v in TRL_LOSS_AGGREGATION.items() if k in ("grpo", "dapo", "bnpo", "dr_grpo")}
 
 
 @dataclasses.dataclass(frozen=True)

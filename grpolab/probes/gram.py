@@ -68,7 +68,7 @@ def _weighted_score_sum(model, batch: Batch, weights: torch.Tensor, temperature:
     return (logp * weights.to(logp.dtype)).sum()
 
 
-def _select_params(model: nn.Module, include: str | None) -> dict[int, str]:
+def select_params(model: nn.Module, include: str | None) -> dict[int, str]:
     """id(param) -> name of the trainable parameters whose name matches ``include`` (a regex). A vision-language
     model's default is its language model and head (:meth:`grpolab.vision.families.Family.language_scope`)."""
     if include is None and is_vision_config(getattr(model, "config", None)):
@@ -117,7 +117,7 @@ def _sketch_hash(name: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, to
     return bucket, sign
 
 
-def _count_sketch(g: torch.Tensor, name: str, k: int, seed: int) -> torch.Tensor:
+def count_sketch(g: torch.Tensor, name: str, k: int, seed: int) -> torch.Tensor:
     """Project per-rollout gradients ``[R, n]`` to ``[R, k]`` with a CountSketch: coordinate j
     goes to bucket h(j) with sign s(j), both drawn from a generator keyed by the parameter
     name, so every call (and every rollout) uses the same projection. E<Sa, Sb> = <a, b>;
@@ -250,7 +250,7 @@ class _GramAccumulator:
         self.covered.add(pid)
         g = _wide(grads.reshape(grads.shape[0], -1))
         if self.sketch is not None:
-            self.sketch += _count_sketch(g, self.chosen[pid], self.sketch_dim, self.sketch_seed).cpu()
+            self.sketch += count_sketch(g, self.chosen[pid], self.sketch_dim, self.sketch_seed).cpu()
         else:
             self.psi += (g @ g.T).double().cpu()  # [R, R] sums kept on the CPU, whatever the model's device
 
@@ -412,7 +412,7 @@ def score_gram(
     projections of the per-rollout gradients (the fallback for models where the exact
     path is too slow; every layer is then materialised per rollout and projected).
     """
-    chosen = _select_params(model, include)
+    chosen = select_params(model, include)
     R = batch.completion_ids.shape[0]
     modules = _hooked_modules(model)
     acc = _GramAccumulator(R, chosen, _count_uses(modules, chosen), sketch_dim, sketch_seed)
@@ -431,7 +431,7 @@ def score_gram_reference(
     model: nn.Module, batch: Batch, weights: torch.Tensor, *, temperature: float = 1.0, include: str | None = None
 ) -> torch.Tensor:
     """Psi ``[R, R]`` the plain way: one backward pass per rollout, gradients stacked."""
-    chosen = _select_params(model, include)
+    chosen = select_params(model, include)
     params = [p for p in model.parameters() if id(p) in chosen]
     rows = []
     R = batch.completion_ids.shape[0]

@@ -249,7 +249,7 @@ def loo_vector(
     ``sketch_dim``-dimensional CountSketch ``[k]`` (each parameter hashed by its name and ``seed``: unbiased cross
     products). Equal rewards make every a_i, and so mu_hat, zero."""
     from grpolab.models.logprobs import completion_logprobs
-    from grpolab.probes.gram import _count_sketch
+    from grpolab.probes.gram import count_sketch
 
     if bool((rewards == rewards[0]).all()):
         return torch.zeros(sketch_dim or sum(p.numel() for p in params.values()))
@@ -259,7 +259,7 @@ def loo_vector(
     grads = torch.autograd.grad((logp * weights.to(logp.dtype)).sum(), list(params.values()), allow_unused=True)
     blocks = [(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, params.values())]
     if sketch_dim:  # each parameter's block hashed with its own (name-keyed) buckets and signs
-        return sum(_count_sketch(b[None], name, sketch_dim, seed)[0] for b, name in zip(blocks, params))  # [k]
+        return sum(count_sketch(b[None], name, sketch_dim, seed)[0] for b, name in zip(blocks, params))  # [k]
     return torch.cat(blocks)  # [D]
 
 

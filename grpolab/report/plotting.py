@@ -36,7 +36,7 @@ def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def _smooth(y: list[float], k: int) -> list[float]:
+def running_mean(y: list[float], k: int) -> list[float]:
     out, acc = [], 0.0
     for i, v in enumerate(y):
         acc += v
@@ -56,9 +56,9 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, title: str = ""
 
     x, y = _series(rows, "reward/mean")
     axes[0].plot(x, y, color="tab:blue", alpha=0.3, lw=0.8)
-    axes[0].plot(x, _smooth(y, k), color="tab:blue", label="reward/mean")
+    axes[0].plot(x, running_mean(y, k), color="tab:blue", label="reward/mean")
     x, y = _series(rows, "reward/accuracy")
-    axes[0].plot(x, _smooth(y, k), color="tab:green", label="reward/accuracy (train rollouts)")
+    axes[0].plot(x, running_mean(y, k), color="tab:green", label="reward/accuracy (train rollouts)")
     axes[0].set_title(f"training reward (moving mean over {k} steps)")
 
     for key, color in (("eval/accuracy_greedy", "tab:red"), ("eval/accuracy_sampled", "tab:purple")):
@@ -73,7 +73,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, title: str = ""
 
     x, y = _series(rows, "reward/frac_zero_std")
     axes[2].plot(x, y, color="tab:gray", alpha=0.3, lw=0.8)
-    axes[2].plot(x, _smooth(y, k), color="tab:gray", label="reward/frac_zero_std")
+    axes[2].plot(x, running_mean(y, k), color="tab:gray", label="reward/frac_zero_std")
     axes[2].set_title("groups with zero reward variance (no signal)")
 
     for ax in axes:

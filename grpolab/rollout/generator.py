@@ -152,7 +152,7 @@ def weights_digest(weights: dict[str, torch.Tensor]) -> str:
 
 
 # ---------------------------------------------------------------------- the child
-class _Generator:
+class ReplicaGenerator:
     """The child's side: a replica of the policy, the engine over it and the weight versions it was sent."""
 
     def __init__(self, spec: GeneratorSpec, shared: SharedWeights, buffers: dict[str, torch.Tensor]):
@@ -279,7 +279,7 @@ def serve(spec: GeneratorSpec, shared: SharedWeights, buffers: dict, conn, paren
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's: it ends its step, saves and stops us
     _die_with_parent()
     try:
-        generator = _Generator(spec, shared, buffers)
+        generator = ReplicaGenerator(spec, shared, buffers)
         weights = getattr(generator.engine, "weights", None)
         _put(conn, ("ready", 0, getattr(weights, "note", None)))
         while True:

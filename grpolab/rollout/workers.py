@@ -56,9 +56,9 @@ from grpolab.rollout.generator import (
     START_TIMEOUT,
     STOP_MID_ANSWER,
     GeneratorSpec,
+    ReplicaGenerator,
     SharedWeights,
     VersionedDraws,
-    _Generator,
 )
 from grpolab.rollout.sampler import Sampled, SamplingSettings
 from grpolab.rollout.weights import base_model, lag_state, restored_lag, served_weights
@@ -255,7 +255,7 @@ def _join(sock: socket.socket, options: WorkerOptions):
     sock.settimeout(welcome["timeout"])
     spec = _spec(welcome, dict(zip(welcome["buffers"], buffers)), options)
     slot = SharedWeights.of_layout(_layout_of(welcome["layout"]))
-    generator = _Generator(spec, slot, slot.buffers)
+    generator = ReplicaGenerator(spec, slot, slot.buffers)
     generator.versions, generator.loaded = {}, -1  # the trainer sends the versions it needs
     send_frame(sock, {"kind": "ready"})
     host, _ = split_address(options.connect)

@@ -22,21 +22,9 @@ import math
 import os
 from typing import Any, NamedTuple
 
+from grpolab.config.objective import TRL_AGGREGATION_LOSS_TYPES, TRL_LOSS_AGGREGATION
 from grpolab.trl.fields import BY_NAME, FIELDS, PARSER_OPTIONS, help_text, types
 
-# TRL's loss_type values that name an aggregation of the clipped term, and the rest: terms with the aggregation TRL
-# gives each (grpolab.config.objective says the same of --loss-type)
-AGGREGATION_OF = {
-    "grpo": "seq-mean-token-mean",
-    "bnpo": "token-mean",
-    "dapo": "token-mean",
-    "dr_grpo": "seq-mean-token-sum-norm",
-    "cispo": "token-mean",
-    "vespo": "token-mean",
-    "sapo": "seq-mean-token-mean",
-    "luspo": "seq-mean-token-mean",  # luspo sums each rollout's terms itself (grpolab.algo.loss.effective_aggregation)
-}
-TERMS = ("cispo", "sapo", "luspo", "vespo")
 SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
 CORRECTIONS = {
     "token_truncate": "token-truncate",
@@ -268,15 +256,16 @@ def translate(
     inert = [f for f in _inert_set(args) if not (resumes and f.name == "resume_from_checkpoint")]
     notes = [f"{f.name}={getattr(args, f.name)!r} has no effect here: {f.note}" for f in inert]
     geometry, per_epoch = _geometry(args, world_size, train_rows, notes)
-    steps, mu = geometry["steps"], geometry["mu"] * geometry["minibatches"]  # mu: optimizer steps a step
-    options = {**geometry, **_schedule(args, steps * mu)}
+    steps = geometry["steps"]
+    per_step = geometry["mu"] * geometry["minibatches"]  # optimizer steps in one grpolab step (mu: its iterations)
+    options = {**geometry, **_schedule(args, steps * per_step)}
     options |= _objective(args) | _generation(args) | _model(args, checkpoint_dtype)
     options |= _precision(args, device, notes, checkpoint_dtype)
-    every = _every(args.logging_strategy, args.logging_steps, steps, mu, per_epoch)
-    options |= _checkpoints(args, steps, mu, per_epoch)
-    options |= _evaluation(args, steps, mu, per_epoch, has_eval, every)
+    every = _every(args.logging_strategy, args.logging_steps, steps, per_step, per_epoch)
+    options |= _checkpoints(args, steps, per_step, per_epoch)
+    options |= _evaluation(args, steps, per_step, per_epoch, has_eval, every)
     options |= _logging(args, every, notes) | _sharding(args)
-    return Translation(options, notes, mu, every, per_epoch)
+    return Translation(options, notes, per_step, every, per_epoch)
 
 
 def to_options(args, world_size: int = 1, train_rows: int | None = None, has_eval: bool = False) -> dict:
@@ -359,12 +348,12 @@ def _schedule(args, optimizer_steps: int) -> dict:
 
 def _objective(args) -> dict:
     loss = args.loss_type
-    if loss not in AGGREGATION_OF:
-        raise _refuse("loss_type", loss, f"TRL's loss types are {', '.join(AGGREGATION_OF)}")
+    if loss not in TRL_LOSS_AGGREGATION:
+        raise _refuse("loss_type", loss, f"TRL's loss types are {', '.join(TRL_LOSS_AGGREGATION)}")
     eps_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
     out = {
-        "aggregation": AGGREGATION_OF[loss],
-        "loss_type": loss if loss in TERMS else "clip",
+        "aggregation": TRL_LOSS_AGGREGATION[loss],
+        "loss_type": "clip" if loss in TRL_AGGREGATION_LOSS_TYPES else loss,  # else a policy term of grpolab's
         "clip_low": args.epsilon,
         "clip_high": eps_high,
         "clip_delta": args.delta or 0.0,
@@ -495,9 +484,6 @@ def _precision(args, device: str | None, notes: list[str], checkpoint_dtype: str
 
     where = torch.device("cpu" if args.use_cpu else device or ("cuda" if machine().gpu() else "cpu"))
     out = {"device": "cpu" if args.use_cpu else (device or "auto")}
-    if args.tf32 is not None and where.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
-        torch.backends.cudnn.allow_tf32 = bool(args.tf32)
     if model_dtype(args, checkpoint_dtype) == "bfloat16":
         return out  # the weights themselves are bf16 (_model)
     if args.bf16:
@@ -517,7 +503,18 @@ def _precision(args, device: str | None, notes: list[str], checkpoint_dtype: str
     return out
 
 
-def _every(strategy, value, steps: int, mu: int, per_epoch: int) -> int:
+def set_tf32(args) -> None:
+    """TRL's ``tf32``: torch's TF32 matmuls on CUDA on or off, set when a run starts (:meth:`GRPOTrainer.train`), as
+    transformers sets it in its device setup; nothing on a CPU run or when left None."""
+    import torch
+
+    if args.tf32 is None or args.use_cpu or not torch.cuda.is_available():
+        return
+    torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
+    torch.backends.cudnn.allow_tf32 = bool(args.tf32)
+
+
+def _every(strategy, value, steps: int, per_step: int, per_epoch: int) -> int:
     """grpolab steps between two events of a transformers interval strategy (``no``: 0)."""
     strategy = getattr(strategy, "value", strategy)
     if strategy == "no":
@@ -526,21 +523,21 @@ def _every(strategy, value, steps: int, mu: int, per_epoch: int) -> int:
         return max(per_epoch, 1)
     if strategy != "steps":
         raise ValueError(f"GRPOConfig: interval strategy {strategy!r}: grpolab takes no, steps or epoch")
-    optimizer_steps = _fraction_or_count(value, steps * mu)
-    return max(1, math.ceil(optimizer_steps / mu))
+    optimizer_steps = _fraction_or_count(value, steps * per_step)
+    return max(1, math.ceil(optimizer_steps / per_step))
 
 
-def _checkpoints(args, steps: int, mu: int, per_epoch: int) -> dict:
+def _checkpoints(args, steps: int, per_step: int, per_epoch: int) -> dict:
     strategy = getattr(args.save_strategy, "value", args.save_strategy)
     if strategy == "best":
         raise _refuse("save_strategy", "best", "grpolab keeps the last weights; pick a checkpoint with grpolab eval")
-    out = {"save_every": _every(strategy, args.save_steps, steps, mu, per_epoch), "out": str(args.output_dir)}
+    out = {"save_every": _every(strategy, args.save_steps, steps, per_step, per_epoch), "out": str(args.output_dir)}
     if args.save_total_limit is not None:
         out["keep_checkpoints"] = int(args.save_total_limit)
     return out
 
 
-def _evaluation(args, steps: int, mu: int, per_epoch: int, has_eval: bool, log_every: int) -> dict:
+def _evaluation(args, steps: int, per_step: int, per_epoch: int, has_eval: bool, log_every: int) -> dict:
     """With an eval_dataset: held-out accuracy at the start, every eval interval and the end; without one, none (TRL
     trains on every row and evaluates nothing)."""
     if not has_eval:
@@ -548,7 +545,7 @@ def _evaluation(args, steps: int, mu: int, per_epoch: int, has_eval: bool, log_e
     strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
     if strategy == "steps" and args.eval_steps is None:
         return {"eval_every": log_every}
-    return {"eval_every": _every(strategy, args.eval_steps or 0, steps, mu, per_epoch)}
+    return {"eval_every": _every(strategy, args.eval_steps or 0, steps, per_step, per_epoch)}
 
 
 def _sharding(args) -> dict:

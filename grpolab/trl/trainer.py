@@ -24,7 +24,7 @@ import transformers.trainer_pt_utils as _hf_trainer_utils
 
 from grpolab.common.errors import RewardFunctionError
 from grpolab.config.run import keep_run_config_aside
-from grpolab.trl.config import GRPOConfig, asks_checkpoint_dtype, translate
+from grpolab.trl.config import GRPOConfig, asks_checkpoint_dtype, set_tf32, translate
 from grpolab.trl.logs import eval_entry, trl_entry
 
 # LoraConfig's fields that grpolab's LoRA takes, and the rest at their defaults
@@ -119,7 +119,7 @@ class GRPOTrainer:
         its newest checkpoint: grpolab resumes exactly (weights, optimizer, schedule and random state)."""
         from transformers.trainer_utils import TrainOutput
 
-        import grpolab
+        from grpolab.commands import api
 
         if trial is not None or kwargs:
             raise ValueError("GRPOTrainer.train: hyperparameter search trials and other keywords are not taken")
@@ -131,13 +131,14 @@ class GRPOTrainer:
         )  # fmt: skip
         options = dict(plan.options)
         options |= self.lora
+        set_tf32(self.args)
         if resume_from_checkpoint:
             options["resume"] = _resumes(resume_from_checkpoint, Path(self.args.output_dir))
         for line in plan.notes:
             self.log(f"grpolab.trl: {line}")
         hooks = _Callbacks(self, plan)
         started = time.perf_counter()
-        self.run = grpolab.train(
+        self.run = api.train(
             self._model if self._model is not None else self.model_spec,
             self.train_dataset,
             [f for f in self.reward_funcs if f is not None] or None,
@@ -172,14 +173,14 @@ class GRPOTrainer:
         """Held-out accuracy of the first reward function on ``eval_dataset`` (default: the trainer's), greedy and
         sampled (``num_generations_eval`` or 2 samples a prompt), with 95% intervals, as ``{prefix}_reward``,
         ``{prefix}_accuracy_greedy`` ..."""
-        import grpolab
+        from grpolab.commands import api
 
         data = eval_dataset if eval_dataset is not None else self.eval_dataset
         if data is None:
             raise ValueError("GRPOTrainer.evaluate: no eval_dataset (give one here or to the trainer)")
         model = self.model  # loads a path once
         funcs = [f for f in self.reward_funcs if callable(f) and not _is_module(f)]
-        report = grpolab.evaluate(
+        report = api.evaluate(
             model,
             data,
             funcs[:1] or None,
@@ -495,7 +496,7 @@ class _Callbacks:
         from transformers import TrainerControl
 
         self.t, self.plan = trainer, plan
-        self.mu = plan.optimizer_steps_per_step
+        self.per_step = plan.optimizer_steps_per_step  # optimizer steps in one grpolab step
         self.per_epoch, self.steps = plan.steps_per_epoch, plan.options["steps"]
         self.window: list[dict] = []
         self.control = TrainerControl()
@@ -515,13 +516,13 @@ class _Callbacks:
         handler.model, handler.processing_class = policy.model, policy.processor or policy.tokenizer
         handler.optimizer, handler.lr_scheduler = recipe.trainer.optimizer, recipe.trainer.scheduler
         state = t.state
-        state.max_steps = recipe.cfg.run.steps * self.mu
-        state.global_step = recipe.start * self.mu
+        state.max_steps = recipe.cfg.run.steps * self.per_step
+        state.global_step = recipe.start * self.per_step
         state.epoch = self._epoch(recipe.start)
         state.num_train_epochs = math.ceil(recipe.cfg.run.steps / self.per_epoch) if self.per_epoch else 1
-        state.logging_steps = self.plan.log_every * self.mu
-        state.save_steps = recipe.cfg.logging.save_every * self.mu
-        state.eval_steps = recipe.cfg.eval.eval_every * self.mu
+        state.logging_steps = self.plan.log_every * self.per_step
+        state.save_steps = recipe.cfg.logging.save_every * self.per_step
+        state.eval_steps = recipe.cfg.eval.eval_every * self.per_step
         state.train_batch_size = args.per_device_train_batch_size
         state.is_local_process_zero = state.is_world_process_zero = recipe.world.is_main
         self._call("on_train_begin")
@@ -529,13 +530,13 @@ class _Callbacks:
     def evaluated(self, step: int, metrics: dict) -> None:
         """An evaluation's metrics (any step's: ``step_end`` passes its own on) to log_history and on_evaluate."""
         if any(k.startswith("eval/") for k in metrics):
-            entry = eval_entry(metrics, step * self.mu, self._epoch(step))
+            entry = eval_entry(metrics, step * self.per_step, self._epoch(step))
             self.t.state.log_history.append(entry)
             self._call("on_evaluate", metrics=entry)
 
     def step_end(self, step: int, metrics: dict, saved: bool) -> bool:
         state = self.t.state
-        state.global_step, state.epoch = step * self.mu, self._epoch(step)
+        state.global_step, state.epoch = step * self.per_step, self._epoch(step)
         self.window.append(metrics)
         self._call("on_step_begin")
         self._call("on_step_end")

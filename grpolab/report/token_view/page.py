@@ -125,14 +125,14 @@ _PANELS = (
 
 
 def _smoothed(ax, rows: list[dict], key: str, colour: str, label: str, ls: str = "-") -> bool:
-    from grpolab.report.plotting import _smooth
+    from grpolab.report.plotting import running_mean
 
     pts = [(r["step"], r[key]) for r in rows if number(r.get(key)) is not None]
     if not pts:
         return False
     x, y = [p[0] for p in pts], [p[1] for p in pts]
     ax.plot(x, y, color=colour, alpha=0.25, lw=0.8, ls=ls)
-    ax.plot(x, _smooth(y, max(1, len(y) // 20)), color=colour, lw=1.4, ls=ls, label=label)
+    ax.plot(x, running_mean(y, max(1, len(y) // 20)), color=colour, lw=1.4, ls=ls, label=label)
     return True
 
 
