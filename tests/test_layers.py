@@ -4,6 +4,7 @@ and environments they draw through, training above evaluation, the commands on t
 
 from __future__ import annotations
 
+import ast
 import sys
 from pathlib import Path
 
@@ -83,6 +84,25 @@ def test_an_attribute_of_grpolab_reached_after_import_grpolab_is_an_import(tmp_p
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "rows.py").write_text("import grpolab\n\ng = grpolab.training.recipe\n")
     assert upward_imports(tmp_path) == ["algo/loss.py -> commands", "data/rows.py -> training"]
+
+
+def private_imports(root: Path = ROOT) -> list[str]:
+    """Every ``from grpolab.x import _name`` in grpolab: a module reaching into another's private names, as
+    'module -> x._name'."""
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("grpolab"):
+                names = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                bad += [f"{path.relative_to(root)} -> {node.module.removeprefix('grpolab.')}.{n}" for n in names]
+    return bad
+
+
+def test_no_module_imports_another_s_private_name(tmp_path):
+    assert private_imports() == []
+    (tmp_path / "probes").mkdir()
+    (tmp_path / "probes" / "mse.py").write_text("from grpolab.probes.gram import _count_sketch, score_gram\n")
+    assert private_imports(tmp_path) == ["probes/mse.py -> probes.gram._count_sketch"]
 
 
 @pytest.mark.parametrize("package", ["rewards", "env", "probes"])
