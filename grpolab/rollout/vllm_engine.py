@@ -22,7 +22,7 @@ every optimizer step. No checkpoint is read or written.
   ``vllm.LLM``; each engine pushes its own weights when the shared one last held another's.
 
 CUDA: ``gpu_memory_utilization`` (``--vllm-memory``) and sleep mode (``--vllm-sleep``: the engine
-frees its weights and KV cache during the update). Written for CUDA and never run on a GPU. On
+frees its weights and KV cache during the update): CUDA's (docs/gpu.md says what has run there). On
 the CPU, the KV cache is ``VLLM_CPU_KVCACHE_SPACE`` GiB (default 2 here: 46,000 tokens of
 SmolLM2, a step of 32 x 8 rollouts of up to 128 tokens held at once).
 """

