@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -268,3 +269,17 @@ def test_two_encodings_of_the_same_pictures_have_one_key_and_other_pictures_anot
     name, model, processor, family = vlm
     (_, a), (_, b), (_, c) = (encode(processor, family, ASK, images) for images in ([RED], [RED], [BLUE]))
     assert a is not b and a.key() == b.key() and a.key() != c.key()
+
+
+def test_family_of_is_the_one_answer_to_is_this_a_vision_language_model(vlm):
+    """A model or its config: its family for a vision-language model, None for a text one, one line for a
+    vision-language type grpolab has no adapter for; a processor loads by the family's own name for it."""
+    from transformers import AutoConfig
+
+    name, model, _, family = vlm
+    assert family_of(model) is family and family.name == name and family.processor in ("auto", "qwen")
+    text = AutoConfig.from_pretrained(Path(__file__).resolve().parents[1] / "grpolab" / "assets" / "arith-sft")
+    assert family_of(text) is None
+    stranger = type("Config", (), {"model_type": "not-a-vlm-family", "vision_config": object()})()
+    with pytest.raises(ValueError, match="no adapter for the vision-language model type 'not-a-vlm-family'"):
+        family_of(stranger)

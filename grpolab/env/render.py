@@ -56,7 +56,7 @@ class Renderer:
             msgs = [
                 {"role": "user", "content": "Tool result:\n" + m["content"]} if m["role"] == "tool" else m for m in msgs
             ]
-        if self.processor is not None:  # every content a list of parts, as vision-language templates read them
+        if self.policy.family is not None:  # every content a list of parts, as vision-language templates read them
             from grpolab.vision.processing import with_image_parts
 
             msgs = with_image_parts(msgs, 0)

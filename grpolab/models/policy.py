@@ -47,7 +47,7 @@ class Policy:
         """A vision-language model's adapter (:mod:`grpolab.vision.families`); None for a text model."""
         from grpolab.vision.families import family_of
 
-        return None if self.processor is None else family_of(self.model.config)
+        return family_of(self.model)
 
     @property
     def eos_id(self) -> int:
@@ -230,14 +230,14 @@ def _load_directory(path: Path, dtype: torch.dtype):
         return PeftModel.from_pretrained(model, path).merge_and_unload(), tokenizer
     from transformers import AutoConfig
 
-    from grpolab.vision.families import family_of, is_vision_config
+    from grpolab.vision.families import family_of
 
-    if is_vision_config(config := AutoConfig.from_pretrained(path)):
+    if (family := family_of(AutoConfig.from_pretrained(path))) is not None:
         from transformers import AutoModelForImageTextToText
 
         from grpolab.vision.processing import load_processor
 
-        processor = load_processor(path, family_of(config))
+        processor = load_processor(path, family)
         return AutoModelForImageTextToText.from_pretrained(path, dtype=dtype), processor
     tokenizer = AutoTokenizer.from_pretrained(path)
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype), tokenizer
@@ -286,13 +286,23 @@ def load_policy(
         source, origin = str(path), snap.record() if snap else None
     model = _own_memory(model.to(device))
     use_grouped_sdpa(model)  # grouped heads without copying the keys and values under a mask (CPU)
+    tokenizer, processor, use_chat = _prompting(model, tokenizer, source, chat, spec != BUILTIN)
+    return Policy(model, tokenizer, source, origin, chat=use_chat, few_shot=list(few_shot or []), processor=processor)
+
+
+def _prompting(model, loaded, source: str, chat: str, chat_by_default: bool):
+    """(tokenizer, processor or None, whether prompts go through the chat template) of a model and what was loaded
+    with it (``loaded``: its tokenizer, or a vision-language model's processor). ``chat``: auto, on or off."""
     from grpolab.config.train import ConfigError
+    from grpolab.vision.families import family_of
 
     if chat not in ("auto", "on", "off"):
         raise ConfigError(f"--chat must be auto, on or off, got {chat!r}")
-    processor = tokenizer if hasattr(tokenizer, "image_processor") else None  # a vision-language model's
-    if processor is not None:
-        tokenizer = processor.tokenizer
+    tokenizer, processor = loaded, None
+    if family_of(model) is not None:  # a vision-language model: what came with it is its processor
+        if not hasattr(loaded, "image_processor"):
+            raise ConfigError(f"{source}: a vision-language model needs its processor (AutoProcessor), not a tokenizer")
+        processor, tokenizer = loaded, loaded.tokenizer
         if chat == "off":
             raise ConfigError("--chat off: a vision-language model's prompts go through its processor's chat template")
     has_template = bool(getattr(processor or tokenizer, "chat_template", None))
@@ -300,5 +310,4 @@ def load_policy(
         raise ConfigError(f"{source}: a vision-language model needs a chat template on its processor; it has none")
     if chat == "on" and not has_template:
         raise ConfigError(f"--chat on: the tokenizer of {source} has no chat template")
-    use_chat = has_template and (chat == "on" or (chat == "auto" and spec != BUILTIN))
-    return Policy(model, tokenizer, source, origin, chat=use_chat, few_shot=list(few_shot or []), processor=processor)
+    return tokenizer, processor, has_template and (chat == "on" or (chat == "auto" and chat_by_default))

@@ -46,7 +46,7 @@ from torch import nn
 from grpolab.algo.loss import aggregation_weights
 from grpolab.common.batch import Batch
 from grpolab.models.logprobs import completion_logprobs
-from grpolab.vision.families import family_of, is_vision_config
+from grpolab.vision.families import family_of
 
 
 def token_weights(
@@ -71,8 +71,9 @@ def _weighted_score_sum(model, batch: Batch, weights: torch.Tensor, temperature:
 def select_params(model: nn.Module, include: str | None) -> dict[int, str]:
     """id(param) -> name of the trainable parameters whose name matches ``include`` (a regex). A vision-language
     model's default is its language model and head (:meth:`grpolab.vision.families.Family.language_scope`)."""
-    if include is None and is_vision_config(getattr(model, "config", None)):
-        include = family_of(model.config).language_scope(model)
+    family = family_of(model)
+    if include is None and family is not None:
+        include = family.language_scope(model)
     pat = re.compile(include) if include else None
     chosen = {}
     for name, p in model.named_parameters():

@@ -45,6 +45,9 @@ class Family:
     """The module that maps the tower's output to the language model's width (trained with the language model)."""
     image_inputs: tuple[str, ...]
     """The processor outputs that ``get_image_features`` takes, in a row's own layout."""
+    processor: str = "auto"
+    """Its processor: ``auto`` (transformers' AutoProcessor) or ``qwen`` (grpolab's torchvision-free
+    :class:`grpolab.vision.processing.QwenProcessor`)."""
 
     def image_token_id(self, config) -> int:
         return int(getattr(config, "image_token_id", None) or config.image_token_index)
@@ -121,12 +124,17 @@ FAMILIES = (
     Family("idefics3", ("idefics3", "smolvlm"), "model.vision_model", "model.connector",
            ("pixel_values", "pixel_attention_mask")),
     QwenFamily("qwen2-vl", ("qwen2_vl", "qwen2_5_vl"), "model.visual", "model.visual.merger",
-               ("pixel_values", "image_grid_thw")),
+               ("pixel_values", "image_grid_thw"), processor="qwen"),
 )  # fmt: skip
 
 
-def family_of(config) -> Family:
-    """The family of a vision-language model's config; a clear error for one grpolab has no adapter for."""
+def family_of(model_or_config) -> Family | None:
+    """The one answer to "is this a vision-language model?": the family of a model (or its transformers config), None
+    for a text model (its config has no vision part), a clear error for a vision-language type grpolab has no adapter
+    for."""
+    config = getattr(model_or_config, "config", model_or_config)
+    if getattr(config, "vision_config", None) is None:
+        return None
     for family in FAMILIES:
         if config.model_type in family.model_types:
             return family
@@ -134,8 +142,3 @@ def family_of(config) -> Family:
     raise ValueError(
         f"grpolab has no adapter for the vision-language model type {config.model_type!r} (known: {known})"
     )
-
-
-def is_vision_config(config) -> bool:
-    """Whether a transformers config describes a vision-language model (it has a vision part)."""
-    return getattr(config, "vision_config", None) is not None

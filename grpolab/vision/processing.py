@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpolab.vision.families import Family, QwenFamily
+from grpolab.vision.families import Family
 from grpolab.vision.media import Media
 
 QWEN_IMAGE = "<|image_pad|>"
@@ -143,8 +143,8 @@ class QwenProcessor:
 
 
 def load_processor(path, family: Family):
-    """The processor of a model directory: :class:`QwenProcessor` for the Qwen family, else ``AutoProcessor``."""
-    if isinstance(family, QwenFamily):
+    """The processor of a model directory, the one its family names (:attr:`Family.processor`)."""
+    if family.processor == "qwen":
         return QwenProcessor.from_pretrained(path)
     from transformers import AutoProcessor
 
