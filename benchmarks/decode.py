@@ -75,7 +75,7 @@ class Marks:
 
 def time_hf(name: str, policy, prompts, keys, lengths: list[int], compiled: bool) -> dict[int, float]:
     """ms per token at each T of ``lengths`` for hf configuration ``name``, from one completion of the longest."""
-    from grpolab.rollout.engine import HFEngine, SamplingSettings
+    from grpolab.rollout.engine import EngineSpec, HFEngine, SamplingSettings
     from grpolab.rollout.sampler import sample_with_stats
 
     T = max(lengths)
@@ -86,7 +86,7 @@ def time_hf(name: str, policy, prompts, keys, lengths: list[int], compiled: bool
             args = dict(max_new_tokens=t, temperature=1.0, top_p=1.0, eos_id=-1, pad_id=policy.pad_id)
             return sample_with_stats(policy.model.eval(), prompts, keys, cache=cache, **args)
     else:
-        engine = HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id, dtype=DTYPES[name])
+        engine = HFEngine(policy.model, EngineSpec(policy.eos_id, policy.pad_id, DTYPES[name]))
         if compiled:
             t0 = time.perf_counter()
             compile_decoder(engine.weights.decoder, policy, prompts, keys)
@@ -111,10 +111,11 @@ def time_hf(name: str, policy, prompts, keys, lengths: list[int], compiled: bool
 def time_vllm(name: str, policy, prompts, keys, lengths: list[int]) -> dict[int, float]:
     """ms per token at each T for the vllm engine in ``name``'s dtype: one run per T (its steps cannot be timed)."""
     from grpolab.rollout.engine import SamplingSettings
-    from grpolab.rollout.vllm_engine import VLLMEngine, VLLMSettings
+    from grpolab.rollout.spec import EngineSpec, VLLMSettings
+    from grpolab.rollout.vllm_engine import VLLMEngine
 
     settings = VLLMSettings(max_model_len=len(prompts[0]) + max(lengths) + 8)
-    engine = VLLMEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id, settings=settings, dtype=DTYPES[name])
+    engine = VLLMEngine(policy.model, EngineSpec(policy.eos_id, policy.pad_id, DTYPES[name], vllm=settings))
     engine.generate(prompts, keys, SamplingSettings(8, 1.0, 1.0, ignore_eos=True))
     out = {}
     for T in lengths:

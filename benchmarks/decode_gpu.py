@@ -83,13 +83,13 @@ def runner(name: str, model, prompts: list[list[int]]):
             )
 
         return run
-    from grpolab.rollout.engine import HFEngine, SamplingSettings
+    from grpolab.rollout.engine import EngineSpec, HFEngine, SamplingSettings
     from grpolab.rollout.sampler import sample_with_stats
     from grpolab.rollout.weights import SamplerWeights
 
     keys = [(0, 1, 0, i) for i in range(rows)]
     if name == "grpolab":
-        engine = HFEngine(model, eos_id=0, pad_id=0, dtype=next(model.parameters()).dtype)
+        engine = HFEngine(model, EngineSpec(0, 0, next(model.parameters()).dtype))
 
         def run(T):
             engine.generate(prompts, keys, SamplingSettings(T, 1.0, 1.0, ignore_eos=True))

@@ -59,6 +59,7 @@ def broadcast(args) -> list[dict]:
 
     from grpolab.common.rng import set_threads
     from grpolab.models.policy import load_policy
+    from grpolab.rollout.spec import EngineSpec
     from grpolab.rollout.workers import WorkerPool
 
     set_threads(1)
@@ -68,7 +69,7 @@ def broadcast(args) -> list[dict]:
         port = free_port()
         proc = worker(port)
         pool = WorkerPool(
-            policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id, dtype=dtype, listen=f"127.0.0.1:{port}",
+            policy.model, EngineSpec(policy.eos_id, policy.pad_id, dtype), listen=f"127.0.0.1:{port}",
             say=lambda s: None,
         )  # fmt: skip
         size = sum(b.numel() * b.element_size() for b in pool.slot.buffers.values())
@@ -98,12 +99,12 @@ def draw_by_rows(args) -> dict[int, float]:
 
     from grpolab.common.rng import set_threads
     from grpolab.models.policy import load_policy
-    from grpolab.rollout.engine import HFEngine
+    from grpolab.rollout.engine import EngineSpec, HFEngine
     from grpolab.rollout.sampler import SamplingSettings
 
     set_threads(1)
     policy = load_policy(args.model, torch.float32)
-    engine = HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id)
+    engine = HFEngine(policy.model, EngineSpec(policy.eos_id, policy.pad_id))
     prompt = policy.tokenizer("What is 17 + 25? Answer with a number.")["input_ids"]
     settings = SamplingSettings(max_new_tokens=args.tokens, temperature=1.0, ignore_eos=True)
     out = {}

@@ -36,13 +36,13 @@ def _phase(role: str, threads: int, args, start, results) -> None:
 
     torch.set_num_threads(threads)
     from grpolab.models.policy import load_policy
-    from grpolab.rollout.engine import HFEngine
+    from grpolab.rollout.engine import EngineSpec, HFEngine
     from grpolab.rollout.sampler import SamplingSettings
 
     policy = load_policy("smollm2-135m-instruct", torch.float32)
     model = policy.model
     if role == "decode":
-        engine = HFEngine(model, eos_id=policy.eos_id, pad_id=policy.pad_id)
+        engine = HFEngine(model, EngineSpec(policy.eos_id, policy.pad_id))
         prompt = policy.tokenizer("Count the letters in each word you see, one line a word. " * 8)["input_ids"][:64]
 
         def run(tokens: int) -> None:

@@ -73,7 +73,7 @@ def measure(args) -> list[dict]:
     from grpolab.models.logprobs import completion_logprobs
     from grpolab.probes.gram import score_gram, token_weights
     from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
-    from grpolab.rollout.engine import HFEngine
+    from grpolab.rollout.engine import EngineSpec, HFEngine
     from grpolab.rollout.service import RolloutService
     from grpolab.rollout.weights import served_weights
     from grpolab.training.recipe import build_trainer
@@ -111,7 +111,7 @@ def measure(args) -> list[dict]:
         print(f"step {step}: reward {m['reward/mean']:.3f}, {time.perf_counter() - t0:.0f} s", flush=True)
     S = args.steps
     replica = type(policy.model)(policy.model.config).eval()  # the behaviour policy's model
-    engine = HFEngine(replica, eos_id=policy.eos_id, pad_id=policy.pad_id, always_copy=True)
+    engine = HFEngine(replica, EngineSpec(policy.eos_id, policy.pad_id), always_copy=True)
     service = RolloutService(engine, policy, trainer.reward)
     settings = trainer.collector.settings.sampling
     records = trainer.sampler.draw(S + 1, B)

@@ -49,7 +49,8 @@ def main() -> None:
     from grpolab.models.logprobs import completion_logprobs
     from grpolab.models.policy import load_policy
     from grpolab.rollout.engine import SamplingSettings
-    from grpolab.rollout.vllm_engine import VLLMEngine, VLLMSettings
+    from grpolab.rollout.spec import EngineSpec, VLLMSettings
+    from grpolab.rollout.vllm_engine import VLLMEngine
 
     torch.set_num_threads(args.threads)
     policy = load_policy(args.model)
@@ -78,7 +79,7 @@ def main() -> None:
 
     forward_backward("before the engine")
     settings = VLLMSettings(max_model_len=args.prompt + args.tokens + 16, eager=not args.compiled)
-    engine = VLLMEngine(model, eos_id=policy.eos_id, pad_id=policy.pad_id, settings=settings)
+    engine = VLLMEngine(model, EngineSpec(policy.eos_id, policy.pad_id, vllm=settings))
     forward_backward("engine started")
     prompts = [row.tolist() for row in batch.prompt_ids]
     engine.generate(prompts, [(0, i) for i in range(args.rows)], SamplingSettings(args.tokens, 1.0, ignore_eos=True))

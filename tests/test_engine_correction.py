@@ -121,12 +121,12 @@ def test_an_exact_engine_weighs_every_token_one_at_any_top_p_in_float64(top_p, c
     from helpers import qwen2
 
     from grpolab.models.logprobs import completion_logprobs
-    from grpolab.rollout.engine import HFEngine, SamplingSettings
+    from grpolab.rollout.engine import EngineSpec, HFEngine, SamplingSettings
 
     tok = char_tokenizer
     torch.manual_seed(2)
     model = qwen2(len(tok), eos_token_id=tok.eos_token_id).double().eval()
-    engine = HFEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    engine = HFEngine(model, EngineSpec(tok.eos_token_id, tok.pad_token_id))
     prompts = [[tok.bos_token_id, 5 + i, 9, 13] for i in range(3) for _ in range(4)]
     out = engine.generate(prompts, [(1, i) for i in range(12)], SamplingSettings(16, 1.0, top_p))
     with torch.no_grad():

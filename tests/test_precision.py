@@ -167,12 +167,12 @@ def test_the_fp32_head_leaves_autocast_for_the_head_alone():
 
 @pytest.mark.hardware
 def test_the_samplers_copy_keeps_an_fp32_head_from_the_masters():
-    from grpolab.rollout.engine import HFEngine
+    from grpolab.rollout.engine import EngineSpec, HFEngine
 
     model, _ = model_and_batch()
     model.eval()
     for fp32 in (False, True):
-        engine = HFEngine(model, eos_id=2, pad_id=0, dtype=torch.bfloat16, always_copy=True, fp32_head=fp32)
+        engine = HFEngine(model, EngineSpec(2, 0, torch.bfloat16, fp32_head=fp32), always_copy=True)
         copy = engine.weights.model
         head = engine.weights.decoder.lm_head if engine.weights.decoder else copy.get_output_embeddings()
         x = torch.randn(2, model.config.hidden_size).bfloat16()
@@ -347,8 +347,8 @@ def test_eval_samples_in_its_precisions_compute_dtype(monkeypatch):
     built = []
     original = engines.HFEngine.__init__
 
-    def recording(self, model, **kw):
-        original(self, model, **kw)
+    def recording(self, model, spec, **kw):
+        original(self, model, spec, **kw)
         built.append((next(model.parameters()).dtype, self.weights.dtype, self.weights.storage))
 
     monkeypatch.setattr(engines.HFEngine, "__init__", recording)

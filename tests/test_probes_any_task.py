@@ -23,7 +23,7 @@ from grpolab.config.train import ConfigError, TrainConfig
 from grpolab.eval.runs import probe_task, resolve_target
 from grpolab.models.logprobs import completion_entropy, completion_logprobs
 from grpolab.probes.gram import score_gram, token_weights
-from grpolab.rollout.engine import HFEngine
+from grpolab.rollout.engine import EngineSpec, HFEngine
 from grpolab.rollout.sampler import sample_with_stats
 from grpolab.training.recipe import build_trainer, train
 
@@ -198,7 +198,7 @@ def test_evaluation_draws_through_the_engine_the_trainer_was_given(tmp_path):
                       progress=False).resolved()  # fmt: skip
     plain = build_trainer(cfg, log=_quiet)
     model = copy.deepcopy(plain.policy.model)
-    engine = _Counting(HFEngine(model, eos_id=plain.policy.eos_id, pad_id=plain.policy.pad_id))
+    engine = _Counting(HFEngine(model, EngineSpec(plain.policy.eos_id, plain.policy.pad_id)))
     given = build_trainer(cfg, log=_quiet, engine=engine)
     given.policy.model.load_state_dict(model.state_dict())
     metrics, _ = given.evaluate(0)

@@ -338,10 +338,10 @@ def _sampler(policy, max_new_tokens: int, format_weight: float = 0.1):
     from grpolab.analysis.pool import ProbeSampler
     from grpolab.rewards.builtin import default_reward_fns
     from grpolab.rewards.rewarder import Rewarder
-    from grpolab.rollout.engine import HFEngine, SamplingSettings
+    from grpolab.rollout.engine import EngineSpec, HFEngine, SamplingSettings
     from grpolab.rollout.service import RolloutService
 
-    engine = HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id)
+    engine = HFEngine(policy.model, EngineSpec(policy.eos_id, policy.pad_id))
     reward = Rewarder(default_reward_fns(format_weight), max_new_tokens)
     return ProbeSampler(RolloutService(engine, policy, reward), SamplingSettings(max_new_tokens, 1.0))
 

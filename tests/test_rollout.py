@@ -110,12 +110,12 @@ def test_completions_stop_at_eos(eos_model, char_tokenizer):
 def test_ignore_eos_runs_every_completion_to_the_end_and_keeps_the_tokens_before_eos(eos_model, char_tokenizer):
     """--ignore-eos: every row has max_new_tokens tokens, an EOS sampled on the way stays in it, and up to the
     first EOS the tokens are those of the run that stops there (the same uniforms draw them)."""
-    from grpolab.rollout.engine import HFEngine, SamplingSettings
+    from grpolab.rollout.engine import EngineSpec, HFEngine, SamplingSettings
 
     tok = char_tokenizer
     prompts = _prompts(tok, QUESTIONS) * 2
     keys = [(0, i) for i in range(len(prompts))]
-    engine = HFEngine(eos_model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    engine = HFEngine(eos_model, EngineSpec(tok.eos_token_id, tok.pad_token_id))
     stop = engine.generate(prompts, keys, SamplingSettings(20, 1.0)).batch
     full = engine.generate(prompts, keys, SamplingSettings(20, 1.0, ignore_eos=True)).batch
     assert full.completion_ids.shape == (16, 20) and bool(full.completion_mask.all())

@@ -68,11 +68,11 @@ def test_step_t_draws_with_exactly_the_weights_of_step_t_minus_k(tmp_path, K, ge
 def fresh_evaluation(trainer) -> dict:
     """The held-out metrics of the trainer's current policy drawn by a new engine with no lag (times aside)."""
     from grpolab.eval.accuracy import evaluate
-    from grpolab.rollout.engine import HFEngine
+    from grpolab.rollout.engine import EngineSpec, HFEngine
     from grpolab.rollout.service import RolloutService
 
     policy, cfg = trainer.policy, trainer.cfg
-    engine = HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id, lag=0)
+    engine = HFEngine(policy.model, EngineSpec(policy.eos_id, policy.pad_id, lag=0))
     service = RolloutService(engine, policy)
     metrics, _ = evaluate(service, trainer.held_out, samples=cfg.eval.eval_samples,
                           temperature=cfg.generation.temperature, max_new_tokens=cfg.generation.max_new_tokens,

@@ -199,12 +199,12 @@ def test_an_environment_that_returns_a_picture_shows_it_in_the_next_turn_masked_
     import grpolab
     from grpolab.env.protocol import EpisodeLimits
     from grpolab.models.policy import load_policy
-    from grpolab.rollout.engine import HFEngine, SamplingSettings
+    from grpolab.rollout.engine import EngineSpec, HFEngine, SamplingSettings
     from grpolab.rollout.episodes import EpisodeRunner, episode_rows
 
     save_tiny_vlm("llava", tmp_path / "model")
     policy = load_policy(str(tmp_path / "model"))
-    engine = HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id)
+    engine = HFEngine(policy.model, EngineSpec(policy.eos_id, policy.pad_id))
     runner = EpisodeRunner(engine, policy, ShowsAPicture, limits=EpisodeLimits(max_turns=2))
     records = [{"prompt": "", "answer": c} for c in ("red", "blue")]
     episodes = runner.play(records, [(0, 0), (0, 1)], SamplingSettings(max_new_tokens=5, temperature=1.0))
@@ -246,12 +246,12 @@ def test_the_shared_prefix_encodes_each_prompt_with_its_pictures_once_and_gives_
 
 def test_a_groups_rollouts_share_one_prompt_encoding_and_one_bundle_of_pictures(tmp_path):
     from grpolab.models.policy import load_policy
-    from grpolab.rollout.engine import HFEngine, SamplingSettings
+    from grpolab.rollout.engine import EngineSpec, HFEngine, SamplingSettings
     from grpolab.rollout.episodes import EpisodeRunner, episode_rows
 
     save_tiny_vlm("qwen2-vl", tmp_path / "model")
     policy = load_policy(str(tmp_path / "model"))
-    runner = EpisodeRunner(HFEngine(policy.model, eos_id=policy.eos_id, pad_id=policy.pad_id), policy)
+    runner = EpisodeRunner(HFEngine(policy.model, EngineSpec(policy.eos_id, policy.pad_id)), policy)
     red, blue = {"prompt": ASK, "image": RED}, {"prompt": ASK, "image": BLUE}
     calls = []
     hook = policy.family.tower_module(policy.model).register_forward_pre_hook(lambda *a: calls.append(1))

@@ -25,13 +25,13 @@ from typing import Protocol
 
 import torch
 
-from grpolab.common.precision import rollout_dtype
 from grpolab.config.rollout import EngineSection
 from grpolab.models.head import fp32_head
 from grpolab.rollout.sampler import Sampled, SamplingSettings, sample_with_stats
+from grpolab.rollout.spec import EngineSpec
 from grpolab.rollout.weights import SamplerWeights
 
-__all__ = ["HFEngine", "RolloutEngine", "SamplingSettings", "build_engine", "greedy_texts"]
+__all__ = ["EngineSpec", "HFEngine", "RolloutEngine", "SamplingSettings", "build_engine", "greedy_texts"]
 
 
 class RolloutEngine(Protocol):
@@ -52,39 +52,25 @@ class RolloutEngine(Protocol):
 
 
 class HFEngine:
-    """grpolab's sampler (:func:`grpolab.rollout.sampler.sample_with_stats`) on the policy's transformers model.
+    """grpolab's sampler (:func:`grpolab.rollout.sampler.sample_with_stats`) on the policy's transformers model, as
+    ``spec`` says (:class:`grpolab.rollout.spec.EngineSpec`).
 
-    ``dtype``: the dtype it samples in (default: the policy's). In another dtype, or on the CPU where oneDNN's
-    packed linear layers run, it samples with a copy of the weights (:class:`grpolab.rollout.weights.SamplerWeights`)
-    that :meth:`weights_changed` refreshes; else with the live weights. ``pack``: allow the packed copy.
-    ``full_weights``: a context inside which every parameter is whole on this process (FSDP gathers its
-    shards there; ``grpolab.training.forward.TrainModule.full_weights``). The live model samples in eval mode
-    and is put back in the mode it was in afterwards. ``fp32_head``: the LM head's product in fp32 when the engine
-    samples in bf16 or fp16 (``--fp32-head``). ``storage``: the copy's dtype outside its products, for a copy that
-    computes as a mixed-precision trainer's autocast does (:class:`grpolab.rollout.weights.SamplerWeights`).
+    In a dtype other than the policy's, or on the CPU where oneDNN's packed linear layers run, it samples with a copy
+    of the weights (:class:`grpolab.rollout.weights.SamplerWeights`) that :meth:`weights_changed` refreshes; else with
+    the live weights, in eval mode (put back in the mode it was in afterwards), whole inside ``spec.full_weights``
+    (``grpolab.training.forward.TrainModule.full_weights``). ``pack``: allow the packed copy; ``always_copy``: a copy
+    even where the live weights would do (a generator's replica).
     """
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        *,
-        eos_id: int,
-        pad_id: int,
-        full_weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-        dtype: torch.dtype | None = None,
-        pack: bool = True,
-        lag: int = 0,
-        always_copy: bool = False,
-        fp32_head: bool = False,
-        storage: torch.dtype | None = None,
-    ):
-        self.model, self.eos_id, self.pad_id, self.full_weights = model, eos_id, pad_id, full_weights
-        dtype = dtype or next(model.parameters()).dtype
-        self.fp32_head = fp32_head and dtype in (torch.bfloat16, torch.float16)
+    def __init__(self, model: torch.nn.Module, spec: EngineSpec, *, pack: bool = True, always_copy: bool = False):
+        self.model, self.eos_id, self.pad_id, self.full_weights = model, spec.eos_id, spec.pad_id, spec.full_weights
+        dtype = spec.dtype or next(model.parameters()).dtype
+        self.fp32_head = spec.fp32_head and dtype in (torch.bfloat16, torch.float16)
         head = torch.float32 if self.fp32_head else None
         self.weights = SamplerWeights(
-            model, dtype, pack, full_weights, lag=lag, always_copy=always_copy, head_dtype=head, storage=storage
-        )
+            model, dtype, pack, spec.full_weights, lag=spec.lag, always_copy=always_copy, head_dtype=head,
+            storage=spec.storage,
+        )  # fmt: skip
 
     def generate(
         self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings, media=None
@@ -135,12 +121,6 @@ class HFEngine:
         self.weights.restore_lag(counts, tensors)
 
 
-def autocast_storage(policy: torch.dtype, dtype: torch.dtype, autocast: bool) -> torch.dtype | None:
-    """The dtype grpolab's sampler holds its copy in outside the products (``HFEngine``'s ``storage``): the policy's,
-    when it computes as autocast does in another dtype; else None (all in ``dtype``)."""
-    return policy if autocast and dtype != policy else None
-
-
 def build_engine(
     engine: EngineSection,
     seed: int,
@@ -149,38 +129,14 @@ def build_engine(
     fp32_head: bool = False,
     autocast: bool = False,
 ) -> RolloutEngine:
-    """The rollout engine ``engine.rollout_engine`` names, over ``policy``'s model (``seed``: vLLM's own;
-    ``fp32_head``: its LM head in fp32 when it samples in bf16 or fp16). ``--rollout-dtype auto``: the policy's own
-    dtype (a run resolves it to its precision's compute dtype first). ``autocast``: the trainer computes under
-    autocast in the engine's dtype, and grpolab's sampler computes as it does (its copy keeps the policy's dtype
-    outside the products); vLLM runs its model in its dtype throughout."""
-    param = next(policy.model.parameters())
-    dtype = rollout_dtype(engine.rollout_dtype, param.dtype)
-    if engine.rollout_engine == "hf":
-        return HFEngine(
-            policy.model,
-            eos_id=policy.eos_id,
-            pad_id=policy.pad_id,
-            full_weights=full_weights,
-            dtype=dtype,
-            lag=engine.max_staleness,
-            fp32_head=fp32_head,
-            storage=autocast_storage(param.dtype, dtype, autocast),
-        )
-    from grpolab.rollout.vllm_engine import VLLMEngine, VLLMSettings
+    """The rollout engine ``engine.rollout_engine`` names, over ``policy``'s model, from the one
+    :meth:`EngineSpec.of` (``seed``: vLLM's own; ``fp32_head``, ``autocast``: there)."""
+    spec = EngineSpec.of(engine, seed, policy, full_weights, fp32_head, autocast)
+    if spec.vllm is None:
+        return HFEngine(policy.model, spec)
+    from grpolab.rollout.vllm_engine import VLLMEngine
 
-    settings = VLLMSettings(
-        engine.vllm_max_len, not engine.vllm_compile, engine.vllm_memory, engine.vllm_sleep, fp32_head=fp32_head
-    )
-    return VLLMEngine(
-        policy.model,
-        eos_id=policy.eos_id,
-        pad_id=policy.pad_id,
-        seed=seed,
-        settings=settings,
-        full_weights=full_weights,
-        dtype=dtype,
-    )
+    return VLLMEngine(policy.model, spec)
 
 
 def greedy_texts(policy, kind: str = "hf", seed: int = 0) -> Callable[[list[list[int]], list[tuple], int], list[str]]:

@@ -43,17 +43,16 @@ import signal
 import socket
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.multiprocessing as mp
 
 from grpolab.common.errors import GeneratorError
-from grpolab.common.precision import rollout_dtype
 from grpolab.config.rollout import EngineSection
 from grpolab.rollout.duplex import CLOSED, Duplex
-from grpolab.rollout.engine import autocast_storage
 from grpolab.rollout.sampler import Sampled, SamplingSettings
+from grpolab.rollout.spec import EngineSpec
 from grpolab.rollout.weights import base_model, lag_state, restored_lag, served_weights, skeleton, snapshot
 
 __all__ = ["GeneratorSpec", "ProcessEngine", "VersionedDraws", "build_process_engine", "weights_digest"]
@@ -85,7 +84,7 @@ class GeneratorSpec:
     """Whether the policy's parameters require gradients: the replica's then do too, because some of torch's CPU
     kernels differ in their last bits with it, and the replica must draw what the policy's own weights draw."""
     vllm: object = None
-    """vLLM's start settings (:class:`grpolab.rollout.vllm_engine.VLLMSettings`) when the generator runs vLLM on the
+    """vLLM's start settings (:class:`grpolab.rollout.spec.VLLMSettings`) when the generator runs vLLM on the
     replica (each version pushed into it as the in-process engine pushes the trainer's); None: grpolab's sampler."""
     seed: int = 0
     """vLLM's own seed (the run's)."""
@@ -167,22 +166,14 @@ class ReplicaGenerator:
         self.params = dict(self.replica.named_parameters(remove_duplicate=False))
         self.versions = {0: snapshot(self.slot)}
         self._load(0)
+        engine = EngineSpec(spec.eos_id, spec.pad_id, spec.dtype, spec.storage, spec.fp32_head, seed=spec.seed,
+                            vllm=spec.vllm)  # fmt: skip
         if spec.vllm is not None:
             from grpolab.rollout.vllm_engine import VLLMEngine
 
-            self.engine = VLLMEngine(
-                self.replica,
-                eos_id=spec.eos_id,
-                pad_id=spec.pad_id,
-                seed=spec.seed,
-                settings=spec.vllm,
-                dtype=spec.dtype,
-            )
+            self.engine = VLLMEngine(self.replica, engine)
         else:
-            self.engine = HFEngine(
-                self.replica, eos_id=spec.eos_id, pad_id=spec.pad_id, dtype=spec.dtype, always_copy=spec.always_copy,
-                fp32_head=spec.fp32_head, storage=spec.storage,
-            )  # fmt: skip
+            self.engine = HFEngine(self.replica, engine, always_copy=spec.always_copy)
         self.loaded = 0
 
     def _load(self, version: int) -> None:
@@ -357,23 +348,8 @@ class ProcessEngine(VersionedDraws):
     weights are pushed at each :meth:`weights_changed`); ``lag``: --max-staleness K; ``threads``: the child's torch
     threads; ``timeout``: seconds any one answer may take."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        *,
-        eos_id: int,
-        pad_id: int,
-        full_weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-        dtype: torch.dtype | None = None,
-        lag: int = 0,
-        threads: int = 1,
-        timeout: float = 900.0,
-        vllm=None,
-        seed: int = 0,
-        fp32_head: bool = False,
-        storage: torch.dtype | None = None,
-    ):
-        self.model, self.full_weights, self.lag, self.timeout = model, full_weights, lag, timeout
+    def __init__(self, model: torch.nn.Module, spec: EngineSpec, *, threads: int = 1, timeout: float = 900.0):
+        self.model, self.full_weights, self.lag, self.timeout = model, spec.full_weights, spec.lag, timeout
         self.syncs = 0
         self.spans: list[tuple[str, float, float]] = []
         """What the child did and when (wall-clock seconds): ("generate" | "sync", start, end)."""
@@ -399,17 +375,17 @@ class ProcessEngine(VersionedDraws):
             base.config,
             {n: b.detach().cpu() for n, b in base.named_buffers()},
             param.dtype,
-            dtype or param.dtype,
-            eos_id,
-            pad_id,
+            spec.dtype or param.dtype,
+            spec.eos_id,
+            spec.pad_id,
             str(param.device),
             threads,
-            always_copy=lag > 0,
+            always_copy=spec.lag > 0,
             trainable=param.requires_grad,
-            vllm=vllm,
-            seed=seed,
-            fp32_head=fp32_head,
-            storage=storage,
+            vllm=spec.vllm,
+            seed=spec.seed,
+            fp32_head=spec.fp32_head,
+            storage=spec.storage,
         )
         conn, self.process = _start_child(spec, self.shared)
         self._pipe = _pipe(conn)
@@ -556,26 +532,9 @@ def build_process_engine(
     --rollout-dtype, --generator-threads, --generator-timeout, vLLM's); ``seed``: vLLM's; ``full_weights``: the
     context in which the weights are whole (FSDP); ``fp32_head``, ``autocast``: as
     :func:`grpolab.rollout.engine.build_engine` takes them."""
-    param = next(policy.model.parameters())
-    dtype = rollout_dtype(engine.rollout_dtype, param.dtype)
-    vllm = None
-    if engine.rollout_engine == "vllm":
-        from grpolab.rollout.vllm_engine import VLLMSettings
-
-        vllm = VLLMSettings(
-            engine.vllm_max_len, not engine.vllm_compile, engine.vllm_memory, engine.vllm_sleep, fp32_head=fp32_head
-        )
     return ProcessEngine(
         policy.model,
-        eos_id=policy.eos_id,
-        pad_id=policy.pad_id,
-        full_weights=full_weights,
-        dtype=dtype,
-        lag=engine.max_staleness,
+        EngineSpec.of(engine, seed, policy, full_weights, fp32_head, autocast),
         threads=engine.generator_threads or torch.get_num_threads(),
         timeout=engine.generator_timeout,
-        vllm=vllm,
-        seed=seed,
-        fp32_head=fp32_head,
-        storage=autocast_storage(param.dtype, dtype, autocast),
     )

@@ -29,13 +29,11 @@ SmolLM2, a step of 32 x 8 rollouts of up to 128 tokens held at once).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import tempfile
 import warnings
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -44,6 +42,7 @@ from grpolab.common.batch import Batch, left_pad
 from grpolab.common.rng import rng_state, set_rng_state
 from grpolab.config.rollout import VLLM_INSTALL_HINT
 from grpolab.rollout.sampler import Sampled, SamplingSettings
+from grpolab.rollout.spec import EngineSpec, VLLMSettings
 from grpolab.rollout.weights import base_model, served_weights
 from grpolab.vision.media import text_only
 
@@ -84,22 +83,6 @@ def _config_dir(model: torch.nn.Module, dtype: torch.dtype, fp32_head: bool = Fa
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f)
     return directory
-
-
-@dataclasses.dataclass(frozen=True)
-class VLLMSettings:
-    """How the engine is started."""
-
-    max_model_len: int = 2048
-    """Longest prompt + completion in tokens (at most the model's own limit)."""
-    eager: bool = True
-    """No compilation: starts in seconds; compiled it samples ~1.2x faster on this CPU after a 1-2 minute start."""
-    memory: float = 0.3
-    """CUDA: the share of GPU memory vLLM may take (weights and KV cache)."""
-    sleep: bool = False
-    """CUDA: free the engine's weights and KV cache while the trainer updates (sleep mode)."""
-    fp32_head: bool = False
-    """The LM head's product in fp32 when the engine runs in bf16 or fp16 (``--fp32-head``; vLLM's ``head_dtype``)."""
 
 
 class _SharedLLM:
@@ -168,23 +151,13 @@ class VLLMEngine:
     every parameter is whole on this process (FSDP).
     """
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        *,
-        eos_id: int,
-        pad_id: int,
-        seed: int = 0,
-        settings: VLLMSettings = VLLMSettings(),
-        full_weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-        dtype: torch.dtype | None = None,
-    ):
-        self.model, self.eos_id, self.pad_id, self.full_weights = model, eos_id, pad_id, full_weights
-        self.settings = settings
+    def __init__(self, model: torch.nn.Module, spec: EngineSpec):
+        self.model, self.eos_id, self.pad_id, self.full_weights = model, spec.eos_id, spec.pad_id, spec.full_weights
+        self.settings = spec.vllm or VLLMSettings()
         param = next(model.parameters())
         self.device = param.device
-        self.dtype = dtype or param.dtype  # vLLM casts each weight it is sent to its own dtype as it loads it
-        self._shared = _start(model, self.dtype, param.device, seed, settings)
+        self.dtype = spec.dtype or param.dtype  # vLLM casts each weight it is sent to its own dtype as it loads it
+        self._shared = _start(model, self.dtype, param.device, spec.seed, self.settings)
         self._asleep = False
         self.sync()
 

@@ -50,7 +50,6 @@ import torch
 
 from grpolab.common.distributed import forced_backend
 from grpolab.common.errors import ConfigError, GeneratorError
-from grpolab.common.precision import rollout_dtype
 from grpolab.rollout.duplex import CLOSED, Duplex
 from grpolab.rollout.generator import (
     START_TIMEOUT,
@@ -61,6 +60,7 @@ from grpolab.rollout.generator import (
     VersionedDraws,
 )
 from grpolab.rollout.sampler import Sampled, SamplingSettings
+from grpolab.rollout.spec import EngineSpec, VLLMSettings
 from grpolab.rollout.weights import base_model, lag_state, restored_lag, served_weights
 from grpolab.rollout.wire import WireError, answer_challenge, challenge, check_answer, recv_frame, send_frame
 from grpolab.vision.media import text_only
@@ -362,8 +362,6 @@ def _spec(welcome: dict, buffers: dict[str, torch.Tensor], options: WorkerOption
     )
     vllm = None
     if options.engine == "vllm":
-        from grpolab.rollout.vllm_engine import VLLMSettings
-
         vllm = VLLMSettings(2048, True, 0.3, False, fp32_head=welcome["fp32_head"])
     storage = getattr(torch, welcome["storage"]) if welcome.get("storage") and dtype != param_dtype else None
     return GeneratorSpec(
@@ -430,9 +428,11 @@ class _Lost(Exception):
         self.worker, self.why = worker, why
 
 
-def _welcome(model, dtype, storage, eos_id, pad_id, lag, fp32_head, seed, timeout, run) -> dict:
+def _welcome(model, dtype, spec: EngineSpec, timeout, run) -> dict:
     """What a worker needs to build its replica and engine (:func:`_spec` reads it), as JSON: the model's class
-    name and config, the dtypes, the token ids, the lag, the head, vLLM's seed, the timeout and the run id."""
+    name and config, the dtypes, the token ids, the lag, the head, vLLM's seed (``spec``'s), the timeout and the run
+    id."""
+    storage = spec.storage
     base, param = base_model(model), next(model.parameters())
     return {
         "kind": "welcome",
@@ -443,12 +443,12 @@ def _welcome(model, dtype, storage, eos_id, pad_id, lag, fp32_head, seed, timeou
         "param_dtype": str(param.dtype).removeprefix("torch."),
         "dtype": str(dtype).removeprefix("torch."),
         "storage": str(storage).removeprefix("torch.") if storage is not None else None,
-        "eos_id": eos_id,
-        "pad_id": pad_id,
-        "always_copy": lag > 0,
+        "eos_id": spec.eos_id,
+        "pad_id": spec.pad_id,
+        "always_copy": spec.lag > 0,
         "trainable": param.requires_grad,
-        "fp32_head": fp32_head,
-        "seed": seed,
+        "fp32_head": spec.fp32_head,
+        "seed": spec.seed,
         "timeout": timeout,
     }
 
@@ -462,21 +462,14 @@ class WorkerPool(VersionedDraws):
     def __init__(
         self,
         model: torch.nn.Module,
+        spec: EngineSpec,
         *,
-        eos_id: int,
-        pad_id: int,
-        full_weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-        dtype: torch.dtype | None = None,
         expect: int = 1,
         listen: str = "127.0.0.1:29650",
         token: bytes = b"",
         run: str = "run",
-        lag: int = 0,
         timeout: float = 900.0,
         wait: float = 60.0,
-        seed: int = 0,
-        fp32_head: bool = False,
-        storage: torch.dtype | None = None,
         say: Callable[[str], None] = log.warning,
     ):
         host, port = split_address(listen)
@@ -485,14 +478,14 @@ class WorkerPool(VersionedDraws):
                 f"--generator-listen {listen}: a non-local address needs a shared token (${TOKEN_ENV} or "
                 "--generator-token-file)"
             )
-        self.model, self.full_weights, self.lag, self.timeout, self.wait = model, full_weights, lag, timeout, wait
-        self.expect = expect
-        self.token, self.run, self.say, self.pad_id = token, run, say, pad_id
+        self.model, self.full_weights, self.lag = model, spec.full_weights, spec.lag
+        self.timeout, self.wait, self.expect = timeout, wait, expect
+        self.token, self.run, self.say, self.pad_id = token, run, say, spec.pad_id
         param = next(model.parameters())
-        self.dtype = dtype or param.dtype
+        self.dtype = spec.dtype or param.dtype
         self.device = str(param.device)
         # the weights go in the rollout dtype, unless the sampler keeps the policy's outside its products (storage)
-        self.send_dtype = param.dtype if storage is not None else self.dtype
+        self.send_dtype = param.dtype if spec.storage is not None else self.dtype
         self.syncs = 0
         self.prefetches = {"used": 0, "dropped": 0}
         self.digests: list[str] | None = None
@@ -509,7 +502,7 @@ class WorkerPool(VersionedDraws):
         self.slot = SharedWeights(served, shared=False)
         self.slot.write(served)
         self.versions = {0: {d: b.clone() for d, b in self.slot.buffers.items()}}
-        self._welcome = _welcome(model, self.dtype, storage, eos_id, pad_id, lag, fp32_head, seed, timeout, run)
+        self._welcome = _welcome(model, self.dtype, spec, timeout, run)
         self._welcome["layout"] = _layout_json(self.slot.layout)
         self._buffers = {n: b.detach().cpu() for n, b in base_model(model).named_buffers()}
         self._listen(host, port)
@@ -973,26 +966,15 @@ def build_worker_pool(
     """The pool of generator workers the run's ``engine`` options ask for (--generators, --generator-listen,
     --generator-wait, --generator-timeout, --generator-token-file, --max-staleness, --rollout-dtype). Rank ``rank``
     of a torchrun job listens on the port plus its rank, and its workers draw its share of the rollouts."""
-    from grpolab.rollout.engine import autocast_storage
-
-    param = next(policy.model.parameters())
-    dtype = rollout_dtype(engine.rollout_dtype, param.dtype)
     host, port = split_address(engine.generator_listen)
     return WorkerPool(
         policy.model,
-        eos_id=policy.eos_id,
-        pad_id=policy.pad_id,
-        full_weights=full_weights,
-        dtype=dtype,
+        EngineSpec.of(engine, seed, policy, full_weights, fp32_head, autocast),
         expect=engine.generators,
         listen=f"{host}:{port + rank if port else 0}",
         token=read_token(engine.generator_token_file),
         run=run,
-        lag=engine.max_staleness,
         timeout=engine.generator_timeout,
         wait=engine.generator_wait,
-        seed=seed,
-        fp32_head=fp32_head,
-        storage=autocast_storage(param.dtype, dtype, autocast),
         say=say,
     )
