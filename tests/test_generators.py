@@ -270,7 +270,7 @@ EVENTS = [  # two workers over two steps: worker 2 lost in step 2, its part redr
 
 
 def test_the_step_line_says_each_workers_rows_and_rate_while_drawing():
-    from grpolab.rollout.workers import step_line
+    from grpolab.rollout.worker_events import step_line
 
     step1 = [e for e in EVENTS if e["step"] == 1]
     assert step_line(step1) == (

@@ -11,16 +11,8 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from grpolab.data import shapes
 from grpolab.data.shapes import PALETTE, ShapesSpec, draw, question_key
-from grpolab.training.sft_vlm import (
-    IMAGE_TOKEN,
-    TinyVLMSpec,
-    answers,
-    build_processor,
-    build_tiny_vlm,
-    build_tokenizer,
-    prompt_text,
-    sft_batch,
-)
+from grpolab.models.builtin_vlm import IMAGE_TOKEN, TinyVLMSpec, build_processor, build_tiny_vlm, build_tokenizer
+from grpolab.training.sft_vlm import answers, prompt_text, sft_batch
 
 ASSET = Path(__file__).resolve().parents[1] / "grpolab" / "assets" / "shapes-vlm"
 SMALL = TinyVLMSpec(vision_hidden_size=16, vision_layers=1, hidden_size=32, num_layers=1, intermediate_size=32)

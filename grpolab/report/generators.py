@@ -13,6 +13,7 @@ from pathlib import Path
 
 from grpolab.report.markup import escape as _e
 from grpolab.report.markup import png_img
+from grpolab.rollout.worker_events import worker_totals  # the trainer's own sums (its per-step line's)
 
 SHOWN_STEPS = 12
 """The timeline shows the last this many steps (the table counts them all): a long run's bars would be hairlines."""
@@ -34,8 +35,6 @@ def read_events(run_dir: Path) -> list[dict]:
 def worker_table(events: list[dict]) -> list[dict]:
     """Per worker: rows drawn, draws, drawing seconds, rows per second while drawing, broadcast seconds, the step
     it was lost at (None if never)."""
-    from grpolab.rollout.workers import worker_totals  # the trainer's own sums (its per-step line's)
-
     lost = {}
     for e in events:
         if e["kind"] == "lost":

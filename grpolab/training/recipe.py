@@ -38,7 +38,7 @@ from grpolab.config.train import BEFORE_RECORDED, RESOLVED_AT_START, ConfigError
 from grpolab.doctor.examine import Watcher
 from grpolab.models import checkpoint
 from grpolab.models.policy import load_policy
-from grpolab.rollout.workers import step_line
+from grpolab.rollout.worker_events import step_line
 from grpolab.training.observers import attach_observers
 from grpolab.training.runlog import RunLogger, git_revision, read_metrics, truncate_jsonl
 from grpolab.training.setup import checked_config, hub_sources, seed_process

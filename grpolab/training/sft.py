@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 
 import torch
-from transformers import get_scheduler
 
-from grpolab.common.progress import progress_bar
 from grpolab.common.rng import seed_everything, set_threads
 from grpolab.config.rollout import EngineSection
 from grpolab.data.arithmetic import ArithmeticSpec, TrainSampler, test_set
@@ -25,6 +22,7 @@ from grpolab.models.builtin import TinyLlamaSpec, build_char_tokenizer, build_ti
 from grpolab.models.policy import Policy
 from grpolab.rollout.engine import build_engine
 from grpolab.rollout.service import RolloutService
+from grpolab.training.sft_loop import sft_loop
 
 
 @dataclasses.dataclass
@@ -105,38 +103,10 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
         cfg.seed, cfg.task, exclude={r["question"] for r in test_set(500, cfg.task)} | {r["question"] for r in held_out}
     )
 
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = get_scheduler(
-        "cosine_with_min_lr",
-        opt,
-        num_warmup_steps=cfg.warmup_steps,
-        num_training_steps=cfg.steps,
-        scheduler_specific_kwargs={"min_lr_rate": 0.1},
-    )
-    model.train()
     t0 = time.perf_counter()
-    with open(out / "sft_metrics.jsonl", "w") as log, progress_bar("sft", cfg.steps, enabled=cfg.progress) as bar:
-        for step in range(1, cfg.steps + 1):
-            batch = _batch(policy, sampler.draw(step, cfg.batch_size))
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [B, L, V]
-            loss = torch.nn.functional.cross_entropy(  # next-token loss on the solution tokens only
-                logits[:, :-1].flatten(0, 1),
-                batch["labels"][:, 1:].flatten(),
-                ignore_index=-100,
-                label_smoothing=cfg.label_smoothing,
-            )
-            if not math.isfinite(loss.item()):
-                raise FloatingPointError(f"sft: non-finite loss at step {step}; lower --lr (now {cfg.lr})")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            if step % 50 == 0 or step == cfg.steps:
-                log.write(
-                    json.dumps({"step": step, "loss/sft": loss.item(), "charts/lr": sched.get_last_lr()[0]}) + "\n"
-                )
-                bar.update(step, f"loss {loss.item():.3f}")
+    with open(out / "sft_metrics.jsonl", "w") as log:
+        sft_loop(model, lambda step: _batch(policy, sampler.draw(step, cfg.batch_size)), cfg,
+                 lambda row: log.write(json.dumps(row) + "\n"))  # fmt: skip
     service = RolloutService(build_engine(EngineSection(), cfg.seed, policy), policy)
     metrics, _ = evaluate(service, held_out, samples=cfg.eval_samples, seed=cfg.seed)
     metrics["time/sft_s"] = time.perf_counter() - t0

@@ -15,139 +15,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
-from transformers import (
-    CLIPVisionConfig,
-    LlamaForCausalLM,
-    LlavaConfig,
-    LlavaForConditionalGeneration,
-    LlavaProcessor,
-    PreTrainedTokenizerFast,
-    get_scheduler,
-)
-from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
+from transformers import LlavaProcessor
 
 from grpolab.data.answers import extract_final_number, numbers_equal
 from grpolab.data.shapes import ShapesSpec, draw, question_key, test_set
-from grpolab.models.builtin import build_char_tokenizer, tiny_llama_config
-
-IMAGE_TOKEN = "<image>"
-
-# A user or system turn is its text then a newline; an assistant turn is its text then EOS. The generation
-# prompt adds nothing: the answer follows the user's newline directly, as in the built-in text model's prompts.
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if message['content'] is string -%}{{ message['content'] }}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'image' -%}" + IMAGE_TOKEN + "{%- elif part['type'] == 'text' -%}{{ part['text'] }}"
-    "{%- endif -%}{%- endfor -%}{%- endif -%}"
-    "{%- if message['role'] == 'assistant' -%}{{ eos_token }}{%- else -%}{{ '\\n' }}{%- endif -%}"
-    "{%- endfor -%}"
+from grpolab.models.builtin_vlm import (
+    WARM_START,
+    TinyVLMSpec,
+    build_processor,
+    build_tiny_vlm,
+    build_tokenizer,
+    warm_start_text,
 )
-
-WARM_START = Path(__file__).resolve().parents[1] / "assets" / "arith-sft"
-"""The shipped built-in text model (character vocabulary of 100), the default start of the language model."""
-
-
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """grpolab's character tokenizer with the special token ``<image>`` added (id 100, after the 100 characters)."""
-    tokenizer = build_char_tokenizer()
-    tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
-
-
-@dataclasses.dataclass(frozen=True)
-class TinyVLMSpec:
-    """Shape of the built-in vision-language model. The text fields match the built-in text model
-    (:class:`grpolab.models.builtin.TinyLlamaSpec`), so that it can start from that model's weights."""
-
-    image_size: int = 32
-    """Side of the (square) picture the tower reads, in pixels."""
-    patch_size: int = 4
-    """Side of a patch in pixels: a picture becomes (image_size / patch_size)^2 image tokens."""
-    vision_hidden_size: int = 64
-    """Width of the vision tower."""
-    vision_layers: int = 2
-    """Transformer blocks of the vision tower."""
-    vision_heads: int = 4
-    """Attention heads of the vision tower."""
-    vision_intermediate_size: int = 128
-    """Width of the vision tower's feed-forward layer."""
-    hidden_size: int = 128
-    """Width d of the language model."""
-    num_layers: int = 3
-    """Transformer blocks of the language model."""
-    num_heads: int = 4
-    """Attention heads of the language model."""
-    intermediate_size: int = 256
-    """Width of the language model's SwiGLU feed-forward layer."""
-    max_positions: int = 128
-    """Longest prompt (image tokens included) + completion in tokens."""
-
-    @property
-    def image_tokens(self) -> int:
-        """Placeholder tokens one ``<image>`` expands to: one per patch (the CLS feature is dropped)."""
-        return (self.image_size // self.patch_size) ** 2
-
-    def __post_init__(self) -> None:
-        if self.image_size % self.patch_size:
-            raise ValueError(f"image_size must be a multiple of patch_size, got {self.image_size}, {self.patch_size}")
-
-
-def build_tiny_vlm(spec: TinyVLMSpec, tokenizer: PreTrainedTokenizerFast) -> LlavaForConditionalGeneration:
-    """A randomly initialised tiny LLaVA: CLIP vision tower, GELU projector, Llama with tied embeddings."""
-    vision = CLIPVisionConfig(
-        hidden_size=spec.vision_hidden_size,
-        intermediate_size=spec.vision_intermediate_size,
-        num_hidden_layers=spec.vision_layers,
-        num_attention_heads=spec.vision_heads,
-        image_size=spec.image_size,
-        patch_size=spec.patch_size,
-    )
-    text = tiny_llama_config(spec, tokenizer)  # the built-in text model's shape: it can start from its weights
-    config = LlavaConfig(
-        vision_config=vision,
-        text_config=text,
-        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
-        image_seq_length=spec.image_tokens,
-        vision_feature_select_strategy="default",
-        vision_feature_layer=-1,
-        tie_word_embeddings=True,
-    )
-    return LlavaForConditionalGeneration(config)
-
-
-def warm_start_text(model: LlavaForConditionalGeneration, source: str | Path) -> None:
-    """Copy a saved built-in text model into ``model``'s language model; ``<image>``'s new row of the (tied)
-    embedding keeps its random initialisation, since the projected patch features replace it anyway."""
-    state = LlamaForCausalLM.from_pretrained(source).model.state_dict()
-    new_rows = model.get_input_embeddings().weight.detach()[len(state["embed_tokens.weight"]) :]  # [1, d]
-    state["embed_tokens.weight"] = torch.cat([state["embed_tokens.weight"], new_rows])  # [V, d]
-    model.model.language_model.load_state_dict(state)  # strict: the shapes must be the built-in text model's
-
-
-def build_processor(tokenizer: PreTrainedTokenizerFast, spec: TinyVLMSpec) -> LlavaProcessor:
-    """The LLaVA processor: PIL images to ``pixel_values`` [B, 3, S, S], and each ``<image>`` expanded to
-    ``spec.image_tokens`` placeholders. PIL-only (no torchvision)."""
-    image_processor = LlavaImageProcessorPil(
-        size={"shortest_edge": spec.image_size},
-        crop_size={"height": spec.image_size, "width": spec.image_size},
-    )
-    return LlavaProcessor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        patch_size=spec.patch_size,
-        vision_feature_select_strategy="default",
-        num_additional_image_tokens=1,  # CLIP's CLS, counted by the processor and dropped by "default"
-        image_token=IMAGE_TOKEN,
-        chat_template=CHAT_TEMPLATE,
-    )
+from grpolab.training.sft_loop import sft_loop
 
 
 def prompt_text(processor: LlavaProcessor, question: str) -> str:
@@ -220,13 +104,6 @@ def sft_batch(processor: LlavaProcessor, records: list[dict]) -> dict[str, torch
     return inputs
 
 
-def sft_loss(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float) -> torch.Tensor:
-    """Mean next-token cross-entropy over the labelled tokens: ``logits`` [B, L, V], ``labels`` [B, L]."""
-    return torch.nn.functional.cross_entropy(
-        logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100, label_smoothing=label_smoothing
-    )
-
-
 @torch.no_grad()
 def answers(model, processor: LlavaProcessor, records: list[dict], sample: bool, max_new_tokens: int) -> list[str]:
     """Completions (special tokens removed) for ``records``: greedy, or sampled at temperature 1 with no top-k or
@@ -278,31 +155,9 @@ def evaluate(model, processor: LlavaProcessor, records: list[dict], cfg: ShapesS
 def train(model, processor: LlavaProcessor, cfg: ShapesSFTConfig) -> list[dict]:
     """The SFT loop: AdamW, warm-up then cosine decay to 10%, loss on the answers only. Returns logged metrics."""
     exclude = frozenset(question_key(r) for r in test_set(spec=cfg.task))  # never train on a test question
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = get_scheduler(
-        "cosine_with_min_lr",
-        opt,
-        num_warmup_steps=cfg.warmup_steps,
-        num_training_steps=cfg.steps,
-        scheduler_specific_kwargs={"min_lr_rate": 0.1},
-    )
-    model.train()
-    log = []
-    bar = tqdm(range(1, cfg.steps + 1), desc="sft", disable=not cfg.progress)
-    for step in bar:
-        batch = sft_batch(processor, draw(cfg.seed, step, cfg.batch_size, cfg.task, exclude))
-        labels = batch.pop("labels")
-        loss = sft_loss(model(**batch).logits, labels, cfg.label_smoothing)
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(f"sft: non-finite loss at step {step}; lower --lr (now {cfg.lr})")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % 50 == 0 or step == cfg.steps:
-            log.append({"step": step, "loss/sft": loss.item(), "charts/lr": sched.get_last_lr()[0]})
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+    log: list[dict] = []
+    sft_loop(model, lambda step: sft_batch(processor, draw(cfg.seed, step, cfg.batch_size, cfg.task, exclude)), cfg,
+             log.append)  # fmt: skip
     return log
 
 
