@@ -59,8 +59,8 @@ def broadcast(args) -> list[dict]:
 
     from grpolab.common.rng import set_threads
     from grpolab.models.policy import load_policy
+    from grpolab.rollout.remote.pool import WorkerPool
     from grpolab.rollout.spec import EngineSpec
-    from grpolab.rollout.workers import WorkerPool
 
     set_threads(1)
     policy = load_policy(args.model, torch.float32)

@@ -64,9 +64,9 @@ def test_backend_is_gloo_on_cpu_and_adds_nccl_for_cuda(monkeypatch):
     assert backend(cuda_available=True) == "cpu:gloo,cuda:nccl"
     monkeypatch.setenv("GRPOLAB_DIST_BACKEND", "gloo")  # gloo for CUDA tensors too: two ranks on one GPU
     assert backend(cuda_available=True) == "gloo"
-    from grpolab.rollout.workers import _backend
+    from grpolab.rollout.remote.common import transport_backend
 
-    assert _backend("cuda:0", "cuda:0") == "gloo"
+    assert transport_backend("cuda:0", "cuda:0") == "gloo"
     monkeypatch.setenv("GRPOLAB_DIST_BACKEND", "nccl")
     if not torch.distributed.is_nccl_available():  # a CPU build: named NCCL is refused in one line
         with pytest.raises(ValueError, match="GRPOLAB_DIST_BACKEND=nccl: this torch .* has no NCCL"):
@@ -74,7 +74,7 @@ def test_backend_is_gloo_on_cpu_and_adds_nccl_for_cuda(monkeypatch):
     monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)  # as on a GPU build
     # NCCL where tensors are on CUDA, gloo for CPU tensors and a CPU worker's weights
     assert backend(cuda_available=True) == "cpu:gloo,cuda:nccl"
-    assert (_backend("cuda:0", "cuda:1"), _backend("cpu", "cuda:0")) == ("nccl", "gloo")
+    assert (transport_backend("cuda:0", "cuda:1"), transport_backend("cpu", "cuda:0")) == ("nccl", "gloo")
     monkeypatch.setenv("GRPOLAB_DIST_BACKEND", "mpi")
     with pytest.raises(ValueError, match="must be gloo or nccl"):
         backend(cuda_available=True)

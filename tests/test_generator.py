@@ -126,7 +126,7 @@ def test_a_generator_stopped_between_an_answers_length_and_its_payload_is_one_er
     """The child writes the length of its first draw's answer and stops itself (SIGSTOP) before the payload: the
     trainer reads messages whole on a thread of its own, so its wait keeps its deadline (--generator-timeout 2)
     instead of blocking in the pipe's read for ever."""
-    from grpolab.rollout.generator import STOP_MID_ANSWER
+    from grpolab.rollout.replica import STOP_MID_ANSWER
     from grpolab.training.recipe import build_trainer
 
     monkeypatch.setenv(STOP_MID_ANSWER, "drawn")  # read by the child at its first draw's answer
@@ -144,7 +144,8 @@ def test_a_generator_stopped_between_an_answers_length_and_its_payload_is_one_er
 def _big_answer_then_answer_each(conn):
     """A scripted child: a 2 MB answer to tag 1, written whether or not the trainer reads, then an answer to each
     request it reads."""
-    from grpolab.rollout.generator import _get, _put
+    from grpolab.rollout.replica import get_message as _get
+    from grpolab.rollout.replica import put_message as _put
 
     _put(conn, ("draw", 1, b"a" * (2 << 20)))
     while True:
@@ -158,7 +159,8 @@ def test_a_big_request_while_the_child_writes_a_big_answer_is_read_and_answered(
     child still writes the draw made ahead. The trainer's reader drains the answer, so the child reads the request."""
     import multiprocessing as mp
 
-    from grpolab.rollout.generator import ProcessEngine, _pipe
+    from grpolab.rollout.generator import ProcessEngine
+    from grpolab.rollout.replica import pipe_end as _pipe
 
     ctx = mp.get_context("fork")  # a scripted child, no model: fork is enough
     conn, child = ctx.Pipe()

@@ -312,7 +312,7 @@ def test_under_torchrun_a_rank_whose_peer_stopped_says_so_in_one_line(monkeypatc
 def test_a_worker_that_samples_with_other_kernels_is_named():
     import torch
 
-    from grpolab.rollout.workers import other_kernels
+    from grpolab.rollout.remote.pool import other_kernels
 
     same = {"engine": "hf", "device": "cpu", "rollout_dtype": "auto"}
     assert other_kernels(same, "cpu", torch.float32) == ""
@@ -336,7 +336,7 @@ def test_a_worker_stopped_mid_frame_is_dropped_after_the_timeout_and_the_run_sto
     trainer reads frames whole on a thread of its own, so the worker is lost after --generator-timeout (3 s), and
     with none left the run stops after --generator-wait (2 s), instead of a read blocked for ever."""
     from grpolab.common.errors import GeneratorError
-    from grpolab.rollout.generator import STOP_MID_ANSWER
+    from grpolab.rollout.replica import STOP_MID_ANSWER
 
     port = free_port()
     monkeypatch.setenv(STOP_MID_ANSWER, "drawn")  # read by the worker only: the trainer's engine is the pool

@@ -11,7 +11,7 @@ import pytest
 from helpers import quiet, small_cfg
 
 from grpolab.config.train import ConfigError
-from grpolab.rollout.generator import weights_digest as digest  # the checksum the generator process reports
+from grpolab.rollout.replica import weights_digest as digest  # the checksum the generator process reports
 
 # in the trainer's process, and in a generator process (a process started: the slow tier)
 GENERATORS = ["inline", pytest.param("process", marks=pytest.mark.slow)]

@@ -1,4 +1,4 @@
-"""The generator workers' frames and handshake (grpolab/rollout/wire.py): tensors round-trip bit for bit, and
+"""The generator workers' frames and handshake (grpolab/rollout/remote/wire.py): tensors round-trip bit for bit, and
 anything that is not a well-formed frame of this run is refused before it is read."""
 
 import socket
@@ -7,7 +7,7 @@ import struct
 import pytest
 import torch
 
-from grpolab.rollout import wire
+from grpolab.rollout.remote import wire
 
 
 @pytest.fixture

@@ -621,7 +621,7 @@ def cmd_generator(args: list[str]) -> None:
     ns = parser.parse_args(args)
     if ns.threads < 1:
         parser.error("--threads must be >= 1")
-    from grpolab.rollout.workers import WorkerOptions, run_worker
+    from grpolab.rollout.remote.worker import WorkerOptions, run_worker
 
     options = WorkerOptions(
         ns.connect, ns.run, ns.device, ns.rollout_dtype, ns.threads, ns.engine, ns.token_file, ns.retry

@@ -1,6 +1,6 @@
 """The report's generator timeline, for a run drawn on generator workers (``--generators N``): who drew what when.
 
-Reads ``generators.jsonl`` (one line per event of rank 0's pool: ``grpolab.rollout.workers.WorkerPool.pop_events``)
+Reads ``generators.jsonl`` (one line per event of rank 0's pool: ``grpolab.rollout.remote.pool.WorkerPool.pop_events``)
 and draws one lane per worker: its draws (the worker's wall clock) and the weight broadcasts to it (the trainer's),
 with the moments workers joined or were lost. Workers on other machines share a time axis only as far as their
 clocks agree (NTP: milliseconds), which is finer than a draw. Written by hand: no library draws these files.

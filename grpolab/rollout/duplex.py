@@ -10,8 +10,8 @@ for ever. A stopped or dead peer leaves a thread blocked in the connection; :met
 connection down, which ends that read or write, and with it the thread.
 
 Used for the generator process's pipe (:mod:`grpolab.rollout.generator`) and each generator worker's socket
-(:mod:`grpolab.rollout.workers`). Written here: ``multiprocessing.connection`` and grpolab's frames
-(:mod:`grpolab.rollout.wire`) read and write whole messages with no deadline of their own; a thread per direction
+(:mod:`grpolab.rollout.remote`). Written here: ``multiprocessing.connection`` and grpolab's frames
+(:mod:`grpolab.rollout.remote.wire`) read and write whole messages with no deadline of their own; a thread per direction
 over them is the usual way to give them one.
 """
 

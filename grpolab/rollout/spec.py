@@ -2,7 +2,7 @@
 policy and how the trainer computes (:meth:`EngineSpec.of`), and taken by grpolab's sampler
 (:class:`grpolab.rollout.engine.HFEngine`), vLLM (:class:`grpolab.rollout.vllm_engine.VLLMEngine`), the generator
 process (:class:`grpolab.rollout.generator.ProcessEngine`) and the generator workers
-(:class:`grpolab.rollout.workers.WorkerPool`). Only here are the rollout dtype, the sampler's storage dtype and
+(:class:`grpolab.rollout.remote.pool.WorkerPool`). Only here are the rollout dtype, the sampler's storage dtype and
 vLLM's settings worked out.
 """
 

@@ -1,4 +1,4 @@
-"""What the generator workers did in a step, read from their events (:meth:`grpolab.rollout.workers.WorkerPool.pop_events`,
+"""What the generator workers did in a step, read from their events (:meth:`grpolab.rollout.remote.pool.WorkerPool.pop_events`,
 or generators.jsonl): each worker's totals and the step's one log line. Plain functions of the events, without the
 pool's sockets and process groups, for the run's log (:mod:`grpolab.training.recipe`) and the report
 (:mod:`grpolab.report.generators`).

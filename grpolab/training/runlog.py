@@ -106,7 +106,7 @@ class RunLogger:
         self._append("probe.jsonl", step, records)
 
     def log_generators(self, step: int, events: list[dict]) -> None:
-        """One line per generator-worker event of the step (``grpolab.rollout.workers.WorkerPool.pop_events``;
+        """One line per generator-worker event of the step (``grpolab.rollout.remote.pool.WorkerPool.pop_events``;
         the report's generator timeline reads them)."""
         self._append("generators.jsonl", step, events)
 

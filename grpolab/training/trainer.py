@@ -395,7 +395,7 @@ class GRPOTrainer:
 
             engine = build_process_engine(cfg.engine, cfg.run.seed, self.policy, full_weights, **self._sampler_computes)
         elif engine is None and cfg.engine.generators:  # --generators N: workers that join over the network
-            from grpolab.rollout.workers import build_worker_pool
+            from grpolab.rollout.remote.pool import build_worker_pool
 
             rank = self.world.rank
             # every rank's workers are its own: under torchrun each rank says what happens to them, by rank

@@ -1,32 +1,6 @@
-"""Generator workers: rollout engines in processes of their own, on this machine or others, joined over TCP.
-
-A worker (``grpolab generator --connect HOST:PORT``, :func:`run_worker`) connects to a trainer started with
-``--generators N``, which listens on ``--generator-listen`` (:class:`WorkerPool`). The worker keeps its own device,
-engine (hf or vllm), rollout dtype and threads; the trainer keeps everything else (the collector, rewards,
-environments, the update).
-
-The connection: after the handshake (:mod:`grpolab.rollout.wire`: the protocol, the run id, an HMAC of a nonce
-under the shared token), the trainer sends the model's class name, its config as JSON and its buffers; the worker
-builds a replica, says it is ready, and both ends join a process group of their own (``torch.distributed``, gloo on
-a CPU, NCCL between CUDA devices: two ranks, the trainer rank 0), over which every weight version is broadcast in
-buckets of ``BUCKET_BYTES``, in the rollout dtype. Draws, their answers and the sync notices are frames on the TCP
-connection. Weights are sent after the optimizer step, outside FSDP2's gather (:meth:`WorkerPool.weights_changed`
-runs after ``full_weights`` has closed), so they never interleave with the trainer's own collectives.
-
-Every rollout is drawn from its own key with a named weight version (the generator process's bookkeeping,
-:mod:`grpolab.rollout.generator`, whose child loop each worker runs). A call's rows are split into N contiguous
-parts (N = --generators), each padded to the whole call's prompt width and drawn as one batch by some live worker,
-so the run does not depend on which workers are live, lost or late. With N = 1 it is the trainer's own engine's bit
-for bit; with N > 1 the tokens are, and the log-probs to the last bits (docs/distributed.md: this CPU's matrix
-kernels compute a row otherwise in a batch of fewer than 4 rows).
-
-Faults: a worker that dies, closes its connection or gives no answer within ``--generator-timeout`` is dropped
-(``generators/lost``) and its parts are drawn again by the next live worker from the same keys (``generators/
-redrawn``). A worker that joins late gets the versions a later draw may still ask for (the newest K + 1) before it
-draws. With no worker left the trainer waits ``--generator-wait`` seconds for one to join, then stops with one
-:class:`grpolab.common.errors.GeneratorError`. A worker exits when its connection closes (the trainer ended or died:
-the kernel closes a dead process's sockets, and TCP keepalive notices a vanished host).
-"""
+"""The trainer's side of the generator workers (``--generators N``): :class:`WorkerPool` listens, admits workers,
+broadcasts each weight version, splits every draw into contiguous parts among the live workers and redraws a lost
+worker's parts from the same keys."""
 
 from __future__ import annotations
 
@@ -35,12 +9,7 @@ import dataclasses
 import datetime
 import itertools
 import json
-import logging
-import os
 import queue
-import re
-import select
-import signal
 import socket
 import threading
 import time
@@ -51,339 +20,33 @@ import torch
 from grpolab.common.distributed import forced_backend
 from grpolab.common.errors import ConfigError, GeneratorError
 from grpolab.rollout.duplex import CLOSED, Duplex
-from grpolab.rollout.generator import (
-    START_TIMEOUT,
-    STOP_MID_ANSWER,
-    GeneratorSpec,
-    ReplicaGenerator,
-    SharedWeights,
-    VersionedDraws,
+from grpolab.rollout.generator import VersionedDraws
+from grpolab.rollout.remote.common import (
+    HANDSHAKE_TIMEOUT,
+    SMALL,
+    TOKEN_ENV,
+    broadcast_piece,
+    first_words,
+    is_local,
+    keepalive,
+    layout_json,
+    log,
+    pair_group,
+    read_token,
+    settings_json,
+    split_address,
+    transport_backend,
+    weight_buckets,
 )
+from grpolab.rollout.remote.wire import WireError, challenge, check_answer, recv_frame, send_frame
+from grpolab.rollout.remote.worker import next_frame
+from grpolab.rollout.replica import START_TIMEOUT, SharedWeights
 from grpolab.rollout.sampler import Sampled, SamplingSettings
-from grpolab.rollout.spec import EngineSpec, VLLMSettings
+from grpolab.rollout.spec import EngineSpec
 from grpolab.rollout.weights import base_model, lag_state, restored_lag, served_weights
-from grpolab.rollout.wire import WireError, answer_challenge, challenge, check_answer, recv_frame, send_frame
 from grpolab.vision.media import text_only
 
-__all__ = ["TOKEN_ENV", "WorkerOptions", "WorkerPool", "read_token", "run_worker"]
 
-log = logging.getLogger("grpolab.generators")
-
-TOKEN_ENV = "GRPOLAB_GENERATOR_TOKEN"
-"""The environment variable a shared token is read from (or a file named by --generator-token-file)."""
-BUCKET_BYTES = 64 << 20
-"""A weight broadcast's bucket: the flat buffer of each dtype goes in pieces of at most this many bytes."""
-HANDSHAKE_TIMEOUT = 10.0
-"""Seconds a new connection has to answer the challenge: a stranger that sends nothing is cut after it."""
-RENDEZVOUS_TIMEOUT = 30.0
-"""Seconds a worker that said it is ready waits to meet the trainer in their process group (the trainer builds it on
-reading "ready"): a worker whose run ended or died meanwhile exits after it."""
-SMALL = 1 << 16
-"""The payload a handshake frame may carry (none)."""
-RESULT_BYTES = 8 << 30
-"""The largest answer the trainer reads (a draw's tensors)."""
-
-
-def read_token(path: str = "") -> bytes:
-    """The shared token: the file ``path``'s content (stripped), else $GRPOLAB_GENERATOR_TOKEN, else b"" (a trainer
-    that listens on localhost only may go without)."""
-    if path:
-        return open(path, "rb").read().strip()
-    return os.environ.get(TOKEN_ENV, "").encode()
-
-
-def split_address(address: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
-    """``HOST:PORT`` (or ``:PORT``, ``PORT``) as (host, port)."""
-    host, _, port = address.rpartition(":")
-    try:
-        return host.strip("[]") or default_host, int(port)
-    except ValueError:
-        raise ConfigError(f"{address!r} is not HOST:PORT") from None
-
-
-def is_local(host: str) -> bool:
-    return host in ("127.0.0.1", "localhost", "::1")
-
-
-def _keepalive(sock: socket.socket) -> None:
-    """Notice a peer whose host vanished within about a minute (Linux's TCP keepalive options)."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
-        if hasattr(socket, name):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
-
-
-def _first_words(error: Exception) -> str:
-    """A torch.distributed error's first line without gloo's source location and advice ("Connection closed by
-    peer [127.0.0.1]:10901")."""
-    line = str(error).splitlines()[0] if str(error) else type(error).__name__
-    line = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", line)
-    return line.split(". This is typically")[0]
-
-
-def _backend(trainer_device: str, worker_device: str) -> str:
-    """NCCL between two CUDA devices, else gloo (through the CPU); ``$GRPOLAB_DIST_BACKEND=gloo``: gloo always (its
-    ``nccl`` is this rule: NCCL where both tensors are on CUDA)."""
-    if forced_backend() == "gloo":
-        return "gloo"
-    return "nccl" if str(trainer_device).startswith("cuda") and str(worker_device).startswith("cuda") else "gloo"
-
-
-def _pair_group(store, name: str, rank: int, backend: str, timeout: float):
-    """A two-rank process group of its own (the trainer 0, one worker 1) over ``store``: a dead worker breaks only
-    its own group, never the trainer's default one (DDP/FSDP2)."""
-    import torch.distributed as dist
-
-    prefix = dist.PrefixStore(name + "/", store)
-    span = datetime.timedelta(seconds=timeout)
-    if backend == "nccl":  # on CUDA (docs/gpu.md says what has run there)
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = span
-        return dist.ProcessGroupNCCL(prefix, rank, 2, options)
-    return dist.ProcessGroupGloo(prefix, rank, 2, span)
-
-
-def _broadcast(group, backend: str, piece: torch.Tensor, device: str) -> None:
-    """One bucket from rank 0 into rank 1's ``piece`` (NCCL through a copy on the CUDA device)."""
-    if backend == "nccl":
-        staged = piece.to(device)
-        group.broadcast(staged, 0).wait()
-        piece.copy_(staged)
-    else:
-        group.broadcast(piece, 0).wait()
-
-
-def _buckets(buffers: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """Each flat buffer in pieces of at most BUCKET_BYTES (views: broadcasting into them fills the buffer)."""
-    pieces = []
-    for name in sorted(buffers):
-        flat = buffers[name]
-        step = max(1, BUCKET_BYTES // flat.element_size())
-        pieces += [flat[i : i + step] for i in range(0, flat.numel(), step)]
-    return pieces
-
-
-def _layout_json(layout: dict) -> dict:
-    return {n: [str(d).removeprefix("torch."), start, list(shape)] for n, (d, start, shape) in layout.items()}
-
-
-def _layout_of(data: dict) -> dict:
-    return {n: (getattr(torch, d), start, torch.Size(shape)) for n, (d, start, shape) in data.items()}
-
-
-def _settings_json(s: SamplingSettings) -> dict:
-    return dataclasses.asdict(s)
-
-
-# ---------------------------------------------------------------------- the worker
-@dataclasses.dataclass
-class WorkerOptions:
-    """A worker's own flags (``grpolab generator --help``)."""
-
-    connect: str
-    run: str | None = None
-    device: str = "cpu"
-    rollout_dtype: str = "auto"
-    threads: int = 1
-    engine: str = "hf"
-    token_file: str = ""
-    retry: float = 60.0
-    """Seconds to keep trying to connect (a worker may start before its trainer listens)."""
-
-
-def _connect(options: WorkerOptions) -> socket.socket:
-    host, port = split_address(options.connect)
-    deadline = time.monotonic() + options.retry
-    while True:
-        try:
-            sock = socket.create_connection((host, port), timeout=HANDSHAKE_TIMEOUT)
-            break
-        except OSError as e:
-            if time.monotonic() > deadline:
-                raise GeneratorError(f"no trainer answered at {host}:{port} in {options.retry:g} s ({e})") from None
-            time.sleep(0.5)
-    _keepalive(sock)
-    return sock
-
-
-def run_worker(options: WorkerOptions, say: Callable[[str], None] = print) -> int:
-    """Join the trainer at ``options.connect`` and draw what it asks until it stops us or goes away. Returns 0
-    when told to stop or when the trainer closed the connection, 1 when a weight broadcast failed."""
-    from grpolab.common.rng import set_threads
-
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    set_threads(options.threads)
-    sock = _connect(options)
-    try:
-        welcome, generator, slot, group = _join(sock, options)
-        name = f"worker {welcome['id']}"
-        say(f"grpolab generator: {name} of run {welcome['run']!r} ({options.engine}, {generator.spec.dtype}, "
-            f"{options.device})")  # fmt: skip
-        return _serve(sock, generator, slot, group, welcome["backend"], options.device, name, say)
-    except TimeoutError:
-        say("grpolab generator: the trainer took no answer, or sent part of a frame, within --generator-timeout; "
-            "exiting")  # fmt: skip
-        return 1
-    except (ConnectionError, OSError) as e:
-        say(f"grpolab generator: the trainer closed the connection ({e.__class__.__name__}); exiting")
-        return 0
-    finally:
-        sock.close()
-
-
-def _join(sock: socket.socket, options: WorkerOptions):
-    """The handshake, the welcome, the replica and its engine, the pair group: (welcome, generator, slot, group)."""
-    import torch.distributed as dist
-
-    frame, _ = recv_frame(sock, SMALL)
-    about = {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "device": options.device,
-        "engine": options.engine,
-        "rollout_dtype": options.rollout_dtype,
-        "threads": options.threads,
-    }
-    send_frame(sock, answer_challenge(frame, read_token(options.token_file), options.run, about))
-    welcome, buffers = recv_frame(sock, RESULT_BYTES)
-    if welcome.get("kind") == "refused":
-        raise WireError(f"the trainer refused this worker: {welcome.get('why')}")
-    if welcome.get("kind") != "welcome":
-        raise WireError(f"the trainer answered {welcome.get('kind')!r}, not a welcome")
-    # from here a frame half-read, or an answer the trainer does not take, fails within the run's --generator-timeout
-    # (the trainer reads every frame on a thread of its own: a write waits only on a trainer that is stopped or gone)
-    sock.settimeout(welcome["timeout"])
-    spec = _spec(welcome, dict(zip(welcome["buffers"], buffers)), options)
-    slot = SharedWeights.of_layout(_layout_of(welcome["layout"]))
-    generator = ReplicaGenerator(spec, slot, slot.buffers)
-    generator.versions, generator.loaded = {}, -1  # the trainer sends the versions it needs
-    send_frame(sock, {"kind": "ready"})
-    host, _ = split_address(options.connect)
-    span = datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT)
-    met = threading.Event()
-    threading.Thread(target=_exit_if_closed, args=(sock, met), name="grpolab-rendezvous-watch", daemon=True).start()
-    store = dist.TCPStore(host, welcome["store_port"], is_master=False, timeout=span)
-    group = _pair_group(store, welcome["group"], 1, welcome["backend"], welcome["timeout"])
-    met.set()
-    return welcome, generator, slot, group
-
-
-def _exit_if_closed(sock: socket.socket, met: threading.Event) -> None:
-    """While the worker waits to meet the trainer in their process group (torch.distributed's waits cannot be
-    interrupted), end the process if the trainer closes the connection: its run ended or it died."""
-    while not met.is_set():
-        ready, _, _ = select.select([sock], [], [], 0.2)
-        if not ready:
-            continue
-        try:
-            closed = sock.recv(1, socket.MSG_PEEK) == b""
-        except OSError:
-            closed = True
-        if closed and not met.is_set():
-            print("grpolab generator: the trainer closed the connection before the weights' group formed; exiting")
-            os._exit(1)
-        met.wait(0.2)  # a frame waits for the serving loop
-
-
-def _next_frame(sock: socket.socket) -> tuple[dict, list[torch.Tensor]]:
-    """The trainer's next frame. Between frames a worker is idle, for as long as the trainer trains (its wait ends
-    when the connection does: the kernel closes a dead trainer's socket, TCP keepalive notices a vanished host);
-    once a frame has begun, the rest of it comes within the socket's timeout (--generator-timeout)."""
-    while not select.select([sock], [], [], 1.0)[0]:
-        pass
-    return recv_frame(sock, RESULT_BYTES)
-
-
-class _StopsMidFrame:
-    """Tests only (``$GRPOLAB_TEST_STOP_MID_ANSWER`` = "drawn"): a socket whose first write sends a frame's magic and
-    length, then stops this process (SIGSTOP) before the rest: the trainer must meet its deadline on a frame cut
-    there."""
-
-    def __init__(self, sock: socket.socket):
-        self.sock, self.cut = sock, False
-
-    def sendall(self, data) -> None:
-        if not self.cut:
-            self.cut = True
-            self.sock.sendall(bytes(data[:8]))
-            os.kill(os.getpid(), signal.SIGSTOP)
-            data = data[8:]
-        self.sock.sendall(data)
-
-
-def _serve(sock, generator, slot, group, backend: str, device: str, name: str, say) -> int:
-    """Answer the trainer's frames in order: weight syncs (their buckets by broadcast), draws, stop."""
-    pieces = _buckets(slot.buffers)
-    writer = sock
-    if os.environ.pop(STOP_MID_ANSWER, None) == "drawn":
-        writer = _StopsMidFrame(sock)
-    while True:
-        header, _ = _next_frame(sock)
-        kind, tag = header.get("kind"), header.get("tag", 0)
-        if kind == "stop":
-            return 0
-        if kind == "sync":
-            t0 = time.time()
-            try:
-                for piece in pieces:
-                    _broadcast(group, backend, piece, device)
-            except RuntimeError as e:
-                say(f"grpolab generator: {name}: a weight broadcast failed ({_first_words(e)}); exiting")
-                return 1
-            generator.handle(("sync", tag, header["version"], header["keep_from"]))
-            send_frame(sock, {"kind": "synced", "tag": tag, "span": [t0, time.time()]})
-        elif kind == "draw":
-            keys = [tuple(k) for k in header["keys"]]
-            draw = (header["version"], header["prompts"], keys, SamplingSettings(**header["settings"]), None)  # text
-            _, _, (out, span, digest) = generator.handle(("draw", tag, *draw, header["digest"]))
-            stats = [out.logprobs, out.entropy]  # an engine may give none (vLLM: no entropies)
-            answer = {"kind": "drawn", "tag": tag, "span": list(span), "digest": digest}
-            answer["absent"] = [i for i, t in enumerate(stats) if t is None]
-            send_frame(writer, answer, [*out.batch.tensors, *(t for t in stats if t is not None)])
-        else:
-            raise WireError(f"a message of kind {kind!r}")
-
-
-def _spec(welcome: dict, buffers: dict[str, torch.Tensor], options: WorkerOptions) -> GeneratorSpec:
-    """The replica's :class:`GeneratorSpec` from the trainer's welcome: its model class (a transformers class, by
-    name: nothing from the network runs as code), config (JSON), buffers and dtypes; device, threads and engine
-    the worker's own."""
-    import transformers
-
-    model_class = getattr(transformers, welcome["model_class"], None)
-    if not (isinstance(model_class, type) and issubclass(model_class, transformers.PreTrainedModel)):
-        raise WireError(f"{welcome['model_class']!r} is not a transformers model class")
-    config = transformers.AutoConfig.for_model(**welcome["config"])
-    if welcome.get("attention"):
-        config._attn_implementation = welcome["attention"]
-    param_dtype = getattr(torch, welcome["param_dtype"])
-    dtype = (
-        getattr(torch, welcome["dtype"]) if options.rollout_dtype == "auto" else getattr(torch, options.rollout_dtype)
-    )
-    vllm = None
-    if options.engine == "vllm":
-        vllm = VLLMSettings(2048, True, 0.3, False, fp32_head=welcome["fp32_head"])
-    storage = getattr(torch, welcome["storage"]) if welcome.get("storage") and dtype != param_dtype else None
-    return GeneratorSpec(
-        model_class,
-        config,
-        buffers,
-        param_dtype,
-        dtype,
-        welcome["eos_id"],
-        welcome["pad_id"],
-        options.device,
-        options.threads,
-        always_copy=welcome["always_copy"],
-        trainable=welcome["trainable"],
-        vllm=vllm,
-        seed=welcome["seed"],
-        fp32_head=welcome["fp32_head"],
-        storage=storage,
-    )
-
-
-# ---------------------------------------------------------------------- the trainer's side
 @dataclasses.dataclass(eq=False)
 class _Worker:
     """The trainer's handle on one worker."""
@@ -419,7 +82,7 @@ def _link(sock: socket.socket, timeout: float, name: str) -> Duplex:
     def shutdown() -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
-    return Duplex(lambda: _next_frame(sock), lambda frame: send_frame(sock, *frame), shutdown, sock.close, name)
+    return Duplex(lambda: next_frame(sock), lambda frame: send_frame(sock, *frame), shutdown, sock.close, name)
 
 
 class _Lost(Exception):
@@ -429,7 +92,7 @@ class _Lost(Exception):
 
 
 def _welcome(model, dtype, spec: EngineSpec, timeout, run) -> dict:
-    """What a worker needs to build its replica and engine (:func:`_spec` reads it), as JSON: the model's class
+    """What a worker needs to build its replica and engine (:func:`worker_spec` reads it), as JSON: the model's class
     name and config, the dtypes, the token ids, the lag, the head, vLLM's seed (``spec``'s), the timeout and the run
     id."""
     storage = spec.storage
@@ -503,7 +166,7 @@ class WorkerPool(VersionedDraws):
         self.slot.write(served)
         self.versions = {0: {d: b.clone() for d, b in self.slot.buffers.items()}}
         self._welcome = _welcome(model, self.dtype, spec, timeout, run)
-        self._welcome["layout"] = _layout_json(self.slot.layout)
+        self._welcome["layout"] = layout_json(self.slot.layout)
         self._buffers = {n: b.detach().cpu() for n, b in base_model(model).named_buffers()}
         self._listen(host, port)
         say(f"generators: listening on {self.address} for {expect} worker(s) (run id {run!r})")
@@ -556,7 +219,7 @@ class WorkerPool(VersionedDraws):
             sock.close()
             return
         worker = _Worker(next(self._ids), sock, about)
-        worker.backend = _backend(self.device, str(about.get("device", "cpu")))
+        worker.backend = transport_backend(self.device, str(about.get("device", "cpu")))
         try:
             names = sorted(self._buffers)
             welcome = dict(
@@ -570,8 +233,8 @@ class WorkerPool(VersionedDraws):
             store = self.store
             if self._closed or store is None:
                 raise WireError("the run has ended")
-            worker.group = _pair_group(store, f"worker{worker.id}", 0, worker.backend, self.timeout)
-            _keepalive(sock)
+            worker.group = pair_group(store, f"worker{worker.id}", 0, worker.backend, self.timeout)
+            keepalive(sock)
             worker.link = _link(sock, self.timeout, f"grpolab-worker{worker.id}")
         except Exception as e:  # anything that keeps it from joining is one line; the run goes on without it
             self.say(f"generators: {worker.name} failed to start: {type(e).__name__}: {e}")
@@ -743,10 +406,10 @@ class WorkerPool(VersionedDraws):
         start = time.time()
         self._send(worker, {"kind": "sync", "version": version, "keep_from": keep_from})  # its answer: read, let go
         try:
-            for piece in _buckets(self.versions[version]):
-                _broadcast(worker.group, worker.backend, piece, self.device)
+            for piece in weight_buckets(self.versions[version]):
+                broadcast_piece(worker.group, worker.backend, piece, self.device)
         except RuntimeError as e:
-            raise _Lost(worker, f"the weight broadcast failed ({_first_words(e)})") from None
+            raise _Lost(worker, f"the weight broadcast failed ({first_words(e)})") from None
         self._event("weights", worker.id, start=start, end=time.time(), version=version)
 
     def _chunks(self, n: int) -> list[list[int]]:
@@ -777,7 +440,7 @@ class WorkerPool(VersionedDraws):
             "version": version,
             "prompts": [prompts[i] for i in rows],
             "keys": [list(keys[i]) for i in rows],
-            "settings": _settings_json(settings),
+            "settings": settings_json(settings),
             "digest": self.digests is not None,
         })  # fmt: skip
 

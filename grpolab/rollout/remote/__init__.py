@@ -1,0 +1,29 @@
+"""Generator workers: rollout engines in processes of their own, on this machine or others, joined over TCP.
+
+A worker (``grpolab generator --connect HOST:PORT``, :func:`run_worker`) connects to a trainer started with
+``--generators N``, which listens on ``--generator-listen`` (:class:`WorkerPool`). The worker keeps its own device,
+engine (hf or vllm), rollout dtype and threads; the trainer keeps everything else (the collector, rewards,
+environments, the update).
+
+The connection: after the handshake (:mod:`grpolab.rollout.remote.wire`: the protocol, the run id, an HMAC of a nonce
+under the shared token), the trainer sends the model's class name, its config as JSON and its buffers; the worker
+builds a replica, says it is ready, and both ends join a process group of their own (``torch.distributed``, gloo on
+a CPU, NCCL between CUDA devices: two ranks, the trainer rank 0), over which every weight version is broadcast in
+buckets of ``BUCKET_BYTES``, in the rollout dtype. Draws, their answers and the sync notices are frames on the TCP
+connection. Weights are sent after the optimizer step, outside FSDP2's gather (:meth:`WorkerPool.weights_changed`
+runs after ``full_weights`` has closed), so they never interleave with the trainer's own collectives.
+
+Every rollout is drawn from its own key with a named weight version (the generator process's bookkeeping,
+:mod:`grpolab.rollout.generator`, whose child loop each worker runs). A call's rows are split into N contiguous
+parts (N = --generators), each padded to the whole call's prompt width and drawn as one batch by some live worker,
+so the run does not depend on which workers are live, lost or late. With N = 1 it is the trainer's own engine's bit
+for bit; with N > 1 the tokens are, and the log-probs to the last bits (docs/distributed.md: this CPU's matrix
+kernels compute a row otherwise in a batch of fewer than 4 rows).
+
+Faults: a worker that dies, closes its connection or gives no answer within ``--generator-timeout`` is dropped
+(``generators/lost``) and its parts are drawn again by the next live worker from the same keys (``generators/
+redrawn``). A worker that joins late gets the versions a later draw may still ask for (the newest K + 1) before it
+draws. With no worker left the trainer waits ``--generator-wait`` seconds for one to join, then stops with one
+:class:`grpolab.common.errors.GeneratorError`. A worker exits when its connection closes (the trainer ended or died:
+the kernel closes a dead process's sockets, and TCP keepalive notices a vanished host).
+"""
