@@ -186,7 +186,7 @@ def _caller(
     conversations: list | None,
     completion_ids: list[list[int]] | None = None,
 ):
-    """``call(idx, log=None)``: ``fn`` on the rollouts ``idx``, its result as it returns it (an awaitable for an async
+    """``call(idx, log)``: ``fn`` on the rollouts ``idx``, its result as it returns it (an awaitable for an async
     one). ``conversations`` (episodes): each rollout's (opening messages, messages after them, environment), for those
     that take them (TRL's form: its ``prompts`` and, for chat runs, ``completions``); ``completion_ids`` (each
     completion's tokens) and ``log`` (a :class:`RewardLog`) for those that take them (TRL's form)."""
@@ -194,14 +194,14 @@ def _caller(
     takes_ids = completion_ids is not None and getattr(fn, "takes_completion_ids", False)
     takes_log = getattr(fn, "takes_log", False)
 
-    def call(idx: list[int], log: RewardLog | None = None):
+    def call(idx: list[int], log: RewardLog):
         args = ([completions[i] for i in idx], [records[i] for i in idx])
         kw: dict[str, Any] = {}
         if takes:
             kw["conversations"] = [conversations[i] for i in idx]
         if takes_ids:
             kw["completion_ids"] = [completion_ids[i] for i in idx]
-        if takes_log and log is not None:
+        if takes_log:
             kw["log"] = log
         return fn(*args, **kw)
 
@@ -258,7 +258,7 @@ def _value(v) -> float:
 def _call_safely(call, n: int, whole) -> _Called:
     """The values of a reward function on ``n`` rollouts, from ``whole`` (its result on all of them, or the exception
     it raised), with failures replaced by 0 and counted: if the whole batch raised or has the wrong length, each
-    rollout is scored alone (``call([i])``) so only the failing ones lose their reward. A None is no failure: the
+    rollout is scored alone (``call([i], log)``) so only the failing ones lose their reward. A None is no failure: the
     function does not apply to that rollout (TRL's meaning)."""
     try:
         if isinstance(whole, BaseException):

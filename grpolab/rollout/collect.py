@@ -33,6 +33,7 @@ from grpolab.rollout.episodes import EpisodeFacts, max_return
 from grpolab.rollout.rows import (
     Rows,
     entropy_sums,
+    merge_logged,
     rollout_lengths,
     sum_counts,
     take_rows,
@@ -100,15 +101,11 @@ class Generated:
             sum(p.errors for p in parts),
             sum_counts([p.counts for p in parts]),
             None if first.episodes is None else EpisodeFacts.merge([p.episodes for p in parts]),
-            logged={k: [v for p in parts for v in p.logged.get(k, [])] for k in _names(p.logged for p in parts)},
+            logged=merge_logged([p.logged for p in parts]),
             unscorable=[u for p in parts for u in p.unscorable or [False] * p.n]
             if any(p.unscorable for p in parts)
             else [],
         )
-
-
-def _names(dicts) -> list[str]:
-    return list(dict.fromkeys(k for d in dicts for k in d))
 
 
 def applied_values(values: torch.Tensor, skipped: torch.Tensor | None) -> list[float | None]:

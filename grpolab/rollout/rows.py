@@ -103,13 +103,19 @@ def concat_scores(parts: list[Scores]) -> Scores:
         sum_counts([p.counts for p in parts]),
         {k: torch.cat([p.skipped.get(k, torch.zeros(len(p.total), dtype=torch.bool)) for p in parts]) for k in skipped},
         [e for p in parts for e in (p.extra or [{}] * len(p.total))] if any(p.extra for p in parts) else [],
-        {k: [v for p in parts for v in p.logged.get(k, [])] for k in dict.fromkeys(k for p in parts for k in p.logged)},
+        merge_logged([p.logged for p in parts]),
         None
         if all(p.unscorable is None for p in parts)
         else torch.cat(
             [torch.zeros(len(p.total), dtype=torch.bool) if p.unscorable is None else p.unscorable for p in parts]
         ),  # fmt: skip
     )
+
+
+def merge_logged(parts: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """Scalars reward functions logged (TRL's ``log_metric``) in several calls or ranks, each name's values joined in
+    order."""
+    return {k: [v for logged in parts for v in logged.get(k, [])] for k in dict.fromkeys(k for p in parts for k in p)}
 
 
 def sum_counts(parts: list[dict]) -> dict:
