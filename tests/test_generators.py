@@ -312,7 +312,7 @@ def test_under_torchrun_a_rank_whose_peer_stopped_says_so_in_one_line(monkeypatc
 def test_a_worker_that_samples_with_other_kernels_is_named():
     import torch
 
-    from grpolab.rollout.remote.pool import other_kernels
+    from grpolab.rollout.remote.handle import other_kernels
 
     same = {"engine": "hf", "device": "cpu", "rollout_dtype": "auto"}
     assert other_kernels(same, "cpu", torch.float32) == ""
@@ -395,7 +395,7 @@ def test_closing_the_pool_ends_its_accepting_thread_and_frees_the_port(tmp_path)
     worker = start_worker(port)
     try:
         trainer = one_worker_trainer(tmp_path, port)
-        accepting = trainer.engine._accepting
+        accepting = trainer.engine.listener.accepting
         trainer.close()
         accepting.join(5)
         assert not accepting.is_alive()

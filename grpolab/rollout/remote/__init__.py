@@ -5,6 +5,12 @@ A worker (``grpolab generator --connect HOST:PORT``, :func:`run_worker`) connect
 engine (hf or vllm), rollout dtype and threads; the trainer keeps everything else (the collector, rewards,
 environments, the update).
 
+One side of the wire per file: ``worker.py`` (the worker), ``pool.py`` (the trainer's engine), with the trainer's
+parts beside it: ``listener.py`` (where workers join), ``handle.py`` (one joined worker), ``versions.py`` (the weight
+versions held), ``parts.py`` (a draw split and merged), ``books.py`` (counts and events); ``wire.py`` (the frames and
+the handshake) and ``common.py`` (what both sides share). The child loop every worker runs is
+:mod:`grpolab.rollout.replica`'s, the generator process's.
+
 The connection: after the handshake (:mod:`grpolab.rollout.remote.wire`: the protocol, the run id, an HMAC of a nonce
 under the shared token), the trainer sends the model's class name, its config as JSON and its buffers; the worker
 builds a replica, says it is ready, and both ends join a process group of their own (``torch.distributed``, gloo on
