@@ -48,20 +48,18 @@ from grpolab.common.rng import set_threads
 from grpolab.common.stats import mean_ci, percentile_interval
 from grpolab.config import fields
 from grpolab.config.fields import FROM_RUN
-from grpolab.probes.mse import (
+from grpolab.probes.mse import derived_constants, mse_from_moments, prompt_moments
+from grpolab.probes.reward_noise import (
     NOISE_ESTIMATORS,
     affine_calibration,
     agreement,
     best_scale,
-    derived_constants,
     estimator_spread,
     gradient_cosine,
     matching_group_size,
     mse_against_reference,
-    mse_from_moments,
     noisy_reward_moments,
     predicted_noisy_moments,
-    prompt_moments,
     within_prompt_slope,
     within_prompt_variance,
 )

@@ -12,12 +12,9 @@ import torch
 from helpers import run_cli
 
 from grpolab.analysis.mse_cmd import MseConfig, run_bandit
+from grpolab.probes.bandit import bandit_estimates, bandit_moments, bandit_pool_gram, bandit_true_gradient
 from grpolab.probes.mse import (
     MSE_ESTIMATORS,
-    bandit_estimates,
-    bandit_moments,
-    bandit_pool_gram,
-    bandit_true_gradient,
     derived_constants,
     groupsize_constants,
     mse_from_moments,

@@ -13,21 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpolab.probes.mse import (
+from grpolab.probes.bandit import bandit_estimates, bandit_moments, bandit_pool_gram, bandit_true_gradient
+from grpolab.probes.mse import mean_ci, mse_from_moments
+from grpolab.probes.reward_noise import (
     NOISE_ESTIMATORS,
     affine_calibration,
     agreement,
-    bandit_estimates,
-    bandit_moments,
-    bandit_pool_gram,
-    bandit_true_gradient,
     best_scale,
     estimator_spread,
     gradient_cosine,
     matching_group_size,
-    mean_ci,
     mse_against_reference,
-    mse_from_moments,
     noisy_reward_moments,
     predicted_noisy_moments,
     within_prompt_slope,

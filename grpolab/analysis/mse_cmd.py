@@ -22,10 +22,9 @@ from grpolab.common.rng import set_threads
 from grpolab.common.stats import percentile_interval
 from grpolab.config import fields
 from grpolab.eval.runs import load_task_policy, probe_task, resolve_target
+from grpolab.probes.bandit import bandit_moments, bandit_mse_mc
 from grpolab.probes.mse import (
     MSE_ESTIMATORS,
-    bandit_moments,
-    bandit_mse_mc,
     groupsize_constants,
     mse_from_moments,
     mse_table,
