@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from grpolab.analysis.config import ProbeConfig
-from grpolab.commands.cli import _parse
+from grpolab.commands.parsing import parse_config
 from grpolab.common.errors import ConfigError
 from grpolab.common.rng import set_threads
 from grpolab.common.stats import mean_ci, percentile_interval
@@ -513,7 +513,7 @@ def _constants_md(m: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = _parse(NoiseConfig, sys.argv[1:] if argv is None else argv, "reward_noise.py", __doc__.split("\n\n")[0])
+    cfg = parse_config(NoiseConfig, sys.argv[1:] if argv is None else argv, "reward_noise.py", __doc__.split("\n\n")[0])
     cfg.validate()
     set_threads(cfg.threads)
     out = Path(cfg.out)

@@ -27,7 +27,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 from grpolab import streams  # noqa: E402
-from grpolab.commands.cli import _parse  # noqa: E402
+from grpolab.commands.parsing import parse_config  # noqa: E402
 from grpolab.config.train import TrainConfig  # noqa: E402
 from grpolab.models.logprobs import completion_logprobs  # noqa: E402
 from grpolab.rollout.sampler import sample  # noqa: E402
@@ -75,7 +75,7 @@ def main() -> None:
     if args.shared_prefix_ab:
         return shared_prefix_ab(args, rest)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = _parse(TrainConfig, ["--out", tmp, "--no-progress", *rest], "step_time", "")
+        cfg = parse_config(TrainConfig, ["--out", tmp, "--no-progress", *rest], "step_time", "")
         trainer = build_trainer(cfg)
         rows, floors = [], []
         for step in range(1, args.warmup + args.steps + 1):
@@ -111,7 +111,7 @@ def shared_prefix_ab(args, rest: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trainers = {
             mode: build_trainer(
-                _parse(
+                parse_config(
                     TrainConfig,
                     ["--out", f"{tmp}/{mode}", "--no-progress", *rest, "--shared-prefix", mode],
                     "step_time",

@@ -22,8 +22,8 @@ import dataclasses
 import statistics
 import tempfile
 
-from grpolab.commands.cli import _parse
 from grpolab.commands.demo import REAL_MODEL_PRESET
+from grpolab.commands.parsing import parse_config
 from grpolab.config.train import TrainConfig
 from grpolab.training.recipe import build_trainer
 
@@ -37,7 +37,7 @@ def config(preset: str, extra: list[str], out: str) -> TrainConfig:
     if preset == "smollm2":
         fields["model"] = "smollm2-135m-instruct"
     flags = [a for k, v in fields.items() for a in ("--" + k.replace("_", "-"), *_values(v))]
-    cfg = _parse(TrainConfig, [*flags, *extra], "token_credit_cost", "")
+    cfg = parse_config(TrainConfig, [*flags, *extra], "token_credit_cost", "")
     return dataclasses.replace(cfg, out=out, progress=False).resolved()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import run_cli as _run_cli
 
-from grpolab.commands.cli import _parse
+from grpolab.commands.parsing import parse_config
 from grpolab.config import fields
 from grpolab.config.toml import load_toml
 from grpolab.config.train import ConfigError, TrainConfig
@@ -108,7 +108,7 @@ def test_load_toml_missing_and_invalid_files(tmp_path):
 
 
 def test_parse_flags():
-    cfg = _parse(
+    cfg = parse_config(
         TrainConfig,
         ["--group-size", "4", "--prompts-per-step", "2", "--estimator", "rloo", "--no-progress"],
         "prog",
@@ -126,33 +126,33 @@ def test_parse_accepts_comma_separated_number_lists():
     from grpolab.analysis.rank import RankConfig
     from grpolab.analysis.theory import HoeffdingConfig
 
-    assert _parse(RankConfig, ["--group-sizes", "2,4,8"], "prog", "desc").group_sizes == (2, 4, 8)
-    assert _parse(RankConfig, ["--group-sizes", "2", "16"], "prog", "desc").group_sizes == (2, 16)
-    assert _parse(HoeffdingConfig, ["--eps", "0.3,0.1"], "prog", "desc").eps == (0.3, 0.1)
+    assert parse_config(RankConfig, ["--group-sizes", "2,4,8"], "prog", "desc").group_sizes == (2, 4, 8)
+    assert parse_config(RankConfig, ["--group-sizes", "2", "16"], "prog", "desc").group_sizes == (2, 16)
+    assert parse_config(HoeffdingConfig, ["--eps", "0.3,0.1"], "prog", "desc").eps == (0.3, 0.1)
     # a value that is not a number list is left alone
-    assert _parse(TrainConfig, ["--out", "runs/a,b"], "prog", "desc").run.out == "runs/a,b"
+    assert parse_config(TrainConfig, ["--out", "runs/a,b"], "prog", "desc").run.out == "runs/a,b"
 
 
 def test_parse_merges_a_repeated_list_flag():
     from grpolab.analysis.mse_cmd import MseConfig
 
-    cfg = _parse(
+    cfg = parse_config(
         MseConfig, ["--policy", "a", "--group-sizes", "2,4", "--policy", "b", "c", "--pool", "5"], "prog", "desc"
     )
     assert cfg.policy == ("a", "b", "c") and cfg.group_sizes == (2, 4) and cfg.pool == 5
-    cfg = _parse(MseConfig, ["--logits", "0", "-0.5"], "prog", "desc")  # a negative value is a value, not a flag
+    cfg = parse_config(MseConfig, ["--logits", "0", "-0.5"], "prog", "desc")  # a negative value is a value, not a flag
     assert cfg.bandit.logits == (0.0, -0.5)
 
 
 def test_parse_config_file_then_flags_override(tmp_path):
     path = tmp_path / "cfg.toml"
     path.write_text('group_size = 4\nbeta = 0.04\nlr = 3e-5\nestimator = "grpo"\n')
-    cfg = _parse(TrainConfig, ["--config", str(path), "--lr", "0.001", "--mu", "2"], "prog", "desc")
+    cfg = parse_config(TrainConfig, ["--config", str(path), "--lr", "0.001", "--mu", "2"], "prog", "desc")
     assert cfg.groups.group_size == 4 and cfg.objective.beta == 0.04 and cfg.objective.estimator == "grpo"  # the file
     assert cfg.optimizer.lr == 0.001  # the flag wins over the file
     assert cfg.objective.mu == 2  # a flag the file does not set
     assert cfg.run.steps == TrainConfig().run.steps  # neither: the default
-    cfg2 = _parse(TrainConfig, [f"--config={path}", "--group-size", "6"], "prog", "desc")
+    cfg2 = parse_config(TrainConfig, [f"--config={path}", "--group-size", "6"], "prog", "desc")
     assert cfg2.groups.group_size == 6 and cfg2.optimizer.lr == 3e-5
 
 
@@ -233,8 +233,8 @@ def test_the_vllm_engine_without_vllm_names_the_extra(monkeypatch):
 def test_sft_keeps_its_dotted_flags_for_the_model_shape_and_the_task():
     """Only a config in sections loses the prefix (--group-size, not --groups.group-size); sft's nested options keep
     theirs, as its --help shows them, and are accepted."""
-    from grpolab.commands.cli import _parse
+    from grpolab.commands.parsing import parse_config
     from grpolab.training.sft import SFTConfig
 
-    cfg = _parse(SFTConfig, ["--model.hidden-size", "64", "--task.max-operand", "20"], "grpolab sft", "")
+    cfg = parse_config(SFTConfig, ["--model.hidden-size", "64", "--task.max-operand", "20"], "grpolab sft", "")
     assert (cfg.model.hidden_size, cfg.task.max_operand, cfg.model.num_layers) == (64, 20, SFTConfig().model.num_layers)

@@ -95,14 +95,14 @@ def test_data_order_is_validated():
 
 def test_data_order_flag_reaches_the_trainer(tmp_path):
     """``--data-order sequential`` on the command line: step 1 trains on the first B records of the file."""
-    from grpolab.commands.cli import _parse
+    from grpolab.commands.parsing import parse_config
     from grpolab.config.train import TrainConfig
     from grpolab.training.recipe import build_trainer
 
     data = tmp_path / "train.jsonl"
     rows = [{"question": f"{i}+1", "answer": f"{i}+1={i + 1}\n#### {i + 1}"} for i in range(10, 20)]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = _parse(TrainConfig, ["--data", str(data), "--data-order", "sequential"], "grpolab train", "")
+    cfg = parse_config(TrainConfig, ["--data", str(data), "--data-order", "sequential"], "grpolab train", "")
     assert cfg.dataset.data_order == "sequential"
     cfg = small_cfg(tmp_path / "run", data=str(data), data_order="sequential", eval_fraction=0.0, steps=1)
     trainer = build_trainer(cfg, log=quiet)
