@@ -198,22 +198,6 @@ def train(
 ) -> Run:
     """GRPO training, as ``grpolab train``; returns the :class:`Run`.
 
-    Args:
-        model: a path, name or Hub id (``"org/name"``, ``revision=``) as ``--model`` takes (default ``builtin``), a
-            loaded transformers causal LM (``tokenizer=``; trains in place, its dtype kept under ``precision="auto"``), or a finished
-            run's ``run.policy``.
-        train_dataset: a ``datasets.Dataset`` (a DatasetDict of one split), a list of dicts, or a path or Hub id as
-            ``--data`` takes (``data_config=``). Rows are read as a file's: a ``prompt`` column of text or chat
-            messages (``prompt_column=``), every other column passed to the reward functions.
-        reward_funcs: one or several functions, TRL's ``fn(prompts, completions, **columns)`` or grpolab's
-            ``fn(completions, records)``, or ``"module:function"`` strings; weights with ``reward_weights=``.
-        eval_dataset: held-out rows, in the forms ``train_dataset`` takes (default: ``eval_fraction=0.1`` of it).
-        env, tools: an environment class (TRL's ``reset(**row)`` shape or grpolab's ``reset``/``step``; a dict of
-            TRL-shape classes routed by an ``environment`` column), or tool functions: episodes (docs/environments.md).
-        config: a whole :class:`grpolab.config.train.TrainConfig` instead of keywords.
-        **fields: any ``grpolab train`` option by its field name (``steps=100, group_size=8, lr=1e-5, out="runs/x"``);
-            a wrong name or type is a :class:`grpolab.config.train.ConfigError` of one line, the flag's.
-
     Example::
 
         from datasets import Dataset
@@ -226,6 +210,41 @@ def train(
                             steps=20, out="runs/letters")
 
     Several processes: ``torchrun --nproc-per-node P script.py``; each process calls ``train`` and trains its share.
+
+    Args:
+        model (str | Any | None): a path, name or Hub id (``"org/name"``, ``revision=``) as ``--model`` takes (default
+            ``builtin``), a loaded transformers causal LM (``tokenizer=``; trains in place, its dtype kept under
+            ``precision="auto"``), or a finished run's ``run.policy``.
+        train_dataset (str | Any | None): a ``datasets.Dataset`` (a DatasetDict of one split), a list of dicts, or a
+            path or Hub id as ``--data`` takes (``data_config=``). Rows are read as a file's: a ``prompt`` column of
+            text or chat messages (``prompt_column=``), every other column passed to the reward functions.
+        reward_funcs (Callable | str | Sequence[Callable | str] | None): one or several functions, TRL's
+            ``fn(prompts, completions, **columns)`` or grpolab's ``fn(completions, records)``, or ``"module:function"``
+            strings; reward models too (a directory, Hub id or loaded model: ``reward_processing_classes=``); weights
+            with ``reward_weights=``. None: the built-in answer check (in episodes: the environment's return).
+        eval_dataset (str | Any | None): held-out rows, in the forms ``train_dataset`` takes (default:
+            ``eval_fraction=0.1`` of it).
+        env (type | dict[str, type] | str | None): an environment class (TRL's ``reset(**row)`` shape or grpolab's
+            ``reset``/``step``), a dict of TRL-shape classes routed by an ``environment`` column, or its
+            ``"module:Class"`` name: episodes (docs/environments.md).
+        tools (Sequence[Callable | str] | None): tool functions (or their ``"module:function"`` names) the policy
+            calls in episodes (docs/environments.md).
+        tokenizer (Any | None): the tokenizer (or processor) of a loaded ``model``; None with a path, which brings
+            its own.
+        config (TrainConfig | None): a whole :class:`grpolab.config.train.TrainConfig` instead of keywords.
+        log (Callable[[str], None]): where the run's progress lines go (default ``print``).
+        hooks (RunHooks | None): a :class:`grpolab.training.recipe.RunHooks` told of each step (``grpolab.trl``'s
+            callbacks); None: none.
+        **fields: any ``grpolab train`` option by its field name (``steps=100, group_size=8, lr=1e-5, out="runs/x"``).
+
+    Returns:
+        Run: the finished run: its directory (``run.dir``: config.json, metrics.jsonl, checkpoints/) and its trained
+            policy (``run.policy``: the very model object passed as ``model``, if one was).
+
+    Raises:
+        ConfigError: a wrong option name or type (one line, the flag's); options given both as ``config`` and as
+            keywords; ``tokenizer`` without a loaded model, or a loaded model without it; ``nproc`` > 1 from Python
+            (launch the script with torchrun instead).
     """
     from grpolab.training import launch
     from grpolab.training.recipe import run_training, saved_config

@@ -75,6 +75,24 @@ class HFEngine:
     def generate(
         self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings, media=None
     ) -> Sampled:
+        """One completion per prompt from grpolab's sampler (:func:`grpolab.rollout.sampler.sample_with_stats`): on
+        the engine's copy of the weights, or on the live ones in eval mode (the model's mode put back afterwards).
+
+        Args:
+            prompts (list[list[int]]): N prompts' token ids, unpadded: B prompts, each repeated G times, N = B*G.
+            keys (list[tuple[int, ...]]): [N] rollout keys; ``keys[n]`` seeds row n, whatever the other rows are.
+            settings (SamplingSettings): ``max_new_tokens``, ``temperature``, ``top_p``, ``ignore_eos`` (no row
+                stops at EOS) and ``prompt_width`` (the prompts are left-padded to at least it), for every row.
+            media (Sequence[Media | None] | None): [N] each prompt's images (:class:`grpolab.vision.media.Media` or
+                None), or None for text prompts.
+
+        Returns:
+            Sampled: on the model's device: ``batch`` (``prompt_ids``, ``prompt_mask`` [N, P], P the longest prompt
+                or ``prompt_width``; ``completion_ids``, ``completion_mask`` [N, T], T the longest completion, at most
+                ``max_new_tokens``; ``media``), ``logprobs`` [N, T] each sampled token's log-prob under the
+                distribution it was drawn from (at the temperature, greedy's at 1; top-p renormalised) and ``entropy``
+                [N, T] that distribution's entropy before top-p, in nats; 0 on padding.
+        """
         if self.weights.copied:  # a copy of its own: always whole, always in eval mode
             return self._sample(self.weights.model, prompts, keys, settings, self.weights.decoder, media)
         was_training = self.model.training

@@ -161,6 +161,27 @@ class ProcessEngine(VersionedDraws):
     def generate(
         self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings, media=None
     ) -> Sampled:
+        """One completion per prompt, drawn in the generator process with the weights of the sync this draw names
+        (``max(0, syncs - K)``; the newest inside :meth:`current_weights`). The rows :meth:`prefetch` started for
+        exactly this request are taken; any other request is drawn now (a draw ahead waits for its own request).
+
+        Args:
+            prompts (list[list[int]]): N prompts' token ids, unpadded: B prompts, each repeated G times, N = B*G.
+            keys (list[tuple[int, ...]]): [N] rollout keys; ``keys[n]`` seeds row n, whatever the other rows are.
+            settings (SamplingSettings): the sampling settings of every row, as the child's engine takes them.
+            media (Sequence[Media | None] | None): [N] each prompt's images (:class:`grpolab.vision.media.Media` or
+                None), sent with the request; None for text prompts.
+
+        Returns:
+            Sampled: the child engine's answer (:meth:`grpolab.rollout.engine.HFEngine.generate`'s, or
+                :meth:`grpolab.rollout.vllm_engine.VLLMEngine.generate`'s with ``entropy`` None): ``batch`` with
+                ``prompt_ids``, ``prompt_mask`` [N, P] and ``completion_ids``, ``completion_mask`` [N, T], its
+                ``media`` None (the trainer keeps the rows' images), ``logprobs`` [N, T], ``entropy`` [N, T].
+
+        Raises:
+            GeneratorError: the child died, gave no answer within ``timeout`` seconds, or raised (its traceback in
+                the message; e.g. vLLM in the child refusing rows with images).
+        """
         request = (self._draw_version(), prompts, [tuple(k) for k in keys], settings, media)
         if self._prefetched is not None and self._prefetched[0] == _request_key(request):
             tag = self._prefetched[1]

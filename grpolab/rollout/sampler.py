@@ -105,9 +105,35 @@ def sample(
     ``keys[n]`` seeds rollout n's random stream. Completions stop at EOS (kept,
     and masked in) or after ``max_new_tokens``. Each distinct prompt is prefilled
     once and its cache copied to its rows: the same tokens as a prefill per row.
-    ``cache``: one of :data:`CACHES` (the same tokens either way, to float rounding). ``decoder``: a
-    :class:`grpolab.models.fused_decode.FusedDecoder` of ``model`` for the decode steps (with the slab cache).
-    ``media``: ``[N]`` each prompt's images (a :class:`grpolab.vision.media.Media` or None), or None for text.
+
+    Args:
+        model (nn.Module): the policy's transformers causal LM (a vision-language one for rows with images); the
+            batch is made on its device, without gradients, in the mode it is in (callers put it in eval mode).
+        prompts (list[list[int]]): N prompts' token ids, unpadded: B prompts, each repeated G times, N = B*G.
+        keys (list[tuple[int, ...]]): [N] rollout keys; ``keys[n]`` seeds row n's uniforms (the collector's
+            ``(stream, seed, step, prompt, rollout)``), so a row's tokens do not depend on the other rows.
+        max_new_tokens (int): the most tokens a completion gets.
+        temperature (float): the softmax temperature; 0 is greedy.
+        top_p (float): nucleus sampling's mass (1.0: off).
+        eos_id (int): the token that ends a completion (kept, and masked in); -1: none, every row runs to
+            ``max_new_tokens``.
+        pad_id (int): the id written on padding, the prompts' (left) and the completions' (right).
+        cache (str): how the decode loop keeps its keys and values, one of :data:`CACHES` (the same tokens either
+            way, to float rounding).
+        decoder (FusedDecoder | None): a :class:`grpolab.models.fused_decode.FusedDecoder` of ``model`` for the
+            decode steps (with the slab cache); None: the model's own forward.
+        media (Sequence[Media | None] | None): [N] each prompt's images (a :class:`grpolab.vision.media.Media` or
+            None), or None for text.
+
+    Returns:
+        Batch: on the model's device: ``prompt_ids`` [N, P] left-padded (P: the longest prompt), ``prompt_mask``
+            [N, P], ``completion_ids`` [N, T] right-padded with ``pad_id`` after EOS (T: the longest completion,
+            at most ``max_new_tokens``), ``completion_mask`` [N, T] 1 on generated tokens, EOS included, and
+            ``media`` (the rows' bundles on that device, or None for text rows).
+
+    Raises:
+        ValueError: ``cache`` is not one of :data:`CACHES`, or the rows' image features and placeholders disagree
+            (:func:`grpolab.vision.media.model_inputs`).
     """
     settings = SamplingSettings(max_new_tokens, temperature, top_p)
     return _sample(model, prompts, keys, settings, eos_id, pad_id, False, cache, decoder, media).batch

@@ -192,6 +192,28 @@ class VLLMEngine:
     def generate(
         self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings, media=None
     ) -> Sampled:
+        """One completion per prompt from vLLM, row n with its own ``SamplingParams(seed=...)`` from ``keys[n]``.
+        The engine first takes this engine's weights if another engine's were pushed since (or it slept); with
+        ``--vllm-sleep`` on CUDA it is put to sleep again afterwards.
+
+        Args:
+            prompts (list[list[int]]): N prompts' token ids, unpadded: B prompts, each repeated G times, N = B*G.
+            keys (list[tuple[int, ...]]): [N] rollout keys; ``keys[n]`` seeds row n's generator (:func:`rollout_seed`;
+                unseeded at temperature 0, which is greedy).
+            settings (SamplingSettings): ``max_new_tokens``, ``temperature``, ``top_p`` and ``ignore_eos``, for every
+                row; ``prompt_width`` is not read (vLLM takes each prompt unpadded).
+            media (Sequence[Media | None] | None): None, or no row with images: this engine takes text prompts only.
+
+        Returns:
+            Sampled: on the policy's device: ``batch`` (``prompt_ids``, ``prompt_mask`` [N, P], P the longest prompt;
+                ``completion_ids``, ``completion_mask`` [N, T], T the longest completion, at least 1 and at most
+                ``max_new_tokens``; no ``media``), ``logprobs`` [N, T] vLLM's log-prob of each sampled token under
+                the distribution it sampled from (after temperature and top-p; 0 on padding), and ``entropy`` None
+                (vLLM does not return it).
+
+        Raises:
+            NotImplementedError: a row with images (grpolab's own sampler, ``--rollout-engine hf``, draws those).
+        """
         text_only(media, "the vllm engine")
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt

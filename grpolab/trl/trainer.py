@@ -24,6 +24,7 @@ import transformers.trainer_pt_utils as _hf_trainer_utils
 
 from grpolab.common.errors import RewardFunctionError
 from grpolab.config.run import keep_run_config_aside
+from grpolab.trl.accelerator import Accelerator
 from grpolab.trl.config import GRPOConfig, asks_checkpoint_dtype, set_tf32, translate
 from grpolab.trl.logs import eval_entry, trl_entry
 
@@ -35,11 +36,44 @@ _LORA_TAKEN = {"r", "lora_alpha", "lora_dropout", "target_modules", "task_type",
 class GRPOTrainer:
     """TRL's GRPOTrainer: ``GRPOTrainer(model, reward_funcs, args=GRPOConfig(...), train_dataset=...).train()``.
 
-    ``model``: a path, Hub id or grpolab name (``smollm2-135m-instruct``), a loaded causal LM, or a PEFT model (its
-    LoRA settings become grpolab's, its adapter merged into the weights it starts from). ``peft_config``: a
-    ``peft.LoraConfig``, grpolab's LoRA. ``reward_funcs``: TRL's forms (functions, reward models by id or object);
-    ``tools``, ``environment_factory``: episodes (docs/environments.md). ``optimizers``, ``quantization_config`` and
-    ``rollout_func`` are refused: grpolab builds its own AdamW and rollouts.
+    The constructor checks and keeps what it is given; :meth:`train` runs grpolab on it. ``optimizers``,
+    ``quantization_config`` and ``rollout_func`` are refused: grpolab builds its own AdamW and rollouts.
+
+    Args:
+        model (str | transformers.PreTrainedModel | peft.PeftModel): a path, Hub id or grpolab name
+            (``smollm2-135m-instruct``), a loaded causal LM (trained in place), or a PEFT model (its LoRA settings
+            become grpolab's, its adapter merged into the weights it starts from).
+        reward_funcs (Callable | str | list | None): one or a list of TRL's forms: functions
+            ``fn(prompts, completions, **columns)`` returning one reward (or None) per completion, ``"module:function"``
+            strings, reward models by directory, Hub id or object; each function is checked to return one reward per
+            completion (:class:`grpolab.common.errors.RewardFunctionError`). None: grpolab's default, the built-in
+            answer check (in episodes: the environment's return).
+        args (GRPOConfig | None): TRL's config, translated to grpolab's options at :meth:`train`
+            (:mod:`grpolab.trl.fields`); ``num_generations`` is G. Default: ``GRPOConfig(output_dir="<model>-GRPO")``.
+        train_dataset (datasets.Dataset | list[dict] | None): the prompts: a ``prompt`` column of text or chat
+            messages; every other column is passed to the reward functions by name.
+        eval_dataset (datasets.Dataset | list[dict] | None): held-out rows in the same form, evaluated as
+            ``eval_strategy`` says and by :meth:`evaluate`.
+        processing_class (PreTrainedTokenizerBase | ProcessorMixin | None): the tokenizer (or processor) of a loaded
+            ``model``; a path's own is loaded with it. After :meth:`train`, the trained policy's.
+        reward_processing_classes (list | None): one entry per ``reward_funcs`` entry: the tokenizer of a loaded
+            reward model, None elsewhere (None, or left out: loaded from the reward model's path).
+        callbacks (list[transformers.TrainerCallback] | None): told TRL's events: ``on_train_begin``, ``on_step_end``
+            once a generation (a grpolab step), ``on_log``, ``on_evaluate``, ``on_save``, ``on_train_end``;
+            ``control.should_training_stop`` stops the run after the step.
+        optimizers (tuple): ``(None, None)`` only.
+        quantization_config: None only.
+        peft_config (peft.LoraConfig | None): grpolab's LoRA: ``r``, ``lora_alpha``, ``lora_dropout`` and
+            ``target_modules`` (None: peft's default for the architecture); its other fields at their defaults.
+        tools (list[Callable] | None): tool functions the policy calls in episodes (docs/environments.md).
+        rollout_func: None only.
+        environment_factory (type | dict[str, type] | None): an environment class (TRL's ``reset(**row)`` shape), or
+            a dict of them routed by an ``environment`` column: episodes (docs/environments.md).
+
+    Raises:
+        ValueError: ``optimizers``, ``quantization_config`` or ``rollout_func`` given; a PEFT model together with
+            ``peft_config``; a ``peft_config`` that is not a ``LoraConfig``, sets a field grpolab's LoRA does not take,
+            or leaves ``target_modules`` None for an architecture peft has no default for.
     """
 
     def __init__(
@@ -115,8 +149,22 @@ class GRPOTrainer:
     def train(self, resume_from_checkpoint: bool | str | None = None, trial=None, **kwargs):
         """Train; returns transformers' ``TrainOutput(global_step, training_loss, metrics)``.
 
-        ``resume_from_checkpoint``: True (the newest checkpoint of ``output_dir``) or the path of ``output_dir`` or of
-        its newest checkpoint: grpolab resumes exactly (weights, optimizer, schedule and random state)."""
+        Args:
+            resume_from_checkpoint (bool | str | None): True (the newest checkpoint of ``output_dir``) or the path of
+                ``output_dir`` or of its newest checkpoint: grpolab resumes exactly (weights, optimizer, schedule and
+                random state). None or False: a fresh run.
+            trial: None only (no hyperparameter search).
+            **kwargs: none taken.
+
+        Returns:
+            TrainOutput: ``global_step`` (TRL's count: optimizer steps), ``training_loss`` (the mean of the steps'
+                ``loss/total``) and ``metrics`` (``train_runtime``, ``train_samples_per_second``,
+                ``train_steps_per_second``, ``train_loss``, ``epoch``); the run is at ``self.run``.
+
+        Raises:
+            ValueError: a ``trial`` or other keywords; a checkpoint that is not ``output_dir``'s newest; a GRPOConfig
+                field grpolab does not take (one line naming it: docs/coming-from-trl.md).
+        """
         from transformers.trainer_utils import TrainOutput
 
         from grpolab.commands import api
@@ -243,10 +291,10 @@ class GRPOTrainer:
         return self.accelerator.is_local_main_process
 
     @property
-    def accelerator(self) -> _Accelerator:
+    def accelerator(self) -> Accelerator:
         """What TRL's scripts call on ``trainer.accelerator``: ``print``, the process's place, ``wait_for_everyone``,
         ``unwrap_model``, ``device``, ``end_training``."""
-        return _Accelerator(self)
+        return Accelerator(self)
 
     def end(self) -> None:
         """Finish the run's trackers and leave the process group (transformers' ``Trainer.end``). grpolab's run has
@@ -419,61 +467,6 @@ def _resumes(value, out: Path) -> bool:
     raise ValueError(
         f"resume_from_checkpoint={value!r}: grpolab resumes output_dir ({out}) from its newest checkpoint; give True"
     )
-
-
-class _Accelerator:
-    """What TRL's scripts call on ``trainer.accelerator``, answered from the process's place (torchrun's RANK,
-    LOCAL_RANK, WORLD_SIZE) and the trainer. Written here, not accelerate's ``Accelerator``: building one sets up
-    accelerate's process state and device, which grpolab does itself (torch.distributed, --device)."""
-
-    def __init__(self, trainer: GRPOTrainer):
-        self._trainer = trainer
-
-    @property
-    def process_index(self) -> int:
-        return int(os.environ.get("RANK", "0"))
-
-    @property
-    def local_process_index(self) -> int:
-        return int(os.environ.get("LOCAL_RANK", "0"))
-
-    @property
-    def num_processes(self) -> int:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.process_index == 0
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.local_process_index == 0
-
-    @property
-    def device(self):
-        import torch
-
-        return next(self._trainer.model.parameters()).device if self._trainer.run is not None else torch.device("cpu")
-
-    def print(self, *args, **kwargs) -> None:
-        """``print`` on the main process only."""
-        if self.is_main_process:
-            print(*args, **kwargs)
-
-    def wait_for_everyone(self) -> None:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
-
-    def unwrap_model(self, model, keep_fp32_wrapper: bool = True):
-        """The model inside a DistributedDataParallel (or compiled) wrapper; grpolab hands out unwrapped ones."""
-        while hasattr(model, "module") or hasattr(model, "_orig_mod"):
-            model = getattr(model, "module", None) or model._orig_mod
-        return model
-
-    def end_training(self) -> None:
-        self._trainer.end()
 
 
 def _trainer_state():

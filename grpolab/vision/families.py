@@ -50,22 +50,62 @@ class Family:
     :class:`grpolab.vision.processing.QwenProcessor`)."""
 
     def image_token_id(self, config) -> int:
+        """The id of the image placeholder token, the token the image features replace in the ids.
+
+        Args:
+            config (transformers.PretrainedConfig): the model's config (``image_token_id``, or the older
+                ``image_token_index``).
+
+        Returns:
+            int: the placeholder's token id.
+        """
         return int(getattr(config, "image_token_id", None) or config.image_token_index)
 
     def tower_module(self, model: nn.Module) -> nn.Module:
+        """The vision tower, the module at :attr:`tower`.
+
+        Args:
+            model (nn.Module): the transformers model, or a peft wrapper around it.
+
+        Returns:
+            nn.Module: the tower (e.g. LLaVA's ``CLIPVisionModel``; Qwen's holds the projector inside it).
+        """
         return _module(model, self.tower)
 
     def projector_module(self, model: nn.Module) -> nn.Module:
+        """The projector, the module at :attr:`projector` that maps the tower's output to the language model's width.
+
+        Args:
+            model (nn.Module): the transformers model, or a peft wrapper around it.
+
+        Returns:
+            nn.Module: the projector (LLaVA's ``multi_modal_projector``, Idefics3's ``connector``, Qwen's ``merger``).
+        """
         return _module(model, self.projector)
 
     def tower_parameters(self, model: nn.Module) -> list[nn.Parameter]:
-        """The tower's own parameters (the projector's excluded where it sits inside the tower, as Qwen's merger)."""
+        """The tower's own parameters (the projector's excluded where it sits inside the tower, as Qwen's merger).
+
+        Args:
+            model (nn.Module): the transformers model, or a peft wrapper around it.
+
+        Returns:
+            list[nn.Parameter]: the tower's parameters, in its ``parameters()`` order, none of the projector's.
+        """
         inside = {id(p) for p in self.projector_module(model).parameters()}
         return [p for p in self.tower_module(model).parameters() if id(p) not in inside]
 
     def freeze_tower(self, model: nn.Module) -> int:
         """Stop the tower's parameters training (prime-rl's default: the language model and the projector train);
-        returns how many parameters it holds."""
+        returns how many parameters it holds.
+
+        Args:
+            model (nn.Module): the transformers model, or a peft wrapper around it; its tower's parameters are set to
+                ``requires_grad=False`` in place.
+
+        Returns:
+            int: the number of scalars in the frozen parameters (the sum of their ``numel()``).
+        """
         params = self.tower_parameters(model)
         for p in params:
             p.requires_grad_(False)
@@ -74,7 +114,18 @@ class Family:
     def lora_targets(self, model: nn.Module, targets: str | list[str]) -> list[str]:
         """peft's ``target_modules`` for LoRA on the language model only: the full names of its linear layers
         (``targets`` 'all-linear', or those whose last name is in ``targets``). Left to match names, peft would put
-        adapters on the vision tower's projections too (CLIP's and SigLIP's are also ``q_proj``, ``v_proj``)."""
+        adapters on the vision tower's projections too (CLIP's and SigLIP's are also ``q_proj``, ``v_proj``).
+
+        Args:
+            model (nn.Module): the transformers model, or a peft wrapper around it.
+            targets (str | list[str]): ``"all-linear"``, or the last names of the linear layers to adapt
+                (``["q_proj", "v_proj"]``: ``--lora-targets`` as :attr:`grpolab.config.task.PolicySection.lora_modules`
+                gives it).
+
+        Returns:
+            list[str]: full module names under the base model (``model.language_model.layers.0.self_attn.q_proj``),
+                the language model's layers only.
+        """
         base = base_model(model)
         decoder = base.get_decoder()
         prefix = next(name for name, m in base.named_modules() if m is decoder)
@@ -87,18 +138,47 @@ class Family:
     def language_scope(self, model: nn.Module) -> str:
         """A regex on parameter names (under any wrapper's prefix) that picks the language model and its head: what
         the gradient probes measure on a vision-language model. The projector runs once per prompt on features its
-        G rollouts share, so its per-rollout gradients are not separable by the probes' per-row rules."""
+        G rollouts share, so its per-rollout gradients are not separable by the probes' per-row rules.
+
+        Args:
+            model (nn.Module): the transformers model, or a peft wrapper around it.
+
+        Returns:
+            str: a regex that matches the names under the decoder and the head (LLaVA's: those under
+                ``model.language_model.`` and ``lm_head.``, wherever a wrapper's prefix puts them).
+        """
         base = base_model(model)
         decoder, head = base.get_decoder(), base.get_output_embeddings()
         names = [name for name, m in base.named_modules() if m is decoder or m is head]
         return "|".join(rf"(^|\.){re.escape(n)}\." for n in names)
 
     def image_features(self, model: nn.Module, inputs: dict) -> None:
-        """Run the model's own image-feature path on one row's ``inputs`` (the caller stops it at the projector)."""
+        """Run the model's own image-feature path on one row's ``inputs`` (the caller stops it at the projector).
+
+        Args:
+            model (nn.Module): the transformers model, or a peft wrapper around it.
+            inputs (dict[str, torch.Tensor]): one part's image inputs (:attr:`grpolab.vision.media.Media.parts`):
+                ``pixel_values`` and the family's metadata; only those :attr:`image_inputs` names are passed.
+
+        Returns:
+            None: the features are taken at the projector's input by the caller
+                (:func:`grpolab.vision.media.tower_output`), which raises out of the path there.
+        """
         base_model(model).model.get_image_features(**{k: inputs[k] for k in self.image_inputs if k in inputs})
 
     def positions(self, model, ids: torch.Tensor, mask: torch.Tensor, image: torch.Tensor, media) -> torch.Tensor:
-        """Position ids ``[N, L]`` of left-padded rows: real tokens count from 0 (images are tokens like any)."""
+        """Position ids ``[N, L]`` of left-padded rows: real tokens count from 0 (images are tokens like any).
+
+        Args:
+            model (nn.Module): the model (unused here; Qwen's M-RoPE asks it).
+            ids (torch.Tensor): [N, L] left-padded token ids (unused here).
+            mask (torch.Tensor): [N, L] 1 on real tokens, 0 on padding.
+            image (torch.Tensor): [N, L] bool, True at the image placeholders (unused here).
+            media (Sequence[Media | None]): [N] each row's images (unused here).
+
+        Returns:
+            torch.Tensor: [N, L] position ids (long), 0 on the left padding.
+        """
         return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
@@ -111,7 +191,19 @@ class QwenFamily(Family):
         """``[3, N, L]`` M-RoPE positions (time, height, width) from the model's own ``get_rope_index``: an image's
         tokens take its grid's coordinates and the text after it continues from the largest. A token after the last
         image has the same position in all three, so decoding continues each row as text
-        (:func:`grpolab.vision.media.decode_positions`)."""
+        (:func:`grpolab.vision.media.decode_positions`).
+
+        Args:
+            model (nn.Module): the Qwen2-VL or Qwen2.5-VL model, or a peft wrapper around it.
+            ids (torch.Tensor): [N, L] left-padded token ids.
+            mask (torch.Tensor): [N, L] 1 on real tokens, 0 on padding.
+            image (torch.Tensor): [N, L] bool, True at the image placeholders.
+            media (Sequence[Media | None]): [N] each row's images (:class:`grpolab.vision.media.Media`, or None);
+                each part's ``image_grid_thw`` [images, 3] gives its images' grids.
+
+        Returns:
+            torch.Tensor: [3, N, L] position ids (time, height, width).
+        """
         grids = [part["image_grid_thw"] for m in media if m is not None for part in m.parts]
         position, _ = base_model(model).model.get_rope_index(
             ids, mm_token_type_ids=image.int(), image_grid_thw=torch.cat(grids) if grids else None, attention_mask=mask
@@ -131,7 +223,19 @@ FAMILIES = (
 def family_of(model_or_config) -> Family | None:
     """The one answer to "is this a vision-language model?": the family of a model (or its transformers config), None
     for a text model (its config has no vision part), a clear error for a vision-language type grpolab has no adapter
-    for."""
+    for.
+
+    Args:
+        model_or_config (nn.Module | transformers.PretrainedConfig): a model (under any wrapper with a ``config``) or
+            its config.
+
+    Returns:
+        Family | None: the family whose :attr:`Family.model_types` holds ``config.model_type``; None when the config
+            has no ``vision_config``.
+
+    Raises:
+        ValueError: a vision-language ``model_type`` no family here adapts (the message lists the known ones).
+    """
     config = getattr(model_or_config, "config", model_or_config)
     if getattr(config, "vision_config", None) is None:
         return None

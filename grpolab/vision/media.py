@@ -145,7 +145,28 @@ def model_inputs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, media=
 
     Text rows (``media`` None, or no row with images): ids, mask and positions that count real tokens only, so left
     padding does not shift them. Rows with images: ``inputs_embeds``, the token embeddings with each row's
-    placeholders replaced by its image features, and the family's positions."""
+    placeholders replaced by its image features, and the family's positions.
+
+    Args:
+        model (nn.Module): the policy's transformers model (for rows with images a vision-language one, under any peft
+            wrapper: its input embeddings, tower and projector are run here).
+        ids (torch.Tensor): [N, L] left-padded token ids: L = P + T for prompts with their completions
+            (:func:`grpolab.models.logprobs.completion_logprobs`), L = P for a prefill of distinct prompts.
+        mask (torch.Tensor): [N, L] 1 on real tokens, 0 on padding (the prompts' on the left, the completions' on
+            the right).
+        media (Sequence[Media | None] | None): [N] each row's images (a group's rows hold the same :class:`Media`,
+            whose features are computed once), None for a row without; None for a batch of text rows.
+
+    Returns:
+        dict[str, torch.Tensor]: text rows: ``input_ids`` [N, L] (``ids``), ``attention_mask`` [N, L] (``mask``)
+            and ``position_ids`` [N, L]. Rows with images: ``inputs_embeds`` [N, L, d] (d: the language model's
+            width) in place of ``input_ids``, ``attention_mask`` [N, L], and ``position_ids`` from
+            :meth:`Family.positions`: [N, L], or [3, N, L] for Qwen's M-RoPE.
+
+    Raises:
+        ValueError: the image features are not as many as the image placeholders in ``ids`` (the processor and the
+            model disagree on the tokens per image).
+    """
     if media is None or all(m is None for m in media):
         return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
     family = next(m.family for m in media if m is not None)
