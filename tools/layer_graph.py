@@ -1,5 +1,6 @@
 """Draw grpolab's package graph from its code: one box per package, placed by layer (the longest chain of imports
-below it), one arrow per package it imports (imports inside functions count), and the modules each holds.
+below it), one arrow per package it imports (imports inside functions count), and the modules each holds. The
+scripts in tools/ are one box more, ``tools``: they may use any package, and no package may import them.
 
     python tools/layer_graph.py docs/layers.png
 
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "grpolab"
+TOOLS = ROOT.parent / "tools"
 
 
 def face_names(root: Path = ROOT) -> dict[str, str]:
@@ -34,10 +36,23 @@ def face_names(root: Path = ROOT) -> dict[str, str]:
     return out
 
 
-def module_imports(path: Path, face: dict[str, str] | None = None) -> set[str]:
+def tool_names(tools: Path = TOOLS) -> set[str]:
+    """What a module imports from tools/ when tools/ is on ``sys.path``: its scripts and packages by name."""
+    if not tools.is_dir():
+        return set()
+    return {p.stem for p in tools.glob("*.py")} | {d.name for d in tools.iterdir() if (d / "__init__.py").is_file()}
+
+
+def tool_modules(tools: Path = TOOLS) -> list[Path]:
+    """Every Python file of tools/, its packages' too."""
+    return sorted(p for p in tools.rglob("*.py") if "__pycache__" not in p.parts) if tools.is_dir() else []
+
+
+def module_imports(path: Path, face: dict[str, str] | None = None, tools: set[str] = frozenset()) -> set[str]:
     """The grpolab packages the module at ``path`` uses: ``import grpolab.x.y`` and ``from grpolab.x import y``
     (-> ``x``), ``from grpolab import x``, and ``grpolab.x`` or ``grpolab.NAME`` reached as an attribute after
-    ``import grpolab`` (``face``: :func:`face_names`)."""
+    ``import grpolab`` (``face``: :func:`face_names`); and ``tools`` if it imports one of the names in ``tools``
+    (:func:`tool_names`)."""
     face = face or {}
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -49,15 +64,23 @@ def module_imports(path: Path, face: dict[str, str] | None = None) -> set[str]:
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "grpolab":
             names = [f"grpolab.{face.get(node.attr, node.attr)}"]
         out |= {n.split(".")[1] for n in names if n.startswith("grpolab.")}
+        if any(n.split(".")[0] in tools for n in names):
+            out.add("tools")
     return {p for p in out if not p.startswith("_")}  # not grpolab.__file__, grpolab.__version__
 
 
-def package_graph(root: Path = ROOT) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
-    """package -> the grpolab packages its modules import, and package -> its modules' names."""
+def package_graph(root: Path = ROOT, tools: Path = TOOLS) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
+    """package -> the grpolab packages its modules import, and package -> its modules' names; tools/ as the package
+    ``tools``."""
     graph: dict[str, set[str]] = {}
     modules: dict[str, list[str]] = {}
     face = face_names(root)
     packages = {p.name for p in root.iterdir() if (p / "__init__.py").is_file()}
+    for path in tool_modules(tools):
+        graph.setdefault("tools", set()).update(module_imports(path, face) & packages)
+        name = path.relative_to(tools).as_posix().removesuffix(".py").removesuffix("/__init__")
+        if "/" not in name:  # a script or a package, not each of a package's modules
+            modules.setdefault("tools", []).append(name)
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root).parts
         if len(parts) < 2:
@@ -67,7 +90,7 @@ def package_graph(root: Path = ROOT) -> tuple[dict[str, set[str]], dict[str, lis
         name = "/".join(parts[1:]).removesuffix(".py")
         if name != "__init__":
             modules.setdefault(package, []).append(name.removesuffix("/__init__"))
-        graph[package] |= (module_imports(path, face) & packages) - {package}
+        graph[package] |= (module_imports(path, face, tool_names(tools)) & (packages | {"tools"})) - {package}
     return graph, modules
 
 
@@ -118,7 +141,9 @@ def draw(out: str) -> None:
     ax.set_xlim(0, 1)
     ax.set_ylim(-0.8, height - 0.3)
     ax.axis("off")
-    ax.set_title("grpolab's packages: each imports only from the rows below it (arrows: imports)", fontsize=12)
+    ax.set_title(
+        "grpolab's packages and tools/: each imports only from the rows below it (arrows: imports)", fontsize=12
+    )
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     print(f"wrote {out}: {len(graph)} packages in {height} layers")
