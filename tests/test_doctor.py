@@ -91,8 +91,10 @@ def test_truncation_at_its_shares_and_the_length_it_recommends():
     gap = "doctor/truncated_reward_gap"
     assert S.truncation(rows(**{share: 0.5, gap: S.TRUNC_GAP}), FACTS).severity == "warning"
     assert S.truncation(rows(**{share: 0.5, gap: S.TRUNC_GAP - 0.01}), FACTS).severity == "info"
-    # under TRUNC_SHARE, a few cut completions that score lower: info
-    assert S.truncation(rows(**{share: S.TRUNC_GAP_SHARE, gap: S.TRUNC_GAP}), FACTS).severity == "info"
+    # under TRUNC_SHARE, a few cut completions that score lower: info, and the evidence says the share alone is under
+    few = S.truncation(rows(**{share: S.TRUNC_GAP_SHARE, gap: S.TRUNC_GAP}), FACTS)
+    assert few.severity == "info" and f"under the {S.TRUNC_SHARE} that alone is reported" in few.evidence
+    assert f"(threshold {S.TRUNC_SHARE};" in warn.evidence
     assert S.truncation(rows(**{share: S.TRUNC_GAP_SHARE - 0.01, gap: 1.0}), FACTS) is None
     # without the metric, the logged rollouts give the gap
     cut = [{"step": 10, "tokens": 32, "reward": 0.0}] * 6
@@ -188,6 +190,35 @@ def test_not_learning_when_the_groups_carry_signal_with_the_causes_it_sees():
     # rounding is listed before the not learning it explains
     both = diagnose(run(**{"doctor/weights_unmoved_frac": 0.99}), RunFacts(precision="bf16-true"))
     assert names(both)[:2] == ["rounding", "not_learning"] and C.explained(both[0], both) == ["not_learning"]
+
+
+@pytest.mark.parametrize(
+    ("sampled", "greedy", "reported"),
+    [
+        ((0.444, 0.485, 0.550), (0.585, 0.63, 0.600), False),  # sampled rose beyond its interval, greedy flat
+        ((0.444, 0.485, 0.450), (0.585, 0.63, 0.700), False),  # greedy rose beyond its interval, sampled flat
+        ((0.444, 0.485, 0.480), (0.585, 0.63, 0.600), True),  # both within their first intervals: still reported
+        ((0.444, 0.485, 0.485), (0.585, 0.63, 0.630), True),  # at the interval's edge is within it
+    ],
+)
+def test_not_learning_agrees_with_the_evaluation_table(sampled, greedy, reported):
+    """A run whose held-out accuracy, sampled or greedy, rose beyond its first evaluation's 95% interval is never
+    'not learning' (the shapes demo: sampled 0.444 [0.403, 0.485] -> 0.550, greedy 0.585 -> 0.600); with both flat it
+    is, and the finding names each accuracy it read."""
+    n = O.FLAT_STEPS
+    (s0, s_hi, s1), (g0, g_hi, g1) = sampled, greedy
+    first = {"step": 0, "eval/accuracy_sampled": s0, "eval/accuracy_sampled_hi": s_hi,
+             "eval/accuracy_greedy": g0, "eval/accuracy_greedy_hi": g_hi}  # fmt: skip
+    last = {"step": n, "eval/accuracy_sampled": s1, "eval/accuracy_greedy": g1}
+    run = [first, *rows(n), last]
+    found = O.not_learning(run, FACTS)
+    assert (found is not None) == reported
+    findings = diagnose(run, FACTS)
+    assert ("not_learning" in names(findings)) == reported  # the console's and the report's list
+    if reported:
+        assert f"eval/accuracy_sampled {s0:.3f} at step 0 -> {s1:.3f}" in found.evidence
+        assert f"eval/accuracy_greedy {g0:.3f} at step 0 -> {g1:.3f}" in found.evidence
+        assert {"eval/accuracy_sampled", "eval/accuracy_greedy"} <= set(found.keys)
 
 
 def test_too_big_a_step_by_each_sign():
@@ -298,6 +329,20 @@ def test_the_held_out_accuracy_fell():
         "eval/accuracy_sampled_hi": 0.24,
     }
     assert "eval/accuracy_sampled 0.300" in T.eval_drop([{**first, **sampled}, *rows(), fell], FACTS).evidence
+
+
+def test_a_finding_says_when_it_was_found_and_until_when():
+    """Replayed: first found at one check, last at another, and whether the last check still found it (the page and
+    the console say "found at steps 5-10, not at the last check", not only the first step beside later evidence)."""
+    n = 20
+    cut = [0.5] * 10 + [0.0] * (n - 10)  # cut completions for 10 steps, then none
+    found = {f.name: f for f in replay(rows(n, **{"completion/truncated_frac": cut}), FACTS, every=5)}
+    t = found["truncation"]
+    assert (t.first_step, t.last_step, t.ongoing) == (5, 10, False)
+    assert t.when() == "found at steps 5-10, not at the last check"
+    still = {f.name: f for f in replay(rows(n, **{"completion/truncated_frac": 0.5}), FACTS, every=5)}["truncation"]
+    assert still.when() == "found at step 5" and still.last_step == 20
+    assert Finding("x", "info", "t", "e", "c", ("k",), (1, 2)).when() == ""  # not replayed: nothing to say
 
 
 def test_causes_come_before_what_they_explain():

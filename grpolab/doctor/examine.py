@@ -18,7 +18,7 @@ from grpolab.common.jsonlines import read_jsonl, step_record
 from grpolab.config.run import run_config_file
 from grpolab.data.answers import extract_final_number, last_boxed
 from grpolab.doctor.conditions import LEVEL, NAMES, Finding, RunFacts, diagnose, explained, order
-from grpolab.doctor.rows import WINDOW, mean, training_rows
+from grpolab.doctor.rows import ACCURACIES, WINDOW, mean, training_rows
 
 DEFAULT_EVERY = 5
 """Steps between two checks (``--doctor-every``); see rows.WINDOW."""
@@ -64,16 +64,21 @@ def replay(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = (),
     """Every condition found at any check step: of each, the finding at its gravest (the latest of those), with the
     step it was first found at and whether the last check still found it; most serious first."""
     first: dict[str, int] = {}
+    seen: dict[str, int] = {}
     latest: dict[str, Finding] = {}
     last_names: set[str] = set()
     for step in check_steps(rows, every):
         found = diagnose([r for r in rows if r["step"] <= step], facts, [r for r in rollouts if r["step"] <= step])
         for f in found:
             first.setdefault(f.name, step)
+            seen[f.name] = step
             if f.name not in latest or LEVEL[f.severity] >= LEVEL[latest[f.name].severity]:
                 latest[f.name] = f
         last_names = {f.name for f in found}
-    return order([dataclasses.replace(f, first_step=first[n], ongoing=n in last_names) for n, f in latest.items()])
+    return order([
+        dataclasses.replace(f, first_step=first[n], last_step=seen[n], ongoing=n in last_names)
+        for n, f in latest.items()
+    ])  # fmt: skip
 
 
 def check_every(run: RunData, every: int | None = None) -> int:
@@ -147,14 +152,22 @@ def summary_figures(run: RunData) -> list[str]:
         a, b = mean(head, key), mean(tail, key)
         if a is not None and b is not None:
             out.append(f"{name} ({key}): {a:.3f} over the first {WINDOW} steps, {b:.3f} over the last {WINDOW}")
-    evals = [r for r in run.rows if r.get("eval/accuracy_greedy") is not None]
-    if len(evals) >= 1:
-        e0, e1 = evals[0], evals[-1]
-        out.append(
-            f"held-out greedy accuracy: {e0['eval/accuracy_greedy']:.3f} at step {e0['step']}"
-            + (f", {e1['eval/accuracy_greedy']:.3f} at step {e1['step']}" if e1 is not e0 else "")
-        )
+    for key in ACCURACIES:  # sampled, then greedy: each the checks read
+        evals = [r for r in run.rows if r.get(key) is not None]
+        if evals:
+            e0, e1 = evals[0], evals[-1]
+            name = key.removeprefix("eval/accuracy_")
+            out.append(
+                f"held-out {name} accuracy: {_with_interval(e0, key)} at step {e0['step']}"
+                + (f", {_with_interval(e1, key)} at step {e1['step']}" if e1 is not e0 else "")
+            )
     return out
+
+
+def _with_interval(row: dict, key: str) -> str:
+    """``0.444 [0.403, 0.485]``: a held-out accuracy with its 95% interval where the row has one."""
+    lo, hi = row.get(key + "_lo"), row.get(key + "_hi")
+    return f"{row[key]:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
 
 
 def format_findings(run: RunData, findings: list[Finding], every: int) -> str:
@@ -165,8 +178,7 @@ def format_findings(run: RunData, findings: list[Finding], every: int) -> str:
         lines.append("no problems found" + (" (notes below)" if findings else ""))
         lines += [f"  {s}" for s in summary_figures(run)]
     for f in findings:
-        when = f"found at step {f.first_step}" + ("" if f.ongoing else ", not at the last check")
-        lines.append(f"\n{f.severity.upper():<7} {f.title}  [{f.name}; {when}]")
+        lines.append(f"\n{f.severity.upper():<7} {f.title}  [{'; '.join(filter(None, (f.name, f.when())))}]")
         effects = explained(f, findings)
         if effects:
             lines.append(f"  the likely cause of: {', '.join(effects)}")

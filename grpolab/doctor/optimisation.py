@@ -17,6 +17,7 @@ from grpolab.doctor.rows import (
     RunFacts,
     at_ceiling,
     held_out,
+    held_out_rose,
     learned,
     mean,
     reward_rise,
@@ -275,7 +276,8 @@ def rounding(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = (
 
 def not_learning(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = ()) -> Finding | None:
     """Not learning: after FLAT_STEPS training steps the training reward is flat (its rise under FLAT_SD start
-    standard deviations), the held-out accuracy's last evaluation lies within its first's 95% interval, and yet most
+    standard deviations), no held-out accuracy rose (neither sampled nor greedy: each evaluated one's last value lies
+    within its first's 95% interval; one that rose beyond it is learning, whatever the other says), and yet most
     groups carry signal (reward/frac_zero_std under NO_SIGNAL_SHARE) and the reward is below its ceiling. The finding
     lists what the instruments point to (a warning): rounding, a standing policy, a sampler mismatch, a step the clip
     takes. With none of them it is info: a run that learns slowly looks the same for a while (the built-in demo's
@@ -288,14 +290,15 @@ def not_learning(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict]
     zero, acc = mean(w, "reward/frac_zero_std"), mean(w, "reward/accuracy")
     if zero is None or zero >= NO_SIGNAL_SHARE or at_ceiling(acc, facts):
         return None
+    if held_out_rose(rows):
+        return None  # a held-out accuracy rose beyond its first interval: the run learns
+    read = [key for key in ACCURACIES if held_out(rows, key) is not None]
+    if not read:
+        return None  # no held-out evaluation to say it is flat
     flat = []
-    for key in ACCURACIES:
-        pair = held_out(rows, key)
-        if pair is not None and pair[1][key] <= pair[0].get(key + "_hi", pair[0][key]):
-            first, last = pair
-            flat.append(f"{key} {first[key]:.3f} at step {first['step']} -> {last[key]:.3f} at step {last['step']}")
-    if not flat:
-        return None  # no held-out evaluation says so, or one rose
+    for key in read:  # each one read, named: all of them flat
+        first, last = held_out(rows, key)
+        flat.append(f"{key} {first[key]:.3f} at step {first['step']} -> {last[key]:.3f} at step {last['step']}")
     causes = _causes(w, facts)
     fix = causes[0][1] if causes else f"more steps, or --lr {facts.lr * 3:g}"
     named = "; ".join(c for c, _ in causes) if causes else "none of the instruments points to a cause"
@@ -305,9 +308,9 @@ def not_learning(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict]
     return Finding(
         "not_learning", "warning" if causes else "info", title,
         f"reward/mean {mean(t[:WINDOW], 'reward/mean'):.3f} -> {mean(w, 'reward/mean'):.3f} (first and last {WINDOW} "
-        f"steps; a rise under {FLAT_SD} of the start's sd {rise[1]:.3f}); {'; '.join(flat)} (within its first "
+        f"steps; a rise under {FLAT_SD} of the start's sd {rise[1]:.3f}); {'; '.join(flat)} (each within its first "
         f"interval); reward/frac_zero_std {zero:.2f} (< {NO_SIGNAL_SHARE}). Candidate causes: {named}",
-        fix, ("reward/mean", "eval/accuracy_greedy", "reward/frac_zero_std"), span(t), None,
+        fix, ("reward/mean", *read, "reward/frac_zero_std"), span(t), None,
     )  # fmt: skip
 
 

@@ -132,9 +132,22 @@ class Finding:
     """The check step at which it was first found (filled when a run is replayed)."""
     ongoing: bool = True
     """Still found at the run's last check (filled when a run is replayed)."""
+    last_step: int | None = None
+    """The last check step at which it was found (filled when a run is replayed)."""
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def when(self) -> str:
+        """When a replayed run found it: "found at step 5" (and at every check since, the last included), or "found
+        at steps 5-115, not at the last check"; "" for a finding that was not replayed."""
+        if self.first_step is None:
+            return ""
+        if self.ongoing:
+            return f"found at step {self.first_step}"
+        last = self.last_step if self.last_step is not None else self.first_step
+        found = f"step {last}" if last == self.first_step else f"steps {self.first_step}-{last}"
+        return f"found at {found}, not at the last check"
 
 
 def training_rows(rows: Sequence[dict]) -> list[dict]:

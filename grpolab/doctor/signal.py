@@ -178,9 +178,10 @@ def truncation(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] =
     else:
         return None
     length = recommended_length(facts.max_new_tokens, share)
+    # under TRUNC_SHARE the share alone would not be reported: say so, beside the gap that is
+    bar = f"threshold {TRUNC_SHARE}" if share >= TRUNC_SHARE else f"under the {TRUNC_SHARE} that alone is reported"
     evidence = (
-        f"completion/truncated_frac {share:.2f} over {steps_of(w)} (threshold {TRUNC_SHARE}; --max-new-tokens "
-        f"{facts.max_new_tokens})"
+        f"completion/truncated_frac {share:.2f} over {steps_of(w)} ({bar}; --max-new-tokens {facts.max_new_tokens})"
     )
     if gap is not None:
         evidence += f"; the cut completions score {gap:.2f} below the rest (threshold {TRUNC_GAP})"

@@ -53,12 +53,12 @@ def finding_figure(rows: list[dict], finding: Finding) -> bytes | None:
 
 
 def _finding_html(f: Finding, findings: list[Finding], has_plot: bool) -> str:
-    when = f"found at step {f.first_step}" + ("" if f.ongoing else "; not at the last check")
+    when = f.when()
     link = f' · <a href="#doctor-{_e(f.name)}">the plot</a>' if has_plot else ""
     effects = explained(f, findings)
     parts = [
         f'<p><span class="sev">{_e(f.severity.upper())}</span><b>{_e(f.title)}</b> '
-        f'<span class="ci">({_e(f.name)}; {_e(when)}){link}</span></p>',
+        f'<span class="ci">({_e(f.name)}{"; " + _e(when) if when else ""}){link}</span></p>',
         f"<p>Evidence: {_e(f.evidence)}</p>",
         f"<p>Change: <code>{_e(f.fix)}</code></p>",
     ]
