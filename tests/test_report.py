@@ -99,6 +99,13 @@ def test_the_page_holds_the_runs_figures_samples_probes_and_config(run):
     # the doctor's section first (two steps: too few for a check, so nothing found) and pass@k against k
     assert text.index('id="doctor"') < text.index('id="eval"') and "No problems found" in text
     assert 'id="passk"' in text and "eval/pass@4" in json.dumps(after)
+    # the header names the built-in task with the settings it ran, the rewards and the text model (no family)
+    header = text.split('<h2 id="')[0]
+    assert (
+        "built-in arith: operands up to 99; products up to 9; categories add_sub_2, add_sub_3, mul, div, paren"
+        in header
+    )
+    assert "the task&#x27;s answer check" in header and "vision-language" not in header and ">data<" not in header
 
 
 @pytest.mark.slow

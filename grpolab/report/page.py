@@ -33,8 +33,11 @@ from grpolab.config.run import run_config_file
 from grpolab.report.findings import CSS as FINDINGS_CSS
 from grpolab.report.findings import doctor_section, pass_k_html
 from grpolab.report.generators import generators_section
+from grpolab.report.header import facts_html
 from grpolab.report.markup import escape as _e
 from grpolab.report.markup import png_img as _img_bytes
+from grpolab.report.markup import table as _table
+from grpolab.report.markup import thumbnails
 from grpolab.report.token_view.page import TOKEN_CSS, credit_section
 from grpolab.training.runlog import read_metrics
 
@@ -73,16 +76,6 @@ def _png(path: Path) -> str:
     return _img_bytes(path.read_bytes(), path.name)
 
 
-def _table(header: list[str] | None, rows: Iterable[list[str]], left: int = 1) -> str:
-    """Cells are HTML already (escaped by the caller); the first ``left`` columns align left; no header row if None."""
-    th = "".join(f'<th class="{"l" if i < left else ""}">{h}</th>' for i, h in enumerate(header or []))
-    body = "".join(
-        "<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{c}</td>' for i, c in enumerate(r)) + "</tr>"
-        for r in rows
-    )
-    return f"<table>{f'<tr>{th}</tr>' if header else ''}{body}</table>"
-
-
 # ---------------------------------------------------------------- evaluation
 
 
@@ -115,7 +108,8 @@ def evaluation_table(rows: list[dict]) -> str:
         {k[len("eval/greedy_") :] for k in after if k.startswith("eval/greedy_") and not k.endswith(("_lo", "_hi"))}
     )
     lines = [("overall", "eval/accuracy_greedy", "eval/accuracy_sampled")]
-    lines += [(c, f"eval/greedy_{c}", f"eval/sampled_{c}") for c in cats]
+    if len(cats) > 1:  # a single category holds every question: its row would repeat the overall one
+        lines += [(c, f"eval/greedy_{c}", f"eval/sampled_{c}") for c in cats]
     body = [
         [
             _e(name),
@@ -280,29 +274,6 @@ def _samples(run_dir: Path, limit: int = 4) -> str:
         for s in before
     ]
     return _table(["held-out question", f"greedy at step {first}", f"greedy at step {last}"], body, left=3)
-
-
-def thumbnails(images: list, run_dir: Path, side: int = 96) -> str:
-    """Each image (a path, relative to the run where its log stored it) as a thumbnail embedded in the page, at most
-    ``side`` pixels a side; an image that cannot be read is named instead."""
-    import io
-
-    from PIL import Image
-
-    out = []
-    for path in images:
-        where = Path(run_dir) / path if not Path(str(path)).is_absolute() else Path(str(path))
-        try:
-            with Image.open(where) as image:
-                small = image.convert("RGB")
-                small.thumbnail((side, side))
-                buf = io.BytesIO()
-                small.save(buf, format="PNG")
-        except (OSError, ValueError):
-            out.append(f'<span class="sub">[image {_e(path)}: not found]</span>')
-            continue
-        out.append(_img_bytes(buf.getvalue(), str(path)).replace("<img ", '<img class="thumb" '))
-    return f'<div class="thumbs">{"".join(out)}</div>' if out else ""
 
 
 def _content_html(content, run_dir: Path | None) -> str:
@@ -470,23 +441,6 @@ def _config_table(config: dict) -> str:
     return "<details><summary>every setting</summary>" + _table(["setting", "value"], body, left=2) + "</details>"
 
 
-def _facts_html(config: dict, rows: list[dict]) -> str:
-    """The run at a glance: model, task (an environment's episodes and their credit), sizes, optimiser, code."""
-    env = config.get("env") or (", ".join(config.get("tools") or []) and "tools: " + ", ".join(config["tools"]))
-    facts = [
-        ("model", config.get("model", "?")),
-        ("task", config.get("task", "?")),
-        *([("environment", env), ("credit across turns", config.get("advantage", "grpo"))] if env else []),
-        ("steps", max((r["step"] for r in rows), default=0)),
-        ("prompts × group size", f"{config.get('prompts_per_step', '?')} × {config.get('group_size', '?')}"),
-        ("estimator", config.get("estimator", "?")),
-        ("learning rate", config.get("lr", "?")),
-        ("processes", config.get("world_size", 1)),
-        ("code", config.get("code_version", "?")),
-    ]
-    return _table(None, [[_e(k), _e(v)] for k, v in facts], left=2)
-
-
 def build_report(
     run_dir: str | Path, probes: Iterable[str | Path] = (), out: str | Path | None = None, quantity: str = "dlogp"
 ) -> Path:
@@ -501,7 +455,7 @@ def build_report(
             raise FileNotFoundError(f"--probe {p}: no such file or directory")
     config = json.loads(config_file.read_text()) if config_file.is_file() else {}
     rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
-    fact_table = _facts_html(config, rows)
+    fact_table = facts_html(config, rows, run_dir)
     probe_files = find_probe_outputs(run_dir, probes)
     probe_html = "".join(_probe_section(p, run_dir) for p in probe_files) or (
         "<p>No probe outputs found. Run <code>grpolab rank --checkpoint RUN_DIR --out RUN_DIR/probes/rank</code> "
