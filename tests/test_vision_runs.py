@@ -79,6 +79,15 @@ def test_the_probes_the_doctor_and_the_report_run_on_a_vision_language_run(tmp_p
     page = (tmp_path / "run" / "report.html").read_text()
     assert page.count('class="thumb"') >= 1  # each held-out sample's picture beside its completion
     assert json.loads((tmp_path / "rank" / "rank.json").read_text())
+    # every credit card carries its prompt's picture, as the samples table does
+    cards = [c.split('<div class="tc-text">')[0] for c in page.split('<div class="tc-roll"')[1:]]
+    assert cards and all('<img class="thumb"' in c for c in cards), len(cards)
+    # the header names the data, its reward function and the model's family, not the arithmetic task's defaults
+    header = page.split('<h2 id="')[0]
+    assert "data.jsonl (prompt column &#x27;prompt&#x27;)" in header and "reward_fixtures:pays_for_length" in header
+    assert "llava family" in header and "built-in arith" not in header and "operands" not in header
+    res = run_cli(["tokens", "run", "--plain"], tmp_path)  # the terminal cannot draw it: it counts it
+    assert res.returncode == 0 and res.stdout.count("[1 picture]") == res.stdout.count("\nQ: "), res.stdout[-2000:]
 
 
 @pytest.mark.hardware

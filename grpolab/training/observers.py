@@ -300,6 +300,7 @@ class TokenCredit(StepObserver):
                 "prompt": groups.prompt[gk],
                 "rollout": g,
                 "question": question_of(groups.records[gk]),
+                **shown_images(groups.records[gk]),  # the prompt's pictures: the report's card shows them
                 "reward": rows.scores.total[i].item(),
                 "advantage": result.advantages.rollout[i].item(),
             }

@@ -17,6 +17,7 @@ from grpolab.report.token_view.records import (
     fmt,
     hue,
     is_context,
+    pictures_note,
     quantity_of,
     resolve_step,
     rollout_head,
@@ -45,7 +46,9 @@ def _cells(record: dict, scale: ColourScale, width: int) -> list[list[tuple[str,
 
 def _text_lines(record: dict, quantity: str, width: int) -> list[str]:
     """The rollout's header (as the page and the terminal write it) and its question, wrapped to ``width``."""
-    return textwrap.wrap(rollout_head(record, quantity), width) + textwrap.wrap("Q: " + repr(record["question"]), width)
+    return textwrap.wrap(rollout_head(record, quantity), width) + textwrap.wrap(
+        "Q: " + repr(record["question"]) + pictures_note(record), width
+    )
 
 
 def _column(split: AdvantageSplit, per_side: int) -> list[list[dict]]:

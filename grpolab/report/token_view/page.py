@@ -9,7 +9,7 @@ from pathlib import Path
 
 from grpolab.common.jsonlines import read_jsonl, step_record
 from grpolab.report.markup import escape as _e
-from grpolab.report.markup import png_img
+from grpolab.report.markup import png_img, thumbnails
 from grpolab.report.token_view.records import (
     CREDIT_FILE,
     AdvantageSplit,
@@ -66,12 +66,15 @@ def _token_spans_html(record: dict, scale: ColourScale, values: list[float | Non
     return "".join(parts)
 
 
-def _rollout_html(record: dict, scale: ColourScale) -> str:
+def _rollout_html(record: dict, scale: ColourScale, run_dir: Path) -> str:
+    """One rollout's card: its header, its prompt's pictures (thumbnails, as the samples table shows them) and
+    question, and its tokens coloured."""
     values = token_values(record, scale.quantity)
     return (
         f'<div class="tc-roll" data-step="{record["step"]}" data-prompt="{_e(record.get("prompt", ""))}" '
         f'data-rollout="{_e(record.get("rollout", ""))}">'
         f'<p class="tc-head">{_e(rollout_head(record, scale.quantity))}</p>'
+        f"{thumbnails(record.get('images') or [], run_dir)}"
         f'<pre class="tc-q">{_e(record.get("question", ""))}</pre>'
         f'<div class="tc-text">{_token_spans_html(record, scale, values)}</div></div>'
     )
@@ -81,12 +84,12 @@ def _shown(split: AdvantageSplit, per_side: int) -> tuple[list[dict], list[dict]
     return split.positive[:per_side], split.negative[:per_side]
 
 
-def _step_html(split: AdvantageSplit, scale: ColourScale, per_side: int, which: str) -> str:
+def _step_html(split: AdvantageSplit, scale: ColourScale, per_side: int, which: str, run_dir: Path) -> str:
     """A step's positive- and negative-advantage rollouts side by side."""
     pos, neg = _shown(split, per_side)
 
     def column(cls: str, title: str, shown: list[dict], total: int) -> str:
-        cards = "".join(_rollout_html(r, scale) for r in shown) or "<p>none recorded at this step</p>"
+        cards = "".join(_rollout_html(r, scale, run_dir) for r in shown) or "<p>none recorded at this step</p>"
         return f'<div class="tc-col {cls}"><h4>{title} ({len(shown)} of {total})</h4>{cards}</div>'
 
     zero = f'<p class="sub">{len(split.zero)} recorded rollout(s) with advantage 0 not shown.</p>' if split.zero else ""
@@ -216,7 +219,7 @@ def token_credit_html(run_dir: str | Path, quantity: str = "dlogp", per_side: in
         )
         parts.append(legend_html(scale))
         names = ["first recorded", "last recorded"] if len(splits) == 2 else ["the only recorded step"]
-        parts += [_step_html(sp, scale, per_side, name) for sp, name in zip(splits, names)]
+        parts += [_step_html(sp, scale, per_side, name, run_dir) for sp, name in zip(splits, names)]
     else:
         parts.append(f"<p>{CREDIT_FILE} holds no readable records.</p>")
     figure = credit_figure(_metric_rows(run_dir))

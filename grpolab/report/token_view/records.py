@@ -348,6 +348,13 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return sum(vs) / len(vs) if vs else None
 
 
+def pictures_note(record: dict) -> str:
+    """`` [2 pictures]`` after the question of a rollout whose prompt had pictures, for a view that cannot draw them
+    (the terminal, the figure); "" for a text prompt."""
+    n = len(record.get("images") or [])
+    return f" [{n} picture{'s' if n != 1 else ''}]" if n else ""
+
+
 def rollout_head(record: dict, quantity: str) -> str:
     reward = number(record.get("reward"))
     mean = _mean(token_values(record, quantity))

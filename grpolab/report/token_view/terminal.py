@@ -18,6 +18,7 @@ from grpolab.report.token_view.records import (
     fmt,
     hue,
     is_context,
+    pictures_note,
     quantity_of,
     resolve_step,
     rollout_head,
@@ -114,7 +115,7 @@ def _terminal_rollout(record: dict, scale: ColourScale, width: int):
         for style, run in itertools.groupby(line, key=lambda cs: cs[1]):  # one span per run of one style
             body.append("".join(ch for ch, _ in run), style=style or None)
     head = Text(rollout_head(record, scale.quantity), style="bold")
-    return [head, Text(f"Q: {record.get('question', '')}", style="dim"), body]
+    return [head, Text(f"Q: {record.get('question', '')}{pictures_note(record)}", style="dim"), body]
 
 
 def _crop(text: str, width: int, pad: bool = False) -> str:
@@ -150,7 +151,11 @@ def plain_lines(rollouts: Sequence[dict], quantity: str, width: int = 80) -> lis
     q = quantity_of(quantity)
     lines = textwrap.wrap(f"{q.label} ({quantity}): {q.meaning}", width)
     for r in rollouts:
-        lines += ["", *textwrap.wrap(rollout_head(r, quantity), width), _crop(f"Q: {r.get('question', '')!r}", width)]
+        lines += [
+            "",
+            *textwrap.wrap(rollout_head(r, quantity), width),
+            _crop(f"Q: {r.get('question', '')!r}{pictures_note(r)}", width),
+        ]
         lines += [_plain_token_line(r, i, quantity, width) for i in range(len(r["tokens"]))]
     return lines
 
