@@ -28,7 +28,7 @@ def test_default_config_is_valid():
         (dict(temperature=-1.0), "--temperature"),
         (dict(top_p=0.0), "--top-p"),
         (dict(top_p=1.5), "--top-p"),
-        (dict(lr=0.0), "--lr"),
+        (dict(lr=-1e-5), "--lr"),
         (dict(steps=0), "--steps"),
         (dict(mu=0), "--mu"),
         (dict(beta=-0.1), "--beta"),

@@ -187,6 +187,11 @@ def test_not_learning_when_the_groups_carry_signal_with_the_causes_it_sees():
     assert O.not_learning(run(**{"reward/mean": up}), FACTS) is not None
     more = [0.25] * (n - 5) + [0.251 + O.FLAT_SD * 0.5] * 5
     assert O.not_learning(run(**{"reward/mean": more}), FACTS) is None
+    # a control run at --lr 0: the learning rate is the cause, and the change a learning rate, never "--lr 0"
+    control = O.not_learning(run(**{"charts/lr": 0.0, "doctor/weight_change": 0.0}), RunFacts(lr=0.0))
+    assert (
+        control.severity == "warning" and "the learning rate is 0" in control.evidence and control.fix == "--lr 5e-05"
+    )
     # rounding is listed before the not learning it explains
     both = diagnose(run(**{"doctor/weights_unmoved_frac": 0.99}), RunFacts(precision="bf16-true"))
     assert names(both)[:2] == ["rounding", "not_learning"] and C.explained(both[0], both) == ["not_learning"]

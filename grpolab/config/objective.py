@@ -305,7 +305,8 @@ class OptimizerSection:
     """AdamW and its schedule."""
 
     lr: float = 5e-5
-    """AdamW learning rate. For the built-in 0.5 M model 1e-4 already degrades held-out accuracy; 3e-4 collapses it."""
+    """AdamW learning rate. For the built-in 0.5 M model 1e-4 already degrades held-out accuracy; 3e-4 collapses it.
+    0: a control run whose weights never change (what its evaluations show is their noise; the doctor says no_movement)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
@@ -317,5 +318,5 @@ class OptimizerSection:
 
     def validate(self) -> None:
         check_counts(self, non_negative=("warmup_steps",))
-        if not self.lr > 0:
-            raise bad("lr", f"must be > 0, got {self.lr}")
+        if not self.lr >= 0:  # 0: a control run (the weights stay where they start)
+            raise bad("lr", f"must be >= 0, got {self.lr}")

@@ -102,7 +102,7 @@ def no_movement(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] 
         return Finding(
             "no_movement", "error", "No movement: the learning rate is 0",
             f"charts/lr 0 over {steps_of(w)}",
-            f"--lr {5e-5 if facts.lr <= 0 else facts.lr * 10:g} (the built-in model trains at 5e-5, 100M-1B models at "
+            f"--lr {larger_lr(facts, 10):g} (the built-in model trains at 5e-5, 100M-1B models at "
             "1e-6 to 1e-5)",
             ("charts/lr", "reward/mean"), span(w), 0.0,
         )  # fmt: skip
@@ -300,7 +300,7 @@ def not_learning(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict]
         first, last = held_out(rows, key)
         flat.append(f"{key} {first[key]:.3f} at step {first['step']} -> {last[key]:.3f} at step {last['step']}")
     causes = _causes(w, facts)
-    fix = causes[0][1] if causes else f"more steps, or --lr {facts.lr * 3:g}"
+    fix = causes[0][1] if causes else f"more steps, or --lr {larger_lr(facts, 3):g}"
     named = "; ".join(c for c, _ in causes) if causes else "none of the instruments points to a cause"
     title = "Not learning: the groups carry signal, but neither reward nor accuracy moves"
     if not causes:  # a slow start looks the same (the demo's first 50 steps): a fact, not yet a fault
@@ -314,10 +314,17 @@ def not_learning(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict]
     )  # fmt: skip
 
 
+def larger_lr(facts: RunFacts, factor: float) -> float:
+    """``factor`` times the run's learning rate; the built-in model's 5e-5 for a run at 0 (a control run)."""
+    return facts.lr * factor if facts.lr > 0 else 5e-5
+
+
 def _causes(w: Sequence[dict], facts: RunFacts) -> list[tuple[str, str]]:
     """(what an instrument shows, the change it suggests) for each reason a run with signal may not learn that the
     last WINDOW rows show, the likeliest first."""
     out = []
+    if facts.lr <= 0 or all(r.get("charts/lr") == 0 for r in w):  # a control run: nothing else is the cause
+        return [("the learning rate is 0 (charts/lr)", f"--lr {larger_lr(facts, 10):g}")]
     unmoved = mean(w, "doctor/weights_unmoved_frac")
     if unmoved is not None and unmoved >= UNMOVED_SHARE:
         out.append((f"updates rounded away (doctor/weights_unmoved_frac {unmoved:.2f})", "--precision bf16-mixed"))
