@@ -5,8 +5,9 @@ PNG, the style sheet is inline, there is no script), so it opens offline and can
 to a colleague as it is. Sections, in order:
 
 0. the doctor's findings (:mod:`grpolab.doctor`), most serious first, each linked to the plot that shows it;
-1. the run (model, task, steps, estimator) and the before/after evaluation table, overall
-   and per category, with the 95% intervals the evaluation logged;
+1. the run (:mod:`grpolab.report.header`: the model and a VLM's family, the data or built-in task it trained on, its
+   rewards, steps, estimator) and the before/after evaluation table, overall and per category, with the 95%
+   intervals the evaluation logged;
 2. the metric plots (the run's plot.png, redrawn if missing, and a second figure of the
    optimisation metrics);
 2b. for a run drawn on generator workers, their timeline (``grpolab.report.generators``);
