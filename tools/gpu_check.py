@@ -56,8 +56,8 @@ def checks_help() -> str:
     intro = (f"The checks, in the order they run (the processes of {names('background')} start first and run beside "
              f"the next ones; {names('timed')} time things or fill the GPU, so they run after those processes have "
              "ended, alone):")  # fmt: skip
-    rows = [textwrap.fill(c.about, 117, initial_indent=f"  {c.name:<12} ", subsequent_indent=" " * 15)
-            for c in gpu_checks.CHECKS]  # fmt: skip
+    rows = [textwrap.fill(f"{c.about}. Passes when: {c.passes}.", 117, initial_indent=f"  {c.name:<12} ",
+                          subsequent_indent=" " * 15) for c in gpu_checks.CHECKS]  # fmt: skip
     return "\n".join([textwrap.fill(intro, 117), "", *rows])
 
 

@@ -30,7 +30,7 @@ QWEN_CPU = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_
 @dataclasses.dataclass(frozen=True)
 class Check:
     """One check: the one place it is named. ``run`` returns its figures (the JSON's) and is where its pass rule
-    lives: it raises :class:`Skip` when the check cannot run here, and ``AssertionError`` (else any exception)
+    (``passes``, in words) is enforced: it raises :class:`Skip` when the check cannot run here, and ``AssertionError`` (else any exception)
     saying what does not hold when it fails. An in-process or timed check's ``run`` takes the :class:`Context`; a
     background one's is a method of ``gpu_checks.processes.Background``, ``run(background, timeout)``, called once
     its processes have ended. ``summary`` puts the figures of a passed run in a few words for its line."""
@@ -41,6 +41,8 @@ class Check:
     summary: Callable[[dict], str]
     about: str
     """What it runs and compares, in a sentence or two, for ``--help``."""
+    passes: str
+    """Its pass rule in words, for ``--help`` and the docs: what ``run`` asserts (it raises when the rule fails)."""
 
     def __post_init__(self):
         if self.how not in HOW:

@@ -243,9 +243,12 @@ DISTRIBUTED = Check(
     "distributed", "background", Background.distributed, distributed_summary,
     "DDP and FSDP2 (fp32) and FSDP2 (bf16-mixed) on 2 processes sharing one GPU (NCCL, else gloo for CUDA tensors, "
     "said which) against 1 process: the same rollouts, the weights' largest relative difference",
+    passes="fp32 (DDP, FSDP2): the same rollouts as one process and weights within 1e-4 relative; bf16-mixed: "
+    "weights within 1e-3",
 )  # fmt: skip
 WORKERS = Check(
     "workers", "background", Background.workers, workers_summary,
     "a generator worker process (`grpolab generator`) and its trainer on the one device, 2 steps: the same rollouts "
     "and weights as the inline run",
+    passes="the same rollouts as the inline run and weights within 1e-5 relative",
 )  # fmt: skip

@@ -128,9 +128,12 @@ CHECKPOINT = Check(
     "checkpoint", "in-process", check_checkpoint, checkpoint_summary,
     "the built-in model under bf16-mixed: 4 steps, against 2 steps + --resume to 4; metrics, rollouts and weights "
     "bit for bit (torch's deterministic algorithms on; the ops without one are listed)",
+    passes="the 2 + 2-step run's metrics, rollouts and weights equal the 4-step run's, bit for bit",
 )  # fmt: skip
 REWARDS = Check(
     "rewards", "in-process", check_rewards, rewards_summary,
     "a reward model (random, sequence classification) and a local LLM judge (the built-in model) as reward "
     "components on the device, 2 steps; the reward model's scores on the device against the CPU's",
+    passes="every reward component finite; the reward model in fp32 on the device within 1e-3 of its scores' "
+    "spread (at least 1e-5) of the CPU's scores",
 )  # fmt: skip

@@ -140,9 +140,11 @@ def qwen_vl_summary(figures: dict) -> str:
 VISION = Check(
     "vision", "in-process", check_vision, vision_summary,
     "the built-in vision-language model on the shapes task, 3 steps of bf16-mixed",
+    passes="3 finite losses",
 )  # fmt: skip
 QWEN_VL = Check(
     "qwen-vl", "timed", check_qwen_vl, qwen_vl_summary,
     "the random Qwen2.5-VL (3.75 B parameters; --cpu: tiny), 3 steps of bf16-mixed on 224-pixel pictures (--cpu: "
     "56), grpolab's QwenProcessor; its peak memory",
+    passes="3 finite losses, and every step scored without a reward error with rollouts that have an advantage",
 )  # fmt: skip
