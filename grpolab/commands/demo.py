@@ -26,6 +26,7 @@ from typing import Literal
 from rich.console import Console
 from rich.table import Table
 
+from grpolab.common.stats import with_interval
 from grpolab.config.train import ConfigError, TrainConfig
 from grpolab.models.loading import cache_dir
 from grpolab.models.policy import ASSET_DIR, BUILTIN, BUILTIN_VLM
@@ -175,11 +176,6 @@ def demo_train_config(cfg: DemoConfig, model: str | None = None) -> TrainConfig:
     return train_cfg.resolved()
 
 
-def _cell(r: dict, key: str) -> str:
-    lo, hi = r.get(key + "_lo"), r.get(key + "_hi")
-    return f"{r[key]:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None else "")
-
-
 def _examples(out: Path, step: int, n: int) -> list[dict]:
     path = out / "samples.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
@@ -202,7 +198,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     table.add_column("greedy", justify="right")
     table.add_column("sampled", justify="right")
     for name, r in ((f"before (step {before['step']})", before), (f"after (step {after['step']})", after)):
-        table.add_row(name, _cell(r, "eval/accuracy_greedy"), _cell(r, "eval/accuracy_sampled"))
+        table.add_row(name, with_interval(r, "eval/accuracy_greedy"), with_interval(r, "eval/accuracy_sampled"))
     console.print(table)
     pairs = list(zip(_examples(Path(out), before["step"], 3), _examples(Path(out), after["step"], 3)))
     for b, a in pairs:  # the same held-out questions, before and after

@@ -72,3 +72,10 @@ def default_pass_k(samples: int) -> tuple[int, ...]:
     """The k of pass@k reported for ``samples`` samples per question: the powers of two up to it, and it."""
     ks = [2**i for i in range(samples.bit_length()) if 2**i <= samples]
     return tuple(ks + ([samples] if samples and ks[-1] != samples else []))
+
+
+def with_interval(row: dict, key: str) -> str:
+    """``0.444 [0.403, 0.485]``: the figure ``row[key]`` with the 95% interval logged beside it (``key_lo``,
+    ``key_hi``), where the row has one."""
+    lo, hi = row.get(key + "_lo"), row.get(key + "_hi")
+    return f"{row[key]:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from grpolab.common.jsonlines import read_jsonl, step_record
+from grpolab.common.stats import with_interval
 from grpolab.config.run import run_config_file
 from grpolab.data.answers import extract_final_number, last_boxed
 from grpolab.doctor.conditions import LEVEL, NAMES, Finding, RunFacts, diagnose, explained, order
@@ -158,16 +159,10 @@ def summary_figures(run: RunData) -> list[str]:
             e0, e1 = evals[0], evals[-1]
             name = key.removeprefix("eval/accuracy_")
             out.append(
-                f"held-out {name} accuracy: {_with_interval(e0, key)} at step {e0['step']}"
-                + (f", {_with_interval(e1, key)} at step {e1['step']}" if e1 is not e0 else "")
+                f"held-out {name} accuracy: {with_interval(e0, key)} at step {e0['step']}"
+                + (f", {with_interval(e1, key)} at step {e1['step']}" if e1 is not e0 else "")
             )
     return out
-
-
-def _with_interval(row: dict, key: str) -> str:
-    """``0.444 [0.403, 0.485]``: a held-out accuracy with its 95% interval where the row has one."""
-    lo, hi = row.get(key + "_lo"), row.get(key + "_hi")
-    return f"{row[key]:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
 
 
 def format_findings(run: RunData, findings: list[Finding], every: int) -> str:
