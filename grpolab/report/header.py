@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from grpolab.models.checkpoint import checkpoint_dirs
 from grpolab.report.markup import escape, table
 
 
@@ -22,21 +23,17 @@ def _model_fact(config: dict, run_dir: Path) -> str:
 
 
 def model_family(run_dir: Path) -> str | None:
-    """The vision-language family of the model a run's newest checkpoint holds (its config.json), None for a text
-    model or a run without a checkpoint; the model type itself for a type grpolab has no adapter for."""
+    """The vision-language family of the model a run's newest complete checkpoint holds (its config.json), None for a
+    text model or a run without one; the model type itself for a type grpolab has no adapter for."""
     import types
 
     from grpolab.vision.families import family_of
 
-    def step(path: Path) -> int:
-        number = path.parent.name.removeprefix("step_")
-        return int(number) if number.isdigit() else -1
-
-    for path in sorted(Path(run_dir).glob("checkpoints/step_*/config.json"), key=step, reverse=True):
+    for _, path in reversed(checkpoint_dirs(run_dir)):
         try:
-            model = json.loads(path.read_text())
+            model = json.loads((path / "config.json").read_text())
         except (OSError, ValueError):
-            continue
+            continue  # a LoRA checkpoint keeps only its adapter's config
         if "model_type" not in model:
             continue
         try:
@@ -62,7 +59,7 @@ def trained_on(config: dict) -> list[tuple[str, str]]:
             facts.append(("held-out data", f"{config['eval_data']}{split}"))
         elif config.get("eval_fraction"):
             facts.append(("held-out data", f"{config['eval_fraction']:.0%} of the data, set aside"))
-    elif config.get("env") and not config.get("data"):
+    elif config.get("env"):
         facts = []  # an environment that samples its own task: its row below says what
     else:
         task = config.get("task", "arith")
