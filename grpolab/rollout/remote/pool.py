@@ -105,8 +105,7 @@ class WorkerPool(VersionedDraws):
                     return
                 continue
             try:
-                for version in sorted(self.versions.held):
-                    self._send_weights(worker, version)
+                self._send_held(worker)
                 self._live.append(worker)
                 about = worker.about
                 self.books.event(
@@ -196,8 +195,7 @@ class WorkerPool(VersionedDraws):
         self.syncs = counts["syncs"]
         for worker in list(self._live):
             try:
-                for version in sorted(self.versions.held):
-                    self._send_weights(worker, version)
+                self._send_held(worker)
             except Lost as e:
                 self._drop(e.worker, e.why)
 
@@ -210,12 +208,16 @@ class WorkerPool(VersionedDraws):
             self._prefetched = None
 
     def _send(self, worker: WorkerHandle, header: dict) -> int:
-        """Send ``header`` to ``worker`` with the next tag; returns the tag."""
-        if worker.link.failed:
-            raise Lost(worker, f"its connection failed ({worker.link.error})")
-        self._tag += 1
-        worker.send(header, self._tag)
-        return self._tag
+        """Send ``header`` to ``worker`` with the next tag (taken only once it is sent); returns the tag."""
+        tag = self._tag + 1
+        worker.send(header, tag)  # raises Lost for a failed connection
+        self._tag = tag
+        return tag
+
+    def _send_held(self, worker: WorkerHandle) -> None:
+        """Every version a draw may still ask for, oldest first (a worker that joins, a resumed run's)."""
+        for version in sorted(self.versions.held):
+            self._send_weights(worker, version)
 
     def _send_weights(self, worker: WorkerHandle, version: int) -> None:
         keep_from = min(self.versions.held)
@@ -290,9 +292,7 @@ class WorkerPool(VersionedDraws):
     def _wait(self, worker: WorkerHandle, tag: int):
         """Worker ``worker``'s answer to ``tag`` if it has come within a short wait (None if not yet); raises
         :class:`Lost` for a worker that was dropped, closed, sent garbage or is past the timeout."""
-        if tag in worker.answers:
-            return worker.answers.pop(tag)
-        if worker not in self._live:
+        if tag not in worker.answers and worker not in self._live:  # an answer already read is still taken
             raise Lost(worker, "it was dropped")
         stale = worker.stale
         try:
