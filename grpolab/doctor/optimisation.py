@@ -98,7 +98,7 @@ def no_movement(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] 
     w = window(rows)
     if not w:
         return None
-    if all(r.get("charts/lr") == 0 for r in w):
+    if zero_lr(w):
         return Finding(
             "no_movement", "error", "No movement: the learning rate is 0",
             f"charts/lr 0 over {steps_of(w)}",
@@ -314,6 +314,11 @@ def not_learning(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict]
     )  # fmt: skip
 
 
+def zero_lr(w: Sequence[dict]) -> bool:
+    """Every row of ``w`` logged a learning rate of 0 (``charts/lr``)."""
+    return all(r.get("charts/lr") == 0 for r in w)
+
+
 def larger_lr(facts: RunFacts, factor: float) -> float:
     """``factor`` times the run's learning rate; the built-in model's 5e-5 for a run at 0 (a control run)."""
     return facts.lr * factor if facts.lr > 0 else 5e-5
@@ -323,7 +328,7 @@ def _causes(w: Sequence[dict], facts: RunFacts) -> list[tuple[str, str]]:
     """(what an instrument shows, the change it suggests) for each reason a run with signal may not learn that the
     last WINDOW rows show, the likeliest first."""
     out = []
-    if facts.lr <= 0 or all(r.get("charts/lr") == 0 for r in w):  # a control run: nothing else is the cause
+    if facts.lr <= 0 or zero_lr(w):  # a control run: nothing else is the cause
         return [("the learning rate is 0 (charts/lr)", f"--lr {larger_lr(facts, 10):g}")]
     unmoved = mean(w, "doctor/weights_unmoved_frac")
     if unmoved is not None and unmoved >= UNMOVED_SHARE:
