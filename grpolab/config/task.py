@@ -65,9 +65,12 @@ class PolicySection:
 class PromptSection:
     """How a record becomes the policy's prompt."""
 
-    chat: Literal["auto", "on", "off"] = "auto"
+    chat: Literal["auto", "on", "off", "rows"] = "auto"
     """Prompt through the tokenizer's chat template (a system instruction on the answer format, the
-    question as the user turn): auto = when the model has a template (instruct models), never for builtin."""
+    question as the user turn): auto = when the model has a template (instruct models), never for builtin; rows =
+    each row by its prompt's form, as TRL's trainer does: a prompt of chat messages through the template, a text
+    prompt tokenized as it is (no template, no system instruction), its completions given to reward functions as
+    strings."""
     system_prompt: str = ""
     """The system instruction of chat prompts; empty = the default for --format (arithmetic/GSM8K: work step by
     step and end with '#### <answer>'; MATH: put the answer in \\boxed{})."""

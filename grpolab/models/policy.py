@@ -35,6 +35,10 @@ class Policy:
     """The Hub repository the weights came from (id, revision, commit), when they did."""
     chat: bool = False
     """Prompt through the tokenizer's chat template (instruct models) instead of plain text."""
+    text_as_is: bool = False
+    """Each row by its prompt's own form, as TRL's trainer takes it (``--chat rows``): a prompt given as chat
+    messages through the chat template, a prompt given as text tokenized as it is (no template, no system
+    instruction, no few-shot examples, no newline added), its completions handed to reward functions as strings."""
     system: str = SYSTEM_PROMPT
     """The system instruction of chat prompts: how to format the final answer."""
     few_shot: list[dict] = dataclasses.field(default_factory=list)
@@ -58,6 +62,13 @@ class Policy:
         pad = self.tokenizer.pad_token_id
         return self.eos_id if pad is None else pad
 
+    def templated(self, record: dict) -> bool:
+        """Whether ``record``'s prompt goes through the chat template: every record's in a chat run, except a text
+        prompt's under :attr:`text_as_is`."""
+        if not (self.chat and self.text_as_is):
+            return self.chat
+        return not isinstance(record.get("prompt", record.get("question")), str)
+
     def chat_messages(self, record: dict) -> list[dict]:
         """System instruction (when there is one), few-shot turns, then the question as the user turn. A record
         whose prompt is already a chat is used as it is, the system instruction put first only when it has none."""
@@ -69,6 +80,12 @@ class Policy:
         for ex in self.few_shot:
             msgs += [{"role": "user", "content": ex["question"]}, {"role": "assistant", "content": ex["answer"]}]
         return msgs + [{"role": "user", "content": prompt}]
+
+    def _text_prompt(self, record: dict) -> str:
+        prompt = prompt_of(record)
+        if not isinstance(prompt, str):
+            raise DataError(f"a prompt given as chat messages needs a chat template: {self.source} has none")
+        return prompt
 
     def prompt_text(self, record: dict) -> str:
         """The plain-text prompt (no chat template): the few-shot examples (question, newline,
@@ -84,15 +101,21 @@ class Policy:
     def shown_prompt(self, record: dict) -> str | list[dict]:
         """The prompt as the model is shown it: the chat messages for chat models, else the plain text (what TRL-form
         reward functions receive as ``prompts``)."""
-        return self.chat_messages(record) if self.chat else self.prompt_text(record)
+        if self.templated(record):
+            return self.chat_messages(record)
+        return prompt_of(record) if self.text_as_is else self.prompt_text(record)
 
     def prompt_ids(self, record: dict) -> list[int]:
-        """Chat models: the chat template with the generation prompt. Others: BOS and :meth:`prompt_text`."""
-        if self.chat:
+        """Chat models: the chat template with the generation prompt. Under :attr:`text_as_is`, a text prompt: the
+        tokenizer's encoding of it, special tokens as the tokenizer adds them (TRL's ``processing_class(text=...)``).
+        Others: BOS and :meth:`prompt_text`."""
+        if self.templated(record):
             ids = self.tokenizer.apply_chat_template(
                 self.chat_messages(record), add_generation_prompt=True, tokenize=True
             )
             return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding in some versions
+        if self.text_as_is:
+            return list(self.tokenizer(self._text_prompt(record))["input_ids"])
         ids = self.tokenizer(self.prompt_text(record), add_special_tokens=False)["input_ids"]
         bos = self.tokenizer.bos_token_id
         return ([bos] if bos is not None else []) + ids
@@ -260,7 +283,8 @@ def load_policy(
     the run passes its own); a model object ``given`` to the Python API (as ``spec``) keeps its own dtype. Such an object is moved to ``device`` in
     place.
     ``chat``: ``"auto"`` uses the chat template when the tokenizer has one (instruct models)
-    and the model is not the built-in one; ``"on"``/``"off"`` force it.
+    and the model is not the built-in one; ``"on"``/``"off"`` force it; ``"rows"`` decides per row, as TRL's trainer
+    does: chat messages through the template, text as it is (:attr:`Policy.text_as_is`).
     """
     from grpolab.common.devices import prepare_device
     from grpolab.models.attention import use_grouped_sdpa
@@ -287,7 +311,8 @@ def load_policy(
     model = _own_memory(model.to(device))
     use_grouped_sdpa(model)  # grouped heads without copying the keys and values under a mask (CPU)
     tokenizer, processor, use_chat = _prompting(model, tokenizer, source, chat, spec != BUILTIN)
-    return Policy(model, tokenizer, source, origin, chat=use_chat, few_shot=list(few_shot or []), processor=processor)
+    return Policy(model, tokenizer, source, origin, chat=use_chat, few_shot=list(few_shot or []), processor=processor,
+                  text_as_is=chat == "rows")  # fmt: skip
 
 
 def _prompting(model, loaded, source: str, chat: str, chat_by_default: bool):
@@ -296,8 +321,8 @@ def _prompting(model, loaded, source: str, chat: str, chat_by_default: bool):
     from grpolab.config.train import ConfigError
     from grpolab.vision.families import family_of
 
-    if chat not in ("auto", "on", "off"):
-        raise ConfigError(f"--chat must be auto, on or off, got {chat!r}")
+    if chat not in ("auto", "on", "off", "rows"):
+        raise ConfigError(f"--chat must be auto, on, off or rows, got {chat!r}")
     tokenizer, processor = loaded, None
     if family_of(model) is not None:  # a vision-language model: what came with it is its processor
         if not hasattr(loaded, "image_processor"):
@@ -310,4 +335,4 @@ def _prompting(model, loaded, source: str, chat: str, chat_by_default: bool):
         raise ConfigError(f"{source}: a vision-language model needs a chat template on its processor; it has none")
     if chat == "on" and not has_template:
         raise ConfigError(f"--chat on: the tokenizer of {source} has no chat template")
-    return tokenizer, processor, has_template and (chat == "on" or (chat == "auto" and chat_by_default))
+    return tokenizer, processor, has_template and (chat in ("on", "rows") or (chat == "auto" and chat_by_default))

@@ -57,9 +57,9 @@ def from_trl(fn: Callable, prompt_of: Callable[[dict], Any], chat: bool) -> Rewa
 
     It is called as TRL calls it: ``fn(prompts=..., completions=..., **fields)`` where
     every field of the records (``ground_truth``, ``answer``, your dataset's columns) is
-    a keyword argument holding one value per completion. For chat runs, prompts are the
-    message lists the model saw and completions ``[{"role": "assistant", "content": text}]``
-    (TRL's conversational format); otherwise both are plain strings. An ``async def`` function stays one: its
+    a keyword argument holding one value per completion. A prompt the model saw as chat messages is that message
+    list, its completion ``[{"role": "assistant", "content": text}]`` (TRL's conversational format); a text prompt
+    and its completion are plain strings (each row by its own form, as TRL's ``is_conversational``). An ``async def`` function stays one: its
     awaitable is awaited by :func:`grpolab.rewards.rewarder.score`, beside the step's other async functions. For
     episodes of an environment, a function that takes ``environments`` (or ``**kwargs``) gets each completion's
     environment object (a TRL-shape class's own instance), in the order of the completions, as TRL passes them. As
@@ -95,8 +95,10 @@ def from_trl(fn: Callable, prompt_of: Callable[[dict], Any], chat: bool) -> Rewa
                 extra["environments"] = [getattr(c[2], "trl_instance", c[2]) for c in conversations]
         else:
             prompts = [prompt_of(r) for r in records]
-            if chat:
-                completions = [[{"role": "assistant", "content": c}] for c in completions]
+            # TRL's rule (is_conversational): a prompt shown as chat messages gets its completion as the assistant's
+            # message, a text prompt (every one in a plain-text run; a text row under --chat rows) a string
+            completions = [[{"role": "assistant", "content": c}] if isinstance(p, list) else c
+                           for p, c in zip(prompts, completions)]  # fmt: skip
         keys = [k for k in dict.fromkeys(k for r in records for k in r) if k not in reserved]
         fields = {k: [r.get(k) for r in records] for k in keys}
         return fn(prompts=prompts, completions=completions, **fields, **extra)  # awaitable for an async function

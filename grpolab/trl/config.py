@@ -449,7 +449,7 @@ def model_dtype(args, checkpoint_dtype: str | None = None) -> str:
 
 
 def _model(args, checkpoint_dtype: str | None = None) -> dict:
-    out: dict = {}
+    out: dict = {"chat": "rows"}  # TRL's rule: chat messages through the template, a text prompt as it is
     kwargs = dict(args.model_init_kwargs or {})
     if "revision" in kwargs:
         revision = kwargs.pop("revision")
