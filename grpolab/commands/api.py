@@ -92,7 +92,7 @@ def _fields(cls, model_field: str, model, tokenizer, keywords: dict, names: Obje
     aliases: dict[str, str] = {}
     for name, (_, kw) in takes.items():  # reward_funcs: --reward-fn's (its models are set apart first)
         aliases.setdefault(kw, name)
-    keywords = _reward_models_apart(cls, keywords)
+    keywords = reward_models_apart(cls, keywords)
     out: dict = {}
     for key, value in keywords.items():
         name = aliases.get(key, key)
@@ -113,12 +113,12 @@ def _fields(cls, model_field: str, model, tokenizer, keywords: dict, names: Obje
     return out
 
 
-def _reward_models_apart(cls, keywords: dict) -> dict:
+def reward_models_apart(cls, keywords: dict) -> dict:
     """``keywords`` with TRL's ``reward_funcs`` split: its reward models (a directory or Hub id, a loaded model:
     :func:`grpolab.rewards.model.names_a_model`) to ``reward_model``, each with its ``reward_processing_classes``
-    entry (TRL's: the tokenizer of a loaded model; None, or left out: loaded from the model's path), the rest to
-    the functions. The components' order is the functions', then the models' (as the flags' is): ``reward_weights``,
-    given in the list's order, follow their entries."""
+    entry (TRL's: the tokenizer it scores with, a loaded model's or one named by a path or id; None, or left out:
+    loaded from the model's path), the rest to the functions. The components' order is the functions', then the
+    models' (as the flags' is): ``reward_weights``, given in the list's order, follow their entries."""
     from grpolab.rewards.model import names_a_model
 
     funcs, tokenizers = keywords.get("reward_funcs"), keywords.get("reward_processing_classes")
@@ -130,8 +130,8 @@ def _reward_models_apart(cls, keywords: dict) -> dict:
             raise ConfigError(
                 f"reward_processing_classes: {len(tokenizers)} for {len(entries)} reward_funcs (None for a function)"
             )
-        if any(t is not None and not (m and not isinstance(e, str)) for e, m, t in zip(entries, is_model, tokenizers)):
-            raise ConfigError("reward_processing_classes: a tokenizer only for a loaded reward model (None elsewhere)")
+        if any(t is not None and not m for m, t in zip(is_model, tokenizers)):
+            raise ConfigError("reward_processing_classes: a tokenizer only for a reward model (None for a function)")
     if not any(is_model):
         return {k: v for k, v in keywords.items() if k != "reward_processing_classes"}
     if "reward_model" not in fields_of.options(cls):
@@ -139,7 +139,7 @@ def _reward_models_apart(cls, keywords: dict) -> dict:
     if keywords.get("reward_model") is not None:
         raise ConfigError("reward_model: give reward models either there or in reward_funcs, not both")
     tokenizers = tokenizers or [None] * len(entries)
-    models = [e if isinstance(e, str) else (e, t) for e, m, t in zip(entries, is_model, tokenizers) if m]
+    models = [e if isinstance(e, str) and t is None else (e, t) for e, m, t in zip(entries, is_model, tokenizers) if m]
     out = {k: v for k, v in keywords.items() if k != "reward_processing_classes"}
     out["reward_funcs"] = [e for e, m in zip(entries, is_model) if not m] or None
     out["reward_model"] = models

@@ -100,6 +100,9 @@ class ObjectNames:
         if isinstance(value, str) or hasattr(value, "__fspath__"):
             return str(value)
         model, tokenizer = value if isinstance(value, tuple) else (value, None)
+        if isinstance(model, str) or hasattr(model, "__fspath__"):  # a path or id, and the tokenizer to score with
+            described = f"reward model {model} with a tokenizer defined in Python: {type(tokenizer).__name__} ({model})"
+            return self._keep(described, (str(model), tokenizer))
         if not hasattr(model, "parameters") or not hasattr(model, "config"):
             raise ConfigError(f"--reward-model: expected a directory, a Hub id or a loaded model, got {model!r}")
         name = getattr(model.config, "_name_or_path", "")

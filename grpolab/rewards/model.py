@@ -261,7 +261,11 @@ def load_reward_model(
     :class:`grpolab.common.hub.HubError`)."""
     source, label = split_label(spec)
     live = given.lookup(source, FLAG)
-    if live is not None:
+    if live is not None and isinstance(live[0], str):  # a path or id with the tokenizer to score with (TRL's)
+        source, label = split_label(live[0])
+        path, origin = _directory(source, spec)
+        model, tokenizer = _load(path, settings, spec), live[1]
+    elif live is not None:
         model, tokenizer = live
         if tokenizer is None:  # loaded from where the model was (TRL does the same)
             tokenizer = _tokenizer(_directory(model.config._name_or_path, spec)[0], spec)

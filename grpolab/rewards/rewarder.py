@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import inspect
+import logging
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,6 +25,8 @@ from grpolab.rewards.code import CodeReward, CodeRewardSettings
 from grpolab.rewards.forms import RewardFn, RewardLog, from_trl, load_reward_fn, reward_form
 from grpolab.rewards.judge import JudgeSettings, load_judge
 from grpolab.rewards.model import RewardModelSettings, load_reward_model, model_name
+
+logger = logging.getLogger(__name__)
 
 # Metric names a reward function's own ``reward/<name>`` must not overwrite.
 _RESERVED = {"mean", "std", "group_std_mean", "frac_zero_std", "accuracy", "format", "errors", "judge_requests",
@@ -337,7 +340,23 @@ def score(
     if declined and all(d is not None for d in declined):  # every function returned None somewhere
         every = torch.stack(declined).all(dim=0)  # [N]: where all of them did
         unscorable = every if bool(every.any()) else None
+    if unscorable is not None:
+        _warn_unscorable(records, completions, int(unscorable.nonzero()[0, 0]))
     return Scores(total, components, errors, counts, skipped, extra if any(extra) else [], logged, unscorable)
+
+
+def _warn_unscorable(records: list[dict], completions: list[str], i: int) -> None:
+    """TRL's warning (``_calculate_rewards``) on a rollout that every reward function returned None for, through
+    :mod:`logging` on the first process, as TRL's: its row's columns, its prompt and its completion."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+        return
+    row = {**records[i], "completion": completions[i]}
+    logger.warning(
+        f"All reward functions returned None for the following kwargs:\n{row}\n"
+        "Please ensure that at least one reward function returns a valid reward."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
