@@ -13,15 +13,18 @@ views again. The order of the live rows changes; the sampler keeps the map from 
 
 Why by hand: transformers' ``StaticCache`` preallocates too, but it returns the whole buffer to attention, which then
 attends over every preallocated column under a mask (measured slower than the growing cache at these lengths), and
-it has no way to drop finished rows. Only the plain full-attention layer is handled: a model whose prefill writes
-any other kind of cache layer (sliding windows, linear attention) is sampled with the growing cache instead
-(:func:`slab_supported`).
+it has no way to drop finished rows. Only the plain full-attention layer is handled: a model whose own cache
+(:func:`model_cache`, what transformers' ``generate`` builds from its config) has any other kind of layer (a sliding
+window as in Gemma2, Cohere2 and GPT-OSS; a recurrent state as in Mamba and NemotronH) is sampled with that cache
+instead (:func:`slab_reason`, :func:`slab_supported`).
 """
 
 from __future__ import annotations
 
+import inspect
+
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 
 class SlabLayer(DynamicLayer):
@@ -132,3 +135,28 @@ def slab_supported(prefill: Cache) -> bool:
     (a model that wrote nothing into it, or other kinds of layer, samples with transformers' own cache)."""
     layers = getattr(prefill, "layers", None)
     return bool(layers) and all(type(layer) is DynamicLayer and layer.keys is not None for layer in layers)
+
+
+def model_cache(model) -> DynamicCache:
+    """An empty cache of the kind transformers' own ``generate`` gives ``model`` (a transformers model, or a peft
+    wrapper of one): ``DynamicCache(config=...)``, one layer per decoder layer as the config's layer types say (full
+    attention, a sliding window, a recurrent state). A bare ``DynamicCache()`` would make every layer full attention,
+    which a hybrid model's recurrent layers cannot write into."""
+    return DynamicCache(config=model.config)
+
+
+def cache_keyword(model) -> str:
+    """The keyword ``model``'s forward takes its cache under: ``cache_params`` for Mamba's family (which has no
+    ``past_key_values``), else ``past_key_values``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's forward takes **kwargs
+    params = inspect.signature(base.forward).parameters
+    return "cache_params" if "cache_params" in params and "past_key_values" not in params else "past_key_values"
+
+
+def slab_reason(model) -> str | None:
+    """None if a :class:`SlabCache` holds ``model``'s cache exactly: every layer of its own cache
+    (:func:`model_cache`) is a plain full-attention ``DynamicLayer``, whose keys and values the slab stores as they
+    are. Else why not, naming the other kinds (``DynamicSlidingWindowLayer`` keeps only the window's keys, a
+    ``LinearAttentionLayer`` a recurrent state, not keys)."""
+    others = sorted({type(layer).__name__ for layer in model_cache(model).layers if type(layer) is not DynamicLayer})
+    return f"its cache has {', '.join(others)} layers" if others else None

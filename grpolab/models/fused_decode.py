@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from grpolab.models.attention import attention_rounding
-from grpolab.models.decode_cache import SlabCache
+from grpolab.models.decode_cache import SlabCache, slab_reason
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 
@@ -40,6 +40,8 @@ def fused_supported(model: nn.Module) -> str | None:
         return "pretraining_tp > 1"
     if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
         return "some of its layers attend through a sliding window"
+    if (reason := slab_reason(model)) is not None:  # its steps write into a SlabCache
+        return reason
     if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "grpolab_sdpa"):
         return f"it attends with {config._attn_implementation}, not sdpa"
     return None

@@ -20,12 +20,14 @@ them, pushed at each ``weights_changed``. :func:`build_engine` makes the one ``-
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
 from grpolab.config.rollout import EngineSection
+from grpolab.models.decode_cache import slab_reason
 from grpolab.models.head import fp32_head
 from grpolab.rollout.sampler import Sampled, SamplingSettings, sample_with_stats
 from grpolab.rollout.spec import EngineSpec
@@ -60,6 +62,9 @@ class HFEngine:
     the live weights, in eval mode (put back in the mode it was in afterwards), whole inside ``spec.full_weights``
     (``grpolab.training.forward.TrainModule.full_weights``). ``pack``: allow the packed copy; ``always_copy``: a copy
     even where the live weights would do (a generator's replica).
+
+    A model whose own cache the slab does not hold (:func:`grpolab.models.decode_cache.slab_reason`: sliding-window or
+    recurrent layers) decodes with that cache, without the fused decoder: said once, as the engine is built.
     """
 
     def __init__(self, model: torch.nn.Module, spec: EngineSpec, *, pack: bool = True, always_copy: bool = False):
@@ -71,6 +76,8 @@ class HFEngine:
             model, dtype, pack, spec.full_weights, lag=spec.lag, always_copy=always_copy, head_dtype=head,
             storage=spec.storage,
         )  # fmt: skip
+        if (reason := slab_reason(model)) is not None:
+            warnings.warn(_cache_notice(model, reason), stacklevel=2)
 
     def generate(
         self, prompts: list[list[int]], keys: list[tuple[int, ...]], settings: SamplingSettings, media=None
@@ -137,6 +144,15 @@ class HFEngine:
     def restore_lag(self, counts: dict, tensors: dict[str, torch.Tensor]) -> None:
         """Take back :meth:`lag_state`'s weights."""
         self.weights.restore_lag(counts, tensors)
+
+
+def _cache_notice(model: torch.nn.Module, reason: str) -> str:
+    """The one line that says a model samples with its own cache rather than grpolab's slab and fused decoder."""
+    name = type(model.get_base_model() if hasattr(model, "get_base_model") else model).__name__
+    return (
+        f"{name}: {reason}, which grpolab's slab cache and fused decoder do not hold; the sampler decodes with "
+        "the model's own cache (transformers' DynamicCache), without their speed-up"
+    )
 
 
 def build_engine(

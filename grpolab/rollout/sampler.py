@@ -18,11 +18,10 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from grpolab.common.batch import Batch, left_pad
 from grpolab.models.attention import attention_rounding, upcast_dtype
-from grpolab.models.decode_cache import SlabCache, slab_supported
+from grpolab.models.decode_cache import SlabCache, cache_keyword, model_cache, slab_supported
 from grpolab.models.logprobs import logprob_entropy, nucleus_log_mass, sampling_logprobs
 from grpolab.models.shared_prefix import distinct_prompt_inputs
 from grpolab.vision.media import decode_positions
@@ -82,8 +81,9 @@ class Sampled(NamedTuple):
 
 CACHES = ("slab", "dynamic")
 """How the decode loop keeps its keys and values: ``slab``, a buffer allocated once and written in place
-(:mod:`grpolab.models.decode_cache`); ``dynamic``, transformers' ``DynamicCache``, which copies itself at every token
-(the loop's earlier form, kept for models the slab does not hold and as the reference the tests compare with)."""
+(:mod:`grpolab.models.decode_cache`); ``dynamic``, the model's own cache as transformers' ``generate`` builds it
+(``DynamicCache(config=...)``: full-attention layers copy themselves at every token), the loop's earlier form, kept
+for models the slab does not hold (sliding windows, recurrent layers) and as the reference the tests compare with."""
 
 
 def sample(
@@ -164,10 +164,11 @@ def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, media=N
     """The KV cache of each *distinct* prompt ``[U, ...]``, the logits of every row's first completion token
     ``[N, V]``, the prompts' position ids ``[N, P]`` and each row's distinct prompt ``[N]`` (a group's G rows share
     theirs: each distinct prompt is prefilled once). ``media``: the rows' images (:class:`grpolab.common.batch.Batch`),
-    which the prefill runs through the whole model; the decode steps after it are text."""
+    which the prefill runs through the whole model; the decode steps after it are text. The cache is the model's own
+    kind (:func:`grpolab.models.decode_cache.model_cache`), so a hybrid model's recurrent layers have their place."""
     _, inverse, inputs = distinct_prompt_inputs(model, prompt_ids, prompt_mask, media)  # [N], the U prompts' inputs
-    cache = DynamicCache()
-    out = model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    cache = model_cache(model)
+    out = model(**inputs, **{cache_keyword(model): cache}, use_cache=True, logits_to_keep=1)
     # Position ids count real tokens only, so left padding does not shift them (M-RoPE: where the text continues).
     position = decode_positions(inputs["position_ids"])[inverse]  # [N, P]
     return cache, out.logits[:, -1][inverse], position, inverse
@@ -222,28 +223,35 @@ class _SlabDecode:
 
 
 class _DynamicDecode:
-    """Decode steps over transformers' ``DynamicCache``: the loop's earlier form. The cache and the attention mask
-    grow by concatenation at every token; finished rows are dropped by copying the whole cache."""
+    """Decode steps over the model's own cache (:func:`grpolab.models.decode_cache.model_cache`): the loop's earlier
+    form. The cache and the attention mask grow by concatenation at every token; finished rows are dropped by copying
+    the whole cache.
 
-    def __init__(self, prefill, inverse, prompt_mask, position):
-        prefill.batch_select_indices(inverse)  # [U, ...] -> [N, ...]
+    Rows are selected with the cache's ``reorder_cache`` (beam search's), which every kind of layer implements for all
+    it holds: ``batch_select_indices`` of a layer with both a recurrent state and keys selects only the keys. A model
+    that takes ``cache_params`` (Mamba's family) reads an attention mask as the padding of the tokens it is given, so
+    its decode steps get none, as in its own ``generate``: a new token is never padding."""
+
+    def __init__(self, model, prefill, inverse, prompt_mask, position):
+        prefill.reorder_cache(inverse)  # [U, ...] -> [N, ...]
         self.cache, self.attn = prefill, prompt_mask
         self.pos = position[:, -1] + 1  # [n]
         self.rows = torch.arange(prompt_mask.shape[0], device=prompt_mask.device)
+        self.keyword = cache_keyword(model)
 
     def drop(self, done: torch.Tensor) -> torch.Tensor:
         keep = (~done).nonzero().squeeze(1)
         self.attn, self.pos, self.rows = self.attn[keep], self.pos[keep], self.rows[keep]
-        self.cache.batch_select_indices(keep)
+        self.cache.reorder_cache(keep)
         return keep
 
     def step(self, model, tok: torch.Tensor) -> torch.Tensor:
         self.attn = torch.cat([self.attn, self.attn.new_ones(self.attn.shape[0], 1)], dim=1)  # [n, P + t + 1]
         out = model(
             input_ids=tok[:, None],
-            attention_mask=self.attn,
+            attention_mask=None if self.keyword == "cache_params" else self.attn,
             position_ids=self.pos[:, None],
-            past_key_values=self.cache,
+            **{self.keyword: self.cache},
             use_cache=True,
         )
         self.pos = self.pos + 1
@@ -252,12 +260,13 @@ class _DynamicDecode:
 
 def _decoder(cache: str, model, prefill, inverse, prompt_mask, position, max_new_tokens: int, fused):
     """The decode steps ``cache`` names; ``slab`` falls back to ``dynamic`` for a model whose prefill wrote another
-    kind of cache layer. A half-precision model on the CPU whose attention takes keys of another dtype
+    kind of cache layer (a sliding window, a recurrent state: ``grpolab.models.decode_cache.slab_reason``, which the
+    engine says once). A half-precision model on the CPU whose attention takes keys of another dtype
     (``grpolab.models.attention``) caches them in fp32. ``fused``: a fused decoder, for the slab only."""
     if cache not in CACHES:
         raise ValueError(f"unknown decode cache {cache!r}; choose from {CACHES}")
     if cache == "dynamic" or not slab_supported(prefill):
-        return _DynamicDecode(prefill, inverse, prompt_mask, position)
+        return _DynamicDecode(model, prefill, inverse, prompt_mask, position)
     cache_dtype, rounding = upcast_dtype(model), attention_rounding(model)
     return _SlabDecode(prefill, inverse, prompt_mask, position, max_new_tokens, cache_dtype, fused, rounding)
 

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
-from transformers import DynamicCache
 
 from grpolab.models.attention import NAME as ATTENTION_NAME
 from grpolab.models.attention import (
@@ -28,7 +27,7 @@ from grpolab.models.attention import (
     upcast_dtype,
     use_grouped_sdpa,
 )
-from grpolab.models.decode_cache import SlabCache
+from grpolab.models.decode_cache import SlabCache, model_cache
 from grpolab.models.fused_decode import CastInput, FusedDecoder, fused_supported
 from grpolab.models.packed_linear import PackedLinear, PlainLinear, packing_available, worth_packing
 
@@ -303,7 +302,7 @@ def _check(policy: nn.Module, model: nn.Module, decoder: FusedDecoder, full_weig
         want = policy(input_ids=ids, attention_mask=mask, position_ids=position).logits[:, -1].float()  # [2, V]
         policy.train(was)
     with torch.no_grad():
-        prefill = DynamicCache()
+        prefill = model_cache(model)  # the model's own kind (fused_supported: plain full-attention layers)
         model(input_ids=ids[:, :3], attention_mask=mask[:, :3], position_ids=position[:, :3], past_key_values=prefill)
         decoder.forget()
         rows = torch.arange(2, device=param.device)
