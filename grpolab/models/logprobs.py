@@ -73,10 +73,15 @@ def completion_logprobs(
 
 def _model_inputs(model, batch: Batch) -> dict[str, torch.Tensor]:
     """Prompt and completion as one left-padded sequence ``[N, P + T]``, with its attention mask and positions (and
-    for rows with images their merged embeddings: :func:`grpolab.vision.media.model_inputs`)."""
+    for rows with images their merged embeddings: :func:`grpolab.vision.media.model_inputs`), and no cache.
+
+    ``use_cache=False``: scoring keeps nothing for later tokens. Left to its config, a model whose own module has no
+    ``gradient_checkpointing`` flag (NemotronH) builds a cache in training too, and a checkpointed layer, which keeps
+    the cache under grpolab's checkpointing (:func:`grpolab.models.shared_prefix.keep_cache_under_checkpointing`),
+    would write its keys into it a second time when backward recomputes it."""
     ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # [N, P + T]
     attn = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
-    return model_inputs(model, ids, attn, batch.media)
+    return {**model_inputs(model, ids, attn, batch.media), "use_cache": False}
 
 
 def _completion_hidden(model, batch: Batch) -> torch.Tensor:
