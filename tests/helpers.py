@@ -175,6 +175,42 @@ def qwen2(vocab: int, **config):
     return Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, **(shape | config)))
 
 
+CAUSAL_LM_FAMILIES = ("nemotron_h", "mamba", "qwen3_moe", "gpt_oss", "glm4_moe", "cohere2", "gemma2")
+"""Causal-LM layouts beyond plain attention, each built tiny and random by :func:`tiny_causal_lm`: a hybrid of Mamba
+and attention layers, Mamba alone, three mixtures of experts (GPT-OSS's with sliding-window layers and attention
+sinks), and two with sliding-window layers beside full attention."""
+
+
+def tiny_causal_lm(family: str, tokenizer, seed: int = 0):
+    """A random ``family`` model (one of :data:`CAUSAL_LM_FAMILIES`) of 2 layers, hidden 32, over ``tokenizer``'s
+    vocabulary, seeded. Every expert of a mixture is routed to on every token (``num_experts_per_tok`` = the number
+    of experts), so that every expert's weights get a gradient; sliding windows of 8 tokens, shorter than a prompt and
+    its completion, so that the window matters."""
+    import transformers as tf
+
+    ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+               eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    attn = dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=32,
+                max_position_embeddings=256, **ids)  # fmt: skip
+    layers, experts, window = dict(num_hidden_layers=2, **attn), dict(num_experts_per_tok=4), dict(sliding_window=8)
+    alternating = dict(layer_types=["sliding_attention", "full_attention"], **window, **layers)
+    mamba = dict(mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=1, chunk_size=16)
+    rope = dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0})  # not GPT-OSS's YaRN at 256 tokens
+    configs = {
+        "nemotron_h": lambda: tf.NemotronHConfig(layers_block_type=["mamba", "attention"], **mamba, **attn),
+        "mamba": lambda: tf.MambaConfig(hidden_size=32, state_size=8, num_hidden_layers=2, **ids),
+        "qwen3_moe": lambda: tf.Qwen3MoeConfig(num_experts=4, moe_intermediate_size=16, **experts, **layers),
+        "gpt_oss": lambda: tf.GptOssConfig(num_local_experts=4, **rope, **experts, **window, **layers),
+        "glm4_moe": lambda: tf.Glm4MoeConfig(
+            n_routed_experts=4, moe_intermediate_size=16, first_k_dense_replace=1, **experts, **layers
+        ),
+        "cohere2": lambda: tf.Cohere2Config(**alternating),
+        "gemma2": lambda: tf.Gemma2Config(**alternating),
+    }
+    torch.manual_seed(seed)
+    return tf.AutoModelForCausalLM.from_config(configs[family]())
+
+
 # ---------------------------------------------------------------- vision-language models
 VLM_FAMILIES = ("llava", "idefics3", "qwen2-vl")
 """The vision-language families grpolab has an adapter for, each built tiny and random by :func:`tiny_vlm`."""
