@@ -247,8 +247,9 @@ def policy_loss(
         kl_ratio: each token's KL times its importance ratio (TRL's ``use_bias_correction_kl``; so is the stat).
 
     Returns ``(loss, stats)``; ``stats``: ``policy`` (the policy term's part), ``kl`` (mean per-token KL), ``clip_frac``
-    (tokens where the clipped branch was taken; cispo: the weight truncated), ``ratio_mean``: token means over the
-    batch's unmasked tokens, detached; with ``token_values``, :func:`_token_values`.
+    (tokens where the clipped branch was taken; cispo: the weight truncated), ``clip_low`` and ``clip_high`` (each
+    side's share: :func:`_clip_sides`), ``ratio_mean``: token means over the batch's unmasked tokens, detached; with
+    ``token_values``, :func:`_token_values`.
     """
     _check_shapes(logp=logp, old_logp=old_logp, mask=mask)
     # [N, 1] for per-rollout advantages: the same credit for every token [Foundations, Thm 3.1]
@@ -268,7 +269,8 @@ def policy_loss(
     with torch.no_grad():
         policy, m = aggregate(-surrogate, mask, aggregation, **norms), mask.to(logp.dtype)
         values = _token_values(ratio, clipped_taken, advantages, mask) if token_values else {}
-        return loss, _token_stats(policy, kl_tok, clipped_taken, ratio, m) | values
+        stats = _token_stats(policy, kl_tok, clipped_taken, ratio, m)
+        return loss, stats | _clip_sides(ratio, advantages, clip_low, clip_high, m) | values
 
 
 def logp_weights(
@@ -425,6 +427,17 @@ def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
     if level == "sequence":
         return torch.exp(sequence_log_ratio(logp, old_logp, mask))  # [N, 1]
     raise ValueError(f"unknown importance sampling level {level!r}; choose from {IMPORTANCE_SAMPLING}")
+
+
+def _clip_sides(ratio, advantages, clip_low: float, clip_high: float, m) -> dict[str, torch.Tensor]:
+    """The token shares below the clip range with a negative advantage (``clip_low``) and above it with a positive
+    one (``clip_high``): where PPO's clip binds on each side, as TRL's ``clip_ratio/low_mean`` and ``high_mean`` count
+    them (token means over the unmasked tokens ``m`` ``[N, T]``, detached)."""
+    n_tok = m.sum().clamp(min=1.0)
+    low = (ratio < 1 - clip_low) & (advantages < 0)  # [N, T] or [N, 1]
+    high = (ratio > 1 + clip_high) & (advantages > 0)
+    return {"clip_low": (low.to(m.dtype).expand_as(m) * m).sum() / n_tok,
+            "clip_high": (high.to(m.dtype).expand_as(m) * m).sum() / n_tok}  # fmt: skip
 
 
 def _token_stats(policy, kl_tok, clipped_taken, ratio, m) -> dict[str, torch.Tensor]:

@@ -76,6 +76,7 @@ def step_metrics(roll: StepRollouts, rollouts_total: int, update: dict, times: d
         "reward/errors": gen.errors,
         **{f"reward/{k}": v for k, v in sorted(gen.counts.items())},  # the code reward's outcomes
         **{f"reward/{k}": mean_applied(v) for k, v in gen.components.items()},  # each --reward-fn, env
+        **{f"reward/{k}/std": std_applied(v) for k, v in gen.components.items()},
         **{f"reward/logged/{k}": statistics.fmean(v) for k, v in gen.logged.items() if v},  # TRL's log_metric
         "sampling/rollouts": reward.numel(),
         "sampling/rollouts_total": rollouts_total,
@@ -90,10 +91,28 @@ def step_metrics(roll: StepRollouts, rollouts_total: int, update: dict, times: d
         "policy/entropy": sum(gen.entropy_sum) / max(1.0, lengths.sum().item()) if gen.entropy_sum else None,
         "completion/len_mean": lengths.mean().item(),
         "completion/len_max": lengths.max().item(),
+        "completion/len_min": lengths.min().item(),
+        **finished_lengths(lengths, gen.truncated),
         "completion/truncated_frac": statistics.fmean(map(float, gen.truncated)),
         **(env_metrics(gen.episodes, gen.truncated) if gen.episodes is not None else {}),
         **times,
     }
+
+
+def finished_lengths(lengths: torch.Tensor, truncated: list[bool]) -> dict:
+    """``completion/done_len_{mean,min,max}``: the lengths of the completions that ended by themselves (not cut by
+    the token limit) ``lengths`` ``[N]``; 0 when none did (as TRL's ``completions/*_terminated_length``)."""
+    done = lengths[~torch.tensor(truncated, dtype=torch.bool)] if truncated else lengths
+    done = done if done.numel() else torch.zeros(1)
+    return {"completion/done_len_mean": done.mean().item(), "completion/done_len_min": done.min().item(),
+            "completion/done_len_max": done.max().item()}  # fmt: skip
+
+
+def std_applied(values: list) -> float | None:
+    """The sample standard deviation (n - 1, TRL's ``nanstd``) of a component over the rollouts its function
+    applied to; None when it applied to fewer than two."""
+    kept = [v for v in values if v is not None]
+    return statistics.stdev(kept) if len(kept) > 1 else None
 
 
 def mean_applied(values: list) -> float | None:

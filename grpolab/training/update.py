@@ -174,7 +174,7 @@ class _Inputs(NamedTuple):
 
 
 MISMATCH = tuple(f"mismatch_{k}" for k in SUM_KEYS)
-SUMS = ("loss", "policy", "kl_tok", "clip_tok", "ratio_tok", "weight_tok", *MISMATCH)
+SUMS = ("loss", "policy", "kl_tok", "clip_tok", "clip_low_tok", "clip_high_tok", "ratio_tok", "weight_tok", *MISMATCH)
 
 
 class Updater:
@@ -201,12 +201,8 @@ class Updater:
         top_p: float = 1.0,
         scaler=None,
     ):
-        self.objective, self.passes, self.max_grad_norm, self.max_policy_tokens = (
-            objective,
-            passes,
-            max_grad_norm,
-            max_policy_tokens,
-        )
+        self.objective, self.passes = objective, passes
+        self.max_grad_norm, self.max_policy_tokens = max_grad_norm, max_policy_tokens
         self.policy, self.optimizer, self.scheduler, self.world = policy, optimizer, scheduler, world
         self.eos_id, self.reference, self.reference_is_base = eos_id, reference, reference_is_base
         self.top_p = top_p  # the sampler's: its nucleus log-probs are put on the trainer's scale (engine_correction)
@@ -472,6 +468,8 @@ class Updater:
         sums["policy"] += st["policy"].item() / steps
         sums["kl_tok"] += st["kl"].item() * n_tok / mu
         sums["clip_tok"] += st["clip_frac"].item() * n_tok / mu
+        sums["clip_low_tok"] += st["clip_low"].item() * n_tok / mu
+        sums["clip_high_tok"] += st["clip_high"].item() * n_tok / mu
         sums["ratio_tok"] += st["ratio_mean"].item() * n_tok / mu
 
     @torch.no_grad()
@@ -537,6 +535,11 @@ class Updater:
         gradient's overflow (fp16: the scaler halves its scale; the loss itself was finite everywhere). The schedule
         moves on either way."""
         max_norm = self.max_grad_norm if self.max_grad_norm > 0 else math.inf
+        # No pass ran when every advantage is 0: torch's AdamW skips a parameter whose grad is None, where TRL's
+        # backward of zeros has it decay its moments, move by momentum and apply weight decay. Zeros take that step
+        # (before the scaler's inf check, which needs a gradient); every rank has the same None grads (equal passes).
+        for p in (p for p in params if p.grad is None):
+            p.grad = torch.zeros_like(p)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # the true gradients, for the norm, the clip and the step
         norm = self.policy.clip_grad_norm(params, max_norm)
@@ -579,9 +582,8 @@ class Updater:
         local = [sums[k] for k in SUMS] + [rows.numel(), float(loss_mask[rows].sum())]
         totals = dict(zip([*SUMS, "active", "active_tok"], dist_.all_sum(local, self.world)))
         active_tokens = max(1.0, totals["active_tok"])
-        bonus = {}
-        if self.entropy is not None:
-            bonus = {"loss/entropy": sums["entropy_first"], "loss/entropy_coef": sums["entropy_coef"]}
+        has_bonus = self.entropy is not None
+        bonus = {"loss/entropy": sums["entropy_first"], "loss/entropy_coef": sums["entropy_coef"]} if has_bonus else {}
         return {
             **self._engine_metrics(totals, sums),
             **bonus,
@@ -589,6 +591,7 @@ class Updater:
             "loss/policy": totals["policy"],
             "loss/kl": totals["kl_tok"] / active_tokens if self.has_reference else None,
             "loss/clip_frac": totals["clip_tok"] / active_tokens,
+            **{f"loss/clip_{side}_frac": totals[f"clip_{side}_tok"] / active_tokens for side in ("low", "high")},
             "loss/ratio_mean": totals["ratio_tok"] / active_tokens if totals["active"] else 1.0,
             "loss/active_frac": totals["active"] / N,
             "loss/skipped_updates": skipped,

@@ -18,13 +18,25 @@ TRL_NAMES = {
     "reward_std": "reward/std",
     "frac_reward_zero_std": "reward/frac_zero_std",
     "completions/mean_length": "completion/len_mean",
+    "completions/min_length": "completion/len_min",
     "completions/max_length": "completion/len_max",
     "completions/clipped_ratio": "completion/truncated_frac",
+    "completions/mean_terminated_length": "completion/done_len_mean",
+    "completions/min_terminated_length": "completion/done_len_min",
+    "completions/max_terminated_length": "completion/done_len_max",
     "kl": "loss/kl",
+    "policy_loss": "loss/policy",
     "entropy": "policy/entropy",
+    "entropy_coef": "loss/entropy_coef",
+    "clip_ratio/low_mean": "loss/clip_low_frac",
+    "clip_ratio/high_mean": "loss/clip_high_frac",
     "clip_ratio/region_mean": "loss/clip_frac",
     "step_time": "time/step_s",
 }
+
+# What transformers' Trainer, not TRL's metrics, puts in an entry: its loss, gradient norm and learning rate, logged
+# at a logging step only (TRL's summary entry carries the last steps' metrics without them)
+TRAINER_KEYS = ("loss", "grad_norm", "learning_rate")
 
 # reward/<x> keys that are not one function's mean
 _REWARD_STATS = {"mean", "std", "group_std_mean", "frac_zero_std", "accuracy", "format", "errors"}
@@ -42,6 +54,9 @@ def reward_function_keys(metrics: dict) -> dict[str, str]:
         if not key.startswith("reward/"):
             continue
         name = key.removeprefix("reward/")
+        if name.endswith("/std") and "reward/" + name.removesuffix("/std") in metrics:  # a component's spread
+            out[f"rewards/{name}"] = key
+            continue
         if name in _REWARD_STATS or name.startswith("judge_") or "/" in name:
             continue
         out[f"rewards/{name}/mean"] = key
@@ -66,6 +81,22 @@ def trl_entry(window: list[dict], global_step: int, epoch: float) -> dict:
     entry |= {k: v for k, v in last.items() if k != "step" and not k.startswith("eval/")}
     entry |= {"epoch": epoch, "step": global_step}
     return entry
+
+
+def summary_entry(window: list[dict], global_step: int, epoch: float, summary: dict) -> dict:
+    """The last ``log_history`` entry, as TRL's: the train summary (``train_loss``, ``train_runtime``, ...) beside
+    the TRL-named means of the steps ``window`` logged since the last entry (none when the last step was logged or
+    an evaluation came after it: TRL's evaluation takes its pending metrics), without the trainer's own keys."""
+    entry: dict = {}
+    if window:
+        pending = trl_entry(window, global_step, epoch)
+        entry = {k: v for k, v in pending.items() if "/" not in k or k.startswith(TRL_PREFIXES)}
+        entry = {k: v for k, v in entry.items() if k not in TRAINER_KEYS}
+    return entry | summary | {"epoch": epoch, "step": global_step}
+
+
+TRL_PREFIXES = ("rewards/", "completions/", "clip_ratio/")
+"""TRL's metric names with a slash; grpolab's own (``reward/mean``) have theirs too, and stay out of the summary."""
 
 
 def eval_entry(metrics: dict, global_step: int, epoch: float) -> dict:

@@ -13,7 +13,6 @@ One grpolab step is one generation and the optimizer steps taken on it (``num_it
 from __future__ import annotations
 
 import inspect
-import math
 import os
 import time
 from collections.abc import Callable
@@ -24,9 +23,13 @@ import transformers.trainer_pt_utils as _hf_trainer_utils
 
 from grpolab.common.errors import RewardFunctionError
 from grpolab.config.run import keep_run_config_aside
+from grpolab.trl import arguments, objective
 from grpolab.trl.accelerator import Accelerator
+from grpolab.trl.callbacks import RunCallbacks, callback_handler, trainer_state
+from grpolab.trl.checks import check_arguments, warn_as_trl
 from grpolab.trl.config import GRPOConfig, asks_checkpoint_dtype, set_tf32, translate
-from grpolab.trl.logs import eval_entry, trl_entry
+from grpolab.trl.data import check_stream_steps, is_stream, read_stream
+from grpolab.trl.logs import eval_entry, summary_entry
 
 # LoraConfig's fields that grpolab's LoRA takes, and the rest at their defaults
 _LORA_TAKEN = {"r", "lora_alpha", "lora_dropout", "target_modules", "task_type", "peft_type", "base_model_name_or_path",
@@ -46,8 +49,9 @@ class GRPOTrainer:
         reward_funcs (Callable | str | list | None): one or a list of TRL's forms: functions
             ``fn(prompts, completions, **columns)`` returning one reward (or None) per completion, ``"module:function"``
             strings, reward models by directory, Hub id or object; each function is checked to return one reward per
-            completion (:class:`grpolab.common.errors.RewardFunctionError`). None: grpolab's default, the built-in
-            answer check (in episodes: the environment's return).
+            completion (:class:`grpolab.common.errors.RewardFunctionError`). None, as in TRL, only with an environment
+            that pays a reward (``get_reward``, or grpolab's ``step`` shape). Their names, weights and tokenizers are
+            ``reward_func_names``, ``reward_weights`` (a float32 tensor) and ``reward_processing_classes``, as TRL's.
         args (GRPOConfig | None): TRL's config, translated to grpolab's options at :meth:`train`
             (:mod:`grpolab.trl.fields`); ``num_generations`` is G. Default: ``GRPOConfig(output_dir="<model>-GRPO")``.
         train_dataset (datasets.Dataset | list[dict] | None): the prompts: a ``prompt`` column of text or chat
@@ -55,9 +59,11 @@ class GRPOTrainer:
         eval_dataset (datasets.Dataset | list[dict] | None): held-out rows in the same form, evaluated as
             ``eval_strategy`` says and by :meth:`evaluate`.
         processing_class (PreTrainedTokenizerBase | ProcessorMixin | None): the tokenizer (or processor) of a loaded
-            ``model``; a path's own is loaded with it. After :meth:`train`, the trained policy's.
-        reward_processing_classes (list | None): one entry per ``reward_funcs`` entry: the tokenizer of a loaded
-            reward model, None elsewhere (None, or left out: loaded from the reward model's path).
+            ``model`` (None: loaded from its ``config._name_or_path``, as TRL does); a path's own is loaded with it.
+            After :meth:`train`, the trained policy's.
+        reward_processing_classes (list | PreTrainedTokenizerBase | None): one entry per ``reward_funcs`` entry (one
+            tokenizer: a list of it): the tokenizer a reward model scores with, None for a function (None, or left
+            out: a loaded model's is loaded from its path now, one named by a path or id's with it at :meth:`train`).
         callbacks (list[transformers.TrainerCallback] | None): told TRL's events: ``on_train_begin``, ``on_step_end``
             once a generation (a grpolab step), ``on_log``, ``on_evaluate``, ``on_save``, ``on_train_end``;
             ``control.should_training_stop`` stops the run after the step.
@@ -73,7 +79,9 @@ class GRPOTrainer:
     Raises:
         ValueError: ``optimizers``, ``quantization_config`` or ``rollout_func`` given; a PEFT model together with
             ``peft_config``; a ``peft_config`` that is not a ``LoraConfig``, sets a field grpolab's LoRA does not take,
-            or leaves ``target_modules`` None for an architecture peft has no default for.
+            or leaves ``target_modules`` None for an architecture peft has no default for; TRL's construction checks
+            (:mod:`grpolab.trl.checks`: no reward source, no data, reward weights or tokenizers of another count ...).
+        TypeError: a ``peft_config`` that is no ``peft.PeftConfig`` (TRL's).
     """
 
     def __init__(
@@ -103,13 +111,24 @@ class GRPOTrainer:
             )
         self.args = args if args is not None else GRPOConfig(output_dir=f"{_model_name(model)}-GRPO")
         self.model_spec, self._model, self.lora = _model_and_lora(model, peft_config)
+        funcs = list(reward_funcs) if isinstance(reward_funcs, list | tuple) else [reward_funcs]
+        funcs = [f for f in funcs if f is not None]  # None: none (TRL's [])
+        check_arguments(self.args, funcs, reward_processing_classes, train_dataset, environment_factory)
+        if is_stream(train_dataset):
+            check_stream_steps(self.args.max_steps)
+        warn_as_trl(self.args)
+        if processing_class is None and self._model is not None:  # TRL loads it from the model's path
+            processing_class = arguments.processing_class_for(self._model)
         self.processing_class = processing_class
-        self.reward_funcs = reward_funcs if isinstance(reward_funcs, list | tuple) else [reward_funcs]
-        self.reward_processing_classes = reward_processing_classes
+        self.reward_func_names = arguments.reward_func_names(funcs)  # named before _check_reward_funcs wraps them
+        self.reward_weights = arguments.reward_weights(self.args, len(funcs))  # [len(funcs)] float32
+        self.reward_processing_classes = arguments.reward_processing_classes(funcs, reward_processing_classes)
+        self.reward_funcs = funcs
+        self.accelerator = Accelerator(self)  # what TRL's scripts call on trainer.accelerator; settable, as TRL's
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.tools, self.environment_factory = tools, environment_factory
-        self.callback_handler = _callback_handler(callbacks or [])
-        self.state = _trainer_state()
+        self.callback_handler = callback_handler(callbacks or [])
+        self.state = trainer_state()
         self.control = None
         self.run = None
         self.log = print
@@ -146,6 +165,9 @@ class GRPOTrainer:
     def remove_callback(self, callback) -> None:
         self.callback_handler.remove_callback(callback)
 
+    def pop_callback(self, callback):
+        return self.callback_handler.pop_callback(callback)
+
     def train(self, resume_from_checkpoint: bool | str | None = None, trial=None, **kwargs):
         """Train; returns transformers' ``TrainOutput(global_step, training_loss, metrics)``.
 
@@ -171,12 +193,7 @@ class GRPOTrainer:
 
         if trial is not None or kwargs:
             raise ValueError("GRPOTrainer.train: hyperparameter search trials and other keywords are not taken")
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        rows = len(self.train_dataset) if self.train_dataset is not None else None
-        plan = translate(
-            self.args, world, rows, has_eval=self.eval_dataset is not None, checkpoint_dtype=self._checkpoint_dtype(),
-            resumes=bool(resume_from_checkpoint),
-        )  # fmt: skip
+        train_data, eval_data, plan = self._data_and_plan(bool(resume_from_checkpoint))
         options = dict(plan.options)
         options |= self.lora
         set_tf32(self.args)
@@ -184,13 +201,13 @@ class GRPOTrainer:
             options["resume"] = _resumes(resume_from_checkpoint, Path(self.args.output_dir))
         for line in plan.notes:
             self.log(f"grpolab.trl: {line}")
-        hooks = _Callbacks(self, plan)
+        hooks = RunCallbacks(self, plan)
         started = time.perf_counter()
         self.run = api.train(
             self._model if self._model is not None else self.model_spec,
-            self.train_dataset,
+            train_data,
             [f for f in self.reward_funcs if f is not None] or None,
-            eval_dataset=self.eval_dataset,
+            eval_dataset=eval_data,
             env=self.environment_factory,
             tools=self.tools,
             tokenizer=self.processing_class if self._model is not None else None,
@@ -212,10 +229,34 @@ class GRPOTrainer:
             "train_loss": loss,
             "epoch": self.state.epoch,
         }  # fmt: skip
-        self.state.log_history.append({**metrics, "step": steps})
+        # total_flos: transformers counts 6 x params x input_ids of each batch; TRL's GRPO batches carry no input_ids,
+        # so TRL logs 0.0, and so does the drop-in
+        self.state.total_flos = 0.0
+        self.state.log_history.append(
+            summary_entry(
+                [] if hooks.evaluated_last else hooks.window, steps, self.state.epoch, metrics | {"total_flos": 0.0}
+            )
+        )
         if self.args.push_to_hub:
             self.push_to_hub()
         return TrainOutput(steps, loss, metrics)
+
+    def _data_and_plan(self, resumes: bool):
+        """(the training rows, the held-out rows, the config's translation): a stream (``IterableDataset``) read for
+        the rows ``max_steps`` generations take, in its order (:mod:`grpolab.trl.data`); a held-out stream whole."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        train, held_out = self.train_dataset, self.eval_dataset
+        kw = dict(has_eval=held_out is not None, checkpoint_dtype=self._checkpoint_dtype(), resumes=resumes)
+        streamed = is_stream(train)
+        if streamed:
+            geometry = translate(self.args, world, None, **kw).options
+            train = read_stream(train, geometry["steps"] * geometry["prompts_per_step"])
+        if is_stream(held_out):
+            held_out = read_stream(held_out, what="eval_dataset")
+        plan = translate(self.args, world, len(train) if train is not None else None, **kw)
+        if streamed:  # the stream's order, as TRL's dataloader reads a stream (it shuffles none)
+            plan = plan._replace(options=plan.options | {"data_order": "sequential"})
+        return train, held_out, plan
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
         """Held-out accuracy of the first reward function on ``eval_dataset`` (default: the trainer's), greedy and
@@ -282,6 +323,11 @@ class GRPOTrainer:
     save_metrics = _hf_trainer_utils.save_metrics
     save_state = _hf_trainer_utils.save_state
 
+    # TRL's helpers of the objective, by its names and signatures, computed by grpolab's algo functions
+    get_high_entropy_mask = objective.get_high_entropy_mask
+    get_off_policy_mask = staticmethod(objective.get_off_policy_mask)
+    get_gamma_weights = staticmethod(objective.get_gamma_weights)
+
     def is_world_process_zero(self) -> bool:
         """Whether this is the first process of all (the one that writes files and logs)."""
         return self.accelerator.is_main_process
@@ -289,12 +335,6 @@ class GRPOTrainer:
     def is_local_process_zero(self) -> bool:
         """Whether this is the first process on its machine."""
         return self.accelerator.is_local_main_process
-
-    @property
-    def accelerator(self) -> Accelerator:
-        """What TRL's scripts call on ``trainer.accelerator``: ``print``, the process's place, ``wait_for_everyone``,
-        ``unwrap_model``, ``device``, ``end_training``."""
-        return Accelerator(self)
 
     def end(self) -> None:
         """Finish the run's trackers and leave the process group (transformers' ``Trainer.end``). grpolab's run has
@@ -400,8 +440,12 @@ def _model_and_lora(model, peft_config) -> tuple[str, Any, dict]:
 
 def _lora_options(cfg, model) -> dict:
     """A peft ``LoraConfig`` as grpolab's --lora-* options; its other fields at their defaults."""
-    from peft import LoraConfig
+    from peft import LoraConfig, PeftConfig
 
+    if not isinstance(cfg, PeftConfig):  # TRL's TypeError
+        raise TypeError(
+            f"peft_config must be a peft.PeftConfig instance (e.g. peft.LoraConfig), got {type(cfg).__name__}"
+        )
     if not isinstance(cfg, LoraConfig):
         raise ValueError(f"peft_config: {type(cfg).__name__}: grpolab trains LoRA adapters (peft.LoraConfig)")
     default = LoraConfig()
@@ -433,24 +477,6 @@ def _default_targets(model) -> str:
     return ",".join(DEFAULTS[kind])
 
 
-CHECKPOINT_PREFIX = "checkpoint-"
-"""transformers' name for a checkpoint directory (``get_last_checkpoint`` finds ``checkpoint-N`` in output_dir)."""
-
-
-def link_checkpoint(out: Path, step: int, optimizer_steps: int) -> None:
-    """``out/checkpoint-N`` (N: TRL's count, the optimizer steps) for grpolab's ``checkpoints/step_<step>``, where
-    transformers' ``get_last_checkpoint`` looks: a relative symlink, made once the checkpoint is whole (so a run killed
-    mid-save leaves no link to a partial one), and the links to checkpoints that rotation removed are taken away."""
-    target = Path("checkpoints") / f"step_{step}"
-    link = out / f"{CHECKPOINT_PREFIX}{optimizer_steps}"
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(target, target_is_directory=True)
-    for old in out.glob(f"{CHECKPOINT_PREFIX}*"):
-        if old.is_symlink() and not old.exists():  # its checkpoint was rotated out (save_total_limit)
-            old.unlink()
-
-
 def _resumes(value, out: Path) -> bool:
     """``train(resume_from_checkpoint=...)``: True, output_dir, or its newest checkpoint (grpolab's
     ``checkpoints/step_N`` or its ``checkpoint-N`` link, which ``get_last_checkpoint`` finds)."""
@@ -467,85 +493,3 @@ def _resumes(value, out: Path) -> bool:
     raise ValueError(
         f"resume_from_checkpoint={value!r}: grpolab resumes output_dir ({out}) from its newest checkpoint; give True"
     )
-
-
-def _trainer_state():
-    from transformers import TrainerState
-
-    return TrainerState()
-
-
-def _callback_handler(callbacks: list):
-    from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
-
-    return CallbackHandler([DefaultFlowCallback, *callbacks], None, None, None, None)
-
-
-class _Callbacks:
-    """grpolab's run hooks as TRL's callbacks and log_history (every rank calls them; callbacks and logs on rank 0,
-    as TRL's ``is_world_process_zero``)."""
-
-    def __init__(self, trainer: GRPOTrainer, plan):
-        from transformers import TrainerControl
-
-        self.t, self.plan = trainer, plan
-        self.per_step = plan.optimizer_steps_per_step  # optimizer steps in one grpolab step
-        self.per_epoch, self.steps = plan.steps_per_epoch, plan.options["steps"]
-        self.window: list[dict] = []
-        self.control = TrainerControl()
-        trainer.control = self.control
-
-    def _epoch(self, step: int) -> float:
-        return step / self.per_epoch if self.per_epoch else 0.0
-
-    def _call(self, event: str, **kwargs) -> None:
-        handler, t = self.t.callback_handler, self.t
-        getattr(handler, event)(t.args, t.state, self.control, **kwargs)
-
-    def begin(self, recipe) -> None:
-        t, args = self.t, self.t.args
-        handler = t.callback_handler
-        policy = recipe.trainer.policy
-        handler.model, handler.processing_class = policy.model, policy.processor or policy.tokenizer
-        handler.optimizer, handler.lr_scheduler = recipe.trainer.optimizer, recipe.trainer.scheduler
-        state = t.state
-        state.max_steps = recipe.cfg.run.steps * self.per_step
-        state.global_step = recipe.start * self.per_step
-        state.epoch = self._epoch(recipe.start)
-        state.num_train_epochs = math.ceil(recipe.cfg.run.steps / self.per_epoch) if self.per_epoch else 1
-        state.logging_steps = self.plan.log_every * self.per_step
-        state.save_steps = recipe.cfg.logging.save_every * self.per_step
-        state.eval_steps = recipe.cfg.eval.eval_every * self.per_step
-        state.train_batch_size = args.per_device_train_batch_size
-        state.is_local_process_zero = state.is_world_process_zero = recipe.world.is_main
-        self._call("on_train_begin")
-
-    def evaluated(self, step: int, metrics: dict) -> None:
-        """An evaluation's metrics (any step's: ``step_end`` passes its own on) to log_history and on_evaluate."""
-        if any(k.startswith("eval/") for k in metrics):
-            entry = eval_entry(metrics, step * self.per_step, self._epoch(step))
-            self.t.state.log_history.append(entry)
-            self._call("on_evaluate", metrics=entry)
-
-    def step_end(self, step: int, metrics: dict, saved: bool) -> bool:
-        state = self.t.state
-        state.global_step, state.epoch = step * self.per_step, self._epoch(step)
-        self.window.append(metrics)
-        self._call("on_step_begin")
-        self._call("on_step_end")
-        every, last = self.plan.log_every, step == self.steps
-        first = step == 1 and self.t.args.logging_first_step
-        if (every and step % every == 0) or first or last:
-            entry = trl_entry(self.window, state.global_step, state.epoch)
-            self.window = []
-            state.log_history.append(entry)
-            self._call("on_log", logs=entry)
-        self.evaluated(step, metrics)
-        if saved:
-            if self.t.is_world_process_zero():
-                link_checkpoint(Path(self.t.args.output_dir), step, state.global_step)
-            self._call("on_save")
-        return bool(self.control.should_training_stop)
-
-    def end(self, recipe) -> None:
-        self._call("on_train_end")
