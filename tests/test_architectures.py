@@ -98,3 +98,20 @@ def test_two_grpo_steps_move_every_parameter(family, char_tokenizer, tmp_path, m
     assert _unmoved(before, model) == []
     notices = [str(w.message) for w in said if "slab cache" in str(w.message)]
     assert len(notices) == (family not in SLAB), notices
+
+
+@pytest.mark.parametrize("family", CAUSAL_LM_FAMILIES)
+def test_trl_s_own_trainer_moves_every_parameter_too(family, char_tokenizer, tmp_path):
+    """The reference: TRL 1.16's own GRPOTrainer on the same tiny model, rows and settings moves every parameter (every
+    expert's) in two steps, as the drop-in does above."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    model = tiny_causal_lm(family, char_tokenizer)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), max_steps=2, num_generations=4, per_device_train_batch_size=8,
+                      max_completion_length=8, learning_rate=1e-2, bf16=False, report_to="none", disable_tqdm=True,
+                      save_strategy="no", logging_steps=1, use_cpu=True)  # fmt: skip
+    rows = Dataset.from_list([{"prompt": f"{a}+{b}="} for a in range(2) for b in range(2)])
+    GRPOTrainer(model, [text_sum], args, train_dataset=rows, processing_class=char_tokenizer).train()
+    assert _unmoved(before, model) == []
