@@ -259,6 +259,7 @@ def test_a_stream_trains_for_max_steps_and_resumes_where_it_was_killed(tmp_path)
     resumed = _stream_run(tmp_path / "cut", resume=True, max_steps=4)
     assert [m.get("reward/mean") for m in resumed.run.metrics] == [m.get("reward/mean") for m in whole.run.metrics]
     assert len(whole.run.metrics) == 4 + 1  # four steps and the step-0 evaluation's row
+    assert resumed.state.num_input_tokens_seen == whole.state.num_input_tokens_seen > 0  # counted on across the resume
     for (name, a), b in zip(whole.model.named_parameters(), resumed.model.parameters()):
         assert torch.equal(a, b), name
 

@@ -35,6 +35,7 @@ from grpolab.rollout.rows import (
     entropy_sums,
     merge_logged,
     rollout_lengths,
+    sequence_tokens,
     sum_counts,
     take_rows,
     truncated_flags,
@@ -81,6 +82,8 @@ class Generated:
     """Scalars the reward functions logged (TRL's ``log_metric``), by name."""
     unscorable: list[bool] = dataclasses.field(default_factory=list)
     """Per rollout, whether every reward function returned None for it (empty: none did)."""
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    """Per rollout, its prompt's and completion's tokens (:func:`grpolab.rollout.rows.sequence_tokens`)."""
 
     @property
     def n(self) -> int:
@@ -105,6 +108,7 @@ class Generated:
             unscorable=[u for p in parts for u in p.unscorable or [False] * p.n]
             if any(p.unscorable for p in parts)
             else [],
+            tokens=[t for p in parts for t in p.tokens],
         )
 
 
@@ -112,6 +116,42 @@ def applied_values(values: torch.Tensor, skipped: torch.Tensor | None) -> list[f
     """A component's values, None where its function returned None."""
     out = values.tolist()
     return out if skipped is None else [None if s else v for v, s in zip(out, skipped.tolist())]
+
+
+def generated_of(service: RolloutService, rows: Rows) -> Generated:
+    """This rank's rollouts ``rows`` of one sampling call through ``service``, as the metrics read them (every
+    rank's are gathered)."""
+    comp = rows.scores.components
+    names = service.reward.names  # the first is the accuracy reward (grpolab.rewards.rewarder)
+    others = {n: applied_values(comp[n], rows.scores.skipped.get(n)) for n in names if n not in ("accuracy", "format")}
+    others |= {n: comp[n].tolist() for n in service.reward.details}  # a judge's criteria and failures
+    if rows.episodes is not None:
+        others["env"] = comp["env"].tolist()  # the environment's return
+    return Generated(
+        rows.scores.total.tolist(),
+        _accuracy(service, rows).tolist(),
+        comp["format"].tolist() if "format" in comp else None,
+        others,
+        entropy_sums(rows) if rows.entropy is not None and rows.batch is not None else [],
+        rollout_lengths(rows),
+        truncated_flags(rows, service.policy.eos_id),
+        rows.scores.errors,
+        rows.scores.counts,
+        None if rows.episodes is None else EpisodeFacts.of(rows.episodes),
+        logged=rows.scores.logged,
+        unscorable=[] if rows.scores.unscorable is None else rows.scores.unscorable.tolist(),
+        tokens=sequence_tokens(rows),
+    )
+
+
+def _accuracy(service: RolloutService, rows: Rows) -> torch.Tensor:
+    """``[n]`` each rollout's accuracy: the first reward function's value; for an environment task without reward
+    functions, the return as a share of the environment's ``max_return``."""
+    names = service.reward.names
+    if names:
+        return rows.scores.components[names[0]]
+    best = torch.tensor([max_return(e.env) for e in rows.episodes], dtype=torch.float32)
+    return rows.scores.components["env"] / best
 
 
 @dataclasses.dataclass
@@ -206,40 +246,6 @@ class Collector:
         items = [(b, recs[b], range(n)) for b in self.world.split(s.prompts_per_step)]
         return self.service.prefetch(*self._requests(step, items), s.sampling)
 
-    def _per_rollout(self, rows: Rows) -> Generated:
-        """This rank's rollouts of a sampling call, for the step's metrics (every rank's are gathered)."""
-        comp = rows.scores.components
-        names = self.service.reward.names  # the first is the accuracy reward (grpolab.rewards.rewarder)
-        others = {
-            n: applied_values(comp[n], rows.scores.skipped.get(n)) for n in names if n not in ("accuracy", "format")
-        }
-        others |= {n: comp[n].tolist() for n in self.service.reward.details}  # a judge's criteria and failures
-        if rows.episodes is not None:
-            others["env"] = comp["env"].tolist()  # the environment's return
-        return Generated(
-            rows.scores.total.tolist(),
-            self._accuracy(rows).tolist(),
-            comp["format"].tolist() if "format" in comp else None,
-            others,
-            entropy_sums(rows) if rows.entropy is not None and rows.batch is not None else [],
-            rollout_lengths(rows),
-            truncated_flags(rows, self.service.policy.eos_id),
-            rows.scores.errors,
-            rows.scores.counts,
-            None if rows.episodes is None else EpisodeFacts.of(rows.episodes),
-            logged=rows.scores.logged,
-            unscorable=[] if rows.scores.unscorable is None else rows.scores.unscorable.tolist(),
-        )
-
-    def _accuracy(self, rows: Rows) -> torch.Tensor:
-        """``[n]`` each rollout's accuracy: the first reward function's value; for an environment task without
-        reward functions, the return as a share of the environment's ``max_return``."""
-        names = self.service.reward.names
-        if names:
-            return rows.scores.components[names[0]]
-        best = torch.tensor([max_return(e.env) for e in rows.episodes], dtype=torch.float32)
-        return rows.scores.components["env"] / best
-
     def _gather(self, local: Generated) -> Generated:
         """Every rank's rollouts, in rank order (= prompt order within a call)."""
         return Generated.merge(dist_.gather(local, self.world))
@@ -270,7 +276,7 @@ class Collector:
             t_gen, t_score = t_gen + tg, t_score + ts
             parts.append(rows)
             mine_groups += [(drawn + b, recs[b], len(parts) - 1, i * G) for i, b in enumerate(mine)]
-            whole = self._gather(self._per_rollout(rows))
+            whole = self._gather(generated_of(self.service, rows))
             generated = Generated.merge([generated, whole]) if generated else whole
             rewards = torch.tensor(whole.reward).view(n, G)  # [n, G], this round's, every rank's
             var = has_variance(rewards)
@@ -307,12 +313,12 @@ class Collector:
         mine = world.split(B)
         self.status(f"step {step}: sampling the pilot ({B * n0} rollouts)")
         pilot, tg1, ts1 = self._generate(step, [(b, recs[b], range(n0)) for b in mine])
-        whole = self._gather(self._per_rollout(pilot))
+        whole = self._gather(generated_of(self.service, pilot))
         pilot_rewards = torch.tensor(whole.reward).view(B, n0).tolist()
         sizes = allocate_group_sizes(pilot_rewards, B * G, s.max_group_size or 4 * G)
         self.status(f"step {step}: sampling {B * G - B * n0} more rollouts (groups of {min(sizes)}-{max(sizes)})")
         extra, tg2, ts2 = self._generate(step, [(b, recs[b], range(n0, sizes[b])) for b in mine])
-        whole_extra = self._gather(self._per_rollout(extra))
+        whole_extra = self._gather(generated_of(self.service, extra))
         # Every rank's extras in prompt order: prompt b's are the (sizes[b] - n0) after those of prompts < b.
         e_start = offsets([n - n0 for n in sizes])
         rewards = [pilot_rewards[b] + whole_extra.reward[e_start[b] : e_start[b + 1]] for b in range(B)]

@@ -208,6 +208,14 @@ def rollout_lengths(rows: Rows) -> list[int]:
     return [policy_tokens(e) for e in rows.episodes]
 
 
+def sequence_tokens(rows: Rows) -> list[int]:
+    """Each rollout's tokens, prompt and completion (an episode's: its whole conversation), as TRL counts the input
+    tokens it has seen (``num_tokens``); empty without a batch."""
+    if rows.batch is None:
+        return []
+    return (rows.batch.prompt_mask.sum(1) + rows.batch.completion_mask.sum(1)).tolist()
+
+
 def truncated_flags(rows: Rows, eos_id: int) -> list[bool]:
     """Each rollout: cut at the token limit (no end-of-sequence token), or an episode cut by a limit."""
     if rows.batch is None:

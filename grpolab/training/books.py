@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import statistics
 
-import torch
-
-from grpolab.algo.groups import common_size, varies
 from grpolab.data.records import question_of
 from grpolab.env.credit import turn_rewards
 from grpolab.rollout.collect import StepRollouts
 from grpolab.rollout.episodes import EpisodeFacts
+from grpolab.rollout.metrics import completion_metrics, reward_metrics, scored_rewards
 
 
 def rollout_record(b, g, rec, rows, tokens: list[int], adv, i: int, turn_adv=None) -> dict:
@@ -58,27 +56,9 @@ def step_metrics(roll: StepRollouts, rollouts_total: int, update: dict, times: d
     completions' and the times (the observers add the probes' and the token credit's)."""
     gen = roll.generated
     sizes = [len(r) for r in roll.rewards]
-    lengths = torch.tensor(gen.length, dtype=torch.float)  # [every rollout generated]
-    reward = torch.tensor(gen.reward)  # [every rollout generated]
-    if any(gen.unscorable):  # rollouts every reward function declined have no reward: TRL's nanmean leaves them out
-        reward = reward[~torch.tensor(gen.unscorable)]
-    if common_size(sizes) is not None:
-        group_std = torch.tensor(roll.rewards).std(dim=1, unbiased=False)  # [groups]
-    else:
-        group_std = torch.stack([torch.tensor(r).std(unbiased=False) for r in roll.rewards]) if sizes else None
     return {
-        "reward/mean": reward.mean().item(),
-        "reward/std": reward.std(unbiased=False).item(),
-        "reward/group_std_mean": group_std.mean().item() if sizes else None,
-        "reward/frac_zero_std": statistics.fmean(not varies(r) for r in roll.rewards) if sizes else None,
-        "reward/accuracy": statistics.fmean(gen.accuracy),
-        **({"reward/format": statistics.fmean(gen.format)} if gen.format is not None else {}),
-        "reward/errors": gen.errors,
-        **{f"reward/{k}": v for k, v in sorted(gen.counts.items())},  # the code reward's outcomes
-        **{f"reward/{k}": mean_applied(v) for k, v in gen.components.items()},  # each --reward-fn, env
-        **{f"reward/{k}/std": std_applied(v) for k, v in gen.components.items()},
-        **{f"reward/logged/{k}": statistics.fmean(v) for k, v in gen.logged.items() if v},  # TRL's log_metric
-        "sampling/rollouts": reward.numel(),
+        **reward_metrics(gen, roll.rewards),
+        "sampling/rollouts": scored_rewards(gen).numel(),
         "sampling/rollouts_total": rollouts_total,
         "sampling/rounds": roll.rounds,
         "sampling/kept_groups": len(sizes),
@@ -87,39 +67,10 @@ def step_metrics(roll: StepRollouts, rollouts_total: int, update: dict, times: d
         "sampling/group_size_mean": statistics.fmean(sizes) if sizes else 0.0,
         "sampling/group_size_max": max(sizes, default=0),
         **update,
-        # mean over generated tokens; None when the engine gives no entropies (vllm)
-        "policy/entropy": sum(gen.entropy_sum) / max(1.0, lengths.sum().item()) if gen.entropy_sum else None,
-        "completion/len_mean": lengths.mean().item(),
-        "completion/len_max": lengths.max().item(),
-        "completion/len_min": lengths.min().item(),
-        **finished_lengths(lengths, gen.truncated),
-        "completion/truncated_frac": statistics.fmean(map(float, gen.truncated)),
+        **completion_metrics(gen),
         **(env_metrics(gen.episodes, gen.truncated) if gen.episodes is not None else {}),
         **times,
     }
-
-
-def finished_lengths(lengths: torch.Tensor, truncated: list[bool]) -> dict:
-    """``completion/done_len_{mean,min,max}``: the lengths of the completions that ended by themselves (not cut by
-    the token limit) ``lengths`` ``[N]``; 0 when none did (as TRL's ``completions/*_terminated_length``)."""
-    done = lengths[~torch.tensor(truncated, dtype=torch.bool)] if truncated else lengths
-    done = done if done.numel() else torch.zeros(1)
-    return {"completion/done_len_mean": done.mean().item(), "completion/done_len_min": done.min().item(),
-            "completion/done_len_max": done.max().item()}  # fmt: skip
-
-
-def std_applied(values: list) -> float | None:
-    """The sample standard deviation (n - 1, TRL's ``nanstd``) of a component over the rollouts its function
-    applied to; None when it applied to fewer than two."""
-    kept = [v for v in values if v is not None]
-    return statistics.stdev(kept) if len(kept) > 1 else None
-
-
-def mean_applied(values: list) -> float | None:
-    """The mean of a component over the rollouts its function applied to (TRL's nanmean: a None is left out); None
-    when it applied to none."""
-    kept = [v for v in values if v is not None]
-    return statistics.fmean(kept) if kept else None
 
 
 def env_metrics(facts: EpisodeFacts, truncated: list[bool]) -> dict:

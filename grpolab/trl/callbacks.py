@@ -27,6 +27,16 @@ def link_checkpoint(out: Path, step: int, optimizer_steps: int) -> None:
             old.unlink()
 
 
+def tokens_seen(metrics_file: Path, step: int) -> int:
+    """The prompt and completion tokens of the run's rollouts up to ``step`` (``sampling/tokens`` summed over
+    metrics.jsonl): TRL's ``num_input_tokens_seen`` where a resumed run starts."""
+    if step == 0 or not metrics_file.is_file():
+        return 0
+    from grpolab.training.runlog import read_metrics
+
+    return int(sum(m.get("sampling/tokens") or 0 for m in read_metrics(metrics_file) if m.get("step", 0) <= step))
+
+
 def trainer_state():
     """A new transformers ``TrainerState``: what callbacks read and ``log_history`` lives in."""
     from transformers import TrainerState
@@ -79,6 +89,7 @@ class RunCallbacks:
         state.eval_steps = recipe.cfg.eval.eval_every * self.per_step
         state.train_batch_size = args.per_device_train_batch_size
         state.is_local_process_zero = state.is_world_process_zero = recipe.world.is_main
+        state.num_input_tokens_seen = tokens_seen(Path(recipe.out) / "metrics.jsonl", recipe.start)
         self._call("on_train_begin")
 
     def evaluated(self, step: int, metrics: dict) -> None:
@@ -95,7 +106,8 @@ class RunCallbacks:
     def step_end(self, step: int, metrics: dict, saved: bool) -> bool:
         state = self.t.state
         state.global_step, state.epoch = step * self.per_step, self._epoch(step)
-        self.window.append(metrics)
+        state.num_input_tokens_seen += metrics.get("sampling/tokens") or 0
+        self.window.append(metrics | {"num_tokens": state.num_input_tokens_seen})  # TRL's: the count so far
         self._call("on_step_begin")
         self._call("on_step_end")
         every = self.plan.log_every
