@@ -60,6 +60,7 @@ def step_metrics(roll: StepRollouts, rollouts_total: int, update: dict, times: d
         **reward_metrics(gen, roll.rewards),
         "sampling/rollouts": scored_rewards(gen).numel(),
         "sampling/rollouts_total": rollouts_total,
+        "sampling/tokens": sum(gen.tokens),  # prompt and completion tokens of every rollout (TRL's num_tokens)
         "sampling/rounds": roll.rounds,
         "sampling/kept_groups": len(sizes),
         "sampling/short": int(roll.short),
