@@ -103,7 +103,7 @@ def test_the_total_is_trl_s_nansum_and_each_mean_its_nanmean(trl_side, grpolab_s
     nansum = (per_func * torch.tensor(WEIGHTS)).nansum(dim=1)
     assert torch.allclose(grpolab_side.total, nansum, atol=1e-6)
     from grpolab.rollout.collect import applied_values  # what the step metrics read
-    from grpolab.training.books import mean_applied
+    from grpolab.rollout.metrics import mean_applied
 
     for j, name in enumerate(names):
         mean = mean_applied(applied_values(grpolab_side.components[name], grpolab_side.skipped.get(name)))
