@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from grpolab.algo.groups import common_size
 from grpolab.algo.names import CREDITS, ESTIMATORS, SCALES  # noqa: F401 - re-exported
 
 STD_EPS = 1e-4  # added to the group std before dividing [RLVR essay, Sec. 3.5]
@@ -103,6 +104,28 @@ def scorable_advantages(
             adv[keep] = compute_advantages(r[keep][None, :], estimator, sample_std=sample_std)[0]
         out.append(adv)
     return torch.cat(out) if out else torch.zeros(0)
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    sizes: list[int],
+    estimator: str,
+    sample_std: bool = False,
+    unscorable: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Advantages ``[n]`` of rollouts whose rewards ``[n]`` sit group after group (``sizes``, in order): the
+    estimator of each group (:func:`compute_advantages` for equal sizes, :func:`ragged_advantages` otherwise);
+    with ``unscorable`` ``[n]`` (rollouts without a reward), or groups of one rollout, :func:`scorable_advantages`."""
+    G = common_size(sizes)
+    if not sizes:
+        return torch.zeros(0, device=rewards.device)
+    if unscorable is not None or (G is not None and G < 2):  # G = 1: no baseline (an evaluation's, as TRL's)
+        declined = unscorable if unscorable is not None else torch.zeros(len(rewards), dtype=torch.bool)
+        return scorable_advantages(list(rewards.split(sizes)), list(declined.to(rewards.device).split(sizes)),
+                                   estimator, sample_std)  # fmt: skip
+    if G is not None:
+        return compute_advantages(rewards.view(len(sizes), G), estimator, sample_std=sample_std).reshape(-1)
+    return ragged_advantages(list(rewards.split(sizes)), estimator, sample_std)
 
 
 def normalize_then_sum(components: torch.Tensor, weights: torch.Tensor, sizes: list[int]) -> torch.Tensor:

@@ -16,11 +16,9 @@ from grpolab.algo.advantages import (
     STD_EPS,
     batch_standardise,
     batch_std,
-    compute_advantages,
     estimator_for_scale,
+    group_advantages,
     normalize_then_sum,
-    ragged_advantages,
-    scorable_advantages,
 )
 from grpolab.algo.group_budget import prompt_weights
 from grpolab.algo.groups import common_size
@@ -54,17 +52,8 @@ def step_advantages(
         scale = batch_std(every, sample=objective.sample_std).to(device) + STD_EPS
     if groups.rows.episodes is not None:
         return _episode_advantages(roll, objective, estimator, device, scale, values)
-    G, sample = common_size(groups.sizes), objective.sample_std
     unscorable = groups.rows.scores.unscorable  # rollouts every reward function declined (None): no reward
-    if not groups.sizes:
-        adv = torch.zeros(0, device=device)
-    elif unscorable is not None:
-        declined = list(unscorable.to(device).split(groups.sizes))
-        adv = scorable_advantages(list(rewards.split(groups.sizes)), declined, estimator, sample)  # [n]
-    elif G is not None:
-        adv = compute_advantages(rewards.view(len(groups.sizes), G), estimator, sample_std=sample).reshape(-1)  # [n]
-    else:
-        adv = ragged_advantages(list(rewards.split(groups.sizes)), estimator, sample)  # [n]
+    adv = group_advantages(rewards, groups.sizes, estimator, objective.sample_std, unscorable)  # [n]
     return Advantages(adv if scale is None else adv / scale)
 
 
