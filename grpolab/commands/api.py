@@ -297,6 +297,49 @@ def evaluate(
     return run_eval(cfg, log, given)
 
 
+def evaluate_groups(
+    model: str | Any | None,
+    eval_dataset: Any,
+    reward_funcs: Callable | str | Sequence[Callable | str] | None = None,
+    *,
+    parts: Sequence[int],
+    completions: int,
+    batch_prompts: int,
+    env: type | dict[str, type] | str | None = None,
+    tools: Sequence[Callable | str] | None = None,
+    tokenizer: Any | None = None,
+    log: Callable[[str], None] = print,
+    **fields,
+) -> list:
+    """TRL's evaluation (:mod:`grpolab.eval.groups`) of ``model`` as it is: ``completions`` completions of each row
+    of ``eval_dataset``, scored by the run's whole reward (its ``reward_funcs``, reward models and weights), in
+    batches of ``batch_prompts`` rows, with a training step's metrics; the rows taken in consecutive parts of
+    ``parts`` rows, each evaluated on its own. ``**fields``: ``train``'s options (the objective, the sampling), as
+    :func:`train` takes them; the run's parts are built as :func:`train` builds them, without a run directory.
+
+    Returns:
+        list[GroupEvaluation]: one per part, in order (``grpolab.eval.groups.GroupEvaluation``).
+
+    Raises:
+        ConfigError: as :func:`train`; ``eval_questions`` below the rows given.
+    """
+    from grpolab.algo.groups import offsets
+    from grpolab.training.evaluation import evaluate_groups as evaluate_parts
+    from grpolab.training.trainer import GRPOTrainer
+
+    keywords = dict(eval_dataset=eval_dataset, reward_funcs=reward_funcs, env=env, tools=tools, **fields)
+    cfg, given = _config(TrainConfig, "train", "model", model, tokenizer, None, keywords)
+    trainer = GRPOTrainer(cfg, log=log, given=given)
+    try:
+        bounds, held_out = offsets(parts), trainer.held_out
+        if len(held_out) != bounds[-1]:
+            raise ConfigError(f"eval_questions: {len(held_out)} of the {bounds[-1]} rows given are held out")
+        records = [held_out[a:b] for a, b in zip(bounds, bounds[1:])]
+        return evaluate_parts(trainer, records, completions, batch_prompts)
+    finally:
+        trainer.close()
+
+
 def diagnose(run: str | Path | Run, every: int | None = None) -> list[dict]:
     """The conditions that keep a run from learning, as ``grpolab doctor RUN --json`` gives them, most serious
     first: each a dict with ``name``, ``severity`` ('error', 'warning', 'info'), ``title``, ``evidence``, ``fix``,
