@@ -381,6 +381,28 @@ SIMPLE_TEMPLATE = (
 )
 
 
+def builtin_causal_lm():
+    """The built-in model's weights (a tiny Llama) as a transformers causal LM and its tokenizer, given
+    :data:`SIMPLE_TEMPLATE` as chat template: what grpolab.trl's tests hand TRL's own trainer and the drop-in alike."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(__file__).resolve().parents[1] / "grpolab" / "assets" / "arith-sft"
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = SIMPLE_TEMPLATE
+    return AutoModelForCausalLM.from_pretrained(path), tokenizer
+
+
+def docs_listed(page: str, lead: str, after: str) -> set[str]:
+    """The backticked names that docs/``page`` lists in the bullet starting with ``lead`` (in bold), from the words
+    ``after`` to the end of their sentence."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / page).read_text()
+    bullet = text[text.index(f"- **{lead}**") :]
+    listed = bullet[bullet.index(after) + len(after) :]
+    return set(re.findall(r"`([^`]+)`", listed[: listed.index(". ")]))
+
+
 # ---------------------------------------------------------------- configs and runs
 
 # A few steps of the built-in model at one thread: small enough for the fast tier, deterministic.

@@ -297,8 +297,9 @@ BESIDE = {  # fields read only with another set
     "num_train_epochs": {"max_steps": -1},
 }
 TRAINER_ONLY = {"push_to_hub", "hub_token", "hub_private_repo", "hub_model_id", "hub_revision", "logging_first_step",
-                "tf32", "optim"}  # fmt: skip
-"""Mapped fields whose effect is the trainer's (tested below), or whose values taken all mean one thing (optim: adamw_torch and adamw_torch_fused are torch's AdamW; others are refused)."""
+                "tf32", "optim", "per_device_eval_batch_size"}  # fmt: skip
+"""Mapped fields whose effect is the trainer's (tested below; per_device_eval_batch_size: its evaluations', in
+tests/test_trl_evaluate.py), or whose values taken all mean one thing (optim: adamw_torch and adamw_torch_fused are torch's AdamW; others are refused)."""
 
 
 def _sample(name: str):
@@ -549,7 +550,7 @@ def test_evaluate_and_push_to_hub_offline(tmp_path, monkeypatch):
     trainer = GRPOTrainer(BUILTIN, [ends_right], _args(tmp_path, max_steps=1), train_dataset=_rows(),
                           eval_dataset=_rows(8))  # fmt: skip
     before = trainer.evaluate()
-    assert 0.0 <= before["eval_reward"] <= 1.0 and "eval_accuracy_greedy" in before
+    assert 0.0 <= before["eval_reward"] <= 1.0 and "eval_loss" in before  # TRL's keys (tests/test_trl_evaluate.py)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import huggingface_hub.constants
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from grpolab.trl.logs import eval_entry, trl_entry
+from grpolab.trl.evaluation import eval_batch_prompts, eval_group_size, evaluation_metrics
+from grpolab.trl.logs import accuracy_keys, trl_entry
 
 CHECKPOINT_PREFIX = "checkpoint-"
 """transformers' name for a checkpoint directory (``get_last_checkpoint`` finds ``checkpoint-N`` in output_dir)."""
@@ -55,10 +56,12 @@ class RunCallbacks:
     """grpolab's run hooks as TRL's callbacks and log_history (every rank calls them; callbacks and logs on rank 0,
     as TRL's ``is_world_process_zero``)."""
 
-    def __init__(self, trainer, plan):
+    def __init__(self, trainer, plan, parts: list | None = None):
         from transformers import TrainerControl
 
         self.t, self.plan = trainer, plan
+        self.parts = parts or []  # the eval datasets (grpolab.trl.evaluation.EvalPart), held out one after the other
+        self.recipe = None  # the run's (begin)
         self.per_step = plan.optimizer_steps_per_step  # optimizer steps in one grpolab step
         self.per_epoch, self.steps = plan.steps_per_epoch, plan.options["steps"]
         self.window: list[dict] = []  # the steps since the last log_history entry
@@ -74,6 +77,7 @@ class RunCallbacks:
         getattr(handler, event)(t.args, t.state, self.control, **kwargs)
 
     def begin(self, recipe) -> None:
+        self.recipe = recipe
         t, args = self.t, self.t.args
         handler = t.callback_handler
         policy = recipe.trainer.policy
@@ -93,14 +97,31 @@ class RunCallbacks:
         self._call("on_train_begin")
 
     def evaluated(self, step: int, metrics: dict) -> None:
-        """An evaluation's metrics (any step's: ``step_end`` passes its own on) to log_history and on_evaluate."""
+        """Where grpolab evaluated (``metrics`` holds its ``eval/*``; any step's: ``step_end`` passes its own on) at
+        one of TRL's evaluations: TRL's evaluation of each eval dataset with the run's policy, service and reward
+        (:func:`grpolab.training.evaluation.evaluate_groups`; every rank draws its share), each a log_history entry
+        told to ``on_log`` and ``on_evaluate``, grpolab's own accuracy (``eval_accuracy_*``) beside the last one's."""
         strategy = getattr(self.t.args.eval_strategy, "value", self.t.args.eval_strategy)
         # TRL evaluates after a step (grpolab's step-0 baseline is in metrics.jsonl) and never under "no" (grpolab's
         # evaluation at the end is then in metrics.jsonl alone)
-        if any(k.startswith("eval/") for k in metrics) and step > 0 and strategy != "no":
-            self.evaluated_last = step == self.steps
-            entry = eval_entry(metrics, step * self.per_step, self._epoch(step))
-            self.t.state.log_history.append(entry)
+        if not (any(k.startswith("eval/") for k in metrics) and step > 0 and strategy != "no"):
+            return
+        from grpolab.algo.groups import offsets
+        from grpolab.training.evaluation import evaluate_groups
+
+        self.evaluated_last = step == self.steps
+        t, trainer, world = self.t, self.recipe.trainer, self.recipe.world.size
+        bounds = offsets([len(part.rows) for part in self.parts])
+        records = [trainer.held_out[a:b] for a, b in zip(bounds, bounds[1:])]
+        evaluations = evaluate_groups(trainer, records, eval_group_size(t.args), eval_batch_prompts(t.args, world))
+        for i, (part, evaluation) in enumerate(zip(self.parts, evaluations)):
+            prefix = "eval" if part.name is None else f"eval_{part.name}"
+            entry = evaluation_metrics(evaluation, part, prefix, t.args, world, t.state.num_input_tokens_seen,
+                                       t.model_preparation_time)  # fmt: skip
+            entry |= accuracy_keys(metrics) if i == len(self.parts) - 1 else {}
+            entry["epoch"] = self._epoch(step)
+            t.state.log_history.append({**entry, "step": step * self.per_step})
+            self._call("on_log", logs=entry)
             self._call("on_evaluate", metrics=entry)
 
     def step_end(self, step: int, metrics: dict, saved: bool) -> bool:

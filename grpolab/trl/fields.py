@@ -52,7 +52,7 @@ _LOADER = "data loading: grpolab reads the rows itself"
 _LOG = "logging only"
 _HUB = "used by push_to_hub()"
 _DDP = "torch.distributed's settings are grpolab's own (DDP or FSDP2, NCCL on CUDA, gloo on the CPU)"
-_EVAL = "evaluation's mechanics: grpolab evaluates held-out accuracy its own way (docs/coming-from-trl.md)"
+_EVAL = "evaluation's mechanics: grpolab draws and batches an evaluation its own way (docs/coming-from-trl.md)"
 _VLLM_SERVER = "only with vllm_mode='server', which grpolab refuses (it runs vLLM in the trainer's process)"
 _NO_EFFECT_GRPO = "TRL's GRPO loss does not read it either"
 
@@ -119,7 +119,12 @@ FIELDS: tuple[TrlField, ...] = (
     _m("eval_strategy", "no", "eval_every", "no: at the start and the end only (with an eval_dataset); steps; epoch"),
     _m("eval_steps", None, "eval_every", "None: logging_steps, as transformers; a value < 1 is a fraction"),
     _i("eval_delay", 0, _EVAL),
-    _i("per_device_eval_batch_size", 8, _EVAL),
+    _m(
+        "per_device_eval_batch_size",
+        8,
+        "evaluate()",
+        "rows of one evaluation batch, whose metrics an evaluation averages (TRL's)",
+    ),
     _i("prediction_loss_only", False, _EVAL),
     _i("eval_on_start", False, "grpolab evaluates at step 0 whenever it evaluates"),
     _i("eval_do_concat_batches", True, _EVAL),
@@ -194,7 +199,7 @@ FIELDS: tuple[TrlField, ...] = (
     _m("cast_lm_head_to_fp32", False, "fp32_head"),
     # ---------------------------------------------------------------- GRPO: generation
     _m("num_generations", 8, "group_size"),
-    _m("num_generations_eval", None, "eval_samples"),
+    _m("num_generations_eval", None, "eval_samples", "and the completions of each prompt in TRL's evaluation"),
     _m("max_completion_length", 512, "max_new_tokens"),
     _i("ds3_gather_for_generation", True, "DeepSpeed only"),
     _m("shuffle_dataset", True, "data_order", "True: shuffle (an epoch a seeded permutation); False: sequential"),

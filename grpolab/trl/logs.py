@@ -31,6 +31,8 @@ TRL_NAMES = {
     "clip_ratio/low_mean": "loss/clip_low_frac",
     "clip_ratio/high_mean": "loss/clip_high_frac",
     "clip_ratio/region_mean": "loss/clip_frac",
+    "clip_ratio/low_min": "loss/clip_low_min",  # an evaluation's (grpolab.eval.groups); a step keeps token means
+    "clip_ratio/high_max": "loss/clip_high_max",
     "step_time": "time/step_s",
 }
 
@@ -68,16 +70,33 @@ def _mean(values: list) -> float | None:
     return sum(kept) / len(kept) if kept else None
 
 
+def sample_reward_std(metrics: dict) -> float | None:
+    """TRL's ``reward_std``, its ``nanstd``: the sample std (n - 1) of the n scored rewards (``sampling/rollouts``),
+    from grpolab's population std ``reward/std``; None for fewer than two (TRL's NaN)."""
+    std, n = metrics.get("reward/std"), metrics.get("sampling/rollouts")
+    if std is None or n is None:
+        return std
+    return std * math.sqrt(n / (n - 1)) if n > 1 else None
+
+
+def trl_means(window: list[dict]) -> dict:
+    """TRL's names (:data:`TRL_NAMES`, each reward function's and logged scalar's) averaged over the metrics
+    ``window`` (grpolab's steps, or an evaluation's batches), as TRL averages what it logged since its last entry; a
+    name none of them has is left out, but a function's, which is None when it applied to no rollout (TRL's)."""
+    functions = reward_function_keys(window[-1])
+    entry: dict = {}
+    for trl_name, ours in (TRL_NAMES | functions).items():
+        value = _mean([sample_reward_std(m) if trl_name == "reward_std" else m.get(ours) for m in window])
+        if value is not None or trl_name in functions:  # a function that applied to no rollout: None, as TRL logs
+            entry[trl_name] = value
+    return entry
+
+
 def trl_entry(window: list[dict], global_step: int, epoch: float) -> dict:
     """A ``log_history`` entry for the grpolab steps ``window`` (oldest first): TRL's names averaged over the window,
     then the last step's own metrics, then ``epoch`` and ``step`` as TRL ends each entry."""
     last = window[-1]
-    functions = reward_function_keys(last)
-    entry: dict = {}
-    for trl_name, ours in (TRL_NAMES | functions).items():
-        value = _mean([m.get(ours) for m in window])
-        if value is not None or trl_name in functions:  # a function that applied to no rollout: None, as TRL logs
-            entry[trl_name] = value
+    entry = trl_means(window)
     entry |= {k: v for k, v in last.items() if k != "step" and not k.startswith("eval/")}
     entry |= {"epoch": epoch, "step": global_step}
     return entry
@@ -99,11 +118,38 @@ TRL_PREFIXES = ("rewards/", "completions/", "clip_ratio/")
 """TRL's metric names with a slash; grpolab's own (``reward/mean``) have theirs too, and stay out of the summary."""
 
 
-def eval_entry(metrics: dict, global_step: int, epoch: float) -> dict:
-    """A ``log_history`` entry of an evaluation: ``eval_reward`` (the first reward function's mean on sampled
-    completions, as TRL's eval_reward is the sampled reward), ``eval_accuracy_greedy`` and every ``eval/*`` metric as
-    ``eval_<name>``."""
-    out = {"eval_" + k.removeprefix("eval/").replace("/", "_"): v for k, v in metrics.items() if k.startswith("eval/")}
-    if "eval_accuracy_sampled" in out:
-        out["eval_reward"] = out["eval_accuracy_sampled"]
-    return out | {"epoch": epoch, "step": global_step}
+def eval_metrics(evaluation, policy_loss: bool) -> dict:
+    """TRL's metrics of an evaluation, without their ``eval_`` prefix: the TRL names of a group evaluation's batches
+    (:class:`grpolab.eval.groups.GroupEvaluation`) averaged over them, as TRL's ``log`` averages its eval batches'
+    (``loss``, as ``evaluation_loop``'s, weighted by each batch's rows; ``policy_loss`` where TRL logs it: with an
+    entropy bonus); TRL's trainer's own (``grad_norm``, ``learning_rate``, ``entropy_coef``, ``step_time``) are a
+    training step's, never an evaluation's."""
+    batches, rows = evaluation.batches, evaluation.rows
+    out = {k: v for k, v in trl_means(batches).items() if k not in _TRAIN_ONLY}
+    losses = [(m["loss/total"], n) for m, n in zip(batches, rows) if m.get("loss/total") is not None]
+    if losses:
+        out["loss"] = sum(v * n for v, n in losses) / sum(n for _, n in losses)
+    if not policy_loss:
+        out.pop("policy_loss", None)
+    return out
+
+
+# TRL's names that only a training step logs
+_TRAIN_ONLY = ("grad_norm", "learning_rate", "entropy_coef", "step_time")
+
+
+def eval_entry(metrics: dict, prefix: str, transformers_keys: dict, num_tokens: int) -> dict:
+    """An evaluation's metrics as TRL's ``evaluate`` returns them: transformers' own (``{prefix}_loss``,
+    ``{prefix}_runtime`` ... ``transformers_keys``, already prefixed), then ``eval_num_tokens`` (the tokens trained
+    on so far, TRL's ``num_input_tokens_seen``) and GRPO's ``metrics`` (:func:`eval_metrics`) under ``eval_``, as
+    TRL's ``log`` prefixes them whatever the prefix is."""
+    loss = {f"{prefix}_loss": metrics["loss"]} if "loss" in metrics else {}
+    grpo = {f"eval_{k}": v for k, v in metrics.items() if k != "loss"}
+    return loss | transformers_keys | {"eval_num_tokens": float(num_tokens)} | grpo
+
+
+def accuracy_keys(metrics: dict) -> dict:
+    """grpolab's own held-out accuracy (``eval/accuracy_greedy``, ``eval/accuracy_sampled`` with their intervals,
+    per category, pass@k: :mod:`grpolab.eval.accuracy`) as ``eval_<name>``, beside TRL's keys in an evaluation's
+    entry."""
+    return {"eval_" + k.removeprefix("eval/").replace("/", "_"): v for k, v in metrics.items() if k.startswith("eval/")}

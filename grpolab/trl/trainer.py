@@ -29,7 +29,14 @@ from grpolab.trl.callbacks import RunCallbacks, callback_handler, trainer_state
 from grpolab.trl.checks import check_arguments, warn_as_trl
 from grpolab.trl.config import GRPOConfig, asks_checkpoint_dtype, set_tf32, translate
 from grpolab.trl.data import check_stream_steps, is_stream, read_stream
-from grpolab.trl.logs import eval_entry, summary_entry
+from grpolab.trl.evaluation import (
+    eval_batch_prompts,
+    eval_group_size,
+    eval_parts,
+    evaluation_metrics,
+    prepares_models,
+)
+from grpolab.trl.logs import summary_entry
 
 # LoraConfig's fields that grpolab's LoRA takes, and the rest at their defaults
 _LORA_TAKEN = {"r", "lora_alpha", "lora_dropout", "target_modules", "task_type", "peft_type", "base_model_name_or_path",
@@ -56,8 +63,9 @@ class GRPOTrainer:
             (:mod:`grpolab.trl.fields`); ``num_generations`` is G. Default: ``GRPOConfig(output_dir="<model>-GRPO")``.
         train_dataset (datasets.Dataset | list[dict] | None): the prompts: a ``prompt`` column of text or chat
             messages; every other column is passed to the reward functions by name.
-        eval_dataset (datasets.Dataset | list[dict] | None): held-out rows in the same form, evaluated as
-            ``eval_strategy`` says and by :meth:`evaluate`.
+        eval_dataset (datasets.Dataset | list[dict] | dict | DatasetDict | IterableDataset | None): held-out rows
+            in the same form (a dict of datasets: each evaluated by itself; a stream: read whole), evaluated as TRL
+            evaluates, when ``eval_strategy`` says and by :meth:`evaluate`.
         processing_class (PreTrainedTokenizerBase | ProcessorMixin | None): the tokenizer (or processor) of a loaded
             ``model`` (None: loaded from its ``config._name_or_path``, as TRL does); a path's own is loaded with it.
             After :meth:`train`, the trained policy's.
@@ -131,6 +139,7 @@ class GRPOTrainer:
         self.state = trainer_state()
         self.control = None
         self.run = None
+        self.model_preparation_time: float | None = None  # transformers': an evaluation's before training
         self.log = print
         self._check_reward_funcs()
 
@@ -201,7 +210,7 @@ class GRPOTrainer:
             options["resume"] = _resumes(resume_from_checkpoint, Path(self.args.output_dir))
         for line in plan.notes:
             self.log(f"grpolab.trl: {line}")
-        hooks = RunCallbacks(self, plan)
+        hooks = RunCallbacks(self, plan, self._eval_parts)
         started = time.perf_counter()
         self.run = api.train(
             self._model if self._model is not None else self.model_spec,
@@ -243,47 +252,101 @@ class GRPOTrainer:
 
     def _data_and_plan(self, resumes: bool):
         """(the training rows, the held-out rows, the config's translation): a stream (``IterableDataset``) read for
-        the rows ``max_steps`` generations take, in its order (:mod:`grpolab.trl.data`); a held-out stream whole."""
+        the rows ``max_steps`` generations take, in its order (:mod:`grpolab.trl.data`); the eval datasets' rows
+        (:func:`grpolab.trl.evaluation.eval_parts`: a dict's one after the other, a stream's whole), all held out."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        train, held_out = self.train_dataset, self.eval_dataset
+        train, held_out = self.train_dataset, None
+        self._eval_parts = eval_parts(self.eval_dataset) if self.eval_dataset is not None else []
+        if self._eval_parts:
+            held_out = [row for part in self._eval_parts for row in part.rows]
         kw = dict(has_eval=held_out is not None, checkpoint_dtype=self._checkpoint_dtype(), resumes=resumes)
         streamed = is_stream(train)
         if streamed:
             geometry = translate(self.args, world, None, **kw).options
             train = read_stream(train, geometry["steps"] * geometry["prompts_per_step"])
-        if is_stream(held_out):
-            held_out = read_stream(held_out, what="eval_dataset")
         plan = translate(self.args, world, len(train) if train is not None else None, **kw)
         if streamed:  # the stream's order, as TRL's dataloader reads a stream (it shuffles none)
             plan = plan._replace(options=plan.options | {"data_order": "sequential"})
+        if held_out is not None:  # every row, as TRL evaluates every row
+            plan = plan._replace(options=plan.options | {"eval_questions": len(held_out)})
         return train, held_out, plan
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
-        """Held-out accuracy of the first reward function on ``eval_dataset`` (default: the trainer's), greedy and
-        sampled (``num_generations_eval`` or 2 samples a prompt), with 95% intervals, as ``{prefix}_reward``,
-        ``{prefix}_accuracy_greedy`` ..."""
+        """TRL's evaluation of the policy (the trained one after :meth:`train`; before, the model as given):
+        ``num_generations_eval`` completions of each eval prompt (default ``num_generations``), in batches of
+        ``per_device_eval_batch_size`` rows, scored with every reward function and model of the run, weighted
+        (:mod:`grpolab.eval.groups`); each dataset's metrics appended to ``state.log_history`` (with ``epoch`` and
+        ``step``) and told to the callbacks' ``on_log`` and ``on_evaluate``, as TRL's.
+
+        Args:
+            eval_dataset (Dataset | list[dict] | dict | DatasetDict | IterableDataset | str | None): the rows
+                (default: the trainer's); a dict of datasets (or a ``DatasetDict``) is evaluated dataset by dataset,
+                each under the prefix ``{metric_key_prefix}_<key>``; a stream is read whole; a string, the key of one
+                dataset of the trainer's dict.
+            ignore_keys: not read (TRL's GRPO predicts no logits to ignore).
+            metric_key_prefix (str): the prefix of transformers' keys (``eval_loss``, ``eval_runtime``, ...).
+
+        Returns:
+            dict: TRL's keys (docs/coming-from-trl.md lists those not given): ``{prefix}_loss``,
+                ``{prefix}_runtime``, ``{prefix}_samples_per_second``, ``{prefix}_steps_per_second``, ``eval_reward``,
+                ``eval_reward_std``, ``eval_rewards/<fn>/mean`` and ``/std``, ``eval_completions/*``,
+                ``eval_entropy`` ... and ``epoch``; for a dict, every dataset's merged (GRPO's ``eval_*`` keys the
+                last one's, as TRL's).
+
+        Raises:
+            ValueError: no eval_dataset here nor given to the trainer.
+        """
+        from transformers import TrainerControl
+
         from grpolab.commands import api
 
         data = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if isinstance(data, str) and isinstance(self.eval_dataset, dict):  # transformers': a key of the trainer's
+            data = self.eval_dataset[data]
         if data is None:
-            raise ValueError("GRPOTrainer.evaluate: no eval_dataset (give one here or to the trainer)")
-        model = self.model  # loads a path once
-        funcs = [f for f in self.reward_funcs if callable(f) and not _is_module(f)]
-        report = api.evaluate(
+            raise ValueError("Trainer: evaluation requires an eval_dataset.")
+        parts = eval_parts(data)
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        started, model = time.perf_counter(), self.model  # a path is loaded once
+        was_training = model.training
+        evaluations = api.evaluate_groups(
             model,
-            data,
-            funcs[:1] or None,
+            [row for part in parts for row in part.rows],
+            [f for f in self.reward_funcs if f is not None] or None,
+            parts=[len(part.rows) for part in parts],
+            completions=eval_group_size(self.args),
+            batch_prompts=eval_batch_prompts(self.args, world),
+            env=self.environment_factory,
+            tools=self.tools,
             tokenizer=self.processing_class,
-            samples=self.args.num_generations_eval or 2,
-            max_new_tokens=self.args.max_completion_length,
-            temperature=self.args.temperature,
-            seed=self.args.seed,
-            log=self.log,
+            reward_processing_classes=self.reward_processing_classes,
+            log=lambda line: None,  # its set-up lines: TRL's evaluate says nothing
+            **self._evaluation_options(world, sum(len(part.rows) for part in parts)),
         )
-        entry = eval_entry(report["metrics"], self.state.global_step, self.state.epoch or 0.0)
-        out = {k.replace("eval_", f"{metric_key_prefix}_", 1): v for k, v in entry.items() if k.startswith("eval_")}
-        self.state.log_history.append({**out, "epoch": entry["epoch"], "step": entry["step"]})
+        model.train(was_training)
+        prepared = prepares_models(self.args, self.reward_funcs, bool(self.lora))  # transformers: then none
+        if self.run is None and self.model_preparation_time is None and not prepared:  # the first evaluation's
+            self.model_preparation_time = round(time.perf_counter() - started - sum(e.seconds for e in evaluations), 4)
+        self.control = self.control or TrainerControl()
+        out: dict = {}
+        for part, evaluation in zip(parts, evaluations):
+            prefix = metric_key_prefix if part.name is None else f"{metric_key_prefix}_{part.name}"
+            metrics = evaluation_metrics(evaluation, part, prefix, self.args, world, self.state.num_input_tokens_seen,
+                                         self.model_preparation_time)  # fmt: skip
+            metrics["epoch"] = self.state.epoch if self.state.epoch is not None else 0
+            self.state.log_history.append({**metrics, "step": self.state.global_step})
+            for event, key in (("on_log", "logs"), ("on_evaluate", "metrics")):
+                getattr(self.callback_handler, event)(self.args, self.state, self.control, **{key: metrics})
+            out |= metrics
         return out
+
+    def _evaluation_options(self, world: int, rows: int) -> dict:
+        """grpolab's options of an evaluation: the run's (the objective, the sampling, the model's dtype), without
+        LoRA (the model as it is), a resume or training data (their order), every row held out."""
+        train = self.train_dataset
+        length = len(train) if train is not None and not is_stream(train) else None
+        plan = translate(self.args, world, length, has_eval=True, checkpoint_dtype=self._checkpoint_dtype())
+        return {k: v for k, v in plan.options.items() if k != "data_order"} | {"eval_questions": rows}
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """A Hugging Face directory: the model's ``save_pretrained`` (a LoRA run: its adapter, as TRL saves one) and
