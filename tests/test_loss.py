@@ -421,3 +421,20 @@ def test_a_token_budget_plan_gives_the_whole_batch_gradient(aggregation, packing
     for name in whole:
         torch.testing.assert_close(budgeted[name], whole[name], rtol=1e-10, atol=1e-13, msg=name)
     assert sum(float(v.abs().sum()) for v in whole.values()) > 1e-3
+
+
+def test_theclip_sides_and_their_extremes_by_hand():
+    """Each side's clipped share as TRL's clip_ratio counts it (below 1 - eps with A < 0, above 1 + eps with A > 0),
+    token means over the mask, and the least and greatest share of one rollout (a rollout without a token left out)."""
+    from grpolab.algo.loss import clip_sides
+
+    ratio = torch.tensor([[0.5, 1.0, 1.5], [1.3, 1.3, 1.0], [0.7, 0.7, 0.9], [0.1, 9.0, 0.1]])  # [N=4, T=3]
+    adv = torch.tensor([[-1.0], [1.0], [-1.0], [1.0]])
+    mask = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 1, 1], [0, 0, 0]])
+    st = clip_sides(ratio, adv, 0.2, 0.2, mask)
+    # low: row 0 token 0, row 2 tokens 0-1 (3 of 8 tokens); high: row 1 tokens 0-1 (2 of 8); row 3 has no token
+    assert st["clip_low"].item() == pytest.approx(3 / 8) and st["clip_high"].item() == pytest.approx(2 / 8)
+    assert st["clip_low_min"].item() == pytest.approx(0.0)  # row 1's low share
+    assert st["clip_high_max"].item() == pytest.approx(1.0)  # row 1: both of its tokens
+    seq = clip_sides(torch.tensor([[0.5], [1.0]]), torch.tensor([[-1.0], [-1.0]]), 0.2, 0.2, mask[:2])
+    assert (seq["clip_low_min"].item(), seq["clip_low"].item()) == (0.0, pytest.approx(3 / 5))  # GSPO's [N, 1]

@@ -248,7 +248,7 @@ def policy_loss(
 
     Returns ``(loss, stats)``; ``stats``: ``policy`` (the policy term's part), ``kl`` (mean per-token KL), ``clip_frac``
     (tokens where the clipped branch was taken; cispo: the weight truncated), ``clip_low`` and ``clip_high`` (each
-    side's share: :func:`_clip_sides`), ``ratio_mean``: token means over the batch's unmasked tokens, detached; with
+    side's share: :func:`clip_sides`), ``ratio_mean``: token means over the batch's unmasked tokens, detached; with
     ``token_values``, :func:`_token_values`.
     """
     _check_shapes(logp=logp, old_logp=old_logp, mask=mask)
@@ -270,7 +270,7 @@ def policy_loss(
         policy, m = aggregate(-surrogate, mask, aggregation, **norms), mask.to(logp.dtype)
         values = _token_values(ratio, clipped_taken, advantages, mask) if token_values else {}
         stats = _token_stats(policy, kl_tok, clipped_taken, ratio, m)
-        return loss, stats | _clip_sides(ratio, advantages, clip_low, clip_high, m) | values
+        return loss, stats | clip_sides(ratio, advantages, clip_low, clip_high, m) | values
 
 
 def logp_weights(
@@ -429,15 +429,21 @@ def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
     raise ValueError(f"unknown importance sampling level {level!r}; choose from {IMPORTANCE_SAMPLING}")
 
 
-def _clip_sides(ratio, advantages, clip_low: float, clip_high: float, m) -> dict[str, torch.Tensor]:
+def clip_sides(ratio, advantages, clip_low: float, clip_high: float, m) -> dict[str, torch.Tensor]:
     """The token shares below the clip range with a negative advantage (``clip_low``) and above it with a positive
     one (``clip_high``): where PPO's clip binds on each side, as TRL's ``clip_ratio/low_mean`` and ``high_mean`` count
-    them (token means over the unmasked tokens ``m`` ``[N, T]``, detached)."""
+    them (token means over the unmasked tokens ``m`` ``[N, T]``, detached); and the least and greatest share of one
+    rollout (``clip_low_min``, ``clip_high_max``: TRL's ``low_min`` and ``high_max``, over the rollouts with a token;
+    NaN without one)."""
     n_tok = m.sum().clamp(min=1.0)
-    low = (ratio < 1 - clip_low) & (advantages < 0)  # [N, T] or [N, 1]
-    high = (ratio > 1 + clip_high) & (advantages > 0)
-    return {"clip_low": (low.to(m.dtype).expand_as(m) * m).sum() / n_tok,
-            "clip_high": (high.to(m.dtype).expand_as(m) * m).sum() / n_tok}  # fmt: skip
+    low = (ratio < 1 - clip_low).logical_and(advantages < 0).to(m.dtype).expand_as(m) * m  # [N, T]
+    high = (ratio > 1 + clip_high).logical_and(advantages > 0).to(m.dtype).expand_as(m) * m
+    has = m.sum(1) > 0  # [N] rollouts with a token
+    per_row = (torch.stack([low.sum(1), high.sum(1)]) / m.sum(1).clamp(min=1.0))[:, has]  # [2, rows with a token]
+    nan = torch.tensor(float("nan"), dtype=m.dtype, device=m.device)
+    return {"clip_low": low.sum() / n_tok, "clip_high": high.sum() / n_tok,
+            "clip_low_min": per_row[0].min() if has.any() else nan,
+            "clip_high_max": per_row[1].max() if has.any() else nan}  # fmt: skip
 
 
 def _token_stats(policy, kl_tok, clipped_taken, ratio, m) -> dict[str, torch.Tensor]:

@@ -20,6 +20,7 @@ the evaluation logs each one's mean over the batches. This is that evaluation th
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import NamedTuple
 
@@ -155,22 +156,11 @@ def ratio_one_loss(
         "loss/clip_frac": stats["clip_frac"].item(),
         "loss/clip_low_frac": stats["clip_low"].item(),
         "loss/clip_high_frac": stats["clip_high"].item(),
-        **_clip_extremes(stats, mask, loss.options["clip_low"], loss.options["clip_high"]),
+        **{
+            f"loss/{k}": None if math.isnan(stats[k].item()) else stats[k].item()
+            for k in ("clip_low_min", "clip_high_max")
+        },
     }
-
-
-def _clip_extremes(stats: dict, mask: torch.Tensor, clip_low: float, clip_high: float) -> dict:
-    """``loss/clip_low_min`` and ``loss/clip_high_max``: over the completions with tokens, the least share of a
-    completion's tokens below the clip range with a negative advantage, and the greatest share above it with a
-    positive one (TRL's ``clip_ratio/low_min`` and ``high_max``), from the loss's token values."""
-    ratio, adv, on = stats["token_ratio"], stats["token_advantage"], mask.bool()  # [N, T]
-    counts = mask.sum(dim=1)  # [N]
-    has = counts > 0
-    if not bool(has.any()):
-        return {"loss/clip_low_min": None, "loss/clip_high_max": None}
-    low = (((ratio < 1 - clip_low) & (adv < 0) & on).sum(dim=1) / counts.clamp(min=1))[has]  # [N with tokens]
-    high = (((ratio > 1 + clip_high) & (adv > 0) & on).sum(dim=1) / counts.clamp(min=1))[has]
-    return {"loss/clip_low_min": low.min().item(), "loss/clip_high_max": high.max().item()}
 
 
 def _advantages(gen: Generated, G: int, loss: RatioOneLoss) -> torch.Tensor:

@@ -52,6 +52,13 @@ from grpolab.common.batch import Batch, select
 from grpolab.common.distributed import World
 from grpolab.config.objective import ObjectiveSection, TermSection, UpdateSection
 from grpolab.training.forward import TrainModule
+from grpolab.training.micro_batches import (
+    MicroBatchPlan,
+    minibatch_rows,
+    plan_micro_batches,
+    rows_advantages,
+    token_budget_chunks,
+)
 
 
 def loss_options(objective: ObjectiveSection, terms: TermSection, max_policy_tokens: int) -> dict:
@@ -71,68 +78,6 @@ def loss_options(objective: ObjectiveSection, terms: TermSection, max_policy_tok
         off_policy_threshold=terms.off_policy_mask_threshold or None,
         max_len=max_policy_tokens,
     )
-
-
-class MicroBatchPlan(NamedTuple):
-    """The forward/backward passes of an update."""
-
-    rows: torch.Tensor
-    """``[a]`` the rows that run: those that can carry gradient."""
-    chunks: list[torch.Tensor]
-    """Row indices of each pass; the passes after the first ``real`` are padding passes."""
-    real: int
-    """Passes over real rows. Padding passes run one row with its loss times 0, so that every rank runs as many
-    passes as the busiest one (DDP and FSDP pair up their collectives pass by pass) and adds nothing."""
-
-
-def _rows_adv(adv: torch.Tensor, idx: torch.Tensor, T: int) -> torch.Tensor:
-    """The advantages of rows ``idx``: ``[k]`` of per-row ones, or ``[k, T]`` of per-token ones (cut or padded to
-    ``T`` columns, the width of the rows' selected batch)."""
-    if adv.dim() == 1:
-        return adv[idx]
-    a = adv[idx.to(adv.device)]
-    return a[:, :T] if a.shape[1] >= T else torch.nn.functional.pad(a, (0, T - a.shape[1]))
-
-
-def token_budget_chunks(
-    rows: torch.Tensor, prompt_lens: torch.Tensor, completion_lens: torch.Tensor, budget: int, packed: bool = False
-) -> list[torch.Tensor]:
-    """``rows`` in passes of at most ``budget`` tokens each (--micro-batch-tokens).
-
-    A pass over k rows is padded to its longest prompt plus its longest completion (:func:`grpolab.rollout.sampler.select`),
-    so it costs k x (max prompt + max completion) tokens; ``packed`` (--packing): the sum of its rows' lengths. Rows
-    are taken longest first, so that rows of like length share a pass and little of it is padding, and each is added
-    to the current pass while the pass stays within the budget; a row longer than the budget runs alone. The loss's normalisers are the whole step's, so any partition
-    gives the whole batch's gradient (to float rounding).
-    """
-    order = sorted(rows.tolist(), key=lambda r: -int(prompt_lens[r] + completion_lens[r]))
-    chunks: list[list[int]] = []
-    p_max = c_max = total = 0
-    for r in order:
-        p_r, c_r = int(prompt_lens[r]), int(completion_lens[r])
-        p, c = max(p_max, p_r), max(c_max, c_r)
-        cost = total + p_r + c_r if packed else (len(chunks[-1]) + 1 if chunks else 1) * (p + c)
-        if chunks and cost <= budget:
-            chunks[-1].append(r)
-            p_max, c_max, total = p, c, total + p_r + c_r
-        else:
-            chunks.append([r])
-            p_max, c_max, total = p_r, c_r, p_r + c_r
-    return [torch.tensor(sorted(c), dtype=torch.long, device=rows.device) for c in chunks]
-
-
-def minibatch_rows(n: int, K: int, device) -> list[torch.Tensor]:
-    """The rows of each of ``K`` minibatches of ``n`` rows: row i in minibatch i mod K, so that each group's rollouts
-    (contiguous rows) are spread over the minibatches, G / K of each in each (TRL shuffles the rows instead).
-    ``K = 1``: every row, in order."""
-    return [torch.arange(k, n, K, device=device) for k in range(K)]
-
-
-def plan_micro_batches(rows: torch.Tensor, chunks: list[torch.Tensor], world: World) -> MicroBatchPlan:
-    """The passes ``chunks`` over ``rows``, padded to the most passes of any rank."""
-    real = len(chunks)
-    chunks += [torch.zeros(1, dtype=torch.long, device=rows.device)] * (dist_.all_max(real, world) - real)
-    return MicroBatchPlan(rows, chunks, real)
 
 
 @dataclasses.dataclass
@@ -171,9 +116,11 @@ class _Inputs(NamedTuple):
     num_tokens: float  # loss-carrying tokens, all ranks
     watched: WatchedTokens | None = None
     bonus_tokens: float = 0.0  # the entropy bonus's tokens (loss-carrying, and selected by entropy), all ranks
+    idle: bool = False  # the minibatch has rows that run no pass (advantage 0): their clipped share is 0
 
 
 MISMATCH = tuple(f"mismatch_{k}" for k in SUM_KEYS)
+CLIP_EXTREMES = ("clip_low_min", "clip_high_max")  # means over the optimizer steps of all-rank extremes
 SUMS = ("loss", "policy", "kl_tok", "clip_tok", "clip_low_tok", "clip_high_tok", "ratio_tok", "weight_tok", *MISMATCH)
 
 
@@ -263,17 +210,18 @@ class Updater:
         credited = adv != 0 if adv.dim() == 1 else ((adv != 0) & loss_mask[:, : adv.shape[1]].bool()).any(dim=1)
         live = carries if obj.beta > 0 or self.entropy is not None else carries & credited
         K = self.passes.minibatches  # optimizer steps per pass over the batch, each on its share of the normalisers
-        plans = [self._plan(batch, part[live[part]], N // K) for part in minibatch_rows(n, K, live.device)]
+        parts = minibatch_rows(n, K, live.device)
+        plans = [self._plan(batch, part[live[part]], N // K) for part in parts]
         self.watched = None if watch is None else self._watch(watch, batch, loss_mask, plans[0])
         bonus_tokens = self._bonus_tokens(entropy, loss_mask, threshold, n, num_tokens)
         inputs = []
-        for plan in plans:
+        for plan, part in zip(plans, parts):
             old_logp, ref_logp = self._old_and_ref_logprobs(batch, plan)
             inputs.append(_Inputs(
                 batch, adv, loss_mask, entropy, threshold, old_logp, sampler_logp, ref_logp, N // K, num_tokens / K,
-                self.watched, bonus_tokens / K,
+                self.watched, bonus_tokens / K, bool((carries[part] & ~live[part]).any()),
             ))  # fmt: skip
-        sums = dict.fromkeys(SUMS, 0.0) | dict.fromkeys(MAX_KEYS, 0.0)
+        sums = dict.fromkeys(SUMS, 0.0) | dict.fromkeys(MAX_KEYS, 0.0) | dict.fromkeys(CLIP_EXTREMES, 0.0)
         grad_norm, skipped, overflows = self._optimizer_steps(plans, inputs, sums)
         rows = torch.cat([plan.rows for plan in plans])
         return self._metrics(sums, rows, loss_mask, N, grad_norm, skipped) | self._scaler_metrics(overflows)
@@ -289,8 +237,10 @@ class Updater:
                 self.optimizer.zero_grad(set_to_none=True)
                 finite = True
                 self._bonus_coef, sums["entropy_sum"] = (self.entropy.applied() if self.entropy else 0.0), 0.0
+                sums["low_min_step"], sums["high_max_step"] = (0.0 if x.idle else math.inf), 0.0
                 for c_i, idx in enumerate(plan.chunks):
                     finite = self._loss_and_backward(x, plan, c_i, idx, sums, first=it == 0) and finite
+                self._add_clip_extremes(sums, steps)
                 norm, overflow = self._optimizer_step(params, finite)
                 if self.entropy is not None:
                     self._observe_entropy(sums, x.bonus_tokens, first=it == 0)
@@ -405,7 +355,7 @@ class Updater:
                     weights = correction if weights is None else weights * correction
                 if first:
                     self._count_mismatch(old, sampler, sub_mask, correction, sums)
-            adv = _rows_adv(x.adv, idx, sub_mask.shape[1])  # [n] or [n, T]
+            adv = rows_advantages(x.adv, idx, sub_mask.shape[1])  # [n] or [n, T]
             watching = x.watched is not None and not padding
             loss, st = self._loss(logp, old, adv, sub_mask, x, c_i, weights, sampler, watching)
             if watching:
@@ -460,6 +410,14 @@ class Updater:
             sums["entropy_first"], sums["entropy_coef"] = mean, self._bonus_coef
         self.entropy.observe(mean)
 
+    def _add_clip_extremes(self, sums: dict, steps: int) -> None:
+        """An optimizer step's least and greatest clipped share of one rollout (all ranks; TRL's ``low_min`` and
+        ``high_max``, which it takes per micro-batch) to the step's means over its ``steps`` optimizer steps."""
+        low = -dist_.all_max_float(-sums["low_min_step"], self.world)
+        high = dist_.all_max_float(sums["high_max_step"], self.world)
+        sums["clip_low_min"] += (0.0 if math.isinf(low) else low) / steps
+        sums["clip_high_max"] += high / steps
+
     def _add_stats(self, sums: dict, loss: torch.Tensor, st: dict, n_tok: float) -> None:
         """A pass's share of the step's loss statistics (means over the mu passes; token sums for token means). A
         minibatch's loss is divided by its share (1/K) of the step's normalisers: the K of them over K are one pass's."""
@@ -470,6 +428,9 @@ class Updater:
         sums["clip_tok"] += st["clip_frac"].item() * n_tok / mu
         sums["clip_low_tok"] += st["clip_low"].item() * n_tok / mu
         sums["clip_high_tok"] += st["clip_high"].item() * n_tok / mu
+        low, high = st["clip_low_min"].item(), st["clip_high_max"].item()  # NaN for a pass without a token
+        sums["low_min_step"] = min(sums["low_min_step"], low) if low == low else sums["low_min_step"]
+        sums["high_max_step"] = max(sums["high_max_step"], high) if high == high else sums["high_max_step"]
         sums["ratio_tok"] += st["ratio_mean"].item() * n_tok / mu
 
     @torch.no_grad()
@@ -592,6 +553,8 @@ class Updater:
             "loss/kl": totals["kl_tok"] / active_tokens if self.has_reference else None,
             "loss/clip_frac": totals["clip_tok"] / active_tokens,
             **{f"loss/clip_{side}_frac": totals[f"clip_{side}_tok"] / active_tokens for side in ("low", "high")},
+            "loss/clip_low_min": sums["clip_low_min"],  # already over every rank
+            "loss/clip_high_max": sums["clip_high_max"],
             "loss/ratio_mean": totals["ratio_tok"] / active_tokens if totals["active"] else 1.0,
             "loss/active_frac": totals["active"] / N,
             "loss/skipped_updates": skipped,

@@ -31,7 +31,7 @@ TRL_NAMES = {
     "clip_ratio/low_mean": "loss/clip_low_frac",
     "clip_ratio/high_mean": "loss/clip_high_frac",
     "clip_ratio/region_mean": "loss/clip_frac",
-    "clip_ratio/low_min": "loss/clip_low_min",  # an evaluation's (grpolab.eval.groups); a step keeps token means
+    "clip_ratio/low_min": "loss/clip_low_min",
     "clip_ratio/high_max": "loss/clip_high_max",
     "step_time": "time/step_s",
 }
