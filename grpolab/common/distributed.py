@@ -140,10 +140,19 @@ def gather_concat(items: list, world: World) -> list:
 
 def all_sum(values: list[float], world: World) -> list[float]:
     """Element-wise sum over ranks of a list of floats (float64)."""
+    return _reduce_floats(values, dist.ReduceOp.SUM, world)
+
+
+def all_max_floats(values: list[float], world: World) -> list[float]:
+    """Element-wise largest value over ranks of a list of floats (float64), in one reduction."""
+    return _reduce_floats(values, dist.ReduceOp.MAX, world)
+
+
+def _reduce_floats(values: list[float], op, world: World) -> list[float]:
     if not world.distributed:
         return list(values)
     t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    dist.all_reduce(t, op=op)
     return t.tolist()
 
 

@@ -147,7 +147,7 @@ def ratio_one_loss(
     if loss.top_entropy_quantile < 1.0:  # the policy term on the batch's highest-entropy tokens only
         selection = high_entropy_mask(ent, mask, entropy_threshold(ent[mask.bool()], loss.top_entropy_quantile))
     adv = _advantages(gen, G, loss)  # [N]
-    total, stats = policy_loss(lp, lp, adv, mask, token_weights=selection, token_values=True, **loss.options)
+    total, stats = policy_loss(lp, lp, adv, mask, token_weights=selection, **loss.options)
     carried = mask if selection is None else mask * selection.to(mask.dtype)
     total = total - loss.entropy_coef * entropy_bonus(ent, carried, float(carried.sum()))
     return {

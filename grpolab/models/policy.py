@@ -82,21 +82,18 @@ class Policy:
         return msgs + [{"role": "user", "content": prompt}]
 
     def _text_prompt(self, record: dict) -> str:
+        """The record's prompt, which must be text here: a chat's messages need the template this run does not use."""
         prompt = prompt_of(record)
         if not isinstance(prompt, str):
-            raise DataError(f"a prompt given as chat messages needs a chat template: {self.source} has none")
+            off = "" if self.text_as_is else ", or --chat is off"
+            raise DataError(f"a prompt given as chat messages needs a chat template: {self.source} has none{off}")
         return prompt
 
     def prompt_text(self, record: dict) -> str:
         """The plain-text prompt (no chat template): the few-shot examples (question, newline,
         answer, blank line), the question, newline."""
-        prompt = prompt_of(record)
-        if not isinstance(prompt, str):
-            raise DataError(
-                f"a prompt given as chat messages needs a chat template: {self.source} has none, or --chat is off"
-            )
         shots = "".join(f"{ex['question']}\n{ex['answer']}\n\n" for ex in self.few_shot)
-        return shots + prompt + "\n"
+        return shots + self._text_prompt(record) + "\n"
 
     def shown_prompt(self, record: dict) -> str | list[dict]:
         """The prompt as the model is shown it: the chat messages for chat models, else the plain text (what TRL-form

@@ -120,7 +120,6 @@ class _Inputs(NamedTuple):
 
 
 MISMATCH = tuple(f"mismatch_{k}" for k in SUM_KEYS)
-CLIP_EXTREMES = ("clip_low_min", "clip_high_max")  # means over the optimizer steps of all-rank extremes
 SUMS = ("loss", "policy", "kl_tok", "clip_tok", "clip_low_tok", "clip_high_tok", "ratio_tok", "weight_tok", *MISMATCH)
 
 
@@ -148,8 +147,12 @@ class Updater:
         top_p: float = 1.0,
         scaler=None,
     ):
-        self.objective, self.passes = objective, passes
-        self.max_grad_norm, self.max_policy_tokens = max_grad_norm, max_policy_tokens
+        self.objective, self.passes, self.max_grad_norm, self.max_policy_tokens = (
+            objective,
+            passes,
+            max_grad_norm,
+            max_policy_tokens,
+        )
         self.policy, self.optimizer, self.scheduler, self.world = policy, optimizer, scheduler, world
         self.eos_id, self.reference, self.reference_is_base = eos_id, reference, reference_is_base
         self.top_p = top_p  # the sampler's: its nucleus log-probs are put on the trainer's scale (engine_correction)
@@ -221,7 +224,7 @@ class Updater:
                 batch, adv, loss_mask, entropy, threshold, old_logp, sampler_logp, ref_logp, N // K, num_tokens / K,
                 self.watched, bonus_tokens / K, bool((carries[part] & ~live[part]).any()),
             ))  # fmt: skip
-        sums = dict.fromkeys(SUMS, 0.0) | dict.fromkeys(MAX_KEYS, 0.0) | dict.fromkeys(CLIP_EXTREMES, 0.0)
+        sums = dict.fromkeys(SUMS, 0.0) | dict.fromkeys(MAX_KEYS, 0.0) | {"clip_extremes": []}
         grad_norm, skipped, overflows = self._optimizer_steps(plans, inputs, sums)
         rows = torch.cat([plan.rows for plan in plans])
         return self._metrics(sums, rows, loss_mask, N, grad_norm, skipped) | self._scaler_metrics(overflows)
@@ -240,7 +243,7 @@ class Updater:
                 sums["low_min_step"], sums["high_max_step"] = (0.0 if x.idle else math.inf), 0.0
                 for c_i, idx in enumerate(plan.chunks):
                     finite = self._loss_and_backward(x, plan, c_i, idx, sums, first=it == 0) and finite
-                self._add_clip_extremes(sums, steps)
+                sums["clip_extremes"] += [-sums["low_min_step"], sums["high_max_step"]]  # this rank's, negated low
                 norm, overflow = self._optimizer_step(params, finite)
                 if self.entropy is not None:
                     self._observe_entropy(sums, x.bonus_tokens, first=it == 0)
@@ -410,13 +413,13 @@ class Updater:
             sums["entropy_first"], sums["entropy_coef"] = mean, self._bonus_coef
         self.entropy.observe(mean)
 
-    def _add_clip_extremes(self, sums: dict, steps: int) -> None:
-        """An optimizer step's least and greatest clipped share of one rollout (all ranks; TRL's ``low_min`` and
-        ``high_max``, which it takes per micro-batch) to the step's means over its ``steps`` optimizer steps."""
-        low = -dist_.all_max_float(-sums["low_min_step"], self.world)
-        high = dist_.all_max_float(sums["high_max_step"], self.world)
-        sums["clip_low_min"] += (0.0 if math.isinf(low) else low) / steps
-        sums["clip_high_max"] += high / steps
+    def _clip_extremes(self, local: list[float]) -> dict:
+        """``loss/clip_low_min`` and ``loss/clip_high_max``: each optimizer step's least and greatest clipped share of
+        one rollout over every rank (TRL's ``low_min`` and ``high_max``, which it takes per micro-batch), their means
+        over the step's optimizer steps; ``local``: this rank's, ``[-low, high]`` per optimizer step, reduced at once."""
+        every = dist_.all_max_floats(local, self.world)
+        lows = [0.0 if math.isinf(v) else -v for v in every[0::2]]  # inf: no rollout with a token on any rank
+        return {"loss/clip_low_min": sum(lows) / len(lows), "loss/clip_high_max": sum(every[1::2]) / len(lows)}
 
     def _add_stats(self, sums: dict, loss: torch.Tensor, st: dict, n_tok: float) -> None:
         """A pass's share of the step's loss statistics (means over the mu passes; token sums for token means). A
@@ -543,8 +546,9 @@ class Updater:
         local = [sums[k] for k in SUMS] + [rows.numel(), float(loss_mask[rows].sum())]
         totals = dict(zip([*SUMS, "active", "active_tok"], dist_.all_sum(local, self.world)))
         active_tokens = max(1.0, totals["active_tok"])
-        has_bonus = self.entropy is not None
-        bonus = {"loss/entropy": sums["entropy_first"], "loss/entropy_coef": sums["entropy_coef"]} if has_bonus else {}
+        bonus = {}
+        if self.entropy is not None:
+            bonus = {"loss/entropy": sums["entropy_first"], "loss/entropy_coef": sums["entropy_coef"]}
         return {
             **self._engine_metrics(totals, sums),
             **bonus,
@@ -553,8 +557,7 @@ class Updater:
             "loss/kl": totals["kl_tok"] / active_tokens if self.has_reference else None,
             "loss/clip_frac": totals["clip_tok"] / active_tokens,
             **{f"loss/clip_{side}_frac": totals[f"clip_{side}_tok"] / active_tokens for side in ("low", "high")},
-            "loss/clip_low_min": sums["clip_low_min"],  # already over every rank
-            "loss/clip_high_max": sums["clip_high_max"],
+            **self._clip_extremes(sums["clip_extremes"]),
             "loss/ratio_mean": totals["ratio_tok"] / active_tokens if totals["active"] else 1.0,
             "loss/active_frac": totals["active"] / N,
             "loss/skipped_updates": skipped,

@@ -108,14 +108,10 @@ def summary_entry(window: list[dict], global_step: int, epoch: float, summary: d
     an evaluation came after it: TRL's evaluation takes its pending metrics), without the trainer's own keys."""
     entry: dict = {}
     if window:
-        pending = trl_entry(window, global_step, epoch)
-        entry = {k: v for k, v in pending.items() if "/" not in k or k.startswith(TRL_PREFIXES)}
-        entry = {k: v for k, v in entry.items() if k not in TRAINER_KEYS}
+        entry = {k: v for k, v in trl_means(window).items() if k not in TRAINER_KEYS}
+        if "num_tokens" in window[-1]:  # a count so far, not a mean (grpolab.trl.callbacks)
+            entry["num_tokens"] = window[-1]["num_tokens"]
     return entry | summary | {"epoch": epoch, "step": global_step}
-
-
-TRL_PREFIXES = ("rewards/", "completions/", "clip_ratio/")
-"""TRL's metric names with a slash; grpolab's own (``reward/mean``) have theirs too, and stay out of the summary."""
 
 
 def eval_metrics(evaluation, policy_loss: bool) -> dict:
