@@ -107,6 +107,14 @@ class TrainConfig:
         records facts beside its options, such as its process count)."""
         return fields.from_flat(cls, values)
 
+    @classmethod
+    def of_run(cls, values: dict) -> TrainConfig:
+        """The config of a run from its config.json (``values``), whatever version wrote it: an option the file
+        predates takes the value that run used (BEFORE_RECORDED), any other its default; names it does not know are
+        skipped (:meth:`from_dict`). As recorded: nothing resolved (a --dtype alias stays, see
+        :meth:`MachineSection.folded`), nothing checked."""
+        return cls.from_dict({**BEFORE_RECORDED, **values})
+
     def replace(self, **values) -> TrainConfig:
         """This config with options (flat names) changed."""
         return fields.replace(self, **values)

@@ -16,13 +16,14 @@ from pathlib import Path
 
 from grpolab.common.jsonlines import read_jsonl, step_record
 from grpolab.common.stats import with_interval
-from grpolab.config.run import run_config_file
+from grpolab.config.run import DoctorSection, run_config_file
+from grpolab.config.train import TrainConfig
 from grpolab.data.answers import extract_final_number, last_boxed
 from grpolab.doctor.conditions import LEVEL, NAMES, Finding, RunFacts, diagnose, explained, order
 from grpolab.doctor.rows import ACCURACIES, WINDOW, mean, training_rows
 
-DEFAULT_EVERY = 5
-"""Steps between two checks (``--doctor-every``); see rows.WINDOW."""
+DEFAULT_EVERY = DoctorSection.doctor_every
+"""Steps between two checks: ``--doctor-every``'s default (see rows.WINDOW)."""
 
 
 @dataclasses.dataclass
@@ -34,6 +35,12 @@ class RunData:
     rows: list[dict]
     samples: list[dict]
     rollouts: list[dict]
+
+    @property
+    def options(self) -> TrainConfig:
+        """The run's options, as its config.json records them (:meth:`TrainConfig.of_run`: an option the file does
+        not hold has the value its run had)."""
+        return TrainConfig.of_run(self.config)
 
     @classmethod
     def read(cls, run_dir: str | Path) -> RunData:
@@ -84,7 +91,7 @@ def replay(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = (),
 
 def check_every(run: RunData, every: int | None = None) -> int:
     """The steps between two checks: ``every`` if given, else the run's own --doctor-every."""
-    return every or int(run.config.get("doctor_every") or DEFAULT_EVERY)
+    return every or run.options.diagnosis.doctor_every or DEFAULT_EVERY  # (a null in an old config.json: the default)
 
 
 def examine(run_dir: str | Path, every: int | None = None) -> tuple[RunData, list[Finding]]:

@@ -9,7 +9,10 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from grpolab.common.errors import ConfigError
 from grpolab.common.given import NOTHING
+from grpolab.config.run import MachineSection
+from grpolab.config.train import TrainConfig
 from grpolab.rewards.model import model_name
 from grpolab.rewards.rewarder import metric_names
 
@@ -66,44 +69,47 @@ class RunFacts:
 
     @classmethod
     def of(cls, config: dict) -> RunFacts:
-        models = tuple(config.get("reward_model") or ())
-        judge = str(config.get("judge") or "")
-        fns = tuple(config.get("reward_fn") or ()) + models + ((judge,) if judge else ())  # functions first
-        fmt = config.get("format", "")
-        multi = bool(config.get("env") or config.get("tools") or config.get("task") == "arith-multiturn")
-        check = "" if fns or multi or fmt == "prompt" else ("boxed" if fmt == "math" else "####")
-        plain = fns[: len(fns) - len(models) - bool(judge)]
+        """The facts of a run from its config.json, read as the config reads it (:meth:`TrainConfig.of_run`: an
+        option the file does not hold has the value its run had)."""
+        cfg = TrainConfig.of_run(config)
+        reward, episodes = cfg.reward, cfg.episodes
+        plain, models, judge = tuple(reward.reward_fn or ()), tuple(reward.reward_model or ()), reward.judge or ""
+        fns = plain + models + ((judge,) if judge else ())  # functions first (a null in an old config.json: none)
+        fmt = cfg.dataset.format
+        check = "" if fns or episodes.multi_turn or fmt == "prompt" else ("boxed" if fmt == "math" else "####")
         short = [NOTHING.name_of(str(p)) for p in plain] + [model_name(m) for m in models]
         short += [Path(judge).stem] if judge else []
         names = tuple(metric_names(short))  # as the run named their metrics
-        weights = tuple(config.get("reward_weights") or ()) or (1.0,) * len(fns)
+        weights = tuple(reward.reward_weights or ()) or (1.0,) * len(fns)
         return cls(
-            max_new_tokens=int(config.get("max_new_tokens", 48)),
-            group_size=int(config.get("group_size", 8)),
-            lr=float(config.get("lr", 5e-5)),
-            warmup_steps=int(config.get("warmup_steps", 0)),
-            mu=int(config.get("mu", 1)),
-            beta=float(config.get("beta", 0.0)),
-            engine_correction=str(config.get("engine_correction", "none")),
+            max_new_tokens=cfg.generation.max_new_tokens,
+            group_size=cfg.groups.group_size,
+            lr=float(cfg.optimizer.lr),
+            warmup_steps=cfg.optimizer.warmup_steps,
+            mu=cfg.objective.mu,
+            beta=float(cfg.objective.beta),
+            engine_correction=cfg.objective.engine_correction,
             answer_check=check,
             reward_functions=len(fns) if fns else 2,
             reward_weights=weights,
             components=names[1:],
-            sampling=str(config.get("sampling", "fixed")),
+            sampling=cfg.groups.sampling,
             model_reward="judge" if judge else "reward model" if models else "",
-            unbounded=bool(models) and not config.get("reward_fn"),
-            **_precision_of(config),
+            unbounded=bool(models) and not plain,
+            **_precision_of(cfg.machine),
         )
 
 
-def _precision_of(config: dict) -> dict:
-    """The run's precision and compensation from its config.json; a run recorded before --precision names a --dtype
-    (bfloat16: plain AdamW on bf16 weights)."""
-    precision, compensation = config.get("precision"), config.get("compensation", "kahan")
-    if not precision or precision == "auto":
-        precision, compensation = {"bfloat16": ("bf16-true", "none"), "float32": ("32-true", "kahan"),
-                                   "float64": ("64-true", "kahan")}.get(config.get("dtype"), ("", ""))  # fmt: skip
-    return {"precision": precision, "compensation": compensation}
+def _precision_of(machine: MachineSection) -> dict:
+    """The run's precision and compensation; a run recorded before --precision names a --dtype (bfloat16: plain
+    AdamW on bf16 weights), and one that names neither gives ('', '')."""
+    try:
+        machine = machine.folded()
+    except (ConfigError, KeyError):  # a --dtype beside another --precision (or one no longer known): the precision
+        pass
+    if machine.precision == "auto":
+        return {"precision": "", "compensation": ""}
+    return {"precision": machine.precision, "compensation": machine.compensation}
 
 
 @dataclasses.dataclass(frozen=True)

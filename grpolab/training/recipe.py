@@ -402,7 +402,7 @@ def saved_config(out: str | Path) -> TrainConfig:
     path = run_config_file(out)
     if not path.is_file():
         raise ConfigError(f"--resume: {out} holds no run (no config.json)")
-    return TrainConfig.from_dict(_saved_dict(path))
+    return TrainConfig.of_run(json.loads(path.read_text()))
 
 
 def _saved_dict(path: Path) -> dict:
