@@ -1,5 +1,5 @@
 """The doctor on short built-in runs that each have one fault: what it names first, how grave, at which check step,
-and on what evidence; then the same on a healthy run. The faults are those of tests/test_doctor.py (which asserts
+and on what evidence; then the same on a healthy run. The faults are those of tests/doctor/test_doctor.py (which asserts
 the first finding); this prints the table of docs/doctor.md.
 
     python benchmarks/doctor_faults.py [--out runs/doctor-faults]
@@ -40,7 +40,7 @@ FAULTS = {
 
 
 def main() -> None:
-    from helpers import quiet, small_cfg
+    from helpers.runs import quiet, small_cfg
 
     from grpolab.doctor.examine import examine
     from grpolab.training.recipe import train

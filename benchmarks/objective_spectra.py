@@ -13,7 +13,7 @@ given to every objective. For each objective, from the same weights:
 
 Rank, top-1 energy and the answer share are means over the prompts whose rewards vary, with normal 95% intervals
 over those prompts.
-At ratio 1 every objective has the clip's direction for its aggregation (tests/test_objectives.py), so the
+At ratio 1 every objective has the clip's direction for its aggregation (tests/algo/test_objectives.py), so the
 first-pass spectrum is measured once per direction (seq-mean-token-sum's is token-mean's, times a constant). Writes
 objectives.json into --out; prints a line per objective as it finishes.
 

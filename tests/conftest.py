@@ -189,7 +189,7 @@ def char_tokenizer():
 @pytest.fixture(scope="session")
 def tiny_model(char_tokenizer):
     """A randomly initialised 1-layer Llama (hidden 32), seeded, in eval mode."""
-    from helpers import tiny_llama
+    from helpers.models import tiny_llama
 
     return tiny_llama(char_tokenizer, seed=1234)
 
@@ -198,7 +198,7 @@ def tiny_model(char_tokenizer):
 def gpt2_with_dropout(tmp_path_factory, char_tokenizer):
     """A random GPT-2 layout model with dropout 0.1 everywhere (the layout's default), as a local directory
     (heads of 32: the smallest vLLM's CPU attention takes)."""
-    from helpers import gpt2
+    from helpers.models import gpt2
 
     ids = dict(bos_token_id=char_tokenizer.bos_token_id, eos_token_id=char_tokenizer.eos_token_id)
     model = gpt2(len(char_tokenizer), seed=0, dropout=0.1, n_embd=64, **ids)  # 0.1: GPT-2's own default

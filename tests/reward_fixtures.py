@@ -86,3 +86,24 @@ def names_the_colour(prompts, completions, answer, image, **kwargs):
     ``image`` is the row's image column as the data gave it (TRL passes every column): asserted to be there."""
     assert len(image) == len(completions), "the image column reaches the reward function, one per completion"
     return [float(a[0] in c) for c, a in zip(completions, answer)]
+
+
+def contains_answer(completions, answer, **kwargs):
+    """TRL's form: 1 when the completion holds the answer."""
+    return [float(a in c) for c, a in zip(completions, answer)]
+
+
+def parity(completions, records):
+    """The completion's length modulo 2."""
+    return [float(len(c) % 2) for c in completions]
+
+
+PARITY_TRL_CALLS: list[tuple[list, list]] = []
+"""What :func:`parity_trl` was called with, call by call (a test clears it first)."""
+
+
+def parity_trl(prompts, completions, **kwargs):
+    """TRL's form: the parity of the completion's code points; keeps what it was called with (the prompts as the
+    reward model reads them too) in :data:`PARITY_TRL_CALLS`."""
+    PARITY_TRL_CALLS.append((list(prompts), list(completions)))
+    return [float(sum(map(ord, c)) % 2) for c in completions]

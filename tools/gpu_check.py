@@ -43,7 +43,7 @@ from gpu_checks.processes import Background
 from gpu_checks.vllm_sync import check_vllm
 
 __all__ = ["Context", "check_vllm", "main", "padded_tokenizer"]
-"""Besides main, what tests/test_gpu_check.py and tests/test_vllm_engine.py use."""
+"""Besides main, what tests/e2e/test_gpu_check.py and tests/e2e/test_vllm_engine.py use."""
 
 
 def checks_help() -> str:

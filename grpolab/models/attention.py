@@ -7,7 +7,7 @@ with grouped heads). While sampling, the mask is there in every step (left-padde
 its whole cache three times over at each new token: at 1,100 tokens that copy was most of the step's time.
 
 PyTorch's CPU kernel takes grouped heads and a mask together (``enable_gqa=True``) and gives the same output bit for
-bit, 5-6x faster at decode shapes (measured in ``tests/test_models.py`` for equality). :func:`use_grouped_sdpa`
+bit, 5-6x faster at decode shapes (measured in ``tests/models/test_models.py`` for equality). :func:`use_grouped_sdpa`
 points a model at :func:`grouped_sdpa_forward`, which calls the kernel that way for CPU tensors with a mask and
 hands every other case to transformers' own sdpa function unchanged. Why by hand: transformers has no switch for it.
 

@@ -190,7 +190,7 @@ def dequantise_gguf(directory: Path, file: str, dtype: torch.dtype = torch.float
     transformers keeps its GGUF quantizer attached to the loaded model, then refuses to save
     it and its Trainer refuses to train it, although the weights are plain tensors after
     dequantisation. The quantizer's own ``remove_quantization_config`` detaches it; the
-    checkpoints then save and reload to identical logits (tests/test_models.py checks it).
+    checkpoints then save and reload to identical logits (tests/models/test_models.py checks it).
     """
     with _gguf_read_once():
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file)

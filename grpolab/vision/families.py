@@ -10,7 +10,7 @@ Every family here answers the same four questions:
   three-dimensional M-RoPE (time, height, width) for Qwen2-VL and Qwen2.5-VL.
 
 The families tested are LLaVA, Idefics3 (SmolVLM's architecture), Qwen2-VL and Qwen2.5-VL, each on a tiny random
-configuration built in the tests (tests/helpers.py).
+configuration built in the tests (tests/helpers/vlm.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ and a cache of the vision tower's output. The G rollouts of a group hold the *sa
 
 - the tower runs once per prompt per step, whether it is the sampler, the old-policy pass or each of the mu updates
   that asks (with the tower frozen its output is a constant of the step; the projector after it trains and runs,
-  with its gradient, in every forward: the same gradient as recomputing the tower, which tests/test_vision.py checks);
+  with its gradient, in every forward: the same gradient as recomputing the tower, which tests/vision/test_vision.py checks);
 - the projector runs once per distinct prompt in a forward, its output indexed out to the rows that share it.
 
 :func:`model_inputs` is the one place a batch's rows become a forward's keyword arguments: ids, attention mask and
