@@ -5,6 +5,7 @@ healthy run; the watcher in training; `grpolab doctor` and the report's section.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from helpers import paths
@@ -160,6 +161,29 @@ def test_rounding_at_its_share_and_the_change_it_names():
     assert (RunFacts.of({"precision": "bf16-mixed"}).precision, RunFacts.of({"dtype": "bfloat16"}).compensation) == (
         "bf16-mixed", "none")  # fmt: skip
     assert RunFacts.of({"dtype": "auto"}).precision == ""
+
+
+def test_the_facts_are_read_through_the_runs_config():
+    """RunFacts.of reads config.json as the config does (TrainConfig.of_run): a missing option is TrainConfig's
+    default, or the value a run recorded before it had (BEFORE_RECORDED); keys no option holds are skipped."""
+    from grpolab.config.train import TrainConfig
+    from grpolab.doctor.examine import RunData, check_every
+
+    defaults = TrainConfig()
+    facts = RunFacts.of({"code_version": "abc", "world_size": 2, "hub": "org/x", "model_fingerprint": "f"})
+    assert facts.warmup_steps == defaults.optimizer.warmup_steps == 10 and facts.lr == defaults.optimizer.lr
+    assert (facts.group_size, facts.mu) == (defaults.groups.group_size, defaults.objective.mu)
+    assert RunFacts.of({"warmup_steps": 3}).warmup_steps == 3
+    old = {"dtype": "bfloat16", "lr": 1e-6, "steps": 20}  # before --precision, --rollout-dtype, --engine-correction
+    cfg = TrainConfig.of_run(old)
+    assert (cfg.machine.dtype, cfg.machine.precision, cfg.engine.rollout_dtype) == ("bfloat16", "auto", "auto")
+    assert cfg.objective.engine_correction == "none" and cfg.resolved().machine.precision == "bf16-true"
+    facts = RunFacts.of(old)
+    assert facts.engine_correction == "none" and facts.lr == 1e-6
+    machine = cfg.resolved().machine  # --dtype folded into the --precision it stands for
+    assert (facts.precision, facts.compensation) == (machine.precision, machine.compensation) == ("bf16-true", "none")
+    assert check_every(RunData(Path("."), {}, [], [], [])) == defaults.diagnosis.doctor_every
+    assert check_every(RunData(Path("."), {"doctor_every": 7}, [], [], [])) == 7
 
 
 def test_not_learning_when_the_groups_carry_signal_with_the_causes_it_sees():
