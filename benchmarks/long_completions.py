@@ -256,7 +256,7 @@ def plot(results: dict[int, dict[str, dict]], path: str) -> None:
     print(f"plot: {path}")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--shapes", default="2x4x128,2x4x512,2x4x1024", help="BxGxT,...: prompts x group x new tokens")
@@ -278,17 +278,12 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=2, help=argparse.SUPPRESS)
     p.add_argument("--group-size", type=int, default=4, help=argparse.SUPPRESS)
     p.add_argument("--tokens", dest="max_new_tokens", type=int, default=128, help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.only:
-        run_one(args)
-        return
-    if args.replot:  # redraw a saved --json's figures
-        with open(args.replot) as f:
-            plot({int(T): by for T, by in json.load(f).items()}, args.plot or "long_completions.png")
-        return
-    own = ("--shapes", "--json", "--plot", "--configs", "--rollout-dtypes", "--precisions", "--names")
-    argv = [a for a in _without(sys.argv[1:], own)]
-    results: dict[int, dict[str, dict]] = {}
+    return p.parse_args()
+
+
+def config_names(args) -> list[str]:
+    """The configurations to run: ``--names``, else each of ``--configs``, a grpolab one once per ``--precisions``
+    entry and, under 32-true, once per ``--rollout-dtypes`` entry."""
     names = []
     for c in (c for c in CONFIGS if c in args.configs.split(",")):
         if c in TRL_CONFIGS:
@@ -299,12 +294,12 @@ def main() -> None:
                 names += [c + DTYPE_SUFFIX[d] for d in args.rollout_dtypes.split(",")]
             else:
                 names.append(c + PRECISION_SUFFIX[precision])
-    names = args.names.split(",") if args.names else names
-    for shape in args.shapes.split(","):
-        args.prompts, args.group_size, args.max_new_tokens = map(int, shape.split("x"))
-        for name in names:
-            results.setdefault(args.max_new_tokens, {})[name] = measure(args, name, argv)
-    print(
+    return args.names.split(",") if args.names else names
+
+
+def settings_line(args) -> str:
+    """The settings every configuration shares, printed before the ratios."""
+    return (
         f"config: {args.model}, B x G = {args.prompts} x {args.group_size}, every completion runs to T (EOS ignored), "
         f"parity reward, mu=1, beta=0, {args.threads} threads; grpolab: --micro-batch-tokens "
         f"{args.micro_batch_tokens}, checkpointing {'off' if args.no_checkpointing else 'on (off in -nockpt)'}, "
@@ -312,6 +307,26 @@ def main() -> None:
            f"{args.rollout_dtypes})")
         + ", engine correction auto"
     )  # fmt: skip
+
+
+def main() -> None:
+    args = parse_args()
+    if args.only:
+        run_one(args)
+        return
+    if args.replot:  # redraw a saved --json's figures
+        with open(args.replot) as f:
+            plot({int(T): by for T, by in json.load(f).items()}, args.plot or "long_completions.png")
+        return
+    own = ("--shapes", "--json", "--plot", "--configs", "--rollout-dtypes", "--precisions", "--names")
+    argv = [a for a in _without(sys.argv[1:], own)]
+    results: dict[int, dict[str, dict]] = {}
+    names = config_names(args)
+    for shape in args.shapes.split(","):
+        args.prompts, args.group_size, args.max_new_tokens = map(int, shape.split("x"))
+        for name in names:
+            results.setdefault(args.max_new_tokens, {})[name] = measure(args, name, argv)
+    print(settings_line(args))
     for line in ratio_lines(results):
         print(line)
     if args.json:

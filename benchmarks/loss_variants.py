@@ -56,34 +56,39 @@ def _run(cmd: list[str], log: Path) -> float:
     return time.perf_counter() - t0
 
 
-def one(out: Path, name: str, seed: int, args) -> dict:
-    run = out / f"{name}-seed{seed}"
-    train_flags = VARIANTS[name]
+def train(out: Path, run: Path, name: str, seed: int, args) -> None:
+    """`grpolab train` of the variant at ``seed`` into ``run`` (its log beside it), with its wall time in wall.txt;
+    nothing if wall.txt is there already."""
     wall_file = run / "wall.txt"
-    if not wall_file.exists():
-        subprocess.run(["rm", "-rf", str(run)], check=True)
-        wall = _run(
-            [
-                sys.executable,
-                "-m",
-                "grpolab",
-                "train",
-                "--out",
-                str(run),
-                "--seed",
-                str(seed),
-                "--steps",
-                str(args.steps),
-                "--eval-every",
-                str(args.eval_every),
-                "--save-every",
-                str(args.steps),
-                "--no-progress",
-                *train_flags,
-            ],
-            out / f"{run.name}.log",
-        )
-        wall_file.write_text(f"{wall:.1f}")
+    if wall_file.exists():
+        return
+    subprocess.run(["rm", "-rf", str(run)], check=True)
+    wall = _run(
+        [
+            sys.executable,
+            "-m",
+            "grpolab",
+            "train",
+            "--out",
+            str(run),
+            "--seed",
+            str(seed),
+            "--steps",
+            str(args.steps),
+            "--eval-every",
+            str(args.eval_every),
+            "--save-every",
+            str(args.steps),
+            "--no-progress",
+            *VARIANTS[name],
+        ],
+        out / f"{run.name}.log",
+    )
+    wall_file.write_text(f"{wall:.1f}")
+
+
+def rank(out: Path, run: Path, args) -> Path:
+    """`grpolab rank` on the run's final checkpoint, unless its rank.json is there already; the folder it writes."""
     rank_dir = run / "probes" / "rank"
     if not (rank_dir / "rank.json").exists():
         _run(
@@ -106,13 +111,16 @@ def one(out: Path, name: str, seed: int, args) -> dict:
             ],
             out / f"{run.name}-rank.log",
         )
+    return rank_dir
+
+
+def figures(run: Path, rank_dir: Path, args) -> dict:
+    """The run's last held-out accuracies, its means over the last 50 steps, its rank and its wall time."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     last = [r for r in rows if "eval/accuracy_sampled" in r][-1]
     tail = [r for r in rows if r["step"] > args.steps - 50 and "policy/entropy" in r]
     rank = json.loads((rank_dir / "rank.json").read_text())["results"][0]
     return {
-        "variant": name,
-        "seed": seed,
         "sampled": last["eval/accuracy_sampled"],
         "greedy": last["eval/accuracy_greedy"],
         "truncated_frac": statistics.fmean(r["completion/truncated_frac"] for r in tail),
@@ -121,8 +129,16 @@ def one(out: Path, name: str, seed: int, args) -> dict:
         "effective_rank": rank["effective_rank"]["mean"],
         "effective_rank_lo": rank["effective_rank"]["lo"],
         "effective_rank_hi": rank["effective_rank"]["hi"],
-        "wall_s": float(wall_file.read_text()),
+        "wall_s": float((run / "wall.txt").read_text()),
     }
+
+
+def one(out: Path, name: str, seed: int, args) -> dict:
+    """One (variant, seed): its run trained and ranked (or reused), and its figures."""
+    run = out / f"{name}-seed{seed}"
+    train(out, run, name, seed, args)
+    rank_dir = rank(out, run, args)
+    return {"variant": name, "seed": seed, **figures(run, rank_dir, args)}
 
 
 def main() -> None:

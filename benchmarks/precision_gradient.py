@@ -157,7 +157,7 @@ def tables(path: str) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct", help="a model, or a run (its --step-index checkpoint)")
     p.add_argument("--step-index", type=int, default=0)
@@ -178,7 +178,46 @@ def main() -> None:
     )
     p.add_argument("--no-pairings", action="store_true", help="the gradients only")
     p.add_argument("--tables", metavar="JSON", help="print the markdown tables of a saved precision_gradient.json")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def gradients(policy, task, records, args, fp32) -> tuple[dict, dict]:
+    """1. Each of ``--trainers``' gradient on the fp32 draw against 32-true's; and the yardstick, 32-true's on a
+    second draw with other keys."""
+    model, T = policy.model, args.temperature
+    found = {}
+    ref_module, ref_precision = trainer_module(model, "32-true", T)
+    weights = step_weights(fp32, scores(ref_module, fp32))
+    reference = gradient(ref_module, ref_precision, fp32, weights)
+    for name in (n for n, _, _ in TRAINERS[1:] if n in args.trainers.split(",")):
+        module, precision = trainer_module(model, name, T)
+        found[name] = compare(gradient(module, precision, fp32, weights), reference)
+        f = found[name]
+        print(f"gradient {name:<24} rel error {f['rel_error']:.3e} cosine {f['cosine']:.6f}", flush=True)
+    other = draw(policy, task, records, args, "float32", False, False, seed_shift=1)
+    other_weights = step_weights(other, scores(ref_module, other))
+    yardstick = compare(gradient(ref_module, ref_precision, other, other_weights), reference)
+    print(f"gradient 32-true, other keys      rel error {yardstick['rel_error']:.3e} "
+          f"cosine {yardstick['cosine']:.4f}", flush=True)  # fmt: skip
+    return found, yardstick
+
+
+def mismatches(policy, task, records, args, fp32) -> dict:
+    """2. Each pairing's sampler draws with the same keys (the fp32 one's rollouts are ``fp32``), its trainer scores
+    them: the log-ratio's spread."""
+    found = {}
+    for name, dtype, head, autocast, trainer in PAIRINGS:
+        same = (dtype, head, autocast) == ("float32", False, False)
+        groups = fp32 if same else draw(policy, task, records, args, dtype, head, autocast)
+        module, _ = trainer_module(policy.model, trainer, args.temperature)
+        m = found[name] = mismatch(groups, scores(module, groups))
+        print(f"mismatch {name:<44} log-ratio sd {m['engine/logratio_std']:.3e} outside [0.9, 1.1] "
+              f"{m['engine/ratio_outside_frac']:.4f} seq sd {m['engine/seq_logratio_std']:.3e}", flush=True)  # fmt: skip
+    return found
+
+
+def main() -> None:
+    args = parse_args()
     if args.tables:
         print(tables(args.tables))
         return
@@ -188,33 +227,14 @@ def main() -> None:
     t0 = time.perf_counter()
     policy, task, records, step = probe_setup(args)  # benchmarks/precision.py's
     records = records[: args.prompts]
-    model, T = policy.model, args.temperature
     results: dict = {"args": vars(args), "step": step, "gradient": {}, "mismatch": {}}
     fp32 = draw(policy, task, records, args, "float32", False, False)
     live = sum(bool((r != r[0]).any()) for _, _, r in fp32)
     print(f"fp32 draw: {len(fp32)} prompts x {args.group_size}, {live} with reward spread", flush=True)
     if not args.pairings_only:
-        ref_module, ref_precision = trainer_module(model, "32-true", T)
-        weights = step_weights(fp32, scores(ref_module, fp32))
-        reference = gradient(ref_module, ref_precision, fp32, weights)
-        for name in (n for n, _, _ in TRAINERS[1:] if n in args.trainers.split(",")):
-            module, precision = trainer_module(model, name, T)
-            results["gradient"][name] = compare(gradient(module, precision, fp32, weights), reference)
-            f = results["gradient"][name]
-            print(f"gradient {name:<24} rel error {f['rel_error']:.3e} cosine {f['cosine']:.6f}", flush=True)
-        other = draw(policy, task, records, args, "float32", False, False, seed_shift=1)
-        other_weights = step_weights(other, scores(ref_module, other))
-        results["yardstick"] = compare(gradient(ref_module, ref_precision, other, other_weights), reference)
-        print(f"gradient 32-true, other keys      rel error {results['yardstick']['rel_error']:.3e} "
-              f"cosine {results['yardstick']['cosine']:.4f}", flush=True)  # fmt: skip
-        del reference
-    for name, dtype, head, autocast, trainer in () if args.no_pairings else PAIRINGS:
-        same = (dtype, head, autocast) == ("float32", False, False)
-        groups = fp32 if same else draw(policy, task, records, args, dtype, head, autocast)
-        module, _ = trainer_module(model, trainer, T)
-        m = results["mismatch"][name] = mismatch(groups, scores(module, groups))
-        print(f"mismatch {name:<44} log-ratio sd {m['engine/logratio_std']:.3e} outside [0.9, 1.1] "
-              f"{m['engine/ratio_outside_frac']:.4f} seq sd {m['engine/seq_logratio_std']:.3e}", flush=True)  # fmt: skip
+        results["gradient"], results["yardstick"] = gradients(policy, task, records, args, fp32)
+    if not args.no_pairings:
+        results["mismatch"] = mismatches(policy, task, records, args, fp32)
     results["seconds"] = time.perf_counter() - t0
     (out / "precision_gradient.json").write_text(json.dumps(results, indent=2))
     print(f"{out / 'precision_gradient.json'} ({results['seconds']:.0f} s)")

@@ -25,6 +25,7 @@ each K of ``--lags``: K = 0 is the on-policy batch, K >= 1 what ``--max-stalenes
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -61,24 +62,11 @@ def compare(g, ref) -> dict:
     return {"rel_error": float((g - ref).norm() / ref.norm()), "cosine": float(g @ ref / (g.norm() * ref.norm()))}
 
 
-def measure(args) -> list[dict]:
-    import torch
-
-    from grpolab.algo.advantages import compute_advantages
-    from grpolab.algo.engine_correction import engine_weights
-    from grpolab.algo.loss import effective_aggregation
-    from grpolab.common import streams
-    from grpolab.common.batch import select
+def run_config(args):
+    """The run: SmolLM2 on the last-letter task, 8 prompts x 8 rollouts of up to 16 tokens, fp32, seed 0."""
     from grpolab.config.train import TrainConfig
-    from grpolab.models.logprobs import completion_logprobs
-    from grpolab.probes.gram import score_gram, token_weights
-    from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
-    from grpolab.rollout.engine import EngineSpec, HFEngine
-    from grpolab.rollout.service import RolloutService
-    from grpolab.rollout.weights import served_weights
-    from grpolab.training.recipe import build_trainer
 
-    cfg = TrainConfig(
+    return TrainConfig(
         model="smollm2-135m-instruct",
         data=args.data,
         eval_data=args.eval_data,
@@ -97,23 +85,71 @@ def measure(args) -> list[dict]:
         progress=False,
         out="/tmp/grpolab-stale-gradient",
     )
-    trainer = build_trainer(cfg, log=print)
-    policy, B, G = trainer.policy, cfg.groups.prompts_per_step, cfg.groups.group_size
+
+
+def train(trainer, steps: int) -> list[dict]:
+    """Trains ``steps`` steps; the served weights before the first and after each (theta_0 .. theta_S)."""
+    from grpolab.rollout.weights import served_weights
 
     def snapshot():
-        return {n: t.detach().clone() for n, t in served_weights(policy.model)}
+        return {n: t.detach().clone() for n, t in served_weights(trainer.policy.model)}
 
     thetas = [snapshot()]
-    for step in range(1, args.steps + 1):
+    for step in range(1, steps + 1):
         t0 = time.perf_counter()
         m = trainer.step(step).metrics
         thetas.append(snapshot())
         print(f"step {step}: reward {m['reward/mean']:.3f}, {time.perf_counter() - t0:.0f} s", flush=True)
-    S = args.steps
+    return thetas
+
+
+@dataclasses.dataclass
+class Probe:
+    """What each measurement at theta_S reads: the policy, B x G, the sampling settings, the advantage estimator
+    and the loss's token weighting."""
+
+    policy: object
+    B: int
+    G: int
+    settings: object
+    estimator: str
+    aggregation: str
+
+    @classmethod
+    def of(cls, trainer, cfg) -> Probe:
+        from grpolab.algo.loss import effective_aggregation
+
+        objective = trainer.cfg.objective
+        aggregation = effective_aggregation(trainer.cfg.terms.loss_type, objective.aggregation)
+        settings = trainer.collector.settings.sampling
+        B, G = cfg.groups.prompts_per_step, cfg.groups.group_size
+        return cls(trainer.policy, B, G, settings, objective.estimator, aggregation)
+
+    def weights_of(self, batch):
+        from grpolab.probes.gram import token_weights
+
+        return token_weights(batch.completion_mask, self.aggregation, self.settings.max_new_tokens)
+
+    def advantages(self, rows):
+        from grpolab.algo.advantages import compute_advantages
+
+        return compute_advantages(rows.scores.total.view(self.B, self.G), self.estimator).reshape(-1)
+
+    def gradient(self, batch, coef, weights):
+        return gradient(self.policy, batch, coef, weights, self.settings.temperature)
+
+
+def behaviour_sampler(trainer, probe: Probe, S: int):
+    """``draw(theta, seed)``: step S + 1's prompts and rollout keys drawn by a replica of the model holding the
+    weights ``theta`` (the behaviour policy), through the run's rollout service."""
+    from grpolab.common import streams
+    from grpolab.rollout.engine import EngineSpec, HFEngine
+    from grpolab.rollout.service import RolloutService
+
+    policy, B, G = probe.policy, probe.B, probe.G
     replica = type(policy.model)(policy.model.config).eval()  # the behaviour policy's model
     engine = HFEngine(replica, EngineSpec(policy.eos_id, policy.pad_id), always_copy=True)
     service = RolloutService(engine, policy, trainer.reward)
-    settings = trainer.collector.settings.sampling
     records = trainer.sampler.draw(S + 1, B)
     recs = [r for r in records for _ in range(G)]
 
@@ -121,54 +157,93 @@ def measure(args) -> list[dict]:
         replica.load_state_dict({**replica.state_dict(), **theta})
         engine.weights_changed()
         keys = [(streams.ROLLOUT, seed, S + 1, b, g) for b in range(B) for g in range(G)]
-        rows, _, _ = service.sample(recs, keys, settings)
+        rows, _, _ = service.sample(recs, keys, probe.settings)
         return rows
 
-    objective = trainer.cfg.objective
-    aggregation = effective_aggregation(trainer.cfg.terms.loss_type, objective.aggregation)
+    return draw
 
-    def weights_of(batch):
-        return token_weights(batch.completion_mask, aggregation, settings.max_new_tokens)
 
-    on_policy = draw(thetas[S], cfg.run.seed)
-    A0 = compute_advantages(on_policy.scores.total.view(B, G), objective.estimator).reshape(-1)
-    policy.model.eval()  # no dropout: the gradient of the policy's own weights, as the loss takes it
-    g0 = gradient(policy, on_policy.batch, A0 / (B * G), weights_of(on_policy.batch), settings.temperature)
+def off_policy(probe: Probe, rows) -> tuple[dict, object]:
+    """The log-ratio's spread and the shares the corrections truncate and mask, and the truncating correction's
+    per-rollout weight ``w``."""
+    import torch
+
+    from grpolab.algo.engine_correction import engine_weights
+    from grpolab.models.logprobs import completion_logprobs
+
+    mask = rows.batch.completion_mask.bool()
+    with torch.no_grad():
+        current = completion_logprobs(probe.policy.model.eval(), rows.batch, probe.settings.temperature)
+    log_ratio = (current - rows.logprobs.to(current.dtype)) * mask
+    seq = log_ratio.sum(1)
+    w = engine_weights(current, rows.logprobs.to(current.dtype), mask, "sequence-truncate", CAP)[:, 0]
+    masked = engine_weights(current, rows.logprobs.to(current.dtype), mask, "sequence-mask", CAP)[:, 0]
+    tokens = mask.sum(1).double()
+    figures = {
+        "token_logratio_std": float(log_ratio[mask].std()),
+        "seq_logratio_std": float(seq.std()),
+        "truncated_token_share": float(tokens[seq > torch.log(torch.tensor(CAP))].sum() / tokens.sum()),
+        "masked_token_share": float(tokens[masked == 0].sum() / tokens.sum()),
+    }
+    return figures, w
+
+
+def group_ranks(probe: Probe, rows, token_w, A, w) -> list[float]:
+    """The effective rank of each group with a contrast: its Gram of its rollouts' scores (as the in-training probe
+    takes it), the rows weighted w_i A_i."""
+    import torch
+
+    from grpolab.common.batch import select
+    from grpolab.probes.gram import score_gram
+    from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
+
+    ranks = []
+    for b in range(probe.B):
+        idx = torch.arange(b * probe.G, (b + 1) * probe.G)
+        if A[idx].abs().sum() > 0:
+            part = select(rows.batch, idx)
+            psi = score_gram(probe.policy.model, part, token_w[idx][:, : part.completion_ids.shape[1]],
+                             temperature=probe.settings.temperature)  # fmt: skip
+            s = singular_values_from_gram(psi, (w * A)[idx])
+            ranks.append(spectrum_metrics(s)["effective_rank"])
+    return ranks
+
+
+def lag_row(probe: Probe, rows, g0) -> dict:
+    """One batch's figures against the on-policy gradient ``g0`` (the rows of the printed table)."""
+    ratio, w = off_policy(probe, rows)
+    A = probe.advantages(rows)
+    coef = (w * A) / (probe.B * probe.G)
+    token_w = probe.weights_of(rows.batch)
+    gap = compare(probe.gradient(rows.batch, coef, token_w), g0)
+    ranks = group_ranks(probe, rows, token_w, A, w)
+    return {
+        **ratio,
+        "effective_rank": sum(ranks) / max(len(ranks), 1),
+        "groups_with_contrast": len(ranks),
+        "reward_mean": float(rows.scores.total.mean()),
+        **gap,
+    }
+
+
+def measure(args) -> list[dict]:
+    """Trains S steps, then the on-policy gradient at theta_S and a row per K of ``--lags`` and for the noise."""
+    from grpolab.training.recipe import build_trainer
+
+    cfg = run_config(args)
+    trainer = build_trainer(cfg, log=print)
+    thetas = train(trainer, args.steps)
+    S, seed = args.steps, cfg.run.seed
+    probe = Probe.of(trainer, cfg)
+    draw = behaviour_sampler(trainer, probe, S)
+    on_policy = draw(thetas[S], seed)
+    A0 = probe.advantages(on_policy)
+    probe.policy.model.eval()  # no dropout: the gradient of the policy's own weights, as the loss takes it
+    g0 = probe.gradient(on_policy.batch, A0 / (probe.B * probe.G), probe.weights_of(on_policy.batch))
     out = []
     for K in [*args.lags, "noise"]:
-        rows = draw(thetas[S], cfg.run.seed + 1) if K == "noise" else draw(thetas[S - K], cfg.run.seed)
-        mask = rows.batch.completion_mask.bool()
-        with torch.no_grad():
-            current = completion_logprobs(policy.model.eval(), rows.batch, settings.temperature)
-        log_ratio = (current - rows.logprobs.to(current.dtype)) * mask
-        seq = log_ratio.sum(1)
-        w = engine_weights(current, rows.logprobs.to(current.dtype), mask, "sequence-truncate", CAP)[:, 0]
-        masked = engine_weights(current, rows.logprobs.to(current.dtype), mask, "sequence-mask", CAP)[:, 0]
-        tokens = mask.sum(1).double()
-        A = compute_advantages(rows.scores.total.view(B, G), objective.estimator).reshape(-1)
-        coef = (w * A) / (B * G)
-        token_w = weights_of(rows.batch)
-        gap = compare(gradient(policy, rows.batch, coef, token_w, settings.temperature), g0)
-        ranks = []  # each group's Gram of its rollouts' scores (as the in-training probe takes it)
-        for b in range(B):
-            idx = torch.arange(b * G, (b + 1) * G)
-            if A[idx].abs().sum() > 0:
-                part = select(rows.batch, idx)
-                psi = score_gram(policy.model, part, token_w[idx][:, : part.completion_ids.shape[1]],
-                                 temperature=settings.temperature)  # fmt: skip
-                s = singular_values_from_gram(psi, (w * A)[idx])
-                ranks.append(spectrum_metrics(s)["effective_rank"])
-        row = {
-            "K": K,
-            "token_logratio_std": float(log_ratio[mask].std()),
-            "seq_logratio_std": float(seq.std()),
-            "truncated_token_share": float(tokens[seq > torch.log(torch.tensor(CAP))].sum() / tokens.sum()),
-            "masked_token_share": float(tokens[masked == 0].sum() / tokens.sum()),
-            "effective_rank": sum(ranks) / max(len(ranks), 1),
-            "groups_with_contrast": len(ranks),
-            "reward_mean": float(rows.scores.total.mean()),
-            **gap,
-        }
+        rows = draw(thetas[S], seed + 1) if K == "noise" else draw(thetas[S - K], seed)
+        row = {"K": K, **lag_row(probe, rows, g0)}
         out.append(row)
         print(json.dumps(row), flush=True)
     trainer.close()

@@ -180,16 +180,66 @@ def run_grpolab(args, checkpointing: bool, engine: str = "hf") -> list[float]:
     return times
 
 
+def _vllm_new_tokens(trainer, prompts: list, keys: list) -> int:
+    """The vllm engine's new tokens for ``prompts``."""
+    from grpolab.rollout.engine import SamplingSettings
+
+    settings = SamplingSettings(trainer.cfg.generation.max_new_tokens, 1.0, 1.0)
+    return int(trainer.engine.generate(prompts, keys, settings).batch.completion_mask.sum())
+
+
+def _sampler_new_tokens(trainer, prompts: list, keys: list) -> int:
+    """grpolab's sampler's new tokens for ``prompts``."""
+    from grpolab.rollout.sampler import sample
+
+    policy = trainer.policy
+    return int(
+        sample(
+            policy.model,
+            prompts,
+            keys,
+            max_new_tokens=trainer.cfg.generation.max_new_tokens,
+            temperature=1.0,
+            top_p=1.0,
+            eos_id=policy.eos_id,
+            pad_id=policy.pad_id,
+        ).completion_mask.sum()
+    )
+
+
+def _generate_new_tokens(trainer, prompts: list, keys: list) -> int:
+    """``model.generate``'s new tokens for ``prompts``, up to and with each row's EOS."""
+    import torch
+
+    from grpolab.common.batch import left_pad
+
+    policy = trainer.policy
+    ids, mask = left_pad(prompts, policy.pad_id)
+    with torch.no_grad():
+        out = policy.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=trainer.cfg.generation.max_new_tokens,
+            pad_token_id=policy.pad_id,
+            eos_token_id=policy.eos_id,
+        )
+    gen = out[:, ids.shape[1] :]  # [N, T]
+    ended = (gen == policy.eos_id).int().cumsum(1)
+    return int(((ended == 0) | ((ended == 1) & (gen == policy.eos_id))).sum())  # tokens up to and with EOS
+
+
+NEW_TOKENS = {"vllm": _vllm_new_tokens, "grpolab": _sampler_new_tokens, "generate": _generate_new_tokens}
+
+
 def sampling_throughput(trainer, step: int, repeats: int = 2, skip_generate: bool = False) -> None:
     """New tokens per second of grpolab's sampler, of ``model.generate`` and (with the vllm engine) of vLLM on the
     same B x G prompts (all sample at temperature 1 with a KV cache, up to the same length; generate's rows run until
     the longest ends). ``repeats`` passes each; the last counts (warm caches)."""
-    import torch
-
     from grpolab.common import streams
-    from grpolab.common.batch import left_pad
-    from grpolab.rollout.engine import SamplingSettings
-    from grpolab.rollout.sampler import sample
 
     cfg, policy = trainer.cfg, trainer.policy
     prompts = [
@@ -204,39 +254,7 @@ def sampling_throughput(trainer, step: int, repeats: int = 2, skip_generate: boo
     names = tuple(n for n in names if not (skip_generate and n == "generate"))
     for name in names * repeats:
         t0 = time.perf_counter()
-        if name == "vllm":
-            settings = SamplingSettings(cfg.generation.max_new_tokens, 1.0, 1.0)
-            new = int(trainer.engine.generate(prompts, keys, settings).batch.completion_mask.sum())
-        elif name == "grpolab":
-            new = int(
-                sample(
-                    policy.model,
-                    prompts,
-                    keys,
-                    max_new_tokens=cfg.generation.max_new_tokens,
-                    temperature=1.0,
-                    top_p=1.0,
-                    eos_id=policy.eos_id,
-                    pad_id=policy.pad_id,
-                ).completion_mask.sum()
-            )
-        else:
-            ids, mask = left_pad(prompts, policy.pad_id)
-            with torch.no_grad():
-                out = policy.model.generate(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    do_sample=True,
-                    temperature=1.0,
-                    top_p=1.0,
-                    top_k=0,
-                    max_new_tokens=cfg.generation.max_new_tokens,
-                    pad_token_id=policy.pad_id,
-                    eos_token_id=policy.eos_id,
-                )
-            gen = out[:, ids.shape[1] :]  # [N, T]
-            ended = (gen == policy.eos_id).int().cumsum(1)
-            new = int(((ended == 0) | ((ended == 1) & (gen == policy.eos_id))).sum())  # tokens up to and with EOS
+        new = NEW_TOKENS[name](trainer, prompts, keys)
         rates[name] = (new, time.perf_counter() - t0)
     prompt_tokens = sum(map(len, prompts))
     for name, (new, sec) in rates.items():

@@ -15,6 +15,8 @@ from grpolab.config import fields
 from grpolab.config.train import TrainConfig
 
 ROOT = Path(grpolab.__file__).parent
+REPO = ROOT.parent
+SCRIPT_FOLDERS = ("benchmarks", "tools")  # run from the checkout, never imported by grpolab: the same size limits
 MAX_FIELDS, MAX_FUNCTION, MAX_STEP = 25, 60, 40
 MAX_FILE, MAX_CLASS = 600, 450
 ROLLOUT_FILE, ROLLOUT_CLASS = 500, 300  # the engines and the wire: one side, one stage per file
@@ -29,6 +31,30 @@ def _modules():
 def _trees():
     for path in sorted(ROOT.rglob("*.py")):
         yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text())
+
+
+def _is_python_script(path: Path) -> bool:
+    """A file without a suffix that runs as Python: its shebang names python (tools/as-cpu is bash)."""
+    with open(path, "rb") as f:
+        first = f.readline(200)
+    return first.startswith(b"#!") and b"python" in first
+
+
+def _scripts():
+    """Every Python file under benchmarks/ and tools/, in subfolders too, with the extension-less Python scripts."""
+    for folder in SCRIPT_FOLDERS:
+        for path in sorted((REPO / folder).rglob("*")):
+            if path.is_file() and (path.suffix == ".py" or (not path.suffix and _is_python_script(path))):
+                yield path
+
+
+def _sized_trees():
+    """What the size limits read: grpolab's modules and the scripts of benchmarks/ and tools/, each named by its path
+    from the repository root (``grpolab/rollout/wire.py``, ``benchmarks/stale_gradient.py``)."""
+    for path, tree in _trees():
+        yield f"grpolab/{path}", tree
+    for path in _scripts():
+        yield path.relative_to(REPO).as_posix(), ast.parse(path.read_text(), filename=str(path))
 
 
 def test_no_dataclass_has_more_than_25_fields():
@@ -56,7 +82,7 @@ def _code_lines(node: ast.AST) -> int:
 def test_no_function_is_longer_than_60_lines():
     long = [
         f"{path}:{node.lineno} {node.name} ({_code_lines(node)} lines)"
-        for path, tree in _trees()
+        for path, tree in _sized_trees()
         for node in ast.walk(tree)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
         if _code_lines(node) > MAX_FUNCTION
@@ -65,11 +91,12 @@ def test_no_function_is_longer_than_60_lines():
 
 
 def test_files_and_classes_are_short_enough_to_read_in_one_sitting():
-    """At most 600 lines a file and 450 a class; in rollout/, 500 and 300 (docstrings of classes count)."""
+    """At most 600 lines a file and 450 a class, benchmarks/ and tools/ included; in grpolab/rollout/, 500 and 300
+    (docstrings of classes count)."""
     big = []
-    for path, tree in _trees():
-        rollout = path.startswith("rollout/")
-        lines = len((ROOT / path).read_text().splitlines())
+    for path, tree in _sized_trees():
+        rollout = path.startswith("grpolab/rollout/")
+        lines = len((REPO / path).read_text().splitlines())
         if lines > (ROLLOUT_FILE if rollout else MAX_FILE):
             big.append(f"{path}: {lines} lines")
         for node in ast.walk(tree):
@@ -78,6 +105,16 @@ def test_files_and_classes_are_short_enough_to_read_in_one_sitting():
                 if size > (ROLLOUT_CLASS if rollout else MAX_CLASS):
                     big.append(f"{path}:{node.lineno} {node.name}: {size} lines")
     assert big == []
+
+
+def test_the_size_limits_read_the_benchmarks_and_tools_too(tmp_path):
+    paths = {path for path, _ in _sized_trees()}
+    for folder in ("grpolab/rollout/", "benchmarks/", "benchmarks/trl_dropin/", "tools/", "tools/gpu_checks/"):
+        assert any(p.startswith(folder) for p in paths), folder
+    assert "tools/as-cpu" not in paths  # a bash script
+    (tmp_path / "py").write_text("#!/usr/bin/env python3\nprint(1)\n")
+    (tmp_path / "sh").write_text("#!/usr/bin/env bash\necho 1\n")
+    assert [_is_python_script(tmp_path / n) for n in ("py", "sh")] == [True, False]
 
 
 def test_a_training_step_is_at_most_40_lines():
