@@ -94,7 +94,7 @@ def run_one(args) -> None:
             f"tokens {m['completion/len_mean']:.0f}",
             flush=True,
         )
-    engine = trainer.engine
+    engine = trainer.sampling_stage.engine
     spans += [("generator", kind, start, end, 0) for kind, start, end in getattr(engine, "spans", [])]
     if hasattr(engine, "prefetches"):
         print(f"drawn ahead: {engine.prefetches}", flush=True)

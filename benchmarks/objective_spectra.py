@@ -33,13 +33,14 @@ from pathlib import Path
 import torch
 
 from grpolab.algo.advantages import compute_advantages
-from grpolab.algo.loss import TermParams, logp_weights, policy_loss
+from grpolab.algo.loss import logp_weights, policy_loss
 from grpolab.analysis.pool import probe_sampler
 from grpolab.analysis.rank import RankConfig
 from grpolab.common import streams
 from grpolab.common.given import NOTHING
 from grpolab.common.rng import set_threads
 from grpolab.common.stats import mean_ci, percentile_interval
+from grpolab.config.objective import TermSection
 from grpolab.config.rollout import RewardSection
 from grpolab.eval.runs import check_intact, load_task_policy, probe_task, run_targets
 from grpolab.models.logprobs import completion_logprobs
@@ -177,7 +178,7 @@ def one_objective(policy, groups, olds, name: str, options: dict, args, at_ratio
     """One objective's figures, from the policy's weights (``args``: lr, cispo_cap, temperature). ``at_ratio1``: the
     first pass's spectra by direction, shared by the objectives: at ratio 1 each term's rows are the clip's with its
     aggregation, and seq-mean-token-sum weighs tokens as token-mean does (times a constant)."""
-    opts = {**options, "params": TermParams(cispo_cap=args.cispo_cap)}
+    opts = {**options, "params": TermSection(cispo_cap=args.cispo_cap).term_params()}
     T = args.temperature
     model = copy.deepcopy(policy.model)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)

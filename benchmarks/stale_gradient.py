@@ -121,7 +121,7 @@ class Probe:
 
         objective = trainer.cfg.objective
         aggregation = effective_aggregation(trainer.cfg.terms.loss_type, objective.aggregation)
-        settings = trainer.collector.settings.sampling
+        settings = trainer.sampling_stage.collector.settings.sampling
         B, G = cfg.groups.prompts_per_step, cfg.groups.group_size
         return cls(trainer.policy, B, G, settings, objective.estimator, aggregation)
 
@@ -149,8 +149,8 @@ def behaviour_sampler(trainer, probe: Probe, S: int):
     policy, B, G = probe.policy, probe.B, probe.G
     replica = type(policy.model)(policy.model.config).eval()  # the behaviour policy's model
     engine = HFEngine(replica, EngineSpec(policy.eos_id, policy.pad_id), always_copy=True)
-    service = RolloutService(engine, policy, trainer.reward)
-    records = trainer.sampler.draw(S + 1, B)
+    service = RolloutService(engine, policy, trainer.task_stage.reward)
+    records = trainer.task_stage.sampler.draw(S + 1, B)
     recs = [r for r in records for _ in range(G)]
 
     def draw(theta, seed):

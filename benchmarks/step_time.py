@@ -26,8 +26,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from grpolab import streams  # noqa: E402
 from grpolab.commands.parsing import parse_config  # noqa: E402
+from grpolab.common import streams  # noqa: E402
 from grpolab.config.train import TrainConfig  # noqa: E402
 from grpolab.models.logprobs import completion_logprobs  # noqa: E402
 from grpolab.rollout.sampler import sample  # noqa: E402
@@ -38,7 +38,7 @@ from grpolab.training.trainer import GRPOTrainer  # noqa: E402
 def plain_forward_backward(trainer: GRPOTrainer, step: int) -> float:
     """Seconds for one forward+backward over the step's rollouts: masked token-mean of log-probs."""
     cfg, policy = trainer.cfg, trainer.policy
-    records = trainer.sampler.draw(step, cfg.groups.prompts_per_step)
+    records = trainer.task_stage.sampler.draw(step, cfg.groups.prompts_per_step)
     prompts = [policy.prompt_ids(r) for r in records for _ in range(cfg.groups.group_size)]
     keys = [
         (streams.ROLLOUT, cfg.run.seed, step, b, g)

@@ -185,7 +185,7 @@ def _vllm_new_tokens(trainer, prompts: list, keys: list) -> int:
     from grpolab.rollout.engine import SamplingSettings
 
     settings = SamplingSettings(trainer.cfg.generation.max_new_tokens, 1.0, 1.0)
-    return int(trainer.engine.generate(prompts, keys, settings).batch.completion_mask.sum())
+    return int(trainer.sampling_stage.engine.generate(prompts, keys, settings).batch.completion_mask.sum())
 
 
 def _sampler_new_tokens(trainer, prompts: list, keys: list) -> int:
@@ -244,7 +244,7 @@ def sampling_throughput(trainer, step: int, repeats: int = 2, skip_generate: boo
     cfg, policy = trainer.cfg, trainer.policy
     prompts = [
         policy.prompt_ids(r)
-        for r in trainer.sampler.draw(step, cfg.groups.prompts_per_step)
+        for r in trainer.task_stage.sampler.draw(step, cfg.groups.prompts_per_step)
         for _ in range(cfg.groups.group_size)
     ]
     keys = [(streams.ROLLOUT, cfg.run.seed, step, i) for i in range(len(prompts))]

@@ -59,21 +59,18 @@ from grpolab.algo.names import AGGREGATIONS, IMPORTANCE_SAMPLING, KL_ESTIMATORS,
 
 @dataclasses.dataclass(frozen=True)
 class TermParams:
-    """The constants of the policy terms other than ``clip`` (defaults: TRL's, except ``cispo_cap``). The same names
-    as the run's options (grpolab.config.objective.TermSection), which the trainer copies here: the math does not
-    import the config."""
+    """The constants of the policy terms other than ``clip``: cispo's cap, sapo's gate temperatures, vespo's gamma
+    shape (k and lambda for each sign of the advantage). Built from the run's options by
+    :meth:`grpolab.config.objective.TermSection.term_params`, which holds their defaults and documents each: the math
+    does not import the config, and keeps no defaults of its own."""
 
-    cispo_cap: float = 5.0
-    """cispo: the importance weight's upper bound (MiniMax-M1's 1 + eps_high^IS; TRL's ``epsilon_high`` under
-    ``loss_type="cispo"``, whose docs recommend 5, as ScaleRL does). No lower bound, as in MiniMax-M1."""
-    sapo_temperature_pos: float = 1.0
-    """sapo: the gate's temperature for tokens with A > 0."""
-    sapo_temperature_neg: float = 1.05
-    """sapo: the gate's temperature for tokens with A <= 0 (SAPO: higher, so negative tokens' gates fall faster)."""
-    vespo_k_pos: float = 2.0
-    vespo_lambda_pos: float = 3.0
-    vespo_k_neg: float = 3.0
-    vespo_lambda_neg: float = 2.0
+    cispo_cap: float
+    sapo_temperature_pos: float
+    sapo_temperature_neg: float
+    vespo_k_pos: float
+    vespo_lambda_pos: float
+    vespo_k_neg: float
+    vespo_lambda_neg: float
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
@@ -229,7 +226,7 @@ def policy_loss(
     token_weights: torch.Tensor | None = None,
     token_values: bool = False,
     loss_type: str = "clip",
-    params: TermParams = TermParams(),
+    params: TermParams | None = None,
     off_policy_threshold: float | None = None,
     sampling_logp: torch.Tensor | None = None,
     kl_ratio: bool = False,
@@ -297,12 +294,14 @@ def policy_term(
     clip_low: float,
     clip_high: float,
     clip_delta: float | None,
-    params: TermParams,
+    params: TermParams | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-token policy term to maximise ``[N, T]`` of ``loss_type`` and where it was clipped (truncated): the
     one dispatch over the objectives of the module docstring. ``ratio``: :func:`importance_ratio`'s."""
     if loss_type in ("clip", "luspo"):  # luspo differs by its aggregation only
         return clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_delta)
+    if params is None and loss_type in LOSS_TYPES:
+        raise ValueError(f"loss type {loss_type!r} needs its constants: params=TermSection(...).term_params()")
     if loss_type == "cispo":
         return cispo_term(ratio, logp, advantages, params.cispo_cap)
     if loss_type == "sapo":

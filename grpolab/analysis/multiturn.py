@@ -189,7 +189,7 @@ def _task(cfg: MultiturnConfig, log, given: Given) -> _Task:
     from grpolab.env import environment
     from grpolab.eval.runs import RunTask, load_task_policy, resolve_target
     from grpolab.rewards.rewarder import rewarder_for
-    from grpolab.rollout.engine import greedy_texts
+    from grpolab.rollout.placement import greedy_texts
     from grpolab.rollout.sampler import SamplingSettings
     from grpolab.rollout.service import RolloutService
 
@@ -239,9 +239,10 @@ def _spec(task):
 
 def _engine(task, kind: str, policy, log):
     from grpolab.config.rollout import EngineSection
-    from grpolab.rollout.engine import build_engine
+    from grpolab.rollout.engine import EngineSpec
+    from grpolab.rollout.placement import build_engine
 
-    engine = build_engine(EngineSection(rollout_engine=kind), task.seed, policy)
+    engine = build_engine(EngineSpec.of(EngineSection(rollout_engine=kind), task.seed, policy), policy.model)
     if kind != "hf":
         log(f"rollout engine: {kind}")
     return engine

@@ -29,7 +29,8 @@ from grpolab.probes.gram import score_gram, select_params
 from grpolab.probes.mse import loo_vector, prompt_moments, sketch_dim_for
 from grpolab.rewards.forms import check_columns
 from grpolab.rewards.rewarder import Rewarder, rewarder_for
-from grpolab.rollout.engine import SamplingSettings, build_engine, greedy_texts
+from grpolab.rollout.engine import EngineSpec, SamplingSettings
+from grpolab.rollout.placement import build_engine, greedy_texts
 from grpolab.rollout.service import RolloutService
 
 
@@ -91,7 +92,9 @@ def probe_sampler(
     own = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
     section = EngineSection(rollout_engine=engine, rollout_dtype=rollout_dtype or own)
     service = RolloutService(
-        build_engine(section, task.seed, policy, fp32_head=fp32_head, autocast=autocast), policy, reward
+        build_engine(EngineSpec.of(section, task.seed, policy, fp32_head=fp32_head, autocast=autocast), policy.model),
+        policy,
+        reward,
     )
     return ProbeSampler(service, SamplingSettings(gen.max_new_tokens, gen.temperature, gen.top_p))
 

@@ -325,13 +325,14 @@ def evaluate_groups(
     """
     from grpolab.algo.groups import offsets
     from grpolab.training.evaluation import evaluate_groups as evaluate_parts
+    from grpolab.training.setup import resolve_config
     from grpolab.training.trainer import GRPOTrainer
 
     keywords = dict(eval_dataset=eval_dataset, reward_funcs=reward_funcs, env=env, tools=tools, **fields)
     cfg, given = _config(TrainConfig, "train", "model", model, tokenizer, None, keywords)
-    trainer = GRPOTrainer(cfg, log=log, given=given)
+    trainer = GRPOTrainer(resolve_config(cfg, given=given), log=log, given=given)
     try:
-        bounds, held_out = offsets(parts), trainer.held_out
+        bounds, held_out = offsets(parts), trainer.task_stage.held_out
         if len(held_out) != bounds[-1]:
             raise ConfigError(f"eval_questions: {len(held_out)} of the {bounds[-1]} rows given are held out")
         records = [held_out[a:b] for a, b in zip(bounds, bounds[1:])]

@@ -147,14 +147,16 @@ def _service(cfg: EvalConfig, task: RunTask, policy, held_out: list[dict], log, 
     """The rollout service the questions are drawn through: the ``--rollout-engine`` on the policy's weights (in
     ``precision``'s compute dtype) and, for an environment task, its environment (each question one episode, opened
     once now to check it)."""
-    from grpolab.rollout.engine import build_engine
+    from grpolab.rollout.engine import EngineSpec
+    from grpolab.rollout.placement import build_engine
     from grpolab.rollout.service import RolloutService
 
     t0 = time.perf_counter()
     section = EngineSection(
         rollout_engine=cfg.rollout_engine, rollout_dtype=str(precision.compute_dtype).removeprefix("torch.")
     )
-    engine = build_engine(section, task.seed, policy, fp32_head=precision.head_fp32, autocast=precision.mixed)
+    spec = EngineSpec.of(section, task.seed, policy, fp32_head=precision.head_fp32, autocast=precision.mixed)
+    engine = build_engine(spec, policy.model)
     if cfg.rollout_engine != "hf":
         log(f"rollout engine: {cfg.rollout_engine}, started in {time.perf_counter() - t0:.0f} s")
     env = environment(task.episodes, task.arithmetic.max_operand, policy, held_out[0] if held_out else None, given)

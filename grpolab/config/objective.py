@@ -90,7 +90,8 @@ class ObjectiveSection:
     """Only the highest-entropy q-fraction of the step's completion tokens (entropy of the sampling policy, the
     threshold over every token of the step) carries policy loss; 1 = every token."""
     mu: int = 1
-    """Updates per batch; for mu > 1 the sampling-time log-probs give the importance ratio."""
+    """Passes over the step's batch (PPO's epochs), each of --minibatches optimizer steps: mu x M optimizer steps a
+    step. After the first optimizer step the sampling-time log-probs give the importance ratio."""
     engine_correction: Literal["auto", "none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"] = (
         "auto"
     )
@@ -218,6 +219,12 @@ class TermSection:
     entropy_coef_max: float = 1.0
     """--adaptive-entropy: c's upper bound."""
 
+    def term_params(self):
+        """The constants the policy term's math takes (:class:`grpolab.algo.loss.TermParams`), from these options."""
+        from grpolab.algo.loss import TermParams  # torch: not while the command line is only being read
+
+        return TermParams(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TermParams)})
+
     @property
     def entropy_bonus(self) -> bool:
         """Whether the loss carries an entropy bonus (adaptive: even while c is 0, so that it can come back)."""
@@ -260,10 +267,10 @@ class UpdateSection:
     micro_batch: int = 0
     """Rollouts per forward/backward; 0 = the whole batch. Must divide B*G."""
     minibatches: int = 1
-    """K: optimizer steps in each of the --mu passes over the step's batch, each on a K-th of its rows (row i in
-    minibatch i mod K, so each group is spread over them) with a K-th of the step's normalisers (PPO's minibatches;
+    """M: optimizer steps in each of the --mu passes over the step's batch, each on an M-th of its rows (row i in
+    minibatch i mod M, so each group is spread over them) with an M-th of the step's normalisers (PPO's minibatches;
     TRL's steps_per_generation / gradient_accumulation_steps). The sampling-time log-probs give the ratio from the
-    second on. 1 = one optimizer step on the whole batch. Each process's rows must split into K equal parts; fixed
+    second on. 1 = one optimizer step on the whole batch. Each process's rows must split into M equal parts; fixed
     --sampling, single-turn rollouts, no entropy bonus and no --log-token-credit."""
     micro_batch_tokens: int = 0
     """Instead of --micro-batch: passes of at most this many tokens each, counted with padding (rows x (longest prompt

@@ -158,13 +158,15 @@ class EngineSection:
     """--generators: a file holding the token workers must prove they share (else $GRPOLAB_GENERATOR_TOKEN)."""
 
     @property
-    def in_process(self) -> bool:
-        """Whether the rollouts are drawn in a generator process (--generator, auto resolved)."""
+    def placement(self) -> Literal["inline", "process", "workers"]:
+        """Where the rollouts are drawn: ``inline`` in the trainer's process, ``process`` in a generator process of
+        the trainer's (--generator, ``auto`` resolved: a process when --max-staleness K >= 1), ``workers`` on
+        --generators workers."""
         if self.generators:
-            return False
+            return "workers"
         if self.generator == "auto":
-            return self.max_staleness > 0
-        return self.generator == "process"
+            return "process" if self.max_staleness > 0 else "inline"
+        return self.generator
 
     def validate(self) -> None:
         if self.max_staleness < 0:

@@ -196,13 +196,13 @@ class TrainConfig:
             )
 
     def _validate_minibatches(self) -> None:
-        """--minibatches K > 1: equal minibatches of single-turn rollouts, and what K optimizer steps a pass support."""
-        K = self.update.minibatches
-        if K == 1:
+        """--minibatches M > 1: equal minibatches of single-turn rollouts, and what M optimizer steps a pass support."""
+        M = self.update.minibatches
+        if M == 1:
             return
-        if self.rollouts_per_step % K:
+        if self.rollouts_per_step % M:
             raise bad(
-                "minibatches", f"{self.rollouts_per_step} rollouts a step do not split into {K} equal minibatches"
+                "minibatches", f"{self.rollouts_per_step} rollouts a step do not split into {M} equal minibatches"
             )
         unsupported = {
             "sampling": self.groups.sampling != "fixed",
@@ -212,7 +212,7 @@ class TrainConfig:
         }
         for name, conflict in unsupported.items():
             if conflict:
-                raise bad("minibatches", f"{K} optimizer steps a pass with --{name.replace('_', '-')}: not built")
+                raise bad("minibatches", f"{M} optimizer steps a pass with --{name.replace('_', '-')}: not built")
 
     def _validate_generation(self) -> None:
         """Sampling against the groups and the engine."""

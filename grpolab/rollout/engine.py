@@ -14,26 +14,25 @@ is the same whichever batch or process produced it.
 :class:`HFEngine` is grpolab's own sampler (``grpolab.rollout.sampler``) over the policy's live
 transformers weights, or over a copy of them in the rollout dtype (``grpolab.rollout.weights``; on the CPU with
 its linear layers packed for oneDNN), refreshed at each ``weights_changed``. :class:`grpolab.rollout.vllm_engine.VLLMEngine` is vLLM on a copy of
-them, pushed at each ``weights_changed``. :func:`build_engine` makes the one ``--rollout-engine`` names.
+them, pushed at each ``weights_changed``. :func:`grpolab.rollout.placement.build_engine` makes the one an
+:class:`EngineSpec` asks for, where its placement says it draws.
 """
 
 from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
-from grpolab.config.rollout import EngineSection
 from grpolab.models.decode_cache import slab_reason
 from grpolab.models.head import fp32_head
 from grpolab.rollout.sampler import Sampled, SamplingSettings, sample_with_stats
 from grpolab.rollout.spec import EngineSpec
 from grpolab.rollout.weights import SamplerWeights
 
-__all__ = ["EngineSpec", "HFEngine", "RolloutEngine", "SamplingSettings", "build_engine", "greedy_texts"]
+__all__ = ["EngineSpec", "HFEngine", "RolloutEngine", "SamplingSettings"]
 
 
 class RolloutEngine(Protocol):
@@ -73,7 +72,7 @@ class HFEngine:
         self.fp32_head = spec.fp32_head and dtype in (torch.bfloat16, torch.float16)
         head = torch.float32 if self.fp32_head else None
         self.weights = SamplerWeights(
-            model, dtype, pack, spec.full_weights, lag=spec.lag, always_copy=always_copy, head_dtype=head,
+            model, dtype, pack, spec.full_weights, max_staleness=spec.max_staleness, always_copy=always_copy, head_dtype=head,
             storage=spec.storage,
         )  # fmt: skip
         if (reason := slab_reason(model)) is not None:
@@ -126,7 +125,7 @@ class HFEngine:
 
     def weights_changed(self) -> None:
         """Refresh the sampler's copy of the weights (nothing to do when it samples from the live ones); with
-        ``lag`` K, to the weights of K syncs before (:class:`grpolab.rollout.weights.SamplerWeights`)."""
+        ``max_staleness`` K, to the weights of K syncs before (:class:`grpolab.rollout.weights.SamplerWeights`)."""
         self.weights.sync()
 
     def current_weights(self) -> contextlib.AbstractContextManager:
@@ -134,16 +133,16 @@ class HFEngine:
         return self.weights.current()
 
     def weights_version(self) -> int | None:
-        """With a lag: the number of the weight sync whose weights it draws with (0: the starting ones); else None."""
-        return self.weights.version if self.weights.lag else None
+        """With a staleness K >= 1: the number of the weight sync whose weights it draws with (0: the starting ones); else None."""
+        return self.weights.version if self.weights.max_staleness else None
 
-    def lag_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
-        """With a lag: the weights in flight, for a checkpoint (:meth:`SamplerWeights.lag_state`)."""
-        return self.weights.lag_state()
+    def held_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """With a staleness K >= 1: the weights in flight, for a checkpoint (:meth:`SamplerWeights.held_state`)."""
+        return self.weights.held_state()
 
-    def restore_lag(self, counts: dict, tensors: dict[str, torch.Tensor]) -> None:
-        """Take back :meth:`lag_state`'s weights."""
-        self.weights.restore_lag(counts, tensors)
+    def restore_held(self, counts: dict, tensors: dict[str, torch.Tensor]) -> None:
+        """Take back :meth:`held_state`'s weights."""
+        self.weights.restore_held(counts, tensors)
 
 
 def _cache_notice(model: torch.nn.Module, reason: str) -> str:
@@ -153,35 +152,3 @@ def _cache_notice(model: torch.nn.Module, reason: str) -> str:
         f"{name}: {reason}, which grpolab's slab cache and fused decoder do not hold; the sampler decodes with "
         "the model's own cache (transformers' DynamicCache), without their speed-up"
     )
-
-
-def build_engine(
-    engine: EngineSection,
-    seed: int,
-    policy,
-    full_weights=contextlib.nullcontext,
-    fp32_head: bool = False,
-    autocast: bool = False,
-) -> RolloutEngine:
-    """The rollout engine ``engine.rollout_engine`` names, over ``policy``'s model, from the one
-    :meth:`EngineSpec.of` (``seed``: vLLM's own; ``fp32_head``, ``autocast``: there)."""
-    spec = EngineSpec.of(engine, seed, policy, full_weights, fp32_head, autocast)
-    if spec.vllm is None:
-        return HFEngine(policy.model, spec)
-    from grpolab.rollout.vllm_engine import VLLMEngine
-
-    return VLLMEngine(policy.model, spec)
-
-
-def greedy_texts(policy, kind: str = "hf", seed: int = 0) -> Callable[[list[list[int]], list[tuple], int], list[str]]:
-    """``generate(prompt_ids, keys, max_new_tokens) -> texts``: ``policy``'s greedy completions through the engine
-    ``kind`` names (``hf`` or ``vllm``), special tokens removed; what a local LLM judge answers with
-    (:mod:`grpolab.rewards.judge`). A row's answer depends only on its prompt (the engines' contract)."""
-    engine = build_engine(EngineSection(rollout_engine=kind), seed, policy)
-
-    def generate(prompts: list[list[int]], keys: list[tuple], max_new_tokens: int) -> list[str]:
-        got = engine.generate(prompts, keys, SamplingSettings(max_new_tokens=max_new_tokens, temperature=0.0))
-        return policy.decode(got.batch.completion_ids, got.batch.completion_mask)
-
-    generate.engine = engine
-    return generate

@@ -44,14 +44,13 @@ import torch
 import torch.multiprocessing as mp
 
 from grpolab.common.errors import GeneratorError
-from grpolab.config.rollout import EngineSection
 from grpolab.rollout.duplex import CLOSED
 from grpolab.rollout.replica import START_TIMEOUT, GeneratorSpec, SharedWeights, pipe_end, serve
 from grpolab.rollout.sampler import Sampled, SamplingSettings
 from grpolab.rollout.spec import EngineSpec
-from grpolab.rollout.weights import base_model, lag_state, restored_lag, served_weights
+from grpolab.rollout.weights import base_model, held_state, held_version, restored_held, served_weights
 
-__all__ = ["ProcessEngine", "VersionedDraws", "build_process_engine"]
+__all__ = ["ProcessEngine", "VersionedDraws"]
 
 
 # ---------------------------------------------------------------------- the trainer's side
@@ -77,12 +76,12 @@ def _request_key(request: tuple) -> tuple:
 
 class VersionedDraws:
     """Which weight version a draw names, for an engine that draws elsewhere (:class:`ProcessEngine`, and
-    :class:`grpolab.rollout.remote.pool.WorkerPool`): ``syncs`` weight syncs so far, ``lag`` = --max-staleness K. A
+    :class:`grpolab.rollout.remote.pool.WorkerPool`): ``syncs`` weight syncs so far, ``max_staleness`` = --max-staleness K. A
     step draws with version ``max(0, syncs - K)``, a held-out evaluation (inside :meth:`current_weights`) with the
     newest."""
 
     syncs: int = 0
-    lag: int = 0
+    max_staleness: int = 0
     _current: bool = False
 
     @contextlib.contextmanager
@@ -95,26 +94,31 @@ class VersionedDraws:
             self._current = False
 
     def weights_version(self) -> int | None:
-        """The sync whose weights a step draws with now (0: the starting ones); None without a lag."""
-        return max(0, self.syncs - self.lag) if self.lag else None
+        """The sync whose weights a step draws with now (0: the starting ones); None when K = 0."""
+        return held_version(self.syncs, self.max_staleness) if self.max_staleness else None
 
     def _draw_version(self) -> int:
-        return self.syncs if self._current else max(0, self.syncs - self.lag)
+        return self.syncs if self._current else held_version(self.syncs, self.max_staleness)
 
     def _ahead_version(self) -> int | None:
         """The version the next step will draw with, if it exists already (K >= 1); None at K = 0 (it is the
         update's result)."""
-        version = max(0, self.syncs + 1 - self.lag)
+        version = held_version(self.syncs + 1, self.max_staleness)
         return version if version <= self.syncs else None
 
 
 class ProcessEngine(VersionedDraws):
     """A rollout engine drawing in a generator process (module docstring). ``model``: the policy's model (its
-    weights are pushed at each :meth:`weights_changed`); ``lag``: --max-staleness K; ``threads``: the child's torch
+    weights are pushed at each :meth:`weights_changed`); ``max_staleness``: --max-staleness K; ``threads``: the child's torch
     threads; ``timeout``: seconds any one answer may take."""
 
     def __init__(self, model: torch.nn.Module, spec: EngineSpec, *, threads: int = 1, timeout: float = 900.0):
-        self.model, self.full_weights, self.lag, self.timeout = model, spec.full_weights, spec.lag, timeout
+        self.model, self.full_weights, self.max_staleness, self.timeout = (
+            model,
+            spec.full_weights,
+            spec.max_staleness,
+            timeout,
+        )
         self.syncs = 0
         self.spans: list[tuple[str, float, float]] = []
         """What the child did and when (wall-clock seconds): ("generate" | "sync", start, end)."""
@@ -145,7 +149,7 @@ class ProcessEngine(VersionedDraws):
             spec.pad_id,
             str(param.device),
             threads,
-            always_copy=spec.lag > 0,
+            always_copy=spec.max_staleness > 0,
             trainable=param.requires_grad,
             vllm=spec.vllm,
             seed=spec.seed,
@@ -214,21 +218,21 @@ class ProcessEngine(VersionedDraws):
             self.spans.append(("sync", *self._answer(self._sync_tag, f"taking the weights of sync {self.syncs}")))
         self.shared.write(self._served())
         self.syncs += 1
-        keep_from = max(0, self.syncs - self.lag)
+        keep_from = held_version(self.syncs, self.max_staleness)
         self._sync_tag = self._send("sync", self.syncs, keep_from)
 
     # ------------------------------------------------------------------ checkpoints
-    def lag_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+    def held_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
         """What a checkpoint keeps of the weights in flight, in the form of
-        :meth:`grpolab.rollout.weights.SamplerWeights.lag_state` (so either engine resumes the other's)."""
-        held = max(0, self.syncs - self.lag)
+        :meth:`grpolab.rollout.weights.SamplerWeights.held_state` (so either engine resumes the other's)."""
+        held = held_version(self.syncs, self.max_staleness)
         versions = self._answer(self._send("state"), "handing over the weights in flight")
         pending = [(v, versions[v]) for v in range(held + 1, self.syncs + 1)]
-        return lag_state(held, self.syncs, versions[held], pending)
+        return held_state(held, self.syncs, versions[held], pending)
 
-    def restore_lag(self, counts: dict, tensors: dict[str, torch.Tensor]) -> None:
-        """Take back :meth:`lag_state`'s weights: the child draws with them as the uninterrupted run would."""
-        held, pending = restored_lag(counts, tensors)
+    def restore_held(self, counts: dict, tensors: dict[str, torch.Tensor]) -> None:
+        """Take back :meth:`held_state`'s weights: the child draws with them as the uninterrupted run would."""
+        held, pending = restored_held(counts, tensors)
         versions = {counts["version"]: held, **dict(pending)}
         self._answer(self._send("restore", versions), "taking the checkpoint's weights in flight")
         self.syncs = counts["syncs"]
@@ -304,23 +308,3 @@ class ProcessEngine(VersionedDraws):
             self.process.kill()  # a stopped child too: SIGKILL needs no SIGCONT
             self.process.join()
         self._pipe.close()
-
-
-def build_process_engine(
-    engine: EngineSection,
-    seed: int,
-    policy,
-    full_weights=contextlib.nullcontext,
-    fp32_head: bool = False,
-    autocast: bool = False,
-) -> ProcessEngine:
-    """A generator process for ``policy`` as the run's ``engine`` options ask (--rollout-engine, --max-staleness,
-    --rollout-dtype, --generator-threads, --generator-timeout, vLLM's); ``seed``: vLLM's; ``full_weights``: the
-    context in which the weights are whole (FSDP); ``fp32_head``, ``autocast``: as
-    :func:`grpolab.rollout.engine.build_engine` takes them."""
-    return ProcessEngine(
-        policy.model,
-        EngineSpec.of(engine, seed, policy, full_weights, fp32_head, autocast),
-        threads=engine.generator_threads or torch.get_num_threads(),
-        timeout=engine.generator_timeout,
-    )

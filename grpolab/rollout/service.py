@@ -3,7 +3,7 @@
 Training's collector (``grpolab.rollout.collect``), held-out evaluation (``grpolab.eval.accuracy``), the gradient
 probes (``grpolab.analysis.pool``), ``grpolab multiturn`` and rtg-mc's branched state values
 (``grpolab.env.credit``) all draw through a :class:`RolloutService`: one rollout engine
-(``grpolab.rollout.engine.build_engine``), the task's environment if it has one (``grpolab.env.environment``), and
+(``grpolab.rollout.placement.build_engine``), the task's environment if it has one (``grpolab.env.environment``), and
 the run's :class:`grpolab.rewards.rewarder.Rewarder`. Each command builds one, from its sections, and closes it.
 
 - :meth:`RolloutService.play` plays records (a single-turn completion each, or an episode of the environment);

@@ -2,8 +2,8 @@
 policy and how the trainer computes (:meth:`EngineSpec.of`), and taken by grpolab's sampler
 (:class:`grpolab.rollout.engine.HFEngine`), vLLM (:class:`grpolab.rollout.vllm_engine.VLLMEngine`), the generator
 process (:class:`grpolab.rollout.generator.ProcessEngine`) and the generator workers
-(:class:`grpolab.rollout.remote.pool.WorkerPool`). Only here are the rollout dtype, the sampler's storage dtype and
-vLLM's settings worked out.
+(:class:`grpolab.rollout.remote.pool.WorkerPool`). Only here are the rollout dtype, the sampler's storage dtype,
+vLLM's settings and where the engine draws (:class:`Placement`) worked out.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 
@@ -41,6 +42,38 @@ def autocast_storage(policy: torch.dtype, dtype: torch.dtype, autocast: bool) ->
 
 
 @dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the engine draws (:attr:`grpolab.config.rollout.EngineSection.placement`) and what that place takes."""
+
+    where: Literal["inline", "process", "workers"] = "inline"
+    """``inline`` in this process, ``process`` in a generator process of its own, ``workers`` on generator workers."""
+    threads: int = 0
+    """process: the child's torch threads (--generator-threads; 0: this process's)."""
+    timeout: float = 900.0
+    """process, workers: seconds one answer may take (--generator-timeout)."""
+    workers: int = 0
+    """workers: how many to wait for before the first draw (--generators)."""
+    listen: str = "127.0.0.1:29650"
+    """workers: HOST:PORT to listen on (--generator-listen); rank r of a torchrun job listens on the port plus r."""
+    wait: float = 60.0
+    """workers: seconds to wait for a worker when none is live (--generator-wait)."""
+    token_file: str = ""
+    """workers: the file of the token they must prove they share (--generator-token-file)."""
+    run: str = "run"
+    """workers: the run's id, which a worker may name."""
+    rank: int = 0
+    """This process's rank (its workers are its own)."""
+
+    @classmethod
+    def of(cls, engine: EngineSection, run: str = "run", rank: int = 0) -> Placement:
+        """The placement the run's --generator/--generators options ask for."""
+        return cls(
+            engine.placement, engine.generator_threads, engine.generator_timeout, engine.generators,
+            engine.generator_listen, engine.generator_wait, engine.generator_token_file, run, rank,
+        )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
 class EngineSpec:
     """A rollout engine's settings, whichever engine it is."""
 
@@ -52,7 +85,7 @@ class EngineSpec:
     """grpolab's sampler: its copy's dtype outside the products (:func:`autocast_storage`); None: all in ``dtype``."""
     fp32_head: bool = False
     """The LM head's product in fp32 when it samples in bf16 or fp16 (``--fp32-head``)."""
-    lag: int = 0
+    max_staleness: int = 0
     """--max-staleness K: a step draws with the weights of K updates before."""
     seed: int = 0
     """vLLM's own seed."""
@@ -60,6 +93,8 @@ class EngineSpec:
     """vLLM's start settings, for ``--rollout-engine vllm``; None: grpolab's sampler."""
     full_weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     """A context inside which every parameter is whole on this process (FSDP gathers its shards there)."""
+    placement: Placement = Placement()
+    """Where it draws (:func:`grpolab.rollout.placement.build_engine` builds the engine of that place)."""
 
     @classmethod
     def of(
@@ -70,11 +105,14 @@ class EngineSpec:
         full_weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
         fp32_head: bool = False,
         autocast: bool = False,
+        run: str = "run",
+        rank: int = 0,
     ) -> EngineSpec:
         """The spec the run's ``engine`` options ask for over ``policy``. ``--rollout-dtype auto``: the policy's own
         dtype (a run resolves it to its precision's compute dtype first). ``autocast``: the trainer computes under
         autocast in the engine's dtype, and grpolab's sampler computes as it does (its copy keeps the policy's dtype
-        outside the products); vLLM runs its model in its dtype throughout."""
+        outside the products); vLLM runs its model in its dtype throughout. ``run``, ``rank``: the run's id and this
+        process's rank, for generator workers (:class:`Placement`)."""
         param = next(policy.model.parameters())
         dtype = rollout_dtype(engine.rollout_dtype, param.dtype)
         vllm = None
@@ -88,8 +126,9 @@ class EngineSpec:
             dtype=dtype,
             storage=autocast_storage(param.dtype, dtype, autocast),
             fp32_head=fp32_head,
-            lag=engine.max_staleness,
+            max_staleness=engine.max_staleness,
             seed=seed,
             vllm=vllm,
             full_weights=full_weights,
+            placement=Placement.of(engine, run, rank),
         )

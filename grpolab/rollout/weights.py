@@ -84,7 +84,7 @@ class SamplerWeights:
     to it, and attention on queries, keys and values rounded to ``dtype`` (``grpolab.models.attention``), so that
     sampler and trainer differ by their kernels alone.
 
-    ``lag`` K >= 1 (``--max-staleness``): the copy (always one) is refreshed K syncs late. Each :meth:`sync` keeps a
+    ``max_staleness`` K >= 1 (``--max-staleness``): the copy (always one) is refreshed K syncs late. Each :meth:`sync` keeps a
     snapshot of the policy's weights and loads the one taken K syncs before, so after the s-th sync the copy holds
     the weights of sync s - K (the starting ones while s <= K): the rollouts of step t are drawn with the weights
     after step t - K - 1, exactly those. :attr:`version` is the number of the sync whose weights the copy holds
@@ -100,7 +100,7 @@ class SamplerWeights:
         full_weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
         fuse: bool = True,
         always_copy: bool = False,
-        lag: int = 0,
+        max_staleness: int = 0,
         head_dtype: torch.dtype | None = None,
         storage: torch.dtype | None = None,
     ):
@@ -108,9 +108,9 @@ class SamplerWeights:
         self.head_dtype = None if head_dtype == dtype else head_dtype
         self.storage = storage or dtype
         self.mixed = self.storage != dtype
-        self.lag, self.version, self.syncs = lag, 0, 0
+        self.max_staleness, self.version, self.syncs = max_staleness, 0, 0
         self._pending: collections.deque[tuple[int, dict[str, torch.Tensor]]] = collections.deque()
-        self._serving: dict[str, torch.Tensor] | None = None  # with a lag: the weights the copy holds
+        self._serving: dict[str, torch.Tensor] | None = None  # K >= 1: the weights the copy holds
         param = next(policy.parameters())
         self.pack = (
             pack
@@ -118,7 +118,7 @@ class SamplerWeights:
             and packing_available(dtype)
             and any(worth_packing(m) for m in base_model(policy).modules())
         )
-        self.copied = always_copy or lag > 0 or self.pack or dtype != param.dtype or self.mixed
+        self.copied = always_copy or max_staleness > 0 or self.pack or dtype != param.dtype or self.mixed
         self.decoder: FusedDecoder | None = None
         self.note: str | None = None
         """Why the copy has no fused decoder (None when it has one, or there is no copy)."""
@@ -134,7 +134,7 @@ class SamplerWeights:
                     self.decoder = None
             if self.decoder is None:
                 self.model, self._targets = self._build_packed(served)
-            if lag:
+            if max_staleness:
                 self._serving = snapshot(served)
 
     @contextlib.contextmanager
@@ -200,44 +200,44 @@ class SamplerWeights:
         return model
 
     def sync(self) -> None:
-        """Refresh the copy from the policy's current weights (nothing to do without a copy); with a lag, keep them
-        and load those of ``lag`` syncs before."""
+        """Refresh the copy from the policy's current weights (nothing to do without a copy); with a staleness K >= 1, keep them
+        and load those of ``max_staleness`` syncs before."""
         if not self.copied:
             return
         self.syncs += 1
-        if not self.lag:
+        if not self.max_staleness:
             with self._served() as served:
                 self._load_served(served)
             return
         with self._served() as served:
             self._pending.append((self.syncs, snapshot(served)))
-        if len(self._pending) > self.lag:
+        if len(self._pending) > self.max_staleness:
             self.version, self._serving = self._pending.popleft()
             self._load_served(self._serving)
 
     @property
     def held(self) -> dict[str, torch.Tensor] | None:
-        """With a lag: the served weights the copy holds now (under transformers' names), those of sync
+        """With a staleness K >= 1: the served weights the copy holds now (under transformers' names), those of sync
         :attr:`version`; None without one."""
         return self._serving
 
-    def lag_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
-        """With a lag: what a checkpoint keeps of it (:func:`lag_state`), so that a resumed run draws what the
+    def held_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """With a staleness K >= 1: what a checkpoint keeps of it (:func:`held_state`), so that a resumed run draws what the
         uninterrupted one would."""
-        return lag_state(self.version, self.syncs, self._serving or {}, list(self._pending))
+        return held_state(self.version, self.syncs, self._serving or {}, list(self._pending))
 
-    def restore_lag(self, counts: dict, tensors: dict[str, torch.Tensor]) -> None:
-        """Take back :meth:`lag_state`'s weights and counts, and load the held weights into the copy."""
+    def restore_held(self, counts: dict, tensors: dict[str, torch.Tensor]) -> None:
+        """Take back :meth:`held_state`'s weights and counts, and load the held weights into the copy."""
         self.version, self.syncs = counts["version"], counts["syncs"]
-        self._serving, pending = restored_lag(counts, tensors)
+        self._serving, pending = restored_held(counts, tensors)
         self._pending = collections.deque(pending)
         self._load_served(self._serving)
 
     @contextlib.contextmanager
     def current(self) -> Iterator[None]:
-        """The policy's current weights in the copy inside the block, the lagged ones back after it (no lag: the
+        """The policy's current weights in the copy inside the block, the lagged ones back after it (K = 0: the
         copy holds the current weights already)."""
-        if not self.lag:
+        if not self.max_staleness:
             yield
             return
         with self._served() as served:
@@ -261,10 +261,18 @@ def snapshot(served: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: copies.setdefault((t.data_ptr(), t.shape, t.dtype), t.detach().clone()) for name, t in served.items()}
 
 
-def lag_state(
+def held_version(syncs: int, max_staleness: int) -> int:
+    """The weight version a step draws with after ``syncs`` weight syncs under --max-staleness K = ``max_staleness``:
+    sync ``syncs - K``, or the starting weights (0) while fewer than K syncs have run. The one rule every engine that
+    holds stale weights keeps (grpolab's sampler, the generator process, the workers' pool); a version older than
+    it is no longer needed."""
+    return max(0, syncs - max_staleness)
+
+
+def held_state(
     version: int, syncs: int, held: dict[str, torch.Tensor], pending: list[tuple[int, dict[str, torch.Tensor]]]
 ) -> tuple[dict, dict[str, torch.Tensor]]:
-    """The form a checkpoint keeps a lag in, whichever engine held it: the counts (the held weights' sync
+    """The form a checkpoint keeps the held versions in, whichever engine held it: the counts (the held weights' sync
     ``version``, the ``syncs`` so far, the pending syncs' numbers) and the tensors, ``held/<name>`` and
     ``<sync>/<name>``."""
     tensors = {f"held/{n}": t for n, t in held.items()}
@@ -273,8 +281,8 @@ def lag_state(
     return {"version": version, "syncs": syncs, "pending": [v for v, _ in pending]}, tensors
 
 
-def restored_lag(counts: dict, tensors: dict[str, torch.Tensor]) -> tuple[dict, list[tuple[int, dict]]]:
-    """:func:`lag_state`'s form read back: the held weights and the pending ``(sync, weights)`` in order."""
+def restored_held(counts: dict, tensors: dict[str, torch.Tensor]) -> tuple[dict, list[tuple[int, dict]]]:
+    """:func:`held_state`'s form read back: the held weights and the pending ``(sync, weights)`` in order."""
 
     def part(prefix: str) -> dict[str, torch.Tensor]:
         return {n[len(prefix) + 1 :]: t for n, t in tensors.items() if n.startswith(prefix + "/")}

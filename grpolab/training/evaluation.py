@@ -10,7 +10,7 @@ from __future__ import annotations
 from grpolab.config.train import TrainConfig
 from grpolab.eval.groups import GroupEvaluation, GroupSettings, RatioOneLoss, group_evaluation
 from grpolab.rollout.engine import SamplingSettings
-from grpolab.training.update import loss_options
+from grpolab.training.update_options import loss_options
 
 
 def group_settings(cfg: TrainConfig, group_size: int, batch_prompts: int) -> GroupSettings:
@@ -38,5 +38,6 @@ def evaluate_groups(trainer, parts: list[list[dict]], group_size: int, batch_pro
     """The group evaluation of each of ``parts`` (held-out records) with ``trainer``'s policy as it is now
     (:class:`grpolab.training.trainer.GRPOTrainer`: its service and reward), on every rank."""
     settings = group_settings(trainer.cfg, group_size, batch_prompts)
-    with trainer.train_module.full_weights(), trainer.service.current_weights():
-        return [group_evaluation(trainer.service, records, settings, trainer.world) for records in parts]
+    service = trainer.sampling_stage.service
+    with trainer.update_stage.train_module.full_weights(), service.current_weights():
+        return [group_evaluation(service, records, settings, trainer.world) for records in parts]

@@ -59,11 +59,11 @@ def token_budget_chunks(
     return [torch.tensor(sorted(c), dtype=torch.long, device=rows.device) for c in chunks]
 
 
-def minibatch_rows(n: int, K: int, device) -> list[torch.Tensor]:
-    """The rows of each of ``K`` minibatches of ``n`` rows: row i in minibatch i mod K, so that each group's rollouts
-    (contiguous rows) are spread over the minibatches, G / K of each in each (TRL shuffles the rows instead).
-    ``K = 1``: every row, in order."""
-    return [torch.arange(k, n, K, device=device) for k in range(K)]
+def minibatch_rows(n: int, M: int, device) -> list[torch.Tensor]:
+    """The rows of each of ``M`` minibatches of ``n`` rows: row i in minibatch i mod M, so that each group's rollouts
+    (contiguous rows) are spread over the minibatches, G / M of each in each (TRL shuffles the rows instead).
+    ``M = 1``: every row, in order."""
+    return [torch.arange(m, n, M, device=device) for m in range(M)]
 
 
 def plan_micro_batches(rows: torch.Tensor, chunks: list[torch.Tensor], world: World) -> MicroBatchPlan:

@@ -8,7 +8,7 @@
   budget estimated on the same groups (``probe/g_star``) [U-statistic, Thm 7];
 - :class:`TokenCredit`: --log-token-credit K rollouts token by token, and what the update did to each token.
 
-:func:`attach_observers` gives a trainer the ones its config asks for.
+:func:`observers_for` gives the ones a run's config asks for.
 """
 
 from __future__ import annotations
@@ -388,18 +388,20 @@ def _unmoved(after: list[torch.Tensor], before: list[torch.Tensor], counted: lis
     return sum(int(((a == b) & n).sum()) for a, b, n in zip(after, before, counted))
 
 
-def attach_observers(trainer) -> None:
-    """Give ``trainer`` the observers its config asks for: the rollout logs and advantage statistics always, the
-    spectrum probe with --probe-every, the token-credit records with --log-token-credit."""
-    cfg, world, device = trainer.cfg, trainer.world, trainer.device
+def observers_for(cfg, learner, world: World, device: torch.device) -> list[StepObserver]:
+    """The observers a run's config (:class:`grpolab.config.train.TrainConfig`) asks for, on the update stage
+    ``learner``'s policy (:class:`grpolab.training.update_stage.UpdateStage`): the rollout logs and advantage
+    statistics always, the spectrum probe with --probe-every, the token-credit records with --log-token-credit, the
+    doctor's instruments with --doctor on."""
+    policy = learner.policy
     observers = [
-        RolloutLog(cfg.logging.log_samples, cfg.logging.log_rollouts, world, trainer.policy.eos_id),
+        RolloutLog(cfg.logging.log_samples, cfg.logging.log_rollouts, world, policy.eos_id),
         AdvantageProbe(cfg.probe.probe_eps),
     ]
     if cfg.probe.probe_every:
         observers.append(
             SpectrumProbe(
-                trainer.policy.model,
+                policy.model,
                 cfg.probe.probe_every,
                 cfg.probe.probe_groups,
                 effective_aggregation(cfg.terms.loss_type, cfg.objective.aggregation),
@@ -412,10 +414,11 @@ def attach_observers(trainer) -> None:
             )
         )
     if cfg.probe.log_token_credit:
-        tokenizer = trainer.policy.tokenizer
         observers.append(
-            TokenCredit(cfg.probe.log_token_credit, trainer.train_module, trainer.updater, tokenizer, world, device)
+            TokenCredit(
+                cfg.probe.log_token_credit, learner.train_module, learner.updater, policy.tokenizer, world, device
+            )
         )
     if cfg.diagnosis.doctor == "on":
-        observers.append(DoctorInstruments(trainer.policy.model, trainer.optimizer, kahan=trainer.precision.kahan))
-    trainer.observers.extend(observers)
+        observers.append(DoctorInstruments(policy.model, learner.optimizer, kahan=learner.precision.kahan))
+    return observers

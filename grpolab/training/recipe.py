@@ -2,12 +2,14 @@
 
 Set-up, in named steps whose order matters:
 
-1. the config, resolved for the model and validated once, and the process group (under torchrun);
+1. the config, with the model's defaults filled in and validated once, and the process group (under torchrun);
 2. the run directory: checked (a new run) or read (``--resume``: the saved config, the newest
    intact checkpoint), before rank 0 writes anything;
-3. the trainer, with the checkpoint's weights and the run's original KL reference on resume;
-4. the training state: on resume the optimizer, schedule and random state and the truncated logs,
-   otherwise ``config.json``;
+3. the config resolved once (precision, rollout dtype, engine correction: a resumed run's as it
+   resolved them), then the trainer, with the checkpoint's weights and the run's original KL
+   reference on resume;
+4. the training state: on resume every stage's from the checkpoint (``grpolab.training.checkpoints``)
+   and the truncated logs, otherwise ``config.json``, the resolved config as it is;
 5. the metrics logger and the doctor's watcher (rank 0).
 
 ``train()`` then runs the steps with evaluations, logs and checkpoints; SIGTERM/SIGINT finish the
@@ -17,6 +19,7 @@ current step, save it and stop (:class:`TrainingInterrupted`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import signal
@@ -26,22 +29,21 @@ from pathlib import Path
 
 import torch
 
-from grpolab.algo.entropy_bonus import EntropyControl
-from grpolab.algo.group_budget import RankControl
 from grpolab.common import distributed as dist_
 from grpolab.common.distributed import SINGLE, World
 from grpolab.common.given import NOTHING, Given, is_description
 from grpolab.common.progress import progress_bar
 from grpolab.config import fields
 from grpolab.config.run import run_config_file
-from grpolab.config.train import BEFORE_RECORDED, RESOLVED_AT_START, ConfigError, TrainConfig
+from grpolab.config.train import BEFORE_RECORDED, ConfigError, TrainConfig
 from grpolab.doctor.examine import Watcher
 from grpolab.models import checkpoint
 from grpolab.models.policy import load_policy
 from grpolab.rollout.worker_events import step_line
-from grpolab.training.observers import attach_observers
+from grpolab.training import checkpoints
+from grpolab.training.observers import observers_for
 from grpolab.training.runlog import RunLogger, git_revision, read_metrics, truncate_jsonl
-from grpolab.training.setup import checked_config, hub_sources, seed_process
+from grpolab.training.setup import checked_config, hub_sources, resolve_config, resolve_options, seed_process
 from grpolab.training.trainer import GRPOTrainer
 
 RUN_LOGS = ("metrics.jsonl", "samples.jsonl", "rollouts.jsonl", "token_credit.jsonl", "probe.jsonl", "generators.jsonl")
@@ -102,12 +104,19 @@ class StatusLine:
 
 
 def build_trainer(cfg: TrainConfig, log=print, world: World = SINGLE, given: Given = NOTHING, **kwargs) -> GRPOTrainer:
-    """A trainer as a run sets one up: the process seeded and threaded by the run's --seed and --threads (before the
-    trainer exists: LoRA's initial weights draw from it), then the trainer (``kwargs`` go to it), then the
-    observers its config asks for (the rollout logs, the probes, the token-credit records)."""
-    seed_process(checked_config(cfg, world.size, given))
+    """A trainer as a run sets one up, from ``cfg`` as given: resolved once (:func:`resolve_config`), then
+    :func:`start_trainer` (``kwargs`` go to the trainer)."""
+    engine_given = kwargs.get("engine") is not None
+    return start_trainer(resolve_config(cfg, world, given, engine_given), log, world, given, **kwargs)
+
+
+def start_trainer(cfg: TrainConfig, log=print, world: World = SINGLE, given: Given = NOTHING, **kwargs) -> GRPOTrainer:
+    """The trainer of a resolved ``cfg``: the process seeded and threaded by the run's --seed and --threads (before the
+    trainer exists: LoRA's initial weights draw from it), then the trainer (``kwargs`` go to it), then the observers
+    its config asks for (the rollout logs, the probes, the token-credit records)."""
+    seed_process(cfg)
     trainer = GRPOTrainer(cfg, log=log, world=world, given=given, **kwargs)
-    attach_observers(trainer)
+    trainer.observers.extend(observers_for(cfg, trainer.update_stage, world, trainer.device))
     return trainer
 
 
@@ -182,9 +191,12 @@ class TrainRecipe:
         self.out.mkdir(parents=True, exist_ok=True)
 
     def _setup_trainer(self) -> None:
-        """On resume the weights come from the checkpoint (with LoRA: the base as configured, the adapter from the
-        checkpoint), and the KL reference is the run's *starting* model, not the checkpoint."""
-        cfg, ckpt, adapter_from, reference = self.cfg, self.ckpt, None, None
+        """The config resolved once (a resumed run's options resolved at start are its own, taken in
+        :meth:`_setup_run_dir`), then the trainer. On resume the weights come from the checkpoint (with LoRA: the base
+        as configured, the adapter from the checkpoint), and the KL reference is the run's *starting* model, not the
+        checkpoint."""
+        self.cfg = cfg = resolve_options(self.cfg, self.world.local_rank, self.given)
+        ckpt, adapter_from, reference, weights_from = self.ckpt, None, None, None
         live = self.given.lookup(cfg.policy.model, "--model")  # a model object given to the Python API
         fingerprint = self.saved.get("model_fingerprint") if self.saved else None
         if live is not None and ckpt is None:
@@ -194,56 +206,44 @@ class TrainRecipe:
         elif ckpt is not None and live is not None:
             reference = _resume_object(live[0], ckpt, fingerprint, cfg.objective.beta, self.log)
         elif ckpt is not None:
-            cfg = cfg.replace(model=str(ckpt), gguf_file="")
+            weights_from = ckpt
             if cfg.objective.beta > 0:
                 reference = _starting_model(self.saved)
-        self.trainer = build_trainer(
+        self.trainer = start_trainer(
             cfg,
             log=self.log,
             world=self.world,
             given=self.given,
             status=self.status,
             adapter_from=adapter_from,
+            weights_from=weights_from,
             reference=reference,
         )
-        # What config.json records: the run's own model (not a checkpoint it resumed from) and the process count.
+        # What config.json records: the resolved config, with the run's own model (not a checkpoint it resumed from)
+        # and the process count.
         model = self.saved["model"] if self.saved else cfg.policy.model
-        engine_options = {k: fields.get(self.trainer.cfg, k) for k in RESOLVED_AT_START}  # as the trainer resolved them
-        self.config_dict = {**cfg.to_dict(), **engine_options, "model": model, "world_size": self.world.size}
+        self.config_dict = {**cfg.to_dict(), "model": model, "world_size": self.world.size}
         if fingerprint is not None:
             self.config_dict["model_fingerprint"] = fingerprint
-        reward_models = [fn.origin for _, fn, _ in self.trainer.reward.reward_fns if getattr(fn, "origin", None)]
         hub = hub_sources(
             cfg.dataset,
             self.trainer.policy.origin if ckpt is None else self.saved.get("hub", {}).get("model"),
-            reward_models,
+            self.trainer.task_stage.reward_model_origins,
         )
         if hub:
             self.config_dict["hub"] = hub
 
     def _setup_state(self) -> None:
-        """Resume: optimizer, schedule, random state, the rollout count, and the logs cut back to the checkpoint.
-        A new run: config.json."""
-        trainer, out = self.trainer, self.out
+        """Resume: every stage's state from the checkpoint (``grpolab.training.checkpoints``), and the logs cut back to
+        it. A new run: config.json."""
+        out = self.out
         if self.ckpt is None:
             if self.world.is_main:
                 (out / "config.json").write_text(
                     json.dumps({**self.config_dict, "code_version": git_revision()}, indent=2)
                 )
             return
-        state = checkpoint.load_training_state(
-            self.ckpt, trainer.optimizer, trainer.scheduler, model=trainer.policy.model
-        )
-        self.start = state["step"]
-        # Checkpoints written before --sampling existed: every step generated B*G rollouts.
-        trainer.rollouts_total = state.get("rollouts_total", self.start * self.cfg.rollouts_per_step)
-        if trainer.control is not None and "rank_control" in state:
-            trainer.control = RankControl(**state["rank_control"])
-        if trainer.updater.entropy is not None and "entropy_control" in state:
-            trainer.updater.entropy = EntropyControl(**state["entropy_control"])
-        if trainer.updater.scaler is not None and "grad_scaler" in state:
-            trainer.updater.scaler.load_state_dict(state["grad_scaler"])
-        trainer.restore_stale_weights(self.ckpt, state)
+        self.start = checkpoints.restore(self.trainer, self.ckpt)["step"]
         if self.world.is_main:
             for name in RUN_LOGS:
                 truncate_jsonl(out / name, self.start)
@@ -418,6 +418,7 @@ def _read_resumable(out: Path, cfg: TrainConfig, given: Given) -> tuple[dict, Tr
     saved = _saved_dict(run_config_file(out))
     _check_objects(saved, cfg, given)
     started = TrainConfig.from_dict(saved)
+    started = dataclasses.replace(started, machine=started.machine.folded())  # --dtype as the --precision it was
     for key in cfg.resume_conflicts(started):
         was, now = fields.get(started, key), fields.get(cfg, key)
         raise ConfigError(

@@ -20,7 +20,8 @@ from grpolab.data.arithmetic import ArithmeticSpec, TrainSampler, test_set
 from grpolab.eval.accuracy import evaluate
 from grpolab.models.builtin import TinyLlamaSpec, build_char_tokenizer, build_tiny_llama
 from grpolab.models.policy import Policy
-from grpolab.rollout.engine import build_engine
+from grpolab.rollout.engine import EngineSpec
+from grpolab.rollout.placement import build_engine
 from grpolab.rollout.service import RolloutService
 from grpolab.training.sft_loop import sft_loop
 
@@ -107,7 +108,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     with open(out / "sft_metrics.jsonl", "w") as log:
         sft_loop(model, lambda step: _batch(policy, sampler.draw(step, cfg.batch_size)), cfg,
                  lambda row: log.write(json.dumps(row) + "\n"))  # fmt: skip
-    service = RolloutService(build_engine(EngineSection(), cfg.seed, policy), policy)
+    service = RolloutService(build_engine(EngineSpec.of(EngineSection(), cfg.seed, policy), policy.model), policy)
     metrics, _ = evaluate(service, held_out, samples=cfg.eval_samples, seed=cfg.seed)
     metrics["time/sft_s"] = time.perf_counter() - t0
     model.save_pretrained(out)

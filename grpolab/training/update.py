@@ -1,4 +1,5 @@
-"""The update of one GRPO step: mu optimizer steps on a batch of rows and their advantages.
+"""The update of one GRPO step: mu passes over a batch of rows and their advantages, each of M optimizer steps
+(--mu, --minibatches).
 
 In order (:meth:`Updater.__call__`):
 
@@ -7,9 +8,9 @@ In order (:meth:`Updater.__call__`):
 2. the micro-batch plan: which rows run, in passes of ``--micro-batch`` rows (or of at most
    ``--micro-batch-tokens`` padded tokens), the same number of passes on every rank;
 3. the sampling-time (old) and reference log-probs, once, before any weight moves;
-4. mu times: loss and backward per micro-batch, then the optimizer step (skipped, and counted,
-   when the loss or the gradient is not finite; under fp16's loss scaling a gradient that overflowed
-   skips the step and halves the scale, counted apart);
+4. mu passes, each over the M minibatches: loss and backward per micro-batch, then the minibatch's
+   optimizer step (skipped, and counted, when the loss or the gradient is not finite; under fp16's
+   loss scaling a gradient that overflowed skips the step and halves the scale, counted apart);
 5. the metrics, summed over ranks.
 
 With ``watch`` rows (``--log-token-credit``), the update also keeps, for those rows, each token's
@@ -40,8 +41,6 @@ from grpolab.algo.engine_correction import (
 )
 from grpolab.algo.entropy_bonus import EntropyControl, entropy_bonus
 from grpolab.algo.loss import (
-    TermParams,
-    effective_aggregation,
     entropy_threshold,
     high_entropy_mask,
     loss_token_mask,
@@ -50,7 +49,6 @@ from grpolab.algo.loss import (
 from grpolab.common import distributed as dist_
 from grpolab.common.batch import Batch, select
 from grpolab.common.distributed import World
-from grpolab.config.objective import ObjectiveSection, TermSection, UpdateSection
 from grpolab.training.forward import TrainModule
 from grpolab.training.micro_batches import (
     MicroBatchPlan,
@@ -59,33 +57,15 @@ from grpolab.training.micro_batches import (
     rows_advantages,
     token_budget_chunks,
 )
-
-
-def loss_options(objective: ObjectiveSection, terms: TermSection, max_policy_tokens: int) -> dict:
-    """The options of :func:`grpolab.algo.loss.policy_loss` that come from the run's config (the objective's and the
-    term's sections; ``max_policy_tokens`` Dr. GRPO's max_len); a pass adds its tensors and the step's normalisers."""
-    return dict(
-        aggregation=effective_aggregation(terms.loss_type, objective.aggregation),
-        clip_low=objective.clip_low,
-        clip_high=objective.clip_high,
-        clip_delta=objective.clip_delta or None,
-        beta=objective.beta,
-        kl=objective.kl,
-        kl_ratio=objective.kl_ratio,
-        importance_sampling=objective.importance_sampling,
-        loss_type=terms.loss_type,
-        params=TermParams(**{f.name: getattr(terms, f.name) for f in dataclasses.fields(TermParams)}),
-        off_policy_threshold=terms.off_policy_mask_threshold or None,
-        max_len=max_policy_tokens,
-    )
+from grpolab.training.update_options import UpdateSections, loss_options, update_metrics
 
 
 @dataclasses.dataclass
 class WatchedTokens:
-    """Per-token values of the rows ``--log-token-credit`` records, as the update saw them; ``[K, T]`` each."""
+    """Per-token values of the rows ``--log-token-credit`` records, as the update saw them; ``[W, T]`` each."""
 
     rows: list[int]
-    """The K rows (of this rank's batch)."""
+    """The W rows (of this rank's batch)."""
     adv: torch.Tensor
     """The advantage the loss gave each token: the rollout's, times the loss mask and the entropy selection."""
     logp: torch.Tensor
@@ -124,18 +104,15 @@ SUMS = ("loss", "policy", "kl_tok", "clip_tok", "clip_low_tok", "clip_high_tok",
 
 
 class Updater:
-    """Runs the update with the policy's training forward, optimizer and schedule.
+    """Runs the update with the policy's training forward, optimizer and schedule, as the run's ``sections`` say.
 
     ``reference``: the frozen KL reference's forward (None without a KL term, or with LoRA, where
-    ``reference_is_base`` says the reference is the policy with its adapter disabled).
+    ``reference_is_base`` says the reference is the policy with its adapter disabled). ``scaler``: fp16's loss scaler.
     """
 
     def __init__(
         self,
-        objective: ObjectiveSection,
-        passes: UpdateSection,
-        max_grad_norm: float,
-        max_policy_tokens: int,
+        sections: UpdateSections,
         policy: TrainModule,
         optimizer: torch.optim.Optimizer,
         scheduler,
@@ -143,26 +120,17 @@ class Updater:
         eos_id: int,
         reference: TrainModule | None = None,
         reference_is_base: bool = False,
-        terms: TermSection | None = None,
-        top_p: float = 1.0,
         scaler=None,
     ):
-        self.objective, self.passes, self.max_grad_norm, self.max_policy_tokens = (
-            objective,
-            passes,
-            max_grad_norm,
-            max_policy_tokens,
-        )
+        self.objective, self.passes = sections.objective, sections.passes
+        self.max_grad_norm, self.top_p = sections.optimizer.max_grad_norm, sections.generation.top_p
         self.policy, self.optimizer, self.scheduler, self.world = policy, optimizer, scheduler, world
         self.eos_id, self.reference, self.reference_is_base = eos_id, reference, reference_is_base
-        self.top_p = top_p  # the sampler's: its nucleus log-probs are put on the trainer's scale (engine_correction)
-        self.terms = terms = terms or TermSection()  # the policy term: --loss-type and its constants
-        self.options = loss_options(objective, terms, max_policy_tokens)
+        self.options = loss_options(sections.objective, sections.terms, sections.max_policy_tokens)
         """policy_loss's options from the run's config (:func:`loss_options`)."""
         self.entropy: EntropyControl | None = None
         """The entropy bonus's coefficient and schedule (--entropy-coef, --adaptive-entropy); None without one."""
-        if terms.entropy_bonus:
-            t = terms
+        if (t := sections.terms).entropy_bonus:
             self.entropy = EntropyControl(
                 t.entropy_coef, t.adaptive_entropy, t.entropy_target, t.entropy_coef_delta, t.entropy_coef_min,
                 t.entropy_coef_max,
@@ -188,7 +156,7 @@ class Updater:
         action: torch.Tensor | None = None,
         cut: torch.Tensor | None = None,
     ) -> dict:
-        """mu optimizer steps on this rank's rows; with P ranks, the sum of their gradients.
+        """mu passes of M optimizer steps on this rank's rows; with P ranks, the sum of their gradients.
 
         batch, adv: this rank's n token rows (rollouts, or an episode's sequences) and their advantages, ``[n]`` (one
         per row) or ``[n, T]`` (per token: an episode's turns); n may be 0.
@@ -212,17 +180,17 @@ class Updater:
         # rollout with no loss-carrying token. Normalisers stay those of the whole batch, so the gradient is unchanged.
         credited = adv != 0 if adv.dim() == 1 else ((adv != 0) & loss_mask[:, : adv.shape[1]].bool()).any(dim=1)
         live = carries if obj.beta > 0 or self.entropy is not None else carries & credited
-        K = self.passes.minibatches  # optimizer steps per pass over the batch, each on its share of the normalisers
-        parts = minibatch_rows(n, K, live.device)
-        plans = [self._plan(batch, part[live[part]], N // K) for part in parts]
+        M = self.passes.minibatches  # optimizer steps per pass over the batch, each on its share of the normalisers
+        parts = minibatch_rows(n, M, live.device)
+        plans = [self._plan(batch, part[live[part]], N // M) for part in parts]
         self.watched = None if watch is None else self._watch(watch, batch, loss_mask, plans[0])
         bonus_tokens = self._bonus_tokens(entropy, loss_mask, threshold, n, num_tokens)
         inputs = []
         for plan, part in zip(plans, parts):
             old_logp, ref_logp = self._old_and_ref_logprobs(batch, plan)
             inputs.append(_Inputs(
-                batch, adv, loss_mask, entropy, threshold, old_logp, sampler_logp, ref_logp, N // K, num_tokens / K,
-                self.watched, bonus_tokens / K, bool((carries[part] & ~live[part]).any()),
+                batch, adv, loss_mask, entropy, threshold, old_logp, sampler_logp, ref_logp, N // M, num_tokens / M,
+                self.watched, bonus_tokens / M, bool((carries[part] & ~live[part]).any()),
             ))  # fmt: skip
         sums = dict.fromkeys(SUMS, 0.0) | dict.fromkeys(MAX_KEYS, 0.0) | {"clip_extremes": []}
         grad_norm, skipped, overflows = self._optimizer_steps(plans, inputs, sums)
@@ -260,17 +228,7 @@ class Updater:
         the schedule moves on, and the step is counted (``sampling/short``)."""
         for _ in range(self.objective.mu * self.passes.minibatches):
             self.scheduler.step()
-        return {
-            "loss/total": None,
-            "loss/policy": None,
-            "loss/kl": None,
-            "loss/clip_frac": None,
-            "loss/ratio_mean": None,
-            "loss/active_frac": 0.0,
-            "loss/skipped_updates": 0,
-            "grad/norm": None,
-            "charts/lr": self.scheduler.get_last_lr()[0],
-        }
+        return update_metrics(self.scheduler.get_last_lr()[0])
 
     # ------------------------------------------------------------------ its steps
     def _plan(self, batch: Batch, rows: torch.Tensor, N: int) -> MicroBatchPlan:
@@ -423,7 +381,7 @@ class Updater:
 
     def _add_stats(self, sums: dict, loss: torch.Tensor, st: dict, n_tok: float) -> None:
         """A pass's share of the step's loss statistics (means over the mu passes; token sums for token means). A
-        minibatch's loss is divided by its share (1/K) of the step's normalisers: the K of them over K are one pass's."""
+        minibatch's loss is divided by its share (1/M) of the step's normalisers: the M of them over M are one pass's."""
         mu, steps = self.objective.mu, self.objective.mu * self.passes.minibatches
         sums["loss"] += loss.item() / steps
         sums["policy"] += st["policy"].item() / steps
@@ -552,15 +510,17 @@ class Updater:
         return {
             **self._engine_metrics(totals, sums),
             **bonus,
-            "loss/total": totals["loss"],
-            "loss/policy": totals["policy"],
-            "loss/kl": totals["kl_tok"] / active_tokens if self.has_reference else None,
-            "loss/clip_frac": totals["clip_tok"] / active_tokens,
+            **update_metrics(
+                self.scheduler.get_last_lr()[0],
+                total=totals["loss"],
+                policy=totals["policy"],
+                kl=totals["kl_tok"] / active_tokens if self.has_reference else None,
+                clip_frac=totals["clip_tok"] / active_tokens,
+                ratio_mean=totals["ratio_tok"] / active_tokens if totals["active"] else 1.0,
+                active_frac=totals["active"] / N,
+                skipped=skipped,
+                grad_norm=grad_norm,
+            ),
             **{f"loss/clip_{side}_frac": totals[f"clip_{side}_tok"] / active_tokens for side in ("low", "high")},
             **self._clip_extremes(sums["clip_extremes"]),
-            "loss/ratio_mean": totals["ratio_tok"] / active_tokens if totals["active"] else 1.0,
-            "loss/active_frac": totals["active"] / N,
-            "loss/skipped_updates": skipped,
-            "grad/norm": grad_norm,
-            "charts/lr": self.scheduler.get_last_lr()[0],
         }

@@ -82,7 +82,8 @@ class RunCallbacks:
         handler = t.callback_handler
         policy = recipe.trainer.policy
         handler.model, handler.processing_class = policy.model, policy.processor or policy.tokenizer
-        handler.optimizer, handler.lr_scheduler = recipe.trainer.optimizer, recipe.trainer.scheduler
+        learner = recipe.trainer.update_stage
+        handler.optimizer, handler.lr_scheduler = learner.optimizer, learner.scheduler
         state = t.state
         state.max_steps = recipe.cfg.run.steps * self.per_step
         state.global_step = recipe.start * self.per_step
@@ -112,7 +113,7 @@ class RunCallbacks:
         self.evaluated_last = step == self.steps
         t, trainer, world = self.t, self.recipe.trainer, self.recipe.world.size
         bounds = offsets([len(part.rows) for part in self.parts])
-        records = [trainer.held_out[a:b] for a, b in zip(bounds, bounds[1:])]
+        records = [trainer.task_stage.held_out[a:b] for a, b in zip(bounds, bounds[1:])]
         evaluations = evaluate_groups(trainer, records, eval_group_size(t.args), eval_batch_prompts(t.args, world))
         for i, (part, evaluation) in enumerate(zip(self.parts, evaluations)):
             prefix = "eval" if part.name is None else f"eval_{part.name}"

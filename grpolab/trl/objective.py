@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from grpolab.algo.loss import TermParams, entropy_threshold, high_entropy_mask, off_policy_mask, vespo_weight
+from grpolab.algo.loss import entropy_threshold, high_entropy_mask, off_policy_mask, vespo_weight
+from grpolab.config.objective import TermSection
 
 
 def get_high_entropy_mask(trainer, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -93,5 +94,6 @@ def get_gamma_weights(
             "get_gamma_weights(importance_sampling_ratio=...): grpolab's vespo folds no sampler correction into its "
             "sequence weight; pass None"
         )
-    params = TermParams(vespo_k_pos=k_pos, vespo_lambda_pos=lambda_pos, vespo_k_neg=k_neg, vespo_lambda_neg=lambda_neg)
+    terms = TermSection(vespo_k_pos=k_pos, vespo_lambda_pos=lambda_pos, vespo_k_neg=k_neg, vespo_lambda_neg=lambda_neg)
+    params = terms.term_params()
     return vespo_weight(log_ratio_per_token, mask, advantages, params)

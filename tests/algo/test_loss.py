@@ -354,7 +354,7 @@ def test_micro_batches_through_a_real_model_give_the_whole_batch_gradient(aggreg
 
 
 def test_token_budget_chunks_cover_every_row_once_within_the_budget():
-    from grpolab.training.update import token_budget_chunks
+    from grpolab.training.micro_batches import token_budget_chunks
 
     rows = torch.tensor([0, 2, 3, 5, 6, 7])
     p_lens = torch.tensor([3, 9, 5, 6, 1, 2, 8, 4])
@@ -385,7 +385,9 @@ def test_a_token_budget_plan_gives_the_whole_batch_gradient(aggregation, packing
     from grpolab.common.distributed import SINGLE
     from grpolab.config.train import TrainConfig
     from grpolab.training.forward import TrainModule
-    from grpolab.training.update import Updater, token_budget_chunks
+    from grpolab.training.micro_batches import token_budget_chunks
+    from grpolab.training.update import Updater
+    from grpolab.training.update_options import UpdateSections
 
     model, batch = model_and_batch()
     model = model.double()
@@ -399,18 +401,7 @@ def test_a_token_budget_plan_gives_the_whole_batch_gradient(aggregation, packing
         ref = TrainModule(copy.deepcopy(model).eval().requires_grad_(False), 1.0, packing=packing)
         policy = TrainModule(m, 1.0, packing=packing)
         assert policy.packing == packing
-        Updater(
-            cfg.objective,
-            cfg.update,
-            cfg.optimizer.max_grad_norm,
-            cfg.max_policy_tokens,
-            policy,
-            opt,
-            sched,
-            SINGLE,
-            eos_id=2,
-            reference=ref,
-        )(batch, adv)
+        Updater(UpdateSections.of(cfg), policy, opt, sched, SINGLE, eos_id=2, reference=ref)(batch, adv)
         return {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
 
     lens = (batch.prompt_mask.sum(1), batch.completion_mask.sum(1))

@@ -13,7 +13,6 @@ from grpolab.algo.advantages import batch_standardise, normalize_then_sum
 from grpolab.algo.entropy_bonus import EntropyControl, entropy_bonus
 from grpolab.algo.loss import (
     LOSS_TYPES,
-    TermParams,
     aggregate,
     cispo_term,
     effective_aggregation,
@@ -22,7 +21,10 @@ from grpolab.algo.loss import (
     sapo_term,
     vespo_weight,
 )
+from grpolab.config.objective import TermSection
 from grpolab.config.train import ConfigError, TrainConfig
+
+TERMS = TermSection().term_params()  # the policy terms' constants at the options' defaults
 
 
 def _random(seed: int, N: int = 6, T: int = 7, spread: float = 0.3):
@@ -75,7 +77,7 @@ def test_sapo_term_hand_computed_and_its_gradient_at_ratio_one_is_grpo_s():
 
 
 def test_vespo_weight_hand_computed():
-    p = TermParams()
+    p = TERMS
     # rollout 0: two tokens, log ratios 0.1 and 0.2 (w = e^0.3), A > 0; rollout 1: one token (second masked), log
     # ratio -0.4, A < 0; rollout 2: on-policy (w = 1): phi = 1
     log_ratio = torch.tensor([[0.1, 0.2], [-0.4, 9.0], [0.0, 0.0]], dtype=torch.float64)
@@ -94,7 +96,7 @@ def test_vespo_weight_hand_computed():
 
 def test_vespo_term_is_phi_times_a_logp_with_phi_detached():
     logp, old, mask, adv = _random(3, spread=0.05)
-    loss, _ = policy_loss(logp, old, adv, mask, loss_type="vespo", aggregation="token-mean")
+    loss, _ = policy_loss(logp, old, adv, mask, loss_type="vespo", aggregation="token-mean", params=TERMS)
     m = mask.double()
     expected, grad = 0.0, torch.zeros_like(old)
     for i in range(len(m)):
@@ -167,7 +169,7 @@ def test_the_off_policy_mask_removes_the_masked_rollout_from_the_loss_and_keeps_
 def test_at_ratio_one_every_term_has_grpo_s_gradient(loss_type):
     logp, _, mask, adv = _random(7)
     agg = "seq-mean-token-sum" if loss_type == "luspo" else "token-mean"
-    ours, _ = policy_loss(logp, logp.detach(), adv, mask, loss_type=loss_type, aggregation=agg)
+    ours, _ = policy_loss(logp, logp.detach(), adv, mask, loss_type=loss_type, aggregation=agg, params=TERMS)
     (g_ours,) = torch.autograd.grad(ours, logp)
     clip, _ = policy_loss(logp, logp.detach(), adv, mask, aggregation=agg)
     (g_clip,) = torch.autograd.grad(clip, logp)
@@ -177,7 +179,7 @@ def test_at_ratio_one_every_term_has_grpo_s_gradient(loss_type):
 @pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo"])
 def test_off_policy_the_terms_differ_from_the_clip(loss_type):
     logp, old, mask, adv = _random(8)
-    (g,) = torch.autograd.grad(policy_loss(logp, old, adv, mask, loss_type=loss_type)[0], logp)
+    (g,) = torch.autograd.grad(policy_loss(logp, old, adv, mask, loss_type=loss_type, params=TERMS)[0], logp)
     (g_clip,) = torch.autograd.grad(policy_loss(logp, old, adv, mask)[0], logp)
     assert (g - g_clip).abs().max() > 1e-3
 
@@ -205,7 +207,11 @@ def test_micro_batches_of_any_size_give_the_whole_batch_gradient(loss_type, size
     adv = torch.randn(N, generator=g, dtype=torch.float64)
     aggregation = "seq-mean-token-sum" if loss_type == "luspo" else "token-mean"
     common = dict(
-        beta=0.04, loss_type=loss_type, aggregation=aggregation, params=TermParams(cispo_cap=1.1), clip_high=0.28
+        beta=0.04,
+        loss_type=loss_type,
+        aggregation=aggregation,
+        params=TermSection(cispo_cap=1.1).term_params(),
+        clip_high=0.28,
     )
     common |= dict(off_policy_threshold=0.2)
     whole = logp0.clone().requires_grad_(True)
@@ -382,15 +388,13 @@ def _updater_gradient(model, batch, adv, **options) -> dict[str, torch.Tensor]:
     from grpolab.common.distributed import SINGLE
     from grpolab.training.forward import TrainModule
     from grpolab.training.update import Updater
+    from grpolab.training.update_options import UpdateSections
 
     m = copy.deepcopy(model)
     cfg = TrainConfig(max_grad_norm=0.0, **options)
     opt = torch.optim.SGD(m.parameters(), lr=0.0)
     policy = TrainModule(m, 1.0)
-    upd = Updater(
-        cfg.objective, cfg.update, 0.0, cfg.max_policy_tokens, policy, opt, get_scheduler("constant", opt), SINGLE,
-        eos_id=2, terms=cfg.terms,
-    )  # fmt: skip
+    upd = Updater(UpdateSections.of(cfg), policy, opt, get_scheduler("constant", opt), SINGLE, eos_id=2)
     metrics = upd(batch, adv)
     return {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}, metrics
 
@@ -474,10 +478,10 @@ def test_the_training_forward_s_entropies_equal_the_sampler_s_on_every_path(path
     "options",
     [
         dict(loss_type="clip", aggregation="seq-mean-token-mean"),
-        dict(loss_type="cispo", aggregation="token-mean", params=TermParams(cispo_cap=1.01)),
-        dict(loss_type="sapo", aggregation="seq-mean-token-mean"),
+        dict(loss_type="cispo", aggregation="token-mean", params=TermSection(cispo_cap=1.01).term_params()),
+        dict(loss_type="sapo", aggregation="seq-mean-token-mean", params=TERMS),
         dict(loss_type="luspo", aggregation="seq-mean-token-sum", importance_sampling="sequence"),
-        dict(loss_type="vespo", aggregation="token-mean"),
+        dict(loss_type="vespo", aggregation="token-mean", params=TERMS),
     ],
     ids=lambda o: o["loss_type"],
 )

@@ -224,7 +224,7 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.slow
 def test_each_objective_s_loss_and_gradient_equal_trl_s_in_float64(float64_setup, tmp_path, name):
     from grpolab.algo.entropy_bonus import entropy_bonus
-    from grpolab.algo.loss import TermParams
+    from grpolab.config.objective import TermSection
 
     policy, batch = float64_setup
     model = policy.model
@@ -246,11 +246,11 @@ def test_each_objective_s_loss_and_gradient_equal_trl_s_in_float64(float64_setup
 
     opts = dict(ours_options)
     aggregation = opts.pop("agg")
-    cap = opts.pop("cispo_cap", 5.0)
+    terms = TermSection(cispo_cap=opts.pop("cispo_cap", TermSection.cispo_cap))
     coef = opts.pop("entropy_coef", 0.0)
     both = completion_logprobs(model, batch, entropy=True)
     logp, entropy = both[..., 0], both[..., 1]
-    ours, st = policy_loss(logp, old, adv, mask, aggregation=aggregation, params=TermParams(cispo_cap=cap), **opts)
+    ours, st = policy_loss(logp, old, adv, mask, aggregation=aggregation, params=terms.term_params(), **opts)
     ours = ours - coef * entropy_bonus(entropy, mask, float(mask.sum()))
     our_grad = torch.autograd.grad(ours, params, retain_graph=True)
     assert abs(ours.item() - trl_loss.item()) <= 1e-6 * abs(trl_loss.item())

@@ -70,15 +70,15 @@ def data_run(data, tmp_path_factory):
 def test_the_probes_rollouts_and_rewards_are_trainings_for_the_same_keys(data, tmp_path):
     cfg = _cfg(data, out=str(tmp_path)).resolved()
     trainer = build_trainer(cfg, log=_quiet)
-    roll = trainer.collector.collect(1)
+    roll = trainer.sampling_stage.collector.collect(1)
     rows, G = roll.groups.rows, cfg.groups.group_size
     draw = probe_sampler(trainer.policy, task_of(cfg), "hf", records=roll.groups.records)
     assert (
         draw.reward.names
-        == trainer.reward.names
+        == trainer.task_stage.reward.names
         == ["digits_of_target", "length_times_weight", "odd_code_sum", "format"]
     )
-    assert type(draw.service.engine) is type(trainer.engine) is HFEngine
+    assert type(draw.service.engine) is type(trainer.sampling_stage.engine) is HFEngine
     for k, (b, record) in enumerate(zip(roll.groups.prompt, roll.groups.records)):
         batch, rewards, entropy = draw(record, G, (streams.ROLLOUT, cfg.run.seed, 1, b))  # training's keys
         mine = slice(k * G, (k + 1) * G)
@@ -104,7 +104,7 @@ def test_the_probes_gradient_on_a_data_run_is_the_updates_own(data, tmp_path):
     trainer = build_trainer(cfg, log=_quiet)
     policy, model = trainer.policy, trainer.policy.model
     draw = probe_sampler(policy, task_of(cfg), "hf")
-    record = trainer.held_out[0]
+    record = trainer.task_stage.held_out[0]
     batch, rewards, _ = draw(record, 6, (streams.PROBE, 0, 0, 0))
     assert float(rewards.std()) > 0
     adv = compute_advantages(rewards[None].double(), "grpo")[0].double()  # [R]

@@ -127,7 +127,7 @@ def test_a_run_records_its_precision_and_a_run_from_before_it_resumes(tmp_path):
     (out / "config.json").write_text(json.dumps({**old, "dtype": "float32"}))
     assert saved_config(out).machine.dtype == "float32"
     recipe = run_training(small_cfg(out, steps=3, resume=True), log=quiet)
-    assert recipe.trainer.precision.name == "32-true"
+    assert recipe.trainer.update_stage.precision.name == "32-true"
 
 
 # ---------------------------------------------------------------- the forward
@@ -272,10 +272,12 @@ def test_fp16_loss_scaling_skips_and_counts_overflows_and_resumes(tmp_path, monk
     from its checkpoint."""
     from helpers.runs import assert_same_metrics
 
-    import grpolab.training.trainer as trainer_module
+    import grpolab.training.update_stage as update_stage_module
 
     monkeypatch.setattr("grpolab.common.precision.check_supported", lambda precision, device: None)
-    monkeypatch.setattr(trainer_module, "build_scaler", lambda p, d: torch.amp.GradScaler(d.type, init_scale=2.0**22))
+    monkeypatch.setattr(
+        update_stage_module, "build_scaler", lambda p, d: torch.amp.GradScaler(d.type, init_scale=2.0**22)
+    )
     opts = dict(precision="16-mixed", warmup_steps=0, save_every=1)
     whole = train(small_cfg(tmp_path / "whole", steps=6, **opts), log=quiet)
     rows = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
@@ -295,7 +297,7 @@ def test_lora_under_bf16_mixed_trains_fp32_adapters_over_a_bf16_base(tmp_path):
     recipe = run_training(
         small_cfg(tmp_path / "L", steps=2, precision="bf16-mixed", lora_rank=4, lr=1e-3, warmup_steps=0), log=quiet
     )
-    model, opt = recipe.trainer.policy.model, recipe.trainer.optimizer
+    model, opt = recipe.trainer.policy.model, recipe.trainer.update_stage.optimizer
     named = dict(model.named_parameters())
     base = [p for n, p in named.items() if "lora_" not in n]
     adapters = [p for n, p in named.items() if "lora_" in n]

@@ -238,3 +238,16 @@ def test_sft_keeps_its_dotted_flags_for_the_model_shape_and_the_task():
 
     cfg = parse_config(SFTConfig, ["--model.hidden-size", "64", "--task.max-operand", "20"], "grpolab sft", "")
     assert (cfg.model.hidden_size, cfg.task.max_operand, cfg.model.num_layers) == (64, 20, SFTConfig().model.num_layers)
+
+
+def test_the_policy_terms_constants_come_from_their_section_alone():
+    """algo.loss.TermParams keeps no defaults of its own: every field is an option of TermSection, built from it."""
+    import dataclasses
+
+    from grpolab.algo.loss import TermParams
+    from grpolab.config.objective import TermSection
+
+    names = [f.name for f in dataclasses.fields(TermParams)]
+    assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(TermParams))
+    terms = TermSection(cispo_cap=2.5, vespo_lambda_neg=0.7)
+    assert {n: getattr(terms.term_params(), n) for n in names} == {n: getattr(terms, n) for n in names}

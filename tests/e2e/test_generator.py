@@ -56,7 +56,7 @@ def test_k_1_through_the_generator_process_is_the_lagged_run_and_draws_each_step
     inline = train(small_cfg(tmp_path / "inline", generator="inline", **options), log=quiet)
     recipe = run_training(small_cfg(tmp_path / "process", **options), log=quiet)  # auto: a process when K >= 1
     assert_bit_identical(inline, recipe.out)
-    engine = recipe.trainer.engine
+    engine = recipe.trainer.sampling_stage.engine
     # steps 2..4 were each asked for before the update of the step before, and used as drawn (the evaluations of
     # steps 0 and 4 drew afresh: the one after step 4 left step 5's draw ahead waiting, not dropped)
     assert engine.prefetches == {"used": 3, "dropped": 0}
@@ -72,7 +72,7 @@ def test_a_request_other_than_the_one_drawn_ahead_is_drawn_afresh(tmp_path):
     from grpolab.training.recipe import build_trainer
 
     trainer = build_trainer(small_cfg(tmp_path, max_staleness=1, warmup_steps=0), log=quiet)
-    engine = trainer.engine
+    engine = trainer.sampling_stage.engine
     try:
         prompts, keys = [[1, 5, 6], [1, 7]], [(9, 1), (9, 2)]
         settings = SamplingSettings(8, 1.0, 1.0, True)
@@ -102,10 +102,10 @@ def test_a_hung_generator_is_one_error_after_the_timeout_and_is_stopped(tmp_path
     from grpolab.training.recipe import build_trainer
 
     trainer = build_trainer(small_cfg(tmp_path, max_staleness=1, warmup_steps=0, generator_timeout=2), log=quiet)
-    process = trainer.engine.process
+    process = trainer.sampling_stage.engine.process
     try:
         trainer.step(1)
-        inbox, deadline = trainer.engine._pipe.inbox, time.monotonic() + 30
+        inbox, deadline = trainer.sampling_stage.engine._pipe.inbox, time.monotonic() + 30
         while inbox.empty() and time.monotonic() < deadline:  # step 2's rollouts, drawn ahead, were read whole
             time.sleep(0.05)
         os.kill(process.pid, signal.SIGSTOP)  # alive, answering nothing
@@ -132,7 +132,7 @@ def test_a_generator_stopped_between_an_answers_length_and_its_payload_is_one_er
 
     monkeypatch.setenv(STOP_MID_ANSWER, "drawn")  # read by the child at its first draw's answer
     trainer = build_trainer(small_cfg(tmp_path, max_staleness=1, warmup_steps=0, generator_timeout=2), log=quiet)
-    process = trainer.engine.process
+    process = trainer.sampling_stage.engine.process
     try:
         t0 = time.monotonic()
         with pytest.raises(GeneratorError, match=r"gave no answer in 2 s while drawing"):
@@ -196,7 +196,7 @@ def test_answers_of_megabytes_at_k_1_with_an_evaluation_and_a_group_size_change_
     from grpolab.training.recipe import build_trainer
 
     trainer = build_trainer(small_cfg(tmp_path, max_staleness=1, warmup_steps=0, generator_timeout=60), log=quiet)
-    engine = trainer.engine
+    engine = trainer.sampling_stage.engine
     n, settings = 2000, SamplingSettings(60, 1.0, 1.0, ignore_eos=True)
     prompts = [[1, *range(5, 64)] for _ in range(n)]
     keys = [(11, i) for i in range(n)]
@@ -280,5 +280,5 @@ def test_generator_options_are_checked_in_one_line():
     if importlib.util.find_spec("vllm") is not None:  # vLLM's options are checked only where it is installed
         with pytest.raises(ConfigError, match="--max-staleness: K >= 1 with vllm draws in the generator process"):
             TrainConfig(max_staleness=1, rollout_engine="vllm", generator="inline").validate()
-    assert TrainConfig(max_staleness=1).engine.in_process and not TrainConfig().engine.in_process
-    assert not TrainConfig(max_staleness=1, generator="inline").engine.in_process
+    assert (TrainConfig(max_staleness=1).engine.placement, TrainConfig().engine.placement) == ("process", "inline")
+    assert TrainConfig(max_staleness=1, generator="inline").engine.placement == "inline"

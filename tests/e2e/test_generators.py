@@ -341,7 +341,7 @@ def test_a_worker_stopped_mid_frame_is_dropped_after_the_timeout_and_the_run_sto
         with pytest.raises(GeneratorError, match=r"no generator worker left \(lost 1\)"):
             within(60, lambda: trainer.step(1))
         assert time.monotonic() - t0 < 30
-        assert trainer.engine.counts["lost"] == 1 and worker.poll() is None  # still there, stopped
+        assert trainer.sampling_stage.engine.counts["lost"] == 1 and worker.poll() is None  # still there, stopped
     finally:
         if trainer is not None:
             trainer.close()
@@ -361,7 +361,7 @@ def test_a_workers_answer_bigger_than_the_socket_buffers_is_read_while_the_weigh
     trainer = None
     try:
         trainer = one_worker_trainer(tmp_path, port, generator_timeout=150)
-        engine = trainer.engine
+        engine = trainer.sampling_stage.engine
         n, settings = 3000, SamplingSettings(20, 1.0, 1.0, ignore_eos=True)
         prompts, keys = [[1, *(5 + i % 90 for i in range(99))] for _ in range(n)], [(11, i) for i in range(n)]
         assert engine.prefetch(prompts, keys, settings)  # drawn with version 0, for the step after the update
@@ -387,7 +387,7 @@ def test_closing_the_pool_ends_its_accepting_thread_and_frees_the_port(tmp_path)
     worker = start_worker(port)
     try:
         trainer = one_worker_trainer(tmp_path, port)
-        accepting = trainer.engine.listener.accepting
+        accepting = trainer.sampling_stage.engine.listener.accepting
         trainer.close()
         accepting.join(5)
         assert not accepting.is_alive()

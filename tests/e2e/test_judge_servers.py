@@ -23,7 +23,7 @@ from helpers.processes import free_port
 from helpers.runs import metrics_by_step
 
 from grpolab.rewards.judge import FAILED_FRAC, JudgeSettings, load_judge
-from grpolab.rollout.engine import greedy_texts
+from grpolab.rollout.placement import greedy_texts
 
 pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 

@@ -8,16 +8,16 @@ resume):
 
 - a checkpoint without ``manifest.json`` (before manifests: ``trainer_state.json`` marks it complete);
 - ``trainer_state.json`` without ``rollouts_total`` (before --sampling: every step drew B x G rollouts);
-- ``config.json`` before --rollout-dtype / --engine-correction / --precision were recorded (BEFORE_RECORDED);
+- ``config.json`` before --rollout-dtype / --engine-correction / --precision were recorded (BEFORE_RECORDED), with
+  --dtype auto or --dtype float32 (the alias folded into the --precision it was);
 - ``optimizer.pt`` keyed by parameter name, as a run on FSDP writes it (else by position);
 - ``rng.pt`` holding Python's state as tuples and numpy's as an array (before the pickle-free random state);
 - ``rank_control`` and ``entropy_control`` in ``trainer_state.json`` (--group-size-control rank, --adaptive-entropy);
 - a LoRA run's checkpoint (the adapter beside the base as configured);
 - all at once: a run directory as the version before the pickle-free random state left it (and a LoRA run's).
 
-Not read today (strict xfails below, each naming why): config.json from before --precision of a run started with
---dtype float32, and any config.json from before --eval-fraction, so no whole run directory from before manifests or
---sampling (those checkpoints themselves are read: the first two cases).
+Not read today (a strict xfail below, naming why): any config.json from before --eval-fraction, so no whole run
+directory from before manifests or --sampling (those checkpoints themselves are read: the first two cases).
 
 Each case copies an uninterrupted run (made once per option set), removes the checkpoints after the cut, rewrites
 what is left in the older form and resumes it; the resumed run re-runs the steps after the cut and must rewrite
@@ -262,12 +262,6 @@ def test_a_config_json_from_before_options_were_recorded_resumes(whole, tmp_path
     _resumes_as_before(whole("plain"), tmp_path, 2, _config_before(dropped))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="not read today: a config.json from before --precision with --dtype float32 (not auto) resumes as "
-    "--precision 32-true against the recorded precision 'auto' (BEFORE_RECORDED) and is refused as a conflict",
-)
 def test_a_config_json_from_before_precision_with_dtype_float32_resumes(whole, tmp_path):
     def rewrite(run: Path) -> None:
         _config_before(PRECISION_OPTIONS)(run)

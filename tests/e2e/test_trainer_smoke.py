@@ -507,7 +507,9 @@ def test_update_normalises_by_the_rows_it_is_given(tmp_path):
 
     trainer = build_trainer(small_cfg(tmp_path / "u", steps=1, warmup_steps=0), log=quiet)
     cfg, policy = trainer.cfg, trainer.policy
-    prompts = [policy.prompt_ids(r) for r in trainer.sampler.draw(1, 3) for _ in range(4)]  # 12 rows; B * G = 16
+    prompts = [
+        policy.prompt_ids(r) for r in trainer.task_stage.sampler.draw(1, 3) for _ in range(4)
+    ]  # 12 rows; B * G = 16
     batch = sample(
         policy.model,
         prompts,
@@ -529,7 +531,7 @@ def test_update_normalises_by_the_rows_it_is_given(tmp_path):
         aggregation=cfg.objective.aggregation,
         max_len=cfg.generation.max_new_tokens,
     )
-    assert trainer.updater(batch, adv)["loss/total"] == pytest.approx(expected.item(), rel=1e-5)
+    assert trainer.update_stage.updater(batch, adv)["loss/total"] == pytest.approx(expected.item(), rel=1e-5)
 
 
 def test_few_shot_prompts_on_the_built_in_task(tmp_path):
@@ -537,7 +539,7 @@ def test_few_shot_prompts_on_the_built_in_task(tmp_path):
     trainer = build_trainer(small_cfg(tmp_path / "fs", steps=1, few_shot=2), log=quiet)
     shots = trainer.policy.few_shot
     assert len(shots) == 2 and all(s["answer"].rstrip().split("\n")[-1].startswith("####") for s in shots)
-    test_q = {r["question"] for r in trainer.held_out}
+    test_q = {r["question"] for r in trainer.task_stage.held_out}
     assert not test_q & {s["question"] for s in shots}  # examples come from the training split
     prompt = trainer.policy.tokenizer.decode(trainer.policy.prompt_ids({"question": "1+2"}), skip_special_tokens=True)
     assert prompt.startswith(shots[0]["question"] + "\n") and prompt.endswith("1+2\n")

@@ -54,14 +54,14 @@ def test_engine_logprobs_equal_the_trainers_after_each_optimizer_step(tmp_path, 
     equal within 1e-4, while the steps move them by far more (a stale engine would fail)."""
     over = dict(lora_rank=4, lr=2e-2) if lora else dict(lr=2e-3)
     trainer = build_trainer(_vllm_cfg(tmp_path / "run", steps=3, **over), log=quiet)
-    assert isinstance(trainer.engine, VLLMEngine)
-    fixed = trainer.collector.collect(0).groups.rows.batch
+    assert isinstance(trainer.sampling_stage.engine, VLLMEngine)
+    fixed = trainer.sampling_stage.collector.collect(0).groups.rows.batch
     first = _trainer_logprobs(trainer, fixed)
     mask = fixed.completion_mask.bool()
     for step in (1, 2, 3):
         trainer.step(step)
         expected = _trainer_logprobs(trainer, fixed)
-        got = trainer.engine.score(fixed)
+        got = trainer.sampling_stage.engine.score(fixed)
         assert (got - expected)[mask].abs().max() < 1e-4, step
     assert (expected - first)[mask].abs().max() > 1e-2  # the weights moved: a stale engine would be off by this
 
@@ -92,24 +92,24 @@ def test_a_rollout_depends_on_its_key_not_on_its_batch(tmp_path):
     prompts = [trainer.policy.prompt_ids({"question": q}) for q in ("12+7", "3*(4+5)", "81-19")] * 2
     keys = [(7, 0, 0, b, g) for g in range(2) for b in range(3)]
     settings = SamplingSettings(max_new_tokens=24, temperature=1.0)
-    batched = trainer.engine.generate(prompts, keys, settings)
+    batched = trainer.sampling_stage.engine.generate(prompts, keys, settings)
     order = [4, 1, 5, 0, 3, 2]
-    shuffled = trainer.engine.generate([prompts[i] for i in order], [keys[i] for i in order], settings)
+    shuffled = trainer.sampling_stage.engine.generate([prompts[i] for i in order], [keys[i] for i in order], settings)
     for j, i in enumerate(order):
-        alone = trainer.engine.generate([prompts[i]], [keys[i]], settings)
+        alone = trainer.sampling_stage.engine.generate([prompts[i]], [keys[i]], settings)
         for other, row in ((alone, 0), (shuffled, j)):
             n = int(batched.batch.completion_mask[i].sum())
             assert int(other.batch.completion_mask[row].sum()) == n
             assert torch.equal(other.batch.completion_ids[row, :n], batched.batch.completion_ids[i, :n])
             assert torch.allclose(other.logprobs[row, :n], batched.logprobs[i, :n], atol=1e-5)
     # --ignore-eos: every row runs to the end, EOS kept as a token, the same tokens up to where the stopping run ended
-    full = trainer.engine.generate(prompts, keys, dataclasses.replace(settings, ignore_eos=True))
+    full = trainer.sampling_stage.engine.generate(prompts, keys, dataclasses.replace(settings, ignore_eos=True))
     assert full.batch.completion_ids.shape == (6, 24) and bool(full.batch.completion_mask.all())
     for i in range(6):
         n = int(batched.batch.completion_mask[i].sum())
         assert torch.equal(full.batch.completion_ids[i, :n], batched.batch.completion_ids[i, :n])
     # another key: another rollout of the same prompt (hot, so that the trained model's favourites do not repeat)
-    hot = trainer.engine.generate(prompts, keys, SamplingSettings(max_new_tokens=24, temperature=2.0))
+    hot = trainer.sampling_stage.engine.generate(prompts, keys, SamplingSettings(max_new_tokens=24, temperature=2.0))
     assert len({tuple(hot.batch.completion_ids[i].tolist()) for i in range(6)}) == 6
     assert len({rollout_seed(k) for k in keys}) == 6 and all(0 <= rollout_seed(k) < 2**63 for k in keys)
 
@@ -135,7 +135,9 @@ class Shifted:
 def _step_with(tmp_path, name, correction, shift=0.5, cap=1.5) -> dict:
     cfg = small_cfg(tmp_path / name, steps=1, warmup_steps=0, engine_correction=correction, engine_correction_cap=cap)
     trainer = build_trainer(cfg, log=quiet)
-    trainer.engine = trainer.service.engine = Shifted(trainer.engine, shift)
+    trainer.sampling_stage.engine = trainer.sampling_stage.service.engine = Shifted(
+        trainer.sampling_stage.engine, shift
+    )
     return trainer.step(1).metrics
 
 
@@ -304,7 +306,7 @@ def test_vllm_in_the_generator_process_draws_what_it_draws_in_the_trainers_and_l
     trainer = build_trainer(_vllm_cfg(tmp_path / "k1", steps=4, lr=1e-3, max_staleness=1), log=quiet)
     try:
         logratio = [trainer.step(t).metrics["engine/logratio_std"] for t in range(1, 5)]
-        assert trainer.engine.prefetches == {"used": 3, "dropped": 0}
+        assert trainer.sampling_stage.engine.prefetches == {"used": 3, "dropped": 0}
     finally:
         trainer.close()
     assert logratio[0] < 1e-4 < min(logratio[1:])  # step 1 draws with the weights it updates; later ones a step behind

@@ -226,7 +226,7 @@ def test_lora_trains_only_the_adapter_and_reference_is_the_base(tmp_path):
     assert trainable and all("lora_" in n for n in trainable)
     frozen_before = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
     lora_before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    assert trainer.ref is None and trainer.ref_is_base  # no second copy
+    assert trainer.update_stage.ref is None and trainer.update_stage.ref_is_base  # no second copy
     m1 = trainer.step(1).metrics
     m2 = trainer.step(2).metrics
     assert math.isfinite(m2["loss/kl"]) and m1["loss/kl"] == pytest.approx(0.0, abs=1e-6)  # step 1: policy == base
@@ -355,8 +355,8 @@ def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):
         2,
         model,
         trainer.policy.tokenizer,
-        trainer.optimizer,
-        trainer.scheduler,
+        trainer.update_stage.optimizer,
+        trainer.update_stage.scheduler,
         {},
         optimizer_state={},
     )
@@ -369,8 +369,8 @@ def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):
     # architecture, tied embeddings, tokenizer and template, each layer the same computation, 15 times less of it
     # (the per-rollout gradients of the reference, in float64, are the suite's slowest arithmetic otherwise).
     short = _first_layers(model, 2)
-    ckpt = checkpoint.save(tmp_path / "run", 3, short, trainer.policy.tokenizer, trainer.optimizer,
-                           trainer.scheduler, {}, optimizer_state={})  # fmt: skip
+    ckpt = checkpoint.save(tmp_path / "run", 3, short, trainer.policy.tokenizer, trainer.update_stage.optimizer,
+                           trainer.update_stage.scheduler, {}, optimizer_state={})  # fmt: skip
     report = run_rank(
         RankConfig(
             checkpoint=str(ckpt),
@@ -386,7 +386,7 @@ def test_smollm2_two_grpo_steps_checkpoint_and_rank_verify(tmp_path):
     (res,) = report["results"]
     assert res["gram_max_rel_err"] <= 1e-4
     # the shared prompt prefix on the real model: its chat prompt encoded once per group, same log-probs and gradients
-    assert trainer.train_module.shared_prefix  # no fallback: the check at start passed
+    assert trainer.update_stage.train_module.shared_prefix  # no fallback: the check at start passed
     prompts = [trainer.policy.prompt_ids({"question": q}) for q in ("12+7-3",)]
     batch = sample(
         model,

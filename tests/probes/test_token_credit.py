@@ -167,13 +167,13 @@ def _step_with_independent_forwards(cfg: TrainConfig, step: int = 1):
     weights before)."""
     trainer = build_trainer(cfg.resolved(), log=lambda *a: None)
     seen = {}
-    collect = trainer.collector.collect
+    collect = trainer.sampling_stage.collector.collect
 
     def keep(step):
         seen["roll"] = collect(step)
         return seen["roll"]
 
-    trainer.collector.collect = keep
+    trainer.sampling_stage.collector.collect = keep
     before = copy.deepcopy(trainer.policy.model)
     out = trainer.step(step)
     return trainer, out, seen["roll"], before
@@ -184,7 +184,7 @@ def _step_with_independent_forwards(cfg: TrainConfig, step: int = 1):
 def test_dlogp_is_the_difference_of_two_independent_forwards(tmp_path, variant):
     cfg = dataclasses.replace(TrainConfig(), **F64, **variant, out=str(tmp_path))
     trainer, out, roll, before = _step_with_independent_forwards(cfg)
-    records, watched = out.token_credit, trainer.updater.watched
+    records, watched = out.token_credit, trainer.update_stage.updater.watched
     assert len(records) == 4 and out.metrics["credit/rollouts"] == 4
     sub = select(roll.groups.rows.batch, torch.tensor(watched.rows))
     with torch.no_grad():
@@ -355,7 +355,7 @@ def test_recorded_ratio_clipping_and_advantage_are_the_losss_own(tmp_path, monke
     clipped = (
         torch.clamp(ratio, 1 - cfg.objective.clip_low, 1 + cfg.objective.clip_high) * A < capped * A
     ) & mask.bool()
-    watched = trainer.updater.watched
+    watched = trainer.update_stage.updater.watched
     assert len(out.token_credit) == 16
     n_clipped = 0
     for k, rec in enumerate(out.token_credit):

@@ -25,7 +25,7 @@ from grpolab.rewards.judge import (
     rubric_reward,
 )
 from grpolab.rewards.rewarder import Rewarder, reward_functions, score
-from grpolab.rollout.engine import greedy_texts
+from grpolab.rollout.placement import greedy_texts
 
 RUBRIC = """
 template = '''Question: {{ prompt }}

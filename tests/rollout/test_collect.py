@@ -79,7 +79,9 @@ def test_a_trainer_step_updates_on_the_engines_rollouts(tmp_path, char_tokenizer
     engine = ScriptedEngine(char_tokenizer)
     trainer = build_trainer(cfg, log=lambda *a: None, engine=engine)  # the seam: any engine stands in for the sampler
     assert trainer.policy.tokenizer.get_vocab() == char_tokenizer.get_vocab()  # the built-in model's tokenizer
-    trainer.collector.sampler = Records()  # questions whose answer is 7, so that half the rollouts are right
+    trainer.sampling_stage.collector.sampler = (
+        Records()
+    )  # questions whose answer is 7, so that half the rollouts are right
     before = [p.detach().clone() for p in trainer.policy.model.parameters()]
     out = trainer.step(1)
     assert len(engine.calls) == 1 and engine.weight_updates == 1

@@ -14,8 +14,9 @@ import pytest
 from helpers.engines import ScriptedEngine
 from helpers.runs import quiet
 
-import grpolab.rollout.engine as engine_module
+import grpolab.rollout.placement as engine_module
 from grpolab.config.train import TrainConfig
+from grpolab.models.policy import load_policy
 from grpolab.rollout.service import RolloutService
 
 
@@ -34,6 +35,7 @@ class Ledger:
 def ledger(monkeypatch):
     book = Ledger()
     original = engine_module.build_engine
+    tokenizer = load_policy("builtin").tokenizer  # every run here is the built-in model's
 
     class Counted(ScriptedEngine):
         def generate(self, prompts, keys, settings, media=None):
@@ -43,9 +45,9 @@ def ledger(monkeypatch):
                 book.outside += len(keys)
             return super().generate(prompts, keys, settings)
 
-    def scripted_build_engine(engine, seed, policy, full_weights=None, **computes):
+    def scripted_build_engine(spec, model, say=None):
         book.engines_built += 1
-        return Counted(policy.tokenizer)
+        return Counted(tokenizer)
 
     for module in list(sys.modules.values()):  # every module that bound the factory by name
         if getattr(module, "__name__", "").startswith("grpolab") and getattr(module, "build_engine", None) is original:

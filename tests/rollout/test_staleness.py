@@ -27,7 +27,7 @@ def policy_digest(trainer) -> str:
 
 def engine_digest(trainer) -> str:
     """The checksum of the weights the (inline) engine's copy holds (and draws with)."""
-    return digest(trainer.service.engine.weights.held)
+    return digest(trainer.sampling_stage.service.engine.weights.held)
 
 
 @pytest.mark.parametrize("generator", GENERATORS)
@@ -36,7 +36,7 @@ def test_step_t_draws_with_exactly_the_weights_of_step_t_minus_k(tmp_path, K, ge
     from grpolab.training.recipe import build_trainer
 
     trainer = build_trainer(small_cfg(tmp_path, max_staleness=K, warmup_steps=0, generator=generator), log=quiet)
-    engine = trainer.service.engine
+    engine = trainer.sampling_stage.service.engine
     if generator == "process":
         engine.digests = []  # the generator process reports the checksum of the weights each draw used
     after = [policy_digest(trainer)]  # after[s]: the policy's weights after step s (0: the start)
@@ -72,11 +72,11 @@ def fresh_evaluation(trainer) -> dict:
     from grpolab.rollout.service import RolloutService
 
     policy, cfg = trainer.policy, trainer.cfg
-    engine = HFEngine(policy.model, EngineSpec(policy.eos_id, policy.pad_id, lag=0))
+    engine = HFEngine(policy.model, EngineSpec(policy.eos_id, policy.pad_id, max_staleness=0))
     service = RolloutService(engine, policy)
-    metrics, _ = evaluate(service, trainer.held_out, samples=cfg.eval.eval_samples,
+    metrics, _ = evaluate(service, trainer.task_stage.held_out, samples=cfg.eval.eval_samples,
                           temperature=cfg.generation.temperature, max_new_tokens=cfg.generation.max_new_tokens,
-                          seed=cfg.run.seed, score=trainer.eval_reward)  # fmt: skip
+                          seed=cfg.run.seed, score=trainer.task_stage.eval_reward)  # fmt: skip
     return metrics
 
 
@@ -161,3 +161,22 @@ def test_the_ratio_the_correction_weighs_is_pi_theta_over_the_stale_behaviour_po
     assert not torch.allclose(sampled[mask], new[mask], atol=1e-6)  # not by the one the update starts from
     log_ratio = (new - sampled)[mask]  # log pi_theta / pi_behaviour, the correction's ratio
     assert log_ratio.abs().max() > 1e-4  # stale by a step of lr 1e-3: a ratio that is not 1
+
+
+def test_the_held_version_is_k_syncs_back_and_never_before_the_start():
+    from grpolab.rollout.weights import held_version
+
+    assert [held_version(syncs, 2) for syncs in range(6)] == [0, 0, 0, 1, 2, 3]  # K = 2: steps 1..3 draw the start
+    assert [held_version(syncs, 0) for syncs in range(3)] == [0, 1, 2]  # K = 0: the newest
+
+
+def test_the_placement_says_where_the_engine_draws():
+    from grpolab.config.rollout import EngineSection
+    from grpolab.rollout.spec import Placement
+
+    assert [EngineSection(**o).placement for o in ({}, {"max_staleness": 1}, {"generator": "process"})] == [
+        "inline", "process", "process"]  # fmt: skip
+    assert EngineSection(max_staleness=1, generator="inline").placement == "inline"
+    workers = Placement.of(EngineSection(generators=2, generator_listen="127.0.0.1:0"), run="r", rank=1)
+    assert (workers.where, workers.workers, workers.listen, workers.run, workers.rank) == (
+        "workers", 2, "127.0.0.1:0", "r", 1)  # fmt: skip

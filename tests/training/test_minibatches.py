@@ -1,4 +1,4 @@
-"""--minibatches K: K optimizer steps in each pass over a step's batch (TRL's steps_per_generation beyond the
+"""--minibatches M: M optimizer steps in each pass over a step's batch (TRL's steps_per_generation beyond the
 accumulation), against the same steps taken by hand with policy_loss, and the config's checks."""
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from grpolab.common.distributed import SINGLE
 from grpolab.config.train import ConfigError, TrainConfig
 from grpolab.models.logprobs import completion_logprobs
 from grpolab.training.forward import TrainModule
-from grpolab.training.update import Updater, minibatch_rows
+from grpolab.training.micro_batches import minibatch_rows
+from grpolab.training.update import Updater
+from grpolab.training.update_options import UpdateSections
 
 LR = 0.05
 
@@ -27,16 +29,13 @@ def _updated(model, batch, adv, **options):
     m = copy.deepcopy(model)
     cfg = TrainConfig(max_grad_norm=0.0, **options)
     opt = torch.optim.SGD(m.parameters(), lr=LR)
-    upd = Updater(
-        cfg.objective, cfg.update, 0.0, cfg.max_policy_tokens, TrainModule(m, 1.0), opt,
-        get_scheduler("constant", opt), SINGLE, eos_id=2, terms=cfg.terms,
-    )  # fmt: skip
+    upd = Updater(UpdateSections.of(cfg), TrainModule(m, 1.0), opt, get_scheduler("constant", opt), SINGLE, eos_id=2)
     metrics = upd(batch, adv)
     return m, metrics
 
 
-def _by_hand(model, batch, adv, K: int, mu: int, aggregation: str):
-    """mu passes of K SGD steps, minibatch k the rows i with i mod K = k, each loss policy_loss with a K-th of the
+def _by_hand(model, batch, adv, M: int, mu: int, aggregation: str):
+    """mu passes of M SGD steps, minibatch j the rows i with i mod M = j, each loss policy_loss with an M-th of the
     batch's normalisers (rows and loss tokens) and the sampling-time log-probs as the ratio's denominator."""
     m = copy.deepcopy(model)
     opt = torch.optim.SGD(m.parameters(), lr=LR)
@@ -45,14 +44,14 @@ def _by_hand(model, batch, adv, K: int, mu: int, aggregation: str):
     mask = batch.completion_mask
     N, tokens = mask.shape[0], float(mask.sum())
     for _ in range(mu):
-        for k in range(K):
-            rows = torch.arange(k, N, K)
+        for j in range(M):
+            rows = torch.arange(j, N, M)
             sub = select(batch, rows)
             T = sub.completion_ids.shape[1]
             opt.zero_grad()
             loss, _ = policy_loss(
                 completion_logprobs(m, sub), old[rows, :T], adv[rows], sub.completion_mask,
-                aggregation=aggregation, num_seqs=N // K, num_tokens=tokens / K,
+                aggregation=aggregation, num_seqs=N // M, num_tokens=tokens / M,
             )  # fmt: skip
             loss.backward()
             opt.step()
@@ -61,17 +60,17 @@ def _by_hand(model, batch, adv, K: int, mu: int, aggregation: str):
 
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
 @pytest.mark.parametrize("mu", [1, 2])
-def test_k_minibatches_are_k_optimizer_steps_on_their_rows(aggregation, mu):
+def test_m_minibatches_are_m_optimizer_steps_on_their_rows(aggregation, mu):
     model, batch = model_and_batch()
     model = model.double()
     adv = torch.tensor([1.0, -0.5, 0.25, -1.5, 0.8, -0.1], dtype=torch.float64)
     ours, metrics = _updated(model, batch, adv, minibatches=2, mu=mu, aggregation=aggregation, micro_batch=2)
-    theirs = _by_hand(model, batch, adv, K=2, mu=mu, aggregation=aggregation)
+    theirs = _by_hand(model, batch, adv, M=2, mu=mu, aggregation=aggregation)
     one_step, _ = _updated(model, batch, adv, mu=mu, aggregation=aggregation)
     for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
     moved = [(a - c).abs().max() for a, c in zip(ours.parameters(), one_step.parameters())]
-    assert max(moved) > 1e-6, "K steps on parts must differ from one step on the whole batch"
+    assert max(moved) > 1e-6, "M steps on parts must differ from one step on the whole batch"
     assert metrics["loss/active_frac"] == 1.0 and metrics["loss/skipped_updates"] == 0
 
 

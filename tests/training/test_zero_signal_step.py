@@ -25,7 +25,8 @@ from grpolab.config.train import TrainConfig
 from grpolab.models.logprobs import completion_logprobs
 from grpolab.models.policy import load_policy
 from grpolab.training.forward import TrainModule
-from grpolab.training.update import Updater, loss_options
+from grpolab.training.update import Updater
+from grpolab.training.update_options import UpdateSections, loss_options
 from grpolab.trl import GRPOConfig as DropInConfig
 from grpolab.trl.config import to_options
 
@@ -109,10 +110,8 @@ def _grpolab_run(model, batches, eos_id: int, cfg: TrainConfig) -> tuple[list[di
     from transformers import get_scheduler
 
     opt = _adamw(model)
-    upd = Updater(
-        cfg.objective, cfg.update, MAX_NORM, cfg.max_policy_tokens, TrainModule(model, 1.0), opt,
-        get_scheduler("constant", opt), SINGLE, eos_id=eos_id, terms=cfg.terms,
-    )  # fmt: skip
+    sections = UpdateSections.of(cfg.replace(max_grad_norm=MAX_NORM))
+    upd = Updater(sections, TrainModule(model, 1.0), opt, get_scheduler("constant", opt), SINGLE, eos_id=eos_id)
     metrics, after_one = [upd(_batch(batches[0]), batches[0]["advantages"])], _weights(model)
     metrics.append(upd(_batch(batches[1]), batches[1]["advantages"]))
     return metrics, after_one
@@ -171,10 +170,10 @@ def _updater_steps(model, batch, advantages, scaler=None) -> tuple[dict, float]:
 
     cfg = TrainConfig()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=WEIGHT_DECAY)
+    sections = UpdateSections.of(cfg.replace(max_grad_norm=MAX_NORM))
     upd = Updater(
-        cfg.objective, cfg.update, MAX_NORM, cfg.max_policy_tokens, TrainModule(model, 1.0), opt,
-        get_scheduler("constant", opt), SINGLE, eos_id=2, terms=cfg.terms, scaler=scaler,
-    )  # fmt: skip
+        sections, TrainModule(model, 1.0), opt, get_scheduler("constant", opt), SINGLE, eos_id=2, scaler=scaler
+    )
     for adv in advantages[:-1]:
         upd(batch, adv)
     before = _weights(model)

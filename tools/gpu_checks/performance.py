@@ -46,8 +46,8 @@ def precision_run(ctx: Context, key: str, name: str, comp: str) -> dict:
 
     def begin(trainer, held=held):
         params = [p for p in trainer.policy.model.parameters() if p.requires_grad]
-        held["params"], held["opt"] = params, trainer.optimizer
-        held["before"] = [exact_weights(trainer.optimizer, p).clone() for p in params]
+        held["params"], held["opt"] = params, trainer.update_stage.optimizer
+        held["before"] = [exact_weights(trainer.update_stage.optimizer, p).clone() for p in params]
         held["grad"] = [torch.zeros(p.numel(), dtype=torch.bool, device=p.device) for p in params]
         for p, mask in zip(params, held["grad"]):
             p.register_post_accumulate_grad_hook(functools.partial(mark_gradient, mask))

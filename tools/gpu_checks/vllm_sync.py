@@ -22,7 +22,7 @@ def check_vllm(ctx: Context) -> dict:
     gaps: list[float] = []
 
     def fixed_tokens(trainer):
-        held["batch"] = trainer.collector.collect(0).groups.rows.batch
+        held["batch"] = trainer.sampling_stage.collector.collect(0).groups.rows.batch
         with torch.no_grad():
             held["start"] = completion_logprobs(trainer.policy.model, held["batch"], 1.0)
 
@@ -31,7 +31,7 @@ def check_vllm(ctx: Context) -> dict:
         with torch.no_grad():
             expected = completion_logprobs(trainer.policy.model, batch, 1.0)
         mask = batch.completion_mask.bool()
-        gaps.append(float((trainer.engine.score(batch) - expected)[mask].abs().max()))
+        gaps.append(float((trainer.sampling_stage.engine.score(batch) - expected)[mask].abs().max()))
         held["moved"] = float((expected - held["start"])[mask].abs().max())
 
     rec = Recorder(fixed_tokens, compare)

@@ -28,7 +28,7 @@ from grpolab.rollout.weights import base_model
 
 def welcome(model, dtype, spec: EngineSpec, timeout, run) -> dict:
     """What a worker needs to build its replica and engine (:func:`worker_spec` reads it), as JSON: the model's class
-    name and config, the dtypes, the token ids, the lag, the head, vLLM's seed (``spec``'s), the timeout and the run
+    name and config, the dtypes, the token ids, the staleness K, the head, vLLM's seed (``spec``'s), the timeout and the run
     id."""
     storage = spec.storage
     base, param = base_model(model), next(model.parameters())
@@ -43,7 +43,7 @@ def welcome(model, dtype, spec: EngineSpec, timeout, run) -> dict:
         "storage": str(storage).removeprefix("torch.") if storage is not None else None,
         "eos_id": spec.eos_id,
         "pad_id": spec.pad_id,
-        "always_copy": spec.lag > 0,
+        "always_copy": spec.max_staleness > 0,
         "trainable": param.requires_grad,
         "fp32_head": spec.fp32_head,
         "seed": spec.seed,

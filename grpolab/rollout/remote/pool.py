@@ -39,7 +39,7 @@ from grpolab.vision.media import text_only
 class WorkerPool(VersionedDraws):
     """A rollout engine whose draws run on generator workers (module docstring). ``model``: the policy's model;
     ``expect``: workers to wait for before the first draw; ``listen``: HOST:PORT; ``token``: the shared secret
-    (required unless ``listen`` is local); ``run``: the run id a worker may name; ``lag``: --max-staleness K;
+    (required unless ``listen`` is local); ``run``: the run id a worker may name; ``max_staleness``: --max-staleness K;
     ``timeout``: seconds any one answer may take; ``wait``: seconds to wait for a worker when none is live."""
 
     def __init__(
@@ -61,7 +61,7 @@ class WorkerPool(VersionedDraws):
                 f"--generator-listen {listen}: a non-local address needs a shared token (${TOKEN_ENV} or "
                 "--generator-token-file)"
             )
-        self.lag, self.timeout, self.wait, self.expect = spec.lag, timeout, wait, expect
+        self.max_staleness, self.timeout, self.wait, self.expect = spec.max_staleness, timeout, wait, expect
         self.say, self.pad_id = say, spec.pad_id
         param = next(model.parameters())
         self.dtype = spec.dtype or param.dtype
@@ -76,7 +76,7 @@ class WorkerPool(VersionedDraws):
         self._tag = 0
         self._prefetched = None
         self._live: list[WorkerHandle] = []
-        self.versions = HeldVersions(model, spec.full_weights, self.send_dtype, self.lag)
+        self.versions = HeldVersions(model, spec.full_weights, self.send_dtype, self.max_staleness)
         greeting = welcome(model, self.dtype, spec, timeout, run)
         greeting["layout"] = layout_json(self.versions.slot.layout)
         buffers = {n: b.detach().cpu() for n, b in base_model(model).named_buffers()}
@@ -187,10 +187,10 @@ class WorkerPool(VersionedDraws):
         return self.books.pop_events()
 
     # ------------------------------------------------------------------ checkpoints
-    def lag_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
-        return self.versions.lag_state(self.syncs)
+    def held_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        return self.versions.held_state(self.syncs)
 
-    def restore_lag(self, counts: dict, tensors: dict[str, torch.Tensor]) -> None:
+    def restore_held(self, counts: dict, tensors: dict[str, torch.Tensor]) -> None:
         self.versions.restore(counts, tensors)
         self.syncs = counts["syncs"]
         for worker in list(self._live):
@@ -320,30 +320,20 @@ class WorkerPool(VersionedDraws):
         self.listener.release()
 
 
-def build_worker_pool(
-    engine,
-    seed: int,
-    policy,
-    full_weights=contextlib.nullcontext,
-    fp32_head: bool = False,
-    autocast: bool = False,
-    *,
-    run: str = "run",
-    rank: int = 0,
-    say: Callable[[str], None] = log.warning,
-) -> WorkerPool:
-    """The pool of generator workers the run's ``engine`` options ask for (--generators, --generator-listen,
-    --generator-wait, --generator-timeout, --generator-token-file, --max-staleness, --rollout-dtype). Rank ``rank``
-    of a torchrun job listens on the port plus its rank, and its workers draw its share of the rollouts."""
-    host, port = split_address(engine.generator_listen)
+def worker_pool(model: torch.nn.Module, spec: EngineSpec, say: Callable[[str], None] = log.warning) -> WorkerPool:
+    """The pool of generator workers ``spec.placement`` asks for (--generators, --generator-listen, --generator-wait,
+    --generator-timeout, --generator-token-file). Rank r of a torchrun job listens on the port plus r, and its workers
+    draw its share of the rollouts."""
+    place = spec.placement
+    host, port = split_address(place.listen)
     return WorkerPool(
-        policy.model,
-        EngineSpec.of(engine, seed, policy, full_weights, fp32_head, autocast),
-        expect=engine.generators,
-        listen=f"{host}:{port + rank if port else 0}",
-        token=read_token(engine.generator_token_file),
-        run=run,
-        timeout=engine.generator_timeout,
-        wait=engine.generator_wait,
+        model,
+        spec,
+        expect=place.workers,
+        listen=f"{host}:{port + place.rank if port else 0}",
+        token=read_token(place.token_file),
+        run=place.run,
+        timeout=place.timeout,
+        wait=place.wait,
         say=say,
     )

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from grpolab.rollout.replica import SharedWeights
-from grpolab.rollout.weights import lag_state, restored_lag, served_weights
+from grpolab.rollout.weights import held_state, held_version, restored_held, served_weights
 
 
 class HeldVersions:
@@ -16,8 +16,13 @@ class HeldVersions:
     :class:`grpolab.rollout.replica.SharedWeights` layout, in ``send_dtype``. ``full_weights``: the context in which
     the policy's weights are whole (FSDP2's gather)."""
 
-    def __init__(self, model: torch.nn.Module, full_weights: Callable, send_dtype: torch.dtype, lag: int):
-        self.model, self.full_weights, self.send_dtype, self.lag = model, full_weights, send_dtype, lag
+    def __init__(self, model: torch.nn.Module, full_weights: Callable, send_dtype: torch.dtype, max_staleness: int):
+        self.model, self.full_weights, self.send_dtype, self.max_staleness = (
+            model,
+            full_weights,
+            send_dtype,
+            max_staleness,
+        )
         served = self.served()
         self.slot = SharedWeights(served, shared=False)
         self.slot.write(served)
@@ -43,7 +48,7 @@ class HeldVersions:
         """Keep the policy's weights now as ``version``; let go of those no draw may ask for any more."""
         self.slot.write(self.served())
         self.held[version] = self.copy()
-        keep_from = max(0, version - self.lag)
+        keep_from = held_version(version, self.max_staleness)
         for v in [v for v in self.held if v < keep_from]:
             del self.held[v]
 
@@ -51,15 +56,15 @@ class HeldVersions:
         """``version``'s weights by parameter name."""
         return {n: t.clone() for n, t in self.slot.views(self.held[version]).items()}
 
-    def lag_state(self, syncs: int) -> tuple[dict, dict[str, torch.Tensor]]:
+    def held_state(self, syncs: int) -> tuple[dict, dict[str, torch.Tensor]]:
         """What a checkpoint keeps of the versions in flight after ``syncs`` weight syncs."""
-        held = max(0, syncs - self.lag)
+        held = held_version(syncs, self.max_staleness)
         pending = [(v, self.named(v)) for v in range(held + 1, syncs + 1)]
-        return lag_state(held, syncs, self.named(held), pending)
+        return held_state(held, syncs, self.named(held), pending)
 
     def restore(self, counts: dict, tensors: dict[str, torch.Tensor]) -> None:
-        """The versions a checkpoint kept (:meth:`lag_state`'s)."""
-        held, pending = restored_lag(counts, tensors)
+        """The versions a checkpoint kept (:meth:`held_state`'s)."""
+        held, pending = restored_held(counts, tensors)
         self.held = {}
         for version, named in [(counts["version"], held), *pending]:
             self.slot.write(named)
