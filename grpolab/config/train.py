@@ -121,14 +121,18 @@ class TrainConfig:
 
     # ------------------------------------------------------------------ model defaults
     def resolved(self) -> TrainConfig:
-        """This config with every unset (None) option given its default for ``--model`` (MODEL_DEFAULTS). ``--format
-        auto`` is resolved from the data's columns where the data is read
+        """This config with every unset (None) option given its default for ``--model`` (MODEL_DEFAULTS), and --dtype
+        folded (:meth:`folded`). ``--format auto`` is resolved from the data's columns where the data is read
         (:func:`grpolab.data.task.resolve_format`)."""
         defaults = model_defaults(self.policy.model)
         fill = {k: v for k, v in defaults.items() if fields.get(self, k) is None}
-        cfg = self.replace(**fill) if fill else self
-        machine = cfg.machine.folded()  # --dtype, the alias, as the --precision it stands for
-        return cfg if machine is cfg.machine else dataclasses.replace(cfg, machine=machine)
+        return (self.replace(**fill) if fill else self).folded()
+
+    def folded(self) -> TrainConfig:
+        """This config with --dtype, the alias, turned into the --precision it stands for
+        (:meth:`grpolab.config.run.MachineSection.folded`)."""
+        machine = self.machine.folded()
+        return self if machine is self.machine else dataclasses.replace(self, machine=machine)
 
     def checked(self, world_size: int = 1) -> TrainConfig:
         """Resolved (model defaults filled in) and validated for ``world_size`` processes."""

@@ -72,8 +72,8 @@ class HFEngine:
         self.fp32_head = spec.fp32_head and dtype in (torch.bfloat16, torch.float16)
         head = torch.float32 if self.fp32_head else None
         self.weights = SamplerWeights(
-            model, dtype, pack, spec.full_weights, max_staleness=spec.max_staleness, always_copy=always_copy, head_dtype=head,
-            storage=spec.storage,
+            model, dtype, pack, spec.full_weights, max_staleness=spec.max_staleness, always_copy=always_copy,
+            head_dtype=head, storage=spec.storage,
         )  # fmt: skip
         if (reason := slab_reason(model)) is not None:
             warnings.warn(_cache_notice(model, reason), stacklevel=2)
@@ -133,7 +133,8 @@ class HFEngine:
         return self.weights.current()
 
     def weights_version(self) -> int | None:
-        """With a staleness K >= 1: the number of the weight sync whose weights it draws with (0: the starting ones); else None."""
+        """With a staleness K >= 1: the number of the weight sync whose weights it draws with (0: the starting ones);
+        else None."""
         return self.weights.version if self.weights.max_staleness else None
 
     def held_state(self) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -76,9 +76,9 @@ def _request_key(request: tuple) -> tuple:
 
 class VersionedDraws:
     """Which weight version a draw names, for an engine that draws elsewhere (:class:`ProcessEngine`, and
-    :class:`grpolab.rollout.remote.pool.WorkerPool`): ``syncs`` weight syncs so far, ``max_staleness`` = --max-staleness K. A
-    step draws with version ``max(0, syncs - K)``, a held-out evaluation (inside :meth:`current_weights`) with the
-    newest."""
+    :class:`grpolab.rollout.remote.pool.WorkerPool`): ``syncs`` weight syncs so far, ``max_staleness`` =
+    --max-staleness K. A step draws with version :func:`grpolab.rollout.weights.held_version`, ``max(0, syncs - K)``,
+    a held-out evaluation (inside :meth:`current_weights`) with the newest."""
 
     syncs: int = 0
     max_staleness: int = 0
@@ -109,16 +109,12 @@ class VersionedDraws:
 
 class ProcessEngine(VersionedDraws):
     """A rollout engine drawing in a generator process (module docstring). ``model``: the policy's model (its
-    weights are pushed at each :meth:`weights_changed`); ``max_staleness``: --max-staleness K; ``threads``: the child's torch
-    threads; ``timeout``: seconds any one answer may take."""
+    weights are pushed at each :meth:`weights_changed`); ``spec.max_staleness``: --max-staleness K; ``threads``: the
+    child's torch threads; ``timeout``: seconds any one answer may take."""
 
     def __init__(self, model: torch.nn.Module, spec: EngineSpec, *, threads: int = 1, timeout: float = 900.0):
-        self.model, self.full_weights, self.max_staleness, self.timeout = (
-            model,
-            spec.full_weights,
-            spec.max_staleness,
-            timeout,
-        )
+        self.model, self.full_weights, self.timeout = model, spec.full_weights, timeout
+        self.max_staleness = spec.max_staleness
         self.syncs = 0
         self.spans: list[tuple[str, float, float]] = []
         """What the child did and when (wall-clock seconds): ("generate" | "sync", start, end)."""

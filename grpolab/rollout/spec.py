@@ -43,25 +43,27 @@ def autocast_storage(policy: torch.dtype, dtype: torch.dtype, autocast: bool) ->
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """Where the engine draws (:attr:`grpolab.config.rollout.EngineSection.placement`) and what that place takes."""
+    """Where the engine draws (:attr:`grpolab.config.rollout.EngineSection.placement`) and what that place takes: the
+    options of :class:`grpolab.config.rollout.EngineSection` that say it, whose defaults are the section's alone
+    (:meth:`of`), and the run's id and this process's rank."""
 
-    where: Literal["inline", "process", "workers"] = "inline"
+    where: Literal["inline", "process", "workers"]
     """``inline`` in this process, ``process`` in a generator process of its own, ``workers`` on generator workers."""
-    threads: int = 0
+    threads: int
     """process: the child's torch threads (--generator-threads; 0: this process's)."""
-    timeout: float = 900.0
+    timeout: float
     """process, workers: seconds one answer may take (--generator-timeout)."""
-    workers: int = 0
+    workers: int
     """workers: how many to wait for before the first draw (--generators)."""
-    listen: str = "127.0.0.1:29650"
+    listen: str
     """workers: HOST:PORT to listen on (--generator-listen); rank r of a torchrun job listens on the port plus r."""
-    wait: float = 60.0
+    wait: float
     """workers: seconds to wait for a worker when none is live (--generator-wait)."""
-    token_file: str = ""
+    token_file: str
     """workers: the file of the token they must prove they share (--generator-token-file)."""
-    run: str = "run"
+    run: str
     """workers: the run's id, which a worker may name."""
-    rank: int = 0
+    rank: int
     """This process's rank (its workers are its own)."""
 
     @classmethod
@@ -93,7 +95,7 @@ class EngineSpec:
     """vLLM's start settings, for ``--rollout-engine vllm``; None: grpolab's sampler."""
     full_weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     """A context inside which every parameter is whole on this process (FSDP gathers its shards there)."""
-    placement: Placement = Placement()
+    placement: Placement = dataclasses.field(default_factory=lambda: Placement.of(EngineSection()))
     """Where it draws (:func:`grpolab.rollout.placement.build_engine` builds the engine of that place)."""
 
     @classmethod

@@ -84,10 +84,10 @@ class SamplerWeights:
     to it, and attention on queries, keys and values rounded to ``dtype`` (``grpolab.models.attention``), so that
     sampler and trainer differ by their kernels alone.
 
-    ``max_staleness`` K >= 1 (``--max-staleness``): the copy (always one) is refreshed K syncs late. Each :meth:`sync` keeps a
-    snapshot of the policy's weights and loads the one taken K syncs before, so after the s-th sync the copy holds
-    the weights of sync s - K (the starting ones while s <= K): the rollouts of step t are drawn with the weights
-    after step t - K - 1, exactly those. :attr:`version` is the number of the sync whose weights the copy holds
+    ``max_staleness`` K >= 1 (``--max-staleness``): the copy (always one) is refreshed K syncs late. Each
+    :meth:`sync` keeps a snapshot of the policy's weights and loads the one taken K syncs before, so after the s-th
+    sync the copy holds the weights of sync s - K (the starting ones while s <= K: :func:`held_version`): the
+    rollouts of step t are drawn with the weights after step t - K - 1, exactly those. :attr:`version` is the number of the sync whose weights the copy holds
     (0: the starting weights); :meth:`current` loads the policy's current weights for the time of a block (a
     held-out evaluation) and puts the stale ones back after it.
     """
@@ -200,8 +200,8 @@ class SamplerWeights:
         return model
 
     def sync(self) -> None:
-        """Refresh the copy from the policy's current weights (nothing to do without a copy); with a staleness K >= 1, keep them
-        and load those of ``max_staleness`` syncs before."""
+        """Refresh the copy from the policy's current weights (nothing to do without a copy); with a staleness K >= 1,
+        keep them and load those of K syncs before."""
         if not self.copied:
             return
         self.syncs += 1
@@ -222,8 +222,8 @@ class SamplerWeights:
         return self._serving
 
     def held_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
-        """With a staleness K >= 1: what a checkpoint keeps of it (:func:`held_state`), so that a resumed run draws what the
-        uninterrupted one would."""
+        """With a staleness K >= 1: what a checkpoint keeps of it (:func:`held_state`), so that a resumed run draws
+        what the uninterrupted one would."""
         return held_state(self.version, self.syncs, self._serving or {}, list(self._pending))
 
     def restore_held(self, counts: dict, tensors: dict[str, torch.Tensor]) -> None:

@@ -19,7 +19,6 @@ current step, save it and stop (:class:`TrainingInterrupted`).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import os
 import signal
@@ -417,8 +416,7 @@ def _read_resumable(out: Path, cfg: TrainConfig, given: Given) -> tuple[dict, Tr
         raise ConfigError(f"--resume: no complete checkpoint in {out / 'checkpoints'}")
     saved = _saved_dict(run_config_file(out))
     _check_objects(saved, cfg, given)
-    started = TrainConfig.from_dict(saved)
-    started = dataclasses.replace(started, machine=started.machine.folded())  # --dtype as the --precision it was
+    started = TrainConfig.of_run(saved).folded()  # compared as this run's is: --dtype as the --precision it stands for
     for key in cfg.resume_conflicts(started):
         was, now = fields.get(started, key), fields.get(cfg, key)
         raise ConfigError(

@@ -37,8 +37,8 @@ def resolve_options(
     precision's compute dtype) and ``--engine-correction auto`` (none where the engine computes exactly what the
     trainer computes). Every stage reads them from the returned config, which config.json records as it is; a resumed
     run has taken its own first (:meth:`TrainConfig.continuing`). ``local_rank``: this process's on its node (its
-    device). ``engine_given``: a rollout engine object replaces
-    --rollout-engine's (the tests' scripted ones), taken as exact."""
+    device). ``engine_given``: a rollout engine object replaces --rollout-engine's (the tests' scripted ones), taken
+    as exact."""
     import torch  # not before a --nproc relaunch
 
     from grpolab.algo.engine_correction import resolve_correction
@@ -55,10 +55,9 @@ def resolve_options(
     own = dtype == weights_dtype(cfg, precision) and not precision.mixed and wide
     exact = (engine_given or (cfg.engine.rollout_engine == "hf" and own)) and not cfg.engine.max_staleness
     correction = resolve_correction(cfg.objective.engine_correction, exact, cfg.terms.loss_type)
-    resolved = cfg.replace(
+    return cfg.replace(
         precision=precision.name, rollout_dtype=str(dtype).removeprefix("torch."), engine_correction=correction
     )
-    return resolved
 
 
 def resolve_config(

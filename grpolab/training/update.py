@@ -381,7 +381,8 @@ class Updater:
 
     def _add_stats(self, sums: dict, loss: torch.Tensor, st: dict, n_tok: float) -> None:
         """A pass's share of the step's loss statistics (means over the mu passes; token sums for token means). A
-        minibatch's loss is divided by its share (1/M) of the step's normalisers: the M of them over M are one pass's."""
+        minibatch's loss is divided by its share (1/M) of the step's normalisers: the M of them over M are one
+        pass's."""
         mu, steps = self.objective.mu, self.objective.mu * self.passes.minibatches
         sums["loss"] += loss.item() / steps
         sums["policy"] += st["policy"].item() / steps

@@ -28,8 +28,8 @@ from grpolab.rollout.weights import base_model
 
 def welcome(model, dtype, spec: EngineSpec, timeout, run) -> dict:
     """What a worker needs to build its replica and engine (:func:`worker_spec` reads it), as JSON: the model's class
-    name and config, the dtypes, the token ids, the staleness K, the head, vLLM's seed (``spec``'s), the timeout and the run
-    id."""
+    name and config, the dtypes, the token ids, the staleness K, the head, vLLM's seed (``spec``'s), the timeout and
+    the run id."""
     storage = spec.storage
     base, param = base_model(model), next(model.parameters())
     return {

@@ -39,8 +39,9 @@ from grpolab.vision.media import text_only
 class WorkerPool(VersionedDraws):
     """A rollout engine whose draws run on generator workers (module docstring). ``model``: the policy's model;
     ``expect``: workers to wait for before the first draw; ``listen``: HOST:PORT; ``token``: the shared secret
-    (required unless ``listen`` is local); ``run``: the run id a worker may name; ``max_staleness``: --max-staleness K;
-    ``timeout``: seconds any one answer may take; ``wait``: seconds to wait for a worker when none is live."""
+    (required unless ``listen`` is local); ``run``: the run id a worker may name; ``spec.max_staleness``:
+    --max-staleness K; ``timeout``: seconds any one answer may take; ``wait``: seconds to wait for a worker when none
+    is live."""
 
     def __init__(
         self,

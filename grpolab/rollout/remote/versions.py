@@ -17,12 +17,8 @@ class HeldVersions:
     the policy's weights are whole (FSDP2's gather)."""
 
     def __init__(self, model: torch.nn.Module, full_weights: Callable, send_dtype: torch.dtype, max_staleness: int):
-        self.model, self.full_weights, self.send_dtype, self.max_staleness = (
-            model,
-            full_weights,
-            send_dtype,
-            max_staleness,
-        )
+        self.model, self.full_weights, self.send_dtype = model, full_weights, send_dtype
+        self.max_staleness = max_staleness
         served = self.served()
         self.slot = SharedWeights(served, shared=False)
         self.slot.write(served)
