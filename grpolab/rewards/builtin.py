@@ -8,13 +8,15 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from grpolab.data.answers import extract_final_number, math_equal, numbers_equal
+from grpolab.data.answers import extract_final_number, last_boxed, math_equal, numbers_equal
 
 # A reward function in grpolab's form (grpolab.rewards.forms adapts TRL's).
 RewardFn = Callable[[list[str], list[dict]], Sequence[float]]
 
 # A well-formed final line: '#### <number>' and nothing after it but white space.
 _FORMAT = re.compile(r"(?:^|\n)#### ?-?\d[\d,]*(?:\.\d+)?\.?[ \t]*\n?\s*$")
+# What may follow a final \boxed{...}: white space, math delimiters ($, $$, \] and \)), a full stop, bold (**).
+_AFTER_BOX = re.compile(r"(?:\s|\$|\\\]|\\\)|\.|\*\*)*")
 
 
 def accuracy_reward(completions: list[str], records: list[dict]) -> list[float]:
@@ -34,10 +36,26 @@ def accuracy_reward(completions: list[str], records: list[dict]) -> list[float]:
 accuracy_reward.columns = ("ground_truth",)
 
 
+def ends_with_boxed(completion: str) -> bool:
+    """Whether ``completion`` ends with its answer boxed: its last ``\\boxed{`` closes (braces balanced) around
+    something other than white space, and after the closing brace only decoration remains (white space, ``$``,
+    ``$$``, ``\\]``, ``\\)``, a full stop, ``**``)."""
+    start = completion.rfind("\\boxed{")
+    inner = last_boxed(completion) if start >= 0 else None
+    if inner is None or not inner.strip():
+        return False
+    end = start + len("\\boxed{") + len(inner) + 1  # past the closing brace
+    return _AFTER_BOX.fullmatch(completion, end) is not None
+
+
 def format_reward(completions: list[str], records: list[dict]) -> list[float]:
-    """1 if the completion ends with a well-formed ``#### <number>`` line (MATH records: holds a ``\\boxed{}``), else 0."""
+    """1 if the completion ends with a well-formed ``#### <number>`` line, else 0.
+
+    MATH records (``record["format"] == "math"``): 1 if it ends with a final ``\\boxed{...}`` answer
+    (:func:`ends_with_boxed`), so a ``\\boxed{`` left open, an empty box or one followed by more text earns nothing.
+    """
     return [
-        float("\\boxed{" in c) if r.get("format") == "math" else float(bool(_FORMAT.search(c)))
+        float(ends_with_boxed(c)) if r.get("format") == "math" else float(bool(_FORMAT.search(c)))
         for c, r in zip(completions, records)
     ]
 

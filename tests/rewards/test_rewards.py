@@ -94,6 +94,32 @@ def test_format_reward(completion, ok):
     assert format_reward([completion], [{}]) == [float(ok)]
 
 
+@pytest.mark.parametrize(
+    "completion, ok",
+    [
+        ("1/4 + 1/4 = 1/2, so the answer is $\\boxed{\\frac{1}{2}}$.", True),
+        ("Nested: \\boxed{\\sqrt{x^{2} + \\{1\\}}}", True),
+        ("**Answer:** **$\\boxed{7}$**", True),
+        ("\\[\\boxed{7}\\]\n", True),
+        ("\\(\\boxed{7}\\).", True),
+        ("$$\\boxed{7}$$  \n\n", True),
+        ("\\boxed{3} at first, then \\boxed{7}", True),  # the last box is the answer
+        # the loopholes that paid 1 while "\\boxed{" anywhere was enough:
+        ("\\boxed{", False),
+        ("\\boxed{ asdf qwer zxcv", False),  # junk after an opening that never closes
+        ("The answer is \\boxed{7}, or maybe 8; let me check again.", False),  # a box followed by more text
+        ("\\boxed{7} \\boxed{", False),  # the last box is unclosed
+        ("\\boxed{}", False),
+        ("\\boxed{  }.", False),
+        ("\\boxed{7}}", False),  # a stray brace after it
+        ("no box at all: 7", False),
+    ],
+)
+def test_format_reward_for_math_records_pays_only_a_final_closed_box(completion, ok):
+    assert format_reward([completion], [{"format": "math"}]) == [float(ok)]
+    assert format_reward([completion], [{}]) == [0.0]  # the arithmetic branch reads '####' only
+
+
 # ---------------------------------------------------------------- score
 
 
