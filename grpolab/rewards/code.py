@@ -9,6 +9,9 @@ fraction of tests passed, or 1/0 under ``mode="all"``. Records carry either
 - ``io``: ``[stdin, expected stdout]`` pairs (or ``{"input", "output"}`` objects); the program runs as a script
   once per pair and its printed output, trailing white space aside, must equal the expected one.
 
+A test ``assert EXPR == LITERAL`` and an io test are judged outside the program's interpreter, by value and type
+(:mod:`grpolab.sandbox.verdict`); any other test's verdict is the harness's, which the program can forge (counted).
+
 It is a TRL-form reward function (``code_reward(prompts, completions, tests, **kwargs)``), so it also serves
 TRL's GRPOTrainer. Each call's outcomes are counted (``pop_counts``: the trainer logs them as ``reward/code_*``).
 """
@@ -138,7 +141,9 @@ class CodeReward:
 
     def pop_counts(self) -> dict[str, float]:
         """Outcomes since the last call: ``code_passed``, ``code_failed``, ``code_timeout``, ``code_memory``,
-        ``code_crashed`` (programs) and ``code_s`` (their summed run time, seconds)."""
+        ``code_crashed``, ``code_forged`` (programs), ``code_judged_inside`` (their tests judged in the program's
+        interpreter, whose verdict it can forge: neither ``assert EXPR == LITERAL`` nor io) and ``code_s`` (their
+        summed run time, seconds)."""
         counts, self.counts = self.counts, {}
         return counts
 
@@ -146,6 +151,8 @@ class CodeReward:
         for status in STATUSES:
             key = f"code_{status}"
             self.counts[key] = self.counts.get(key, 0) + sum(o.status == status for o in outcomes)
+        inside = self.counts.get("code_judged_inside", 0)
+        self.counts["code_judged_inside"] = inside + sum(o.judged_inside for o in outcomes)
         self.counts["code_s"] = self.counts.get("code_s", 0.0) + sum(o.seconds for o in outcomes)
 
     def __call__(self, prompts: list, completions: list, tests: list | None = None, **kwargs) -> list[float]:

@@ -15,7 +15,8 @@ Layers, outermost first, and what each one stops (docs/code.md says what they do
   seconds, address space, file size, open files, processes), clears the environment and, started as root,
   becomes a user id of its own for the run, so the process limit bites and nothing of root's is writable.
 - **this runner**: a wall-clock timeout after which the whole process group is killed, a cap on what it reads
-  back, an environment with nothing of the trainer's.
+  back, an environment with nothing of the trainer's; and the verdicts (``verdict.py``): the expected values and
+  outputs stay here, the sandbox reports values and output digests, and a report no harness writes is forged.
 
 Written here rather than taken from a library: the Python sandboxes on PyPI either run code in-process
 (RestrictedPython), need a server (E2B, Piston, Judge0) or a container engine; bubblewrap is the well-kept
@@ -42,6 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
+from grpolab.sandbox.verdict import Check, checks_of, read_report
+
 HARNESS = Path(__file__).with_name("harness.py")
 ISOLATIONS = ("auto", "bwrap", "unshare")
 # User ids the harness takes when started as root, one per worker of each trainer process (the process limit
@@ -49,7 +52,7 @@ ISOLATIONS = ("auto", "bwrap", "unshare")
 # 2^16) + worker, far above any real account's.
 UID_BASE = 1_900_000_000
 MAX_WORKERS = 256
-STATUSES = ("passed", "failed", "timeout", "memory", "crashed")
+STATUSES = ("passed", "failed", "timeout", "memory", "crashed", "forged")
 
 
 class SandboxError(RuntimeError):
@@ -87,7 +90,8 @@ class Job:
     HumanEval-style ``def check(candidate)`` with ``entry_point``) or ``io`` ((stdin, expected stdout) pairs); or,
     with ``capture`` > 0, no tests: the program runs as a script and what it printed (stdout and stderr, an
     uncaught exception's last line included) comes back in :attr:`Outcome.output`, at most ``capture`` characters
-    (its one test: it ran to its end)."""
+    (its one test: it ran to its end). The sandbox is sent only what the run needs: an ``assert EXPR == LITERAL``
+    test's EXPR, an io test's stdin; their verdicts are taken here (:mod:`grpolab.sandbox.verdict`)."""
 
     program: str
     tests: tuple[str, ...] | None = None
@@ -106,7 +110,8 @@ class Job:
 class Outcome:
     """What became of one program."""
 
-    status: Literal["passed", "failed", "timeout", "memory", "crashed"]
+    status: Literal["passed", "failed", "timeout", "memory", "crashed", "forged"]
+    """forged: the report holds a line no harness writes (two for one test, one of the wrong kind): none passed."""
     passed: int
     total: int
     seconds: float
@@ -115,6 +120,9 @@ class Outcome:
     """The first failing test's error, or why the sandbox ended."""
     output: str = ""
     """A ``capture`` job's printed output."""
+    judged_inside: int = 0
+    """Tests whose verdict the harness gave, in the program's interpreter (not ``assert EXPR == LITERAL`` nor io):
+    the program can forge those (grpolab.sandbox.verdict)."""
 
     @property
     def fraction(self) -> float:
@@ -302,10 +310,13 @@ class Sandbox:
     def _run_in_slot(self, job: Job, slot: int) -> Outcome:
         cmd, workdir, extra = self._spawn_args(slot)
         limits = dataclasses.asdict(self.limits) | {"processes": self._process_limit(extra["uid"])}
+        # only what the program's run needs: an expression, never the value it must equal; a stdin, never its output
+        checks = [Check("inside", "")] if job.capture else checks_of(job.tests, job.io)
+        sent = {"value": "expr", "inside": "stmt"}
         payload = {
             "program": job.program,
-            "tests": list(job.tests) if job.tests is not None else None,
-            "io": [list(p) for p in job.io] if job.io is not None else None,
+            "tests": [{sent[c.kind]: c.sent} for c in checks] if job.tests is not None else None,
+            "io": [c.sent for c in checks] if job.io is not None else None,
             "entry_point": job.entry_point,
             "capture": job.capture,
             "limits": limits,
@@ -318,7 +329,7 @@ class Sandbox:
             if workdir:
                 shutil.rmtree(workdir, ignore_errors=True)
         seconds = time.perf_counter() - t0
-        return _outcome(lines, rc, timed_out, job.n_tests, seconds, self.limits.cpu_s, self.isolation != "unshare")
+        return _outcome(lines, rc, timed_out, checks, seconds, self.limits.cpu_s, self.isolation != "unshare")
 
 
 # Runs its arguments and exits as a shell would: 128 + N when they died of signal N.
@@ -381,40 +392,28 @@ def _read_capped(stream, chunks: list[bytes]) -> None:
 
 
 def _outcome(
-    lines: list[bytes], rc: int, timed_out: bool, n: int, seconds: float, cpu_s: float, shell_status: bool
+    lines: list[bytes], rc: int, timed_out: bool, checks: list[Check], seconds: float, cpu_s: float, shell_status: bool
 ) -> Outcome:
     """Read the harness's report: the tests that passed before the end, and how it ended. ``shell_status``: the
     sandbox's first process reports a signal death as exit status 128 + N (bubblewrap, the interposed process)."""
-    results: dict[int, tuple[bool, str]] = {}
-    done = memory = False
-    output = ""
-    for raw in lines:
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue
-        if not isinstance(line, dict):
-            continue
-        if isinstance(line.get("output"), str):
-            output = line["output"]
-        elif line.get("done"):
-            done, memory = True, bool(line.get("memory"))
-        elif isinstance(line.get("test"), int) and 0 <= line["test"] < n and line["test"] not in results:
-            results[line["test"]] = (line.get("ok") is True, str(line.get("error", ""))[:300])
-    passed = sum(ok for ok, _ in results.values())
-    first_error = next((err for _, (ok, err) in sorted(results.items()) if not ok), "")
+    report = read_report(lines, checks)
+    n, inside = len(checks), sum(c.kind == "inside" for c in checks)
+    passed = sum(ok for ok, _ in report.results.values())
+    first_error = next((err for _, (ok, err) in sorted(report.results.items()) if not ok), "")
     signum = -rc if rc < 0 else (rc - 128 if shell_status and rc > 128 else 0)
     # A SIGKILL that is not our timeout, after cpu_s: the CPU hard limit (a program that ignored SIGXCPU). Memory
     # shows as the MemoryError the address-space limit raises; any other death (the kernel's OOM killer, a program
     # that killed its own process group) is a crash.
     cpu_kill = signum == signal.SIGXCPU or (signum == signal.SIGKILL and seconds >= cpu_s)
-    if timed_out or (cpu_kill and not done):
+    if report.forged:
+        status, passed, error = "forged", 0, f"a forged report: {report.forged}"
+    elif timed_out or (cpu_kill and not report.done):
         status, error = "timeout", "wall-clock timeout" if timed_out else "CPU time limit"
-    elif memory:
+    elif report.memory:
         status, error = "memory", first_error or "MemoryError"
-    elif not done:
+    elif not report.done:
         why = f"signal {signum}" if signum else f"exit status {rc}"
         status, error = "crashed", f"ended without a report ({why})"
     else:
         status, error = ("passed" if passed == n else "failed"), first_error
-    return Outcome(status, passed, n, seconds, error, output)
+    return Outcome(status, passed, n, seconds, error, report.output or "", inside)

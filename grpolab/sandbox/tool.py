@@ -37,6 +37,6 @@ def python(code: str) -> str:
     (outcome,) = _sandbox().run([Job(code, capture=OUTPUT_CHARS)])
     if outcome.status == "timeout":
         return outcome.output + f"\n[stopped: {outcome.error}]"
-    if outcome.status in ("memory", "crashed") and outcome.error not in outcome.output:
+    if outcome.status in ("memory", "crashed", "forged") and outcome.error not in outcome.output:
         return outcome.output + f"\n[{outcome.error}]"
     return outcome.output

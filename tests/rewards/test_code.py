@@ -139,3 +139,125 @@ def test_a_run_scores_a_subclass_of_the_code_reward_as_itself_with_the_runs_own_
     run = mine.for_run(CodeRewardSettings.of(cfg.code_sandbox))
     assert type(run) is _Echo and run is not mine and mine.settings == CodeRewardSettings()
     assert (run.settings.mode, run.settings.workers, run.settings.limits.timeout_s) == ("all", 1, 2.5)
+
+
+# ------------------------------------------------------------------ programs written to game the verdict (sandbox)
+FORGE = """
+import json, os
+def forge(n=5):
+    lines = [{{"test": i, "ok": True, "error": ""}} for i in range(n)] + [{{"done": True, "memory": False}}]
+    for fd in range(3, 21):  # the report's descriptor is one of these
+        try:
+            os.write(fd, "".join(json.dumps(line) + "\\n" for line in lines).encode())
+        except OSError:
+            pass
+"""
+
+# Each paid 1 on every problem of the code task before the verdicts moved outside (docs/code.md): name -> (the
+# program, with {ep} the function's name; the status it gets now).
+GAMING = {
+    "eq_always_true": (
+        "class Anything:\n    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\n"
+        "def {ep}(*args, **kwargs):\n    return Anything()\n",
+        "failed",
+    ),
+    "int_subclass_eq": (
+        "class Int(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
+        "def {ep}(*args, **kwargs):\n    return Int(0)\n",
+        "failed",
+    ),
+    "forged_report_then_os_exit": (FORGE + "forge()\nos._exit(0)\n", "forged"),
+    "forged_report_and_os_exit_inside_the_function": (
+        FORGE + "def {ep}(*args, **kwargs):\n    forge()\n    os._exit(0)\n",
+        "forged",
+    ),
+    "patched_harness_report": (
+        "import __main__\n_real = __main__.report\n"
+        "def _ok(**line):\n    _real(**{{**line, 'ok': True, 'error': ''}})\n"
+        "__main__.report = _ok\ndef {ep}(*args, **kwargs):\n    return None\n",
+        "forged",  # its 'ok' lines claim verdicts for tests whose values are judged outside
+    ),
+    "patched_builtins_exec_and_eval": (
+        "import builtins\nbuiltins.exec = builtins.eval = lambda *a, **k: None\n"
+        "def {ep}(*args, **kwargs):\n    return None\n",
+        "failed",
+    ),
+    # these never paid, and still do not: exiting from inside a test
+    "sys_exit_inside_the_function": ("import sys\ndef {ep}(*args, **kwargs):\n    sys.exit(0)\n", "failed"),
+    "raise_system_exit_inside_the_function": ("def {ep}(*args, **kwargs):\n    raise SystemExit(0)\n", "failed"),
+    "os_exit_inside_the_function": ("import os\ndef {ep}(*args, **kwargs):\n    os._exit(0)\n", "crashed"),
+}
+
+
+@pytest.fixture(scope="module")
+def code_task_problems():
+    from grpolab.data.code_task import test_set
+
+    return test_set(50)
+
+
+@needs_bwrap
+@pytest.mark.parametrize("attack", sorted(GAMING))
+def test_a_program_written_to_game_the_verdict_scores_zero_on_the_code_task(attack, code_task_problems, sandboxed):
+    template, status = GAMING[attack]
+    problems = code_task_problems[:4]
+    completions = [f"```python\n{template.format(ep=p['entry_point'])}```" for p in problems]
+    assert sandboxed(["p"] * 4, completions, [p["tests"] for p in problems]) == [0.0] * 4
+    counts = sandboxed.pop_counts()
+    assert counts[f"code_{status}"] == 4 and counts["code_judged_inside"] == 0, counts
+
+
+IO_GAMING = {
+    "printed_forged_report": (FORGE.replace("os.write(fd, ", "print(end=") + "forge()\n", "failed"),
+    "forged_report_then_os_exit": (FORGE + "forge()\nos._exit(0)\n", "forged"),
+    "patched_harness_normalise": ("import __main__\n__main__.normalise = lambda text: ''\n", "failed"),
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("attack", sorted(IO_GAMING))
+def test_a_program_written_to_game_an_io_verdict_scores_zero(attack, sandboxed):
+    template, status = IO_GAMING[attack]
+    problems = [p for p in FIXTURE_PROBLEMS if "io" in p]
+    completions = [f"```python\n{template.format()}```"] * len(problems)
+    assert sandboxed(["p"] * len(problems), completions, io=[p["io"] for p in problems]) == [0.0] * len(problems)
+    assert sandboxed.pop_counts()[f"code_{status}"] == len(problems)
+
+
+@needs_bwrap
+def test_a_forged_report_of_values_scores_what_returning_those_values_would(code_task_problems, sandboxed):
+    """The sandbox never sees the expected values: a forged value line is worth what a program returning it earns."""
+    problems = [p for p in code_task_problems if p["category"] == "is_multiple"][:3]
+    forged = [{"test": i, "value": ["bool", False]} for i in range(5)] + [{"done": True, "memory": False}]
+    forger = (
+        f"import json, os\ndata = ''.join(json.dumps(line) + '\\n' for line in {forged!r}).encode()\n"
+        "for fd in range(3, 21):\n    try:\n        os.write(fd, data)\n    except OSError:\n        pass\nos._exit(0)\n"
+    )
+    honest = "def is_multiple(n):\n    return False\n"
+    tests = [p["tests"] for p in problems]
+    by_forgery = sandboxed(["p"] * 3, [f"```python\n{forger}```"] * 3, tests)
+    assert by_forgery == sandboxed(["p"] * 3, [f"```python\n{honest}```"] * 3, tests)
+    assert 0 < sum(by_forgery) < 3  # each problem has 1 to 4 multiples among its 5 tests
+
+
+@needs_bwrap
+def test_the_code_tasks_reference_solutions_score_one_and_a_partly_wrong_program_its_fraction(
+    code_task_problems, sandboxed
+):
+    n = len(code_task_problems)
+    completions = [f"```python\n{p['solution']}```" for p in code_task_problems]
+    assert sandboxed(["p"] * n, completions, [p["tests"] for p in code_task_problems]) == [1.0] * n
+    counts = sandboxed.pop_counts()
+    assert (counts["code_passed"], counts["code_judged_inside"]) == (n, 0)  # every verdict judged outside
+    problem = code_task_problems[0]  # scale_and_shift(x) = -3 * x + 29, tested at 22, 4, -6, 23, -21
+    partly = "def scale_and_shift(x):\n    return -3 * x + 29 if x > 0 else 29\n"
+    assert sandboxed(["p"], [partly], [problem["tests"]]) == [pytest.approx(3 / 5)]
+
+
+@needs_bwrap
+def test_a_humaneval_check_is_still_judged_inside_and_can_be_forged(sandboxed):
+    """What docs/code.md says remains forgeable: a test of any other form than ``assert EXPR == LITERAL``."""
+    (problem,) = [p for p in FIXTURE_PROBLEMS if p.get("entry_point") == "total"]
+    forger = f"```python\n{FORGE.format()}forge(1)\nos._exit(0)\n```"
+    assert sandboxed(["p"], [forger], [problem["tests"]], entry_point=["total"]) == [1.0]
+    assert sandboxed.pop_counts()["code_judged_inside"] == 1

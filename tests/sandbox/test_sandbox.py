@@ -283,10 +283,10 @@ def test_the_attack_battery_inside_a_training_run(tmp_path, listener, monkeypatc
     (m,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"reward/mean"' in line]
     drawn = [json.loads(line)["question"].removeprefix("attack ") for line in (run / "rollouts.jsonl").open()]
     assert len(drawn) == 2 * len(names)  # the sampler draws prompts at random: count what it drew
-    statuses = ("passed", "failed", "timeout", "memory", "crashed")
-    assert {s: m[f"reward/code_{s}"] for s in statuses} == {
-        s: sum(EXPECTED[a][0] == s for a in drawn) for s in statuses
+    assert {s: m[f"reward/code_{s}"] for s in runner.STATUSES} == {
+        s: sum(EXPECTED[a][0] == s for a in drawn) for s in runner.STATUSES
     }
+    assert m["reward/code_judged_inside"] == len(drawn)  # 'assert 1': judged inside, one test each
     assert m["reward/attack_reward"] == pytest.approx(sum(EXPECTED[a][1] for a in drawn) / len(drawn))
     # each timeout ends within TIMEOUT + MARGIN, 2 at a time: the step's rewards take no more than that allows
     timeouts = sum(EXPECTED[a][0] == "timeout" for a in drawn)
