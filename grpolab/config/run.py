@@ -182,6 +182,48 @@ class ProbeSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class HackingSection:
+    """Early signs of reward hacking (hacking/*; docs/reward-hacking.md): the doctor's reward_hacking check reads them.
+    All off: --hacking-every 0 --honeypots none."""
+
+    hacking_every: int = 5
+    """Every N steps, how much the gradients of the step's top-advantage rollouts (one a prompt) share one direction
+    across prompts (hacking/align: the top eigenvalue's share of their score vectors' cosine matrix, from one Gram
+    pass over --hacking-groups rollouts); every step, how alike those completions are (hacking/trick_sim: character
+    4-gram Jaccard, digits folded). 0 = neither."""
+    hacking_groups: int = 8
+    """Top-advantage rollouts (one a prompt, of this rank's groups) in the gradient-alignment sign's Gram pass."""
+    honeypots: str = "auto"
+    """Prompts with no correct answer, sampled at each evaluation with the training reward (hacking/honeypot_paid:
+    the share its first component pays; any is a loophole): a JSONL file of records in the data's format (the columns
+    the reward reads, e.g. a ground_truth no answer matches); 'auto': the built-in task's unanswerable twins of its
+    questions (none for other tasks); 'none': off."""
+    honeypot_count: int = 32
+    """Honeypots sampled at each evaluation (the first N of the file), --eval-samples completions each."""
+    audit_reward: str = ""
+    """A stricter check that is never part of the reward ('module:function' or 'file.py:function', a reward
+    function's form), run every step on --audit-sample of the step's rollouts: hacking/audit_paid_failed is the share
+    it fails of those the reward's first component pays; an audit that raises is counted (hacking/audit_errors)."""
+    audit_sample: int = 16
+    """Rollouts a step the audit checks (evenly spaced over the step's)."""
+
+    @property
+    def signs_on(self) -> bool:
+        """Whether any sign runs during training (the honeypots run at evaluations)."""
+        return bool(self.hacking_every or self.audit_reward)
+
+    def validate(self) -> None:
+        check_counts(
+            self, positive=("hacking_groups", "honeypot_count", "audit_sample"), non_negative=("hacking_every",)
+        )
+        if self.hacking_groups < 2:
+            raise bad(
+                "hacking_groups",
+                f"the alignment of gradients across prompts needs 2 or more, got {self.hacking_groups}",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
 class DoctorSection:
     """The doctor's checks while training (`grpolab doctor RUN` reads a run afterwards)."""
 

@@ -15,7 +15,15 @@ from grpolab.config import fields
 from grpolab.config.fields import bad
 from grpolab.config.objective import ObjectiveSection, OptimizerSection, TermSection, UpdateSection
 from grpolab.config.rollout import EngineSection, GenerationSection, GroupsSection, RewardSection, SandboxSection
-from grpolab.config.run import DoctorSection, EvalSection, LoggingSection, MachineSection, ProbeSection, RunSection
+from grpolab.config.run import (
+    DoctorSection,
+    EvalSection,
+    HackingSection,
+    LoggingSection,
+    MachineSection,
+    ProbeSection,
+    RunSection,
+)
 from grpolab.config.task import (
     ArithmeticSection,
     DataSection,
@@ -41,7 +49,13 @@ MODEL_DEFAULTS = {
 RESOLVED_AT_START = ("precision", "rollout_dtype", "engine_correction")
 # What a run's config.json left out before an option existed: the value its runs had (it sampled with the policy
 # itself, so in the trainer's dtype, and corrected nothing; its --dtype, folded into --precision, says the rest).
-BEFORE_RECORDED = {"rollout_dtype": "auto", "engine_correction": "none", "precision": "auto"}
+BEFORE_RECORDED = {
+    "rollout_dtype": "auto",
+    "engine_correction": "none",
+    "precision": "auto",
+    "hacking_every": 0,
+    "honeypots": "none",
+}
 
 
 @fields.sectioned
@@ -76,6 +90,7 @@ class TrainConfig:
     probe: ProbeSection = ProbeSection()
     logging: LoggingSection = LoggingSection()
     diagnosis: DoctorSection = DoctorSection()
+    hacking: HackingSection = HackingSection()
 
     # ------------------------------------------------------------------ derived
     @property
@@ -266,7 +281,7 @@ class TrainConfig:
         ``--max-rollouts``), where and on how many processes it runs, what it logs and how often it evaluates and
         saves."""
         free = {*fields.options_of(RunSection), *fields.options_of(MachineSection), *fields.options_of(LoggingSection)}
-        free |= {*fields.options_of(DoctorSection)}
+        free |= {*fields.options_of(DoctorSection), *fields.options_of(HackingSection)}  # they watch, never steer
         free |= {"eval_every", "fsdp", "generator_timeout"}
         free |= {"generators", "generator_listen", "generator_wait", "generator_token_file"}  # any N draws alike
         free -= {"seed", "precision", "compensation", "fp32_head"}  # the weights' dtype and how the update rounds

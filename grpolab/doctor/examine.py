@@ -20,6 +20,7 @@ from grpolab.config.run import DoctorSection, run_config_file
 from grpolab.config.train import TrainConfig
 from grpolab.data.answers import extract_final_number, last_boxed
 from grpolab.doctor.conditions import LEVEL, NAMES, Finding, RunFacts, diagnose, explained, order
+from grpolab.doctor.hacking import KEYS, evidence
 from grpolab.doctor.rows import ACCURACIES, WINDOW, mean, training_rows
 
 DEFAULT_EVERY = DoctorSection.doctor_every
@@ -35,6 +36,8 @@ class RunData:
     rows: list[dict]
     samples: list[dict]
     rollouts: list[dict]
+    hacking: list[dict] = dataclasses.field(default_factory=list)
+    """The hacking signs' evidence (hacking.jsonl): the rollouts that carry each sign, by step."""
 
     @property
     def options(self) -> TrainConfig:
@@ -50,7 +53,7 @@ class RunData:
         config_file = run_config_file(path)
         config = json.loads(config_file.read_text()) if config_file.is_file() else {}
         return cls(path, config, _rows(path / "metrics.jsonl"), _rows(path / "samples.jsonl"),
-                   _rows(path / "rollouts.jsonl"))  # fmt: skip
+                   _rows(path / "rollouts.jsonl"), _rows(path / "hacking.jsonl"))  # fmt: skip
 
 
 def _rows(path: Path) -> list[dict]:
@@ -109,6 +112,10 @@ def examine(run_dir: str | Path, every: int | None = None) -> tuple[RunData, lis
 def example_for(finding: Finding, run: RunData, facts: RunFacts) -> dict | None:
     """A sample (or rollout) of the run that shows ``finding``: a truncated completion, a completion the answer check
     rejected with what it parsed, the highest-paid completion of a reward that drifts from the task."""
+    if finding.name == "reward_hacking":
+        shown = _hacking_example(finding, run)
+        if shown is not None:
+            return shown
     pool = [s for s in run.samples if s.get("kind") == "train"] + run.rollouts
     if not pool:
         return None
@@ -124,6 +131,21 @@ def example_for(finding: Finding, run: RunData, facts: RunFacts) -> dict | None:
     if finding.name == "reward_hacking":
         s = max(reversed(pool), key=lambda s: s.get("reward", 0.0))
         return _shown(s, "the highest reward among the logged completions")
+    return None
+
+
+def _hacking_example(finding: Finding, run: RunData) -> dict | None:
+    """The rollout that carries the first early sign of ``finding`` (hacking.jsonl): the gradient cluster's
+    strongest member or the honeypots' best-paid completion, up to the step the finding was first made."""
+    for key in finding.keys:
+        sign = next((s for s, k in KEYS.items() if k == key), None)
+        found = evidence(run.hacking, sign, finding.first_step or finding.steps[1]) if sign else None
+        if found:
+            note = {"align": f"the strongest of the aligned rollouts (loading {found.get('loading', 0):.2f}; "
+                             f"{found['others']} more in hacking.jsonl)",
+                    "honeypot": f"paid on a honeypot, a prompt with no correct answer ({found['others']} more in "
+                                "hacking.jsonl)"}.get(sign, "")  # fmt: skip
+            return _shown(found, note)
     return None
 
 
@@ -217,8 +239,9 @@ class Watcher:
     is one line through ``log``; every check logs ``doctor/<name>`` (the severity's level, 0 when not found).
     Warnings never stop a run: a check that raises is reported once and the watcher stops checking."""
 
-    def __init__(self, config: dict, every: int, rows: Sequence[dict] = (), log: Callable[[str], None] = print):
-        self.facts, self.every, self.log = RunFacts.of(config), every, log
+    def __init__(self, config: dict, every: int, rows: Sequence[dict] = (), log: Callable[[str], None] = print,
+                 out: str = ""):  # fmt: skip
+        self.facts, self.every, self.log, self.out = RunFacts.of(config), every, log, out
         self.rows = [_without_doctor(r) for r in rows]
         self.seen = {n for r in rows for n in NAMES if r.get(f"doctor/{n}")}  # found before a resume: said already
         self.broken = False
@@ -243,6 +266,8 @@ class Watcher:
             if f.name not in self.seen:
                 self.seen.add(f.name)
                 self.log(f"doctor [{f.severity}] step {step}: {f.title}; change: {first_change(f.fix)}")
+                if f.name == "reward_hacking":  # the sign and its figures now; `grpolab doctor RUN` shows the rollouts
+                    self.log(f"  evidence: {f.evidence} (the rollouts: grpolab doctor {self.out or 'RUN'})")
         levels = {f.name: LEVEL[f.severity] for f in found}
         return {f"doctor/{n}": levels.get(n, 0) for n in NAMES}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from grpolab.doctor.hacking import KEYS, alarms
 from grpolab.doctor.rows import (
     ACCURACIES,
     WINDOW,
@@ -41,7 +42,12 @@ def reward_hacking(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dic
     """Signs that the reward pays for something other than the task: the training reward up while the held-out
     accuracy is flat or down; the completions' length rising with the reward; one reward component carrying the
     rise; the completions of a group becoming identical. None while the held-out accuracy rises beyond its first
-    interval: then the reward and the task agree."""
+    interval: then the reward and the task agree. Before any of those, the early signs (:mod:`grpolab.doctor.hacking`:
+    gradients aligned across prompts, one trick winning everywhere, a paid honeypot, a failed audit) fire whatever
+    the held-out accuracy does: they point at the checker."""
+    early = alarms(rows)
+    if early:
+        return _early_finding(rows, early)
     if held_out_rose(rows):
         return None
     t = training_rows(rows)
@@ -93,6 +99,24 @@ def reward_hacking(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dic
     return Finding(
         "reward_hacking", "warning", title, "; ".join(signs), fix,
         tuple(dict.fromkeys(keys or ["reward/mean"])), span(t[-WINDOW:]) if t else (0, 0),
+    )  # fmt: skip
+
+
+def _early_finding(rows: Sequence[dict], early: list) -> Finding:
+    """The reward_hacking finding of the early signs that alarm: they name the sign and its step; the fix points at
+    the checker."""
+    t = training_rows(rows)
+    names = ", ".join(a.sign for a in early)
+    fix = (
+        "read the completions that carry the sign (grpolab doctor RUN shows them; hacking.jsonl keeps them) against "
+        "the task, then fix the checker so they do not pay: compare the parsed final answer exactly (no substring, "
+        "no answer anywhere in the text), pay a format or length term far below the answer (--reward-weights), "
+        "decide a program's verdict outside it; or run with --audit-reward as a second, stricter check"
+    )
+    return Finding(
+        "reward_hacking", "warning", f"Early signs of reward hacking ({names}): the checker pays for something the task "
+        "does not ask", "; ".join(a.describe() for a in early), fix,
+        tuple(KEYS[a.sign] for a in early), span(t[-WINDOW:]) if t else (early[0].step, early[0].step),
     )  # fmt: skip
 
 

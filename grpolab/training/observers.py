@@ -6,7 +6,8 @@
 - :class:`SpectrumProbe`: the spectrum of the per-rollout gradient matrix every --probe-every steps
   (``probe/eff_rank``, ``probe/top1_frac``) [Foundations, Sec. 7], and the best group size at a fixed rollout
   budget estimated on the same groups (``probe/g_star``) [U-statistic, Thm 7];
-- :class:`TokenCredit`: --log-token-credit K rollouts token by token, and what the update did to each token.
+- :class:`TokenCredit`: --log-token-credit K rollouts token by token, and what the update did to each token;
+- :class:`grpolab.training.hacking.HackingWatch`: the early signs of reward hacking (``hacking/*``).
 
 :func:`observers_for` gives the ones a run's config asks for.
 """
@@ -34,6 +35,7 @@ from grpolab.probes.spectrum import advantage_effective_rank, singular_values_fr
 from grpolab.probes.token_credit import credit_row, join_credit_rows, pick_rollouts, record_aggregates
 from grpolab.rollout.rows import rollout_lengths, truncated_flags
 from grpolab.training.books import episode_fields, rollout_record
+from grpolab.training.hacking import HackingWatch
 from grpolab.training.optim import exact_weights
 from grpolab.training.step import StepObserver, StepResult
 
@@ -388,11 +390,12 @@ def _unmoved(after: list[torch.Tensor], before: list[torch.Tensor], counted: lis
     return sum(int(((a == b) & n).sum()) for a, b, n in zip(after, before, counted))
 
 
-def observers_for(cfg, learner, world: World, device: torch.device) -> list[StepObserver]:
+def observers_for(cfg, learner, world: World, device: torch.device, task=None, log=print) -> list[StepObserver]:
     """The observers a run's config (:class:`grpolab.config.train.TrainConfig`) asks for, on the update stage
     ``learner``'s policy (:class:`grpolab.training.update_stage.UpdateStage`): the rollout logs and advantage
     statistics always, the spectrum probe with --probe-every, the token-credit records with --log-token-credit, the
-    doctor's instruments with --doctor on."""
+    hacking signs with --hacking-every or --audit-reward (the audit is the task stage ``task``'s), the doctor's
+    instruments with --doctor on."""
     policy = learner.policy
     observers = [
         RolloutLog(cfg.logging.log_samples, cfg.logging.log_rollouts, world, policy.eos_id),
@@ -417,6 +420,24 @@ def observers_for(cfg, learner, world: World, device: torch.device) -> list[Step
         observers.append(
             TokenCredit(
                 cfg.probe.log_token_credit, learner.train_module, learner.updater, policy.tokenizer, world, device
+            )
+        )
+    if cfg.hacking.signs_on:
+        observers.append(
+            HackingWatch(
+                policy.model,
+                cfg.hacking.hacking_every,
+                cfg.hacking.hacking_groups,
+                effective_aggregation(cfg.terms.loss_type, cfg.objective.aggregation),
+                cfg.max_policy_tokens,
+                cfg.generation.temperature,
+                world,
+                device,
+                audit=None if task is None else task.audit,
+                audit_sample=cfg.hacking.audit_sample,
+                first=task.reward.names[0] if task is not None and task.reward.names else "accuracy",
+                gram=not cfg.update.fsdp,
+                log=log,
             )
         )
     if cfg.diagnosis.doctor == "on":

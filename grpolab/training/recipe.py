@@ -45,7 +45,15 @@ from grpolab.training.runlog import RunLogger, git_revision, read_metrics, trunc
 from grpolab.training.setup import checked_config, hub_sources, resolve_config, resolve_options, seed_process
 from grpolab.training.trainer import GRPOTrainer
 
-RUN_LOGS = ("metrics.jsonl", "samples.jsonl", "rollouts.jsonl", "token_credit.jsonl", "probe.jsonl", "generators.jsonl")
+RUN_LOGS = (
+    "metrics.jsonl",
+    "samples.jsonl",
+    "rollouts.jsonl",
+    "token_credit.jsonl",
+    "probe.jsonl",
+    "generators.jsonl",
+    "hacking.jsonl",
+)
 """The run directory's logs by step, cut back to the checkpoint's step on --resume."""
 
 
@@ -115,7 +123,9 @@ def start_trainer(cfg: TrainConfig, log=print, world: World = SINGLE, given: Giv
     its config asks for (the rollout logs, the probes, the token-credit records)."""
     seed_process(cfg)
     trainer = GRPOTrainer(cfg, log=log, world=world, given=given, **kwargs)
-    trainer.observers.extend(observers_for(cfg, trainer.update_stage, world, trainer.device))
+    trainer.observers.extend(
+        observers_for(cfg, trainer.update_stage, world, trainer.device, task=trainer.task_stage, log=log)
+    )
     return trainer
 
 
@@ -262,7 +272,9 @@ class TrainRecipe:
                 warn=self.log,
             )
             if cfg.diagnosis.doctor == "on":
-                self.doctor = Watcher(self.config_dict, cfg.diagnosis.doctor_every, rows, log=self.log)
+                self.doctor = Watcher(
+                    self.config_dict, cfg.diagnosis.doctor_every, rows, log=self.log, out=str(self.out)
+                )
 
     # ------------------------------------------------------------------ train
     def train(self) -> Path:
@@ -323,6 +335,8 @@ class TrainRecipe:
                 self.logger.log_probe(step, out_step.probe)
             if out_step.engine_events:
                 self.logger.log_generators(step, out_step.engine_events)
+            if out_step.hacking:
+                self.logger.log_hacking(step, out_step.hacking)
         due = step % cfg.logging.log_every == 0 or step == self.start + 1
         if due and out_step.engine_events is not None and self.world.is_main:
             line = step_line(out_step.engine_events)
@@ -343,7 +357,10 @@ class TrainRecipe:
                     self.doctor.add(step, metrics)
             if train_samples is not None:
                 self.logger.log_samples(step, [{"kind": "train", **s} for s in train_samples])
-            self.logger.log_samples(step, [{"kind": "eval", **e} for e in examples])
+            self.logger.log_samples(step, [{"kind": "eval", **e} for e in examples if e.get("kind") != "honeypot"])
+            paid = [{k: v for k, v in e.items() if k != "kind"} for e in examples if e.get("kind") == "honeypot"]
+            if paid:  # the honeypots' paid completions: the doctor's evidence
+                self.logger.log_hacking(step, [{"sign": "honeypot", "rollouts": paid}])
         return metrics
 
     def _budget_spent(self) -> bool:

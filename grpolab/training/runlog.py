@@ -1,5 +1,5 @@
 """The run directory's logs: ``metrics.jsonl`` (one object per step), ``samples.jsonl``,
-``rollouts.jsonl`` (with --log-rollouts), ``token_credit.jsonl`` (with --log-token-credit), ``probe.jsonl`` (with --probe-every) and optional TensorBoard / Weights & Biases sinks."""
+``rollouts.jsonl`` (with --log-rollouts), ``token_credit.jsonl`` (with --log-token-credit), ``probe.jsonl`` (with --probe-every), ``hacking.jsonl`` (the hacking signs' evidence) and optional TensorBoard / Weights & Biases sinks."""
 
 from __future__ import annotations
 
@@ -104,6 +104,11 @@ class RunLogger:
     def log_probe(self, step: int, records: list[dict]) -> None:
         """One line per group the spectrum probe measured (its rewards' spread and its spectrum)."""
         self._append("probe.jsonl", step, records)
+
+    def log_hacking(self, step: int, records: list[dict]) -> None:
+        """One line per hacking sign measured with evidence at the step: the rollouts that carry it (the gradient
+        alignment's cluster, the honeypots' paid completions; ``grpolab.doctor.hacking`` shows them)."""
+        self._append("hacking.jsonl", step, records)
 
     def log_generators(self, step: int, events: list[dict]) -> None:
         """One line per generator-worker event of the step (``grpolab.rollout.remote.pool.WorkerPool.pop_events``;

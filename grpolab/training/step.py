@@ -48,6 +48,8 @@ class StepResult:
     """The rollouts recorded token by token, with --log-token-credit (rank 0's; token_credit.jsonl)."""
     probe: list[dict] | None = None
     """Each group the spectrum probe measured, with --probe-every (probe.jsonl)."""
+    hacking: list[dict] | None = None
+    """The evidence of the hacking signs measured at the step: the rollouts that carry each (hacking.jsonl)."""
     engine_events: list[dict] | None = None
     """What an engine that draws elsewhere did since the last step (generator workers: each draw, weight
     broadcast, join and loss; generators.jsonl)."""

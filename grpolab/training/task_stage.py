@@ -1,19 +1,21 @@
 """The task stage: what a run learns from and is scored by, built from the run's resolved config.
 
 It owns the reward (the training reward functions and reward models, weighted), the data (the training sampler and
-the held-out records, --few-shot examples put into the policy's prompts), the environment of an episode task, and
-the held-out accuracy's reward; each checked against the data when the stage is built, not at the first step. It
+the held-out records, --few-shot examples put into the policy's prompts), the environment of an episode task, the
+held-out accuracy's reward, and the hacking signs' honeypots and audit (--honeypots, --audit-reward); each checked against the data when the stage is built, not at the first step. It
 carries nothing across a resume: the data's order follows from the seed and the step.
 """
 
 from __future__ import annotations
 
+from grpolab.common.errors import ConfigError
 from grpolab.common.given import Given
 from grpolab.config.train import TrainConfig
+from grpolab.data.honeypots import arithmetic_twins, read_honeypots
 from grpolab.data.task import few_shot_examples, task_data
 from grpolab.env import environment
 from grpolab.models.policy import Policy
-from grpolab.rewards.forms import check_columns
+from grpolab.rewards.forms import check_columns, load_reward_fn
 from grpolab.rewards.rewarder import close_reward, eval_reward, rewarder_for, start_reward
 from grpolab.rollout.placement import greedy_texts
 
@@ -49,6 +51,8 @@ class TaskStage:
         # a code reward's sandbox, started now: a machine where programs cannot be isolated says so at once
         self.reward.start(log)
         start_reward([self.own_eval_reward], log)
+        self.honeypots = honeypots_for(cfg, self.held_out)
+        self.audit = audit_for(cfg.hacking.audit_reward, given)
         if cfg.prompt.few_shot and self.sampler is not None:  # solved examples from the training split
             policy.few_shot = few_shot_examples(self.sampler, cfg.prompt.few_shot)
 
@@ -74,3 +78,27 @@ class TaskStage:
     def close(self) -> None:
         """Stop what the stage started (the held-out reward's sandbox; the training reward's is the service's)."""
         close_reward([self.own_eval_reward])
+
+
+def honeypots_for(cfg: TrainConfig, held_out: list[dict]) -> list[dict]:
+    """The run's honeypots (--honeypots): a file's first --honeypot-count records; with 'auto', the built-in task's
+    unanswerable twins of its held-out questions (none for other tasks); none for an environment's episodes."""
+    where, n = cfg.hacking.honeypots, cfg.hacking.honeypot_count
+    if where == "none":
+        return []
+    builtin = not cfg.dataset.data and not cfg.dataset.eval_data and not cfg.multi_turn
+    if where == "auto":
+        return arithmetic_twins(held_out, n) if builtin else []
+    if cfg.multi_turn:
+        raise ConfigError("--honeypots: the honeypots are prompts of a single-turn task, not an environment's episodes")
+    return read_honeypots(where, n)
+
+
+def audit_for(path: str, given: Given):
+    """(name, function) of --audit-reward, loaded now (a bad name is one line before any step), or None."""
+    if not path:
+        return None
+    try:
+        return path, load_reward_fn(path, given)
+    except ConfigError as e:
+        raise ConfigError(f"--audit-reward: {e}") from None

@@ -30,10 +30,11 @@ from grpolab.common.distributed import SINGLE, World
 from grpolab.common.given import NOTHING, Given
 from grpolab.config.train import TrainConfig
 from grpolab.eval.accuracy import evaluate, format_accuracy
-from grpolab.rollout.engine import RolloutEngine
+from grpolab.rollout.engine import RolloutEngine, SamplingSettings
 from grpolab.training import checkpoints
 from grpolab.training.books import step_metrics
 from grpolab.training.credit import cut_rows, loss_advantages, step_advantages
+from grpolab.training.hacking import honeypot_metrics
 from grpolab.training.sampling_stage import SamplingStage
 from grpolab.training.setup import is_resolved
 from grpolab.training.step import StepObserver, StepResult
@@ -148,7 +149,7 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, step: int) -> tuple[dict, list[dict]]:
         """Held-out accuracy at ``step`` (``grpolab.eval.accuracy``), drawn through the run's service; the metrics
-        and the first --log-samples examples."""
+        and the first --log-samples examples (then the honeypots' paid completions, kind 'honeypot')."""
         t0, cfg, task, service = time.perf_counter(), self.cfg, self.task_stage, self.sampling_stage.service
         if not task.held_out:  # --data with --eval-fraction 0: no held-out evaluation
             return {}, []
@@ -165,12 +166,30 @@ class GRPOTrainer:
                 score=task.eval_reward,
                 pass_k=cfg.eval.pass_k,
             )
+            shown = examples[: cfg.logging.log_samples]
+            if task.honeypots:  # any reward on a question with no answer is a loophole (grpolab.training.hacking)
+                caught, paid = self._honeypots(step)
+                metrics.update(caught)
+                shown += [{"kind": "honeypot", **p} for p in paid]
         metrics["time/eval_s"] = time.perf_counter() - t0
+        caught = (
+            f"  honeypots paid {metrics['hacking/honeypot_paid']:.3f}" if "hacking/honeypot_paid" in metrics else ""
+        )
         self.log(
-            f"eval at step {step}: {format_accuracy(metrics)}  ({len(task.held_out)} questions, "
+            f"eval at step {step}: {format_accuracy(metrics)}{caught}  ({len(task.held_out)} questions, "
             f"{cfg.eval.eval_samples} samples each, {metrics['time/eval_s']:.0f} s)"
         )
-        return metrics, examples[: cfg.logging.log_samples]
+        return metrics, shown
+
+    def _honeypots(self, step: int) -> tuple[dict, list[dict]]:
+        """The training reward on the honeypots (--honeypots), sampled as the held-out questions are."""
+        cfg, task, t0 = self.cfg, self.task_stage, time.perf_counter()
+        settings = SamplingSettings(cfg.generation.max_new_tokens, cfg.generation.temperature)
+        caught, paid = honeypot_metrics(
+            self.sampling_stage.service, task.honeypots, max(cfg.eval.eval_samples, 1), settings, cfg.run.seed, step,
+            task.reward.names[0], self.world,
+        )  # fmt: skip
+        return {**caught, "time/honeypot_s": time.perf_counter() - t0}, paid
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:

@@ -409,7 +409,8 @@ FAULTS = {
     "reward_hacking": dict(reward_fn=("reward_fixtures:pays_for_length",), steps=15, eval_every=5, lr=1e-3),
     "sampler_mismatch": dict(rollout_dtype="bfloat16", engine_correction="none"),
     "entropy": dict(entropy_coef=1.0, lr=1e-3, steps=12),
-    "saturation": dict(reward_fn=("reward_fixtures:mostly_one",), group_size=8),
+    # mostly_one pays on any completion, the honeypots' too: that sign would rightly name reward_hacking first
+    "saturation": dict(reward_fn=("reward_fixtures:mostly_one",), group_size=8, honeypots="none"),
 }
 
 

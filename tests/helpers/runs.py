@@ -27,6 +27,10 @@ SMALL = dict(
     # a generator process or worker that stalls fails its test in 2 minutes, naming it, well inside pytest-timeout's
     # 600 s (the default, 900 s, outlived the test: a stall looked like the suite hanging)
     generator_timeout=120.0,
+    # the hacking signs watch; they never change a run's rollouts or weights (tests/training/test_hacking.py): off
+    # here, so that the many small runs pay no Gram pass and no honeypot draws
+    hacking_every=0,
+    honeypots="none",
 )
 
 

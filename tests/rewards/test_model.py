@@ -282,7 +282,7 @@ def test_trl_form_reward_funcs_train_with_a_model_weighted_and_normalised(rm_dir
         model="builtin", reward_funcs=[str(path), parity_trl], reward_weights=[0.5, 2.0],
         reward_normalisation="normalize-then-sum", format_weight=0.0, steps=2, prompts_per_step=2, group_size=4,
         max_new_tokens=16, eval_questions=4, eval_samples=1, warmup_steps=0, log_rollouts=True, progress=False,
-        threads=1, out=str(tmp_path / "run"), log=quiet,
+        threads=1, out=str(tmp_path / "run"), log=quiet, honeypots="none",  # the calls recorded: training's only
     )  # fmt: skip
     config = run.config
     assert config["reward_model"] == [str(path)] and config["reward_fn"] == ["reward_fixtures:parity_trl"]
