@@ -191,8 +191,9 @@ class HackingSection:
     across prompts (hacking/align: the top eigenvalue's share of their score vectors' cosine matrix, from one Gram
     pass over --hacking-groups rollouts); every step, how alike those completions are (hacking/trick_sim: character
     4-gram Jaccard, digits folded). 0 = neither."""
-    hacking_groups: int = 8
-    """Top-advantage rollouts (one a prompt, of this rank's groups) in the gradient-alignment sign's Gram pass."""
+    hacking_groups: int = 16
+    """Top-advantage rollouts (one a prompt, of this rank's groups) in the gradient-alignment sign's Gram pass: fewer
+    make hacking/align noisier (its spread over a clean run's steps grows as 1/sqrt of it), more cost more."""
     honeypots: str = "auto"
     """Prompts with no correct answer, sampled at each evaluation with the training reward (hacking/honeypot_paid:
     the share its first component pays; any is a loophole): a JSONL file of records in the data's format (the columns
@@ -204,7 +205,7 @@ class HackingSection:
     """A stricter check that is never part of the reward ('module:function' or 'file.py:function', a reward
     function's form), run every step on --audit-sample of the step's rollouts: hacking/audit_paid_failed is the share
     it fails of those the reward's first component pays; an audit that raises is counted (hacking/audit_errors)."""
-    audit_sample: int = 16
+    audit_sample: int = 32
     """Rollouts a step the audit checks (evenly spaced over the step's)."""
 
     @property

@@ -17,7 +17,7 @@ from grpolab.data.jsonl import DataError
 NO_ANSWER = "none"
 """The ground_truth of a built-in honeypot: no number equals it (and a strict check never pays on it)."""
 _LAST_NUMBER = re.compile(r"\d+(?!.*\d)")
-_UNKNOWNS = "xyzkmn"
+_UNKNOWNS = "xyzkqw"  # none of them a letter of NO_ANSWER: a copied unknown is no substring of it
 
 
 def arithmetic_twins(records: list[dict], n: int) -> list[dict]:

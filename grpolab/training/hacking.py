@@ -39,7 +39,7 @@ class HackingWatch(StepObserver):
     step; ``first``: the name of the reward's first component, whose paying the audit is compared with."""
 
     def __init__(self, model, every: int, groups: int, aggregation: str, max_len: int, temperature: float, world,
-                 device, audit=None, audit_sample: int = 16, first: str = "accuracy", gram: bool = True,
+                 device, audit=None, audit_sample: int = 32, first: str = "accuracy", gram: bool = True,
                  log=print):  # fmt: skip
         self.model, self.every, self.groups = model, every, groups
         self.aggregation, self.max_len, self.temperature = aggregation, max_len, temperature
@@ -105,7 +105,8 @@ class HackingWatch(StepObserver):
         first component pays (hacking/audit_paid_failed) and the share of all where the two disagree."""
         groups, rows = result.collected.groups, result.collected.groups.rows
         n = len(rows.texts)
-        picks = sorted({int(k * n / self.audit_sample) for k in range(min(self.audit_sample, n))})
+        count = min(self.audit_sample, n)
+        picks = [k * n // count for k in range(count)]
         group_of = _group_index(groups.sizes)
         texts = [rows.texts[i] for i in picks]
         records = [groups.records[group_of[i]] for i in picks]

@@ -48,7 +48,8 @@ def test_the_signs_watch_without_changing_the_run(tmp_path):
         "hacking/honeypot_paid": [0, 3, 6],
     }
     assert all(0 < r["hacking/align"] <= 1 for r in rows if "hacking/align" in r)
-    assert [r["hacking/audit_errors"] for r in rows if r["step"]] == [16] * 6  # counted every step, the run went on
+    errors = [r["hacking/audit_errors"] for r in rows if r["step"]]
+    assert errors == [32] * 6  # --audit-sample's 32 of the 64 rollouts counted at every step: the run went on
     assert sum("--audit-reward reward_fixtures:always_raises raised" in line for line in said) == 1
     kept = _lines(on / "hacking.jsonl")
     assert [r["step"] for r in kept if r["sign"] == "align"] == [2, 4, 6]
