@@ -8,11 +8,22 @@ from __future__ import annotations
 from .common import Check
 from .performance import DECODE, PRECISIONS_CHECK
 from .processes import DISTRIBUTED, WORKERS
-from .training import CHECKPOINT, REWARDS
+from .training import CHECKPOINT, HACKING, REWARDS
 from .vision import QWEN_VL, VISION
 from .vllm_sync import VLLM
 
-CHECKS: tuple[Check, ...] = (CHECKPOINT, REWARDS, VISION, VLLM, DISTRIBUTED, WORKERS, PRECISIONS_CHECK, DECODE, QWEN_VL)
+CHECKS: tuple[Check, ...] = (
+    CHECKPOINT,
+    REWARDS,
+    HACKING,
+    VISION,
+    VLLM,
+    DISTRIBUTED,
+    WORKERS,
+    PRECISIONS_CHECK,
+    DECODE,
+    QWEN_VL,
+)
 """Every check, in the order they run (a background check's processes start before the first check, and the timed
 ones wait for them to end)."""
 BY_NAME: dict[str, Check] = {c.name: c for c in CHECKS}

@@ -1,5 +1,6 @@
-"""The built-in model's training on the device: a resume bit for bit (``checkpoint``), and reward components that
-run there, a reward model and a local judge (``rewards``)."""
+"""The built-in model's training on the device: a resume bit for bit (``checkpoint``), reward components that
+run there, a reward model and a local judge (``rewards``), and the hacking signs watching without changing the run
+(``hacking``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,18 @@ import warnings
 
 import torch
 
-from .common import Check, Context, Recorder, finite, last_weights, quiet, rollouts, train_rows, weight_difference
+from .common import (
+    Check,
+    Context,
+    Recorder,
+    finite,
+    last_weights,
+    metric_rows,
+    quiet,
+    rollouts,
+    train_rows,
+    weight_difference,
+)
 
 
 def check_checkpoint(ctx: Context) -> dict:
@@ -124,6 +136,47 @@ def rewards_summary(figures: dict) -> str:
             f"from the CPU's fp32 scores (spread {figures['score_spread']:.2g}); {components}")  # fmt: skip
 
 
+def check_hacking(ctx: Context) -> dict:
+    """6 steps under bf16-mixed with the hacking signs every 2 steps (a Gram pass on the device), the honeypots and an
+    audit, against the same run with them off: equal rollouts and weights, every sign finite."""
+    import grpolab
+
+    options = dict(model="builtin", device=ctx.dev, precision="bf16-mixed", prompts_per_step=8, group_size=4,
+                   max_new_tokens=24, eval_questions=8, eval_samples=1, eval_every=3, warmup_steps=0, threads=1,
+                   log_rollouts=True, progress=False, doctor="off", save_every=6, seed=0, steps=6, log=quiet)  # fmt: skip
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        t0 = time.perf_counter()
+        on = grpolab.train(out=str(ctx.work / "hacking-on"), hacking_every=2, honeypots="auto",
+                           audit_reward="grpolab.rewards.builtin:accuracy_reward", **options).dir  # fmt: skip
+        seconds = time.perf_counter() - t0
+        off = grpolab.train(out=str(ctx.work / "hacking-off"), hacking_every=0, honeypots="none", **options).dir
+    finally:
+        torch.use_deterministic_algorithms(False)
+    rows = train_rows(on)
+    signs = {
+        k: [r[k] for r in rows if k in r] for k in ("hacking/align", "hacking/trick_sim", "hacking/audit_disagree")
+    }
+    signs["hacking/honeypot_paid"] = [
+        r["hacking/honeypot_paid"] for r in metric_rows(on) if "hacking/honeypot_paid" in r
+    ]
+    wa, wb = last_weights(on), last_weights(off)
+    same_rollouts = rollouts(on) == rollouts(off)
+    same_weights = wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    figures = dict(same_rollouts=same_rollouts, same_weights=same_weights, signs=signs, run_s=seconds)
+    if not (same_rollouts and same_weights):
+        raise AssertionError(f"the signs changed the run: rollouts equal {same_rollouts}, weights equal {same_weights} "
+                             f"(largest relative difference {weight_difference(on, off):.2e})")  # fmt: skip
+    if len(signs["hacking/align"]) != 3 or not all(finite(v) for vs in signs.values() for v in vs):
+        raise AssertionError(f"the signs are not all measured and finite: {signs}")
+    return figures
+
+
+def hacking_summary(figures: dict) -> str:
+    align = ", ".join(f"{v:.3f}" for v in figures["signs"]["hacking/align"])
+    return f"rollouts and weights equal with the signs on and off; hacking/align {align}"
+
+
 CHECKPOINT = Check(
     "checkpoint", "in-process", check_checkpoint, checkpoint_summary,
     "the built-in model under bf16-mixed: 4 steps, against 2 steps + --resume to 4; metrics, rollouts and weights "
@@ -136,4 +189,12 @@ REWARDS = Check(
     "components on the device, 2 steps; the reward model's scores on the device against the CPU's",
     passes="every reward component finite; the reward model in fp32 on the device within 1e-3 of its scores' "
     "spread (at least 1e-5) of the CPU's scores",
+)  # fmt: skip
+HACKING = Check(
+    "hacking", "in-process", check_hacking, hacking_summary,
+    "the built-in model under bf16-mixed, 6 steps with the hacking signs every 2 steps (one Gram pass of the top-"
+    "advantage rollouts on the device), the honeypots at each evaluation and an audit, against the same run with "
+    "them off",
+    passes="the two runs' rollouts and weights are equal bit for bit; hacking/align is measured at steps 2, 4, 6 and "
+    "every sign is finite",
 )  # fmt: skip
