@@ -111,6 +111,7 @@ def assert_same_metrics(a: Path, b: Path) -> None:
 CLI_BASE = [
     *("--prompts-per-step", "4", "--group-size", "4", "--eval-questions", "8", "--eval-samples", "2"),
     *("--warmup-steps", "0", "--log-rollouts", "--no-progress", "--device", "cpu"),
+    *("--hacking-every", "0", "--honeypots", "none"),  # as SMALL: the signs have tests of their own
 ]
 # The KL reference, importance ratios (mu = 2), micro-batches and token-mean's global token count.
 # Every run also records 2 rollouts a step token by token (rank 0's own: its block of the step's prompts).
