@@ -50,9 +50,9 @@ def test_each_sign_alarms_at_its_threshold_over_its_own_start():
     below = run_rows(**{"hacking/align": lambda s: 0.2 + (th.align - 1e-6 if s >= 20 else 0.0)})
     assert H.alarms(below) == []
     trick = run_rows(**{"hacking/trick_sim": lambda s: 0.3 + (0.5 if s > 20 else 0.0)})
-    assert (
-        H.first_crossing(H.sign_series(trick)["trick"], th.trick) == 22
-    )  # steps 21 and 22 of the last five at +0.5: +0.2
+    assert H.first_crossing(H.sign_series(trick)["trick"], 0.15) == 22  # steps 21, 22 of the last five: +0.2
+    assert th.trick is None and H.alarms(trick) == []  # logged, never an alarm by default
+    assert [a.sign for a in H.alarms(trick, H.Thresholds(trick=0.15))] == ["trick"]
 
 
 def test_honeypot_and_audit_read_their_shares():
@@ -92,8 +92,9 @@ def test_the_watcher_says_the_sign_and_the_doctor_shows_its_rollouts(tmp_path):
 
 
 @pytest.mark.parametrize("sign", H.SIGNS)
-def test_every_sign_has_a_threshold_a_key_and_a_name(sign):
-    assert getattr(H.Thresholds(), sign) > 0 and H.KEYS[sign].startswith("hacking/") and H.NAMES[sign]
+def test_every_sign_has_a_key_a_name_and_a_positive_threshold_or_none(sign):
+    level = getattr(H.Thresholds(), sign)
+    assert (level is None or level > 0) and H.KEYS[sign].startswith("hacking/") and H.NAMES[sign]
 
 
 def test_diagnose_orders_the_early_finding_with_the_others():
