@@ -108,6 +108,7 @@ FLAGS = [
     *("--prompts-per-step", "4", "--group-size", "4", "--eval-questions", "16", "--eval-samples", "2"),
     *("--max-new-tokens", "48", "--threads", "1", "--device", "cpu", "--no-progress", "--log-rollouts"),
     *("--warmup-steps", "0", "--max-staleness", "1"),
+    *("--hacking-every", "0", "--honeypots", "none"),  # as small_cfg, which the uninterrupted runs take
 ]
 
 

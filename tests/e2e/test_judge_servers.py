@@ -136,7 +136,7 @@ def test_an_endpoint_judge_scores_caches_and_outlives_its_server(server, tmp_pat
         ["train", "--out", str(out), "--steps", "4", "--prompts-per-step", "2", "--group-size", "4",
          "--eval-questions", "8", "--eval-samples", "1", "--no-progress", "--threads", "1",
          "--judge", str(path), "--judge-model", url, "--judge-concurrency", "1", "--judge-retries", "1",
-         "--judge-timeout", "10"],
+         "--judge-timeout", "10", "--honeypots", "none"],  # the kill counts training's requests alone
         cwd=tmp_path,
     )  # fmt: skip
     killer.join(timeout=60)

@@ -219,9 +219,10 @@ def metric_rows(run: Path) -> list[dict]:
 
 
 def train_rows(run: Path) -> list[dict]:
-    """:func:`metric_rows` without the evaluations, but for the last step's."""
+    """:func:`metric_rows` without the evaluations (and the honeypots drawn with them), but for the last step's."""
     rows = metric_rows(run)
-    return [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in rows[:-1]] + rows[-1:]
+    evaluation = ("eval/", "hacking/honeypot", "time/honeypot")
+    return [{k: v for k, v in r.items() if not k.startswith(evaluation)} for r in rows[:-1]] + rows[-1:]
 
 
 def rollouts(run: Path) -> list[dict]:
