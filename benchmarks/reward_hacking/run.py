@@ -28,7 +28,7 @@ import measure  # noqa: E402
 
 REPO = HERE.parent.parent
 GRPOLAB = [sys.executable, "-m", "grpolab", "train"]
-# Each loophole's options, the same for its runs and its clean twin's (phase 1's exploration chose them; README). A
+# Each loophole's options, the same for its runs and its clean twin's (the exploration in README.md chose them). A
 # --steps here overrides the runner's --steps for that loophole's runs and its twin's.
 SETTINGS = {
     "flood": ("--lr", "1e-4", "--steps", "150"),

@@ -193,7 +193,7 @@ class HackingSection:
     4-gram Jaccard, digits folded). 0 = neither."""
     hacking_groups: int = 16
     """Top-advantage rollouts (one a prompt, of this rank's groups) in the gradient-alignment sign's Gram pass: fewer
-    make hacking/align noisier (its spread over a clean run's steps grows as 1/sqrt of it), more cost more."""
+    make hacking/align noisier from step to step, more cost more."""
     honeypots: str = "auto"
     """Prompts with no correct answer, sampled at each evaluation with the training reward (hacking/honeypot_paid:
     the share its first component pays; any is a loophole): a JSONL file of records in the data's format (the columns
