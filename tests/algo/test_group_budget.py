@@ -190,6 +190,8 @@ SMALL = dict(
     log_rollouts=True,
     reward_fn="reward_fixtures:code_sum_mod4",
     format_weight=0.0,
+    hacking_every=0,  # the hacking signs off, as in helpers.runs.SMALL
+    honeypots="none",
 )
 
 

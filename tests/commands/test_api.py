@@ -25,9 +25,11 @@ from grpolab.data.answers import extract_final_number, numbers_equal
 from grpolab.models.policy import ASSET_DIR
 from grpolab.training.runlog import read_metrics
 
-SMALL = dict(prompts_per_step=4, group_size=4, eval_questions=8, eval_samples=1, warmup_steps=0, progress=False)
+# the hacking signs off, as in helpers.runs.SMALL: they have tests of their own (tests/training/test_hacking.py)
+SMALL = dict(prompts_per_step=4, group_size=4, eval_questions=8, eval_samples=1, warmup_steps=0, progress=False,
+             hacking_every=0, honeypots="none")  # fmt: skip
 SMALL_FLAGS = ["--prompts-per-step", "4", "--group-size", "4", "--eval-questions", "8", "--eval-samples", "1",
-               "--warmup-steps", "0", "--no-progress"]  # fmt: skip
+               "--warmup-steps", "0", "--no-progress", "--hacking-every", "0", "--honeypots", "none"]  # fmt: skip
 REWARD_SOURCE = """
 from grpolab.data.answers import extract_final_number, numbers_equal
 

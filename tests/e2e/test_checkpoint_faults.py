@@ -46,6 +46,10 @@ FLAGS = [
     "--no-progress",
     "--device",
     "cpu",
+    "--hacking-every",
+    "0",
+    "--honeypots",
+    "none",
 ]
 
 

@@ -18,11 +18,11 @@ def _lines(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.slow  # two runs of 6 steps: 10 s; the only test of the signs inside a run
+@pytest.mark.slow  # two runs of 4 steps: 8 s; the only test of the signs inside a run
 def test_the_signs_watch_without_changing_the_run(tmp_path):
     from grpolab.training.recipe import train
 
-    shape = dict(steps=6, eval_every=3, log_rollouts=True, save_every=6, group_size=8, prompts_per_step=8)
+    shape = dict(steps=4, eval_every=2, log_rollouts=True, save_every=4, group_size=4, prompts_per_step=8)
     said: list[str] = []
     on = train(
         small_cfg(tmp_path / "on", hacking_every=2, honeypots="auto", audit_reward="reward_fixtures:always_raises",
@@ -32,8 +32,8 @@ def test_the_signs_watch_without_changing_the_run(tmp_path):
     off = train(small_cfg(tmp_path / "off", **shape), log=quiet)
     assert (on / "rollouts.jsonl").read_text() == (off / "rollouts.jsonl").read_text()
     a, b = (
-        load_file(on / "checkpoints/step_6/model.safetensors"),
-        load_file(off / "checkpoints/step_6/model.safetensors"),
+        load_file(on / "checkpoints/step_4/model.safetensors"),
+        load_file(off / "checkpoints/step_4/model.safetensors"),
     )
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     rows = _lines(on / "metrics.jsonl")
@@ -42,17 +42,13 @@ def test_the_signs_watch_without_changing_the_run(tmp_path):
     steps = {
         k: [r["step"] for r in rows if k in r] for k in ("hacking/align", "hacking/trick_sim", "hacking/honeypot_paid")
     }
-    assert steps == {
-        "hacking/align": [2, 4, 6],
-        "hacking/trick_sim": [1, 2, 3, 4, 5, 6],
-        "hacking/honeypot_paid": [0, 3, 6],
-    }
+    assert steps == {"hacking/align": [2, 4], "hacking/trick_sim": [1, 2, 3, 4], "hacking/honeypot_paid": [0, 2, 4]}
     assert all(0 < r["hacking/align"] <= 1 for r in rows if "hacking/align" in r)
     errors = [r["hacking/audit_errors"] for r in rows if r["step"]]
-    assert errors == [32] * 6  # --audit-sample's 32 of the 64 rollouts counted at every step: the run went on
+    assert errors == [32] * 4  # --audit-sample's 32 of the 32 rollouts counted at every step: the run went on
     assert sum("--audit-reward reward_fixtures:always_raises raised" in line for line in said) == 1
     kept = _lines(on / "hacking.jsonl")
-    assert [r["step"] for r in kept if r["sign"] == "align"] == [2, 4, 6]
+    assert [r["step"] for r in kept if r["sign"] == "align"] == [2, 4]
     assert all(m["completion"] and m["advantage"] > 0 for r in kept if r["sign"] == "align" for m in r["rollouts"])
 
 
