@@ -17,6 +17,19 @@ from grpolab.rewards.code import CodeReward
 
 N = 10
 
+# Report lines for tests 0..4 (LINE: what each says), then done, written to every file descriptor the report could be
+# on; then the program exits before the harness writes a line of its own.
+FORGED_LINES = """
+import json, os
+lines = [{{"test": i, LINE}} for i in range(5)] + [{{"done": True, "memory": False}}]
+for fd in range(3, 21):
+    try:
+        os.write(fd, "".join(json.dumps(line) + "\\n" for line in lines).encode())
+    except OSError:
+        pass
+os._exit(0)
+"""
+
 FORGE = """
 import json, os
 def forge():
@@ -77,26 +90,8 @@ __main__.report = _always_ok
 def {ep}(*args, **kwargs):
     return None
 """,
-    "forged value lines (guessed 0) for tests 0..4 + os._exit": """
-import json, os
-lines = [{{"test": i, "value": ["int", "0"]}} for i in range(5)] + [{{"done": True, "memory": False}}]
-for fd in range(3, 21):
-    try:
-        os.write(fd, "".join(json.dumps(line) + "\\n" for line in lines).encode())
-    except OSError:
-        pass
-os._exit(0)
-""",
-    "forged ok lines for tests 0..4 + os._exit": """
-import json, os
-lines = [{{"test": i, "ok": True, "error": ""}} for i in range(5)] + [{{"done": True, "memory": False}}]
-for fd in range(3, 21):
-    try:
-        os.write(fd, "".join(json.dumps(line) + "\\n" for line in lines).encode())
-    except OSError:
-        pass
-os._exit(0)
-""",
+    "forged value lines (guessed 0) for tests 0..4 + os._exit": FORGED_LINES.replace("LINE", '"value": ["int", "0"]'),
+    "forged ok lines for tests 0..4 + os._exit": FORGED_LINES.replace("LINE", '"ok": True, "error": ""'),
     "patch builtins.exec and builtins.eval": """
 import builtins
 builtins.exec = lambda *args, **kwargs: None
