@@ -2,8 +2,9 @@
 
 It owns the reward (the training reward functions and reward models, weighted), the data (the training sampler and
 the held-out records, --few-shot examples put into the policy's prompts), the environment of an episode task, the
-held-out accuracy's reward, and the hacking signs' honeypots and audit (--honeypots, --audit-reward); each checked against the data when the stage is built, not at the first step. It
-carries nothing across a resume: the data's order follows from the seed and the step.
+held-out accuracy's reward, and the hacking signs' honeypots and audit (--honeypots, --audit-reward); each checked
+against the data when the stage is built, not at the first step. It carries nothing across a resume: the data's order
+follows from the seed and the step.
 """
 
 from __future__ import annotations
@@ -48,11 +49,11 @@ class TaskStage:
             fns, sandbox=cfg.code_sandbox, given=given,
         )  # fmt: skip
         self._check_columns(cfg)
+        self.honeypots = honeypots_for(cfg, self.held_out)  # a bad file or name: one line, before anything starts
+        self.audit = audit_for(cfg.hacking.audit_reward, given)
         # a code reward's sandbox, started now: a machine where programs cannot be isolated says so at once
         self.reward.start(log)
         start_reward([self.own_eval_reward], log)
-        self.honeypots = honeypots_for(cfg, self.held_out)
-        self.audit = audit_for(cfg.hacking.audit_reward, given)
         if cfg.prompt.few_shot and self.sampler is not None:  # solved examples from the training split
             policy.few_shot = few_shot_examples(self.sampler, cfg.prompt.few_shot)
 
