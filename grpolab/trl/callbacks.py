@@ -135,7 +135,7 @@ class RunCallbacks:
         every = self.plan.log_every
         first = step == 1 and self.t.args.logging_first_step
         if (every and step % every == 0) or first:  # steps after the last such: the summary entry (train())
-            entry = trl_entry(self.window, state.global_step, state.epoch)
+            entry = trl_entry(self.window, state.global_step, state.epoch, self.t.absent_log_names)
             self.window = []
             state.log_history.append(entry)
             self._call("on_log", logs=entry)

@@ -112,7 +112,7 @@ def check_routes(rows, names: list) -> None:
 def warn_as_trl(args) -> None:
     """TRL's warnings on ``loss_type`` with ``importance_sampling_level`` (TRL gives them as the trainer is built),
     through :data:`logger`."""
-    loss, level = args.loss_type, args.importance_sampling_level
+    loss, level = getattr(args, "loss_type", None), getattr(args, "importance_sampling_level", "token")  # GRPO's
     if loss == "luspo" and level != "sequence":
         logger.warning(
             "loss_type='luspo': importance_sampling_level should be set to 'sequence' to mirror the paper's setup "

@@ -34,14 +34,19 @@ CORRECTIONS = {
 }
 
 
-def _refuse(name: str, value: Any, why: str) -> ValueError:
-    return ValueError(f"GRPOConfig.{name}={value!r}: {why} (grpolab.trl; docs/coming-from-trl.md)")
+def _refuse(name: str, value: Any, why: str, config: str = "GRPOConfig") -> ValueError:
+    return ValueError(f"{config}.{name}={value!r}: {why} (grpolab.trl; docs/coming-from-trl.md)")
 
 
-def _differs(name: str, value: Any, use_cpu: bool = False) -> bool:
-    """``value`` is not TRL's default for ``name``, as given or as TRL's __post_init__ reads it (``use_cpu``: the
-    config's, which turns pinned memory off)."""
-    default = BY_NAME[name].default
+def refusal(config, name: str, value: Any, why: str) -> ValueError:
+    """The one-line ValueError refusing ``config``'s field ``name`` set to ``value``, saying ``why``."""
+    return _refuse(name, value, why, type(config).__name__)
+
+
+def _differs(name: str, value: Any, use_cpu: bool = False, table: dict | None = None) -> bool:
+    """``value`` is not TRL's default for ``name`` (in ``table``, GRPOConfig's by default), as given or as TRL's
+    __post_init__ reads it (``use_cpu``: the config's, which turns pinned memory off)."""
+    default = (table or BY_NAME)[name].default
     if name == "dataloader_pin_memory" and use_cpu:
         default = False
     read = NORMALISE.get(name)
@@ -132,9 +137,11 @@ def _post_init(self) -> None:
 
     for name in (*TrainingArguments._VALID_DICT_FIELDS, *GRPO_DICT_FIELDS):
         setattr(self, name, _json_object(getattr(self, name)))
-    for f in FIELDS:
-        if f.kind == "refused" and _differs(f.name, getattr(self, f.name)):
-            raise _refuse(f.name, getattr(self, f.name), f.note)
+    config, table = type(self).__name__, type(self)._trl_table
+    for f in table.values():
+        value = getattr(self, f.name)
+        if f.kind == "refused" and _differs(f.name, value, table=table) and value not in f.accepts:
+            raise _refuse(f.name, value, f.note, config)
     for name, read in NORMALISE.items():
         setattr(self, name, read(getattr(self, name)))
     if self.disable_tqdm is None:  # transformers: no progress bar when its log says less than warnings
@@ -144,34 +151,34 @@ def _post_init(self) -> None:
     if self.bf16 is None:  # TRL: bf16 unless fp16
         self.bf16 = not self.fp16
     if self.fp16 and self.bf16:
-        raise ValueError("GRPOConfig: at most one of fp16 and bf16 can be True")
-    if isinstance(self.scale_rewards, bool):  # TRL takes True/False for group/none
+        raise ValueError(f"{config}: at most one of fp16 and bf16 can be True")
+    if isinstance(getattr(self, "scale_rewards", None), bool):  # TRL takes True/False for group/none
         self.scale_rewards = "group" if self.scale_rewards else "none"
     if self.output_dir is None:
         self.output_dir = "trainer_output"
-    if self.vllm_importance_sampling_cap is not None:  # TRL's deprecated name
+    if getattr(self, "vllm_importance_sampling_cap", None) is not None:  # TRL's deprecated name (GRPO's)
         self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_step = self.per_device_train_batch_size * world
     if self.generation_batch_size is not None and self.steps_per_generation is not None:
-        raise ValueError("GRPOConfig: generation_batch_size and steps_per_generation can not both be set")
+        raise ValueError(f"{config}: generation_batch_size and steps_per_generation can not both be set")
     if self.steps_per_generation is None and self.generation_batch_size is None:
         self.steps_per_generation = self.gradient_accumulation_steps
     elif self.steps_per_generation is None:
         if self.generation_batch_size % per_step:
             raise ValueError(
-                f"GRPOConfig: generation_batch_size ({self.generation_batch_size}) must be divisible by the global "
+                f"{config}: generation_batch_size ({self.generation_batch_size}) must be divisible by the global "
                 f"batch size ({per_step})"
             )
         self.steps_per_generation = self.generation_batch_size // per_step
     self.generation_batch_size = per_step * self.steps_per_generation
     if self.generation_batch_size % self.num_generations:
         raise ValueError(
-            f"GRPOConfig: generation_batch_size ({self.generation_batch_size}) must be divisible by num_generations "
+            f"{config}: generation_batch_size ({self.generation_batch_size}) must be divisible by num_generations "
             f"({self.num_generations})"
         )
     if self.num_generations < 2:
-        raise ValueError(f"GRPOConfig: num_generations must be >= 2 to compare a group, got {self.num_generations}")
+        raise ValueError(f"{config}: num_generations must be >= 2 to compare a group, got {self.num_generations}")
 
 
 def _to_dict(self) -> dict[str, Any]:
@@ -197,10 +204,11 @@ def _to_json_string(self) -> str:
     return json.dumps(self.to_dict(), indent=2)
 
 
-def _make_config_class():
-    annotations = types()
+def make_config_class(name: str, fields: tuple, annotations: dict, doc: str) -> type:
+    """A dataclass named ``name`` with a field per entry of ``fields`` (a table of :mod:`grpolab.trl.fields`' kind),
+    each of TRL's type (``annotations``) and default, and what TRL's __post_init__ resolves and grpolab refuses."""
     specs = []
-    for f in FIELDS:
+    for f in fields:
         default = f.default
         metadata = {"help": help_text(f), **PARSER_OPTIONS.get(f.name, {})}
         spec = (
@@ -210,17 +218,21 @@ def _make_config_class():
         )
         specs.append((f.name, annotations[f.name], spec))
     namespace = {"__post_init__": _post_init, "to_dict": _to_dict, "to_json_string": _to_json_string}
-    cls = dataclasses.make_dataclass("GRPOConfig", specs, namespace=namespace)
+    namespace["_trl_table"] = {f.name: f for f in fields}  # read by __post_init__; no dataclass field
+    cls = dataclasses.make_dataclass(name, specs, namespace=namespace)
     cls.__module__ = __name__
-    cls.__doc__ = (
-        "TRL 1.16's GRPOConfig: every field by TRL's name and with TRL's default (grpolab.trl.fields says what each "
-        "becomes). An unknown keyword is a TypeError; a field grpolab does not do, set to anything but TRL's "
-        "default, is a ValueError of one line."
-    )
+    cls.__doc__ = doc
     return cls
 
 
-GRPOConfig = _make_config_class()
+GRPOConfig = make_config_class(
+    "GRPOConfig",
+    FIELDS,
+    types(),
+    "TRL 1.16's GRPOConfig: every field by TRL's name and with TRL's default (grpolab.trl.fields says what each "
+    "becomes). An unknown keyword is a TypeError; a field grpolab does not do, set to anything but TRL's "
+    "default, is a ValueError of one line.",
+)
 
 
 class Translation(NamedTuple):

@@ -56,7 +56,7 @@ def eval_batch_prompts(args, world_size: int) -> int:
 
 def entropy_bonus_on(args) -> bool:
     """Whether TRL's loss has its entropy bonus (it then logs ``policy_loss`` beside ``loss``)."""
-    return args.entropy_coef != 0.0 or bool(getattr(args, "use_adaptive_entropy", False))
+    return getattr(args, "entropy_coef", 0.0) != 0.0 or bool(getattr(args, "use_adaptive_entropy", False))
 
 
 def prepares_models(args, reward_funcs: list, peft: bool) -> bool:

@@ -34,6 +34,9 @@ class TrlField:
     """mapped: the grpolab option(s) or place it goes."""
     note: str = ""
     """mapped: how it converts; inert: why it changes nothing trained; refused: why grpolab refuses it."""
+    accepts: tuple = ()
+    """refused: the values grpolab takes besides TRL's default (a default grpolab cannot do is refused where the run
+    starts, so that the config itself still builds with TRL's defaults)."""
 
 
 def _m(name, default, to, note=""):
@@ -44,8 +47,8 @@ def _i(name, default, note):
     return TrlField(name, default, "inert", "", note)
 
 
-def _r(name, default, note):
-    return TrlField(name, default, "refused", "", note)
+def _r(name, default, note, accepts=()):
+    return TrlField(name, default, "refused", "", note, accepts)
 
 
 _LOADER = "data loading: grpolab reads the rows itself"
@@ -415,20 +418,28 @@ def help_text(f: TrlField) -> str:
         return f"grpolab: {f.to}" + (f" ({f.note})" if f.note else "")
     if f.kind == "inert":
         return f"accepted; no effect in grpolab: {f.note}"
+    if f.accepts:
+        return f"refused by grpolab unless {' or '.join(map(repr, f.accepts))}: {f.note}"
     return f"refused by grpolab unless left at TRL's default: {f.note}"
 
 
-def markdown_table() -> str:
-    """The table as docs/coming-from-trl.md shows it: a row per field, by kind."""
+def _note(f: TrlField) -> str:
+    return f"{f.note} (takes {' or '.join(map(repr, f.accepts))})" if f.accepts else f.note
+
+
+def markdown_table(fields: tuple[TrlField, ...] = FIELDS) -> str:
+    """The table as docs/coming-from-trl.md shows it: a row per field, by kind (``fields``: GRPOConfig's by default,
+    :data:`grpolab.trl.rloo_fields.RLOO_FIELDS` for RLOOConfig's)."""
     lines = ["| TRL field | TRL default | kind | grpolab | note |", "| --- | --- | --- | --- | --- |"]
-    for f in FIELDS:
+    for f in fields:
         to = f"`{f.to}`" if f.to else ""
-        lines.append(f"| `{f.name}` | `{f.default!r}` | {f.kind} | {to} | {f.note} |")
-    counts = {k: sum(f.kind == k for f in FIELDS) for k in ("mapped", "inert", "refused")}
+        lines.append(f"| `{f.name}` | `{f.default!r}` | {f.kind} | {to} | {_note(f)} |")
+    counts = {k: sum(f.kind == k for f in fields) for k in ("mapped", "inert", "refused")}
     lines.append("")
     lines.append(
-        f"{len(FIELDS)} fields: {counts['mapped']} mapped, {counts['inert']} accepted without effect, "
-        f"{counts['refused']} refused when set to anything but TRL's default."
+        f"{len(fields)} fields: {counts['mapped']} mapped, {counts['inert']} accepted without effect, "
+        f"{counts['refused']} refused when set to anything but TRL's default"
+        + (" (or the value its note names)." if any(f.accepts for f in fields) else ".")
     )
     return "\n".join(lines)
 

@@ -92,23 +92,28 @@ def trl_means(window: list[dict]) -> dict:
     return entry
 
 
-def trl_entry(window: list[dict], global_step: int, epoch: float) -> dict:
-    """A ``log_history`` entry for the grpolab steps ``window`` (oldest first): TRL's names averaged over the window,
-    then the last step's own metrics, then ``epoch`` and ``step`` as TRL ends each entry."""
+RLOO_ABSENT = ("policy_loss", "entropy_coef")
+"""TRL's GRPO names that TRL's RLOOTrainer never logs (it has no entropy bonus)."""
+
+
+def trl_entry(window: list[dict], global_step: int, epoch: float, absent: tuple = ()) -> dict:
+    """A ``log_history`` entry for the grpolab steps ``window`` (oldest first): TRL's names averaged over the window
+    (but those ``absent`` from the trainer's log), then the last step's own metrics, then ``epoch`` and ``step`` as
+    TRL ends each entry."""
     last = window[-1]
-    entry = trl_means(window)
+    entry = {k: v for k, v in trl_means(window).items() if k not in absent}
     entry |= {k: v for k, v in last.items() if k != "step" and not k.startswith("eval/")}
     entry |= {"epoch": epoch, "step": global_step}
     return entry
 
 
-def summary_entry(window: list[dict], global_step: int, epoch: float, summary: dict) -> dict:
+def summary_entry(window: list[dict], global_step: int, epoch: float, summary: dict, absent: tuple = ()) -> dict:
     """The last ``log_history`` entry, as TRL's: the train summary (``train_loss``, ``train_runtime``, ...) beside
     the TRL-named means of the steps ``window`` logged since the last entry (none when the last step was logged or
     an evaluation came after it: TRL's evaluation takes its pending metrics), without the trainer's own keys."""
     entry: dict = {}
     if window:
-        entry = {k: v for k, v in trl_means(window).items() if k not in TRAINER_KEYS}
+        entry = {k: v for k, v in trl_means(window).items() if k not in TRAINER_KEYS and k not in absent}
         if "num_tokens" in window[-1]:  # a count so far, not a mean (grpolab.trl.callbacks)
             entry["num_tokens"] = window[-1]["num_tokens"]
     return entry | summary | {"epoch": epoch, "step": global_step}

@@ -117,7 +117,7 @@ class GRPOTrainer:
             raise ValueError(
                 "GRPOTrainer(rollout_func=...): grpolab's engines draw the rollouts; give environment_factory or tools"
             )
-        self.args = args if args is not None else GRPOConfig(output_dir=f"{_model_name(model)}-GRPO")
+        self.args = args if args is not None else GRPOConfig(output_dir=f"{model_name(model)}-GRPO")
         self.model_spec, self._model, self.lora = _model_and_lora(model, peft_config)
         funcs = list(reward_funcs) if isinstance(reward_funcs, list | tuple) else [reward_funcs]
         funcs = [f for f in funcs if f is not None]  # None: none (TRL's [])
@@ -142,6 +142,15 @@ class GRPOTrainer:
         self.model_preparation_time: float | None = None  # transformers': an evaluation's before training
         self.log = print
         self._check_reward_funcs()
+
+    method = "GRPO"
+    """The method's name, as TRL's model card and class names give it."""
+    absent_log_names: tuple = ()
+    """TRL's log names (grpolab.trl.logs.TRL_NAMES) this trainer's TRL counterpart never logs."""
+
+    def translate(self, world_size: int, train_rows: int | None, **kwargs):
+        """grpolab's options for ``self.args`` (:func:`grpolab.trl.config.translate`, whose arguments these are)."""
+        return translate(self.args, world_size, train_rows, **kwargs)
 
     def _checkpoint_dtype(self) -> str | None:
         """The model's own dtype, which ``model_init_kwargs``' dtype "auto" (or None) asks for: a model object's, or
@@ -243,7 +252,11 @@ class GRPOTrainer:
         self.state.total_flos = 0.0
         self.state.log_history.append(
             summary_entry(
-                [] if hooks.evaluated_last else hooks.window, steps, self.state.epoch, metrics | {"total_flos": 0.0}
+                [] if hooks.evaluated_last else hooks.window,
+                steps,
+                self.state.epoch,
+                metrics | {"total_flos": 0.0},
+                self.absent_log_names,
             )
         )
         if self.args.push_to_hub:
@@ -262,9 +275,9 @@ class GRPOTrainer:
         kw = dict(has_eval=held_out is not None, checkpoint_dtype=self._checkpoint_dtype(), resumes=resumes)
         streamed = is_stream(train)
         if streamed:
-            geometry = translate(self.args, world, None, **kw).options
+            geometry = self.translate(world, None, **kw).options
             train = read_stream(train, geometry["steps"] * geometry["prompts_per_step"])
-        plan = translate(self.args, world, len(train) if train is not None else None, **kw)
+        plan = self.translate(world, len(train) if train is not None else None, **kw)
         if streamed:  # the stream's order, as TRL's dataloader reads a stream (it shuffles none)
             plan = plan._replace(options=plan.options | {"data_order": "sequential"})
         if held_out is not None:  # every row, as TRL evaluates every row
@@ -345,7 +358,7 @@ class GRPOTrainer:
         LoRA (the model as it is), a resume or training data (their order), every row held out."""
         train = self.train_dataset
         length = len(train) if train is not None and not is_stream(train) else None
-        plan = translate(self.args, world, length, has_eval=True, checkpoint_dtype=self._checkpoint_dtype())
+        plan = self.translate(world, length, has_eval=True, checkpoint_dtype=self._checkpoint_dtype())
         return {k: v for k, v in plan.options.items() if k != "data_order"} | {"eval_questions": rows}
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
@@ -415,13 +428,13 @@ class GRPOTrainer:
         out.mkdir(parents=True, exist_ok=True)
         base = self.model_spec if isinstance(self.model_spec, str) else type(self.model).__name__
         name = model_name or out.name
-        tags = ["grpolab", "grpo", *([tags] if isinstance(tags, str) else list(tags or []))]
+        tags = ["grpolab", self.method.lower(), *([tags] if isinstance(tags, str) else list(tags or []))]
         lines = ["---", f"base_model: {base}", *([f"datasets: [{dataset_name}]"] if dataset_name else []),
                  "tags:", *(f"- {t}" for t in tags), "---", "", f"# {name}", "",
-                 f"{base} trained with GRPO by grpolab (grpolab.trl, a drop-in for TRL's GRPOTrainer)"
+                 f"{base} trained with {self.method} by grpolab (grpolab.trl, a drop-in for TRL's {self.method}Trainer)"
                  + (f" on {dataset_name}." if dataset_name else "."), "",
                  f"- learning rate {self.args.learning_rate}, {self.args.num_generations} completions a prompt, "
-                 f"loss {self.args.loss_type}, beta {self.args.beta}",
+                 f"loss {getattr(self.args, 'loss_type', self.method.lower())}, beta {self.args.beta}",
                  f"- optimizer steps: {self.state.global_step}"]  # fmt: skip
         (out / "README.md").write_text("\n".join(lines) + "\n")
 
@@ -480,7 +493,8 @@ def _completions_of(names: list[str], args, kwargs):
     return args[names.index("completions")] if "completions" in names[: len(args)] else args[0]
 
 
-def _model_name(model) -> str:
+def model_name(model) -> str:
+    """The last part of a model's path or Hub id (TRL's default output directory starts with it)."""
     if isinstance(model, str):
         return model.rstrip("/").split("/")[-1]
     path = getattr(getattr(model, "config", None), "_name_or_path", "") or "model"
