@@ -1,10 +1,11 @@
-"""``grpolab trl grpo ARGS``: TRL's own GRPO script, on grpolab.
+"""``grpolab trl grpo ARGS`` and ``grpolab trl rloo ARGS``: TRL's own GRPO and RLOO scripts, on grpolab.
 
 ``trl grpo --config recipe.yaml`` runs the installed trl's ``trl/scripts/grpo.py``; ``grpolab trl grpo --config
 recipe.yaml`` runs that same file, read from the installed trl when the command starts, with its two imports of
 ``GRPOConfig`` and ``GRPOTrainer`` taken from :mod:`grpolab.trl` and nothing else changed: TRL's parser, its
 ``--config`` YAML recipes, its dataset loading, its reward registry and its steps after training. The script is
-executed, not re-written here, so a recipe means what it means under ``trl grpo``.
+executed, not re-written here, so a recipe means what it means under ``trl grpo``. ``grpolab trl rloo`` does the
+same with ``trl/scripts/rloo.py`` and ``RLOOConfig`` / ``RLOOTrainer``.
 
 This module imports nothing of grpolab.trl (the layer above commands): the script it runs does, as a user's script
 does.
@@ -16,24 +17,34 @@ import sys
 import types
 from pathlib import Path
 
-SCRIPTS = {"grpo": "trl.scripts.grpo"}
+SCRIPTS = {"grpo": "trl.scripts.grpo", "rloo": "trl.scripts.rloo"}
 """The TRL scripts this command runs, by ``trl``'s command name."""
 
-THEIR_IMPORTS = {
-    "    from trl import GRPOTrainer, get_dataset, get_peft_config, get_quantization_config\n": (
-        "    from grpolab.trl import GRPOTrainer\n    from trl import get_dataset, get_peft_config, get_quantization_config\n"
-    ),
-    "    from trl import DatasetMixtureConfig, GRPOConfig, ModelConfig, TrlParser\n": (
-        "    from grpolab.trl import GRPOConfig\n    from trl import DatasetMixtureConfig, ModelConfig, TrlParser\n"
-    ),
-}
-"""The script's two import lines that name GRPOConfig and GRPOTrainer (trl 1.16), and what each becomes."""
 
-USAGE = """usage: grpolab trl grpo [TRL's grpo arguments] [--config recipe.yaml]
+def _their_imports(method: str) -> dict[str, str]:
+    """The two import lines of TRL's script for ``method`` (GRPO, RLOO) that name its config and trainer (trl
+    1.16), and what each becomes."""
+    configs = ", ".join(sorted(["DatasetMixtureConfig", "ModelConfig", f"{method}Config"]))  # TRL sorts its imports
+    return {
+        f"    from trl import {method}Trainer, get_dataset, get_peft_config, get_quantization_config\n": (
+            f"    from grpolab.trl import {method}Trainer\n"
+            "    from trl import get_dataset, get_peft_config, get_quantization_config\n"
+        ),
+        f"    from trl import {configs}, TrlParser\n": (
+            f"    from grpolab.trl import {method}Config\n"
+            "    from trl import DatasetMixtureConfig, ModelConfig, TrlParser\n"
+        ),
+    }
 
-Run TRL's own GRPO script (the installed trl's trl/scripts/grpo.py, what `trl grpo` runs) with GRPOConfig and
-GRPOTrainer from grpolab.trl: the same arguments and YAML recipes as `trl grpo`. `grpolab trl grpo --help` lists
-them, each with what grpolab does with it.
+
+THEIR_IMPORTS = {name: _their_imports(name.upper()) for name in SCRIPTS}
+"""Each script's two import lines that name its config and trainer (trl 1.16), and what each becomes."""
+
+USAGE = """usage: grpolab trl {grpo,rloo} [TRL's arguments of that script] [--config recipe.yaml]
+
+Run TRL's own GRPO or RLOO script (the installed trl's trl/scripts/grpo.py or rloo.py, what `trl grpo` and
+`trl rloo` run) with its config and trainer from grpolab.trl: the same arguments and YAML recipes as `trl grpo`
+(`trl rloo`). `grpolab trl grpo --help` lists them, each with what grpolab does with it.
 """
 
 
@@ -42,8 +53,8 @@ class ScriptError(RuntimeError):
 
 
 def script_source(name: str = "grpo") -> tuple[str, Path]:
-    """The installed trl's script ``name`` with its GRPOConfig/GRPOTrainer imports taken from grpolab.trl, and the
-    file it was read from."""
+    """The installed trl's script ``name`` with its config and trainer imports taken from grpolab.trl, and the file
+    it was read from."""
     import importlib
 
     try:
@@ -52,13 +63,13 @@ def script_source(name: str = "grpo") -> tuple[str, Path]:
         raise ScriptError(f"grpolab trl {name} runs TRL's own script, which needs trl installed ({e})") from None
     path = Path(module.__file__)
     source = path.read_text()
-    for theirs, ours in THEIR_IMPORTS.items():
+    for theirs, ours in THEIR_IMPORTS[name].items():
         if source.count(theirs) != 1:
             import trl
 
             raise ScriptError(
                 f"trl {trl.__version__}'s {path.name} does not import {theirs.strip()!r} once, as trl 1.16's does: "
-                "its GRPOConfig and GRPOTrainer cannot be swapped for grpolab.trl's"
+                "its config and trainer cannot be swapped for grpolab.trl's"
             )
         source = source.replace(theirs, ours)
     return source, path
