@@ -57,6 +57,9 @@ def _sized_trees():
         yield path.relative_to(REPO).as_posix(), ast.parse(path.read_text(), filename=str(path))
 
 
+TRL_CONFIGS = ("grpolab.trl.config.GRPOConfig", "grpolab.trl.rloo_config.RLOOConfig")  # TRL's 189 and 163 fields
+
+
 def test_no_dataclass_has_more_than_25_fields():
     big = [
         f"{module.__name__}.{name}: {len(dataclasses.fields(obj))}"
@@ -64,7 +67,7 @@ def test_no_dataclass_has_more_than_25_fields():
         for name, obj in vars(module).items()
         if inspect.isclass(obj) and dataclasses.is_dataclass(obj) and obj.__module__ == module.__name__
         if len(dataclasses.fields(obj)) > MAX_FIELDS
-        if f"{module.__name__}.{name}" != "grpolab.trl.config.GRPOConfig"  # TRL's 189 fields, as TRL has them
+        if f"{module.__name__}.{name}" not in TRL_CONFIGS
     ]
     assert big == []
 
