@@ -32,6 +32,12 @@ def _default(f):
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()
 
 
+def _annotation(cls, name: str):
+    """``name``'s type as ``cls`` (or the class above it that declares it) annotates it: TRL's parser rewrites the
+    dataclass fields' ``type`` when it parses (TrainingArguments' fields, shared by every TRL config), not this."""
+    return next(vars(c)["__annotations__"][name] for c in cls.__mro__ if name in vars(c).get("__annotations__", {}))
+
+
 # ---------------------------------------------------------------- the table against TRL's dataclass
 
 
@@ -42,7 +48,7 @@ def test_every_trl_rloo_field_is_classified_with_trl_s_default_type_and_parser_o
     ours = {f.name: f for f in dataclasses.fields(RLOOConfig)}
     assert list(ours) == list(theirs) == [f.name for f in RLOO_FIELDS]
     assert {n: RLOO_BY_NAME[n].default for n in theirs} == {n: _default(f) for n, f in theirs.items()}
-    assert {n: str(f.type) for n, f in ours.items()} == {n: str(f.type) for n, f in theirs.items()}
+    assert {n: str(f.type) for n, f in ours.items()} == {n: str(_annotation(TrlConfig, n)) for n in theirs}
 
     def options(f) -> dict:
         return {k: list(v) if k == "choices" else v for k, v in f.metadata.items() if k != "help"}
