@@ -19,3 +19,6 @@ LOSS_TYPES = ("clip", "cispo", "sapo", "luspo", "vespo")
 """``--loss-type``: the per-token policy term (grpolab.algo.loss.policy_term)."""
 NORMALISATIONS = ("sum-then-normalize", "normalize-then-sum")
 """``--reward-normalisation``: several reward functions summed before the advantage, or each normalised first (GDPO)."""
+
+DISTILL_LOSSES = ("rkl-reward", "rkl", "fkl", "jsd")
+"""--distill-loss's choices (grpolab.algo.distill): the per-token reward, then the full-vocabulary divergences."""

@@ -157,6 +157,9 @@ def _object_spec(names: ObjectNames, value, kind: str, keyword: str, name: str, 
         return names.data_spec(value, keyword)
     if kind == "reward model":
         return tuple(names.reward_model_spec(v) for v in (value if isinstance(value, list | tuple) else [value]))
+    if kind == "model":  # another model than the policy (--teacher): a path, a Policy, or (model, tokenizer)
+        model, tokenizer = value if isinstance(value, tuple) else (value, None)
+        return names.model_spec(model, tokenizer)
     flag = options.flag(name)
     if isinstance(fields_of.options(cls)[name].field.default, tuple):  # a repeatable flag: one or several
         return tuple(

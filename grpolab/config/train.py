@@ -12,6 +12,7 @@ import dataclasses
 
 from grpolab.common.errors import ConfigError
 from grpolab.config import fields
+from grpolab.config.distill import DistillSection
 from grpolab.config.fields import bad
 from grpolab.config.objective import ObjectiveSection, OptimizerSection, TermSection, UpdateSection
 from grpolab.config.rollout import EngineSection, GenerationSection, GroupsSection, RewardSection, SandboxSection
@@ -84,6 +85,7 @@ class TrainConfig:
     code_sandbox: SandboxSection = SandboxSection()
     objective: ObjectiveSection = ObjectiveSection()
     terms: TermSection = TermSection()
+    distill: DistillSection = DistillSection()
     update: UpdateSection = UpdateSection()
     optimizer: OptimizerSection = OptimizerSection()
     eval: EvalSection = EvalSection()
@@ -207,6 +209,19 @@ class TrainConfig:
                 "overlong_buffer", f"must be in [0, max_new_tokens = {max_new}), got {self.reward.overlong_buffer}"
             )
         self._validate_minibatches()
+        if self.distill.on and groups.sampling != "fixed":
+            raise bad(
+                "sampling",
+                f"{groups.sampling!r} drops groups whose rewards are all equal, which a --teacher's signal still "
+                "trains on; leave --sampling fixed",
+            )
+        distill = self.distill
+        if distill.full_vocabulary and (self.terms.entropy_bonus or self.generation.top_p < 1):
+            raise bad(
+                "distill_loss",
+                f"{distill.loss} scores the whole vocabulary in its own forward: not built with an entropy bonus or "
+                "--top-p < 1 (rkl-reward takes both)",
+            )
         micro = self.update.micro_batch
         if micro and self.rollouts_per_step % micro:
             raise bad(

@@ -49,27 +49,27 @@ def smollm2_path() -> Path:
     )
 
 
-def resolve_gguf(spec: str, gguf_file: str = "", revision: str = ""):
+def resolve_gguf(spec: str, gguf_file: str = "", revision: str = "", flag: str = "--model"):
     """``(directory, file name, Hub snapshot or None)`` when ``spec``/``gguf_file`` name a GGUF checkpoint, else
-    None."""
+    None. ``flag``: the option that named it (--model, --teacher), for messages."""
     from grpolab.common.hub import is_hub_id, missing_file, snapshot
 
     if spec == SMOLLM2:
         path = smollm2_path()
         return path.parent, path.name, None
     if gguf_file and is_hub_id(spec):
-        snap = snapshot(spec, revision=revision, allow_patterns=[gguf_file])
+        snap = snapshot(spec, revision=revision, flag=flag, allow_patterns=[gguf_file])
         if not (snap.path / gguf_file).is_file():
             raise missing_file(snap, gguf_file)
         return snap.path, gguf_file, snap
     path = Path(spec).expanduser()
     if gguf_file:
         if not (path / gguf_file).is_file():
-            raise FileNotFoundError(f"--gguf-file {gguf_file!r}: not found in {path}")
+            raise FileNotFoundError(f"{gguf_flag(flag)} {gguf_file!r}: not found in {path}")
         return path, gguf_file, None
     if path.suffix == ".gguf":
         if not path.is_file():
-            raise FileNotFoundError(f"--model {spec!r}: no such GGUF file")
+            raise FileNotFoundError(f"{flag} {spec!r}: no such GGUF file")
         return path.parent, path.name, None
     return None
 
@@ -198,3 +198,9 @@ def dequantise_gguf(directory: Path, file: str, dtype: torch.dtype = torch.float
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer.remove_quantization_config(model)
     return model, tokenizer
+
+
+def gguf_flag(flag: str) -> str:
+    """The option naming the GGUF file of the model ``flag`` names: --gguf-file for --model, --teacher-gguf-file for
+    --teacher."""
+    return "--gguf-file" if flag == "--model" else f"{flag}-gguf-file"

@@ -135,6 +135,15 @@ def _packed_logprobs(model, head, batch: Batch, temperature: float, chunk_tokens
     token sees what it sees in the padded forward, at the same position: the same log-probs to float rounding, and
     no padding token is computed. The LM head runs at the M completion tokens' predictors only.
     """
+    keep = batch.completion_mask.bool()  # [N, T]
+    hidden, target = _packed_hidden(model, batch)  # [M, d], [M]
+    logp = _tokens_logprobs(head, hidden, target, temperature, chunk_tokens, score)  # [M]
+    return hidden.new_zeros((*keep.shape, *logp.shape[1:]), dtype=logp.dtype).index_put((keep,), logp)  # [N, T]
+
+
+def _packed_hidden(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[M, d]`` the hidden states that predict the M real completion tokens and ``[M]`` those tokens, in the order of
+    ``completion_ids[completion_mask]``, from one forward of the rows packed (:func:`_packed_logprobs`)."""
     attn = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).bool()  # [N, P + T]
     ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)[attn]  # [L]: real tokens, row after row
     lengths = attn.sum(1)  # [N]
@@ -147,8 +156,64 @@ def _packed_logprobs(model, head, batch: Batch, temperature: float, chunk_tokens
     at = torch.cat([torch.zeros_like(batch.prompt_mask, dtype=torch.bool), keep], dim=1)[attn].nonzero()[:, 0]  # [M]
     # Completion token k sits at packed index at[k]; the token before it (same row: a prompt has >= 1 token)
     # predicts it. Row-major order, the order of ``completion_ids[keep]``.
-    logp = _tokens_logprobs(head, hidden[at - 1], ids[at], temperature, chunk_tokens, score)  # [M]
-    return hidden.new_zeros((*keep.shape, *logp.shape[1:]), dtype=logp.dtype).index_put((keep,), logp)  # [N, T]
+    return hidden[at - 1], ids[at]
+
+
+def completion_hidden(model, batch: Batch, packed: bool = False) -> torch.Tensor:
+    """``[M, d]`` the decoder's last hidden states that predict the batch's M real completion tokens, in the order of
+    ``completion_ids[completion_mask]`` (``packed``: from the rows packed without padding)."""
+    if packed:
+        return _packed_hidden(model, batch)[0]
+    return _completion_hidden(model, batch)[batch.completion_mask.bool()]
+
+
+def completion_divergence(
+    model,
+    batch: Batch,
+    teacher_hidden: torch.Tensor,
+    teacher_head,
+    beta: float,
+    temperature: float = 1.0,
+    chunk_tokens: int | None = None,
+    packed: bool = False,
+) -> torch.Tensor:
+    """``[N, T, 2]``: each completion token's log-prob under ``model`` and the generalized JSD between ``model``'s and
+    a teacher's whole next-token distributions there (:func:`grpolab.algo.distill.token_divergence`; ``beta`` 0:
+    forward KL, 1: reverse KL), both differentiable in ``model``'s weights; 0 where masked.
+
+    ``teacher_hidden`` ``[M, d_t]``: the teacher's hidden states at the same M real tokens (:func:`completion_hidden`
+    of the teacher), which its ``teacher_head`` projects to the vocabulary. Neither ``[N, T, V]`` logits is formed:
+    both heads run over the real tokens only, ``chunk_tokens`` at a time under activation checkpointing (the
+    student's) once they pass ``LOGITS_BUDGET`` floats, as :func:`completion_logprobs` does.
+    """
+    from grpolab.algo.distill import token_divergence
+
+    keep = batch.completion_mask.bool()  # [N, T]
+    head = model.get_output_embeddings()
+    V = head.weight.shape[0]
+    M = int(keep.sum())
+    if chunk_tokens is None:
+        chunk_tokens = M if 2 * M * V <= LOGITS_BUDGET else max(1, LOGITS_BUDGET // (2 * V))
+    if packed:
+        h, target = _packed_hidden(model, batch)  # [M, d], [M]
+    else:
+        h, target = _completion_hidden(model, batch)[keep], batch.completion_ids[keep]
+
+    def chunk_scores(h_c: torch.Tensor, tgt_c: torch.Tensor, t_c: torch.Tensor) -> torch.Tensor:
+        logits = head(h_c)  # [c, V]
+        with torch.no_grad():
+            t_logits = teacher_head(t_c)  # [c, V]
+        logp = _token_logprobs(logits, tgt_c, temperature)  # [c]
+        return torch.stack([logp, token_divergence(logits, t_logits, beta, temperature).to(logp.dtype)], dim=-1)
+
+    parts = []
+    for i in range(0, M, max(chunk_tokens, 1)):
+        args = (h[i : i + chunk_tokens], target[i : i + chunk_tokens], teacher_hidden[i : i + chunk_tokens])
+        run = chunk_tokens < M and torch.is_grad_enabled()
+        parts.append(torch.utils.checkpoint.checkpoint(chunk_scores, *args, use_reentrant=False) if run else
+                     chunk_scores(*args))  # fmt: skip
+    scores = torch.cat(parts) if parts else h.new_zeros((0, 2), dtype=torch.float32)  # [M, 2]
+    return scores.new_zeros((*keep.shape, 2)).index_put((keep,), scores)  # [N, T, 2]
 
 
 def _scorer(entropy: bool, top_p: float):

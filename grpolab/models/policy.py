@@ -204,11 +204,13 @@ def checkpoint_dtype(spec: str, revision: str = "") -> str | None:
     return str(dtype).removeprefix("torch.") if dtype else None
 
 
-def resolve_model_path(spec: str, revision: str = ""):
+def resolve_model_path(spec: str, revision: str = "", flag: str = "--model"):
     """``(directory, Hub snapshot or None)`` of ``spec``: ``builtin`` -> the shipped SFT warm start, an existing path
     -> itself, an ``org/name`` Hub id -> its files at ``revision`` (downloaded, or from the cache offline). The
-    directory holds a model (config.json) or a LoRA adapter (adapter_config.json)."""
+    directory holds a model (config.json) or a LoRA adapter (adapter_config.json). ``flag``: the option that named it
+    (--model, --teacher), for messages."""
     from grpolab.common.hub import MODEL_FILES_SKIPPED, is_hub_id, snapshot
+    from grpolab.models.loading import gguf_flag
 
     if spec == BUILTIN:
         if not (ASSET_DIR / "config.json").is_file():
@@ -219,14 +221,16 @@ def resolve_model_path(spec: str, revision: str = ""):
         return ASSET_DIR, None
     if spec == BUILTIN_VLM:
         return VLM_ASSET_DIR, None
-    snap = snapshot(spec, revision=revision, ignore_patterns=MODEL_FILES_SKIPPED) if is_hub_id(spec) else None
+    snap = (
+        snapshot(spec, revision=revision, flag=flag, ignore_patterns=MODEL_FILES_SKIPPED) if is_hub_id(spec) else None
+    )
     path = snap.path if snap else Path(spec).expanduser()
     if not ((path / "config.json").is_file() or (path / "adapter_config.json").is_file()):
-        what = f"the Hub repository {spec} (commit {snap.commit}) holds" if snap else f"--model {spec!r}: not"
+        what = f"{flag} {spec}: the Hub repository (commit {snap.commit}) holds" if snap else f"{flag} {spec!r}: not"
         raise FileNotFoundError(
             f"{what} a model directory (no config.json or adapter_config.json); use 'builtin', 'builtin-vlm', "
-            "'smollm2-135m-instruct', a Hugging Face model directory or Hub id, or a .gguf file (a GGUF repository: "
-            "--gguf-file)"
+            f"'smollm2-135m-instruct', a Hugging Face model directory or Hub id, or a .gguf file (a GGUF repository: "
+            f"{gguf_flag(flag)})"
         )
     return path, snap
 
@@ -273,8 +277,10 @@ def load_policy(
     few_shot: list[dict] | None = None,
     device: torch.device | str = "cpu",
     given: Given = NOTHING,
+    flag: str = "--model",
 ) -> Policy:
-    """Model and tokenizer from ``spec`` (see :mod:`grpolab.models.loading`), the model on ``device``.
+    """Model and tokenizer from ``spec`` (see :mod:`grpolab.models.loading`), the model on ``device``; ``flag``: the
+    option that named it, for messages (--model, --teacher).
 
     ``dtype`` None: fp32, the weights' dtype in every precision but bf16-true and 64-true (``grpolab.common.precision``;
     the run passes its own); a model object ``given`` to the Python API (as ``spec``) keeps its own dtype. Such an object is moved to ``device`` in
@@ -289,8 +295,8 @@ def load_policy(
 
     device = torch.device(device)
     prepare_device(device)
-    live = given.lookup(spec, "--model")  # a model object given to the Python API: itself, not a copy
-    gguf = None if spec == BUILTIN or live is not None else resolve_gguf(spec, gguf_file, revision)
+    live = given.lookup(spec, flag)  # a model object given to the Python API: itself, not a copy
+    gguf = None if spec == BUILTIN or live is not None else resolve_gguf(spec, gguf_file, revision, flag)
     origin = None
     if live is not None:
         model, tokenizer = live
@@ -302,7 +308,7 @@ def load_policy(
         model, tokenizer = load_gguf(directory, file, dtype=dtype)
         source, origin = str(directory / file), snap.record() if snap else None
     else:
-        path, snap = resolve_model_path(spec, revision)
+        path, snap = resolve_model_path(spec, revision, flag)
         model, tokenizer = _load_directory(path, dtype or torch.float32)
         source, origin = str(path), snap.record() if snap else None
     model = _own_memory(model.to(device))

@@ -30,7 +30,7 @@ from grpolab.common.batch import Batch
 from grpolab.common.distributed import SINGLE, World
 from grpolab.common.precision import Precision
 from grpolab.models.head import fp32_head
-from grpolab.models.logprobs import completion_logprobs
+from grpolab.models.logprobs import completion_divergence, completion_hidden, completion_logprobs
 from grpolab.models.shared_prefix import unsupported_reason
 
 
@@ -66,12 +66,20 @@ class LogProbs(nn.Module):
         media=None,
         entropy: bool = False,
         top_p: float = 1.0,
+        teacher: tuple | None = None,
     ) -> torch.Tensor:
         """``[N, T]`` log-probs; ``media``: the rows' images (:class:`grpolab.common.batch.Batch`); ``entropy``:
         ``[N, T, 2]``, each position's log-prob and entropy; ``top_p`` < 1: one more column, the log nucleus mass
-        (:func:`grpolab.models.logprobs.completion_logprobs`)."""
+        (:func:`grpolab.models.logprobs.completion_logprobs`). ``teacher``: ``(hidden [M, d_t], head, beta)``, a
+        teacher's hidden states at the M real completion tokens: ``[N, T, 2]``, each token's log-prob and the
+        divergence from the teacher there (:func:`grpolab.models.logprobs.completion_divergence`)."""
         batch = Batch(prompt_ids, prompt_mask, completion_ids, completion_mask, media)
         with self.precision.autocast(prompt_ids.device), fp32_head(self.model, self.precision.head_fp32):
+            if teacher is not None:
+                hidden, head, beta = teacher
+                return completion_divergence(
+                    self.model, batch, hidden, head, beta, self.temperature, packed=self.packed
+                )
             return completion_logprobs(
                 self.model,
                 batch,
@@ -214,6 +222,19 @@ class TrainModule:
             return (self.logprobs(batch),)
         out = self.wrapped(*batch, entropy=entropy, top_p=top_p)  # [n, T, k]
         return out.unbind(dim=-1)
+
+    def divergence(self, batch: Batch, teacher: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """From one forward through the wrapper: ``[n, T]`` completion log-probs and the divergence from a teacher at
+        each (``teacher``: :meth:`LogProbs.forward`'s), both differentiable."""
+        return self.wrapped(*batch, teacher=teacher).unbind(dim=-1)
+
+    @torch.no_grad()
+    def hidden(self, batch: Batch) -> torch.Tensor:
+        """``[M, d]`` the last hidden states at the batch's M real completion tokens (a teacher's, for a divergence:
+        :func:`grpolab.models.logprobs.completion_hidden`), under the forward's precision; no gradient."""
+        module = self.module
+        with module.precision.autocast(batch.prompt_ids.device):
+            return completion_hidden(module.model, batch, packed=module.packed)
 
     @contextlib.contextmanager
     def sync(self, enabled: bool):

@@ -49,6 +49,8 @@ from grpolab.algo.loss import (
 from grpolab.common import distributed as dist_
 from grpolab.common.batch import Batch, select
 from grpolab.common.distributed import World
+from grpolab.training.distill import SUMS as DISTILL_SUMS
+from grpolab.training.distill import TeacherSignal
 from grpolab.training.forward import TrainModule
 from grpolab.training.micro_batches import (
     MicroBatchPlan,
@@ -97,6 +99,9 @@ class _Inputs(NamedTuple):
     watched: WatchedTokens | None = None
     bonus_tokens: float = 0.0  # the entropy bonus's tokens (loss-carrying, and selected by entropy), all ranks
     idle: bool = False  # the minibatch has rows that run no pass (advantage 0): their clipped share is 0
+    teacher_out: dict[int, torch.Tensor] | None = (
+        None  # pass -> the teacher's forward on its rows (TeacherSignal.score)
+    )
 
 
 MISMATCH = tuple(f"mismatch_{k}" for k in SUM_KEYS)
@@ -108,6 +113,7 @@ class Updater:
 
     ``reference``: the frozen KL reference's forward (None without a KL term, or with LoRA, where
     ``reference_is_base`` says the reference is the policy with its adapter disabled). ``scaler``: fp16's loss scaler.
+    ``teacher``: on-policy distillation's teacher and its term (:class:`grpolab.training.distill.TeacherSignal`).
     """
 
     def __init__(
@@ -121,6 +127,7 @@ class Updater:
         reference: TrainModule | None = None,
         reference_is_base: bool = False,
         scaler=None,
+        teacher: TeacherSignal | None = None,
     ):
         self.objective, self.passes = sections.objective, sections.passes
         self.max_grad_norm, self.top_p = sections.optimizer.max_grad_norm, sections.generation.top_p
@@ -138,6 +145,7 @@ class Updater:
         self._bonus_coef = 0.0  # the coefficient of the optimizer step being taken
         self.watched: WatchedTokens | None = None
         """The last update's :class:`WatchedTokens` (None unless it was given ``watch`` rows)."""
+        self.teacher = teacher
         self.scaler = scaler
         """The loss scaler of --precision 16-mixed (``torch.amp.GradScaler``; checkpointed by the run), else None."""
 
@@ -179,7 +187,8 @@ class Updater:
         # to the loss and its gradient (every term is ratio * 0), so it is not run at all; nor is a
         # rollout with no loss-carrying token. Normalisers stay those of the whole batch, so the gradient is unchanged.
         credited = adv != 0 if adv.dim() == 1 else ((adv != 0) & loss_mask[:, : adv.shape[1]].bool()).any(dim=1)
-        live = carries if obj.beta > 0 or self.entropy is not None else carries & credited
+        every = obj.beta > 0 or self.entropy is not None or self.teacher is not None  # terms beside the advantage
+        live = carries if every else carries & credited
         M = self.passes.minibatches  # optimizer steps per pass over the batch, each on its share of the normalisers
         parts = minibatch_rows(n, M, live.device)
         plans = [self._plan(batch, part[live[part]], N // M) for part in parts]
@@ -190,12 +199,14 @@ class Updater:
             old_logp, ref_logp = self._old_and_ref_logprobs(batch, plan)
             inputs.append(_Inputs(
                 batch, adv, loss_mask, entropy, threshold, old_logp, sampler_logp, ref_logp, N // M, num_tokens / M,
-                self.watched, bonus_tokens / M, bool((carries[part] & ~live[part]).any()),
+                self.watched, bonus_tokens / M, bool((carries[part] & ~live[part]).any()), self._teacher(batch, plan),
             ))  # fmt: skip
         sums = dict.fromkeys(SUMS, 0.0) | dict.fromkeys(MAX_KEYS, 0.0) | {"clip_extremes": []}
+        sums |= {f"distill_{k}": 0.0 for k in DISTILL_SUMS}
         grad_norm, skipped, overflows = self._optimizer_steps(plans, inputs, sums)
         rows = torch.cat([plan.rows for plan in plans])
-        return self._metrics(sums, rows, loss_mask, N, grad_norm, skipped) | self._scaler_metrics(overflows)
+        teacher = self.teacher.metrics(sums) if self.teacher is not None else {}
+        return self._metrics(sums, rows, loss_mask, N, grad_norm, skipped) | self._scaler_metrics(overflows) | teacher
 
     def _optimizer_steps(self, plans: list[MicroBatchPlan], inputs: list[_Inputs], sums: dict) -> tuple:
         """mu times over the minibatches: each one's passes, then an optimizer step. Returns the mean gradient norm,
@@ -286,6 +297,12 @@ class Updater:
                     ref_logp[c_i] = self.policy.logprobs(sub)
         return old_logp, ref_logp
 
+    def _teacher(self, batch: Batch, plan: MicroBatchPlan) -> dict[int, torch.Tensor] | None:
+        """Per pass: the teacher's forward on its rows (:meth:`TeacherSignal.score`), before any weight moves."""
+        if self.teacher is None:
+            return None
+        return {c_i: self.teacher.score(select(batch, idx)) for c_i, idx in enumerate(plan.chunks)}
+
     def _loss_and_backward(
         self, x: _Inputs, plan: MicroBatchPlan, c_i: int, idx: torch.Tensor, sums: dict, first: bool
     ) -> bool:
@@ -294,8 +311,14 @@ class Updater:
         train = self.policy
         padding = c_i >= plan.real
         sub = select(x.batch, idx)
+        teacher, counts = self.teacher, None if padding or not first else sums  # the teacher's statistics: once
+        full = teacher is not None and teacher.full
         with train.sync(c_i == len(plan.chunks) - 1):  # reduce over ranks once, after the last pass
-            cols = train.scores(sub, entropy=self.entropy is not None, top_p=self.top_p)  # [n, T] each
+            if full:  # [n, T] each: log-probs and the divergence from the teacher (no entropy bonus, top-p 1)
+                logp, div = train.divergence(sub, (x.teacher_out[c_i], teacher.head, teacher.beta))
+                cols = (logp,)
+            else:
+                cols = train.scores(sub, entropy=self.entropy is not None, top_p=self.top_p)  # [n, T] each
             logp, ent_now = cols[0], cols[1] if self.entropy is not None else None  # differentiable
             sub_mask = sub.completion_mask if padding else x.loss_mask[idx, : sub.completion_mask.shape[1]]
             weights = selection = None
@@ -317,8 +340,13 @@ class Updater:
                 if first:
                     self._count_mismatch(old, sampler, sub_mask, correction, sums)
             adv = rows_advantages(x.adv, idx, sub_mask.shape[1])  # [n] or [n, T]
+            if teacher is not None:  # [n, T]: the teacher's term added to each token's (rkl-reward)
+                t_out = None if full else x.teacher_out[c_i]
+                adv = teacher.advantage(adv, t_out, old if sampler is None else sampler, sub_mask, counts)
             watching = x.watched is not None and not padding
             loss, st = self._loss(logp, old, adv, sub_mask, x, c_i, weights, sampler, watching)
+            if full:
+                loss = loss + teacher.divergence_loss(div, sub_mask, self.options, x, counts)
             if watching:
                 self._keep_watched(x.watched, idx, logp.detach(), st, sub_mask, selection, first)
             if self.entropy is not None:  # - c H: this pass's share of the step's mean entropy

@@ -28,6 +28,7 @@ from grpolab.models.policy import (
     load_policy,
     system_prompt_for,
 )
+from grpolab.training.distill import TeacherSignal, load_teacher
 from grpolab.training.forward import TrainModule
 from grpolab.training.optim import build_optimizer, build_scaler
 from grpolab.training.setup import run_precision, weights_dtype
@@ -65,6 +66,7 @@ class UpdateStage:
         self.precision = run_precision(cfg)
         self.policy: Policy = self._load_policy(given, adapter_from, weights_from)
         self.ref, self.ref_is_base = self._reference(reference), cfg.objective.beta > 0 and cfg.policy.lora_rank > 0
+        self.teacher = self._teacher(given)
         self.train_module = self._train_module(self.policy.model)  # before the optimizer: FSDP's shards
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(params, cfg.optimizer.lr, cfg.optimizer.weight_decay, self.precision)
@@ -84,6 +86,7 @@ class UpdateStage:
             reference=self.ref,
             reference_is_base=self.ref_is_base,
             scaler=build_scaler(self.precision, device),
+            teacher=self.teacher,
         )
 
     # ------------------------------------------------------------------ set-up
@@ -139,13 +142,22 @@ class UpdateStage:
         ref_model = reference.to(self.device, dtype) if reference is not None else copy.deepcopy(self.policy.model)
         return self._train_module(ref_model.eval().requires_grad_(False))
 
-    def _train_module(self, model: torch.nn.Module) -> TrainModule:
+    def _teacher(self, given: Given) -> TeacherSignal | None:
+        """On-policy distillation's teacher (--teacher), frozen, in the run's compute dtype, whole on every process
+        (never sharded: it takes no gradient), with its term of the loss; None without one."""
+        section = self.cfg.distill
+        if not section.on:
+            return None
+        model = load_teacher(section, self.policy, self.precision.compute_dtype, self.device, given, self.log)
+        return TeacherSignal(section, self._train_module(model, fsdp=False), self.world)
+
+    def _train_module(self, model: torch.nn.Module, fsdp: bool | None = None) -> TrainModule:
         cfg = self.cfg
         return TrainModule(
             model,
             cfg.generation.temperature,
             self.world,
-            fsdp=cfg.update.fsdp,
+            fsdp=cfg.update.fsdp if fsdp is None else fsdp,
             shared_prefix=cfg.update.shared_prefix == "on",
             packing=cfg.update.packing,
             log=self.log,

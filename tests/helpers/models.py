@@ -145,3 +145,23 @@ def builtin_causal_lm():
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.chat_template = SIMPLE_TEMPLATE
     return AutoModelForCausalLM.from_pretrained(path), tokenizer
+
+
+def builtin_teacher(out: Path, scale: float = 0.05, seed: int = 5, extra_token: str = "") -> Path:
+    """The built-in model with every weight moved by ``scale`` x N(0, 1) (seeded), saved with its tokenizer to
+    ``out``: a teacher that disagrees with the built-in policy. ``extra_token``: the tokenizer gets one more token (and
+    the model one more row): a teacher of another vocabulary."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = REPO / "grpolab" / "assets" / "arith-sft"
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    if extra_token:
+        tokenizer.add_tokens([extra_token])
+        model.resize_token_embeddings(len(tokenizer))
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
