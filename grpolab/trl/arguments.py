@@ -37,7 +37,7 @@ def reward_func_names(reward_funcs: list) -> list[str]:
 
 def reward_weights(args, n: int) -> torch.Tensor:
     """``[n]`` float32: ``args.reward_weights``, or ones."""
-    if args.reward_weights is not None:
+    if getattr(args, "reward_weights", None) is not None:  # a config without them (distillation): ones
         return torch.tensor(args.reward_weights, dtype=torch.float32)
     return torch.ones(n, dtype=torch.float32)
 

@@ -39,7 +39,7 @@ def check_arguments(args, reward_funcs: list, reward_processing_classes, train_d
         ValueError: the first of TRL's conditions that holds, in TRL's order.
     """
     n = len(reward_funcs)
-    if args.reward_weights is not None and len(args.reward_weights) != n:
+    if getattr(args, "reward_weights", None) is not None and len(args.reward_weights) != n:
         raise ValueError(
             f"GRPOConfig(reward_weights=...): the number of reward weights ({len(args.reward_weights)}) must match "
             f"the number of reward functions ({n}): give one weight per entry of reward_funcs"

@@ -53,9 +53,9 @@ def _differs(name: str, value: Any, use_cpu: bool = False, table: dict | None = 
     return value != default and (read is None or value != read(default))
 
 
-# The dict fields a command line gives as JSON strings (TrainingArguments' own, and those TRL's GRPOConfig adds).
+# The dict fields a command line gives as JSON strings (TrainingArguments' own, those TRL's configs add).
 GRPO_DICT_FIELDS = ("model_init_kwargs", "transformers_continuous_batching_config", "generation_kwargs",
-                    "chat_template_kwargs")  # fmt: skip
+                    "chat_template_kwargs", "teacher_model_init_kwargs")  # fmt: skip
 
 
 def _scalar(text: str):
@@ -131,12 +131,13 @@ them field by field). Written here, not inherited: TrainingArguments' __post_ini
 and the device, which grpolab does itself."""
 
 
-def _post_init(self) -> None:
+def post_init(self) -> None:
     """What TRL's __post_init__ resolves, and the refusals."""
     from transformers import TrainingArguments
 
     for name in (*TrainingArguments._VALID_DICT_FIELDS, *GRPO_DICT_FIELDS):
-        setattr(self, name, _json_object(getattr(self, name)))
+        if hasattr(self, name):  # a config without the field (DistillationConfig has no continuous batching)
+            setattr(self, name, _json_object(getattr(self, name)))
     config, table = type(self).__name__, type(self)._trl_table
     for f in table.values():
         value = getattr(self, f.name)
@@ -158,6 +159,13 @@ def _post_init(self) -> None:
         self.output_dir = "trainer_output"
     if getattr(self, "vllm_importance_sampling_cap", None) is not None:  # TRL's deprecated name (GRPO's)
         self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
+    if hasattr(self, "num_generations"):  # GRPO's and RLOO's groups (TRL's distillation samples one a prompt)
+        _generation_batch(self, config)
+
+
+def _generation_batch(self, config: str) -> None:
+    """TRL's resolution of the generation batch (``generation_batch_size``, ``steps_per_generation``) and its checks
+    against ``num_generations``."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_step = self.per_device_train_batch_size * world
     if self.generation_batch_size is not None and self.steps_per_generation is not None:
@@ -217,7 +225,7 @@ def make_config_class(name: str, fields: tuple, annotations: dict, doc: str) -> 
             else dataclasses.field(default=default, metadata=metadata)
         )
         specs.append((f.name, annotations[f.name], spec))
-    namespace = {"__post_init__": _post_init, "to_dict": _to_dict, "to_json_string": _to_json_string}
+    namespace = {"__post_init__": post_init, "to_dict": _to_dict, "to_json_string": _to_json_string}
     namespace["_trl_table"] = {f.name: f for f in fields}  # read by __post_init__; no dataclass field
     cls = dataclasses.make_dataclass(name, specs, namespace=namespace)
     cls.__module__ = __name__

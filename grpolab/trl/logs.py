@@ -96,6 +96,16 @@ RLOO_ABSENT = ("policy_loss", "entropy_coef")
 """TRL's GRPO names that TRL's RLOOTrainer never logs (it has no entropy bonus)."""
 
 
+NO_REWARD = "no_reward"
+"""The name of the reward function that pays nothing, which a DistillationTrainer runs when given none."""
+
+DISTILL_ABSENT = ("reward", "reward_std", "frac_reward_zero_std", "kl", "policy_loss", "entropy_coef",
+                  "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
+                  "clip_ratio/high_max", f"rewards/{NO_REWARD}/mean", f"rewards/{NO_REWARD}/std")  # fmt: skip
+"""TRL's GRPO names that TRL's DistillationTrainer never logs (it has no reward, reference KL or clip), and the
+reward that pays nothing."""
+
+
 def trl_entry(window: list[dict], global_step: int, epoch: float, absent: tuple = ()) -> dict:
     """A ``log_history`` entry for the grpolab steps ``window`` (oldest first): TRL's names averaged over the window
     (but those ``absent`` from the trainer's log), then the last step's own metrics, then ``epoch`` and ``step`` as

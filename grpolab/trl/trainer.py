@@ -241,7 +241,7 @@ class GRPOTrainer:
         steps = self.state.global_step
         metrics = {
             "train_runtime": runtime,
-            "train_samples_per_second": plan.options["prompts_per_step"] * self.args.num_generations
+            "train_samples_per_second": plan.options["prompts_per_step"] * getattr(self.args, "num_generations", 1)
             * (steps / max(plan.optimizer_steps_per_step, 1)) / max(runtime, 1e-9),
             "train_steps_per_second": steps / max(runtime, 1e-9),
             "train_loss": loss,
@@ -429,11 +429,12 @@ class GRPOTrainer:
         base = self.model_spec if isinstance(self.model_spec, str) else type(self.model).__name__
         name = model_name or out.name
         tags = ["grpolab", self.method.lower(), *([tags] if isinstance(tags, str) else list(tags or []))]
+        group = getattr(self.args, "num_generations", 1)  # TRL's distillation: one completion a prompt
         lines = ["---", f"base_model: {base}", *([f"datasets: [{dataset_name}]"] if dataset_name else []),
                  "tags:", *(f"- {t}" for t in tags), "---", "", f"# {name}", "",
                  f"{base} trained with {self.method} by grpolab (grpolab.trl, a drop-in for TRL's {self.method}Trainer)"
                  + (f" on {dataset_name}." if dataset_name else "."), "",
-                 f"- learning rate {self.args.learning_rate}, {self.args.num_generations} completions a prompt, "
+                 f"- learning rate {self.args.learning_rate}, {group} completions a prompt, "
                  f"loss {getattr(self.args, 'loss_type', self.method.lower())}, beta {self.args.beta}",
                  f"- optimizer steps: {self.state.global_step}"]  # fmt: skip
         (out / "README.md").write_text("\n".join(lines) + "\n")
