@@ -1,11 +1,13 @@
-"""``grpolab trl grpo ARGS`` and ``grpolab trl rloo ARGS``: TRL's own GRPO and RLOO scripts, on grpolab.
+"""``grpolab trl grpo ARGS``, ``grpolab trl rloo ARGS`` and ``grpolab trl distillation ARGS``: TRL's own GRPO, RLOO
+and on-policy distillation scripts, on grpolab.
 
 ``trl grpo --config recipe.yaml`` runs the installed trl's ``trl/scripts/grpo.py``; ``grpolab trl grpo --config
 recipe.yaml`` runs that same file, read from the installed trl when the command starts, with its two imports of
 ``GRPOConfig`` and ``GRPOTrainer`` taken from :mod:`grpolab.trl` and nothing else changed: TRL's parser, its
 ``--config`` YAML recipes, its dataset loading, its reward registry and its steps after training. The script is
 executed, not re-written here, so a recipe means what it means under ``trl grpo``. ``grpolab trl rloo`` does the
-same with ``trl/scripts/rloo.py`` and ``RLOOConfig`` / ``RLOOTrainer``.
+same with ``trl/scripts/rloo.py`` and ``RLOOConfig`` / ``RLOOTrainer``, ``grpolab trl distillation`` with
+``trl/scripts/distillation.py`` and ``DistillationConfig`` / ``DistillationTrainer``.
 
 This module imports nothing of grpolab.trl (the layer above commands): the script it runs does, as a user's script
 does.
@@ -17,34 +19,39 @@ import sys
 import types
 from pathlib import Path
 
-SCRIPTS = {"grpo": "trl.scripts.grpo", "rloo": "trl.scripts.rloo"}
+SCRIPTS = {"grpo": "trl.scripts.grpo", "rloo": "trl.scripts.rloo", "distillation": "trl.scripts.distillation"}
 """The TRL scripts this command runs, by ``trl``'s command name."""
 
+METHODS = {"grpo": ("GRPO", ()), "rloo": ("RLOO", ()), "distillation": ("Distillation", ("ScriptArguments",))}
+"""Each script's method (its config's and trainer's prefix) and the other names its parser's import line takes
+beside DatasetMixtureConfig and ModelConfig (trl 1.16)."""
 
-def _their_imports(method: str) -> dict[str, str]:
-    """The two import lines of TRL's script for ``method`` (GRPO, RLOO) that name its config and trainer (trl
-    1.16), and what each becomes."""
-    configs = ", ".join(sorted(["DatasetMixtureConfig", "ModelConfig", f"{method}Config"]))  # TRL sorts its imports
+
+def _their_imports(method: str, more: tuple[str, ...] = ()) -> dict[str, str]:
+    """The two import lines of TRL's script for ``method`` (GRPO, RLOO, Distillation) that name its config and
+    trainer (trl 1.16), ``more`` the other names of the parser's line, and what each becomes."""
+    kept = sorted(["DatasetMixtureConfig", "ModelConfig", *more])  # TRL sorts its imports
+    configs = ", ".join(sorted([*kept, f"{method}Config"]))
     return {
         f"    from trl import {method}Trainer, get_dataset, get_peft_config, get_quantization_config\n": (
             f"    from grpolab.trl import {method}Trainer\n"
             "    from trl import get_dataset, get_peft_config, get_quantization_config\n"
         ),
         f"    from trl import {configs}, TrlParser\n": (
-            f"    from grpolab.trl import {method}Config\n"
-            "    from trl import DatasetMixtureConfig, ModelConfig, TrlParser\n"
+            f"    from grpolab.trl import {method}Config\n    from trl import {', '.join(kept)}, TrlParser\n"
         ),
     }
 
 
-THEIR_IMPORTS = {name: _their_imports(name.upper()) for name in SCRIPTS}
+THEIR_IMPORTS = {name: _their_imports(*METHODS[name]) for name in SCRIPTS}
 """Each script's two import lines that name its config and trainer (trl 1.16), and what each becomes."""
 
-USAGE = """usage: grpolab trl {grpo,rloo} [TRL's arguments of that script] [--config recipe.yaml]
+USAGE = """usage: grpolab trl {grpo,rloo,distillation} [TRL's arguments of that script] [--config recipe.yaml]
 
-Run TRL's own GRPO or RLOO script (the installed trl's trl/scripts/grpo.py or rloo.py, what `trl grpo` and
-`trl rloo` run) with its config and trainer from grpolab.trl: the same arguments and YAML recipes as `trl grpo`
-(`trl rloo`). `grpolab trl grpo --help` lists them, each with what grpolab does with it.
+Run TRL's own GRPO, RLOO or distillation script (the installed trl's trl/scripts/grpo.py, rloo.py or
+distillation.py, what `trl grpo`, `trl rloo` and `trl distillation` run) with its config and trainer from
+grpolab.trl: the same arguments and YAML recipes as `trl grpo` (`trl rloo`, `trl distillation`). `grpolab trl grpo
+--help` lists them, each with what grpolab does with it.
 """
 
 
