@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from grpolab.doctor.distill import teacher_agrees
 from grpolab.doctor.optimisation import big_step, entropy, no_movement, not_learning, rounding, sampler_mismatch
 from grpolab.doctor.rows import LEVEL, SEVERITIES, Finding, RunFacts
 from grpolab.doctor.signal import judge_failures, no_signal, reward_blind, saturation, truncation
@@ -36,6 +37,7 @@ CHECKS: tuple[Callable[..., Finding | None], ...] = (
     no_signal,
     eval_drop,
     saturation,
+    teacher_agrees,
     not_learning,
 )
 """Every check, causes before their symptoms (an order in which each comes before what it EXPLAINS): the order of

@@ -88,8 +88,8 @@ def no_signal(rows: Sequence[dict], facts: RunFacts, rollouts: Sequence[dict] = 
     fixed = constant_accuracy(w)
     if fixed is not None and not learned(rows):
         return _task_blind(w, fixed)
-    if zero is None or zero < NO_SIGNAL_SHARE or learned(rows):
-        return None
+    if zero is None or zero < NO_SIGNAL_SHARE or learned(rows) or mean(w, "distill/kl") is not None:
+        return None  # a --teacher's term moves every group, equal rewards or not
     p = mean(w, "reward/accuracy")
     p = 0.0 if p is None else min(max(p, 0.0), 1.0)
     evidence = f"reward/frac_zero_std {zero:.2f} over {steps_of(w)} (threshold {NO_SIGNAL_SHARE})"

@@ -246,6 +246,8 @@ def credit_row(tokenizer, rows, r: int, k: int, watched, after: torch.Tensor, co
         "ratio": _floats(watched.ratio[k, :T].cpu(), on),
         "clipped": watched.clipped[k, :T].tolist(),
     }
+    if getattr(watched, "teacher", None) is not None:  # a --teacher's per-token term beside the advantage
+        out["teacher"] = _floats(watched.teacher[k, :T].cpu(), on)
     if episode:
         out["turn"] = [t if o else -1 for t, o in zip(turns, on.tolist())]
     if context_prompt:
@@ -260,7 +262,15 @@ def _context_tokens(tokenizer, batch, r: int, like: dict) -> dict:
     n = len(ids)
     none = [None] * n
     part = {"completion": "".join(spans), "tokens": spans, "ids": ids, "segment": [CONTEXT] * n, "clipped": [False] * n}
-    for key in ("dlogp", "logp", "logp_sampler", "entropy", "adv", "ratio"):
+    for key in (
+        "dlogp",
+        "logp",
+        "logp_sampler",
+        "entropy",
+        "adv",
+        "ratio",
+        *(["teacher"] if "teacher" in like else []),
+    ):
         part[key] = None if like[key] is None else list(none)
     if "turn" in like:
         part["turn"] = [-1] * n

@@ -77,6 +77,8 @@ class TeacherSignal:
         self.beta = divergence_beta(section.loss, section.distill_beta) if self.full else None
         self.head = teacher.module.model.get_output_embeddings()
         self.seconds = 0.0
+        self.last: torch.Tensor | None = None
+        """``[n, T]`` the last pass's per-token term: the advantage's (rkl-reward) or the divergence."""
 
     @torch.no_grad()
     def score(self, sub: Batch) -> torch.Tensor:
@@ -98,6 +100,7 @@ class TeacherSignal:
         s = self.section
         term = teacher_advantage(teacher_logp, sampler_logp, mask, s.distill_coef, s.distill_clip)  # [n, T]
         term = term.to(device=base.device, dtype=base.dtype)
+        self.last = term
         if sums is not None:
             m = mask.bool()
             gap = (sampler_logp - teacher_logp).detach()[m]  # k1 of KL(pi_sampler || pi_teacher)
@@ -110,6 +113,7 @@ class TeacherSignal:
     def divergence_loss(self, div: torch.Tensor, mask, options: dict, x, sums: dict | None) -> torch.Tensor:
         """``coef`` x the divergences ``div`` ``[n, T]`` aggregated as the policy loss is (the run's --aggregation and
         the step's normalisers ``x``); ``sums`` gets their token sum."""
+        self.last = div.detach()
         if sums is not None:
             m = mask.bool()
             sums["distill_tok"] += float(m.sum())
@@ -119,6 +123,16 @@ class TeacherSignal:
             num_tokens=x.num_tokens,
         )  # fmt: skip
         return self.section.distill_coef * agg
+
+    @torch.no_grad()
+    def keep(self, watched, idx: torch.Tensor, mask: torch.Tensor) -> None:
+        """The last pass's per-token term for the rows ``--log-token-credit`` watches (``watched``: the update's
+        :class:`grpolab.training.update.WatchedTokens`) among ``idx``; NaN off the loss tokens."""
+        slot, T = watched.slot, mask.shape[1]
+        for j, r in enumerate(idx.tolist()):
+            if r in slot:
+                row = torch.where(mask[j].bool(), self.last[j].double(), torch.nan)
+                watched.teacher[slot[r], :T] = row.to(watched.teacher.device)
 
     def metrics(self, sums: dict) -> dict:
         """distill/*: the teacher's KL from the policy per token (rkl-reward: the one-sample k1 of

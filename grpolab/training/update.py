@@ -77,6 +77,9 @@ class WatchedTokens:
     """pi / pi_old at the last of the mu passes (GSPO: the rollout's); NaN where the token carried no loss."""
     clipped: torch.Tensor
     """Whether the clipped branch was taken there."""
+    teacher: torch.Tensor | None = None
+    """With a --teacher: its per-token term (rkl-reward: the part of ``adv`` that is the teacher's; rkl, fkl, jsd:
+    the divergence the loss carries there), from the first pass; NaN where the token carried no loss."""
 
     @property
     def slot(self) -> dict[int, int]:
@@ -349,6 +352,8 @@ class Updater:
                 loss = loss + teacher.divergence_loss(div, sub_mask, self.options, x, counts)
             if watching:
                 self._keep_watched(x.watched, idx, logp.detach(), st, sub_mask, selection, first)
+                if teacher is not None and first:
+                    teacher.keep(x.watched, idx, sub_mask)
             if self.entropy is not None:  # - c H: this pass's share of the step's mean entropy
                 h = entropy_bonus(ent_now, sub_mask if selection is None else sub_mask * selection, x.bonus_tokens)
                 loss = loss - self._bonus_coef * h
@@ -434,6 +439,8 @@ class Updater:
         zeros = torch.zeros(n, T, dtype=torch.float64, device=loss_mask.device)
         nan = torch.full((n, T), math.nan, dtype=torch.float64, device=loss_mask.device)
         watched = WatchedTokens(rows, zeros, nan.clone(), nan.clone(), torch.zeros(n, T, dtype=torch.bool))
+        if self.teacher is not None:
+            watched.teacher = nan.clone()
         running = set(plan.rows.tolist())
         missing = [r for r in rows if r not in running]
         if dist_.all_max(len(missing), self.world):

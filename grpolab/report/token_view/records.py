@@ -14,7 +14,7 @@ import numpy as np
 from grpolab.common.jsonlines import read_jsonl
 
 CREDIT_FILE = "token_credit.jsonl"
-PER_TOKEN = ("ids", "segment", "dlogp", "logp", "logp_sampler", "entropy", "adv", "ratio", "clipped")
+PER_TOKEN = ("ids", "segment", "dlogp", "logp", "logp_sampler", "entropy", "adv", "ratio", "clipped", "teacher")
 POSITIVE_RGB = (31, 111, 235)  # blue: above the quantity's centre
 NEGATIVE_RGB = (207, 34, 46)  # red: below it
 SEQUENTIAL_RGB = (130, 80, 223)  # purple: distance from the centre, one direction
@@ -58,6 +58,17 @@ QUANTITIES: dict[str, Quantity] = {
         "+.3f",
         "reinforced (advantage > 0)",
         "discouraged (advantage < 0)",
+    ),
+    "teacher": Quantity(
+        "teacher's term",
+        "with --teacher: the teacher's part of the token's advantage (rkl-reward: coef x clip(log pi_teacher - log "
+        "pi_sampler)), or the divergence from the teacher there (rkl, fkl, jsd); GRPO's own advantage is the same for "
+        "every token of a rollout",
+        True,
+        0.0,
+        "+.3f",
+        "the teacher finds the token likelier than the student did",
+        "the teacher finds it less likely",
     ),
     "ratio": Quantity(
         "importance ratio",

@@ -133,7 +133,7 @@ def _plain_token_line(record: dict, i: int, quantity: str, width: int) -> str:
     line = f"{i:>4}  {_crop(str(value_at(record, 'segment', i) or '–'), 9, True)}  {_crop(repr(record['tokens'][i]), 16, True)}"
     value = token_values(record, quantity)[i]
     fields = [f"{quantity}={fmt(value, quantity_of(quantity).fmt)}"]
-    for key in ("dlogp", "adv", "ratio"):
+    for key in ("dlogp", "adv", "ratio", *(["teacher"] if "teacher" in record else [])):
         if key != quantity:
             fields.append(f"{key}={fmt(value_at(record, key, i), QUANTITIES[key].fmt)}")
     if value_at(record, "clipped", i):
