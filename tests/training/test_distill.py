@@ -52,8 +52,9 @@ def _update_gradient(policy, teacher, batch, adv, **options) -> list[torch.Tenso
     signal = TeacherSignal(cfg.distill, TrainModule(teacher, 1.0), SINGLE)
     updater = Updater(UpdateSections.of(cfg), TrainModule(model, 1.0), optimizer, scheduler, SINGLE, policy.eos_id,
                       teacher=signal)  # fmt: skip
-    metrics = updater(batch, adv)
+    metrics = updater(batch, adv, watch=[0, 3])  # --log-token-credit's rows: the teacher's term kept beside
     assert metrics["time/teacher_s"] > 0
+    metrics["watched"] = updater.watched
     return [p.grad.clone() for p in params], metrics
 
 
@@ -77,6 +78,9 @@ def test_rkl_reward_adds_the_clipped_teacher_gap_to_each_token_s_advantage(pair,
     loss, _ = policy_loss(logp, logp.detach(), base + term, mask)
     hand = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
     _close(ours, hand)
+    watched, keep = metrics["watched"], mask[[0, 3]].bool()
+    assert torch.allclose(watched.teacher[keep], term[[0, 3]][keep].double())  # the token-credit record's column
+    assert torch.allclose(watched.adv[keep], (base + term)[[0, 3]][keep].double())
     gap = (logp.detach() - t_logp)[mask.bool()]
     assert metrics["distill/kl"] == pytest.approx(float(gap.mean()), rel=1e-9)
     assert 0 < metrics["distill/clip_frac"] < 1  # c = 0.5 clips some tokens, not all: the clip is tested
