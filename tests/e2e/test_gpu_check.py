@@ -24,8 +24,16 @@ def test_gpu_check_runs_every_check_on_the_cpu_and_writes_its_figures(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "OMP_WAIT_POLICY": "PASSIVE",
            "GRPOLAB_DIST_BACKEND": "nccl"}  # fmt: skip
     # vllm: tests/e2e/test_vllm_engine.py runs that check on the engine its module has started (16 s of CPU less here);
-    # hacking: tests/training/test_hacking.py runs the same two runs, the signs on and off, on the CPU (25 s less)
-    command = [str(ROOT / "tools" / "gpu-check"), "--cpu", "--skip", "vllm,hacking", "--work", str(tmp_path / "work")]
+    # hacking: tests/training/test_hacking.py runs the same two runs, the signs on and off, on the CPU (25 s less);
+    # distill: tests/training/test_distill.py trains with a teacher on the CPU, each loss's math against TRL's
+    command = [
+        str(ROOT / "tools" / "gpu-check"),
+        "--cpu",
+        "--skip",
+        "vllm,hacking,distill",
+        "--work",
+        str(tmp_path / "work"),
+    ]
     res = subprocess.run(command, env=env, capture_output=True, text=True, timeout=540)
     lines = [line for line in res.stdout.splitlines() if line.split(" ")[0] in ("passed", "failed", "skipped")]
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

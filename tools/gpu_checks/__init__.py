@@ -8,7 +8,7 @@ from __future__ import annotations
 from .common import Check
 from .performance import DECODE, PRECISIONS_CHECK
 from .processes import DISTRIBUTED, WORKERS
-from .training import CHECKPOINT, HACKING, REWARDS
+from .training import CHECKPOINT, DISTILL, HACKING, REWARDS
 from .vision import QWEN_VL, VISION
 from .vllm_sync import VLLM
 
@@ -16,6 +16,7 @@ CHECKS: tuple[Check, ...] = (
     CHECKPOINT,
     REWARDS,
     HACKING,
+    DISTILL,
     VISION,
     VLLM,
     DISTRIBUTED,

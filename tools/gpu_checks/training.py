@@ -1,6 +1,6 @@
 """The built-in model's training on the device: a resume bit for bit (``checkpoint``), reward components that
-run there, a reward model and a local judge (``rewards``), and the hacking signs watching without changing the run
-(``hacking``)."""
+run there, a reward model and a local judge (``rewards``), the hacking signs watching without changing the run
+(``hacking``), and on-policy distillation from a teacher on the device (``distill``)."""
 
 from __future__ import annotations
 
@@ -177,6 +177,48 @@ def hacking_summary(figures: dict) -> str:
     return f"rollouts and weights equal with the signs on and off; hacking/align {align}"
 
 
+def check_distill(ctx: Context) -> dict:
+    """3 steps under bf16-mixed distilling from a teacher (the built-in model's weights, saved perturbed) with
+    rkl-reward and with jsd over the whole vocabulary: the teacher's forward and its term on the device, every
+    distill/* figure finite, the teacher's KL above 0."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import grpolab
+    from grpolab.models.policy import ASSET_DIR
+    from grpolab.training.runlog import read_metrics
+
+    teacher, tokenizer = AutoModelForCausalLM.from_pretrained(ASSET_DIR), AutoTokenizer.from_pretrained(ASSET_DIR)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    teacher.save_pretrained(ctx.work / "teacher")
+    tokenizer.save_pretrained(ctx.work / "teacher")
+    options = dict(model="builtin", device=ctx.dev, precision="bf16-mixed", prompts_per_step=4, group_size=4,
+                   max_new_tokens=24, eval_questions=8, eval_samples=0, warmup_steps=0, threads=1, steps=3,
+                   progress=False, doctor="off", seed=0, teacher=str(ctx.work / "teacher"), log=quiet)  # fmt: skip
+    figures = {}
+    for loss in ("rkl-reward", "jsd"):
+        t0 = time.perf_counter()
+        out = grpolab.train(out=str(ctx.work / f"distill-{loss}"), distill_loss=loss, **options).dir
+        rows = [r for r in train_rows(out) if "distill/kl" in r]
+        kl = [r["distill/kl"] for r in rows]
+        timed = read_metrics(out / "metrics.jsonl")  # metric_rows leaves the times out
+        teacher_s = sum(r.get("time/teacher_s", 0.0) for r in timed)
+        figures[loss] = dict(kl=kl, teacher_s=teacher_s, run_s=time.perf_counter() - t0)
+        if len(kl) != 3 or not all(finite(v) and v > 0 for v in kl) or not all(finite(r["loss/total"]) for r in rows):
+            raise AssertionError(f"{loss}: distill/kl {kl}, losses {[r['loss/total'] for r in rows]}")
+    return figures
+
+
+def distill_summary(figures: dict) -> str:
+    return "; ".join(
+        f"{loss}: distill/kl {', '.join(f'{v:.4f}' for v in f['kl'])}, teacher {f['teacher_s']:.2f} s of "
+        f"{f['run_s']:.1f} s"
+        for loss, f in figures.items()
+    )
+
+
 CHECKPOINT = Check(
     "checkpoint", "in-process", check_checkpoint, checkpoint_summary,
     "the built-in model under bf16-mixed: 4 steps, against 2 steps + --resume to 4; metrics, rollouts and weights "
@@ -197,4 +239,11 @@ HACKING = Check(
     "them off",
     passes="the two runs' rollouts and weights are equal bit for bit; hacking/align is measured at steps 2, 4, 6 and "
     "every sign is finite",
+)  # fmt: skip
+DISTILL = Check(
+    "distill", "in-process", check_distill, distill_summary,
+    "the built-in model under bf16-mixed, 3 steps distilling from a perturbed copy of itself (--teacher): rkl-reward "
+    "(the teacher's log-probs of the sampled tokens) and jsd (both heads over the whole vocabulary, chunked, "
+    "backpropagated)",
+    passes="every loss and distill/kl finite, the teacher's KL above 0 at each step, for both losses",
 )  # fmt: skip
