@@ -74,7 +74,9 @@ def table(arms: dict[str, list[dict]], target: float) -> list[str]:
         kl = [r for r in runs if r["kl_first"] is not None]
         kls = "-"
         if kl:
-            kls = f"{statistics.fmean(r['kl_first'] for r in kl):.3f} -> {statistics.fmean(r['kl_last'] for r in kl):.4f}"
+            kls = (
+                f"{statistics.fmean(r['kl_first'] for r in kl):.3f} -> {statistics.fmean(r['kl_last'] for r in kl):.4f}"
+            )
         lines.append(
             f"| {name} | {len(runs)} | {each} | {m:.0f} [{lo:.0f}, {hi:.0f}]{censored} | "
             f"{finals[0]:.3f} [{finals[1]:.3f}, {finals[2]:.3f}] | "

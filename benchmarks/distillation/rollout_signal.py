@@ -10,7 +10,7 @@ prefixes e (what --distill-loss rkl backpropagates). Then, per prompt, from the 
 - GRPO (group-mean baseline): MSE at G about mu_R = E[(r - v) psi] (grpolab.probes.mse.prompt_moments);
 - OPD k1 and k3: MSE at G about mu_KL = E e; the exact per-prefix gradient e's own MSE (the prefixes' noise alone);
 - the mix (lambda = --coef): MSE about mu_R - lambda mu_KL (grpolab.probes.distill_signal.mix_mse);
-- cos(mu_R, -mu_KL): the two ascent directions; negative where the teacher fights the reward.
+- cos(mu_R, -mu_KL): the two ascent directions, pooled over prompts; negative where the teacher fights the reward.
 
 MSEs are reported relative to the target's squared norm, summed over prompts (sum MSE / sum ||target||^2), with 95%
 bootstrap intervals over prompts. The spectrum: the rows of the first G rollouts of every prompt (GRPO: A_i psi_i with
@@ -97,6 +97,7 @@ def prompt_figures(vec: dict[str, torch.Tensor], rewards: torch.Tensor, G: int, 
         "exact": (mean_estimator_mse(blocks["EE"], blocks["EE"], blocks["EE"], G), off_mean(blocks["EE"])),
         "mix": (mix["mse"], mix["target2"]),
         "cos": cosine(-mix["cross"], mix["mu2_R"], mix["mu2_KL"]),
+        "parts": (-mix["cross"], mix["mu2_R"], mix["mu2_KL"]),
     }
 
 
@@ -107,6 +108,20 @@ def _ratio(pairs: list[tuple[float, float]], seed: int = 0) -> list[float]:
     idx = torch.randint(len(pairs), (2000, len(pairs)), generator=torch.Generator().manual_seed(seed))
     lo, hi = percentile_interval((n[idx].sum(1) / d[idx].sum(1)).tolist())
     return [float(n.sum() / d.sum()), lo, hi]
+
+
+def pooled_cosine(parts: list[tuple[float, float, float]], seed: int = 0) -> list[float]:
+    """sum_x <mu_R, -mu_KL> / sqrt(sum_x ||mu_R||^2 sum_x ||mu_KL||^2) over prompts x (one prompt's cosine, whose
+    norms are small noisy estimates, can leave [-1, 1]), with its 95% bootstrap interval (prompts resampled)."""
+    t = torch.tensor(parts, dtype=torch.float64)  # [P, 3]
+    idx = torch.randint(len(parts), (2000, len(parts)), generator=torch.Generator().manual_seed(seed))
+
+    def cos(rows: torch.Tensor) -> torch.Tensor:
+        s = rows.sum(dim=-2)
+        return s[..., 0] / (s[..., 1].clamp(min=1e-300) * s[..., 2].clamp(min=1e-300)).sqrt()
+
+    lo, hi = percentile_interval(cos(t[idx]).tolist())
+    return [float(cos(t)), lo, hi]
 
 
 def spectra(rows: dict[str, list[torch.Tensor]]) -> dict:
@@ -151,8 +166,8 @@ def main() -> None:
             rows["mix"].append(adv[i] * vec["psi"][i] - args.coef * vec["a"][i])
     report = {
         "relative_mse": {k: _ratio([p[k] for p in per]) for k in ("grpo", "k1", "k3", "exact", "mix")},
-        "cos_reward_teacher": percentile_interval([p["cos"] for p in per if p["cos"] == p["cos"]]),
-        "cos_median": float(torch.tensor([p["cos"] for p in per if p["cos"] == p["cos"]]).median()),
+        "cos_reward_teacher": pooled_cosine([p["parts"] for p in per]),
+        "cos_median_per_prompt": float(torch.tensor([p["cos"] for p in per if p["cos"] == p["cos"]]).median()),
         "dead_groups": dead / len(pools),
         "spectrum": spectra(rows),
         "prompts": len(pools), "pool": args.pool, "G": args.G, "seconds": time.perf_counter() - t0,
