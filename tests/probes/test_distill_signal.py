@@ -15,12 +15,13 @@ U = torch.tensor([1.0, -0.5, 0.0, 2.0, 0.3, 0.0], dtype=torch.float64)  # psi's 
 W = torch.tensor([0.2, 0.4, -1.0, 0.0, 0.5, 1.0], dtype=torch.float64)  # mu_KL
 
 
-def _pool(N: int, g: torch.Generator):
-    """N rollouts: r ~ Bernoulli(1/2); psi = (r - 1/2) U + noise (mu_R = U / 4); e = W + noise; a = e + noise."""
-    r = torch.bernoulli(torch.full((N,), 0.5, dtype=torch.float64), generator=g)
-    psi = (r - 0.5)[:, None] * U + torch.randn(N, D, generator=g, dtype=torch.float64)
-    e = W + 0.5 * torch.randn(N, D, generator=g, dtype=torch.float64)
-    a = e + torch.randn(N, D, generator=g, dtype=torch.float64)
+def _pool(N: int, g: torch.Generator, *batch: int):
+    """N rollouts (``batch``: that many pools at once): r ~ Bernoulli(1/2); psi = (r - 1/2) U + noise (mu_R = U / 4);
+    e = W + noise; a = e + noise."""
+    r = torch.bernoulli(torch.full((*batch, N), 0.5, dtype=torch.float64), generator=g)
+    psi = (r - 0.5)[..., None] * U + torch.randn(*batch, N, D, generator=g, dtype=torch.float64)
+    e = W + 0.5 * torch.randn(*batch, N, D, generator=g, dtype=torch.float64)
+    a = e + torch.randn(*batch, N, D, generator=g, dtype=torch.float64)
     return r, psi, e, a
 
 
@@ -56,11 +57,9 @@ def test_mix_mse_matches_fresh_groups_drawn_from_the_distribution(lam):
     g = torch.Generator().manual_seed(2)
     G = 4
     target = U / 4 - lam * W
-    fresh = []
-    for _ in range(20000):  # the MSE by definition: fresh groups of G against the true target
-        r, psi, _, a = _pool(G, g)
-        est = ((r - r.mean())[:, None] * psi - lam * a).sum(0) / G
-        fresh.append(float((est - target).pow(2).sum()))
+    r, psi, _, a = _pool(G, g, 40000)  # the MSE by definition: fresh groups of G against the true target
+    est = ((r - r.mean(-1, keepdim=True))[..., None] * psi - lam * a).sum(-2) / G  # [40000, D]
+    fresh = (est - target).pow(2).sum(-1).tolist()
     subsets = torch.tensor(list(itertools.combinations(range(10), G)))
     pools = []
     for _ in range(300):
