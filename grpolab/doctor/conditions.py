@@ -21,7 +21,7 @@ from grpolab.doctor.rows import LEVEL, SEVERITIES, Finding, RunFacts
 from grpolab.doctor.signal import judge_failures, no_signal, reward_blind, saturation, truncation
 from grpolab.doctor.task import eval_drop, reward_hacking
 
-__all__ = ["CHECKS", "EXPLAINS", "LEVEL", "NAMES", "Finding", "RunFacts", "diagnose", "explained", "order"]
+__all__ = ["CHECKS", "EXPLAINS", "LEVEL", "NAMES", "ONLY_WITH", "Finding", "RunFacts", "diagnose", "explained", "order"]
 
 
 CHECKS: tuple[Callable[..., Finding | None], ...] = (
@@ -43,6 +43,8 @@ CHECKS: tuple[Callable[..., Finding | None], ...] = (
 """Every check, causes before their symptoms (an order in which each comes before what it EXPLAINS): the order of
 findings of one severity."""
 NAMES = tuple(c.__name__ for c in CHECKS)
+ONLY_WITH = {"teacher_agrees": "distill/kl"}
+"""Checks whose level a run logs only when it logs this metric (a run without a teacher has no teacher_agrees)."""
 
 EXPLAINS = {
     "rounding": {"no_movement", "not_learning"},

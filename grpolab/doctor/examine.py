@@ -19,7 +19,7 @@ from grpolab.common.stats import with_interval
 from grpolab.config.run import DoctorSection, run_config_file
 from grpolab.config.train import TrainConfig
 from grpolab.data.answers import extract_final_number, last_boxed
-from grpolab.doctor.conditions import LEVEL, NAMES, Finding, RunFacts, diagnose, explained, order
+from grpolab.doctor.conditions import LEVEL, NAMES, ONLY_WITH, Finding, RunFacts, diagnose, explained, order
 from grpolab.doctor.hacking import KEYS, evidence
 from grpolab.doctor.rows import ACCURACIES, WINDOW, mean, training_rows
 
@@ -269,7 +269,8 @@ class Watcher:
                 if f.name == "reward_hacking":  # the sign and its figures now; `grpolab doctor RUN` shows the rollouts
                     self.log(f"  evidence: {f.evidence} (the rollouts: grpolab doctor {self.out or 'RUN'})")
         levels = {f.name: LEVEL[f.severity] for f in found}
-        return {f"doctor/{n}": levels.get(n, 0) for n in NAMES}
+        logged = [n for n in NAMES if n not in ONLY_WITH or ONLY_WITH[n] in metrics]
+        return {f"doctor/{n}": levels.get(n, 0) for n in logged}
 
 
 def first_change(fix: str) -> str:
