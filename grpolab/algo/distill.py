@@ -81,3 +81,22 @@ def k3(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
     >= 0)."""
     log_r = teacher_logp - student_logp
     return torch.exp(log_r) - log_r - 1.0
+
+
+def moment_sums(x: torch.Tensor, y: torch.Tensor) -> list[float]:
+    """``[n, sum x, sum y, sum x^2, sum y^2, sum xy]`` of paired values ``x``, ``y`` (1-D, float64 sums): what
+    :func:`correlation` needs, summable over passes and processes."""
+    x, y = x.double().flatten(), y.double().flatten()
+    return [float(x.numel()), float(x.sum()), float(y.sum()), float((x * x).sum()), float((y * y).sum()),
+            float((x * y).sum())]  # fmt: skip
+
+
+def correlation(sums: list[float]) -> float | None:
+    """Pearson's correlation from :func:`moment_sums` (summed); None when either side has no spread."""
+    n, sx, sy, sxx, syy, sxy = sums
+    if n < 2:
+        return None
+    vx, vy = sxx - sx * sx / n, syy - sy * sy / n
+    if vx <= 1e-12 * max(sxx, 1.0) or vy <= 1e-12 * max(syy, 1.0):
+        return None
+    return (sxy - sx * sy / n) / math.sqrt(vx * vy)

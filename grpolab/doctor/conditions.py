@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from grpolab.doctor.distill import teacher_agrees
+from grpolab.doctor.distill import teacher_agrees, teacher_fights_reward
 from grpolab.doctor.optimisation import big_step, entropy, no_movement, not_learning, rounding, sampler_mismatch
 from grpolab.doctor.rows import LEVEL, SEVERITIES, Finding, RunFacts
 from grpolab.doctor.signal import judge_failures, no_signal, reward_blind, saturation, truncation
@@ -37,13 +37,14 @@ CHECKS: tuple[Callable[..., Finding | None], ...] = (
     no_signal,
     eval_drop,
     saturation,
+    teacher_fights_reward,
     teacher_agrees,
     not_learning,
 )
 """Every check, causes before their symptoms (an order in which each comes before what it EXPLAINS): the order of
 findings of one severity."""
 NAMES = tuple(c.__name__ for c in CHECKS)
-ONLY_WITH = {"teacher_agrees": "distill/kl"}
+ONLY_WITH = {"teacher_agrees": "distill/kl", "teacher_fights_reward": "distill/kl"}
 """Checks whose level a run logs only when it logs this metric (a run without a teacher has no teacher_agrees)."""
 
 EXPLAINS = {

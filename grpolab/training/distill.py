@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from grpolab.algo.distill import divergence_beta, teacher_advantage
+from grpolab.algo.distill import correlation, divergence_beta, moment_sums, teacher_advantage
 from grpolab.algo.loss import aggregate
 from grpolab.common import distributed as dist_
 from grpolab.common.batch import Batch
@@ -25,8 +25,10 @@ from grpolab.config.distill import DistillSection
 from grpolab.models.policy import Policy, load_policy
 from grpolab.training.forward import TrainModule
 
-SUMS = ("tok", "kl", "term", "clipped")
-"""The teacher's per-pass sums: loss tokens, the teacher KL's estimate, the advantage term, clipped tokens."""
+MOMENTS = ("n", "x", "y", "xx", "yy", "xy")
+SUMS = ("tok", "kl", "term", "clipped", *(f"m{k}" for k in MOMENTS))
+"""The teacher's per-pass sums: loss tokens, the teacher KL's estimate, the advantage term, clipped tokens, and the
+moments of (the rollout's advantage, the teacher's term) over the loss tokens (:func:`moment_sums`)."""
 
 
 def load_teacher(
@@ -108,6 +110,9 @@ class TeacherSignal:
             sums["distill_kl"] += float(gap.sum())
             sums["distill_term"] += float(term[m].sum())
             sums["distill_clipped"] += float((gap.abs() > s.distill_clip).sum())
+            if s.task_reward:  # does the teacher's term run with the task's advantage, or against it
+                for k, v in zip(MOMENTS, moment_sums(base[m], term[m])):
+                    sums[f"distill_m{k}"] += v
         return base + term
 
     def divergence_loss(self, div: torch.Tensor, mask, options: dict, x, sums: dict | None) -> torch.Tensor:
@@ -137,11 +142,15 @@ class TeacherSignal:
     def metrics(self, sums: dict) -> dict:
         """distill/*: the teacher's KL from the policy per token (rkl-reward: the one-sample k1 of
         KL(pi_sampler || pi_teacher); else the divergence the loss carries), the mean advantage term and the share of
-        tokens whose gap was clipped (rkl-reward), over every rank; time/teacher_s: this rank's teacher forwards."""
-        tok, kl, term, clipped = dist_.all_sum([sums[f"distill_{k}"] for k in SUMS], self.world)
+        tokens whose gap was clipped (rkl-reward), and with the task reward the correlation over loss tokens of the
+        rollout's advantage and the teacher's term (reward_corr: negative, the teacher fights the reward), over every
+        rank; time/teacher_s: this rank's teacher forwards."""
+        tok, kl, term, clipped, *moments = dist_.all_sum([sums[f"distill_{k}"] for k in SUMS], self.world)
         tok = max(tok, 1.0)
         out = {"distill/kl": kl / tok, "time/teacher_s": self.seconds}
         if not self.full:
             out |= {"distill/term_mean": term / tok, "distill/clip_frac": clipped / tok}
+        if not self.full and self.section.task_reward and (corr := correlation(moments)) is not None:
+            out["distill/reward_corr"] = corr
         self.seconds = 0.0
         return out

@@ -7,7 +7,15 @@ import math
 import pytest
 import torch
 
-from grpolab.algo.distill import divergence_beta, k1, k3, teacher_advantage, token_divergence
+from grpolab.algo.distill import (
+    correlation,
+    divergence_beta,
+    k1,
+    k3,
+    moment_sums,
+    teacher_advantage,
+    token_divergence,
+)
 
 
 def test_teacher_advantage_is_the_clipped_log_ratio_times_the_coefficient_on_loss_tokens():
@@ -69,3 +77,13 @@ def test_k1_and_k3_estimate_the_reverse_kl_without_bias():
     assert float(e1.mean()) == pytest.approx(exact, abs=0.02)
     assert float(e3.mean()) == pytest.approx(exact, abs=0.02)
     assert float(e3.min()) >= 0.0
+
+
+def test_correlation_from_summed_moments_is_pearson_s_over_the_union():
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(50, generator=g, dtype=torch.float64), torch.randn(50, generator=g, dtype=torch.float64)
+    y = 0.6 * x + y
+    parts = [moment_sums(x[:20], y[:20]), moment_sums(x[20:], y[20:])]
+    summed = [a + b for a, b in zip(*parts)]
+    assert correlation(summed) == pytest.approx(float(torch.corrcoef(torch.stack([x, y]))[0, 1]), abs=1e-9)
+    assert correlation(moment_sums(torch.ones(5), y[:5])) is None  # no spread on one side

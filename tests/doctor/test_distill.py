@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grpolab.doctor.distill import AGREES_KL, teacher_agrees
+from grpolab.doctor.distill import AGREES_KL, FIGHT_CORR, teacher_agrees, teacher_fights_reward
 from grpolab.doctor.rows import RunFacts
 from grpolab.doctor.signal import no_signal
 
@@ -28,3 +28,16 @@ def test_groups_of_equal_rewards_are_no_missing_signal_with_a_teacher():
     facts = RunFacts()
     assert no_signal(_rows(None, zero_std=0.9), facts) is not None
     assert no_signal(_rows(0.2, zero_std=0.9), facts) is None
+
+
+def test_teacher_fights_reward_fires_on_a_negative_correlation_only():
+    facts = RunFacts()
+    rows = _rows(0.2)
+    for r in rows:
+        r["distill/reward_corr"] = FIGHT_CORR - 0.1
+    found = teacher_fights_reward(rows, facts)
+    assert found is not None and found.severity == "warning" and "distill/reward_corr" in found.evidence
+    for r in rows:
+        r["distill/reward_corr"] = 0.05
+    assert teacher_fights_reward(rows, facts) is None
+    assert teacher_fights_reward(_rows(0.2), facts) is None  # no task reward: not measured

@@ -84,6 +84,11 @@ def test_rkl_reward_adds_the_clipped_teacher_gap_to_each_token_s_advantage(pair,
     gap = (logp.detach() - t_logp)[mask.bool()]
     assert metrics["distill/kl"] == pytest.approx(float(gap.mean()), rel=1e-9)
     assert 0 < metrics["distill/clip_frac"] < 1  # c = 0.5 clips some tokens, not all: the clip is tested
+    if task_reward:  # the advantage against the teacher's term over the loss tokens (the doctor's fight sign)
+        pair = torch.stack([base[mask.bool()], term[mask.bool()]])
+        assert metrics["distill/reward_corr"] == pytest.approx(float(torch.corrcoef(pair)[0, 1]), abs=1e-9)
+    else:
+        assert "distill/reward_corr" not in metrics
 
 
 @pytest.mark.parametrize("loss,beta", [("rkl", 1.0), ("fkl", 0.0), ("jsd", 0.3)])
