@@ -419,12 +419,16 @@ def _check_shapes(**tensors: torch.Tensor) -> None:
 
 
 def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
-    """pi / pi_old per token (``"token"``: ``[N, T]``) or GSPO's per rollout (``"sequence"``: ``[N, 1]``, broadcast
-    over the tokens)."""
+    """pi / pi_old per token (``"token"``: ``[N, T]``), GSPO's per rollout (``"sequence"``: ``[N, 1]``, the mean
+    log-ratio's, broadcast over the tokens) or the rollout's whole ratio (``"sequence-sum"``: ``[N, 1]``,
+    prod_t pi / pi_old, as TRL's RLOOTrainer clips it)."""
     if level == "token":
         return torch.exp(logp - old_logp)  # [N, T]
     if level == "sequence":
         return torch.exp(sequence_log_ratio(logp, old_logp, mask))  # [N, 1]
+    if level == "sequence-sum":
+        m = mask.to(logp.dtype)
+        return torch.exp(((logp - old_logp) * m).sum(-1, keepdim=True))  # [N, 1]
     raise ValueError(f"unknown importance sampling level {level!r}; choose from {IMPORTANCE_SAMPLING}")
 
 

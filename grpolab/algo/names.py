@@ -14,7 +14,7 @@ CORRECTION_CHOICES = ("auto", *CORRECTIONS)
 KL_ESTIMATORS = ("k1", "k2", "k3")
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum")
 """``--aggregation``: how per-token terms combine (grpolab.algo.loss.aggregate)."""
-IMPORTANCE_SAMPLING = ("token", "sequence")
+IMPORTANCE_SAMPLING = ("token", "sequence", "sequence-sum")
 LOSS_TYPES = ("clip", "cispo", "sapo", "luspo", "vespo")
 """``--loss-type``: the per-token policy term (grpolab.algo.loss.policy_term)."""
 NORMALISATIONS = ("sum-then-normalize", "normalize-then-sum")

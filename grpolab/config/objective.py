@@ -80,9 +80,11 @@ class ObjectiveSection:
     or the rollout's with --importance-sampling sequence, unclipped and with its gradient, so the penalty estimates
     KL(pi || pi_ref) from samples of the sampling-time policy. Changes nothing at ratio 1 but the gradient (the ratio's
     own, KL * grad log pi); off by default (TRL's default is on). Needs --beta > 0 to matter."""
-    importance_sampling: Literal["token", "sequence"] = "token"
+    importance_sampling: Literal["token", "sequence", "sequence-sum"] = "token"
     """token: one ratio per token (GRPO). sequence: GSPO's ratio per rollout, exp(mean over its tokens of
-    logp - old_logp), clipped per rollout (GSPO clips at 3e-4 / 4e-4: --clip-low 3e-4 --clip-high 4e-4)."""
+    logp - old_logp), clipped per rollout (GSPO clips at 3e-4 / 4e-4: --clip-low 3e-4 --clip-high 4e-4).
+    sequence-sum: the rollout's whole ratio, exp(sum over its tokens of logp - old_logp), clipped per rollout (TRL's
+    RLOOTrainer; with seq-mean-token-mean each rollout's loss is its one clipped term)."""
     mask_truncated: bool = False
     """DAPO: completions cut at --max-new-tokens (no end-of-sequence token) carry no loss; they still count in the
     reward statistics and the advantages of their group."""

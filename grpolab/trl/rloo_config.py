@@ -7,8 +7,8 @@ refusals in one line.
 :func:`translate_rloo` reads it through GRPOConfig's translation: the fields the two share mean the same, so an
 RLOOConfig is first written as the GRPOConfig of the same run (:func:`grpo_view`: its own fields as they are, GRPO's
 objective fields where they say nothing RLOO does not), and that translation's objective is then RLOO's: the
-leave-one-out advantage, and the clipped term summed over each completion's tokens (its gradient at ratio 1 is
-RLOO's sequence-ratio loss's: :mod:`grpolab.trl.rloo_fields`).
+leave-one-out advantage, and the completion's whole ratio clipped, one term a completion (RLOO's loss, value and
+gradient: :mod:`grpolab.trl.rloo_fields`).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ _GRPO_OBJECTIVE = dict(beta=0.0, loss_type="grpo", scale_rewards="none", use_bia
 
 RLOO_OBJECTIVE = {
     "estimator": "rloo",  # A_i = r_i - mean_{j != i} r_j, as TRL's RLOOTrainer computes it
-    "aggregation": "seq-mean-token-sum",  # each completion's terms summed, the mean over completions
+    "aggregation": "seq-mean-token-mean",  # each completion's one term (constant over its tokens), the mean over them
     "loss_type": "clip",
-    "importance_sampling": "token",
+    "importance_sampling": "sequence-sum",  # the completion's whole ratio prod_t pi / pi_old, clipped: TRL's
     "kl_ratio": False,
     "beta": 0.0,
 }

@@ -7,10 +7,10 @@ they mean there (the entries are GRPO's own). The objective is RLOO's (TRL's ``R
 - the advantage of completion i is its reward minus the mean of its group's other rewards (grpolab's
   ``--estimator rloo``), with no division by a spread;
 - the loss is ``-min(r A, clip(r) A)`` per completion, averaged over completions, ``r`` the completion's whole
-  ratio ``exp(sum_t logp - old_logp)``. grpolab's clip is per token; summed over each completion's tokens
-  (``--aggregation seq-mean-token-sum``) it has RLOO's gradient wherever the ratio is 1, which it is on every
-  optimizer step of a generation when ``num_iterations=1`` and one minibatch takes the generation
-  (``steps_per_generation == gradient_accumulation_steps``), TRL's defaults. Other values are refused;
+  ratio ``exp(sum_t logp - old_logp)``: grpolab's ``--importance-sampling sequence-sum`` with ``--aggregation
+  seq-mean-token-mean``, the same value and gradient. Only ``num_iterations=1`` with one minibatch a generation
+  (``steps_per_generation == gradient_accumulation_steps``), TRL's defaults, is taken: grpolab's passes and
+  minibatches over a generation have not been compared with RLOO's there;
 - ``beta`` puts the KL in the reward (``r - beta * sum_t (old_logp - ref_logp)`` before the leave-one-out
   baseline); grpolab's KL is a term of the loss, so only ``beta=0.0`` is taken (TRL's default 0.05 is refused when
   the run starts: the config still builds);
@@ -25,7 +25,8 @@ from __future__ import annotations
 from grpolab.trl.fields import BY_NAME, FIELDS, TrlField, types
 
 _RATIO_ONE = (
-    "RLOO clips each completion's whole ratio exp(sum_t log-ratio), grpolab per token: the two agree only at ratio 1"
+    "one pass of one minibatch a generation only: grpolab's passes and minibatches with RLOO's whole-completion ratio "
+    "away from 1 have not been compared with TRL's"
 )
 
 # RLOOConfig's own fields after TrainingArguments', in TRL 1.16's order
@@ -70,8 +71,10 @@ _RLOO_OWN: dict[str, TrlField] = {
             accepts=(0.0,),
         ),
         TrlField("num_iterations", 1, "refused", "", _RATIO_ONE + " (one pass a generation)"),
-        TrlField("epsilon", 0.2, "mapped", "clip_low", "per token; at ratio 1 it never binds"),
-        TrlField("epsilon_high", None, "mapped", "clip_high", "None: epsilon; per token; at ratio 1 it never binds"),
+        TrlField(
+            "epsilon", 0.2, "mapped", "clip_low", "on the completion's whole ratio (--importance-sampling sequence-sum)"
+        ),
+        TrlField("epsilon_high", None, "mapped", "clip_high", "None: epsilon; on the completion's whole ratio"),
         TrlField(
             "normalize_advantages",
             False,

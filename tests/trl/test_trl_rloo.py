@@ -110,7 +110,8 @@ def test_trl_s_parser_reads_a_recipe_into_the_values_trl_s_config_gets(tmp_path,
 def test_the_translation_is_rloo_s_objective():
     options = translate_rloo(RLOOConfig(**SMALL), train_rows=16).options
     assert {k: options[k] for k in ("estimator", "aggregation", "loss_type", "importance_sampling", "beta")} == {
-        "estimator": "rloo", "aggregation": "seq-mean-token-sum", "loss_type": "clip", "importance_sampling": "token",
+        "estimator": "rloo", "aggregation": "seq-mean-token-mean", "loss_type": "clip",
+        "importance_sampling": "sequence-sum",
         "beta": 0.0,
     }  # fmt: skip
     assert (options["group_size"], options["prompts_per_step"], options["engine_correction"]) == (4, 2, "none")
@@ -150,7 +151,8 @@ REWARDS = [1.0, 0.0, 0.5, 0.25, -0.3, 0.7, 0.7, 0.1]  # two groups of four
 def test_advantages_and_gradient_equal_trl_s_rloo_in_float64(tmp_path):
     """TRL's own _generate_and_score_completions (its generation replaced by a fixed batch, its rewards fixed) and
     _compute_loss on the built-in model in float64: the advantages equal grpolab's rloo estimator's, and the loss
-    of the translated options has TRL's gradient (its value is the per-token sum, not TRL's per-sequence one)."""
+    of the translated options has TRL's value and gradient, at ratio 1 and with the old log-probs moved (ratios off 1,
+    some clipped)."""
     from datasets import Dataset
     from trl import RLOOConfig as TrlConfig
     from trl import RLOOTrainer as TrlTrainer
@@ -184,21 +186,25 @@ def test_advantages_and_gradient_equal_trl_s_rloo_in_float64(tmp_path):
     assert (scored["advantages"].double() - grpo).abs().max() > 1e-2  # the leave-one-out baseline, not the mean
 
     params = [p for p in model.parameters() if p.requires_grad]
-    trl_loss = trainer._compute_loss(model, scored)
-    trl_grad = torch.autograd.grad(trl_loss, params)
     opts = translate_rloo(RLOOConfig(**options), train_rows=8).options
-    logp = completion_logprobs(model, batch)
     mask = batch.completion_mask
-    ours, _ = policy_loss(logp, logp.detach(), ours_adv, mask, aggregation=opts["aggregation"],
-                          loss_type=opts["loss_type"], importance_sampling=opts["importance_sampling"],
-                          clip_low=opts["clip_low"], clip_high=opts["clip_high"], beta=opts["beta"])  # fmt: skip
-    our_grad = torch.autograd.grad(ours, params)
-    for a, b in zip(our_grad, trl_grad):
-        assert float((a - b).norm() / b.norm().clamp(min=1e-300)) <= 1e-6
-    lengths = mask.sum(1).double()  # [N]
-    trl_adv = scored["advantages"].double()  # [N] float32's values: their mean is 0 to float32's rounding
-    assert trl_loss.item() == pytest.approx(-trl_adv.mean().item(), abs=1e-12)  # TRL's value: -mean A (ratio 1)
-    assert ours.item() == pytest.approx(-(ours_adv * lengths).mean().item(), abs=1e-9)  # ours: -mean A |o|
+    trl_adv = scored["advantages"].double()  # [N] as TRL computed them (float32's values)
+    with torch.no_grad():
+        logp0 = completion_logprobs(model, batch)
+    shift = torch.tensor([0.0, 0.3, -0.25, 0.05, -0.4, 0.15, 0.0, 0.5], dtype=torch.float64)  # some past the clip
+    for moved in (torch.zeros(8, dtype=torch.float64), shift):
+        scored["old_logps"] = (logp0 * mask).sum(1) + moved  # [N] TRL's per-completion old log-probs
+        trl_loss = trainer._compute_loss(model, scored)
+        trl_grad = torch.autograd.grad(trl_loss, params)
+        old = logp0 + (moved / mask.sum(1))[:, None] * mask  # the same per-completion shift, spread over its tokens
+        logp = completion_logprobs(model, batch)
+        ours, _ = policy_loss(logp, old, trl_adv, mask, aggregation=opts["aggregation"],
+                              loss_type=opts["loss_type"], importance_sampling=opts["importance_sampling"],
+                              clip_low=opts["clip_low"], clip_high=opts["clip_high"], beta=opts["beta"])  # fmt: skip
+        our_grad = torch.autograd.grad(ours, params)
+        assert ours.item() == pytest.approx(trl_loss.item(), abs=1e-9)
+        for a, b in zip(our_grad, trl_grad):
+            assert float((a - b).norm() / b.norm().clamp(min=1e-300)) <= 1e-6
 
 
 # ---------------------------------------------------------------- the trainer's run
@@ -232,7 +238,7 @@ def test_two_steps_log_rloo_s_names_and_save_the_model(tmp_path):
         assert key in logs[-1], key
     assert not {"policy_loss", "entropy_coef"} & set(logs[-1])  # GRPO's names that TRL's RLOO never logs
     config = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert (config["estimator"], config["aggregation"], config["group_size"]) == ("rloo", "seq-mean-token-sum", 4)
+    assert (config["estimator"], config["aggregation"], config["group_size"]) == ("rloo", "seq-mean-token-mean", 4)
     trainer.save_model(str(tmp_path / "hf"))
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     assert sum(p.numel() for p in loaded.parameters()) == sum(p.numel() for p in trainer.model.parameters())
