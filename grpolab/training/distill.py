@@ -61,7 +61,7 @@ def check_vocabulary(policy: Policy, teacher: Policy) -> None:
         differ = sum(1 for k, v in mine.items() if theirs.get(k) != v) + len(theirs.keys() - mine.keys())
         raise ConfigError(
             f"--teacher: {teacher.source} has another vocabulary than the policy {policy.source} ({len(theirs)} tokens "
-            f"and a {heads[1]}-row head against {len(mine)} and {heads[0]}; {differ} tokens differ): a teacher must "
+            f"and a {heads[1]}-row head against {len(mine)} and {heads[0]}; {differ} token ids differ): a teacher must "
             "share the policy's tokenizer"
         )
 
