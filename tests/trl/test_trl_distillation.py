@@ -9,6 +9,7 @@ import inspect
 import pytest
 from helpers.models import builtin_teacher
 from helpers.paths import REPO
+from helpers.trl_fields import assert_fields_are_trls
 
 from grpolab.trl import DistillationConfig, DistillationTrainer
 from grpolab.trl.distillation_config import translate_distillation
@@ -27,30 +28,10 @@ SMALL = dict(use_cpu=True, bf16=False, report_to="none", max_steps=2, per_device
              max_completion_length=12)  # fmt: skip
 
 
-def _default(f):
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
-
-
-def _annotation(cls, name: str):
-    """``name``'s type as ``cls`` (or the class above it that declares it) annotates it (TRL's parser rewrites the
-    dataclass fields' ``type`` when it parses)."""
-    return next(vars(c)["__annotations__"][name] for c in cls.__mro__ if name in vars(c).get("__annotations__", {}))
-
-
 def test_every_trl_distillation_field_is_classified_with_trl_s_default_type_and_parser_options():
     from trl import DistillationConfig as TrlConfig
 
-    theirs = {f.name: f for f in dataclasses.fields(TrlConfig) if f.init}
-    ours = {f.name: f for f in dataclasses.fields(DistillationConfig)}
-    assert list(ours) == list(theirs) == [f.name for f in DISTILL_FIELDS]
-    assert {n: DISTILL_BY_NAME[n].default for n in theirs} == {n: _default(f) for n, f in theirs.items()}
-    assert {n: str(f.type) for n, f in ours.items()} == {n: str(_annotation(TrlConfig, n)) for n in theirs}
-
-    def options(f) -> dict:
-        return {k: list(v) if k == "choices" else v for k, v in f.metadata.items() if k != "help"}
-
-    assert {n: options(f) for n, f in ours.items()} == {n: options(f) for n, f in theirs.items()}
-    assert all(f.note for f in DISTILL_FIELDS if f.kind != "mapped"), "an inert or refused field says why"
+    assert_fields_are_trls(DistillationConfig, TrlConfig, DISTILL_FIELDS)
     assert {"top_p", "eval_strategy", "max_tool_calling_iterations"} <= {
         f.name for f in DISTILL_FIELDS if f.kind == "refused"
     }

@@ -9,6 +9,7 @@ import inspect
 import pytest
 import torch
 from helpers.paths import REPO
+from helpers.trl_fields import assert_fields_are_trls
 from helpers.trl_scoring import trl_scores_in_float64
 
 from grpolab.trl import RLOOConfig, RLOOTrainer
@@ -28,33 +29,13 @@ SMALL = dict(beta=0.0, use_cpu=True, bf16=False, report_to="none", max_steps=2, 
              per_device_train_batch_size=8, max_completion_length=12)  # fmt: skip
 
 
-def _default(f):
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
-
-
-def _annotation(cls, name: str):
-    """``name``'s type as ``cls`` (or the class above it that declares it) annotates it: TRL's parser rewrites the
-    dataclass fields' ``type`` when it parses (TrainingArguments' fields, shared by every TRL config), not this."""
-    return next(vars(c)["__annotations__"][name] for c in cls.__mro__ if name in vars(c).get("__annotations__", {}))
-
-
 # ---------------------------------------------------------------- the table against TRL's dataclass
 
 
 def test_every_trl_rloo_field_is_classified_with_trl_s_default_type_and_parser_options():
     from trl import RLOOConfig as TrlConfig
 
-    theirs = {f.name: f for f in dataclasses.fields(TrlConfig) if f.init}
-    ours = {f.name: f for f in dataclasses.fields(RLOOConfig)}
-    assert list(ours) == list(theirs) == [f.name for f in RLOO_FIELDS]
-    assert {n: RLOO_BY_NAME[n].default for n in theirs} == {n: _default(f) for n, f in theirs.items()}
-    assert {n: str(f.type) for n, f in ours.items()} == {n: str(_annotation(TrlConfig, n)) for n in theirs}
-
-    def options(f) -> dict:
-        return {k: list(v) if k == "choices" else v for k, v in f.metadata.items() if k != "help"}
-
-    assert {n: options(f) for n, f in ours.items()} == {n: options(f) for n, f in theirs.items()}
-    assert all(f.note for f in RLOO_FIELDS if f.kind != "mapped"), "an inert or refused field says why"
+    assert_fields_are_trls(RLOOConfig, TrlConfig, RLOO_FIELDS)
     refused = {f.name for f in RLOO_FIELDS if f.kind == "refused"}
     assert {"beta", "num_iterations", "normalize_advantages", "reward_clip_range"} <= refused
 
