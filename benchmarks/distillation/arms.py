@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 from pathlib import Path
 
-T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78}  # Student's t, two-sided 95%, by degrees of freedom
+from grpolab.analysis.sweep import mean_ci_t
 
 
 def read_run(run: Path) -> dict:
@@ -49,15 +48,6 @@ def rollouts_to(run: dict, target: float) -> tuple[int, bool]:
     return run["evals"][-1][0] * run["rollouts_per_step"], False
 
 
-def interval(values: list[float]) -> tuple[float, float, float]:
-    """Mean and its 95% t-interval over seeds."""
-    m = statistics.fmean(values)
-    if len(values) < 2:
-        return m, math.nan, math.nan
-    h = T95.get(len(values) - 1, 2.0) * statistics.stdev(values) / math.sqrt(len(values))
-    return m, m - h, m + h
-
-
 def table(arms: dict[str, list[dict]], target: float) -> list[str]:
     """One markdown row per arm."""
     lines = [
@@ -68,9 +58,9 @@ def table(arms: dict[str, list[dict]], target: float) -> list[str]:
     for name, runs in arms.items():
         hits = [rollouts_to(r, target) for r in runs]
         each = ", ".join(f"{n}" if ok else f">{n}" for n, ok in hits)
-        m, lo, hi = interval([n for n, _ in hits])
+        m, lo, hi = mean_ci_t([n for n, _ in hits])
         censored = "" if all(ok for _, ok in hits) else " (censored: a lower bound)"
-        finals = interval([r["evals"][-1][1] for r in runs])
+        finals = mean_ci_t([r["evals"][-1][1] for r in runs])
         kl = [r for r in runs if r["kl_first"] is not None]
         kls = "-"
         if kl:

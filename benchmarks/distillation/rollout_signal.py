@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from grpolab.algo.advantages import compute_advantages
 from grpolab.analysis.pool import probe_sampler
 from grpolab.analysis.rank import RankConfig
 from grpolab.common import streams
@@ -39,8 +40,8 @@ from grpolab.common.stats import percentile_interval
 from grpolab.eval.runs import check_intact, load_task_policy, probe_task, run_targets
 from grpolab.models.logprobs import completion_divergence, completion_hidden, completion_logprobs
 from grpolab.models.policy import load_policy
-from grpolab.probes.distill_signal import cosine, grpo_advantages, mean_estimator_mse, mix_mse, off_mean
-from grpolab.probes.mse import mse_from_moments, prompt_moments
+from grpolab.probes.distill_signal import cosine, mean_estimator_mse, mix_mse, off_mean
+from grpolab.probes.mse import mse_from_moments
 from grpolab.probes.spectrum import singular_values_from_gram, spectrum_metrics
 
 
@@ -89,7 +90,7 @@ def prompt_figures(vec: dict[str, torch.Tensor], rewards: torch.Tensor, G: int, 
     psi, a, b, e = vec["psi"], vec["a"], vec["b"], vec["e"]
     blocks = {"PP": psi @ psi.T, "PA": psi @ a.T, "AA": a @ a.T, "PE": psi @ e.T, "EE": e @ e.T}
     mix = mix_mse(blocks, rewards, lam, subsets)
-    m = prompt_moments(blocks["PP"], rewards)
+    m = mix["moments"]
     return {
         "grpo": (mse_from_moments(m, "grpo", G), m["mu2"]),
         "k1": (mean_estimator_mse(blocks["AA"], a @ e.T, blocks["EE"], G), off_mean(blocks["EE"])),
@@ -158,7 +159,8 @@ def main() -> None:
                 vec[k].append(v)
         vec = {k: torch.stack(v) for k, v in vec.items()}  # [N, D]
         per.append(prompt_figures(vec, rewards.double(), args.G, args.coef, subsets))
-        adv = grpo_advantages(rewards[: args.G])  # the group the step would train on: the first G
+        first = rewards[None, : args.G].double()  # the group the step would train on: the first G
+        adv = compute_advantages(first, "grpo_std")[0]  # [G]
         dead += int(bool((adv == 0).all()))
         for i in range(args.G):
             rows["grpo"].append(adv[i] * vec["psi"][i])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.utils.checkpoint
 
+from grpolab.algo.distill import token_divergence
 from grpolab.common.batch import Batch
 from grpolab.models.shared_prefix import shared_prefix_hidden
 from grpolab.vision.media import in_prompts, model_inputs
@@ -186,18 +187,13 @@ def completion_divergence(
     both heads run over the real tokens only, ``chunk_tokens`` at a time under activation checkpointing (the
     student's) once they pass ``LOGITS_BUDGET`` floats, as :func:`completion_logprobs` does.
     """
-    from grpolab.algo.distill import token_divergence
-
     keep = batch.completion_mask.bool()  # [N, T]
     head = model.get_output_embeddings()
     V = head.weight.shape[0]
     M = int(keep.sum())
     if chunk_tokens is None:
         chunk_tokens = M if 2 * M * V <= LOGITS_BUDGET else max(1, LOGITS_BUDGET // (2 * V))
-    if packed:
-        h, target = _packed_hidden(model, batch)  # [M, d], [M]
-    else:
-        h, target = _completion_hidden(model, batch)[keep], batch.completion_ids[keep]
+    h, target = completion_hidden(model, batch, packed), batch.completion_ids[keep]  # [M, d], [M]
 
     def chunk_scores(h_c: torch.Tensor, tgt_c: torch.Tensor, t_c: torch.Tensor) -> torch.Tensor:
         logits = head(h_c)  # [c, V]

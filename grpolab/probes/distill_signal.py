@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from grpolab.probes.mse import prompt_moments
+
 
 def off_mean(M: torch.Tensor) -> float:
     """The mean of ``M`` ``[N, N]`` over i != j: an unbiased <E x, E y> when ``M[i, j] = <x_i, y_j>`` for i.i.d.
@@ -63,14 +65,6 @@ def cosine(dot: float, a2: float, b2: float) -> float:
     return dot / (a2 * b2) ** 0.5 if a2 > 0 and b2 > 0 else float("nan")
 
 
-def grpo_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """``[G]`` GRPO's group-mean, std-normalised advantages (population std; 0 for a group of equal rewards)."""
-    r = rewards.double()
-    centred = r - r.mean()
-    std = r.std(unbiased=False)
-    return centred / (std + 1e-4) if float(std) > 0 else torch.zeros_like(r)
-
-
 def mix_mse(blocks: dict[str, torch.Tensor], rewards: torch.Tensor, lam: float, subsets: torch.Tensor) -> dict:
     """MSE of the mix g = (1/G) sum_{i in S} ((r_i - rbar_S) psi_i - lam a_i) about its target mu_R - lam mu_KL (its
     ascent direction: GRPO's group-mean term and rkl-reward's), over the G-subsets ``subsets`` ``[S, G]`` of one
@@ -78,14 +72,14 @@ def mix_mse(blocks: dict[str, torch.Tensor], rewards: torch.Tensor, lam: float, 
     rewards give it nothing but the teacher's term.
 
     ``blocks``: the pool's Gram blocks ``PP`` (<psi_i, psi_j>), ``PA``, ``AA``, ``PE``, ``EE``, each ``[N, N]``; N >= 4.
-    Returns the MSE, the target's squared norm and its parts: ``mu2_R``, ``mu2_KL`` and ``cross`` = <mu_R, mu_KL>.
+    Returns the MSE, the target's squared norm and its parts: ``mu2_R``, ``mu2_KL`` and ``cross`` = <mu_R, mu_KL>,
+    and the score's pool moments (:func:`grpolab.probes.mse.prompt_moments`, GRPO's own MSE).
     """
-    from grpolab.probes.mse import prompt_moments
-
     r = rewards.double()
     G = subsets.shape[1]
     c = (G - 1) / G
-    mu2_r = prompt_moments(blocks["PP"], r)["mu2"]
+    moments = prompt_moments(blocks["PP"], r)
+    mu2_r = moments["mu2"]
     mu2_kl, cross = off_mean(blocks["EE"]), reward_cross(r, blocks["PE"])
     rs = r[subsets]  # [S, G]
     A = rs - rs.mean(dim=1, keepdim=True)  # [S, G]
@@ -96,4 +90,4 @@ def mix_mse(blocks: dict[str, torch.Tensor], rewards: torch.Tensor, lam: float, 
     target2 = mu2_r - 2 * lam * cross + lam * lam * mu2_kl
     mean_dot = c * mu2_r - (c + 1) * lam * cross + lam * lam * mu2_kl  # <E g, target>
     mse = float(second.mean()) - 2 * mean_dot + target2
-    return {"mse": mse, "target2": target2, "mu2_R": mu2_r, "mu2_KL": mu2_kl, "cross": cross}
+    return {"mse": mse, "target2": target2, "mu2_R": mu2_r, "mu2_KL": mu2_kl, "cross": cross, "moments": moments}

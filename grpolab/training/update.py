@@ -102,9 +102,8 @@ class _Inputs(NamedTuple):
     watched: WatchedTokens | None = None
     bonus_tokens: float = 0.0  # the entropy bonus's tokens (loss-carrying, and selected by entropy), all ranks
     idle: bool = False  # the minibatch has rows that run no pass (advantage 0): their clipped share is 0
-    teacher_out: dict[int, torch.Tensor] | None = (
-        None  # pass -> the teacher's forward on its rows (TeacherSignal.score)
-    )
+    # pass -> the teacher's forward on its rows (TeacherSignal.score); None without a teacher
+    teacher_out: dict[int, torch.Tensor] | None = None
 
 
 MISMATCH = tuple(f"mismatch_{k}" for k in SUM_KEYS)
