@@ -156,6 +156,11 @@ class EngineSection:
     which the wait is 300 s longer); then the run stops with an error."""
     generator_token_file: str = ""
     """--generators: a file holding the token workers must prove they share (else $GRPOLAB_GENERATOR_TOKEN)."""
+    lora_sync: Literal["auto", "adapter", "merged"] = "auto"
+    """With --lora-rank: what a weight sync sends the rollout engine. 'adapter': the adapter alone after each
+    optimizer step (the base once), served unmerged: vLLM as a LoRA adapter, the generator process and workers as
+    its factors, merged on their side as the trainer merges them. 'merged': every weight, the adapter folded in.
+    auto: adapter where the engine can serve it, else merged (the run says why)."""
 
     @property
     def placement(self) -> Literal["inline", "process", "workers"]:

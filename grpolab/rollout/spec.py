@@ -97,6 +97,9 @@ class EngineSpec:
     """A context inside which every parameter is whole on this process (FSDP gathers its shards there)."""
     placement: Placement = dataclasses.field(default_factory=lambda: Placement.of(EngineSection()))
     """Where it draws (:func:`grpolab.rollout.placement.build_engine` builds the engine of that place)."""
+    lora_sync: Literal["auto", "adapter", "merged"] = "auto"
+    """With a LoRA policy: send the adapter alone and serve it unmerged ('adapter'), or every weight with the adapter
+    merged ('merged'); 'auto': adapter where the engine can serve it (--lora-sync)."""
 
     @classmethod
     def of(
@@ -133,4 +136,5 @@ class EngineSpec:
             vllm=vllm,
             full_weights=full_weights,
             placement=Placement.of(engine, run, rank),
+            lora_sync=engine.lora_sync,
         )
