@@ -40,9 +40,9 @@ import gpu_checks  # before torch: it sets up the process (cuBLAS's workspace, t
 import torch
 from gpu_checks.common import ROOT, Check, Context, Skip, first_line, padded_tokenizer
 from gpu_checks.processes import Background
-from gpu_checks.vllm_sync import check_vllm
+from gpu_checks.vllm_sync import check_vllm, check_vllm_lora
 
-__all__ = ["Context", "check_vllm", "main", "padded_tokenizer"]
+__all__ = ["Context", "check_vllm", "check_vllm_lora", "main", "padded_tokenizer"]
 """Besides main, what tests/e2e/test_gpu_check.py and tests/e2e/test_vllm_engine.py use."""
 
 

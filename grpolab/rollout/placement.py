@@ -21,7 +21,8 @@ def build_engine(spec: EngineSpec, model: torch.nn.Module, say: Callable[[str], 
     """The rollout engine ``spec`` asks for over ``model`` (the policy's), where ``spec.placement`` says it draws:
     in this process (grpolab's sampler, or vLLM where ``spec.vllm`` is set), in a generator process of its own
     (:class:`grpolab.rollout.generator.ProcessEngine`) or on generator workers
-    (:class:`grpolab.rollout.remote.pool.WorkerPool`, which tell ``say`` who joins and leaves)."""
+    (:class:`grpolab.rollout.remote.pool.WorkerPool`, which tell ``say`` who joins and leaves; vLLM tells it why a LoRA
+    adapter is merged under ``--lora-sync auto``)."""
     place = spec.placement
     if place.where == "process":
         from grpolab.rollout.generator import ProcessEngine
@@ -35,7 +36,7 @@ def build_engine(spec: EngineSpec, model: torch.nn.Module, say: Callable[[str], 
         return HFEngine(model, spec)
     from grpolab.rollout.vllm_engine import VLLMEngine
 
-    return VLLMEngine(model, spec)
+    return VLLMEngine(model, spec, say)
 
 
 def greedy_texts(policy, kind: str = "hf", seed: int = 0) -> Callable[[list[list[int]], list[tuple], int], list[str]]:

@@ -5,16 +5,21 @@ config is written to a scratch directory, vLLM starts on it with placeholder wei
 (``load_format="dummy"``) and the policy's weights are pushed into it, the same way as after
 every optimizer step. No checkpoint is read or written.
 
-- **Sync.** :meth:`VLLMEngine.weights_changed` pushes every weight (LoRA: base + adapter delta,
-  computed without touching the training weights; the tied ``lm_head.weight`` included, which
-  vLLM needs even for a tied model) with vLLM's ``reload_weights``, then drops the engine's prefix
-  cache (its keys and values were computed with the old weights).
+- **Sync.** :meth:`VLLMEngine.weights_changed` pushes every weight (the tied ``lm_head.weight``
+  included, which vLLM needs even for a tied model) with vLLM's ``reload_weights``, then drops the
+  engine's prefix cache (its keys and values were computed with the old weights). A LoRA policy's
+  adapter is served unmerged where vLLM can (``--lora-sync auto`` or ``adapter``;
+  :mod:`grpolab.rollout.lora_serve`): vLLM starts with its LoRA layers, the base weights are pushed
+  once, and each step only the adapter, a new version with its own id that every request names.
+  Otherwise (``merged``) each adapted layer is pushed as base + the adapter's delta, computed without
+  touching the training weights. :meth:`VLLMEngine.pop_metrics` says what the syncs sent and took.
 - **Seeds.** Row n is sampled with ``SamplingParams(seed=...)`` derived from its rollout key, so
   its tokens do not depend on the other rows of the call, nor on the process that samples it.
   What holds bit for bit and what does not is measured in ``docs/vllm.md``.
 - **Log-probs.** The engine returns the log-prob of each sampled token under the distribution it
-  sampled from (``logprobs_mode="processed_logprobs"``: after temperature and top-p), the
-  denominator of the engine correction (``grpolab.algo.engine_correction``).
+  sampled from (``logprobs_mode="processed_logprobs"``: after the repetition penalty, temperature,
+  min-p, top-k and top-p, in the order ``grpolab.models.sampling_rules`` gives), the denominator of
+  the engine correction (``grpolab.algo.engine_correction``).
 - **No entropy.** vLLM does not return the entropy of its distribution: ``policy/entropy`` is not
   logged and ``--top-entropy-quantile`` needs the ``hf`` engine.
 - **One engine per process and architecture.** Starting vLLM costs seconds (eager) to minutes
@@ -33,14 +38,25 @@ import dataclasses
 import json
 import os
 import tempfile
+import time
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from grpolab.common.batch import Batch, left_pad
 from grpolab.common.rng import rng_state, set_rng_state
+from grpolab.config.fields import bad
 from grpolab.config.rollout import VLLM_INSTALL_HINT
+from grpolab.rollout.lora_serve import (
+    AdapterShape,
+    AdapterVersions,
+    adapter_shape,
+    base_weights,
+    tensor_bytes,
+    why_not_served,
+)
 from grpolab.rollout.sampler import Sampled, SamplingSettings
 from grpolab.rollout.spec import EngineSpec, VLLMSettings
 from grpolab.rollout.weights import base_model, served_weights
@@ -86,27 +102,37 @@ def _config_dir(model: torch.nn.Module, dtype: torch.dtype, fp32_head: bool = Fa
 
 
 class _SharedLLM:
-    """One started ``vllm.LLM`` and the engine whose weights it holds."""
+    """One started ``vllm.LLM``, the engine whose weights it holds, and how many adapter versions it was given (each
+    version's id: vLLM keeps an adapter by its id)."""
 
     def __init__(self, llm):
-        self.llm, self.owner = llm, None
+        self.llm, self.owner, self.adapters = llm, None, 0
 
 
 _STARTED: dict[str, _SharedLLM] = {}
 
 
-def _start(model: torch.nn.Module, dtype: torch.dtype, device: torch.device, seed: int, s: VLLMSettings) -> _SharedLLM:
-    """vLLM on the model's architecture, started once per process for each (architecture, settings)."""
+def _start(
+    model: torch.nn.Module,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    s: VLLMSettings,
+    lora: AdapterShape | None,
+) -> _SharedLLM:
+    """vLLM on the model's architecture, started once per process for each (architecture, settings, LoRA layers);
+    ``lora``: with its LoRA layers, to serve such an adapter unmerged."""
     vllm = _import_vllm()
     base = base_model(model)
     limit = getattr(base.config, "max_position_embeddings", s.max_model_len) or s.max_model_len
     max_len = min(s.max_model_len, limit)
-    key = json.dumps([base.config.to_json_string(), str(dtype), str(device), max_len, dataclasses.asdict(s)])
+    lora_key = dataclasses.asdict(lora) if lora is not None else None
+    key = json.dumps([base.config.to_json_string(), str(dtype), str(device), max_len, dataclasses.asdict(s), lora_key])
     if key in _STARTED:
         return _STARTED[key]
-    kwargs = {}
+    kwargs = lora.start_options() if lora is not None else {}
     if device.type == "cuda":
-        kwargs = {"gpu_memory_utilization": s.memory, "enable_sleep_mode": s.sleep}
+        kwargs |= {"gpu_memory_utilization": s.memory, "enable_sleep_mode": s.sleep}
     # vLLM reseeds the global generators and replaces torch.set_num_threads while it starts: keep the trainer's.
     set_threads, threads, rng = torch.set_num_threads, torch.get_num_threads(), rng_state()
     try:
@@ -136,6 +162,39 @@ def _start(model: torch.nn.Module, dtype: torch.dtype, device: torch.device, see
     return _STARTED[key]
 
 
+def architecture_reason(model: torch.nn.Module) -> str | None:
+    """Why vLLM's implementation of the policy's architecture takes no LoRA adapter (GPT-2's), or None."""
+    _import_vllm()
+    from vllm.model_executor.models import ModelRegistry, supports_lora
+
+    arch = type(base_model(model)).__name__
+    registered = ModelRegistry.models.get(arch)
+    if registered is None or not supports_lora(registered.load_model_cls()):
+        return f"vLLM's {arch} takes no LoRA adapter"
+    return None
+
+
+def lora_serving(model: torch.nn.Module, spec: EngineSpec, device: torch.device, say: Callable[[str], None]):
+    """The adapter vLLM serves unmerged (its :class:`AdapterShape`), or None: every weight is pushed, the adapter
+    merged in. None without LoRA, with ``--lora-sync merged``, and with ``auto`` where vLLM cannot serve it (``say``
+    is told why, in one line).
+
+    Raises:
+        ConfigError: ``--lora-sync adapter`` where vLLM cannot serve it (the reason in the message).
+    """
+    shape = adapter_shape(model)
+    if shape is None or spec.lora_sync == "merged":
+        return None
+    settings = spec.vllm or VLLMSettings()
+    reason = why_not_served(model, settings, device) or architecture_reason(model)
+    if reason is None:
+        return shape
+    if spec.lora_sync == "adapter":
+        raise bad("lora_sync", f"adapter: vLLM cannot serve this LoRA adapter unmerged: {reason} (auto merges it)")
+    say(f"--lora-sync auto: the LoRA adapter is merged into every weight sync to vLLM: {reason}")
+    return None
+
+
 def shutdown() -> None:
     """Stop every engine this process started: their memory is freed and vLLM's process group left (a later
     engine starts afresh)."""
@@ -148,17 +207,23 @@ class VLLMEngine:
     """vLLM sampling from a copy of ``model``'s weights, pushed after every optimizer step.
 
     ``dtype``: the engine's (``--rollout-dtype``; default: the model's). ``full_weights``: a context inside which
-    every parameter is whole on this process (FSDP).
+    every parameter is whole on this process (FSDP). ``say``: told, in one line, why a LoRA adapter is merged under
+    ``--lora-sync auto`` (:func:`lora_serving`). :attr:`adapter`: the adapter's shape when it is served unmerged,
+    else None.
     """
 
-    def __init__(self, model: torch.nn.Module, spec: EngineSpec):
+    def __init__(self, model: torch.nn.Module, spec: EngineSpec, say: Callable[[str], None] = print):
         self.model, self.eos_id, self.pad_id, self.full_weights = model, spec.eos_id, spec.pad_id, spec.full_weights
         self.settings = spec.vllm or VLLMSettings()
         param = next(model.parameters())
         self.device = param.device
         self.dtype = spec.dtype or param.dtype  # vLLM casts each weight it is sent to its own dtype as it loads it
-        self._shared = _start(model, self.dtype, param.device, spec.seed, self.settings)
+        self.adapter = lora_serving(model, spec, param.device, say)
+        self._versions = AdapterVersions(model) if self.adapter is not None else None
+        self._lora = None  # the LoRARequest of the adapter version every request is served with (unmerged)
+        self._shared = _start(model, self.dtype, param.device, spec.seed, self.settings, self.adapter)
         self._asleep = False
+        self._sent, self._sync_s = 0, 0.0
         self.sync()
 
     @property
@@ -167,20 +232,59 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ weights
     def sync(self) -> None:
-        """Push the policy's current weights into the engine and drop its cache of old keys and values."""
-        llm = self.llm
+        """Push the policy's current weights into the engine and drop its cache of old keys and values: every weight
+        (a LoRA adapter merged in), or the base weights and then the adapter, served unmerged."""
+        t0, llm = time.perf_counter(), self.llm
         if self._asleep:
             llm.wake_up(tags=["weights"])
         with torch.no_grad(), self.full_weights():
-            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(served_weights(self.model))})
+            weights = list(served_weights(self.model) if self.adapter is None else base_weights(self.model))
+            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})  # vLLM drops its adapters
+            sent = tensor_bytes(t for _, t in weights)
+            if self.adapter is not None:
+                sent += self._push_adapter()
         if self._asleep:
             llm.wake_up(tags=["kv_cache"])
             self._asleep = False
         llm.reset_prefix_cache()
         self._shared.owner = self
+        self._count(sent, t0)
 
     def weights_changed(self) -> None:
-        self.sync()
+        """After an optimizer step: the adapter alone when it is served unmerged (the base does not train), else
+        every weight."""
+        if self.adapter is None or self._shared.owner is not self:
+            self.sync()
+            return
+        t0 = time.perf_counter()
+        with torch.no_grad(), self.full_weights():
+            sent = self._push_adapter()
+        self.llm.reset_prefix_cache()  # a new version's name keeps its prompts' blocks apart already; no old ones kept
+        self._count(sent, t0)
+
+    def _push_adapter(self) -> int:
+        """Hand vLLM the adapter's current version under a new id, loaded now (not at the next generation) in place
+        of the last one (one adapter at a time); the bytes of its factors."""
+        from vllm.lora.request import LoRARequest
+
+        sent = self._versions.write(self.model)
+        self._shared.adapters += 1
+        version = self._shared.adapters
+        self._lora = LoRARequest(f"grpolab-policy-{version}", version, self._versions.path)
+        self.llm.llm_engine.add_lora(self._lora)
+        return sent
+
+    def _count(self, sent: int, t0: float) -> None:
+        self._sent += sent
+        self._sync_s += time.perf_counter() - t0
+
+    def pop_metrics(self) -> dict[str, float]:
+        """The weight syncs since the last call (the start's included in the first): ``vllm/sync_bytes``, the bytes
+        of the tensors handed to the engine in the dtype they were handed in (every weight under each of its names;
+        unmerged, the base at start and then the adapter's factors), and ``vllm/sync_s``, their seconds."""
+        got = {"vllm/sync_bytes": self._sent, "vllm/sync_s": self._sync_s}
+        self._sent, self._sync_s = 0, 0.0
+        return got
 
     def _ready(self) -> None:
         """Before the engine computes: it holds this engine's weights (another engine in this process may have
@@ -233,7 +337,8 @@ class VLLMEngine:
             )
             for k in keys
         ]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        prompts_in = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        outs = self.llm.generate(prompts_in, params, use_tqdm=False, lora_request=self._lora)
         if self.settings.sleep and self.device.type == "cuda":
             self.llm.sleep(level=2)  # the next sync brings the weights back
             self._asleep = True
@@ -250,7 +355,8 @@ class VLLMEngine:
         for pi, pm, ci, cm in zip(*(t.cpu() for t in batch.tensors)):
             seqs.append((pi[pm.bool()].tolist(), ci[cm.bool()].tolist()))
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p + c) for p, c in seqs], params, use_tqdm=False)
+        prompts_in = [TokensPrompt(prompt_token_ids=p + c) for p, c in seqs]
+        outs = self.llm.generate(prompts_in, params, use_tqdm=False, lora_request=self._lora)
         logp = torch.zeros(batch.completion_ids.shape)
         for i, ((p, c), out) in enumerate(zip(seqs, outs)):
             scored = out.prompt_logprobs[len(p) : len(p) + len(c)]  # entry j: log p(token j | tokens < j)

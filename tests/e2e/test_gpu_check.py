@@ -23,14 +23,14 @@ def test_gpu_check_runs_every_check_on_the_cpu_and_writes_its_figures(tmp_path):
     # NCCL named where torch has none: the two-process checks run on gloo and say why, as where NCCL refuses
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "OMP_WAIT_POLICY": "PASSIVE",
            "GRPOLAB_DIST_BACKEND": "nccl"}  # fmt: skip
-    # vllm: tests/e2e/test_vllm_engine.py runs that check on the engine its module has started (16 s of CPU less here);
+    # vllm, vllm-lora: tests/e2e/test_vllm_engine.py runs them on the engines its module has started (16 s of CPU less);
     # hacking: tests/training/test_hacking.py runs the same two runs, the signs on and off, on the CPU (25 s less);
     # distill: tests/training/test_distill.py trains with a teacher on the CPU, each loss's math against TRL's
     command = [
         str(ROOT / "tools" / "gpu-check"),
         "--cpu",
         "--skip",
-        "vllm,hacking,distill",
+        "vllm,vllm-lora,hacking,distill",
         "--work",
         str(tmp_path / "work"),
     ]

@@ -23,7 +23,7 @@ if importlib.util.find_spec("vllm") is None:  # found, not imported: the engine 
 from grpolab.models.logprobs import completion_logprobs  # noqa: E402
 from grpolab.rollout.engine import HFEngine, SamplingSettings  # noqa: E402
 from grpolab.rollout.sampler import Sampled  # noqa: E402
-from grpolab.rollout.vllm_engine import VLLMEngine, rollout_seed, shutdown  # noqa: E402
+from grpolab.rollout.vllm_engine import VLLMEngine, architecture_reason, rollout_seed, shutdown  # noqa: E402
 from grpolab.training.recipe import build_trainer, train  # noqa: E402
 
 pytestmark = pytest.mark.slow  # every test here starts processes (torchrun) or an engine
@@ -48,22 +48,39 @@ def _trainer_logprobs(trainer, batch) -> torch.Tensor:
 # ---------------------------------------------------------------- weights in step
 
 
-@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("lora", ["off", "merged", "auto"])
 def test_engine_logprobs_equal_the_trainers_after_each_optimizer_step(tmp_path, lora):
     """Fixed tokens (step 1's rollouts) scored by the engine and by the trainer's model after each of 3 steps:
-    equal within 1e-4, while the steps move them by far more (a stale engine would fail)."""
-    over = dict(lora_rank=4, lr=2e-2) if lora else dict(lr=2e-3)
+    equal within 1e-4, while the steps move them by far more (a stale engine would fail). LoRA merged into every
+    weight (--lora-sync merged), and served unmerged (auto: vLLM's LoRA layers, the adapter alone after each step,
+    its B no longer zero after the first). Each sync hands the engine what vllm/sync_bytes says."""
+    over = dict(lora_rank=4, lr=2e-2, lora_sync=lora) if lora != "off" else dict(lr=2e-3)
     trainer = build_trainer(_vllm_cfg(tmp_path / "run", steps=3, **over), log=quiet)
-    assert isinstance(trainer.sampling_stage.engine, VLLMEngine)
+    engine = trainer.sampling_stage.engine
+    assert isinstance(engine, VLLMEngine) and (engine.adapter is not None) == (lora == "auto")
+    model = trainer.policy.model
+    every = sum(
+        t.numel() * t.element_size() for n, t in model.named_parameters(remove_duplicate=False) if ".lora_" not in n
+    )
+    factors = sum(t.numel() * t.element_size() for n, t in model.named_parameters() if ".lora_" in n)
+    assert engine.pop_metrics()["vllm/sync_bytes"] == every + factors * (lora == "auto")  # at start: the base too
     fixed = trainer.sampling_stage.collector.collect(0).groups.rows.batch
     first = _trainer_logprobs(trainer, fixed)
     mask = fixed.completion_mask.bool()
     for step in (1, 2, 3):
-        trainer.step(step)
+        metrics = trainer.step(step).metrics
         expected = _trainer_logprobs(trainer, fixed)
-        got = trainer.sampling_stage.engine.score(fixed)
+        got = engine.score(fixed)
         assert (got - expected)[mask].abs().max() < 1e-4, step
+        assert metrics["vllm/sync_bytes"] == (factors if lora == "auto" else every) and metrics["vllm/sync_s"] > 0
     assert (expected - first)[mask].abs().max() > 1e-2  # the weights moved: a stale engine would be off by this
+
+
+def test_an_architecture_without_lora_in_vllm_has_its_adapter_merged():
+    from helpers.models import gpt2, qwen2
+
+    assert architecture_reason(gpt2(64)) == "vLLM's GPT2LMHeadModel takes no LoRA adapter"
+    assert architecture_reason(qwen2(64)) is None
 
 
 def test_sampled_logprobs_are_the_trainers_and_the_mismatch_is_logged(tmp_path):
@@ -164,9 +181,9 @@ def test_the_correction_weights_each_token_by_the_truncated_or_masked_ratio(tmp_
 # ---------------------------------------------------------------- dropout
 
 
-def test_the_gpu_checks_vllm_check_passes_here_on_this_modules_engine(tmp_path):
-    """tools/gpu-check's vllm check, in this process: the built-in model's engine this module already started
-    serves it (the suite's gpu-check test skips it, which would start vLLM again in a process of its own)."""
+def test_the_gpu_checks_vllm_checks_pass_here_on_this_modules_engines(tmp_path):
+    """tools/gpu-check's vllm and vllm-lora checks, in this process: the built-in model's engines this module already
+    started serve them (the suite's gpu-check test skips them, which would start vLLM again in a process of its own)."""
     import sys
 
     sys.path.insert(0, str(REPO / "tools"))
@@ -175,6 +192,10 @@ def test_the_gpu_checks_vllm_check_passes_here_on_this_modules_engine(tmp_path):
     figures = gpu_check.check_vllm(gpu_check.Context(torch.device("cpu"), True, tmp_path))
     assert max(figures["sync_gap_per_step"]) < 1e-3 < figures["moved_by_the_steps"]  # the weights reached it
     assert len(figures["sync_s"]) == 2 and figures["mismatch"]["engine/logprob_diff_max"] < 1e-3
+    # vllm-lora on the engine test_engine_logprobs_equal_the_trainers_after_each_optimizer_step[auto] started
+    lora = gpu_check.check_vllm_lora(gpu_check.Context(torch.device("cpu"), True, tmp_path))
+    assert lora["unmerged"] and max(lora["sync_gap_per_step"]) < 1e-3 < lora["moved_by_the_steps"]
+    assert lora["sync_bytes"][-1] < figures["sync_bytes"][-1] / 10  # the adapter alone
 
 
 def test_dropout_is_off_in_training_with_the_vllm_engine(gpt2_with_dropout, tmp_path):

@@ -10,7 +10,7 @@ from .performance import DECODE, PRECISIONS_CHECK
 from .processes import DISTRIBUTED, WORKERS
 from .training import CHECKPOINT, DISTILL, HACKING, REWARDS
 from .vision import QWEN_VL, VISION
-from .vllm_sync import VLLM
+from .vllm_sync import VLLM, VLLM_LORA
 
 CHECKS: tuple[Check, ...] = (
     CHECKPOINT,
@@ -19,6 +19,7 @@ CHECKS: tuple[Check, ...] = (
     DISTILL,
     VISION,
     VLLM,
+    VLLM_LORA,
     DISTRIBUTED,
     WORKERS,
     PRECISIONS_CHECK,
