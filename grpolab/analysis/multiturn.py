@@ -212,7 +212,7 @@ def _task(cfg: MultiturnConfig, log, given: Given) -> _Task:
         greedy=greedy_texts,
     )  # fmt: skip
     reward.start(log)
-    settings = SamplingSettings(gen.max_new_tokens, gen.temperature, gen.top_p)
+    settings = SamplingSettings.of(gen, ignore_eos=False)
     log(f"measuring {policy.source} on {env.name}: {len(records)} records x {cfg.group_size} episodes")
     return _Task(RolloutService(engine, policy, reward, env), records, settings)
 

@@ -96,7 +96,7 @@ def probe_sampler(
         policy,
         reward,
     )
-    return ProbeSampler(service, SamplingSettings(gen.max_new_tokens, gen.temperature, gen.top_p))
+    return ProbeSampler(service, SamplingSettings.of(gen, ignore_eos=False))
 
 
 @dataclasses.dataclass

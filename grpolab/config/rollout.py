@@ -28,6 +28,14 @@ class GenerationSection:
     top_p: float = 1.0
     """Nucleus sampling mass. The sampler's log-probs are those of the truncated distribution it samples from; the
     loss's are the model's (see --engine-correction)."""
+    top_k: int = 0
+    """Sample from the k most likely tokens only (ties at the k-th all kept, as vLLM); 0: off. Applied after min-p and
+    before top-p (grpolab.models.sampling_rules gives the order)."""
+    min_p: float = 0.0
+    """Drop the tokens less likely than min_p times the most likely one, at the temperature; 0: off."""
+    repetition_penalty: float = 1.0
+    """Divide the positive logits of the tokens already in the prompt or the completion by this, and multiply their
+    negative ones (CTRL's penalty, as vLLM and transformers apply it, before the temperature); 1: off."""
     ignore_eos: bool = False
     """Sample every completion to --max-new-tokens: the end-of-sequence token does not stop it (it is kept as a token
     like any other). For measuring cost at a fixed length; a task's rewards rarely want it."""
@@ -38,6 +46,17 @@ class GenerationSection:
             raise bad("temperature", f"must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise bad("top_p", f"must be in (0, 1], got {self.top_p}")
+        check_counts(self, non_negative=("top_k",))
+        if not 0 <= self.min_p < 1:
+            raise bad("min_p", f"must be in [0, 1), got {self.min_p}")
+        if not self.repetition_penalty > 0:
+            raise bad("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+
+    @property
+    def shaped(self) -> bool:
+        """Any of top-p, top-k, min-p and the repetition penalty is on: the distribution sampled from is not the
+        model's softmax at the temperature (grpolab.models.sampling_rules)."""
+        return self.top_p < 1 or self.top_k > 0 or self.min_p > 0 or self.repetition_penalty != 1
 
 
 @dataclasses.dataclass(frozen=True)

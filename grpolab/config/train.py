@@ -216,11 +216,11 @@ class TrainConfig:
                 "trains on; leave --sampling fixed",
             )
         distill = self.distill
-        if distill.full_vocabulary and (self.terms.entropy_bonus or self.generation.top_p < 1):
+        if distill.full_vocabulary and (self.terms.entropy_bonus or self.generation.shaped):
             raise bad(
                 "distill_loss",
-                f"{distill.loss} scores the whole vocabulary in its own forward: not built with an entropy bonus or "
-                "--top-p < 1 (rkl-reward takes both)",
+                f"{distill.loss} scores the whole vocabulary in its own forward: not built with an entropy bonus, "
+                "--top-p < 1, --top-k, --min-p or --repetition-penalty (rkl-reward takes them all)",
             )
         micro = self.update.micro_batch
         if micro and self.rollouts_per_step % micro:

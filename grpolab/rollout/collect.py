@@ -198,9 +198,7 @@ class CollectSettings:
             groups.prompts_per_step,
             groups.group_size,
             seed,
-            SamplingSettings(
-                generation.max_new_tokens, generation.temperature, generation.top_p, generation.ignore_eos
-            ),
+            SamplingSettings.of(generation),
             groups.max_sampling_rounds,
             groups.pilot_size,
             groups.max_group_size,

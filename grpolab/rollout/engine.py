@@ -87,8 +87,9 @@ class HFEngine:
         Args:
             prompts (list[list[int]]): N prompts' token ids, unpadded: B prompts, each repeated G times, N = B*G.
             keys (list[tuple[int, ...]]): [N] rollout keys; ``keys[n]`` seeds row n, whatever the other rows are.
-            settings (SamplingSettings): ``max_new_tokens``, ``temperature``, ``top_p``, ``ignore_eos`` (no row
-                stops at EOS) and ``prompt_width`` (the prompts are left-padded to at least it), for every row.
+            settings (SamplingSettings): ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``min_p``,
+                ``repetition_penalty``, ``ignore_eos`` (no row stops at EOS) and ``prompt_width`` (the prompts are
+                left-padded to at least it), for every row.
             media (Sequence[Media | None] | None): [N] each prompt's images (:class:`grpolab.vision.media.Media` or
                 None), or None for text prompts.
 
@@ -96,8 +97,9 @@ class HFEngine:
             Sampled: on the model's device: ``batch`` (``prompt_ids``, ``prompt_mask`` [N, P], P the longest prompt
                 or ``prompt_width``; ``completion_ids``, ``completion_mask`` [N, T], T the longest completion, at most
                 ``max_new_tokens``; ``media``), ``logprobs`` [N, T] each sampled token's log-prob under the
-                distribution it was drawn from (at the temperature, greedy's at 1; top-p renormalised) and ``entropy``
-                [N, T] that distribution's entropy before top-p, in nats; 0 on padding.
+                distribution it was drawn from (at the temperature, greedy's at 1; top-p, top-k, min-p and the
+                penalty applied: :mod:`grpolab.models.sampling_rules`) and ``entropy`` [N, T] the entropy of the
+                model's distribution at the temperature, before them, in nats; 0 on padding.
         """
         if self.weights.copied:  # a copy of its own: always whole, always in eval mode
             return self._sample(self.weights.model, prompts, keys, settings, self.weights.decoder, media)
@@ -121,6 +123,9 @@ class HFEngine:
             decoder=decoder,
             prompt_width=settings.prompt_width,
             media=media,
+            top_k=settings.top_k,
+            min_p=settings.min_p,
+            repetition_penalty=settings.repetition_penalty,
         )
 
     def weights_changed(self) -> None:

@@ -20,9 +20,11 @@ import numpy as np
 import torch
 
 from grpolab.common.batch import Batch, left_pad
+from grpolab.config.rollout import GenerationSection
 from grpolab.models.attention import attention_rounding, upcast_dtype
 from grpolab.models.decode_cache import SlabCache, cache_keyword, model_cache, slab_supported
 from grpolab.models.logprobs import logprob_entropy, nucleus_log_mass, sampling_logprobs
+from grpolab.models.sampling_rules import SamplingRules, sample_processed, seen_tokens
 from grpolab.models.shared_prefix import distinct_prompt_inputs
 from grpolab.vision.media import decode_positions
 
@@ -39,6 +41,22 @@ class SamplingSettings:
     """Left-pad the prompts to at least this many tokens (0: the call's longest). A row's arithmetic depends on where
     its tokens sit in the padded batch (the CPU's vector reductions group them by position), so a draw split
     among generator workers pads every part to the width of the whole call, and each row is computed as in it."""
+    top_k: int = 0  # the rules beside top-p (grpolab.models.sampling_rules), each off at its default
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+    @classmethod
+    def of(cls, generation: GenerationSection, ignore_eos: bool | None = None) -> SamplingSettings:
+        """A run's ``generation`` options (``ignore_eos``: in place of theirs)."""
+        g = generation
+        eos = g.ignore_eos if ignore_eos is None else ignore_eos
+        return cls(g.max_new_tokens, g.temperature, g.top_p, eos, top_k=g.top_k, min_p=g.min_p,
+                   repetition_penalty=g.repetition_penalty)  # fmt: skip
+
+    @property
+    def rules(self) -> SamplingRules:
+        """Top-p, top-k, min-p and the repetition penalty, as the sampling distribution's definition takes them."""
+        return SamplingRules(self.top_k, self.top_p, self.min_p, self.repetition_penalty)
 
 
 def rollout_uniforms(keys: list[tuple[int, ...]], length: int) -> torch.Tensor:
@@ -75,7 +93,7 @@ class Sampled(NamedTuple):
     """Sampled rollouts with what the sampler saw at each completion token (0 on padding)."""
 
     batch: Batch
-    logprobs: torch.Tensor  # [N, T] log pi_sampler(o_t | q, o_<t): the distribution sampled from (top-p: renormalised)
+    logprobs: torch.Tensor  # [N, T] log pi_sampler(o_t | q, o_<t): the distribution sampled from (top-p etc. applied)
     entropy: torch.Tensor  # [N, T] the sampling policy's entropy, nats
 
 
@@ -99,6 +117,9 @@ def sample(
     cache: str = "slab",
     decoder=None,
     media=None,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
 ) -> Batch:
     """Sample one completion per prompt (repeat a prompt G times for a group).
 
@@ -124,6 +145,9 @@ def sample(
             decode steps (with the slab cache); None: the model's own forward.
         media (Sequence[Media | None] | None): [N] each prompt's images (a :class:`grpolab.vision.media.Media` or
             None), or None for text.
+        top_k (int): keep the k most likely tokens (0: off); ``min_p`` (float): drop those below min_p x the most
+            likely (0: off); ``repetition_penalty`` (float): the penalty of the tokens seen before (1: off). With
+            top_p, the distribution of :mod:`grpolab.models.sampling_rules`, in its (vLLM's) order.
 
     Returns:
         Batch: on the model's device: ``prompt_ids`` [N, P] left-padded (P: the longest prompt), ``prompt_mask``
@@ -135,7 +159,9 @@ def sample(
         ValueError: ``cache`` is not one of :data:`CACHES`, or the rows' image features and placeholders disagree
             (:func:`grpolab.vision.media.model_inputs`).
     """
-    settings = SamplingSettings(max_new_tokens, temperature, top_p)
+    settings = SamplingSettings(
+        max_new_tokens, temperature, top_p, top_k=top_k, min_p=min_p, repetition_penalty=repetition_penalty
+    )
     return _sample(model, prompts, keys, settings, eos_id, pad_id, False, cache, decoder, media).batch
 
 
@@ -153,10 +179,17 @@ def sample_with_stats(
     decoder=None,
     prompt_width: int = 0,
     media=None,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
 ) -> Sampled:
-    """:func:`sample`, the same tokens, with the sampler's log-prob of each sampled token and the entropy of
-    its distribution at every completion token ``[N, T]``, from the logits it already has: no extra forward."""
-    settings = SamplingSettings(max_new_tokens, temperature, top_p, prompt_width=prompt_width)
+    """:func:`sample`, the same tokens, with the sampler's log-prob of each sampled token (under the distribution it
+    sampled from) and the entropy of the model's distribution at the temperature (before top-p, top-k, min-p and the
+    penalty) at every completion token ``[N, T]``, from the logits it already has: no extra forward."""
+    settings = SamplingSettings(
+        max_new_tokens, temperature, top_p, prompt_width=prompt_width, top_k=top_k, min_p=min_p,
+        repetition_penalty=repetition_penalty,
+    )  # fmt: skip
     return _sample(model, prompts, keys, settings, eos_id, pad_id, True, cache, decoder, media)
 
 
@@ -271,6 +304,23 @@ def _decoder(cache: str, model, prefill, inverse, prompt_mask, position, max_new
     return _SlabDecode(prefill, inverse, prompt_mask, position, max_new_tokens, cache_dtype, fused, rounding)
 
 
+def _draw(logits: torch.Tensor, u: torch.Tensor, s: SamplingSettings, seen, want_stats: bool):
+    """One decode step's tokens ``[n]`` from the live rows' logits ``[n, V]`` and uniforms ``[n]``, with (``want_stats``)
+    each token's log-prob under the distribution sampled from and the entropy of the model's at the temperature
+    ``[n]`` each (else None). ``seen``: the rows' penalty histories ``[n, V]``, or None."""
+    logp = sampling_logprobs(logits, s.temperature) if want_stats else None  # [n, V]
+    entropy = logprob_entropy(logp) if want_stats else None
+    rules = s.rules
+    if not rules.nucleus_only:  # top-k, min-p or the penalty: the rules' distribution (grpolab.models.sampling_rules)
+        tok, tok_lp = sample_processed(logits, u, s.temperature, rules, seen)
+        return tok, tok_lp.float() if want_stats else None, entropy
+    tok = _pick(logits, u, s.temperature, s.top_p)  # [n]
+    if not want_stats:
+        return tok, None, None
+    nucleus = nucleus_log_mass(logits, s.temperature, s.top_p).float()  # [n] the kept mass's log
+    return tok, logp.gather(1, tok[:, None]).squeeze(1) - nucleus, entropy
+
+
 @torch.no_grad()
 def _sample(
     model, prompts, keys, s: SamplingSettings, eos_id, pad_id, want_stats: bool, cache: str, fused, media=None
@@ -287,15 +337,15 @@ def _sample(
     media = None if media is None or all(m is None for m in media) else tuple(m and m.to(device) for m in media)
     prefill, logits, position, inverse = _prefill(model, prompt_ids, prompt_mask, media)  # logits [N, V]
     decode = _decoder(cache, model, prefill, inverse, prompt_mask, position, T, fused)
+    # [N, V] the repetition penalty's history by row: the prompt's real tokens, then each token sampled
+    seen = seen_tokens(prompt_ids, prompt_mask.bool(), logits.shape[-1]) if s.rules.penalised else None
     for t in range(T):
         rows = decode.rows  # [n] the rows still generating, in the decoder's slot order
+        tok, tok_lp, tok_ent = _draw(logits, u[rows, t], s, None if seen is None else seen[rows], want_stats)  # [n]
         if want_stats:
-            logp = sampling_logprobs(logits, s.temperature)  # [n, V]
-            ent[rows, t] = logprob_entropy(logp)
-        tok = _pick(logits, u[rows, t], s.temperature, s.top_p)  # [n]
-        if want_stats:
-            nucleus = nucleus_log_mass(logits, s.temperature, s.top_p).float()  # [n] the kept mass's log
-            lp[rows, t] = logp.gather(1, tok[:, None]).squeeze(1) - nucleus
+            lp[rows, t], ent[rows, t] = tok_lp, tok_ent
+        if seen is not None:
+            seen[rows, tok] = True
         out_ids[rows, t] = tok
         done = tok == eos_id
         lengths[rows[done]] = t + 1

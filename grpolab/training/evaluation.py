@@ -18,7 +18,7 @@ def group_settings(cfg: TrainConfig, group_size: int, batch_prompts: int) -> Gro
     ``batch_prompts`` prompts a batch, sampled as the run samples, its loss at ratio 1 from the run's objective (none
     with a KL term, GDPO's normalize-then-sum or rtg advantages: :mod:`grpolab.eval.groups`)."""
     gen, objective, terms = cfg.generation, cfg.objective, cfg.terms
-    sampling = SamplingSettings(gen.max_new_tokens, gen.temperature, gen.top_p, gen.ignore_eos)
+    sampling = SamplingSettings.of(gen)
     loss = None
     plain = objective.reward_normalisation == "sum-then-normalize" and objective.advantage == "grpo"
     if objective.beta == 0 and plain:

@@ -80,19 +80,23 @@ def test_slab_decode_equals_the_growing_cache_in_float64(layout, top_p, char_tok
     assert len(set(lengths.tolist())) >= 3  # rows stopped at different steps: the slab dropped rows mid-way
 
 
-@pytest.mark.parametrize("layout", ["builtin", "qwen2"])
-def test_rows_that_stop_early_give_what_they_give_alone(layout, char_tokenizer):
+RULES = dict(top_k=10, min_p=0.02, repetition_penalty=1.3)  # top-k, min-p and the penalty, whose history is per row
+
+
+@pytest.mark.parametrize("layout, rules", [("builtin", {}), ("qwen2", {}), ("qwen2", RULES)])
+def test_rows_that_stop_early_give_what_they_give_alone(layout, rules, char_tokenizer):
     """Rows leave the slab at different steps (their slots refilled by moving other rows); each row's tokens and
-    log-probs are those of the row sampled on its own."""
+    log-probs are those of the row sampled on its own (with a repetition penalty too: each row keeps its own
+    history of seen tokens through the moves)."""
     tok = char_tokenizer
     model = _model(layout, tok).double()
     prompts = _prompts(tok, QUESTIONS, groups=1)
     keys = [(11, i) for i in range(len(prompts))]
-    together, _ = _both(model, prompts, keys, tok)
+    together, _ = _both(model, prompts, keys, tok, **rules)
     lengths = together.batch.completion_mask.sum(1).tolist()
     assert len(set(lengths)) >= 3
     for i in range(len(prompts)):
-        alone, _ = _both(model, [prompts[i]], [keys[i]], tok)
+        alone, _ = _both(model, [prompts[i]], [keys[i]], tok, **rules)
         L = lengths[i]
         assert int(alone.batch.completion_mask.sum()) == L
         assert torch.equal(alone.batch.completion_ids[0, :L], together.batch.completion_ids[i, :L])
@@ -182,17 +186,18 @@ def _boosted_copy(model, tok, **kw):
     return weights
 
 
-@pytest.mark.parametrize("layout", ["llama-gqa", "qwen2", "builtin"])
-def test_fused_decoder_samples_what_the_models_forward_samples_in_float64(layout, char_tokenizer):
+@pytest.mark.parametrize("layout, rules", [("llama-gqa", {}), ("qwen2", {}), ("builtin", {}), ("builtin", RULES)])
+def test_fused_decoder_samples_what_the_models_forward_samples_in_float64(layout, rules, char_tokenizer):
     """The fused decode step (one product for query, key and value, one for gate and up) over a float64 copy gives
     the tokens and log-probs of the model's own forward: Llama with grouped heads, Qwen2 (query/key/value biases),
-    the built-in Llama."""
+    the built-in Llama (and with top-k, min-p and a repetition penalty, which the loop applies to its logits)."""
     tok = char_tokenizer
     model = (_llama_gqa(tok) if layout == "llama-gqa" else _plain_model(layout, tok)).double()
     weights = _boosted_copy(model, tok, dtype=torch.float64, pack=False, always_copy=True)
     prompts = _prompts(tok, QUESTIONS)
     keys = [(4, i) for i in range(len(prompts))]
     args = dict(max_new_tokens=20, temperature=0.8, top_p=1.0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    args |= rules
     fused = sample_with_stats(weights.model, prompts, keys, decoder=weights.decoder, **args)
     plain = sample_with_stats(model, prompts, keys, cache="dynamic", **args)
     _assert_same(fused, plain)
