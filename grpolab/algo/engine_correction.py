@@ -20,16 +20,24 @@ engine_logp_t)). The weight multiplies each token's policy term (``policy_loss``
 
 The weights are constants of the loss (no gradient flows through them).
 
-Top-p. An engine that samples from the nucleus reports the log-prob of the distribution it sampled from, renormalised
-over the nucleus: log(p_engine / S_engine), S the nucleus's mass. The trainer's log-prob is over the whole
-vocabulary, so their difference carries log S on every token: the ratio would be the kept mass (0.9 at top-p 0.9),
-not a mismatch (the trap TRL's issue 6789 describes). The update therefore puts the engine's log-prob back on the
-whole vocabulary first, adding the trainer's own log nucleus mass at that position (:func:`on_full_support`; the
-same top-p rule, computed from the trainer's logits). Then r_t = (p_trainer / S_trainer) / (p_engine / S_engine):
-the ratio of the two *sampling* distributions at the sampled token, which is 1 for an engine that computes what the
-trainer computes, at any top-p; what remains is the engine's numerics (another kernel, another precision). The
-truncation itself is part of how rollouts are drawn and is not reweighted (no engine samples outside its nucleus,
-so no weight could restore those tokens).
+Top-p, top-k, min-p and the repetition penalty. An engine that samples with them reports the log-prob of the
+distribution it sampled from, p_s: for top-p, renormalised over the nucleus, log(p_engine / S_engine), S the
+nucleus's mass. The trainer's log-prob is over the whole vocabulary at the temperature, so their difference carries
+the offset log p_T(o_t) - log p_s(o_t) on every token: for top-p alone log S, and the ratio would be the kept mass
+(0.9 at top-p 0.9), not a mismatch (the trap TRL's issue 6789 describes). The update therefore puts the engine's
+log-prob back on the whole vocabulary first, adding the offset the trainer computes from its own logits at that
+position with the same definition of the sampling distribution (:func:`on_full_support`;
+``grpolab.models.sampling_rules``, vLLM's order: penalty, temperature, min-p, top-k, top-p). The offset is
+
+    (z_o - z'_o) / T + logsumexp_kept(z' / T) - logsumexp(z / T),
+
+z the trainer's logits, z' the same after the repetition penalty (the tokens seen in the prompt and the completion
+before t), kept the tokens min-p, top-k and top-p keep: for top-p alone log S_trainer; for top-k and min-p the log of
+the mass they keep; the penalty adds its change of the token's own logit and moves the normaliser. Then
+r_t = p_s,trainer(o_t) / p_s,engine(o_t): the ratio of the two *sampling* distributions at the sampled token, which
+is 1 for an engine that computes what the trainer computes, under any of the rules; what remains is the engine's
+numerics (another kernel, another precision). The rules themselves are part of how rollouts are drawn and are not
+reweighted (no engine samples outside what they keep, so no weight could restore those tokens).
 
 :func:`mismatch_sums` and :func:`mismatch_metrics` measure the mismatch on every step (``engine/*``), in the forms
 peers report it: the share of tokens whose ratio leaves [0.9, 1.1], the ratio's and the log-ratio's spread, and the
@@ -93,11 +101,12 @@ MAX_KEYS = ("abs_max", "seq_abs_max")
 """What :func:`mismatch_sums` takes the maximum of: max |log r| over tokens, max |log R| over sequences."""
 
 
-def on_full_support(engine_logp: torch.Tensor, trainer_log_mass: torch.Tensor) -> torch.Tensor:
-    """An engine's log-probs of the distribution it sampled from (renormalised over its top-p nucleus) put on the
-    whole vocabulary with the trainer's log nucleus mass at each position: ``[N, T]`` + ``[N, T]`` (see the module
-    docstring; a mass of 0, top-p 1, changes nothing)."""
-    return engine_logp + trainer_log_mass.to(engine_logp.dtype)
+def on_full_support(engine_logp: torch.Tensor, trainer_offset: torch.Tensor) -> torch.Tensor:
+    """An engine's log-probs of the distribution it sampled from (after top-p, top-k, min-p and the repetition
+    penalty) put on the whole vocabulary with the trainer's offset log p_T - log p_sampling at each position (top-p
+    alone: its log nucleus mass): ``[N, T]`` + ``[N, T]`` (see the module docstring; an offset of 0, every rule off,
+    changes nothing)."""
+    return engine_logp + trainer_offset.to(engine_logp.dtype)
 
 
 def mismatch_sums(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

@@ -101,8 +101,8 @@ class ObjectiveSection:
     each token's policy term by r = pi_trainer / pi_sampler, truncated at --engine-correction-cap (token or whole
     sequence), or mask tokens (sequences) with r outside [1/cap, cap]. auto: none where the sampler computes what the
     trainer does (the hf engine in the trainer's dtype), else the mode docs/precision.md measured best
-    (grpolab.algo.engine_correction.AUTO). The mismatch is logged either way (engine/*); at top-p < 1 both sides are
-    the nucleus's, so top-p alone is no mismatch."""
+    (grpolab.algo.engine_correction.AUTO). The mismatch is logged either way (engine/*); with top-p, top-k, min-p or a
+    repetition penalty both sides are the sampling distribution's, so those alone are no mismatch."""
     engine_correction_cap: float = 2.0
     """C > 1 of --engine-correction."""
 

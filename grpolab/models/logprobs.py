@@ -12,6 +12,7 @@ import torch.utils.checkpoint
 
 from grpolab.algo.distill import token_divergence
 from grpolab.common.batch import Batch
+from grpolab.models.sampling_rules import NO_RULES, SamplingRules, sampling_log_offset, seen_tokens
 from grpolab.models.shared_prefix import shared_prefix_hidden
 from grpolab.vision.media import in_prompts, model_inputs
 
@@ -26,12 +27,14 @@ def completion_logprobs(
     shared_prefix: bool = False,
     packed: bool = False,
     entropy: bool = False,
-    top_p: float = 1.0,
+    rules: SamplingRules = NO_RULES,
 ) -> torch.Tensor:
     """``[N, T]`` log pi(o_t | q, o_<t) of each completion token (0 where masked); with ``entropy``, ``[N, T, 2]``:
     each position's log-prob and the entropy of pi(. | q, o_<t) (both differentiable: the entropy bonus's). With
-    ``top_p`` < 1 one more column ``[..., -1]``: the log of the mass top-p sampling keeps at that position
-    (:func:`nucleus_log_mass`; no gradient), which puts a sampler's nucleus log-probs on this model's scale.
+    ``rules`` on (top-p < 1, top-k, min-p, a repetition penalty) one more column ``[..., -1]``, no gradient: the
+    offset log pi_T(o_t) - log p_sampling(o_t) from this model's logits, which puts a sampler's log-probs of the
+    distribution it sampled from on this model's scale (top-p alone: the log of the mass it keeps,
+    :func:`nucleus_log_mass`; otherwise :func:`grpolab.models.sampling_rules.sampling_log_offset`).
 
     The LM head runs at completion positions only: the prompt's logits are never formed.
     With a large vocabulary (SmolLM2: 49,152) and long completions the ``[N, T, V]`` logits would dominate
@@ -50,14 +53,17 @@ def completion_logprobs(
     if chunk_tokens is None:
         chunk_tokens = 0 if N * (T + 1) * V <= LOGITS_BUDGET else max(1, LOGITS_BUDGET // V)
     target, mask = batch.completion_ids, batch.completion_mask  # [N, T]
-    score = _scorer(entropy, top_p)  # [..., V] -> [..., k] or [...]
-    m = mask[..., None] if entropy or top_p < 1 else mask
+    history = None
+    if rules.penalised:  # [N, T, 3]: each token with its row and position, whose history the penalty reads
+        target, history = _with_positions(target), _history(batch, V)
+    score = _scorer(entropy, rules, history)  # [..., V] -> [..., k] or [...]
+    m = mask[..., None] if entropy or not rules.full_support else mask
     if packed and batch.media is not None:
         raise ValueError("the packed forward takes text rows only; rows with images run padded")
     if shared_prefix and batch.media is not None and not in_prompts(batch.media, batch.prompt_mask):
         shared_prefix = False  # an environment's picture after the prompt: the padded forward merges it
     if packed:
-        return _packed_logprobs(model, head, batch, temperature, chunk_tokens, score)
+        return _packed_logprobs(model, head, batch, temperature, chunk_tokens, score, target)
     if shared_prefix:
         first_logits, hidden = shared_prefix_hidden(model, *batch)  # [N, V], [N, T - 1, d] or None
         first = score(first_logits[:, None], target[:, :1], temperature)  # [N, 1]
@@ -102,7 +108,7 @@ def _head_logprobs(
         return score(head(hidden), target, temperature)
     keep = mask.bool()  # [N, T]
     logp = _tokens_logprobs(head, hidden[keep], target[keep], temperature, chunk_tokens, score)  # [M]: real tokens
-    return hidden.new_zeros((*target.shape, *logp.shape[1:]), dtype=logp.dtype).index_put((keep,), logp)  # [N, T]
+    return hidden.new_zeros((*keep.shape, *logp.shape[1:]), dtype=logp.dtype).index_put((keep,), logp)  # [N, T]
 
 
 def _tokens_logprobs(
@@ -126,7 +132,9 @@ def _tokens_logprobs(
     return torch.cat(parts)
 
 
-def _packed_logprobs(model, head, batch: Batch, temperature: float, chunk_tokens: int, score) -> torch.Tensor:
+def _packed_logprobs(
+    model, head, batch: Batch, temperature: float, chunk_tokens: int, score, target: torch.Tensor
+) -> torch.Tensor:
     """``[N, T]`` completion log-probs with the rows packed: padding-free.
 
     Each row's real tokens (prompt, then completion; where the masks are 1) are laid end to end in one sequence
@@ -134,11 +142,12 @@ def _packed_logprobs(model, head, batch: Batch, temperature: float, chunk_tokens
     restart and no attention mask, transformers attends within each row only (``find_packed_sequence_indices``: a
     block-diagonal causal mask for sdpa and eager attention, variable-length kernels for flash-attention). So each
     token sees what it sees in the padded forward, at the same position: the same log-probs to float rounding, and
-    no padding token is computed. The LM head runs at the M completion tokens' predictors only.
+    no padding token is computed. The LM head runs at the M completion tokens' predictors only. ``target``
+    ``[N, T]`` (or ``[N, T, 3]`` with the tokens' places, :func:`_with_positions`): what ``score`` scores.
     """
     keep = batch.completion_mask.bool()  # [N, T]
-    hidden, target = _packed_hidden(model, batch)  # [M, d], [M]
-    logp = _tokens_logprobs(head, hidden, target, temperature, chunk_tokens, score)  # [M]
+    hidden = _packed_hidden(model, batch)[0]  # [M, d], in the order of target[keep]
+    logp = _tokens_logprobs(head, hidden, target[keep], temperature, chunk_tokens, score)  # [M]
     return hidden.new_zeros((*keep.shape, *logp.shape[1:]), dtype=logp.dtype).index_put((keep,), logp)  # [N, T]
 
 
@@ -212,20 +221,51 @@ def completion_divergence(
     return scores.new_zeros((*keep.shape, 2)).index_put((keep,), scores)  # [N, T, 2]
 
 
-def _scorer(entropy: bool, top_p: float):
+def _scorer(entropy: bool, rules: SamplingRules, history=None):
     """What each position's logits ``[..., V]`` become: the target's log-prob ``[...]``, with ``entropy`` and the entropy
-    ``[..., 2]``, and with ``top_p`` < 1 the log nucleus mass as a last column."""
-    if top_p >= 1.0:
+    ``[..., 2]``, and with ``rules`` on the offset of the sampling distribution as a last column (top-p alone: the log
+    nucleus mass). ``history``: with the repetition penalty, the targets come as ``[..., 3]`` (token, row, position:
+    :func:`_with_positions`) and ``history(rows, t)`` gives those positions' seen tokens ``[c, V]``."""
+    if rules.full_support:
         return _token_scores if entropy else _token_logprobs
 
     def score(logits: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
-        out = _token_scores(logits, target, temperature) if entropy else _token_logprobs(logits, target, temperature)
+        tok = target if history is None else target[..., 0]
+        out = _token_scores(logits, tok, temperature) if entropy else _token_logprobs(logits, tok, temperature)
         with torch.no_grad():
-            mass = nucleus_log_mass(logits.reshape(-1, logits.shape[-1]), temperature, top_p)  # [M]
-        mass = mass.view(logits.shape[:-1]).to(out.dtype)[..., None]
-        return torch.cat([out if entropy else out[..., None], mass], dim=-1)
+            flat = logits.reshape(-1, logits.shape[-1])  # [M, V]
+            if rules.nucleus_only:
+                extra = nucleus_log_mass(flat, temperature, rules.top_p)  # [M]
+            else:
+                places = None if history is None else target.reshape(-1, 3)  # [M, 3]
+                seen = None if history is None else lambda i, j: history(places[i:j, 1], places[i:j, 2])
+                extra = sampling_log_offset(flat, tok.reshape(-1), temperature, rules, seen)  # [M]
+        extra = extra.view(logits.shape[:-1]).to(out.dtype)[..., None]
+        return torch.cat([out if entropy else out[..., None], extra], dim=-1)
 
     return score
+
+
+def _with_positions(target: torch.Tensor) -> torch.Tensor:
+    """``[N, T]`` tokens -> ``[N, T, 3]``: each with its row and its position in the completion, which the chunked
+    paths carry along with it (they flatten and split the positions) to the repetition penalty's history."""
+    N, T = target.shape
+    rows = torch.arange(N, device=target.device)[:, None].expand(N, T)
+    t = torch.arange(T, device=target.device)[None, :].expand(N, T)
+    return torch.stack([target, rows, t], dim=-1)
+
+
+def _history(batch: Batch, vocab: int):
+    """``(rows [c], t [c]) -> [c, V]`` bool: the tokens seen before completion position t of each row, the prompt's
+    real tokens and the completion's before t (what the repetition penalty reads, as the sampler kept it)."""
+    ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # [N, P + T]
+    j = torch.arange(batch.completion_ids.shape[1], device=ids.device)  # [T]
+
+    def seen(rows: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        valid = torch.cat([batch.prompt_mask[rows].bool(), j[None, :] < t[:, None]], dim=1)  # [c, P + T]
+        return seen_tokens(ids[rows], valid, vocab)
+
+    return seen
 
 
 def _token_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:

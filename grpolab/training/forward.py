@@ -31,6 +31,7 @@ from grpolab.common.distributed import SINGLE, World
 from grpolab.common.precision import Precision
 from grpolab.models.head import fp32_head
 from grpolab.models.logprobs import completion_divergence, completion_hidden, completion_logprobs
+from grpolab.models.sampling_rules import NO_RULES, SamplingRules
 from grpolab.models.shared_prefix import unsupported_reason
 
 
@@ -65,11 +66,12 @@ class LogProbs(nn.Module):
         completion_mask,
         media=None,
         entropy: bool = False,
-        top_p: float = 1.0,
+        rules: SamplingRules = NO_RULES,
         teacher: tuple | None = None,
     ) -> torch.Tensor:
         """``[N, T]`` log-probs; ``media``: the rows' images (:class:`grpolab.common.batch.Batch`); ``entropy``:
-        ``[N, T, 2]``, each position's log-prob and entropy; ``top_p`` < 1: one more column, the log nucleus mass
+        ``[N, T, 2]``, each position's log-prob and entropy; ``rules`` on (top-p < 1, top-k, min-p, a repetition
+        penalty): one more column, the sampling distribution's offset, the log nucleus mass for top-p alone
         (:func:`grpolab.models.logprobs.completion_logprobs`). ``teacher``: ``(hidden [M, d_t], head, beta)``, a
         teacher's hidden states at the M real completion tokens: ``[N, T, 2]``, each token's log-prob and the
         divergence from the teacher there (:func:`grpolab.models.logprobs.completion_divergence`)."""
@@ -87,7 +89,7 @@ class LogProbs(nn.Module):
                 shared_prefix=self.shared_prefix,
                 packed=self.packed,
                 entropy=entropy,
-                top_p=top_p,
+                rules=rules,
             )
 
 
@@ -214,13 +216,14 @@ class TrainModule:
         """``[n, T]`` completion log-probs, through the DDP/FSDP wrapper when there is one."""
         return self.wrapped(*batch)
 
-    def scores(self, batch: Batch, entropy: bool = False, top_p: float = 1.0) -> tuple[torch.Tensor, ...]:
+    def scores(self, batch: Batch, entropy: bool = False, rules: SamplingRules = NO_RULES) -> tuple[torch.Tensor, ...]:
         """From one forward through the wrapper: ``[n, T]`` completion log-probs, then (``entropy``) the entropy at
-        each completion position, both differentiable (the entropy bonus), then (``top_p`` < 1) the log mass top-p
-        sampling keeps there (no gradient)."""
-        if not entropy and top_p >= 1.0:
+        each completion position, both differentiable (the entropy bonus), then (``rules`` on: top-p < 1, top-k,
+        min-p, a repetition penalty) log pi_T - log p_sampling of each token there, no gradient (top-p alone: the
+        log mass top-p sampling keeps; :func:`grpolab.models.sampling_rules.sampling_log_offset`)."""
+        if not entropy and rules.full_support:
             return (self.logprobs(batch),)
-        out = self.wrapped(*batch, entropy=entropy, top_p=top_p)  # [n, T, k]
+        out = self.wrapped(*batch, entropy=entropy, rules=rules)  # [n, T, k]
         return out.unbind(dim=-1)
 
     def divergence(self, batch: Batch, teacher: tuple) -> tuple[torch.Tensor, torch.Tensor]:

@@ -49,6 +49,7 @@ from grpolab.algo.loss import (
 from grpolab.common import distributed as dist_
 from grpolab.common.batch import Batch, select
 from grpolab.common.distributed import World
+from grpolab.models.sampling_rules import SamplingRules
 from grpolab.training.distill import SUMS as DISTILL_SUMS
 from grpolab.training.distill import TeacherSignal
 from grpolab.training.forward import TrainModule
@@ -94,7 +95,7 @@ class _Inputs(NamedTuple):
     loss_mask: torch.Tensor  # [n, T]
     entropy: torch.Tensor | None  # [n, T]
     threshold: torch.Tensor | None  # the entropy selection's threshold, or None
-    old_logp: dict[int, tuple[torch.Tensor, ...]]  # pass -> [rows, T] log-probs (and top-p < 1: log nucleus mass)
+    old_logp: dict[int, tuple[torch.Tensor, ...]]  # pass -> [rows, T] log-probs (and rules on: their offset)
     sampler_logp: torch.Tensor | None  # [n, T] the rollout engine's log-probs of the sampled tokens
     ref_logp: dict[int, torch.Tensor]
     num_seqs: int  # N, all ranks
@@ -132,7 +133,7 @@ class Updater:
         teacher: TeacherSignal | None = None,
     ):
         self.objective, self.passes = sections.objective, sections.passes
-        self.max_grad_norm, self.top_p = sections.optimizer.max_grad_norm, sections.generation.top_p
+        self.max_grad_norm, self.rules = sections.optimizer.max_grad_norm, SamplingRules.of(sections.generation)
         self.policy, self.optimizer, self.scheduler, self.world = policy, optimizer, scheduler, world
         self.eos_id, self.reference, self.reference_is_base = eos_id, reference, reference_is_base
         self.options = loss_options(sections.objective, sections.terms, sections.max_policy_tokens)
@@ -291,7 +292,7 @@ class Updater:
         for c_i, idx in enumerate(plan.chunks):
             sub = select(batch, idx)
             if self.objective.mu > 1 or self.passes.minibatches > 1:  # the weights move before the pass runs
-                old_logp[c_i] = self.policy.scores(sub, top_p=self.top_p)  # [n, T] each
+                old_logp[c_i] = self.policy.scores(sub, rules=self.rules)  # [n, T] each
             if self.reference is not None:
                 ref_logp[c_i] = self.reference.logprobs(sub)
             elif self.reference_is_base:
@@ -316,11 +317,11 @@ class Updater:
         teacher, counts = self.teacher, None if padding or not first else sums  # the teacher's statistics: once
         full = teacher is not None and teacher.full
         with train.sync(c_i == len(plan.chunks) - 1):  # reduce over ranks once, after the last pass
-            if full:  # [n, T] each: log-probs and the divergence from the teacher (no entropy bonus, top-p 1)
+            if full:  # [n, T] each: log-probs and the divergence from the teacher (no entropy bonus, no rules)
                 logp, div = train.divergence(sub, (x.teacher_out[c_i], teacher.head, teacher.beta))
                 cols = (logp,)
             else:
-                cols = train.scores(sub, entropy=self.entropy is not None, top_p=self.top_p)  # [n, T] each
+                cols = train.scores(sub, entropy=self.entropy is not None, rules=self.rules)  # [n, T] each
             logp, ent_now = cols[0], cols[1] if self.entropy is not None else None  # differentiable
             sub_mask = sub.completion_mask if padding else x.loss_mask[idx, : sub.completion_mask.shape[1]]
             weights = selection = None
@@ -329,13 +330,13 @@ class Updater:
                     torch.zeros_like(logp) if padding else x.entropy[idx.cpu(), : sub_mask.shape[1]].to(sub_mask.device)
                 )
                 weights = selection = high_entropy_mask(ent, sub_mask, x.threshold.to(ent.device))
-            # [n, T] the trainer's log-probs at sampling time, and (top-p < 1) its log nucleus mass then
-            old, *old_mass = x.old_logp.get(c_i, (logp.detach(), *cols[2 if self.entropy is not None else 1 :]))
+            # [n, T] the trainer's log-probs at sampling time, and (rules on) its offset of the sampling distribution
+            old, *old_offset = x.old_logp.get(c_i, (logp.detach(), *cols[2 if self.entropy is not None else 1 :]))
             sampler = None  # the rollout engine's log-probs of these rows, when it gave them
             if x.sampler_logp is not None and not padding:
                 sampler = x.sampler_logp[idx.cpu(), : sub_mask.shape[1]].to(old.device)  # [n, T]
-                if old_mass:  # the nucleus's log-probs on the whole vocabulary (engine_correction says why)
-                    sampler = on_full_support(sampler, old_mass[0])
+                if old_offset:  # the sampling distribution's log-probs on the whole vocabulary (engine_correction)
+                    sampler = on_full_support(sampler, old_offset[0])
                 correction = self._correction(old, sampler, sub_mask)
                 if correction is not None:
                     weights = correction if weights is None else weights * correction

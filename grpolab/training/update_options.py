@@ -71,7 +71,8 @@ class UpdateSections(NamedTuple):
     optimizer: OptimizerSection = OptimizerSection()
     """--max-grad-norm (the rest is the optimizer's and the schedule's, built by the update stage)."""
     generation: GenerationSection = GenerationSection()
-    """The sampler's --top-p: its nucleus log-probs are put on the trainer's scale (the engine correction)."""
+    """The sampler's --top-p, --top-k, --min-p and --repetition-penalty: its log-probs of the distribution it sampled
+    from are put on the trainer's scale (the engine correction)."""
     max_policy_tokens: int = 0
     """Dr. GRPO's max_len (:attr:`grpolab.config.train.TrainConfig.max_policy_tokens`)."""
 

@@ -1,6 +1,6 @@
 """The engine-mismatch weights against a per-token formula written out in float64, token by token; the mismatch
-statistics against hand-computed values; an exact engine's weights at top-p 0.9 (the nucleus put on the trainer's
-scale) against 1."""
+statistics against hand-computed values; an exact engine's weights at top-p 0.9, top-k, min-p and a repetition
+penalty (the sampling distribution put on the trainer's scale) against 1."""
 
 from __future__ import annotations
 
@@ -111,53 +111,76 @@ def test_mismatch_statistics_by_hand_and_bad_settings():
         engine_weights(trainer, engine, mask, "token-mask", cap=1.0)
 
 
-@pytest.mark.parametrize("top_p", [1.0, 0.9])
-def test_an_exact_engine_weighs_every_token_one_at_any_top_p_in_float64(top_p, char_tokenizer):
-    """grpolab's sampler in float64 on the trainer's own float64 weights: its nucleus log-probs, put on the whole
-    vocabulary with the trainer's nucleus mass, give every correction weight 1: exactly for the masks; for the
-    truncations to the sampler's rounding (it reports its log-probs in fp32: 1e-6 a token, 1e-6 x T a sequence).
-    Compared directly, the log-ratio would be the log kept mass (the trap of TRL's
-    issue 6789): far from 0 at top-p 0.9, and that comparison is made to fail here."""
+RULES = {
+    "plain": {},
+    "top-p": dict(top_p=0.9),
+    "top-k": dict(top_k=5),
+    "min-p": dict(min_p=0.1),
+    "penalty": dict(repetition_penalty=1.2),
+    "all": dict(top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.1),
+}
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_an_exact_engine_weighs_every_token_one_under_any_sampling_rules_in_float64(name, char_tokenizer):
+    """grpolab's sampler in float64 on the trainer's own float64 weights, at top-p 0.9, top-k 5, min-p 0.1, a
+    repetition penalty of 1.2 and all four together: its log-probs of the distribution it sampled from, put on the
+    whole vocabulary with the trainer's offset (log pi_T - log p_sampling, from the trainer's own logits), give every
+    correction weight 1: exactly for the masks; for the truncations to the sampler's rounding (it reports its
+    log-probs in fp32: 1e-6 a token, 1e-6 x T a sequence). Compared directly, the log-ratio would be the offset
+    itself (for top-p, the log kept mass: the trap of TRL's issue 6789), and that comparison is made to fail here.
+    The chunked, packed and shared-prefix forwards give the offset the plain one gives (the penalty's history
+    travels with each token through their reshaping)."""
     from helpers.models import qwen2
 
     from grpolab.models.logprobs import completion_logprobs
+    from grpolab.models.sampling_rules import SamplingRules
     from grpolab.rollout.engine import EngineSpec, HFEngine, SamplingSettings
 
-    tok = char_tokenizer
+    tok, rules = char_tokenizer, SamplingRules(**RULES[name])
     torch.manual_seed(2)
     model = qwen2(len(tok), eos_token_id=tok.eos_token_id).double().eval()
-    engine = HFEngine(model, EngineSpec(tok.eos_token_id, tok.pad_token_id))
-    prompts = [[tok.bos_token_id, 5 + i, 9, 13] for i in range(3) for _ in range(4)]
-    out = engine.generate(prompts, [(1, i) for i in range(12)], SamplingSettings(16, 1.0, top_p))
     with torch.no_grad():
-        both = completion_logprobs(model, out.batch, 1.0, top_p=top_p)
-    trainer, mass = (both[..., 0], both[..., 1]) if top_p < 1 else (both, torch.zeros_like(both))
+        model.lm_head.weight.mul_(15.0)  # logits of std ~1.6 (from ~0.1): min-p and top-k drop tokens
+    engine = HFEngine(model, EngineSpec(tok.eos_token_id, tok.pad_token_id))
+    prompts = [[tok.bos_token_id, 5 + i, 9, 13, 9] for i in range(3) for _ in range(4)]
+    settings = SamplingSettings(16, 1.0, **RULES[name])
+    out = engine.generate(prompts, [(1, i) for i in range(12)], settings)
+    with torch.no_grad():
+        both = completion_logprobs(model, out.batch, 1.0, rules=rules)
+        for variant in (dict(chunk_tokens=7), dict(packed=True), dict(shared_prefix=True)):
+            again = completion_logprobs(model, out.batch, 1.0, rules=rules, **variant)
+            assert float((again - both).abs().max()) < 1e-12, variant
+    trainer, offset = (both, torch.zeros_like(both)) if rules.full_support else (both[..., 0], both[..., 1])
     mask = out.batch.completion_mask
-    engine_logp = on_full_support(out.logprobs.double(), mass)
+    engine_logp = on_full_support(out.logprobs.double(), offset)
     for mode in CORRECTIONS:
         w = engine_weights(trainer, engine_logp, mask, mode, cap=1.5)[mask.bool()]
         if mode.endswith("mask") or mode == "none":
             assert bool((w == 1).all()), mode
         tol = 1e-6 * (mask.shape[1] if mode.startswith("sequence") else 1)
         assert float((w - 1).abs().max()) <= tol, mode
-    naive = (trainer - out.logprobs.double())[mask.bool()]  # the kept mass's log on every token
-    if top_p < 1:
-        assert float(naive.mean()) < -0.01 and bool((naive < 1e-6).all())
-    else:
+    naive = (trainer - out.logprobs.double())[mask.bool()]  # the offset on every token
+    if rules.full_support:
         assert float(naive.abs().max()) <= 1e-6
+    elif rules.penalised:  # the penalty moves the seen tokens' logits either way
+        assert float(naive.abs().mean()) > 0.01
+    else:  # a truncation: the log kept mass, <= 0
+        assert float(naive.mean()) < -0.01 and bool((naive < 1e-6).all())
 
 
-@pytest.mark.parametrize("mu", [1, 2])
-def test_a_float64_run_at_top_p_reports_no_mismatch_and_weights_of_one(tmp_path, mu):
-    """The update itself puts the sampler's nucleus log-probs on its own scale: a float64 run of the built-in model
-    at top-p 0.9 with every rollout drawn by the exact sampler logs a log-ratio of 0 (it would be the log kept mass,
-    about -0.1, without) and a correction weight of 1, at mu 1 and at mu 2 (the mass from the pre-update pass)."""
+@pytest.mark.parametrize("mu, rules", [(1, dict(top_p=0.9)), (2, RULES["all"])])
+def test_a_float64_run_at_top_p_reports_no_mismatch_and_weights_of_one(tmp_path, mu, rules):
+    """The update itself puts the sampler's log-probs on its own scale: a float64 run of the built-in model at top-p
+    0.9 (and at mu 2, at top-k 20, top-p 0.9, min-p 0.05 and a repetition penalty of 1.1) with every rollout drawn by
+    the exact sampler logs a log-ratio of 0 (it would be the log kept mass, about -0.1, without) and a correction
+    weight of 1, at mu 1 and at mu 2 (the offset from the pre-update pass)."""
     from helpers.runs import metrics_by_step, quiet, small_cfg
 
     from grpolab.training.recipe import train
 
     out = train(
-        small_cfg(tmp_path / "run", steps=1, top_p=0.9, dtype="float64", mu=mu, engine_correction="token-truncate"),
+        small_cfg(tmp_path / "run", steps=1, dtype="float64", mu=mu, engine_correction="token-truncate", **rules),
         log=quiet,
     )
     m = metrics_by_step(out)[1]

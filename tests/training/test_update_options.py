@@ -23,7 +23,7 @@ def test_a_step_without_an_update_logs_the_same_keys_as_one_with_it():
     m = copy.deepcopy(model)
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
     upd = Updater(sections, TrainModule(m, 1.0), opt, get_scheduler("constant", opt), SINGLE, eos_id=2)
-    assert upd.options["params"].cispo_cap == 3.0 and upd.max_grad_norm == 0.5 and upd.top_p == 0.9
+    assert upd.options["params"].cispo_cap == 3.0 and upd.max_grad_norm == 0.5 and upd.rules.top_p == 0.9
     ran = upd(batch, torch.tensor([1.0, -1.0, 0.5, -0.5, 0.2, -0.2]))
     skipped = upd.skip()
     assert set(skipped) <= set(ran) and skipped["loss/total"] is None and ran["loss/total"] is not None
