@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 from grpolab.config.objective import TRL_AGGREGATION_LOSS_TYPES, TRL_LOSS_AGGREGATION
 from grpolab.trl.fields import BY_NAME, FIELDS, PARSER_OPTIONS, help_text, types
+from grpolab.trl.generation import sampling_options, unknown_generation_kwargs
 
 SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
 CORRECTIONS = {
@@ -143,6 +144,8 @@ def post_init(self) -> None:
         value = getattr(self, f.name)
         if f.kind == "refused" and _differs(f.name, value, table=table) and value not in f.accepts:
             raise _refuse(f.name, value, f.note, config)
+    if other := unknown_generation_kwargs(getattr(self, "generation_kwargs", None), table.get("generation_kwargs")):
+        raise _refuse("generation_kwargs", other, table["generation_kwargs"].note, config)
     for name, read in NORMALISE.items():
         setattr(self, name, read(getattr(self, name)))
     if self.disable_tqdm is None:  # transformers: no progress bar when its log says less than warnings
@@ -424,6 +427,7 @@ def _generation(args) -> dict:
         "max_new_tokens": args.max_completion_length,
         "temperature": args.temperature,
         "top_p": args.top_p,
+        **sampling_options(args),
         "rollout_engine": "vllm" if args.use_vllm else "hf",
         "engine_correction": "none",  # TRL corrects vLLM's mismatch only (below); its own generate samples as it trains
         "keep_dropout": not args.disable_dropout,

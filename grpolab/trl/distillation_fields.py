@@ -38,6 +38,7 @@ TEACHER_KEYS = ("revision", "dtype", "torch_dtype", "trust_remote_code", "attn_i
 """teacher_model_init_kwargs' keys grpolab takes (TRL's distillation script fills them in): the teacher's revision;
 the rest load it and change nothing trained (the teacher runs in the run's compute dtype; trust_remote_code False)."""
 
+_WHOLE = "grpolab's full-vocabulary divergence compares the whole next-token distributions: sampled with "
 _NO_EVAL = "grpolab's DistillationTrainer evaluates nothing: TRL's distillation evaluation (the divergence on held-out "
 _NO_EVAL += "prompts) is not built"
 
@@ -62,13 +63,11 @@ _DISTILL_OWN: dict[str, TrlField] = {
             "distill_loss, distill_beta",
             "0.0: fkl (forward KL); 1.0: rkl (reverse KL); between: jsd with distill_beta = beta",
         ),
-        TrlField(
-            "top_p",
-            1.0,
-            "refused",
-            "",
-            "grpolab's full-vocabulary divergence compares the whole next-token distributions: sampled with top-p 1",
-        ),
+        TrlField("top_p", 1.0, "refused", "", _WHOLE + "top-p 1"),
+        TrlField("top_k", 0, "refused", "", _WHOLE + "top-k 0"),
+        TrlField("min_p", None, "refused", "", _WHOLE + "min-p None"),
+        TrlField("repetition_penalty", 1.0, "refused", "", _WHOLE + "no repetition penalty"),
+        TrlField("generation_kwargs", None, "refused", "", _WHOLE + "no generation_kwargs"),
         TrlField(
             "max_tool_calling_iterations",
             None,

@@ -280,9 +280,9 @@ def test_grpolab_trl_grpo_refuses_in_one_line(tmp_path):
                               env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
         return done.returncode, done.stdout + done.stderr
 
-    rc, said = grpolab_trl_grpo("refused", reward_funcs=["think_format_reward"], top_k=5)
+    rc, said = grpolab_trl_grpo("refused", reward_funcs=["think_format_reward"], adam_beta1=0.8)
     assert rc == 2 and "Traceback" not in said, said[-2000:]
-    assert said.strip().splitlines()[-1].startswith("error: GRPOConfig.top_k=5: ")
+    assert said.strip().splitlines()[-1].startswith("error: GRPOConfig.adam_beta1=0.8: ")
     rc, said = grpolab_trl_grpo("miscounted", reward_funcs=["my_rewards.miscounted"])
     assert rc == 2 and "Traceback" not in said, said[-2000:]
     assert said.strip().splitlines()[-1] == "error: reward function miscounted returned 1 rewards for 4 completions"

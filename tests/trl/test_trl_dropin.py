@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -178,9 +179,11 @@ def test_the_parser_s_help_says_what_grpolab_does_with_each_field_and_its_errors
         TrlParser((GRPOConfig,)).parse_args_and_config(["--help"])
     said = " ".join(capsys.readouterr().out.split())
     assert "--learning_rate LEARNING_RATE, --learning-rate LEARNING_RATE grpolab: lr" in said
-    assert "--top_k TOP_K, --top-k TOP_K refused by grpolab unless left at TRL's default" in said
-    with pytest.raises(ValueError, match=r"^GRPOConfig.top_k=5: [^\n]*$"):  # refused: one line, through the parser
-        _parsed(GRPOConfig, ["--top_k", "5"])
+    assert "--adam_beta1 ADAM_BETA1, --adam-beta1 ADAM_BETA1 refused by grpolab unless left at TRL's default" in said
+    with pytest.raises(ValueError, match=r"^GRPOConfig.adam_beta1=0.8: [^\n]*$"):  # one line, through the parser
+        _parsed(GRPOConfig, ["--adam_beta1", "0.8"])
+    assert "--top_k TOP_K, --top-k TOP_K grpolab: top_k" in said
+    assert translate(_parsed(GRPOConfig, ["--top_k", "5", "--max_steps", "2"])).options["top_k"] == 5
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("max_steps: 2\nuse_cpu: true\nno_such_field: 1\n")
     errors = []
@@ -276,6 +279,8 @@ SAMPLE = {
     "vllm_importance_sampling_mode": "token_truncate",
     "vllm_max_model_length": 1024,
     "vllm_importance_sampling_cap": 2.0,
+    "min_p": 0.05,
+    "generation_kwargs": {"repetition_penalty": 1.1},
     "num_train_epochs": 1.0,
     "max_steps": 20,
     "gradient_accumulation_steps": 2,
@@ -592,6 +597,26 @@ def test_steps_per_generation_takes_that_many_optimizer_steps_on_a_generation(tm
     assert (config["prompts_per_step"], config["minibatches"], config["steps"]) == (4, 2, 2)
     lrs = [m["charts/lr"] for m in trainer.run.metrics if "charts/lr" in m]
     assert lrs == pytest.approx([1e-4 * 2 / 4, 0.0])  # linear to 0 over 4 optimizer steps, read after each generation
+
+
+def test_top_k_min_p_and_the_repetition_penalty_map_onto_grpolab_s_and_train(tmp_path):
+    """TRL's sampling fields (generation_kwargs' keys of their names over them, as TRL; None, -1: off) become grpolab's
+    options; a run with them trains 2 steps on the built-in model, its fp32 sampler replayed exactly by the update
+    (engine/logratio_mean ~ 0: the offset of the sampling distribution put back); another generation_kwargs key is
+    refused in one line."""
+    rules = dict(top_k=20, min_p=0.05, repetition_penalty=1.1)
+    o = translate(GRPOConfig(max_steps=1, **rules, generation_kwargs={"top_k": 5}), train_rows=8).options
+    assert (o["top_k"], o["min_p"], o["repetition_penalty"]) == (5, 0.05, 1.1)
+    o = translate(GRPOConfig(max_steps=1, top_k=-1, generation_kwargs={"min_p": None}), train_rows=8).options
+    assert (o["top_k"], o["min_p"], o["repetition_penalty"]) == (0, 0.0, 1.0)
+    with pytest.raises(ValueError, match=r"^GRPOConfig.generation_kwargs=\{'num_beams': 2\}: [^\n]*$"):
+        GRPOConfig(generation_kwargs={"top_k": 5, "num_beams": 2})
+    trainer = GRPOTrainer(BUILTIN, [ends_right], _args(tmp_path, max_steps=2, **rules), train_dataset=_rows())
+    assert trainer.train().global_step == 2
+    assert {k: trainer.run.config[k] for k in rules} == rules
+    steps = [m for m in trainer.run.metrics if "loss/total" in m]
+    assert len(steps) == 2 and all(math.isfinite(m["loss/total"]) for m in steps)
+    assert all(abs(m["engine/logratio_mean"]) < 1e-5 for m in steps)
 
 
 def test_a_model_object_with_its_tokenizer_as_processing_class_after_set_seed(tmp_path):
