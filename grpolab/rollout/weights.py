@@ -30,6 +30,7 @@ from grpolab.models.attention import (
 from grpolab.models.decode_cache import SlabCache, model_cache
 from grpolab.models.fused_decode import CastInput, FusedDecoder, fused_supported
 from grpolab.models.packed_linear import PackedLinear, PlainLinear, packing_available, worth_packing
+from grpolab.rollout.lora_merge import LoraFactors, lora_layers, merge_lora, unplain
 
 
 def base_model(model: nn.Module) -> nn.Module:
@@ -37,10 +38,13 @@ def base_model(model: nn.Module) -> nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def served_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def served_weights(model: nn.Module, unmerged: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """The weights an engine serves, under transformers' names: with LoRA, each adapted layer's base weight plus
     the adapter's delta (a new tensor; the training weights are not touched). A tied weight is given under each
-    of its names: vLLM's loader needs ``lm_head.weight`` even for a tied model."""
+    of its names: vLLM's loader needs ``lm_head.weight`` even for a tied model. ``unmerged`` (with the layers
+    :func:`lora_layers` describes): each adapted layer's base weight as it is, and its factors beside it under the
+    names :class:`LoraFactors` gives (what a generator merges itself,
+    :func:`grpolab.rollout.lora_merge.merged_served`)."""
     base = base_model(model)
     modules = dict(base.named_modules())
     for name, tensor in base.named_parameters(remove_duplicate=False):
@@ -48,19 +52,44 @@ def served_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             continue  # the adapter's own factors: folded into their layer's weight below
         if ".base_layer." in name:  # a LoRA-wrapped layer: name.base_layer.weight -> name.weight
             layer, _, leaf = name.partition(".base_layer.")
-            if leaf == "weight":
+            if leaf == "weight" and unmerged:
+                lora = modules[layer]
+                (adapter,) = lora.active_adapters
+                yield f"{layer}.lora_A", lora.lora_A[adapter].weight.detach()
+                yield f"{layer}.lora_B", lora.lora_B[adapter].weight.detach()
+            elif leaf == "weight":
                 tensor = _merged(modules[layer], tensor)
             name = f"{layer}.{leaf}"
         yield name, tensor.detach()
 
 
 def _merged(lora, weight: torch.Tensor) -> torch.Tensor:
-    """``weight + sum of the active adapters' deltas`` as a new tensor."""
-    merged = weight.detach().clone()
+    """``weight + sum of the active adapters' deltas`` as a new tensor (:func:`merge_lora` for a plain LoRA linear
+    layer, peft's own ``get_delta_weight`` for the others)."""
+    merged, owned = weight.detach(), False
     for adapter in lora.active_adapters:
-        if adapter in lora.lora_A:
+        if adapter not in lora.lora_A:
+            continue
+        if unplain(lora, adapter) is None:
+            a, b = lora.lora_A[adapter].weight, lora.lora_B[adapter].weight
+            merged = merge_lora(merged, a, b, lora.scaling[adapter], lora.fan_in_fan_out)
+        else:
+            merged = merged if owned else merged.clone()
             merged += lora.get_delta_weight(adapter).to(merged.dtype)
-    return merged
+        owned = True
+    return merged if owned else merged.clone()
+
+
+def sent_lora(model: nn.Module, lora_sync: str, dtype: torch.dtype | None = None) -> tuple[dict[str, LoraFactors], str]:
+    """The adapted layers a generator process or worker is sent unmerged under ``--lora-sync`` (``auto`` and
+    ``adapter``: every LoRA layer, when :func:`lora_layers` can describe them all; ``merged``: none), their merged
+    weights served in ``dtype``; and, when a LoRA policy's weights go merged after all, why ("" otherwise)."""
+    if lora_sync == "merged":
+        return {}, ""
+    layers = lora_layers(base_model(model).named_modules(), dtype)
+    if isinstance(layers, str):
+        return {}, f"--lora-sync {lora_sync}: the LoRA weights go merged ({layers}: the generator cannot merge them)"
+    return layers, ""
 
 
 class SamplerWeights:
