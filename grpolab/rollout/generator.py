@@ -6,11 +6,13 @@ a :class:`grpolab.rollout.vllm_engine.VLLMEngine`, vLLM in the child's process, 
 the trainer keeps everything else (the collector, the rewards, the environments, the update).
 
 Weights: after each optimizer step the trainer writes the served weights (``grpolab.rollout.weights.
-served_weights``) into one shared-memory buffer per dtype, and the child copies them into a version of its own,
-numbered by the sync (0: the starting weights). Every draw names the version it must use:
-``max(0, syncs - K)`` under ``--max-staleness K`` (the current ones inside :meth:`ProcessEngine.current_weights`),
-so what the child draws depends only on the prompts, the keys and that version, never on timing. The child keeps the
-versions a later draw may still ask for (the newest K + 1).
+served_weights``) into one shared-memory buffer per dtype, only where their bits changed (the buffer holds the
+previous version, :mod:`grpolab.rollout.delta`), and sends the child those positions; the child builds from its
+previous version and them a version of its own, numbered by the sync (0: the starting weights). A LoRA policy's
+adapter goes unmerged beside its base weights, and the child merges it (``--lora-sync``: the base travels once).
+Every draw names the version it must use: ``max(0, syncs - K)`` under ``--max-staleness K`` (the current ones inside
+:meth:`ProcessEngine.current_weights`), so what the child draws depends only on the prompts, the keys and that
+version, never on timing. The child keeps the versions a later draw may still ask for (the newest K + 1).
 
 Overlap: :meth:`ProcessEngine.prefetch` asks, before the update of step t, for the rollouts of step t + 1; with
 K >= 1 their weights (those after step t - K) already exist. When the collector then asks for exactly that draw (the
@@ -34,6 +36,7 @@ reproducible, and none of torch.multiprocessing's pools or queues keeps it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 import signal
@@ -44,13 +47,16 @@ import torch
 import torch.multiprocessing as mp
 
 from grpolab.common.errors import GeneratorError
+from grpolab.rollout.delta import Change, span_of
 from grpolab.rollout.duplex import CLOSED
 from grpolab.rollout.replica import START_TIMEOUT, GeneratorSpec, SharedWeights, pipe_end, serve
 from grpolab.rollout.sampler import Sampled, SamplingSettings
 from grpolab.rollout.spec import EngineSpec
-from grpolab.rollout.weights import base_model, held_state, held_version, restored_held, served_weights
+from grpolab.rollout.weights import base_model, held_state, held_version, restored_held, sent_lora, served_weights
 
-__all__ = ["ProcessEngine", "VersionedDraws"]
+__all__ = ["ProcessEngine", "SyncBooks", "VersionedDraws"]
+
+log = logging.getLogger("grpolab.generator")
 
 
 # ---------------------------------------------------------------------- the trainer's side
@@ -107,6 +113,33 @@ class VersionedDraws:
         return version if version <= self.syncs else None
 
 
+class SyncBooks:
+    """The weight syncs' books since the last metrics (``generators/sync_*``): the bytes that travelled (positions
+    and values of deltas, whole stretches), the trainer's seconds, and of the elements compared those whose bits
+    changed."""
+
+    def __init__(self):
+        self.bytes, self.seconds, self.changed, self.size = 0, 0.0, 0, 0
+
+    def add(self, changes: list[Change]) -> None:
+        """The stretches of one version sent to one receiver."""
+        for c in changes:
+            self.bytes += c.nbytes
+            self.changed += c.changed
+            self.size += c.size
+
+    def pop(self) -> dict[str, float]:
+        """``generators/sync_bytes``, ``generators/sync_s`` and ``generators/sync_delta_frac`` (the share of the
+        elements compared whose bits changed; 1 for a receiver that held none) since the last call."""
+        out = {
+            "generators/sync_bytes": float(self.bytes),
+            "generators/sync_s": self.seconds,
+            "generators/sync_delta_frac": self.changed / self.size if self.size else 0.0,
+        }
+        self.__init__()
+        return out
+
+
 class ProcessEngine(VersionedDraws):
     """A rollout engine drawing in a generator process (module docstring). ``model``: the policy's model (its
     weights are pushed at each :meth:`weights_changed`); ``spec.max_staleness``: --max-staleness K; ``threads``: the
@@ -130,8 +163,13 @@ class ProcessEngine(VersionedDraws):
         self._sync_tag: int | None = None
         self._prefetched: tuple[tuple, int] | None = None
         self._current = False
+        self._whole = False  # the next sync writes every weight (after a restore: the child holds no version)
+        self.books = SyncBooks()
         base = base_model(model)
         param = next(model.parameters())
+        self.lora, note = sent_lora(model, spec.lora_sync)  # LoRA: the base and the factors, merged by the child
+        if note:
+            log.warning(note)
         served = self._served()
         self.shared = SharedWeights(served)
         self.shared.write(served)
@@ -151,6 +189,7 @@ class ProcessEngine(VersionedDraws):
             seed=spec.seed,
             fp32_head=spec.fp32_head,
             storage=spec.storage,
+            lora=self.lora,
         )
         conn, self.process = _start_child(spec, self.shared)
         self._pipe = pipe_end(conn)
@@ -209,13 +248,26 @@ class ProcessEngine(VersionedDraws):
         return True
 
     def weights_changed(self) -> None:
-        """Push the policy's weights: written into the shared buffers once the child has taken the previous ones."""
+        """Push the policy's weights once the child has taken the previous ones: the shared buffers hold those, and
+        only the positions whose bits changed are written, and named to the child (their int32 indices, with the
+        pipe's message), which builds the new version from its previous one and them (after a restore, every
+        weight)."""
         if self._sync_tag is not None:
             self.spans.append(("sync", *self._answer(self._sync_tag, f"taking the weights of sync {self.syncs}")))
-        self.shared.write(self._served())
+        t0 = time.perf_counter()
+        changes = self.shared.update(self._served(), full=self._whole)
+        spans = None if self._whole else [span_of(b, start, c) for b, start, c in changes if c.changed]
+        self._whole = False
         self.syncs += 1
         keep_from = held_version(self.syncs, self.max_staleness)
-        self._sync_tag = self._send("sync", self.syncs, keep_from)
+        self._sync_tag = self._send("sync", self.syncs, keep_from, spans)
+        self.books.add([c for _, _, c in changes])
+        self.books.seconds += time.perf_counter() - t0
+
+    def pop_metrics(self) -> dict[str, float]:
+        """``generators/sync_*`` since the last call (:meth:`SyncBooks.pop`): bytes written into the shared buffers
+        and positions sent, the trainer's seconds, the share of elements changed."""
+        return self.books.pop()
 
     # ------------------------------------------------------------------ checkpoints
     def held_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -231,12 +283,13 @@ class ProcessEngine(VersionedDraws):
         held, pending = restored_held(counts, tensors)
         versions = {counts["version"]: held, **dict(pending)}
         self._answer(self._send("restore", versions), "taking the checkpoint's weights in flight")
-        self.syncs = counts["syncs"]
+        self.syncs, self._whole = counts["syncs"], True
 
     # ------------------------------------------------------------------ the pipe
     def _served(self) -> dict[str, torch.Tensor]:
+        """The weights the child is sent: served, or with LoRA the base and factors apart (:attr:`lora`)."""
         with torch.no_grad(), self.full_weights():
-            return {n: t.cpu() for n, t in served_weights(self.model)}
+            return {n: t.cpu() for n, t in served_weights(self.model, unmerged=bool(self.lora))}
 
     def _drop_prefetch(self) -> None:
         if self._prefetched is not None:

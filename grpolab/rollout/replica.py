@@ -20,7 +20,9 @@ import traceback
 
 import torch
 
+from grpolab.rollout.delta import Change, Span, apply, encode, patched_weights, whole
 from grpolab.rollout.duplex import Duplex
+from grpolab.rollout.lora_merge import LoraFactors, merged_served
 from grpolab.rollout.spec import EngineSpec
 from grpolab.rollout.weights import skeleton, snapshot
 
@@ -59,6 +61,9 @@ class GeneratorSpec:
     """The LM head's product in fp32 when the engine samples in bf16 or fp16 (--fp32-head)."""
     storage: torch.dtype | None = None
     """The copy's dtype outside its products (a sampler that computes as a mixed-precision trainer's autocast)."""
+    lora: dict[str, LoraFactors] = dataclasses.field(default_factory=dict)
+    """``--lora-sync adapter``: the adapted layers whose base weight and factors come unmerged (the child merges
+    them, :func:`grpolab.rollout.lora_merge.merged_served`); empty: every weight comes as it is served."""
 
 
 class SharedWeights:
@@ -107,6 +112,24 @@ class SharedWeights:
             for name, view in self._views.items():
                 view.copy_(served[name])
 
+    def update(self, served: dict[str, torch.Tensor], full: bool = False) -> list[tuple[str, int, Change]]:
+        """Write ``served`` over the version the buffers hold, only where its bits differ (``full``: all of it);
+        returns each weight's place and :class:`grpolab.rollout.delta.Change` (``(buffer, start, change)``; a tied
+        weight once)."""
+        out, seen = [], set()
+        with torch.no_grad():
+            for name, (dtype, start, _) in self.layout.items():
+                if (dtype, start) in seen:
+                    continue
+                seen.add((dtype, start))
+                view, new = self._views[name].view(-1), served[name].detach().reshape(-1)
+                change = encode(view, new)
+                if full and not change.full:
+                    change = whole(new, change.changed)
+                apply(view, change)
+                out.append((str(dtype), start, change))
+        return out
+
 
 def weights_digest(weights: dict[str, torch.Tensor]) -> str:
     """A checksum of weights by name (what a test compares the generator's weights by)."""
@@ -127,11 +150,14 @@ class ReplicaGenerator:
 
         set_threads(spec.threads)
         self.spec = spec
+        self.layout = shared.layout
         self.slot = shared.views(buffers)
         self.replica = skeleton(spec.model_class, spec.config, spec.buffers, spec.param_dtype, spec.device, False)
         self.replica.requires_grad_(spec.trainable)
         self.params = dict(self.replica.named_parameters(remove_duplicate=False))
-        self.versions = {0: snapshot(self.slot)}
+        self.newest: tuple[dict, dict, bool] | None = None
+        """The newest version as it came (the slot's weights), as it is served, and whether it came merged."""
+        self.versions = {0: self.take()}
         self._load(0)
         engine = EngineSpec(spec.eos_id, spec.pad_id, spec.dtype, spec.storage, spec.fp32_head, seed=spec.seed,
                             vllm=spec.vllm)  # fmt: skip
@@ -142,6 +168,23 @@ class ReplicaGenerator:
         else:
             self.engine = HFEngine(self.replica, engine, always_copy=spec.always_copy)
         self.loaded = 0
+
+    def forget(self) -> None:
+        """Hold no version (a worker, whose trainer sends the versions it needs, the first of them whole)."""
+        self.versions, self.loaded, self.newest = {}, -1, None
+
+    def take(self, spans: list[Span] | None = None, merged: bool = False) -> dict[str, torch.Tensor]:
+        """The slot's weights as a new version, served: a snapshot (``spans`` None), or the newest version before
+        with the positions ``spans`` name taken from the slot (the rest is unchanged: the trainer wrote, or the
+        worker received, only those). ``merged``: the slot's LoRA-adapted weights are merged already (a version a
+        checkpoint kept)."""
+        if spans is not None and self.newest is None:
+            raise ValueError("a weight delta came to a generator that holds no version to apply it to")
+        raw = snapshot(self.slot) if spans is None else patched_weights(self.newest[0], self.slot, self.layout, spans)
+        reuse = None if spans is None or merged or self.newest[2] else self.newest[:2]
+        served = merged_served(raw, self.spec.lora, self.spec.device, merged, reuse)
+        self.newest = (raw, served, merged)
+        return served
 
     def _load(self, version: int) -> None:
         with torch.no_grad():
@@ -171,10 +214,10 @@ class ReplicaGenerator:
             out = out._replace(batch=out.batch._replace(media=None))
             held = weights_digest(self.versions[version]) if digest else None
             return "drawn", tag, (out, (t0, time.time()), held)
-        if kind == "sync":
-            version, keep_from = message[2:]
+        if kind == "sync":  # ("sync", tag, version, keep_from[, spans[, merged]]): spans None, the slot whole
+            version, keep_from, *how = message[2:]
             t0 = time.time()
-            self.versions[version] = snapshot(self.slot)
+            self.versions[version] = self.take(*how)
             for v in [v for v in self.versions if v < keep_from]:  # never asked for again (the loaded: in place)
                 del self.versions[v]
             return "synced", tag, (t0, time.time())
@@ -182,7 +225,7 @@ class ReplicaGenerator:
             return "state", tag, dict(self.versions)
         if kind == "restore":
             self.versions = dict(message[2])
-            self.loaded = -1
+            self.loaded, self.newest = -1, None  # the next sync comes whole
             return "restored", tag, None
         raise ValueError(f"unknown message {kind!r}")
 

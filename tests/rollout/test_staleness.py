@@ -13,8 +13,14 @@ from helpers.runs import quiet, small_cfg
 from grpolab.config.train import ConfigError
 from grpolab.rollout.replica import weights_digest as digest  # the checksum the generator process reports
 
-# in the trainer's process, and in a generator process (a process started: the slow tier)
-GENERATORS = ["inline", pytest.param("process", marks=pytest.mark.slow)]
+# in the trainer's process, and in a generator process (a process started: the slow tier); the process at K = 2 with
+# a LoRA policy (rank 4), sent its adapter and merging it (--lora-sync auto)
+GENERATORS = [
+    pytest.param("inline", 1, 0, id="1-inline"),
+    pytest.param("inline", 2, 0, id="2-inline"),
+    pytest.param("process", 1, 0, id="1-process", marks=pytest.mark.slow),
+    pytest.param("process", 2, 4, id="2-process-lora", marks=pytest.mark.slow),
+]
 RESUMED = [pytest.param(g, marks=pytest.mark.slow) for g in ("inline", "process")]  # three runs each: 2.5 s inline
 
 
@@ -30,12 +36,12 @@ def engine_digest(trainer) -> str:
     return digest(trainer.sampling_stage.service.engine.weights.held)
 
 
-@pytest.mark.parametrize("generator", GENERATORS)
-@pytest.mark.parametrize("K", [1, 2])
-def test_step_t_draws_with_exactly_the_weights_of_step_t_minus_k(tmp_path, K, generator):
+@pytest.mark.parametrize(("generator", "K", "lora_rank"), GENERATORS)
+def test_step_t_draws_with_exactly_the_weights_of_step_t_minus_k(tmp_path, K, generator, lora_rank):
     from grpolab.training.recipe import build_trainer
 
-    trainer = build_trainer(small_cfg(tmp_path, max_staleness=K, warmup_steps=0, generator=generator), log=quiet)
+    cfg = small_cfg(tmp_path, max_staleness=K, warmup_steps=0, generator=generator, lora_rank=lora_rank)
+    trainer = build_trainer(cfg, log=quiet)
     engine = trainer.sampling_stage.service.engine
     if generator == "process":
         engine.digests = []  # the generator process reports the checksum of the weights each draw used
@@ -48,6 +54,8 @@ def test_step_t_draws_with_exactly_the_weights_of_step_t_minus_k(tmp_path, K, ge
             metrics = trainer.step(t).metrics
             after.append(policy_digest(trainer))
             assert metrics["async/staleness_max"] == min(K, t - 1)
+            if generator == "process":
+                assert_synced_as_delta(metrics, trainer, lora_rank)
         drawn = drawn or engine.digests
         # synchronously step t draws with the weights after step t - 1; K steps behind, after step t - 1 - K
         assert drawn == [after[max(0, t - 1 - K)] for t in range(1, 7)]
@@ -63,6 +71,21 @@ def test_step_t_draws_with_exactly_the_weights_of_step_t_minus_k(tmp_path, K, ge
         assert trainer.cfg.objective.engine_correction == "sequence-truncate"  # auto corrects the staleness
     finally:
         trainer.close()
+
+
+def assert_synced_as_delta(metrics: dict, trainer, lora_rank: int) -> None:
+    """The step's weight sync to the generator process wrote only what changed: with LoRA the adapter's factors (the
+    base went once, at the start); with full fine-tuning in fp32 nearly every weight, whole."""
+    from grpolab.rollout.weights import served_weights
+
+    served = dict(served_weights(trainer.policy.model))
+    size = sum(t.numel() for t in {id(t): t for t in served.values()}.values())  # a tied weight once
+    frac, sent = metrics["generators/sync_delta_frac"], metrics["generators/sync_bytes"]
+    assert metrics["generators/sync_s"] > 0
+    if lora_rank:  # the factors: 2 r (in + out) per adapted layer, a small share of the weights
+        assert 0 < frac < 0.2 and 0 < sent < 0.2 * 4 * size
+    else:
+        assert frac > 0.5 and 0.5 * 4 * size < sent <= 4 * size
 
 
 def fresh_evaluation(trainer) -> dict:
@@ -123,7 +146,11 @@ def test_a_resumed_stale_run_continues_as_the_uninterrupted_one(tmp_path, genera
 
     shutil.rmtree(cut / "checkpoints" / "step_3")  # resume from step 2: two steps' weights in flight
     resumed = train(small_cfg(cut, steps=5, resume=True, **options), log=quiet)
-    assert metrics_by_step(resumed) == metrics_by_step(whole)
+
+    def books(run) -> dict:  # the generator's own (generators/sync_*: a resumed run's first sync goes whole)
+        return {s: {k: v for k, v in r.items() if not k.startswith("generators/")} for s, r in metrics_by_step(run).items()}  # fmt: skip
+
+    assert books(resumed) == books(whole)
     assert rollouts_of(resumed) == rollouts_of(whole)
     assert_same_params(whole, resumed, step=5)
 
