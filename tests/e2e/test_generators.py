@@ -90,6 +90,9 @@ def test_three_workers_draw_the_trainers_tokens_and_its_log_probs_to_the_cpus_ro
     wa, wb = (load_file(str(r / "checkpoints" / "step_4" / "model.safetensors")) for r in (inline, run))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert [b[4][f"generators/rows_worker{i}"] > 0 for i in (1, 2, 3)] == [True] * 3
+    events = [json.loads(line) for line in (run / "generators.jsonl").read_text().splitlines()]
+    sent = [(e["worker"], e["version"], e["base"]) for e in events if e["kind"] == "weights"]  # K = 0: the delta's
+    assert sorted(sent) == [(w, v, v - 1 if v else None) for w in (1, 2, 3) for v in range(5)]  # base held till sent
 
 
 def test_a_non_local_listen_address_needs_a_token(tmp_path, monkeypatch):
@@ -182,6 +185,11 @@ def test_lost_late_and_stranger_workers_leave_the_run_as_the_trainer_draws_it(tm
     assert sum(e["kind"] == "refused" for e in events) == 2 and 3 in {
         e["worker"] for e in events if e["kind"] == "joined"
     }
+    for worker in (1, 2, 3):  # each took the first version it was sent whole, then each as the delta from the last
+        sent = [e for e in events if e["kind"] == "weights" and e["worker"] == worker]
+        assert sent[0]["base"] is None and [e["base"] for e in sent[1:]] == [e["version"] for e in sent[:-1]]
+    late = [e for e in events if e["kind"] == "weights" and e["worker"] == 3]
+    assert len(late) >= 2 and late[0]["bytes"] == max(e["bytes"] for e in events if e["kind"] == "weights")
     from grpolab.report.page import build_report
 
     page = build_report(out).read_text()
@@ -380,15 +388,48 @@ def test_a_workers_answer_bigger_than_the_socket_buffers_is_read_while_the_weigh
         stop([worker])
 
 
+def sent_digest(trainer, dtype) -> str:
+    """The checksum of the policy's served weights now, as a worker is sent them (floating ones in ``dtype``)."""
+    from grpolab.rollout.replica import weights_digest
+    from grpolab.rollout.weights import served_weights
+
+    served = served_weights(trainer.policy.model)
+    return weights_digest({n: t.to(dtype) if t.is_floating_point() else t for n, t in served})
+
+
 @pytest.mark.slow
-def test_closing_the_pool_ends_its_accepting_thread_and_frees_the_port(tmp_path):
-    """The listening socket is shut down, which wakes the thread blocked in accept() (closing it alone does not,
-    on Linux): the thread ends and the port can be listened on again at once."""
+@pytest.mark.parametrize("lora_rank", [0, 4], ids=["full", "lora"])
+def test_a_worker_holds_each_version_bit_for_bit_and_closing_the_pool_frees_its_port(tmp_path, machine_kind, lora_rank):
+    """Three steps in bf16 rollouts, of every weight or of a LoRA adapter (sent unmerged: the worker merges it):
+    after each, the version the worker holds (a draw with the current weights reports its checksum) is the trainer's
+    served weights in bf16, the first sent whole, each after it as the delta from the one before, in fewer bytes
+    than whole (with LoRA, the factors alone: the base went once). Then the listening socket is shut down, which
+    wakes the thread blocked in accept() (closing it alone does not, on Linux): the thread ends and the port can be
+    listened on again at once."""
+    from grpolab.rollout.engine import SamplingSettings
+
+    machine_kind(bf16=False)  # the sampler's kernels (the worker's too): the checksums do not depend on them
     port = free_port()
     worker = start_worker(port)
     try:
-        trainer = one_worker_trainer(tmp_path, port)
-        accepting = trainer.sampling_stage.engine.listener.accepting
+        # small steps (lr 1e-6): few bf16 weights change, and the deltas are smaller than the whole
+        trainer = one_worker_trainer(tmp_path, port, rollout_dtype="bfloat16", lr=1e-6, lora_rank=lora_rank)
+        engine = trainer.sampling_stage.engine
+        engine.digests, rows, events = [], [], []
+        for t in range(1, 4):
+            result = trainer.step(t)
+            rows.append(result.metrics)
+            events += [e for e in result.engine_events if e["kind"] == "weights"]
+            with engine.current_weights():  # a draw with the newest version: the one this step synced
+                engine.generate([[1, 5, 6]], [(7, t)], SamplingSettings(4, 1.0, 1.0, True))
+            assert engine.digests[-1] == sent_digest(trainer, torch.bfloat16)
+        assert [(e["version"], e["base"]) for e in events] == [(0, None), (1, 0), (2, 1), (3, 2)]
+        whole = sum(b.numel() * b.element_size() for b in engine.versions.slot.buffers.values())
+        assert events[0]["bytes"] == whole and all(0 < e["bytes"] < whole / 2 for e in events[1:])
+        assert all(0 < r["generators/sync_delta_frac"] < 1 and r["generators/sync_bytes"] > 0 for r in rows)
+        assert rows[1]["generators/sync_bytes"] == events[2]["bytes"]  # step 2: its delta alone
+        assert len(engine.versions.lora) == (21 if lora_rank else 0)  # every linear layer adapted, sent unmerged
+        accepting = engine.listener.accepting
         trainer.close()
         accepting.join(5)
         assert not accepting.is_alive()

@@ -15,7 +15,10 @@ The connection: after the handshake (:mod:`grpolab.rollout.remote.wire`: the pro
 under the shared token), the trainer sends the model's class name, its config as JSON and its buffers; the worker
 builds a replica, says it is ready, and both ends join a process group of their own (``torch.distributed``, gloo on
 a CPU, NCCL between CUDA devices: two ranks, the trainer rank 0), over which every weight version is broadcast in
-buckets of ``BUCKET_BYTES``, in the rollout dtype. Draws, their answers and the sync notices are frames on the TCP
+buckets of ``BUCKET_BYTES``, in the rollout dtype: the first a worker takes whole, each later one as the delta from
+the version it holds (:mod:`grpolab.rollout.delta`: per bucket the positions that changed and their values, or the
+whole bucket where that is smaller), a LoRA policy's adapter unmerged beside its base (``--lora-sync``). Draws, their
+answers and the sync notices (a sync's header says, per bucket, whole or how many positions) are frames on the TCP
 connection. Weights are sent after the optimizer step, outside FSDP2's gather (:meth:`WorkerPool.weights_changed`
 runs after ``full_weights`` has closed), so they never interleave with the trainer's own collectives.
 
@@ -29,7 +32,7 @@ kernels compute a row otherwise in a batch of fewer than 4 rows).
 Faults: a worker that dies, closes its connection or gives no answer within ``--generator-timeout`` is dropped
 (``generators/lost``) and its parts are drawn again by the next live worker from the same keys (``generators/
 redrawn``). A worker that joins late gets the versions a later draw may still ask for (the newest K + 1) before it
-draws. With no worker left the trainer waits ``--generator-wait`` seconds for one to join, then stops with one
-:class:`grpolab.common.errors.GeneratorError`. A worker exits when its connection closes (the trainer ended or died:
-the kernel closes a dead process's sockets, and TCP keepalive notices a vanished host).
+draws, the oldest whole. With no worker left the trainer waits ``--generator-wait`` seconds for one to join, then
+stops with one :class:`grpolab.common.errors.GeneratorError`. A worker exits when its connection closes (the trainer
+ended or died: the kernel closes a dead process's sockets, and TCP keepalive notices a vanished host).
 """

@@ -14,6 +14,7 @@ import torch
 
 from grpolab.common.distributed import forced_backend
 from grpolab.common.errors import ConfigError
+from grpolab.rollout.lora_merge import LoraFactors
 from grpolab.rollout.sampler import SamplingSettings
 
 log = logging.getLogger("grpolab.generators")
@@ -93,7 +94,8 @@ def pair_group(store, name: str, rank: int, backend: str, timeout: float):
 
 
 def broadcast_piece(group, backend: str, piece: torch.Tensor, device: str) -> None:
-    """One bucket from rank 0 into rank 1's ``piece`` (NCCL through a copy on the CUDA device)."""
+    """One tensor (a bucket, or a delta's int32 positions or values) from rank 0 into rank 1's ``piece`` (NCCL
+    through a copy on the CUDA ``device``)."""
     if backend == "nccl":
         staged = piece.to(device)
         group.broadcast(staged, 0).wait()
@@ -102,13 +104,14 @@ def broadcast_piece(group, backend: str, piece: torch.Tensor, device: str) -> No
         group.broadcast(piece, 0).wait()
 
 
-def weight_buckets(buffers: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """Each flat buffer in pieces of at most BUCKET_BYTES (views: broadcasting into them fills the buffer)."""
+def weight_buckets(buffers: dict[str, torch.Tensor]) -> list[tuple[str, int, torch.Tensor]]:
+    """Each flat buffer in pieces of at most BUCKET_BYTES: ``(buffer, start, piece)``, the buffer's name, the piece's
+    first position in it, and the piece (a view: broadcasting into it fills the buffer)."""
     pieces = []
     for name in sorted(buffers):
         flat = buffers[name]
         step = max(1, BUCKET_BYTES // flat.element_size())
-        pieces += [flat[i : i + step] for i in range(0, flat.numel(), step)]
+        pieces += [(name, i, flat[i : i + step]) for i in range(0, flat.numel(), step)]
     return pieces
 
 
@@ -118,6 +121,15 @@ def layout_json(layout: dict) -> dict:
 
 def layout_of(data: dict) -> dict:
     return {n: (getattr(torch, d), start, torch.Size(shape)) for n, (d, start, shape) in data.items()}
+
+
+def lora_json(layers: dict[str, LoraFactors]) -> dict:
+    """:class:`grpolab.rollout.weights.LoraFactors` by weight name as JSON (a float's repr reads back exactly)."""
+    return {n: [f.a, f.b, f.scaling, f.fan_in_fan_out, str(f.dtype).removeprefix("torch.")] for n, f in layers.items()}
+
+
+def lora_of(data: dict) -> dict[str, LoraFactors]:
+    return {n: LoraFactors(a, b, float(s), bool(t), getattr(torch, d)) for n, (a, b, s, t, d) in data.items()}
 
 
 def settings_json(s: SamplingSettings) -> dict:

@@ -41,6 +41,8 @@ class WorkerHandle:
     seconds: float = 0.0
     stale: int = 0
     """Answers read to requests that were dropped (read and let go)."""
+    newest: int | None = None
+    """The newest weight version it was sent (its buffers hold it: the next is sent as the delta from it)."""
 
     @property
     def name(self) -> str:

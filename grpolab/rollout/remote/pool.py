@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 
 from grpolab.common.errors import ConfigError, GeneratorError
+from grpolab.rollout.delta import Change
 from grpolab.rollout.generator import VersionedDraws
 from grpolab.rollout.remote.books import PoolBooks
 from grpolab.rollout.remote.common import (
@@ -21,6 +22,7 @@ from grpolab.rollout.remote.common import (
     is_local,
     layout_json,
     log,
+    lora_json,
     read_token,
     split_address,
     weight_buckets,
@@ -77,9 +79,14 @@ class WorkerPool(VersionedDraws):
         self._tag = 0
         self._prefetched = None
         self._live: list[WorkerHandle] = []
-        self.versions = HeldVersions(model, spec.full_weights, self.send_dtype, self.max_staleness)
+        self.versions = HeldVersions(
+            model, spec.full_weights, self.send_dtype, self.max_staleness, spec.lora_sync, self.device
+        )
+        if self.versions.note:
+            say(f"generators: {self.versions.note}")
         greeting = welcome(model, self.dtype, spec, timeout, run)
         greeting["layout"] = layout_json(self.versions.slot.layout)
+        greeting["lora"] = lora_json(self.versions.lora)
         buffers = {n: b.detach().cpu() for n, b in base_model(model).named_buffers()}
         self.listener = Listener(
             host, port, welcome=greeting, buffers=buffers, token=token, run=run, device=self.device,
@@ -167,7 +174,9 @@ class WorkerPool(VersionedDraws):
         return True
 
     def weights_changed(self) -> None:
-        """Broadcast the policy's new weights to every live worker (after the optimizer step)."""
+        """Broadcast the policy's new weights to every live worker (after the optimizer step), to each as the delta
+        from the version it holds (:meth:`HeldVersions.changes`)."""
+        start = time.perf_counter()
         self._admit()  # a worker that joined gets the versions held so far, then this one with the others
         self.syncs += 1
         self.versions.add(self.syncs)
@@ -177,7 +186,9 @@ class WorkerPool(VersionedDraws):
                 self._send_weights(worker, self.syncs)
             except Lost as e:
                 self._drop(e.worker, e.why)
+        self.versions.release()  # the version before, the deltas' base, went with the sends
         self.books.broadcast_s += time.perf_counter() - t0
+        self.books.sync.seconds += time.perf_counter() - start
 
     def pop_metrics(self) -> dict[str, float]:
         """``generators/*`` since the last call (:meth:`PoolBooks.pop_metrics`)."""
@@ -195,6 +206,7 @@ class WorkerPool(VersionedDraws):
         self.versions.restore(counts, tensors)
         self.syncs = counts["syncs"]
         for worker in list(self._live):
+            worker.newest = None  # its buffers hold none of these: the oldest goes whole
             try:
                 self._send_held(worker)
             except Lost as e:
@@ -216,20 +228,27 @@ class WorkerPool(VersionedDraws):
         return tag
 
     def _send_held(self, worker: WorkerHandle) -> None:
-        """Every version a draw may still ask for, oldest first (a worker that joins, a resumed run's)."""
-        for version in sorted(self.versions.held):
+        """Every version a draw may still ask for, oldest first (a worker that joins, a resumed run's): the oldest
+        whole, each other as the delta from the one before."""
+        for version in sorted(v for v in self.versions.held if v >= self.versions.keep_from):
             self._send_weights(worker, version)
 
     def _send_weights(self, worker: WorkerHandle, version: int) -> None:
-        keep_from = min(self.versions.held)
-        start = time.time()
-        self._send(worker, {"kind": "sync", "version": version, "keep_from": keep_from})  # its answer: read, let go
+        """``version`` to ``worker``: a header that says, per bucket, whole (-1) or how many positions changed since
+        the version the worker holds, then the buckets (:func:`send_buckets`)."""
+        base = worker.newest if worker.newest in self.versions.held else None
+        changes, start = self.versions.changes(base, version), time.time()
+        merged, keep_from = version in self.versions.merged, self.versions.keep_from
+        header = {"kind": "sync", "version": version, "keep_from": keep_from, "merged": merged}
+        self._send(worker, {**header, "pieces": [-1 if c.full else c.changed for c in changes]})  # answer: let go
         try:
-            for piece in weight_buckets(self.versions.held[version]):
-                broadcast_piece(worker.group, worker.backend, piece, self.device)
+            send_buckets(worker, weight_buckets(self.versions.held[version]), changes, self.device)
         except RuntimeError as e:
             raise Lost(worker, f"the weight broadcast failed ({first_words(e)})") from None
-        self.books.event("weights", worker.id, start=start, end=time.time(), version=version)
+        worker.newest = version
+        self.books.sync.add(changes)
+        sent = sum(c.nbytes for c in changes)
+        self.books.event("weights", worker.id, start=start, end=time.time(), version=version, base=base, bytes=sent)
 
     def _ensure_live(self) -> None:
         self._admit()
@@ -319,6 +338,18 @@ class WorkerPool(VersionedDraws):
             worker.group = None
         self._live = []
         self.listener.release()
+
+
+def send_buckets(worker: WorkerHandle, pieces: list, changes: list[Change], device: str) -> None:
+    """A version's buckets to ``worker`` on their pair group, each as its :class:`grpolab.rollout.delta.Change`
+    says: the whole bucket, or its positions (int32) then its values, or nothing when none changed (what
+    :func:`grpolab.rollout.remote.worker.receive_version` takes)."""
+    for (_, _, piece), change in zip(pieces, changes):
+        if change.full:
+            broadcast_piece(worker.group, worker.backend, piece, device)
+        elif change.changed:
+            broadcast_piece(worker.group, worker.backend, change.indices, device)
+            broadcast_piece(worker.group, worker.backend, change.values, device)
 
 
 def worker_pool(model: torch.nn.Module, spec: EngineSpec, say: Callable[[str], None] = log.warning) -> WorkerPool:

@@ -45,8 +45,9 @@ __all__ = [
 ]
 
 MAGIC = b"GRPL"
-PROTOCOL = 1
-"""The protocol's version: a worker and a trainer of another version refuse each other in the handshake."""
+PROTOCOL = 2
+"""The protocol's version: a worker and a trainer of another version refuse each other in the handshake (2: weight
+syncs as deltas)."""
 MAX_HEADER = 1 << 20
 """A header's largest size in bytes (1 MiB: a draw's prompts and keys as JSON, 64 rows of 4k tokens, fit)."""
 DTYPES = {

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from grpolab.common.errors import GeneratorError
+from grpolab.rollout.delta import Change, Span, apply, span_of
 from grpolab.rollout.remote.common import (
     HANDSHAKE_TIMEOUT,
     RENDEZVOUS_TIMEOUT,
@@ -26,6 +27,7 @@ from grpolab.rollout.remote.common import (
     first_words,
     keepalive,
     layout_of,
+    lora_of,
     pair_group,
     read_token,
     split_address,
@@ -117,7 +119,7 @@ def _join(sock: socket.socket, options: WorkerOptions):
     spec = worker_spec(welcome, dict(zip(welcome["buffers"], buffers)), options)
     slot = SharedWeights.of_layout(layout_of(welcome["layout"]))
     generator = ReplicaGenerator(spec, slot, slot.buffers)
-    generator.versions, generator.loaded = {}, -1  # the trainer sends the versions it needs
+    generator.forget()  # the trainer sends the versions it needs, the first whole
     send_frame(sock, {"kind": "ready"})
     host, _ = split_address(options.connect)
     span = datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT)
@@ -186,12 +188,11 @@ def _serve(sock, generator, slot, group, backend: str, device: str, name: str, s
         if kind == "sync":
             t0 = time.time()
             try:
-                for piece in pieces:
-                    broadcast_piece(group, backend, piece, device)
+                spans = receive_version(group, backend, device, pieces, header["pieces"])
             except RuntimeError as e:
                 say(f"grpolab generator: {name}: a weight broadcast failed ({first_words(e)}); exiting")
                 return 1
-            generator.handle(("sync", tag, header["version"], header["keep_from"]))
+            generator.handle(("sync", tag, header["version"], header["keep_from"], spans, header["merged"]))
             send_frame(sock, {"kind": "synced", "tag": tag, "span": [t0, time.time()]})
         elif kind == "draw":
             keys = [tuple(k) for k in header["keys"]]
@@ -203,6 +204,30 @@ def _serve(sock, generator, slot, group, backend: str, device: str, name: str, s
             send_frame(writer, answer, [*out.batch.tensors, *(t for t in stats if t is not None)])
         else:
             raise WireError(f"a message of kind {kind!r}")
+
+
+def receive_version(group, backend: str, device: str, pieces: list, counts: list[int]) -> list[Span] | None:
+    """A weight version into the buffers ``pieces`` (:func:`grpolab.rollout.remote.common.weight_buckets`'s), which
+    hold the version before: per bucket, ``counts`` says whole (-1: the bucket is broadcast) or how many positions
+    changed (their int32 indices, then their values, are broadcast and written in). Returns the spans that changed
+    (:class:`grpolab.rollout.delta.Span`), or None when every bucket came whole."""
+    if len(counts) != len(pieces):
+        raise WireError(f"a weight sync of {len(counts)} buckets; this worker's weights are {len(pieces)}")
+    spans = []
+    for (buffer, start, piece), count in zip(pieces, counts):
+        if count < 0:
+            broadcast_piece(group, backend, piece, device)
+            spans.append(Span(buffer, start, start + piece.numel(), None))
+        elif count:
+            indices, values = torch.empty(count, dtype=torch.int32), torch.empty(count, dtype=piece.dtype)
+            broadcast_piece(group, backend, indices, device)
+            broadcast_piece(group, backend, values, device)
+            change = Change(indices, values, count, piece.numel())
+            if int(indices.min()) < 0 or int(indices.max()) >= piece.numel():
+                raise WireError(f"a weight delta's positions outside its bucket of {piece.numel()}")
+            apply(piece, change)
+            spans.append(span_of(buffer, start, change))
+    return None if all(c < 0 for c in counts) else spans
 
 
 def worker_spec(welcome: dict, buffers: dict[str, torch.Tensor], options: WorkerOptions) -> GeneratorSpec:
@@ -241,6 +266,7 @@ def worker_spec(welcome: dict, buffers: dict[str, torch.Tensor], options: Worker
         seed=welcome["seed"],
         fp32_head=welcome["fp32_head"],
         storage=storage,
+        lora=lora_of(welcome["lora"]),
     )
 
 
