@@ -3,7 +3,7 @@ pushed once, and each new version of the adapter handed over after an optimizer 
 
 vLLM computes an adapted layer as ``W x + s B A x`` from the base weight ``W`` and the factors ``A``, ``B`` (scale
 ``s``), as peft's ``lora.Linear`` does in the trainer, so the engine needs the base once and then only the factors:
-for SmolLM2-135M at rank 16, 19.5 MB a step instead of 652 MB of merged weights (docs/vllm.md).
+for SmolLM2-135M at rank 16, 19.5 MB a step instead of 651 MB of merged weights (docs/vllm.md).
 
 Why a directory: vLLM 0.32 loads an adapter only from a path (``LoRARequest.lora_path``, holding adapter_config.json
 and adapter_model.safetensors, what peft's ``save_pretrained`` writes); none of its public calls takes the tensors.
@@ -15,7 +15,9 @@ is not a plain linear one (embeddings, convolutions, a quantized layer), the out
 LoRA variants, LoRA bias, parameters that train outside the factors (``modules_to_save``, trainable tokens), a rank
 above vLLM's largest (512), a vision-language model, and CUDA's sleep mode (``--vllm-sleep`` frees the weights at
 every generation: the base would travel at every sync anyway). An architecture vLLM has no LoRA for (GPT-2) is
-vLLM's to say (:func:`grpolab.rollout.vllm_engine.architecture_reason`).
+vLLM's to say (:func:`grpolab.rollout.vllm_engine.architecture_reason`). On the CPU, ``auto`` merges even an adapter
+vLLM can serve: its CPU LoRA layers copy the factors for every token, which costs more than the sync saves
+(:data:`grpolab.rollout.vllm_engine.CPU_LORA`).
 """
 
 from __future__ import annotations

@@ -174,10 +174,18 @@ def architecture_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
+CPU_LORA = (
+    "vLLM's CPU build computes LoRA by copying each token's factors, which costs more generation time than the "
+    "adapter-only sync saves (docs/vllm.md; --lora-sync adapter serves it unmerged all the same)"
+)
+"""Why ``--lora-sync auto`` merges on the CPU: there vLLM's LoRA layers gather a copy of the factors for every token
+(``vllm.lora.ops.torch_ops``), most of a step's generation time on SmolLM2 (docs/vllm.md)."""
+
+
 def lora_serving(model: torch.nn.Module, spec: EngineSpec, device: torch.device, say: Callable[[str], None]):
     """The adapter vLLM serves unmerged (its :class:`AdapterShape`), or None: every weight is pushed, the adapter
-    merged in. None without LoRA, with ``--lora-sync merged``, and with ``auto`` where vLLM cannot serve it (``say``
-    is told why, in one line).
+    merged in. None without LoRA, with ``--lora-sync merged``, and with ``auto`` where vLLM cannot serve it or is
+    slower serving it (on the CPU: :data:`CPU_LORA`); ``say`` is then told why, in one line.
 
     Raises:
         ConfigError: ``--lora-sync adapter`` where vLLM cannot serve it (the reason in the message).
@@ -185,8 +193,10 @@ def lora_serving(model: torch.nn.Module, spec: EngineSpec, device: torch.device,
     shape = adapter_shape(model)
     if shape is None or spec.lora_sync == "merged":
         return None
-    settings = spec.vllm or VLLMSettings()
-    reason = why_not_served(model, settings, device) or architecture_reason(model)
+    reason = why_not_served(model, spec.vllm or VLLMSettings(), device)
+    if reason is None and spec.lora_sync == "auto" and device.type == "cpu":
+        reason = CPU_LORA
+    reason = reason or architecture_reason(model)
     if reason is None:
         return shape
     if spec.lora_sync == "adapter":

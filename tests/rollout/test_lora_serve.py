@@ -22,7 +22,7 @@ from grpolab.rollout.lora_serve import (
     why_not_served,
 )
 from grpolab.rollout.spec import EngineSpec, VLLMSettings
-from grpolab.rollout.vllm_engine import lora_serving
+from grpolab.rollout.vllm_engine import CPU_LORA, lora_serving
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -123,3 +123,5 @@ def test_lora_sync_adapter_where_vllm_cannot_serve_is_a_one_line_config_error_an
     merged = EngineSpec(eos_id=0, pad_id=0, vllm=VLLMSettings(), lora_sync="merged")
     assert lora_serving(_lora(), merged, CPU, said.append) is None and len(said) == 1  # merged: asked for, nothing said
     assert lora_serving(qwen2(64), spec, CPU, said.append) is None  # no LoRA: every weight, whatever it says
+    # auto on the CPU: vLLM could serve it, but slower than it syncs (CPU_LORA); adapter asked for serves it there
+    assert lora_serving(_lora(), auto, CPU, said.append) is None and said[-1].endswith(CPU_LORA) and len(said) == 2
