@@ -314,16 +314,18 @@ class VLLMEngine:
             prompts (list[list[int]]): N prompts' token ids, unpadded: B prompts, each repeated G times, N = B*G.
             keys (list[tuple[int, ...]]): [N] rollout keys; ``keys[n]`` seeds row n's generator (:func:`rollout_seed`;
                 unseeded at temperature 0, which is greedy).
-            settings (SamplingSettings): ``max_new_tokens``, ``temperature``, ``top_p`` and ``ignore_eos``, for every
-                row; ``prompt_width`` is not read (vLLM takes each prompt unpadded).
+            settings (SamplingSettings): ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k`` (0: off, vLLM's
+                own off value), ``min_p``, ``repetition_penalty`` and ``ignore_eos``, for every row; ``prompt_width``
+                is not read (vLLM takes each prompt unpadded).
             media (Sequence[Media | None] | None): None, or no row with images: this engine takes text prompts only.
 
         Returns:
             Sampled: on the policy's device: ``batch`` (``prompt_ids``, ``prompt_mask`` [N, P], P the longest prompt;
                 ``completion_ids``, ``completion_mask`` [N, T], T the longest completion, at least 1 and at most
                 ``max_new_tokens``; no ``media``), ``logprobs`` [N, T] vLLM's log-prob of each sampled token under
-                the distribution it sampled from (after temperature and top-p; 0 on padding), and ``entropy`` None
-                (vLLM does not return it).
+                the distribution it sampled from (its ``processed_logprobs``: after the repetition penalty, the
+                temperature, min-p, top-k and top-p, :mod:`grpolab.models.sampling_rules`; 0 on padding), and
+                ``entropy`` None (vLLM does not return it).
 
         Raises:
             NotImplementedError: a row with images (grpolab's own sampler, ``--rollout-engine hf``, draws those).
@@ -338,6 +340,9 @@ class VLLMEngine:
                 n=1,
                 temperature=settings.temperature,
                 top_p=settings.top_p,
+                top_k=settings.top_k,
+                min_p=settings.min_p,
+                repetition_penalty=settings.repetition_penalty,
                 max_tokens=settings.max_new_tokens,
                 seed=rollout_seed(k) if settings.temperature > 0 else None,
                 logprobs=0,  # the sampled token's own log-prob

