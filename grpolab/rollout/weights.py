@@ -80,6 +80,26 @@ def _merged(lora, weight: torch.Tensor) -> torch.Tensor:
     return merged if owned else merged.clone()
 
 
+def product_weights(model: nn.Module, fp32_head: bool = False) -> set[str]:
+    """The served weights (transformers' names) a sampler's copy reads only as a matrix product's operand, each cast
+    to its products' dtype as it loads (:class:`SamplerWeights`, the fused decoder): every linear layer's weight,
+    the LM head's too unless ``fp32_head`` keeps it in its own dtype, less a tensor also served under another name
+    (a tied embedding, which the copy keeps in its storage dtype). A sampler that computes as autocast does takes
+    these in the products' dtype, bit for bit what it would cast them to."""
+    base = base_model(model)
+    head = _head_name(base)
+    linear = {
+        f"{name.replace('.base_layer', '')}.weight"
+        for name, m in base.named_modules()
+        if isinstance(m, nn.Linear) and ".lora_" not in name and not (fp32_head and name == head)
+    }
+    names: dict[int, set[str]] = {}
+    for name, t in base.named_parameters(remove_duplicate=False):
+        names.setdefault(t.data_ptr(), set()).add(name.replace(".base_layer", ""))
+    shared = {n for group in names.values() if len(group) > 1 and not group <= linear for n in group}
+    return linear - shared
+
+
 def sent_lora(model: nn.Module, lora_sync: str, dtype: torch.dtype | None = None) -> tuple[dict[str, LoraFactors], str]:
     """The adapted layers a generator process or worker is sent unmerged under ``--lora-sync`` (``auto`` and
     ``adapter``: every LoRA layer, when :func:`lora_layers` can describe them all; ``merged``: none), their merged

@@ -388,19 +388,23 @@ def test_a_workers_answer_bigger_than_the_socket_buffers_is_read_while_the_weigh
         stop([worker])
 
 
-def sent_digest(trainer, dtype) -> str:
-    """The checksum of the policy's served weights now, as a worker is sent them (floating ones in ``dtype``)."""
+def sent_digest(trainer, dtype, mixed: bool = False) -> str:
+    """The checksum of the policy's served weights now, as a worker is sent them (floating ones in ``dtype``; with
+    ``mixed``, only those read in products, the rest in the policy's own)."""
     from grpolab.rollout.replica import weights_digest
-    from grpolab.rollout.weights import served_weights
+    from grpolab.rollout.weights import product_weights, served_weights
 
-    served = served_weights(trainer.policy.model)
-    return weights_digest({n: t.to(dtype) if t.is_floating_point() else t for n, t in served})
+    model = trainer.policy.model
+    cast = product_weights(model) if mixed else {n for n, _ in served_weights(model)}
+    served = served_weights(model)
+    return weights_digest({n: t.to(dtype) if t.is_floating_point() and n in cast else t for n, t in served})
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("lora_rank", [0, 4], ids=["full", "lora"])
 def test_a_worker_holds_each_version_bit_for_bit_and_closing_the_pool_frees_its_port(tmp_path, machine_kind, lora_rank):
-    """Three steps in bf16 rollouts, of every weight or of a LoRA adapter (sent unmerged: the worker merges it):
+    """Three steps in bf16 rollouts, of every weight (bf16-mixed: the products' weights in bf16, the rest fp32) or of
+    a LoRA adapter (sent unmerged: the worker merges it):
     after each, the version the worker holds (a draw with the current weights reports its checksum) is the trainer's
     served weights in bf16, the first sent whole, each after it as the delta from the one before, in fewer bytes
     than whole (with LoRA, the factors alone: the base went once). Then the listening socket is shut down, which
@@ -413,7 +417,11 @@ def test_a_worker_holds_each_version_bit_for_bit_and_closing_the_pool_frees_its_
     worker = start_worker(port)
     try:
         # small steps (lr 1e-6): few bf16 weights change, and the deltas are smaller than the whole
-        trainer = one_worker_trainer(tmp_path, port, rollout_dtype="bfloat16", lr=1e-6, lora_rank=lora_rank)
+        # full fine-tuning under bf16-mixed: the products' weights go in bf16, the norms and embedding in fp32
+        precision = "32-true" if lora_rank else "bf16-mixed"
+        trainer = one_worker_trainer(
+            tmp_path, port, rollout_dtype="bfloat16", lr=1e-6, lora_rank=lora_rank, precision=precision
+        )
         engine = trainer.sampling_stage.engine
         engine.digests, rows, events = [], [], []
         for t in range(1, 4):
@@ -422,7 +430,7 @@ def test_a_worker_holds_each_version_bit_for_bit_and_closing_the_pool_frees_its_
             events += [e for e in result.engine_events if e["kind"] == "weights"]
             with engine.current_weights():  # a draw with the newest version: the one this step synced
                 engine.generate([[1, 5, 6]], [(7, t)], SamplingSettings(4, 1.0, 1.0, True))
-            assert engine.digests[-1] == sent_digest(trainer, torch.bfloat16)
+            assert engine.digests[-1] == sent_digest(trainer, torch.bfloat16, mixed=not lora_rank)
         assert [(e["version"], e["base"]) for e in events] == [(0, None), (1, 0), (2, 1), (3, 2)]
         whole = sum(b.numel() * b.element_size() for b in engine.versions.slot.buffers.values())
         assert events[0]["bytes"] == whole and all(0 < e["bytes"] < whole / 2 for e in events[1:])

@@ -5,6 +5,8 @@ function the trainer and a generator merge an adapter with, is peft's."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -123,3 +125,28 @@ def test_merge_lora_is_peft_s_merge_and_a_generator_merges_what_it_was_sent_into
     model.base_model.model[0].use_dora["default"] = True  # a layer kind it cannot merge: sent merged
     layers, note = sent_lora(model, "auto")
     assert layers == {} and "DoRA" in note
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_weights_read_only_in_products_go_in_the_products_dtype_beside_fp32_norms_and_embeddings(tied):
+    """Under bf16-mixed a sampler keeps fp32 outside its products: the linear layers' weights travel in bf16 (what it
+    casts them to), the norms and the embedding in fp32; a head tied to the embedding stays fp32 with it, and
+    --fp32-head keeps an untied head fp32."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from grpolab.rollout.remote.versions import HeldVersions
+    from grpolab.rollout.weights import product_weights
+
+    config = LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tied)  # fmt: skip
+    model = LlamaForCausalLM(config)
+    a, m = "model.layers.0.self_attn.", "model.layers.0.mlp."
+    linear = {f"{a}{p}_proj.weight" for p in "qkvo"} | {f"{m}{p}_proj.weight" for p in ("gate", "up", "down")}
+    assert product_weights(model) == linear | (set() if tied else {"lm_head.weight"})
+    assert product_weights(model, fp32_head=True) == linear
+    held = HeldVersions(model, contextlib.nullcontext, torch.float32, 0, product_dtype=torch.bfloat16)
+    dtypes = {n: t.dtype for n, t in held.slot.views(held.held[0]).items()}
+    assert {n for n, d in dtypes.items() if d == torch.bfloat16} == product_weights(model)
+    assert dtypes["model.embed_tokens.weight"] == dtypes["model.norm.weight"] == torch.float32
+    served = held.named(0)
+    assert all(torch.equal(served[n], model.get_parameter(n).detach().to(dtypes[n])) for n in product_weights(model))

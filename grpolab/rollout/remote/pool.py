@@ -80,8 +80,9 @@ class WorkerPool(VersionedDraws):
         self._prefetched = None
         self._live: list[WorkerHandle] = []
         self.versions = HeldVersions(
-            model, spec.full_weights, self.send_dtype, self.max_staleness, spec.lora_sync, self.device
-        )
+            model, spec.full_weights, self.send_dtype, self.max_staleness, spec.lora_sync, self.device,
+            product_dtype=self.dtype, fp32_head=spec.fp32_head,
+        )  # fmt: skip
         if self.versions.note:
             say(f"generators: {self.versions.note}")
         greeting = welcome(model, self.dtype, spec, timeout, run)

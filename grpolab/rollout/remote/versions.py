@@ -12,7 +12,14 @@ from grpolab.rollout.delta import Change, encode, whole
 from grpolab.rollout.lora_merge import merged_served
 from grpolab.rollout.remote.common import weight_buckets
 from grpolab.rollout.replica import SharedWeights
-from grpolab.rollout.weights import held_state, held_version, restored_held, sent_lora, served_weights
+from grpolab.rollout.weights import (
+    held_state,
+    held_version,
+    product_weights,
+    restored_held,
+    sent_lora,
+    served_weights,
+)
 
 
 class HeldVersions:
@@ -20,7 +27,11 @@ class HeldVersions:
     :class:`grpolab.rollout.replica.SharedWeights` layout, in ``send_dtype``. ``full_weights``: the context in which
     the policy's weights are whole (FSDP2's gather). ``lora_sync`` (--lora-sync): with a LoRA policy sent as its
     adapter (:attr:`lora`), the adapted layers' base weights and factors stay in the trainer's dtypes, and the
-    workers merge them (into ``send_dtype``); ``device``: where the trainer merges them (a checkpoint's versions)."""
+    workers merge them (into ``send_dtype``); ``device``: where the trainer merges them (a checkpoint's versions).
+    ``product_dtype``: the dtype the sampler computes its products in, when it keeps ``send_dtype`` outside them
+    (bf16 products beside fp32 norms and embeddings, as autocast computes): the weights it reads only in products
+    (:func:`grpolab.rollout.weights.product_weights`) go in it, half the bytes, and bf16's coarser grid leaves more
+    of them unchanged from one version to the next."""
 
     def __init__(
         self,
@@ -30,8 +41,12 @@ class HeldVersions:
         max_staleness: int,
         lora_sync: str = "merged",
         device: str = "cpu",
+        product_dtype: torch.dtype | None = None,
+        fp32_head: bool = False,
     ):
         self.model, self.full_weights, self.send_dtype = model, full_weights, send_dtype
+        self.product_dtype = product_dtype or send_dtype
+        self.products = product_weights(model, fp32_head) if product_dtype not in (None, send_dtype) else set()
         self.max_staleness, self.device = max_staleness, device
         self.lora, self.note = sent_lora(model, lora_sync, send_dtype)
         self._parts = set(self.lora) | {n for f in self.lora.values() for n in (f.a, f.b)}  # not cast
@@ -50,7 +65,8 @@ class HeldVersions:
         with torch.no_grad(), self.full_weights():
             out = {}
             for n, t in served_weights(self.model, unmerged=bool(self.lora)):
-                dtype = self.send_dtype if t.is_floating_point() and n not in self._parts else t.dtype
+                dtype = self.product_dtype if n in self.products else self.send_dtype
+                dtype = dtype if t.is_floating_point() and n not in self._parts else t.dtype
                 key = (t.data_ptr(), t.shape, t.dtype, dtype)
                 if key not in cast:
                     cast[key] = t.detach().to("cpu", dtype)
