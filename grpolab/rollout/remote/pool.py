@@ -69,7 +69,8 @@ class WorkerPool(VersionedDraws):
         param = next(model.parameters())
         self.dtype = spec.dtype or param.dtype
         self.device = str(param.device)
-        # the weights go in the rollout dtype, unless the sampler keeps the policy's outside its products (storage)
+        # the weights go in the rollout dtype; a sampler that keeps the policy's outside its products (storage) takes
+        # those in it, and the weights it reads only in products in the rollout dtype (HeldVersions' product_dtype)
         self.send_dtype = param.dtype if spec.storage is not None else self.dtype
         self.syncs = 0
         self.prefetches = {"used": 0, "dropped": 0}
@@ -79,10 +80,8 @@ class WorkerPool(VersionedDraws):
         self._tag = 0
         self._prefetched = None
         self._live: list[WorkerHandle] = []
-        self.versions = HeldVersions(
-            model, spec.full_weights, self.send_dtype, self.max_staleness, spec.lora_sync, self.device,
-            product_dtype=self.dtype, fp32_head=spec.fp32_head,
-        )  # fmt: skip
+        self.versions = HeldVersions(model, spec.full_weights, self.send_dtype, self.max_staleness, spec.lora_sync,
+                                     self.device, product_dtype=self.dtype, fp32_head=spec.fp32_head)  # fmt: skip
         if self.versions.note:
             say(f"generators: {self.versions.note}")
         greeting = welcome(model, self.dtype, spec, timeout, run)
