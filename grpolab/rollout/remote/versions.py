@@ -60,7 +60,7 @@ class HeldVersions:
 
     def served(self) -> dict[str, torch.Tensor]:
         """The policy's weights as the workers get them: on the CPU, floating ones in ``send_dtype`` (with
-        :attr:`lora`, the adapted layers' base weights and factors in their own)."""
+        :attr:`lora`, the adapted layers' base weights and factors in their own, the factors last)."""
         cast: dict[tuple, torch.Tensor] = {}  # a tied weight (the same memory under two names) stays one tensor
         with torch.no_grad(), self.full_weights():
             out = {}
@@ -71,7 +71,10 @@ class HeldVersions:
                 if key not in cast:
                     cast[key] = t.detach().to("cpu", dtype)
                 out[n] = cast[key]
-            return out
+        # the factors last: the layout keeps them together at the end of their buffer, in buckets of their own that
+        # travel whole (every value moves), not scattered among the frozen base weights as 4-byte positions each
+        factors = {n for f in self.lora.values() for n in (f.a, f.b)}
+        return {n: t for n, t in out.items() if n not in factors} | {n: out[n] for n in out if n in factors}
 
     def copy(self) -> dict:
         """The slot's buffers now, by dtype."""
