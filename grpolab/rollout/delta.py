@@ -55,6 +55,8 @@ def encode(prev: torch.Tensor, new: torch.Tensor) -> Change:
     at least its own."""
     if prev.shape != new.shape or prev.dtype != new.dtype or new.dim() != 1:
         raise ValueError(f"a delta between {prev.dtype}{list(prev.shape)} and {new.dtype}{list(new.shape)}")
+    if torch.equal(bits(prev), bits(new)):  # a stretch of frozen weights: no mask to build (the common case)
+        return Change(torch.empty(0, dtype=torch.int32), new[:0], 0, new.numel())
     differs = bits(prev) != bits(new)  # [n]
     changed, size = int(differs.sum()), new.element_size()
     if changed * (INDEX_BYTES + size) >= new.numel() * size or new.numel() >= 1 << 31:

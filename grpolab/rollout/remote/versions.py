@@ -53,6 +53,7 @@ class HeldVersions:
         self.merged: set[int] = set()
         """Versions whose buffers hold the LoRA layers merged (a checkpoint's: their factors are zeros)."""
         self._changes: dict[tuple[int, int], list[Change]] = {}
+        self._free: list[dict] = []
         served = self.served()
         self.slot = SharedWeights(served, shared=False)
         self.slot.write(served)
@@ -83,8 +84,12 @@ class HeldVersions:
     def add(self, version: int) -> None:
         """Keep the policy's weights now as ``version``. Those no draw may ask for any more stay until
         :meth:`release`: the workers hold the version before, and take this one as the delta from it."""
-        self.slot.write(self.served())
-        self.held[version] = self.copy()
+        buffers = self._free.pop() if self._free else {d: torch.empty_like(b) for d, b in self.slot.buffers.items()}
+        served = self.served()
+        with torch.no_grad():
+            for name, view in self.slot.views(buffers).items():
+                view.copy_(served[name])
+        self.held[version] = buffers  # written in place: a released version's buffers, not a copy of the slot's
         self._changes = {}
 
     @property
@@ -95,7 +100,7 @@ class HeldVersions:
     def release(self) -> None:
         """Let go of the versions no draw may ask for any more."""
         for v in [v for v in self.held if v < self.keep_from]:
-            del self.held[v]
+            self._free = [self.held.pop(v)]  # the next version is written into them
             self.merged.discard(v)
         self._changes = {}
 
