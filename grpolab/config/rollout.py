@@ -179,7 +179,8 @@ class EngineSection:
     """With --lora-rank: what a weight sync sends the rollout engine. 'adapter': the adapter alone after each
     optimizer step (the base once), served unmerged: vLLM as a LoRA adapter, the generator process and workers as
     its factors, merged on their side as the trainer merges them. 'merged': every weight, the adapter folded in.
-    auto: adapter where the engine can serve it, else merged (the run says why)."""
+    auto: adapter where the engine can serve it, else merged (the run says why); vLLM on the CPU merges too, its
+    LoRA layers generating about 3x slower than the merged weights (docs/vllm.md)."""
 
     @property
     def placement(self) -> Literal["inline", "process", "workers"]:
