@@ -90,7 +90,7 @@ def rollouts_of(run: Path) -> list[dict]:
 
 def assert_same_metrics(a: Path, b: Path) -> None:
     """Two runs' metrics agree step by step (``rel`` 1e-4): the float noise of differently batched forwards
-    (``engine/*``), the rank-0 records (``credit/*``), the times and a generator's own books (``generators/*``:
+    (``engine/*``), the rank-0 records (``credit/*``), the times and a generator's own books (``generators/*``, vLLM's ``vllm/*``:
     its seconds) aside."""
     from grpolab.training.runlog import read_metrics
 
@@ -98,7 +98,7 @@ def assert_same_metrics(a: Path, b: Path) -> None:
     assert [r["step"] for r in ra] == [r["step"] for r in rb] == list(range(len(ra)))  # one row per step
     for x, y in zip(ra, rb):
         for k, v in x.items():
-            if k.startswith(("time/", "engine/", "credit/", "generators/")) or v is None:
+            if k.startswith(("time/", "engine/", "credit/", "generators/", "vllm/")) or v is None:
                 continue
             if k == "doctor/weights_unmoved_frac":  # a few of ~1e5 sampled fp32 weights sit at the edge of rounding
                 assert y[k] == pytest.approx(v, abs=1e-3), (x["step"], k, v, y[k])  # and flip with float noise
