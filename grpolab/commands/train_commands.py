@@ -3,6 +3,8 @@ Each parses its own options (:func:`grpolab.commands.parsing.parse_config`) and 
 
 from __future__ import annotations
 
+import sys
+
 from grpolab.commands.parsing import parse_config, saved_run_config
 from grpolab.common import startup
 from grpolab.training import launch
@@ -25,9 +27,10 @@ def cmd_train(args: list[str]) -> None:
         "(--steps, --max-rollouts, logging, evaluation frequency, the machine and process count).",
         base_of=saved_run_config,
     )
-    if launch.relaunches(cfg.run.nproc):  # refuse a bad config once, before starting P processes
-        checked_config(cfg, cfg.run.nproc)
-    with launch.processes(cfg.run.nproc, ["train", *args]) as main_rank:
+    nproc = processes_for(cfg.resolved(), cfg.policy.model == "builtin")
+    if launch.relaunches(nproc):  # refuse a bad config once, before starting P processes
+        checked_config(cfg, nproc)
+    with launch.processes(nproc, ["train", *args]) as main_rank:
         startup.import_libraries()
         from grpolab.commands import api
         from grpolab.report.plotting import plot_run
@@ -43,6 +46,15 @@ def cmd_train(args: list[str]) -> None:
                 print(f"run written to {out} (plot: {plot_run(out)})")
     if status:
         raise SystemExit(status)
+
+
+def processes_for(cfg, small_model: bool) -> int:
+    """The processes a command runs on (:func:`grpolab.training.launch.auto_processes`); --nproc 0 says what it
+    chose, and why, where it chose several."""
+    nproc, why = launch.auto_processes(cfg, small_model)
+    if cfg.run.nproc == 0 and launch.relaunches(nproc):
+        print(f"--nproc 0: {nproc} processes, {why} (--nproc 1 runs one)", file=sys.stderr, flush=True)
+    return nproc
 
 
 def cmd_sft(args: list[str]) -> None:
@@ -81,16 +93,34 @@ def cmd_code_task(args: list[str]) -> None:
 
 
 def cmd_demo(args: list[str]) -> None:
-    from grpolab.commands.demo import DemoConfig, run_demo
+    import os
+    import time
 
+    from grpolab.commands.demo import CHOSEN, STARTED, DemoConfig, demo_processes, run_demo
+
+    if "WORLD_SIZE" not in os.environ:  # a torchrun child counts its start-up from the user's command
+        os.environ[STARTED] = repr(time.time())
     cfg = parse_config(
         DemoConfig,
         args,
         "grpolab demo",
         "The main job: GRPO from the built-in warm start, or on a real instruct model with a preset task "
-        "(--model smollm2-135m-instruct); held-out accuracy before/after with 95% intervals, samples and a plot.",
+        "(--model smollm2-135m-instruct); held-out accuracy before/after with 95% intervals, samples and a plot. "
+        "The built-in demo runs one process per core (--nproc 1: one).",
     )
-    run_demo(cfg)
+    nproc, why = demo_processes(cfg)
+    if launch.relaunches(nproc):  # the children take the reason along (they do not choose again)
+        os.environ[CHOSEN] = why
+    why = os.environ.get(CHOSEN, why)
+    if cfg.retrain_sft and launch.relaunches(nproc):  # trained (or found) once here, not by every process at once
+        from rich.console import Console
+
+        from grpolab.commands.demo import warm_start
+
+        warm_start(True, Console())
+    with launch.processes(nproc, ["demo", *args]):
+        startup.import_libraries()
+        run_demo(cfg, why)
 
 
 def cmd_generator(args: list[str]) -> None:

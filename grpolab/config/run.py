@@ -50,12 +50,14 @@ class RunSection:
     max_rollouts: int = 0
     """Stop after the step at which the run has generated this many rollouts (sampling/rollouts_total); 0 = run
     --steps steps. For comparing sampling modes at an equal budget."""
-    nproc: int = 1
+    nproc: int = 0
     """Processes on this machine: > 1 relaunches this command under torchrun (data-parallel, one node).
-    Ignored inside a torchrun launch, which sets the number itself. --prompts-per-step must be a multiple of it."""
+    --prompts-per-step must be a multiple of it. 0 = as many as pay: one per core for the built-in model on a CPU
+    (one thread each, 50 steps or more, rollouts drawn in the trainer's processes), else one; from Python, one.
+    Ignored inside a torchrun launch, which sets the number itself."""
 
     def validate(self) -> None:
-        check_counts(self, positive=("steps", "nproc"), non_negative=("max_rollouts",))
+        check_counts(self, positive=("steps",), non_negative=("max_rollouts", "nproc"))
 
 
 DTYPE_ALIAS = {

@@ -264,8 +264,8 @@ class TrainConfig:
         """What a run on ``world_size`` processes needs on top of :meth:`validate`."""
         if self.groups.prompts_per_step is None:
             return self.resolved().validate_world(world_size)
-        if self.run.nproc < 1:
-            raise bad("nproc", f"must be >= 1, got {self.run.nproc}")
+        if self.run.nproc < 0:
+            raise bad("nproc", f"must be >= 0 (0: as many as pay), got {self.run.nproc}")
         if world_size == 1:
             return
         if self.groups.prompts_per_step % world_size:

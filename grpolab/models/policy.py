@@ -12,17 +12,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from grpolab.common.given import NOTHING, Given
 from grpolab.data.jsonl import DataError
 from grpolab.data.records import prompt_of
+from grpolab.models.names import ASSET_DIR, BUILTIN, BUILTIN_VLM, VLM_ASSET_DIR  # noqa: F401 (re-exported)
 
-BUILTIN = "builtin"
-BUILTIN_VLM = "builtin-vlm"
-"""The built-in vision-language model: a tiny LLaVA fine-tuned on the shapes task (grpolab/assets/shapes-vlm)."""
 SYSTEM_PROMPT = (
     "Solve the arithmetic problem. Work step by step, one short line per step, "
     "and end with a final line of the form '#### <answer>'."
 )
 MATH_SYSTEM_PROMPT = "Solve the problem step by step and put the final answer in \\boxed{}."
-ASSET_DIR = Path(__file__).parents[1] / "assets" / "arith-sft"  # shipped warm start (see its README)
-VLM_ASSET_DIR = Path(__file__).parents[1] / "assets" / "shapes-vlm"  # the built-in vision-language model
 
 
 @dataclasses.dataclass

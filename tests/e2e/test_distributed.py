@@ -90,7 +90,7 @@ def test_drop_flag_removes_the_flag_and_its_value_only():
         (dict(prompts_per_step=5), 2, "prompts-per-step"),
         (dict(fsdp=True, lora_rank=4), 2, "fsdp"),
         (dict(fsdp=True, probe_every=5), 2, "probe"),
-        (dict(nproc=0), 1, "nproc"),
+        (dict(nproc=-1), 1, "nproc"),
     ],
 )
 def test_invalid_multi_process_configs_name_the_field(over, world, msg):
