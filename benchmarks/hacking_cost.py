@@ -24,7 +24,7 @@ OFF = ["--hacking-every", "0", "--honeypots", "none"]
 
 def run(out: Path, steps: int, signs: bool) -> dict:
     """One run; its figures."""
-    args = [sys.executable, "-m", "grpolab", "train", "--steps", str(steps), "--eval-every", "10", "--threads", "1",
+    args = [sys.executable, "-m", "grpolab", "train", "--nproc", "1", "--steps", str(steps), "--eval-every", "10", "--threads", "1",
             "--no-progress", "--save-every", "0", "--out", str(out), *([] if signs else OFF)]  # fmt: skip
     t0 = time.perf_counter()
     subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

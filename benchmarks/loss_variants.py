@@ -69,6 +69,8 @@ def train(out: Path, run: Path, name: str, seed: int, args) -> None:
             "-m",
             "grpolab",
             "train",
+            "--nproc",
+            "1",
             "--out",
             str(run),
             "--seed",

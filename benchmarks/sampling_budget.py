@@ -51,6 +51,8 @@ def train(run: Path, mode: str, seed: int, args, extra: list[str]) -> float:
         "-m",
         "grpolab",
         "train",
+        "--nproc",
+        "1",
         "--out",
         str(run),
         "--seed",

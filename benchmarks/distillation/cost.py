@@ -21,7 +21,7 @@ from pathlib import Path
 
 def run(out: Path, args, teacher: bool) -> dict:
     """One run; its median step time and the teacher's median seconds a step (steps 2 on)."""
-    cmd = [sys.executable, "-m", "grpolab", "train", "--out", str(out), "--model", args.model, "--steps",
+    cmd = [sys.executable, "-m", "grpolab", "train", "--nproc", "1", "--out", str(out), "--model", args.model, "--steps",
            str(args.steps), "--eval-questions", "8", "--eval-samples", "1", "--eval-every", "0", "--save-every", "100000", "--no-progress", "--threads", "0",
            "--hacking-every", "0", "--honeypots", "none", *shlex.split(args.extra)]  # fmt: skip
     if teacher:

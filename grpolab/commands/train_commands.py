@@ -27,9 +27,10 @@ def cmd_train(args: list[str]) -> None:
         "(--steps, --max-rollouts, logging, evaluation frequency, the machine and process count).",
         base_of=saved_run_config,
     )
-    nproc = processes_for(cfg.resolved(), cfg.policy.model == "builtin")
+    nproc, why = launch.auto_processes(cfg.resolved(), cfg.policy.model == "builtin")
     if launch.relaunches(nproc):  # refuse a bad config once, before starting P processes
         checked_config(cfg, nproc)
+        said_processes(cfg.run.nproc, nproc, why)
     with launch.processes(nproc, ["train", *args]) as main_rank:
         startup.import_libraries()
         from grpolab.commands import api
@@ -48,13 +49,10 @@ def cmd_train(args: list[str]) -> None:
         raise SystemExit(status)
 
 
-def processes_for(cfg, small_model: bool) -> int:
-    """The processes a command runs on (:func:`grpolab.training.launch.auto_processes`); --nproc 0 says what it
-    chose, and why, where it chose several."""
-    nproc, why = launch.auto_processes(cfg, small_model)
-    if cfg.run.nproc == 0 and launch.relaunches(nproc):
+def said_processes(given: int, nproc: int, why: str) -> None:
+    """--nproc 0 says how many processes it chose, and why."""
+    if given == 0:
         print(f"--nproc 0: {nproc} processes, {why} (--nproc 1 runs one)", file=sys.stderr, flush=True)
-    return nproc
 
 
 def cmd_sft(args: list[str]) -> None:
@@ -111,6 +109,7 @@ def cmd_demo(args: list[str]) -> None:
     nproc, why = demo_processes(cfg)
     if launch.relaunches(nproc):  # the children take the reason along (they do not choose again)
         os.environ[CHOSEN] = why
+        said_processes(cfg.nproc, nproc, why)
     why = os.environ.get(CHOSEN, why)
     if cfg.retrain_sft and launch.relaunches(nproc):  # trained (or found) once here, not by every process at once
         from rich.console import Console

@@ -141,6 +141,10 @@ class EvalSection:
     """Held-out questions per evaluation. Default: 500 for builtin, 50 for other models (see MODEL_DEFAULTS)."""
     eval_samples: int | None = None
     """k: samples per question at --temperature (the pass rate the groups see) for eval/accuracy_sampled. Default: 4 for builtin, 2 for other models."""
+    eval_batch: int | None = None
+    """Completions an evaluation draws at once (a batch's decode steps cost much the same at any size on a small
+    model; the same completions at any size). Default: 1024 for builtin, 256 for other models (their caches are
+    larger)."""
     eval_reward_fn: str = dataclasses.field(default="", metadata=takes_object("reward function", "eval_reward_func"))
     """The reward whose mean is the held-out accuracy ('module:function' or 'file.py:function', either form);
     default: the first --reward-fn for prompt data, the built-in answer check otherwise."""
@@ -151,7 +155,7 @@ class EvalSection:
     --eval-samples. Default: 1, 2, 4, ... up to --eval-samples."""
 
     def validate(self) -> None:
-        check_counts(self, positive=("eval_questions",), non_negative=("eval_every", "eval_samples"))
+        check_counts(self, positive=("eval_questions", "eval_batch"), non_negative=("eval_every", "eval_samples"))
         check_pass_k(self.pass_k, self.eval_samples, "--eval-samples")
 
 

@@ -41,8 +41,22 @@ __all__ = ["ConfigError", "TrainConfig"]
 # minute per 32 rollouts (sampling plus update) and about a minute per 100 evaluation completions, so a
 # brought model gets a smaller step and a smaller evaluation (docs/real-model.md measures each).
 MODEL_DEFAULTS = {
-    "builtin": {"prompts_per_step": 16, "eval_questions": 500, "eval_samples": 4, "format_weight": 0.1, "threads": 1},
-    "other": {"prompts_per_step": 4, "eval_questions": 50, "eval_samples": 2, "format_weight": 0.0, "threads": 0},
+    "builtin": {
+        "prompts_per_step": 16,
+        "eval_questions": 500,
+        "eval_samples": 4,
+        "format_weight": 0.1,
+        "threads": 1,
+        "eval_batch": 1024,
+    },
+    "other": {
+        "prompts_per_step": 4,
+        "eval_questions": 50,
+        "eval_samples": 2,
+        "format_weight": 0.0,
+        "threads": 0,
+        "eval_batch": 256,
+    },
 }
 
 # Options whose ``auto`` a run resolves when it starts (once the device and the policy are known); config.json
@@ -297,7 +311,7 @@ class TrainConfig:
         saves."""
         free = {*fields.options_of(RunSection), *fields.options_of(MachineSection), *fields.options_of(LoggingSection)}
         free |= {*fields.options_of(DoctorSection), *fields.options_of(HackingSection)}  # they watch, never steer
-        free |= {"eval_every", "fsdp", "generator_timeout"}
+        free |= {"eval_every", "eval_batch", "fsdp", "generator_timeout"}
         free |= {"generators", "generator_listen", "generator_wait", "generator_token_file"}  # any N draws alike
         free -= {"seed", "precision", "compensation", "fp32_head"}  # the weights' dtype and how the update rounds
         mine, theirs = self.to_dict(), saved.to_dict()

@@ -161,6 +161,7 @@ class GRPOTrainer:
                 temperature=cfg.generation.temperature,
                 max_new_tokens=cfg.generation.max_new_tokens,
                 seed=cfg.run.seed,
+                batch_size=cfg.eval.eval_batch,
                 world=self.world,
                 progress=lambda done, total: self.status(f"eval at step {step}: {done}/{total} completions"),
                 score=task.eval_reward,

@@ -95,5 +95,5 @@ def test_a_command_run_in_this_process_past_its_deadline_fails_naming_it(tmp_pat
 
     here = os.getcwd()
     with pytest.raises(RanPastDeadline, match=r"grpolab train --steps 500 .* still running after 2 s"):
-        run_main(["train", "--steps", "500", "--out", str(tmp_path / "run")], tmp_path, timeout=2)
+        run_main(["train", "--steps", "500", "--nproc", "1", "--out", str(tmp_path / "run")], tmp_path, timeout=2)
     assert os.getcwd() == here  # put back, as after any command

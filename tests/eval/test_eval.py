@@ -188,6 +188,11 @@ def test_eval_reproduces_a_runs_own_evaluation(tmp_path):
     assert (
         _eval(model=str(run), questions=12, samples=2)["metrics"] == report["metrics"]
     )  # newest checkpoint by default
+    # the completions do not depend on how many are drawn at once (the run's evaluation draws 1024 at once)
+    small = _eval(model=str(run), questions=12, samples=2, batch_size=5)["metrics"]
+    assert {k: v for k, v in small.items() if not k.startswith("time/")} == {
+        k: v for k, v in report["metrics"].items() if not k.startswith("time/")
+    }
     # a step that was not saved is refused in one line
     res = run_cli(["eval", "--model", str(run), "--step", "1", "--questions", "4", "--no-progress"], tmp_path, 120)
     assert res.returncode == 2 and "checkpoints of steps [2]" in res.stderr and "Traceback" not in res.stderr

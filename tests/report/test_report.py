@@ -24,7 +24,8 @@ from grpolab.training.runlog import read_metrics
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report")
-    res = run_cli(["demo", "--steps", "2", "--eval-questions", "60", "--out", "demo"], tmp, timeout=600)
+    # on two processes, as the built-in demo runs on a 2-core machine (its own choice needs 50 steps or more)
+    res = run_cli(["demo", "--steps", "2", "--eval-questions", "60", "--out", "demo", "--nproc", "2"], tmp, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     (tmp / "demo.log").write_text(res.stdout)
     res = run_cli(
@@ -63,6 +64,13 @@ def test_demo_writes_the_report_and_prints_its_path(run):
     page = run / "demo" / "report.html"
     assert page.is_file()
     assert f"report: {Path('demo') / 'report.html'}" in log or f"report: {page}" in log
+    # rank 0 alone logged, reported and summed up where the time went
+    assert log.count("held-out accuracy, 95% intervals") == 1 and log.count("report: ") == 1
+    assert [r["step"] for r in read_metrics(run / "demo" / "metrics.jsonl")] == [0, 1, 2]
+    assert log.strip().splitlines()[-1].startswith("took ") and " on 2 processes (--nproc; --nproc 1 runs one)" in log
+    clock = json.loads((run / "demo" / "summary.json").read_text())["time"]
+    assert clock["processes"] == 2 and clock["steps"] == 2 and clock["evaluations"] == 2
+    assert 0 < clock["startup_s"] < clock["wall_s"] and clock["eval_s"] + clock["steps_s"] < clock["wall_s"]
 
 
 @pytest.mark.slow
