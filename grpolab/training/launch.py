@@ -121,4 +121,7 @@ def relaunch_under_torchrun(nproc: int, argv: list[str]) -> None:
         *argv,
     ]
     print("launching: " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
+    # torchrun's own default, set here so that it does not print a banner saying it set it (each process sets its
+    # torch threads from --threads in any case)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.execv(sys.executable, cmd)

@@ -51,3 +51,42 @@ def test_a_given_count_is_kept():
     assert _auto(nproc=1) == (1, "--nproc")
     assert _auto(nproc=3, small=False) == (3, "--nproc")
     assert _auto(steps=AUTO_MIN_STEPS)[0] == 2
+
+
+class _Relaunched(Exception):
+    pass
+
+
+@pytest.fixture
+def relaunch(monkeypatch):
+    """Two cores, no GPU, and the relaunch under torchrun recorded instead of replacing this process."""
+    import os
+
+    from grpolab.commands.demo import CHOSEN, STARTED
+    from grpolab.training import launch
+
+    calls = []
+
+    def record(nproc, argv):
+        calls.append((nproc, argv))
+        raise _Relaunched
+
+    monkeypatch.setattr(launch, "relaunch_under_torchrun", record)
+    monkeypatch.setattr(launch, "usable_cores", lambda: 2)
+    monkeypatch.setattr(launch, "has_accelerator", lambda: False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    yield calls
+    for name in (CHOSEN, STARTED):  # what the demo hands its relaunched processes
+        os.environ.pop(name, None)
+
+
+def test_train_and_demo_relaunch_on_every_core_and_say_so(relaunch, tmp_path, capsys):
+    from grpolab.commands.train_commands import cmd_demo, cmd_train
+
+    out = str(tmp_path / "r")
+    with pytest.raises(_Relaunched):
+        cmd_train(["--out", out])
+    with pytest.raises(_Relaunched):
+        cmd_demo(["--out", out, "--seed", "1"])
+    assert relaunch == [(2, ["train", "--out", out]), (2, ["demo", "--out", out, "--seed", "1"])]
+    assert capsys.readouterr().err.count("--nproc 0: 2 processes, one per core (2 cores) (--nproc 1 runs one)") == 2
