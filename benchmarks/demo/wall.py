@@ -41,8 +41,8 @@ def run_demo(code: Path, out: Path, as_cpu: str, extra: list[str]) -> dict:
     """One ``grpolab demo`` with the code in ``code`` (run from there: ``python -m`` puts the working directory first
     on sys.path), its output in ``out``; returns its wall time, accuracies and phases."""
     cmd = [sys.executable, "-m", "grpolab", "demo", "--no-progress", "--out", str(out), *extra]
-    if as_cpu:
-        cmd = [str(ROOT / "tools" / "as-cpu"), as_cpu, *cmd]
+    if as_cpu:  # the checkout's own: it runs the command from its checkout's root
+        cmd = [str(code / "tools" / "as-cpu"), as_cpu, *cmd]
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_WAIT_POLICY": "PASSIVE"}
     t0 = time.time()
     res = subprocess.run(cmd, cwd=code, env=env, capture_output=True, text=True)

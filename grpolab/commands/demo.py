@@ -126,7 +126,8 @@ class DemoConfig:
     """Continue an interrupted demo run from its last checkpoint."""
     nproc: int = 0
     """Processes on this machine (data-parallel under torchrun, the same rollouts at any count); 0 = one per core for
-    the built-in arithmetic demo (its 0.5 M-parameter model runs fastest that way), one for the others."""
+    the built-in arithmetic demo of 50 steps or more (its 0.5 M-parameter model runs fastest that way), one for the
+    others."""
     progress: bool = True
     """Show progress."""
 

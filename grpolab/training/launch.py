@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 AUTO_MIN_STEPS = 50
-"""``--nproc 0`` starts several processes only for runs of at least this many steps: torchrun, a second interpreter
-and model load and the process group cost about 6 s at start on a 2-core CPU, which the faster steps (about 0.2 s
-each, built-in model, B = 16, G = 8) repay after about 30 steps (docs/distributed.md)."""
+"""``--nproc 0`` starts several processes only for runs of at least this many steps. On the demo (this project's 2-core
+AVX2 machine; docs/benchmarks.md) two processes took 1.9 s more to start (8.0 s against 6.1 s to the first
+evaluation) and 0.28 s less a step: a run of a few dozen steps gains seconds at most, and a short run (a test, a first
+look) stays one process, simpler to read and to stop."""
 
 
 def usable_cores() -> int:
