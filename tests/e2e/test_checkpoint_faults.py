@@ -271,7 +271,7 @@ def test_sigterm_saves_the_step_reached_and_resume_equals_the_uninterrupted_run(
 
 @pytest.mark.slow
 def test_a_second_signal_exits_at_once(tmp_path):
-    proc = _start(tmp_path, "twice", 200)
+    proc = _start(tmp_path, "twice", 200, "--nproc", "1")  # one process: a run this long would take one per core
     _wait_for_step(tmp_path / "twice", 2, proc)
     proc.send_signal(signal.SIGINT)
     proc.send_signal(signal.SIGTERM)  # a different signal, so the two are never merged into one
