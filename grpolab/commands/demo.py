@@ -227,8 +227,9 @@ def run_demo(cfg: DemoConfig, processes: str = "") -> dict | None:
     trained = time.time()
     if not recipe.world.is_main:
         return None
-    summary = _report(cfg, train_cfg, Path(recipe.out), console)
-    clock = phases(read_metrics(Path(recipe.out) / "metrics.jsonl"), started, began, trained, time.time())
+    rows = read_metrics(Path(recipe.out) / "metrics.jsonl")
+    summary = _report(cfg, train_cfg, Path(recipe.out), rows, console)
+    clock = phases(rows, started, began, trained, time.time())
     summary["time"] = {**clock, "processes": recipe.world.size}
     (Path(recipe.out) / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(took_line(clock, recipe.world.size, processes))
@@ -277,15 +278,13 @@ def _minutes(seconds: float) -> str:
     return f"{m} min {s} s" if m else f"{s} s"
 
 
-def _report(cfg: DemoConfig, train_cfg: TrainConfig, out: Path, console: Console) -> dict:
-    """The before/after table, example completions, the plot and the report page; returns the summary
-    (summary.json)."""
+def _report(cfg: DemoConfig, train_cfg: TrainConfig, out: Path, rows: list[dict], console: Console) -> dict:
+    """The before/after table, example completions, the plot and the report page of the run in ``out`` (``rows``: its
+    metrics.jsonl); returns the summary (summary.json)."""
     from grpolab.common.stats import with_interval
     from grpolab.report.page import build_report
     from grpolab.report.plotting import plot_run
-    from grpolab.training.runlog import read_metrics
 
-    rows = read_metrics(out / "metrics.jsonl")
     evals = [r for r in rows if "eval/accuracy_greedy" in r]
     before, after = evals[0], evals[-1]
     table = Table(

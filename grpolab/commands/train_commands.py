@@ -3,10 +3,13 @@ Each parses its own options (:func:`grpolab.commands.parsing.parse_config`) and 
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 
 from grpolab.commands.parsing import parse_config, saved_run_config
 from grpolab.common import startup
+from grpolab.models.names import BUILTIN
 from grpolab.training import launch
 
 
@@ -27,7 +30,7 @@ def cmd_train(args: list[str]) -> None:
         "(--steps, --max-rollouts, logging, evaluation frequency, the machine and process count).",
         base_of=saved_run_config,
     )
-    nproc, why = launch.auto_processes(cfg.resolved(), cfg.policy.model == "builtin")
+    nproc, why = launch.auto_processes(cfg.resolved(), cfg.policy.model == BUILTIN)
     if launch.relaunches(nproc):  # refuse a bad config once, before starting P processes
         checked_config(cfg, nproc)
         said_processes(cfg.run.nproc, nproc, why)
@@ -91,9 +94,6 @@ def cmd_code_task(args: list[str]) -> None:
 
 
 def cmd_demo(args: list[str]) -> None:
-    import os
-    import time
-
     from grpolab.commands.demo import CHOSEN, STARTED, DemoConfig, demo_processes, run_demo
 
     if "WORLD_SIZE" not in os.environ:  # a torchrun child counts its start-up from the user's command
@@ -107,16 +107,16 @@ def cmd_demo(args: list[str]) -> None:
         "The built-in demo runs one process per core (--nproc 1: one).",
     )
     nproc, why = demo_processes(cfg)
-    if launch.relaunches(nproc):  # the children take the reason along (they do not choose again)
-        os.environ[CHOSEN] = why
+    if launch.relaunches(nproc):
+        os.environ[CHOSEN] = why  # the children take the reason along (they do not choose again)
         said_processes(cfg.nproc, nproc, why)
+        if cfg.retrain_sft:  # trained (or found) once here, not by every process at once
+            from rich.console import Console
+
+            from grpolab.commands.demo import warm_start
+
+            warm_start(True, Console())
     why = os.environ.get(CHOSEN, why)
-    if cfg.retrain_sft and launch.relaunches(nproc):  # trained (or found) once here, not by every process at once
-        from rich.console import Console
-
-        from grpolab.commands.demo import warm_start
-
-        warm_start(True, Console())
     with launch.processes(nproc, ["demo", *args]):
         startup.import_libraries()
         run_demo(cfg, why)
